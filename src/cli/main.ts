@@ -1,0 +1,58 @@
+// `slagate <command> [args]`: one file per command under src/cli/, each exporting an async
+// function that takes its own argv and returns the process exit code. Commands are imported
+// lazily so `slagate logs` does not pay for loading fastify or the simulator.
+
+type Command = (argv: string[]) => Promise<number>;
+
+const COMMANDS: Record<string, { summary: string; load: () => Promise<Command> }> = {
+  serve: {
+    summary: 'run the gateway (--config FILE --host H --port N)',
+    load: async () => (await import('./serve.ts')).serveCommand,
+  },
+  sim: {
+    summary: 'run a simulated vLLM fleet (--replicas N --port P --profile NAME --time-scale X)',
+    load: async () => (await import('./sim.ts')).simCommand,
+  },
+  bench: {
+    summary: 'load a target and report vLLM-style figures (--target URL --workload NAME --rate R)',
+    load: async () => (await import('./bench.ts')).benchCommand,
+  },
+  logs: {
+    summary: 'summarise admission logs from FILE or stdin (--pretty for a live view)',
+    load: async () => (await import('./logs.ts')).logsCommand,
+  },
+  'check-config': {
+    summary: 'validate a YAML config and print the effective configuration',
+    load: async () => (await import('./check-config.ts')).checkConfigCommand,
+  },
+};
+
+function usage(): string {
+  const lines = ['usage: slagate <command> [options]', '', 'commands:'];
+  for (const [name, c] of Object.entries(COMMANDS)) lines.push(`  ${name.padEnd(14)}${c.summary}`);
+  return lines.join('\n');
+}
+
+async function main(argv: string[]): Promise<number> {
+  const [name, ...rest] = argv;
+  if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
+    process.stdout.write(`${usage()}\n`);
+    return name === undefined ? 1 : 0;
+  }
+  const command = COMMANDS[name];
+  if (command === undefined) {
+    process.stderr.write(`slagate: unknown command '${name}'\n\n${usage()}\n`);
+    return 2;
+  }
+  return (await command.load())(rest);
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (err: unknown) => {
+    process.stderr.write(`slagate: ${err instanceof Error ? err.message : String(err)}\n`);
+    process.exitCode = 1;
+  },
+);
