@@ -35,6 +35,10 @@ export interface GpuProfile {
   perSeqOverheadMs: number;
   /** API-server time before a request reaches the engine (HTTP, tokenization), ms. */
   frontendOverheadMs: number;
+  /** Tensor-parallel collectives: fixed per-step cost (all-reduce latency × count), ms. */
+  commFixedMs?: number;
+  /** Tensor-parallel collectives: cost per token in the step (all-reduce bytes / link bandwidth), ms. */
+  commMsPerToken?: number;
 }
 
 /** What one step asks of the GPU; the step-time formula reads only this. */

@@ -1,0 +1,83 @@
+// `slagate sim`: N simulated vLLM replicas on 127.0.0.1, running until SIGINT or SIGTERM.
+
+import { parseArgs } from 'node:util';
+import { startFleet } from '../sim/fleet.ts';
+import { PROFILES } from '../sim/profiles.ts';
+
+const USAGE = `usage: slagate sim [--replicas N] [--port P] [--profile NAME] [--model NAME]
+                  [--time-scale X] [--seed S] [--admin-port A]
+
+  --replicas N     number of replicas (default 2)
+  --port P         replica i listens on P+i (default 8000; 0 = ephemeral ports)
+  --profile NAME   GPU profile: ${Object.keys(PROFILES).join(', ')} (default llama3-8b-h100)
+  --model NAME     served model name (default: the profile's)
+  --time-scale X   wall time per simulated time; 0.1 runs ten times faster (default 1)
+  --seed S         fleet seed for generated text (default 0)
+  --admin-port A   fault-control server: GET /replicas, POST|DELETE /replicas/:i/fault`;
+
+export async function simCommand(argv: string[]): Promise<number> {
+  let values: Record<string, string | boolean | undefined>;
+  try {
+    values = parseArgs({
+      args: argv,
+      options: {
+        replicas: { type: 'string' },
+        port: { type: 'string' },
+        profile: { type: 'string' },
+        model: { type: 'string' },
+        'time-scale': { type: 'string' },
+        seed: { type: 'string' },
+        'admin-port': { type: 'string' },
+        help: { type: 'boolean', short: 'h' },
+      },
+    }).values;
+  } catch (e) {
+    process.stderr.write(`slagate sim: ${e instanceof Error ? e.message : String(e)}\n\n${USAGE}\n`);
+    return 2;
+  }
+  if (values.help) {
+    process.stdout.write(`${USAGE}\n`);
+    return 0;
+  }
+  const num = (key: string, fallback: number, ok: (n: number) => boolean): number => {
+    const raw = values[key];
+    if (raw === undefined) return fallback;
+    const n = Number(raw);
+    if (!ok(n)) throw new Error(`--${key}: invalid value '${String(raw)}'`);
+    return n;
+  };
+  const isPort = (n: number) => Number.isInteger(n) && n >= 0 && n <= 65535;
+  let fleet: Awaited<ReturnType<typeof startFleet>>;
+  try {
+    const adminPort = values['admin-port'] === undefined ? undefined : num('admin-port', 0, isPort);
+    fleet = await startFleet({
+      replicas: num('replicas', 2, (n) => Number.isInteger(n) && n >= 1),
+      port: num('port', 8000, isPort),
+      profile: typeof values.profile === 'string' ? values.profile : 'llama3-8b-h100',
+      model: typeof values.model === 'string' ? values.model : undefined,
+      timeScale: num('time-scale', 1, (n) => n > 0 && Number.isFinite(n)),
+      seed: num('seed', 0, Number.isInteger),
+      adminPort,
+    });
+  } catch (e) {
+    process.stderr.write(`slagate sim: ${e instanceof Error ? e.message : String(e)}\n`);
+    return 2;
+  }
+  const first = fleet.replicas[0];
+  process.stdout.write(
+    `simulated vLLM fleet: ${fleet.replicas.length} × ${first?.profile.name} serving ${first?.profile.model}\n`,
+  );
+  for (const url of fleet.urls) process.stdout.write(`  ${url}\n`);
+  if (fleet.adminUrl !== undefined) process.stdout.write(`admin: ${fleet.adminUrl}\n`);
+  await new Promise<void>((resolve) => {
+    const stop = () => {
+      process.off('SIGINT', stop);
+      process.off('SIGTERM', stop);
+      resolve();
+    };
+    process.on('SIGINT', stop);
+    process.on('SIGTERM', stop);
+  });
+  await fleet.close();
+  return 0;
+}

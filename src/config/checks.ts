@@ -1,0 +1,182 @@
+// Rules a JSON schema cannot state: references between sections, uniqueness, URL shapes and ordered
+// bounds. They run on the defaulted value even when the schema found problems (so one run reports
+// everything), hence every rule first checks the types it relies on.
+import { PROFILES } from '../sim/profiles.ts';
+import { isRecord, type Path } from './path.ts';
+import type { RawIssue } from './validate.ts';
+import { show } from './validate.ts';
+
+type Obj = Record<string, unknown>;
+
+const list = (value: unknown): unknown[] => (Array.isArray(value) ? value : []);
+const int = (value: unknown): value is number => Number.isInteger(value);
+
+export function crossFieldIssues(config: Obj): RawIssue[] {
+  const issues: RawIssue[] = [];
+  const add = (path: Path, message: string) => issues.push({ path, message });
+
+  duplicates(config.models, (m) => (typeof m === 'string' ? m : undefined), ['models'], 'model', add);
+  checkBackends(config, add);
+  checkSla(config, add);
+  checkTenants(config, add);
+  checkOrdering(config, add);
+  return issues;
+}
+
+type Add = (path: Path, message: string) => void;
+
+function checkBackends(config: Obj, add: Add): void {
+  const backends = list(config.backends);
+  duplicates(backends, (b) => (isRecord(b) ? b.name : undefined), ['backends'], 'backend name', add, 'name');
+  backends.forEach((backend, i) => {
+    if (!isRecord(backend) || typeof backend.url !== 'string') return;
+    const problem = urlProblem(backend.url, ['http:', 'https:']);
+    if (problem) add(['backends', i, 'url'], problem);
+  });
+
+  const { simulate, models } = config;
+  if (backends.length === 0 && simulate === undefined) {
+    add(['backends'], 'no backends: list at least one, or add a simulate section for an in-process fleet');
+  }
+  if (backends.length > 0 && simulate !== undefined) {
+    add(['simulate'], 'cannot be combined with backends: the simulated fleet replaces the backends list');
+  }
+  if (
+    isRecord(simulate) &&
+    typeof simulate.profile === 'string' &&
+    !Object.hasOwn(PROFILES, simulate.profile)
+  ) {
+    const known = Object.keys(PROFILES).join(', ');
+    add(['simulate', 'profile'], `unknown GPU profile ${show(simulate.profile)} (profiles: ${known})`);
+  }
+  if (isRecord(simulate) && typeof simulate.model === 'string' && Array.isArray(models)) {
+    if (!models.includes(simulate.model)) {
+      add(
+        ['simulate', 'model'],
+        `must be one of models (${models.join(', ')}) (got ${show(simulate.model)})`,
+      );
+    }
+  }
+
+  const state = config.state;
+  if (isRecord(state) && state.store === 'redis' && typeof state.redis_url === 'string') {
+    const problem = urlProblem(state.redis_url, ['redis:', 'rediss:']);
+    if (problem) add(['state', 'redis_url'], problem);
+  }
+}
+
+function checkSla(config: Obj, add: Add): void {
+  const { sla } = config;
+  if (!isRecord(sla) || !isRecord(sla.classes) || typeof sla.default_class !== 'string') return;
+  if (!Object.hasOwn(sla.classes, sla.default_class)) {
+    add(['sla', 'default_class'], classMessage(sla.default_class, sla.classes));
+  }
+}
+
+function checkTenants(config: Obj, add: Add): void {
+  const tenants = list(config.tenants);
+  duplicates(tenants, (t) => (isRecord(t) ? t.name : undefined), ['tenants'], 'tenant name', add, 'name');
+  duplicates(
+    tenants,
+    (t) => (isRecord(t) ? t.api_key_sha256 : undefined),
+    ['tenants'],
+    'API key hash',
+    add,
+    'api_key_sha256',
+  );
+  const { sla } = config;
+  const classes = isRecord(sla) && isRecord(sla.classes) ? sla.classes : undefined;
+  tenants.forEach((tenant, i) => {
+    if (!isRecord(tenant)) return;
+    const allowed = Array.isArray(tenant.allowed_classes) ? tenant.allowed_classes : undefined;
+    if (classes && typeof tenant.class === 'string' && !Object.hasOwn(classes, tenant.class)) {
+      add(['tenants', i, 'class'], classMessage(tenant.class, classes));
+    }
+    // An unknown class is reported above; also asking to allow it would point at the wrong fix.
+    const knownClass = typeof tenant.class === 'string' && (!classes || Object.hasOwn(classes, tenant.class));
+    if (allowed && knownClass && !allowed.includes(tenant.class)) {
+      add(['tenants', i, 'allowed_classes'], `must include the tenant's class ${show(tenant.class)}`);
+    }
+    allowed?.forEach((name, j) => {
+      if (classes && typeof name === 'string' && !Object.hasOwn(classes, name)) {
+        add(['tenants', i, 'allowed_classes', j], classMessage(name, classes));
+      }
+    });
+    if (allowed) duplicates(allowed, (n) => n, ['tenants', i, 'allowed_classes'], 'class', add);
+  });
+}
+
+function checkOrdering(config: Obj, add: Add): void {
+  const scheduler = isRecord(config.scheduler) ? config.scheduler : {};
+  const c = isRecord(scheduler.concurrency) ? scheduler.concurrency : {};
+  const path = ['scheduler', 'concurrency'];
+  if (int(c.min) && int(c.max) && c.min > c.max) {
+    add([...path, 'min'], `must be <= scheduler.concurrency.max (${c.max}) (got ${c.min})`);
+  } else if (int(c.min) && int(c.max) && int(c.initial) && (c.initial < c.min || c.initial > c.max)) {
+    add([...path, 'initial'], `must be between min (${c.min}) and max (${c.max}) (got ${c.initial})`);
+  }
+
+  const upstream = isRecord(config.upstream) ? config.upstream : {};
+  const outlier = isRecord(upstream.outlier) ? upstream.outlier : {};
+  if (int(outlier.base_ejection_ms) && int(outlier.max_ejection_ms)) {
+    if (outlier.base_ejection_ms > outlier.max_ejection_ms) {
+      add(
+        ['upstream', 'outlier', 'base_ejection_ms'],
+        `must be <= upstream.outlier.max_ejection_ms (${outlier.max_ejection_ms}) (got ${outlier.base_ejection_ms})`,
+      );
+    }
+  }
+  // Each in-flight request holds one HTTP/1.1 connection while it streams, so a connection pool
+  // smaller than the concurrency cap would queue requests inside undici, out of the scheduler's sight.
+  const connections = upstream.max_connections_per_backend;
+  if (int(connections) && int(c.max) && connections < c.max) {
+    add(
+      ['upstream', 'max_connections_per_backend'],
+      `must be >= scheduler.concurrency.max (${c.max}) (got ${connections})`,
+    );
+  }
+}
+
+function duplicates(
+  items: unknown,
+  keyOf: (item: unknown) => unknown,
+  path: Path,
+  what: string,
+  add: Add,
+  field?: string,
+): void {
+  const first = new Map<unknown, number>();
+  list(items).forEach((item, i) => {
+    const key = keyOf(item);
+    if (typeof key !== 'string') return;
+    const seen = first.get(key);
+    if (seen === undefined) first.set(key, i);
+    else
+      add(
+        field ? [...path, i, field] : [...path, i],
+        `duplicate ${what} ${show(key)} (first at index ${seen})`,
+      );
+  });
+}
+
+function classMessage(name: string, classes: Obj): string {
+  return `unknown SLA class ${show(name)} (sla.classes defines: ${Object.keys(classes).join(', ')})`;
+}
+
+function urlProblem(text: string, protocols: string[]): string | undefined {
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    return `must be an absolute URL (got ${show(text)})`;
+  }
+  const schemes = protocols.map((p) => p.slice(0, -1)).join(' or ');
+  if (!protocols.includes(url.protocol)) return `must be a URL with scheme ${schemes} (got ${show(text)})`;
+  if (url.hostname === '') return `must name a host (got ${show(text)})`;
+  // Redis URLs may carry a password; backend URLs are logged and exposed on /admin/state, so they may not.
+  if (protocols.includes('http:') && (url.username !== '' || url.password !== '')) {
+    return 'must not carry credentials';
+  }
+  if (url.search !== '' || url.hash !== '') return `must not have a query or fragment (got ${show(text)})`;
+  return undefined;
+}

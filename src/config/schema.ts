@@ -1,0 +1,246 @@
+// The gateway's configuration schema (DESIGN section 3: these key names are the product contract).
+// Invariants the schema itself protects:
+// - every object is closed (additionalProperties: false), so a misspelt key is an error, never ignored;
+// - every key the gateway reads after loading is present: optional input keys carry a `default`, so
+//   `Config` (the Static type) describes the loaded value, not the file. The few defaults that depend
+//   on other keys (tenant class, simulate model, initial concurrency) are filled by defaults.ts;
+// - names that end up in Redis keys, metric labels or headers match SAFE_NAME.
+// Default values and their reasoning are documented in docs/configuration.md.
+import { type Static, Type } from 'typebox';
+
+/** Tenant, backend and class names: they become Redis key parts, metric labels and header values. */
+export const SAFE_NAME = '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$';
+const SHA256_HEX = '^[0-9a-f]{64}$';
+const HEADER_NAME = "^[a-z0-9!#$%&'*+.^_`|~-]+$";
+const PROFILE_NAME = '^[a-z0-9][a-z0-9._-]*$';
+
+/** What each pattern means, for error messages. */
+export const PATTERN_HINTS: Readonly<Record<string, string>> = {
+  [SAFE_NAME]: "must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit",
+  [SHA256_HEX]: 'must be 64 lowercase hex characters (the SHA-256 of the API key, as sha256sum prints it)',
+  [HEADER_NAME]: 'must be a lowercase HTTP header name',
+  [PROFILE_NAME]: "must be a profile name: lowercase letters, digits, '.', '_' or '-'",
+};
+
+const closed = { additionalProperties: false } as const;
+const ms = (min: number, def: number) => Type.Integer({ minimum: min, default: def });
+
+export const ServerSchema = Type.Object(
+  {
+    host: Type.String({ minLength: 1, default: '127.0.0.1' }),
+    port: Type.Integer({ minimum: 0, maximum: 65535, default: 8080 }),
+    body_limit_bytes: Type.Integer({ minimum: 1024, default: 4 * 1024 * 1024 }),
+    shutdown_grace_ms: ms(0, 30_000),
+  },
+  { ...closed, default: {} },
+);
+
+export const BackendSchema = Type.Object(
+  {
+    name: Type.String({ pattern: SAFE_NAME }),
+    url: Type.String({ minLength: 1 }),
+    weight: Type.Number({ exclusiveMinimum: 0, maximum: 1000, default: 1 }),
+  },
+  closed,
+);
+
+export const SimulateSchema = Type.Object(
+  {
+    replicas: Type.Integer({ minimum: 1, maximum: 64 }),
+    profile: Type.String({ pattern: PROFILE_NAME, default: 'llama3-8b-h100' }),
+    time_scale: Type.Number({ exclusiveMinimum: 0, maximum: 1000, default: 1 }),
+    seed: Type.Integer({ minimum: 0, default: 0 }),
+    /** Filled from models[0] when absent (defaults.ts). */
+    model: Type.String({ minLength: 1 }),
+  },
+  closed,
+);
+
+export const MemoryStateSchema = Type.Object({ store: Type.Literal('memory') }, closed);
+
+export const RedisStateSchema = Type.Object(
+  {
+    store: Type.Literal('redis'),
+    redis_url: Type.String({ minLength: 1 }),
+    key_prefix: Type.String({ pattern: SAFE_NAME, default: 'slagate' }),
+    connect_timeout_ms: ms(1, 2_000),
+    command_timeout_ms: ms(1, 100),
+    refresh_interval_ms: ms(10, 500),
+  },
+  closed,
+);
+
+/** Discriminated by `store`; load.ts validates the branch `store` names (see STATE_BRANCHES). */
+export const StateSchema = Type.Union([MemoryStateSchema, RedisStateSchema], {
+  default: { store: 'memory' },
+});
+export const STATE_BRANCHES = { memory: MemoryStateSchema, redis: RedisStateSchema } as const;
+
+export const SlaClassSchema = Type.Object(
+  {
+    ttft_p99_ms: Type.Number({ exclusiveMinimum: 0 }),
+    tpot_p99_ms: Type.Number({ exclusiveMinimum: 0 }),
+    priority: Type.Integer({ minimum: 0, maximum: 100 }),
+    sheddable: Type.Boolean({ default: false }),
+  },
+  closed,
+);
+
+export const DEFAULT_SLA = {
+  default_class: 'interactive',
+  classes: {
+    interactive: { ttft_p99_ms: 500, tpot_p99_ms: 50, priority: 0 },
+    completion: { ttft_p99_ms: 200, tpot_p99_ms: 30, priority: 0 },
+    batch: { ttft_p99_ms: 30_000, tpot_p99_ms: 200, priority: 2, sheddable: true },
+  },
+};
+
+export const SlaSchema = Type.Object(
+  {
+    default_class: Type.String({ pattern: SAFE_NAME }),
+    classes: Type.Record(Type.String({ pattern: SAFE_NAME }), SlaClassSchema, {
+      ...closed,
+      minProperties: 1,
+    }),
+  },
+  { ...closed, default: DEFAULT_SLA },
+);
+
+export const TenantSchema = Type.Object(
+  {
+    name: Type.String({ pattern: SAFE_NAME }),
+    api_key_sha256: Type.String({ pattern: SHA256_HEX }),
+    /** Filled from sla.default_class when absent (defaults.ts). */
+    class: Type.String({ minLength: 1 }),
+    /** Filled with [class] when absent (defaults.ts). */
+    allowed_classes: Type.Array(Type.String({ minLength: 1 }), { minItems: 1 }),
+    max_concurrency: Type.Optional(Type.Integer({ minimum: 1 })),
+    tokens_per_minute: Type.Optional(Type.Integer({ minimum: 1 })),
+  },
+  closed,
+);
+
+export const SchedulerSchema = Type.Object(
+  {
+    policy: Type.Enum(['slagate', 'fcfs'], { default: 'slagate' }),
+    max_queue: Type.Integer({ minimum: 0, default: 1024 }),
+    aging_ms: ms(1, 5_000),
+    concurrency: Type.Object(
+      {
+        min: Type.Integer({ minimum: 1, default: 4 }),
+        max: Type.Integer({ minimum: 1, default: 256 }),
+        /** Filled with clamp(16, min, max) when absent (defaults.ts). */
+        initial: Type.Integer({ minimum: 1 }),
+      },
+      { ...closed, default: {} },
+    ),
+  },
+  { ...closed, default: {} },
+);
+
+export const ROUTER_POLICIES = [
+  'slagate',
+  'round_robin',
+  'least_loaded',
+  'prefix_only',
+  'cache_aware',
+] as const;
+
+export const RouterSchema = Type.Object(
+  {
+    policy: Type.Enum([...ROUTER_POLICIES], { default: 'slagate' }),
+    block_size_tokens: Type.Integer({ minimum: 1, maximum: 1024, default: 16 }),
+    explore_ratio: Type.Number({ minimum: 0, maximum: 1, default: 0.01 }),
+    session_header: Type.String({ pattern: HEADER_NAME, default: 'x-session-id' }),
+  },
+  { ...closed, default: {} },
+);
+
+export const OutlierSchema = Type.Object(
+  {
+    consecutive_failures: Type.Integer({ minimum: 1, default: 5 }),
+    base_ejection_ms: ms(1, 30_000),
+    max_ejection_ms: ms(1, 300_000),
+    max_ejection_percent: Type.Number({ minimum: 0, maximum: 100, default: 50 }),
+  },
+  { ...closed, default: {} },
+);
+
+export const BreakerSchema = Type.Object(
+  {
+    error_threshold_percentage: Type.Number({ exclusiveMinimum: 0, maximum: 100, default: 50 }),
+    volume_threshold: Type.Integer({ minimum: 1, default: 10 }),
+    reset_timeout_ms: ms(1, 30_000),
+    rolling_window_ms: ms(100, 10_000),
+  },
+  { ...closed, default: {} },
+);
+
+export const UpstreamSchema = Type.Object(
+  {
+    connect_timeout_ms: ms(1, 3_000),
+    first_token_timeout_ms: ms(1, 60_000),
+    idle_timeout_ms: ms(1, 30_000),
+    retries: Type.Integer({ minimum: 0, maximum: 10, default: 2 }),
+    retry_budget_ratio: Type.Number({ minimum: 0, maximum: 1, default: 0.2 }),
+    health_interval_ms: ms(100, 2_000),
+    metrics_scrape_interval_ms: ms(50, 500),
+    max_connections_per_backend: Type.Integer({ minimum: 1, default: 512 }),
+    outlier: OutlierSchema,
+    breaker: BreakerSchema,
+  },
+  { ...closed, default: {} },
+);
+
+export const LoggingSchema = Type.Object(
+  {
+    level: Type.Enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'], { default: 'info' }),
+    /** `stdout`, or a file path (relative paths resolve against the working directory). */
+    admission_log: Type.String({ minLength: 1, default: 'stdout' }),
+  },
+  { ...closed, default: {} },
+);
+
+export const ConfigSchema = Type.Object(
+  {
+    server: ServerSchema,
+    models: Type.Array(Type.String({ minLength: 1 }), { minItems: 1 }),
+    backends: Type.Array(BackendSchema, { default: [] }),
+    simulate: Type.Optional(SimulateSchema),
+    state: StateSchema,
+    sla: SlaSchema,
+    tenants: Type.Array(TenantSchema, { default: [] }),
+    scheduler: SchedulerSchema,
+    router: RouterSchema,
+    upstream: UpstreamSchema,
+    logging: LoggingSchema,
+  },
+  closed,
+);
+
+/** Loaded values are deep-frozen; the types say so, so a mutation fails at compile time too. */
+export type DeepReadonly<T> = T extends (infer U)[]
+  ? readonly DeepReadonly<U>[]
+  : T extends object
+    ? { readonly [K in keyof T]: DeepReadonly<T[K]> }
+    : T;
+
+export type Config = DeepReadonly<Static<typeof ConfigSchema>>;
+export type ServerConfig = Config['server'];
+export type BackendSpec = DeepReadonly<Static<typeof BackendSchema>>;
+export type SimulateSpec = DeepReadonly<Static<typeof SimulateSchema>>;
+export type StateConfig = Config['state'];
+export type MemoryStateConfig = DeepReadonly<Static<typeof MemoryStateSchema>>;
+export type RedisStateConfig = DeepReadonly<Static<typeof RedisStateSchema>>;
+export type SlaConfig = Config['sla'];
+export type SlaClass = DeepReadonly<Static<typeof SlaClassSchema>>;
+export type Tenant = DeepReadonly<Static<typeof TenantSchema>>;
+export type SchedulerConfig = Config['scheduler'];
+export type SchedulerPolicy = SchedulerConfig['policy'];
+export type RouterConfig = Config['router'];
+export type RouterPolicy = RouterConfig['policy'];
+export type UpstreamConfig = Config['upstream'];
+export type OutlierConfig = UpstreamConfig['outlier'];
+export type BreakerConfig = UpstreamConfig['breaker'];
+export type LoggingConfig = Config['logging'];
+export type LogLevel = LoggingConfig['level'];

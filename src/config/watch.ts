@@ -1,0 +1,127 @@
+// Live reload: the running configuration changes only to a file that validates. A bad file (or a
+// missing one, mid-replace) is reported through onError with every issue, and the previous
+// configuration stays current.
+//
+// The directory is watched, not the file: editors and Kubernetes ConfigMaps replace the file
+// (write a temporary, rename it over; or swap a `..data` symlink), which orphans a watch on the
+// old inode. Events are debounced and a reload happens only when the text differs from the last
+// text seen, so bursts of events and unrelated files in the directory cost one read at most.
+import { type FSWatcher, watch } from 'node:fs';
+import { basename, dirname, resolve } from 'node:path';
+import { isDeepStrictEqual } from 'node:util';
+import { parseConfig, readConfigText } from './load.ts';
+import type { Config } from './schema.ts';
+
+export interface ConfigWatchHandlers {
+  /** A new valid configuration that differs from the previous one. */
+  onChange(next: Config, previous: Config): void;
+  /** A ConfigError for an invalid or unreadable file (the previous configuration is kept), a
+   *  watcher failure, or an exception thrown by onChange. */
+  onError(err: Error): void;
+}
+
+export interface ConfigWatchOptions {
+  /** The configuration already running; when absent the file is loaded now (throws ConfigError). */
+  initial?: Config;
+  /** Quiet time after the last file event before reading, ms. */
+  debounceMs?: number;
+  /** Reload when the file changes (default true). */
+  watchFile?: boolean;
+  /** Reload on SIGHUP (default true); a SIGHUP reload reports a still-invalid file again. */
+  sighup?: boolean;
+}
+
+export interface ConfigWatcher {
+  /** The configuration currently in force. */
+  current(): Config;
+  /** Stops watching: closes the file watcher, clears the timer, removes the SIGHUP listener. */
+  close(): void;
+}
+
+export function watchConfig(
+  path: string,
+  handlers: ConfigWatchHandlers,
+  options: ConfigWatchOptions = {},
+): ConfigWatcher {
+  const file = resolve(path);
+  const { debounceMs = 100, watchFile = true, sighup = true } = options;
+  let lastSeen = snapshot(path);
+  let current = options.initial ?? parseSnapshot(lastSeen, path);
+  let timer: NodeJS.Timeout | undefined;
+  let forcePending = false;
+  let closed = false;
+
+  const reload = (force: boolean) => {
+    const seen = snapshot(path);
+    if (!force && seen.key === lastSeen.key) return;
+    lastSeen = seen;
+    let next: Config;
+    try {
+      next = parseSnapshot(seen, path);
+    } catch (err) {
+      handlers.onError(err as Error);
+      return;
+    }
+    if (isDeepStrictEqual(next, current)) return;
+    const previous = current;
+    current = next;
+    try {
+      handlers.onChange(next, previous);
+    } catch (err) {
+      handlers.onError(err as Error);
+    }
+  };
+
+  const schedule = (force: boolean) => {
+    if (closed) return;
+    forcePending ||= force;
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      const f = forcePending;
+      forcePending = false;
+      timer = undefined;
+      if (!closed) reload(f);
+    }, debounceMs);
+    timer.unref();
+  };
+
+  let watcher: FSWatcher | undefined;
+  if (watchFile) {
+    const name = basename(file);
+    // `..data` and friends: the Kubernetes atomic writer swaps a symlink next to the file.
+    watcher = watch(dirname(file), { persistent: false }, (_event, changed) => {
+      if (changed === null || changed === name || changed.startsWith('..')) schedule(false);
+    });
+    watcher.on('error', (err) => handlers.onError(err));
+  }
+  const onSighup = () => schedule(true);
+  if (sighup) process.on('SIGHUP', onSighup);
+
+  return {
+    current: () => current,
+    close() {
+      if (closed) return;
+      closed = true;
+      clearTimeout(timer);
+      watcher?.close();
+      if (sighup) process.off('SIGHUP', onSighup);
+    },
+  };
+}
+
+type Snapshot = { key: string; text: string } | { key: string; error: Error };
+
+/** What the file holds now; `key` differs whenever the text or the reason it is unreadable does. */
+function snapshot(path: string): Snapshot {
+  try {
+    const text = readConfigText(path);
+    return { key: `text:${text}`, text };
+  } catch (err) {
+    return { key: `unreadable:${(err as Error).message}`, error: err as Error };
+  }
+}
+
+function parseSnapshot(seen: Snapshot, path: string): Config {
+  if ('error' in seen) throw seen.error;
+  return parseConfig(seen.text, path);
+}

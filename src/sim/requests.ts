@@ -1,0 +1,169 @@
+// Validation of the simulator's request bodies into what the engine needs. Only what a
+// stand-in for vLLM must honour is read (model, messages/prompt, max_tokens,
+// max_completion_tokens, ignore_eos, stream, stream_options.include_usage, seed, n); other
+// sampling fields are accepted and ignored, as they do not change timing.
+
+import type { ChatMessageInput, ContentPart, Tokenizer } from './tokenizer.ts';
+import { TokenizeError } from './tokenizer.ts';
+import { HttpError, type Kind } from './wire.ts';
+
+export interface GenerationRequest {
+  kind: Kind;
+  model: string;
+  promptTokens: number[];
+  /** From the body; undefined = up to the context limit. */
+  maxTokens: number | undefined;
+  ignoreEos: boolean;
+  stream: boolean;
+  includeUsage: boolean;
+  seed: number | undefined;
+}
+
+type Body = Record<string, unknown>;
+
+/** FastAPI's validation errors carry the type phrase "Bad Request", not "BadRequestError". */
+export function validationError(message: string, param: string | null = null): HttpError {
+  return new HttpError(400, message, 'Bad Request', param);
+}
+
+export function parseJsonBody(raw: string): Body {
+  let body: unknown;
+  try {
+    body = JSON.parse(raw);
+  } catch (e) {
+    throw validationError(`JSON decode error: ${e instanceof Error ? e.message : String(e)}`);
+  }
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
+    throw validationError('Input should be a valid dictionary or object to extract fields from');
+  }
+  return body as Body;
+}
+
+/** The served model the body names; an absent model means the (only) served one. */
+export function resolveModel(body: Body, served: string): string {
+  const model = body.model;
+  if (model === undefined || model === null) return served;
+  if (typeof model !== 'string') throw validationError('model: Input should be a valid string', 'model');
+  if (model !== served)
+    throw new HttpError(404, `The model \`${model}\` does not exist.`, 'NotFoundError', 'model');
+  return model;
+}
+
+export function parseGeneration(
+  kind: Kind,
+  body: Body,
+  served: string,
+  tokenizer: Tokenizer,
+): GenerationRequest {
+  const model = resolveModel(body, served);
+  const n = optionalInt(body, 'n');
+  if (n !== undefined && n !== 1) {
+    throw new HttpError(400, 'The simulator supports only n=1.', 'BadRequestError', 'n');
+  }
+  const stream = optionalBool(body, 'stream') ?? false;
+  const options = body.stream_options;
+  let includeUsage = false;
+  if (options !== undefined && options !== null) {
+    if (!stream)
+      throw validationError('Stream options can only be defined when `stream=True`.', 'stream_options');
+    if (typeof options !== 'object' || Array.isArray(options)) {
+      throw validationError('stream_options: Input should be an object', 'stream_options');
+    }
+    includeUsage = optionalBool(options as Body, 'include_usage') ?? false;
+  }
+  // Chat prefers max_completion_tokens (OpenAI's newer name) over max_tokens, as vLLM does.
+  const maxTokens =
+    (kind === 'chat' ? optionalInt(body, 'max_completion_tokens') : undefined) ??
+    optionalInt(body, 'max_tokens');
+  if (maxTokens !== undefined && maxTokens < 1) {
+    throw new HttpError(
+      400,
+      `max_tokens must be at least 1, got ${maxTokens}.`,
+      'BadRequestError',
+      'max_tokens',
+    );
+  }
+  return {
+    kind,
+    model,
+    promptTokens: promptTokensOf(kind, body, tokenizer),
+    maxTokens,
+    ignoreEos: optionalBool(body, 'ignore_eos') ?? false,
+    stream,
+    includeUsage,
+    seed: optionalInt(body, 'seed'),
+  };
+}
+
+/** Prompt token ids of a chat (`messages`) or completion (`prompt`) body. */
+export function promptTokensOf(
+  kind: Kind,
+  body: Body,
+  tokenizer: Tokenizer,
+  addGenerationPrompt = true,
+): number[] {
+  try {
+    if (kind === 'chat') return tokenizer.encodeChat(parseMessages(body.messages), addGenerationPrompt);
+    return parsePrompt(body.prompt, tokenizer);
+  } catch (e) {
+    if (e instanceof TokenizeError) throw new HttpError(400, e.message, 'BadRequestError', 'messages');
+    throw e;
+  }
+}
+
+function parseMessages(messages: unknown): ChatMessageInput[] {
+  if (!Array.isArray(messages) || messages.length === 0) {
+    throw validationError('messages: must be a non-empty list of messages', 'messages');
+  }
+  return messages.map((m, i) => {
+    if (typeof m !== 'object' || m === null || typeof (m as Body).role !== 'string') {
+      throw validationError(`messages[${i}]: each message needs a string "role"`, 'messages');
+    }
+    const content = (m as Body).content;
+    if (
+      content !== undefined &&
+      content !== null &&
+      typeof content !== 'string' &&
+      !(Array.isArray(content) && content.every((p) => typeof p === 'object' && p !== null))
+    ) {
+      throw validationError(
+        `messages[${i}].content: must be a string or a list of content parts`,
+        'messages',
+      );
+    }
+    return {
+      role: (m as Body).role as string,
+      content: content as string | ContentPart[] | null | undefined,
+    };
+  });
+}
+
+function parsePrompt(prompt: unknown, tokenizer: Tokenizer): number[] {
+  // One prompt only: a string, a list of token ids, or a one-element list of either.
+  const single =
+    Array.isArray(prompt) && prompt.length === 1 && typeof prompt[0] !== 'number' ? prompt[0] : prompt;
+  if (typeof single === 'string') return tokenizer.encodePrompt(single);
+  if (Array.isArray(single) && single.length > 0 && single.every((t) => Number.isInteger(t) && t >= 0)) {
+    return single as number[];
+  }
+  if (Array.isArray(prompt) && prompt.length > 1) {
+    throw new HttpError(400, 'The simulator supports one prompt per request.', 'BadRequestError', 'prompt');
+  }
+  throw validationError('prompt: must be a string or a list of token ids', 'prompt');
+}
+
+function optionalInt(body: Body, key: string): number | undefined {
+  const v = body[key];
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'number' || !Number.isInteger(v)) {
+    throw validationError(`${key}: Input should be a valid integer`, key);
+  }
+  return v;
+}
+
+function optionalBool(body: Body, key: string): boolean | undefined {
+  const v = body[key];
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'boolean') throw validationError(`${key}: Input should be a valid boolean`, key);
+  return v;
+}

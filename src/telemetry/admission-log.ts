@@ -1,0 +1,220 @@
+import { performance } from 'node:perf_hooks';
+import type { Logger } from 'pino';
+import type { Outcome } from './outcome.ts';
+
+export type Decision = 'admitted' | 'refused';
+
+/**
+ * One line of the admission log (DESIGN section 5). Every key is present on every line: an
+ * unknown value is null, never missing. Times are milliseconds.
+ */
+export interface AdmissionRecord {
+  req_id: string;
+  tenant: string | null;
+  class: string | null;
+  model: string | null;
+  stream: boolean | null;
+  prompt_tokens_est: number | null;
+  prompt_tokens: number | null;
+  completion_tokens: number | null;
+  max_tokens: number | null;
+  prefix_blocks: number | null;
+  prefix_hit_est: number | null;
+  decision: Decision;
+  /** `ok`, or the error code / cause that ended the request (`sla_unattainable`, `queue_full`, ...). */
+  reason: string;
+  outcome: Outcome;
+  backend: string | null;
+  attempts: number;
+  predicted_ttft_ms: number | null;
+  queue_ms: number | null;
+  ttft_ms: number | null;
+  tpot_ms: number | null;
+  e2e_ms: number | null;
+  ttft_target_ms: number | null;
+  tpot_target_ms: number | null;
+  /** Both targets met; null when the request was refused, cancelled by its client, or has no class. */
+  sla_met: boolean | null;
+  /** Short detail of a failure (never an upstream body). */
+  error: string | null;
+  /** The router's best candidates with their costs; written only when the log is at debug level. */
+  candidates?: readonly RouteCandidate[];
+}
+
+export interface RouteCandidate {
+  backend: string;
+  /** The router's cost in seconds (lower is better). */
+  cost_s: number;
+  /** Any cost terms the policy wants to show (wait_s, prefill_s, prefix_hit, ...). */
+  readonly [term: string]: string | number | boolean | null;
+}
+
+/** Everything a request can report about itself; `end()` fills the rest. */
+export type AdmissionFields = Partial<Omit<AdmissionRecord, 'req_id' | 'outcome' | 'sla_met'>>;
+
+export interface AdmissionLogOptions {
+  /** Monotonic clock in ms, used for e2e_ms when the request does not report it. */
+  now?: () => number;
+  /** Called with each record right after it is written (e.g. `metrics.observeRequest`). */
+  onRecord?: (record: AdmissionRecord) => void;
+}
+
+const MSG = 'admission';
+
+/** What a pending record needs from its log; one per AdmissionLog, shared by every handle. */
+interface RecordSink {
+  now(): number;
+  withCandidates(): boolean;
+  write(record: AdmissionRecord): void;
+}
+
+// Every line of the admission log goes through here, so "exactly one record per request" is held
+// by one place: the handle's `ended` flag.
+export class AdmissionLog {
+  private records = 0;
+  private readonly sink: RecordSink;
+
+  /**
+   * `logger` is where the lines go (its destination is `logging.admission_log`). The log writes at
+   * info even when that logger is quieter (warn, error), and adds router candidates at debug.
+   */
+  constructor(logger: Logger, opts: AdmissionLogOptions = {}) {
+    // `silent` turns the admission log off too; any other level still gets its info records.
+    const level = logger.level === 'silent' || logger.isLevelEnabled('debug') ? logger.level : 'info';
+    // A record is built field by field from the typed fields above (a whitelist), so no header or
+    // key can reach it; the logger's wildcard redaction would cost ~50 µs a line (10x the write).
+    const log = logger.child({ kind: MSG }, { level, redact: [] });
+    const onRecord = opts.onRecord;
+    this.sink = {
+      now: opts.now ?? (() => performance.now()),
+      withCandidates: () => log.isLevelEnabled('debug'),
+      write: (record) => {
+        log.info(record, MSG);
+        this.records++;
+        onRecord?.(record);
+      },
+    };
+  }
+
+  /** Records made so far: one per ended request (written unless the logger is silent). */
+  get recorded(): number {
+    return this.records;
+  }
+
+  /** Starts a request's record; its arrival time is now. */
+  begin(ctx: AdmissionFields & { req_id: string }): RequestRecord {
+    return new RequestRecord(this.sink, ctx);
+  }
+}
+
+/** One request's pending log record. Collect fields with `set()`; `end()` writes it, once. */
+export class RequestRecord {
+  readonly req_id: string;
+  /** The log clock's reading at begin: the request's arrival. */
+  readonly startedAt: number;
+  private readonly fields: AdmissionFields;
+  private done = false;
+
+  constructor(
+    private readonly sink: RecordSink,
+    ctx: AdmissionFields & { req_id: string },
+  ) {
+    const { req_id, ...rest } = ctx;
+    this.req_id = req_id;
+    this.startedAt = sink.now();
+    this.fields = rest;
+  }
+
+  get ended(): boolean {
+    return this.done;
+  }
+
+  /** Milliseconds since begin. */
+  elapsedMs(): number {
+    return this.sink.now() - this.startedAt;
+  }
+
+  set(fields: AdmissionFields): this {
+    Object.assign(this.fields, fields);
+    return this;
+  }
+
+  /**
+   * Writes the record and returns it; a second call writes nothing and returns null. e2e_ms
+   * defaults to the time since begin, tpot_ms to (e2e − ttft)/(completion_tokens − 1).
+   */
+  end(outcome: Outcome, fields?: AdmissionFields): AdmissionRecord | null {
+    if (this.done) return null;
+    this.done = true;
+    if (fields) Object.assign(this.fields, fields);
+    const record = buildRecord(this.req_id, outcome, this.fields, this.elapsedMs());
+    if (this.fields.candidates && this.sink.withCandidates()) record.candidates = this.fields.candidates;
+    this.sink.write(record);
+    return record;
+  }
+}
+
+function buildRecord(
+  req_id: string,
+  outcome: Outcome,
+  f: AdmissionFields,
+  elapsedMs: number,
+): AdmissionRecord {
+  const decision: Decision = f.decision ?? (outcome === 'refused' ? 'refused' : 'admitted');
+  const ttft = ms(f.ttft_ms);
+  const completion = f.completion_tokens ?? null;
+  const e2e = ms(f.e2e_ms ?? elapsedMs);
+  const tpot = ms(f.tpot_ms ?? derivedTpot(e2e, ttft, completion));
+  const record: AdmissionRecord = {
+    req_id,
+    tenant: f.tenant ?? null,
+    class: f.class ?? null,
+    model: f.model ?? null,
+    stream: f.stream ?? null,
+    prompt_tokens_est: f.prompt_tokens_est ?? null,
+    prompt_tokens: f.prompt_tokens ?? null,
+    completion_tokens: completion,
+    max_tokens: f.max_tokens ?? null,
+    prefix_blocks: f.prefix_blocks ?? null,
+    prefix_hit_est: f.prefix_hit_est ?? null,
+    decision,
+    reason: f.reason ?? (outcome === 'ok' ? 'ok' : outcome),
+    outcome,
+    backend: f.backend ?? null,
+    attempts: f.attempts ?? 0,
+    predicted_ttft_ms: ms(f.predicted_ttft_ms),
+    queue_ms: ms(f.queue_ms),
+    ttft_ms: ttft,
+    tpot_ms: tpot,
+    e2e_ms: e2e,
+    ttft_target_ms: f.ttft_target_ms ?? null,
+    tpot_target_ms: f.tpot_target_ms ?? null,
+    sla_met: null,
+    error: f.error ?? null,
+  };
+  record.sla_met = slaMet(record);
+  return record;
+}
+
+/** TPOT as DESIGN section 9 defines it; null with fewer than two output tokens. */
+function derivedTpot(e2e: number | null, ttft: number | null, completion: number | null): number | null {
+  if (e2e === null || ttft === null || completion === null || completion < 2 || e2e < ttft) return null;
+  return (e2e - ttft) / (completion - 1);
+}
+
+/**
+ * Both class targets met (DistServe's "good" request). Not applicable (null) when refused, when the
+ * client gave up, or without targets. Any other failure after admission is a miss.
+ */
+export function slaMet(r: AdmissionRecord): boolean | null {
+  if (r.decision === 'refused' || r.outcome === 'refused' || r.outcome === 'client_cancelled') return null;
+  if (r.ttft_target_ms === null || r.tpot_target_ms === null) return null;
+  if (r.outcome !== 'ok' || r.ttft_ms === null || r.ttft_ms > r.ttft_target_ms) return false;
+  if (r.tpot_ms === null) return (r.completion_tokens ?? 0) <= 1;
+  return r.tpot_ms <= r.tpot_target_ms;
+}
+
+// Microsecond resolution is plenty for a log and keeps lines short.
+function ms(v: number | null | undefined): number | null {
+  return v === null || v === undefined ? null : Math.round(v * 1000) / 1000;
+}

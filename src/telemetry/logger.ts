@@ -1,0 +1,101 @@
+import { pino } from 'pino';
+
+// Secrets never reach a log line: redaction is compiled once, here, for every logger the gateway
+// makes, so a call site cannot forget it (the admission log alone opts out: its records are built
+// from typed fields only). Paths cover the shapes that carry credentials: request
+// headers (as fastify serialises them, and bare), API keys under either spelling at the top level
+// or one or two levels down, and the Redis URL (it may embed a password).
+export const REDACT_PATHS: readonly string[] = [
+  'req.headers.authorization',
+  'req.headers["x-api-key"]',
+  'req.headers.cookie',
+  'headers.authorization',
+  'headers["x-api-key"]',
+  'headers.cookie',
+  '*.headers.authorization',
+  '*.headers["x-api-key"]',
+  'authorization',
+  '*.authorization',
+  'api_key',
+  '*.api_key',
+  '*.*.api_key',
+  'apiKey',
+  '*.apiKey',
+  '*.*.apiKey',
+  'api_key_sha256',
+  '*.api_key_sha256',
+  '*.*.api_key_sha256',
+  'redis_url',
+  '*.redis_url',
+  '*.*.redis_url',
+];
+
+export const REDACTED = '[redacted]';
+
+export interface LoggerOptions {
+  /** pino level name: trace, debug, info, warn, error, fatal, silent. */
+  level: string;
+  /**
+   * `stdout`, a file path (appended to, parent directories created), or a stream (tests).
+   */
+  destination: 'stdout' | string | pino.DestinationStream;
+  /** A buffered line waits at most this long before it is written. Default 100 ms. */
+  flushIntervalMs?: number;
+}
+
+export interface Logger {
+  logger: pino.Logger;
+  /** Resolves once every line logged so far has been handed to the OS. */
+  flush(): Promise<void>;
+}
+
+type SonicBoom = ReturnType<typeof pino.destination>;
+
+export function createLogger(opts: LoggerOptions): Logger {
+  const redact = { paths: [...REDACT_PATHS], censor: REDACTED };
+  if (typeof opts.destination !== 'string') {
+    const logger = pino({ level: opts.level, redact }, opts.destination);
+    return { logger, flush: async () => {} };
+  }
+  // Asynchronous writes keep logging off the request path; the buffer is bounded in time by the
+  // periodic flush so a quiet gateway's lines still appear promptly (e.g. for `slagate logs --pretty`).
+  // minLength must stay above 0: with 0, sonic-boom calls a flush back before pending writes finish.
+  // The destination is never ended, so a late line from a request still draining cannot throw.
+  const dest: SonicBoom = pino.destination({
+    dest: opts.destination === 'stdout' ? 1 : opts.destination,
+    sync: false,
+    minLength: 4096,
+    periodicFlush: opts.flushIntervalMs ?? 100,
+    mkdir: opts.destination !== 'stdout',
+  });
+  // A file opens asynchronously; a flush issued before then could wait for a drain that never comes.
+  const ready = new Promise<void>((resolve) => dest.once('ready', () => resolve()));
+  const logger = pino({ level: opts.level, redact }, dest);
+  return { logger, flush: () => ready.then(() => flushDestination(dest)) };
+}
+
+function flushDestination(dest: SonicBoom): Promise<void> {
+  return new Promise((resolve, reject) =>
+    dest.flush((err) => {
+      // fsync after the drain fails on pipes and terminals (EINVAL); the data was written.
+      if (err && !isUnsyncable(err)) reject(err);
+      else resolve();
+    }),
+  );
+}
+
+function isUnsyncable(err: Error): boolean {
+  const code = (err as NodeJS.ErrnoException).code;
+  return code === 'EINVAL' || code === 'ENOTSUP' || code === 'EROFS';
+}
+
+export interface RequestContext {
+  req_id: string;
+  tenant: string | null;
+  class: string | null;
+}
+
+/** A child logger whose every line carries the request's id, tenant and class. */
+export function requestLogger(logger: pino.Logger, ctx: RequestContext): pino.Logger {
+  return logger.child({ req_id: ctx.req_id, tenant: ctx.tenant, class: ctx.class });
+}

@@ -1,0 +1,314 @@
+import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
+import type { AdmissionRecord } from './admission-log.ts';
+import type { Outcome } from './outcome.ts';
+
+export interface ClassTargets {
+  ttft_p99_ms: number;
+  tpot_p99_ms: number;
+}
+
+// Base bucket lists in seconds, close to vLLM's own (research/vllm.md) so dashboards line up. Each
+// class's targets are added to them, so "share of requests under the target" is an exact bucket.
+export const TTFT_BUCKETS_S: readonly number[] = [
+  0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2, 2.5, 5, 10, 20, 40, 80,
+];
+export const TPOT_BUCKETS_S: readonly number[] = [
+  0.005, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5,
+];
+export const E2E_BUCKETS_S: readonly number[] = [
+  0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 15, 20, 30, 60, 120, 240, 480, 960,
+];
+export const OVERHEAD_BUCKETS_S: readonly number[] = [
+  0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+];
+
+/** `base` ∪ every target (ms → s), sorted, without duplicates. */
+export function bucketsWithTargets(base: readonly number[], targetsMs: readonly number[]): number[] {
+  // Rounding to nanoseconds makes 100/1000 and a listed 0.1 the same bucket.
+  const all = [...base, ...targetsMs.map((ms) => ms / 1000)].map((s) => Math.round(s * 1e9) / 1e9);
+  return [...new Set(all)].filter((s) => s > 0).sort((a, b) => a - b);
+}
+
+export interface BackendGauges {
+  inflight?: number;
+  concurrency_limit?: number;
+  healthy?: boolean;
+  /** 0..1, from the backend's vLLM metrics; null leaves the last value. */
+  kv_cache_usage?: number | null;
+  waiting?: number | null;
+  prefill_tokens_per_second?: number | null;
+}
+
+export interface MetricsOptions {
+  /** Node's process_* and nodejs_* metrics (unprefixed, standard names). Default true. */
+  processMetrics?: boolean;
+}
+
+const NONE = 'none';
+const PREFIX = 'slagate_';
+// Each admitted request moves the prefix-hit gauge by 1% of its weight, so the gauge follows
+// roughly the last hundred requests.
+const PREFIX_DECAY = 0.99;
+
+type HistogramChild = ReturnType<Histogram<string>['labels']>;
+type CounterChild = ReturnType<Counter<string>['labels']>;
+
+// Label children are made once per label set and kept, so the per-request path does no label
+// lookups of its own; prom-client's `labels()` builds objects on every call.
+interface ClassSeries {
+  slaMet: CounterChild;
+  admitted: Map<string, CounterChild>;
+  refused: Map<string, CounterChild>;
+  backends: Map<string, SeriesBundle>;
+}
+
+/** The children of one (class, backend) pair. */
+interface SeriesBundle {
+  ttft: HistogramChild;
+  tpot: HistogramChild;
+  itl: HistogramChild;
+  e2e: HistogramChild;
+  queue: HistogramChild;
+  requests: Map<Outcome, CounterChild>;
+}
+
+export class GatewayMetrics {
+  readonly registry = new Registry();
+  private readonly ttft: Histogram<'class' | 'backend'>;
+  private readonly tpot: Histogram<'class' | 'backend'>;
+  private readonly itl: Histogram<'class' | 'backend'>;
+  private readonly e2e: Histogram<'class' | 'backend'>;
+  private readonly queueWait: Histogram<'class' | 'backend'>;
+  private readonly overhead: Histogram<string>;
+  private readonly requests: Counter<'class' | 'backend' | 'outcome'>;
+  private readonly admission: Counter<'class' | 'decision' | 'reason'>;
+  private readonly slaMet: Counter<'class'>;
+  private readonly backendGauges: Record<keyof BackendGauges, Gauge<'backend'>>;
+  private readonly queueDepth: Gauge<'class'>;
+  private readonly prefixHitRatio: Gauge<string>;
+  private readonly storeDegraded: Gauge<string>;
+  private readonly series = new Map<string, ClassSeries>();
+  private prefixHitTokens = 0;
+  private prefixPromptTokens = 0;
+
+  constructor(classes: Readonly<Record<string, ClassTargets>>, opts: MetricsOptions = {}) {
+    const reg = this.registry;
+    const targets = Object.values(classes);
+    const ttftBuckets = bucketsWithTargets(
+      TTFT_BUCKETS_S,
+      targets.map((t) => t.ttft_p99_ms),
+    );
+    const tpotBuckets = bucketsWithTargets(
+      TPOT_BUCKETS_S,
+      targets.map((t) => t.tpot_p99_ms),
+    );
+    const perRequest = (name: string, help: string, buckets: readonly number[]) =>
+      new Histogram({
+        name: PREFIX + name,
+        help,
+        labelNames: ['class', 'backend'] as const,
+        buckets: [...buckets],
+        registers: [reg],
+      });
+    this.ttft = perRequest(
+      'ttft_seconds',
+      'Time to first token: arrival at the gateway to first token.',
+      ttftBuckets,
+    );
+    this.tpot = perRequest(
+      'tpot_seconds',
+      'Time per output token after the first, per request.',
+      tpotBuckets,
+    );
+    this.itl = perRequest('itl_seconds', 'Gap between successive streamed chunks.', tpotBuckets);
+    this.e2e = perRequest(
+      'e2e_seconds',
+      'Arrival at the gateway to the last byte, admitted requests.',
+      E2E_BUCKETS_S,
+    );
+    this.queueWait = perRequest('queue_wait_seconds', 'Time spent in the gateway queue.', ttftBuckets);
+    this.overhead = new Histogram({
+      name: `${PREFIX}overhead_seconds`,
+      help: 'Time the gateway itself adds to a request (parsing, admission, routing, relay).',
+      buckets: [...OVERHEAD_BUCKETS_S],
+      registers: [reg],
+    });
+    this.requests = new Counter({
+      name: `${PREFIX}requests_total`,
+      help: 'Requests ended, by outcome.',
+      labelNames: ['class', 'backend', 'outcome'] as const,
+      registers: [reg],
+    });
+    this.admission = new Counter({
+      name: `${PREFIX}admission_total`,
+      help: 'Admission decisions and the reason a request ended.',
+      labelNames: ['class', 'decision', 'reason'] as const,
+      registers: [reg],
+    });
+    this.slaMet = new Counter({
+      name: `${PREFIX}sla_met_total`,
+      help: 'Requests that met both their class TTFT and TPOT targets.',
+      labelNames: ['class'] as const,
+      registers: [reg],
+    });
+    const backendGauge = (name: string, help: string) =>
+      new Gauge({ name: PREFIX + name, help, labelNames: ['backend'] as const, registers: [reg] });
+    this.backendGauges = {
+      inflight: backendGauge('backend_inflight', 'Requests the gateway has in flight on the backend.'),
+      concurrency_limit: backendGauge(
+        'backend_concurrency_limit',
+        'Current concurrency cap the scheduler applies to the backend.',
+      ),
+      healthy: backendGauge('backend_healthy', '1 when the backend is healthy and its breaker closed.'),
+      kv_cache_usage: backendGauge('backend_kv_cache_usage', 'KV cache usage reported by the backend, 0..1.'),
+      waiting: backendGauge(
+        'backend_waiting',
+        'Requests waiting inside the backend (vLLM num_requests_waiting).',
+      ),
+      prefill_tokens_per_second: backendGauge(
+        'backend_prefill_tokens_per_second',
+        "The router's current estimate of the backend's prefill rate.",
+      ),
+    };
+    this.queueDepth = new Gauge({
+      name: `${PREFIX}queue_depth`,
+      help: 'Requests waiting in the gateway queue.',
+      labelNames: ['class'] as const,
+      registers: [reg],
+    });
+    this.prefixHitRatio = new Gauge({
+      name: `${PREFIX}prefix_hit_ratio`,
+      help: 'Estimated share of prompt tokens cached at the chosen backend, token-weighted, recent requests.',
+      registers: [reg],
+    });
+    this.storeDegraded = new Gauge({
+      name: `${PREFIX}state_store_degraded`,
+      help: '1 while the shared state store is unreachable and the gateway runs on local state.',
+      registers: [reg],
+    });
+    // Configured classes' series start at zero so rate() and absent() behave from the first scrape.
+    for (const cls of Object.keys(classes)) {
+      this.classSeries(cls);
+      this.queueDepth.labels(cls).set(0);
+    }
+    this.storeDegraded.set(0);
+    if (opts.processMetrics ?? true) collectDefaultMetrics({ register: reg });
+  }
+
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+
+  /**
+   * Updates every per-request series from one finished request's record. `itlMs` holds the gaps
+   * between its streamed chunks, if any.
+   */
+  observeRequest(r: AdmissionRecord, itlMs?: ArrayLike<number>): void {
+    const cls = r.class ?? NONE;
+    const c = this.classSeries(cls);
+    const s = this.bundle(c, cls, r.backend ?? NONE);
+    let req = s.requests.get(r.outcome);
+    if (req === undefined) {
+      req = this.requests.labels(cls, r.backend ?? NONE, r.outcome);
+      s.requests.set(r.outcome, req);
+    }
+    req.inc();
+    const byReason = r.decision === 'refused' ? c.refused : c.admitted;
+    let adm = byReason.get(r.reason);
+    if (adm === undefined) {
+      adm = this.admission.labels(cls, r.decision, r.reason);
+      byReason.set(r.reason, adm);
+    }
+    adm.inc();
+    if (r.sla_met === true) c.slaMet.inc();
+    if (r.queue_ms !== null) s.queue.observe(r.queue_ms / 1000);
+    if (r.decision === 'refused') return;
+    if (r.ttft_ms !== null) s.ttft.observe(r.ttft_ms / 1000);
+    if (r.tpot_ms !== null) s.tpot.observe(r.tpot_ms / 1000);
+    if (r.e2e_ms !== null) s.e2e.observe(r.e2e_ms / 1000);
+    if (itlMs) for (let i = 0; i < itlMs.length; i++) s.itl.observe(itlMs[i]! / 1000);
+    if (r.prefix_hit_est !== null && r.prompt_tokens_est !== null) {
+      this.prefixHitTokens = this.prefixHitTokens * PREFIX_DECAY + r.prefix_hit_est * r.prompt_tokens_est;
+      this.prefixPromptTokens = this.prefixPromptTokens * PREFIX_DECAY + r.prompt_tokens_est;
+      if (this.prefixPromptTokens > 0)
+        this.prefixHitRatio.set(this.prefixHitTokens / this.prefixPromptTokens);
+    }
+  }
+
+  /** Sets the given gauges of one backend; absent or null fields keep their last value. */
+  setBackendGauges(backend: string, g: BackendGauges): void {
+    const gauges = this.backendGauges;
+    if (g.inflight != null) gauges.inflight.labels(backend).set(g.inflight);
+    if (g.concurrency_limit != null) gauges.concurrency_limit.labels(backend).set(g.concurrency_limit);
+    if (g.healthy != null) gauges.healthy.labels(backend).set(g.healthy ? 1 : 0);
+    if (g.kv_cache_usage != null) gauges.kv_cache_usage.labels(backend).set(g.kv_cache_usage);
+    if (g.waiting != null) gauges.waiting.labels(backend).set(g.waiting);
+    if (g.prefill_tokens_per_second != null) {
+      gauges.prefill_tokens_per_second.labels(backend).set(g.prefill_tokens_per_second);
+    }
+  }
+
+  /** Drops every series labelled with this backend (after a reload removed it). */
+  removeBackend(backend: string): void {
+    for (const gauge of Object.values(this.backendGauges)) gauge.remove(backend);
+    for (const [cls, { backends: byBackend }] of this.series) {
+      const s = byBackend.get(backend);
+      if (s === undefined) continue;
+      for (const h of [this.ttft, this.tpot, this.itl, this.e2e, this.queueWait]) h.remove(cls, backend);
+      for (const outcome of s.requests.keys()) this.requests.remove(cls, backend, outcome);
+      byBackend.delete(backend);
+    }
+  }
+
+  setQueueDepth(cls: string, depth: number): void {
+    this.queueDepth.labels(cls).set(depth);
+  }
+
+  setStoreDegraded(degraded: boolean): void {
+    this.storeDegraded.set(degraded ? 1 : 0);
+  }
+
+  observeOverheadMs(ms: number): void {
+    this.overhead.observe(ms / 1000);
+  }
+
+  /** The Prometheus text exposition; serve it with `contentType`. */
+  render(): Promise<string> {
+    return this.registry.metrics();
+  }
+
+  private classSeries(cls: string): ClassSeries {
+    let c = this.series.get(cls);
+    if (c === undefined) {
+      const slaMet = this.slaMet.labels(cls);
+      // A configured class's SLA counter exists from the start so rate() works from the first scrape.
+      slaMet.inc(0);
+      c = { slaMet, admitted: new Map(), refused: new Map(), backends: new Map() };
+      this.series.set(cls, c);
+    }
+    return c;
+  }
+
+  private bundle(c: ClassSeries, cls: string, backend: string): SeriesBundle {
+    let s = c.backends.get(backend);
+    if (s === undefined) {
+      s = {
+        ttft: this.ttft.labels(cls, backend),
+        tpot: this.tpot.labels(cls, backend),
+        itl: this.itl.labels(cls, backend),
+        e2e: this.e2e.labels(cls, backend),
+        queue: this.queueWait.labels(cls, backend),
+        requests: new Map(),
+      };
+      c.backends.set(backend, s);
+    }
+    return s;
+  }
+}
+
+export function createMetrics(
+  classes: Readonly<Record<string, ClassTargets>>,
+  opts: MetricsOptions = {},
+): GatewayMetrics {
+  return new GatewayMetrics(classes, opts);
+}

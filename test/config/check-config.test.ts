@@ -1,0 +1,86 @@
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { parse } from 'yaml';
+import { checkConfigCommand } from '../../src/cli/check-config.ts';
+import { loadConfigFile } from '../../src/config/index.ts';
+
+const root = (p: string) => fileURLToPath(new URL(`../../${p}`, import.meta.url));
+const fixture = (name: string) => root(`test/fixtures/config/${name}`);
+
+async function run(argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  let stdout = '';
+  let stderr = '';
+  const code = await checkConfigCommand(argv, {
+    stdout: { write: (text: string) => (stdout += text) },
+    stderr: { write: (text: string) => (stderr += text) },
+  });
+  return { code, stdout, stderr };
+}
+
+describe('slagate check-config', () => {
+  it('prints the effective configuration of a valid file and exits 0', async () => {
+    const file = root('config/gateway.yaml');
+    const { code, stdout, stderr } = await run([file]);
+    expect(code).toBe(0);
+    expect(stderr).toBe('');
+    expect(stdout.split('\n')[0]).toMatch(/valid/);
+    // What it prints is exactly what the gateway would run with, defaults included.
+    expect(parse(stdout)).toEqual(loadConfigFile(file));
+    expect(stdout).toContain('first_token_timeout_ms: 60000');
+  });
+
+  it('shows API key hashes as they are and hides the Redis password', async () => {
+    const { code, stdout } = await run([fixture('full.yaml')]);
+    expect(code).toBe(0);
+    expect(stdout).toContain('2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae');
+    expect(stdout).not.toContain('s3cret');
+    expect(parse(stdout).state.redis_url).toBe('redis://:***@127.0.0.1:6379/0');
+  });
+
+  it('prints every problem with its path and exits 1, without a stack trace', async () => {
+    const file = fixture('many-errors.yaml');
+    const { code, stdout, stderr } = await run([file]);
+    expect(code).toBe(1);
+    expect(stdout).toBe('');
+    const lines = stderr.trimEnd().split('\n');
+    expect(lines[0]).toBe(`${file}: configuration is invalid (10 problems):`);
+    expect(lines.slice(1).map((l) => l.trim().split(':')[0])).toEqual([
+      'server.prot',
+      'backends[1].name',
+      'backends[1].url',
+      'sla.default_class',
+      'sla.classes.interactive.ttft_p99_ms',
+      'tenants[0].api_key_sha256',
+      'tenants[0].allowed_classes[1]',
+      'scheduler.policy',
+      'scheduler.concurrency.min',
+      'upstream.retries',
+    ]);
+    expect(lines[1]).toBe(`  server.prot: unknown key (did you mean 'port'?) (${file}:2:28)`);
+    expect(stderr).not.toMatch(/\n\s+at /);
+  });
+
+  it('reports a YAML syntax error with its position', async () => {
+    const file = fixture('syntax-error.yaml');
+    const { code, stderr } = await run([file]);
+    expect(code).toBe(1);
+    expect(stderr).toContain(`(root): YAML syntax:`);
+    expect(stderr).toContain(`(${file}:4:1)`);
+  });
+
+  it('reports a missing file and exits 1', async () => {
+    const { code, stderr } = await run([fixture('nope.yaml')]);
+    expect(code).toBe(1);
+    expect(stderr).toMatch(/cannot read the file \(ENOENT\)/);
+  });
+
+  it('usage: --help exits 0, a missing or extra argument exits 2', async () => {
+    const help = await run(['--help']);
+    expect(help.code).toBe(0);
+    expect(help.stdout).toMatch(/^usage: slagate check-config FILE/);
+    expect((await run([])).code).toBe(2);
+    const extra = await run(['a.yaml', 'b.yaml']);
+    expect(extra.code).toBe(2);
+    expect(extra.stderr).toMatch(/^usage:/);
+  });
+});

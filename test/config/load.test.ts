@@ -1,0 +1,436 @@
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { stringify } from 'yaml';
+import {
+  CONFIG_INVALID,
+  CONFIG_UNREADABLE,
+  type Config,
+  ConfigError,
+  loadConfigFile,
+  parseConfig,
+} from '../../src/config/index.ts';
+
+const root = (p: string) => fileURLToPath(new URL(`../../${p}`, import.meta.url));
+const fixture = (name: string) => root(`test/fixtures/config/${name}`);
+
+const HASH_A = 'a'.repeat(64);
+const HASH_B = 'b'.repeat(64);
+
+// biome-ignore lint/suspicious/noExplicitAny: each case reaches into a different part of a YAML document.
+type Draft = Record<string, any>;
+
+/** A valid configuration as a plain object; each case edits a copy and expects specific issues. */
+function base(): Draft {
+  return {
+    models: ['m1'],
+    backends: [
+      { name: 'gpu-0', url: 'http://127.0.0.1:8000' },
+      { name: 'gpu-1', url: 'http://127.0.0.1:8001' },
+    ],
+    sla: {
+      default_class: 'interactive',
+      classes: {
+        interactive: { ttft_p99_ms: 500, tpot_p99_ms: 50, priority: 0 },
+        batch: { ttft_p99_ms: 30000, tpot_p99_ms: 200, priority: 2, sheddable: true },
+      },
+    },
+    tenants: [
+      { name: 'team-a', api_key_sha256: HASH_A, class: 'interactive', allowed_classes: ['interactive'] },
+    ],
+  };
+}
+
+function issuesOf(text: string, source = 'test.yaml'): ConfigError['issues'] {
+  try {
+    parseConfig(text, source);
+  } catch (err) {
+    expect(err).toBeInstanceOf(ConfigError);
+    return (err as ConfigError).issues;
+  }
+  throw new Error('expected the configuration to be rejected');
+}
+
+const issuesFor = (edit: (c: Draft) => void) => {
+  const config = base();
+  edit(config);
+  return issuesOf(stringify(config));
+};
+
+function expectFrozenDeep(value: unknown, where = 'config'): void {
+  if (typeof value !== 'object' || value === null) return;
+  expect(Object.isFrozen(value), `${where} is frozen`).toBe(true);
+  for (const [key, child] of Object.entries(value)) expectFrozenDeep(child, `${where}.${key}`);
+}
+
+describe('the default config/gateway.yaml', () => {
+  it('validates and describes the simulated fleet npm start serves', () => {
+    const config = loadConfigFile(root('config/gateway.yaml'));
+    expect(config.server).toMatchObject({ host: '127.0.0.1', port: 8080 });
+    expect(config.models).toEqual(['meta-llama/Llama-3.1-8B-Instruct']);
+    expect(config.backends).toEqual([]);
+    expect(config.simulate).toEqual({
+      replicas: 4,
+      profile: 'llama3-8b-h100',
+      time_scale: 1,
+      seed: 0,
+      model: 'meta-llama/Llama-3.1-8B-Instruct',
+    });
+    expect(config.state).toEqual({ store: 'memory' });
+    expect(config.sla.default_class).toBe('interactive');
+    expect(config.sla.classes).toEqual({
+      interactive: { ttft_p99_ms: 500, tpot_p99_ms: 50, priority: 0, sheddable: false },
+      completion: { ttft_p99_ms: 200, tpot_p99_ms: 30, priority: 0, sheddable: false },
+      batch: { ttft_p99_ms: 30000, tpot_p99_ms: 200, priority: 2, sheddable: true },
+    });
+    expect(config.tenants).toEqual([]);
+  });
+});
+
+describe('defaults', () => {
+  it('fill every optional key of a minimal file', () => {
+    const config = loadConfigFile(fixture('minimal.yaml'));
+    expect(config.server).toEqual({
+      host: '127.0.0.1',
+      port: 8080,
+      body_limit_bytes: 4 * 1024 * 1024,
+      shutdown_grace_ms: 30000,
+    });
+    expect(config.backends).toEqual([{ name: 'gpu-0', url: 'http://127.0.0.1:8000', weight: 1 }]);
+    expect(config.simulate).toBeUndefined();
+    expect(config.state).toEqual({ store: 'memory' });
+    expect(Object.keys(config.sla.classes)).toEqual(['interactive', 'completion', 'batch']);
+    expect(config.scheduler).toEqual({
+      policy: 'slagate',
+      max_queue: 1024,
+      aging_ms: 5000,
+      concurrency: { min: 4, max: 256, initial: 16 },
+    });
+    expect(config.router).toEqual({
+      policy: 'slagate',
+      block_size_tokens: 16,
+      explore_ratio: 0.01,
+      session_header: 'x-session-id',
+    });
+    expect(config.upstream.outlier).toEqual({
+      consecutive_failures: 5,
+      base_ejection_ms: 30000,
+      max_ejection_ms: 300000,
+      max_ejection_percent: 50,
+    });
+    expect(config.upstream.breaker).toEqual({
+      error_threshold_percentage: 50,
+      volume_threshold: 10,
+      reset_timeout_ms: 30000,
+      rolling_window_ms: 10000,
+    });
+    expect(config.upstream.retries).toBe(2);
+    expect(config.logging).toEqual({ level: 'info', admission_log: 'stdout' });
+  });
+
+  it('keep every value a file sets', () => {
+    const config = loadConfigFile(fixture('full.yaml'));
+    expect(config.server.port).toBe(9090);
+    expect(config.state).toEqual({
+      store: 'redis',
+      redis_url: 'redis://:s3cret@127.0.0.1:6379/0',
+      key_prefix: 'slagate-test',
+      connect_timeout_ms: 1000,
+      command_timeout_ms: 50,
+      refresh_interval_ms: 250,
+    });
+    expect(config.scheduler.concurrency).toEqual({ min: 2, max: 64, initial: 8 });
+    expect(config.router.policy).toBe('cache_aware');
+    expect(config.upstream.outlier.max_ejection_percent).toBe(34);
+    expect(config.tenants[0]).toMatchObject({ max_concurrency: 64, tokens_per_minute: 2000000 });
+  });
+
+  it('derive the keys that depend on others', () => {
+    const config = loadConfigFile(fixture('full.yaml'));
+    // team-b names neither class nor allowed_classes.
+    expect(config.tenants[1]).toEqual({
+      name: 'team-b',
+      api_key_sha256: 'fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9',
+      class: 'interactive',
+      allowed_classes: ['interactive'],
+    });
+    const sim = parseConfig('models: [a, b]\nsimulate: { replicas: 2 }\n', 'sim.yaml');
+    expect(sim.simulate?.model).toBe('a');
+    const low = parseConfig(
+      'models: [a]\nsimulate: { replicas: 1 }\nscheduler: { concurrency: { max: 8 } }',
+      'x',
+    );
+    expect(low.scheduler.concurrency).toEqual({ min: 4, max: 8, initial: 8 });
+    const high = parseConfig(
+      'models: [a]\nsimulate: { replicas: 1 }\nscheduler: { concurrency: { min: 32 } }',
+      'x',
+    );
+    expect(high.scheduler.concurrency.initial).toBe(32);
+  });
+
+  it('list keys in schema order whatever order the file used', () => {
+    const config = parseConfig(
+      'logging: { admission_log: a.log, level: warn }\nsimulate: {replicas: 1}\nmodels: [m]',
+      'x',
+    );
+    expect(Object.keys(config).slice(0, 4)).toEqual(['server', 'models', 'backends', 'simulate']);
+    expect(Object.keys(config.logging)).toEqual(['level', 'admission_log']);
+  });
+});
+
+describe('the loaded configuration', () => {
+  it('is deep-frozen', () => {
+    const config: Config = loadConfigFile(fixture('full.yaml'));
+    expectFrozenDeep(config);
+    expect(() => {
+      (config.sla.classes.interactive as { ttft_p99_ms: number }).ttft_p99_ms = 1;
+    }).toThrow(TypeError);
+    expect(() => (config.backends as unknown[]).push({})).toThrow(TypeError);
+  });
+});
+
+describe('violations are reported with the path of the key to fix', () => {
+  const cases: [string, (c: Draft) => void, string, RegExp][] = [
+    ['unknown top-level key', (c) => (c.routing = {}), 'routing', /unknown key/],
+    ['misspelt nested key', (c) => (c.server = { prot: 80 }), 'server.prot', /did you mean 'port'/],
+    [
+      'unknown key in a class',
+      (c) => (c.sla.classes.batch.deadline = 1),
+      'sla.classes.batch.deadline',
+      /unknown key \(allowed: ttft_p99_ms/,
+    ],
+    [
+      'unknown key in a list item',
+      (c) => (c.backends[1].wieght = 2),
+      'backends[1].wieght',
+      /did you mean 'weight'/,
+    ],
+    ['wrong type', (c) => (c.server = { port: '80a' }), 'server.port', /must be an integer \(got "80a"\)/],
+    ['out of range', (c) => (c.server = { port: 70000 }), 'server.port', /must be <= 65535/],
+    ['missing required key', (c) => delete c.backends[0].url, 'backends[0].url', /is required/],
+    [
+      'not in an enum',
+      (c) => (c.router = { policy: 'random' }),
+      'router.policy',
+      /one of: slagate, round_robin/,
+    ],
+    ['empty models', (c) => (c.models = []), 'models', /at least 1 item/],
+    ['no classes', (c) => (c.sla.classes = {}), 'sla.classes', /at least 1 entry/],
+    [
+      'bad backend URL',
+      (c) => (c.backends[1].url = 'localhost:8000'),
+      'backends[1].url',
+      /scheme http or https/,
+    ],
+    ['URL with credentials', (c) => (c.backends[0].url = 'http://u:p@h:1'), 'backends[0].url', /credentials/],
+    [
+      'duplicate backend',
+      (c) => (c.backends[1].name = 'gpu-0'),
+      'backends[1].name',
+      /duplicate backend name/,
+    ],
+    ['duplicate model', (c) => (c.models = ['m1', 'm1']), 'models[1]', /duplicate model "m1"/],
+    [
+      'unknown default class',
+      (c) => (c.sla.default_class = 'chat'),
+      'sla.default_class',
+      /unknown SLA class "chat"/,
+    ],
+    ['bad class name', (c) => (c.sla.classes['gold tier'] = {}), 'sla.classes["gold tier"]', /invalid name/],
+    [
+      'non-positive target',
+      (c) => (c.sla.classes.batch.tpot_p99_ms = 0),
+      'sla.classes.batch.tpot_p99_ms',
+      /> 0/,
+    ],
+    [
+      'tenant with unknown class',
+      (c) => (c.tenants[0].class = 'gold'),
+      'tenants[0].class',
+      /unknown SLA class/,
+    ],
+    [
+      'tenant allowed class unknown',
+      (c) => (c.tenants[0].allowed_classes = ['interactive', 'gold']),
+      'tenants[0].allowed_classes[1]',
+      /unknown SLA class "gold"/,
+    ],
+    [
+      'tenant class not allowed',
+      (c) => (c.tenants[0].allowed_classes = ['batch']),
+      'tenants[0].allowed_classes',
+      /must include the tenant's class "interactive"/,
+    ],
+    ['unsafe tenant name', (c) => (c.tenants[0].name = 'a:b'), 'tenants[0].name', /letters, digits/],
+    [
+      'bad key hash',
+      (c) => (c.tenants[0].api_key_sha256 = 'ABC'),
+      'tenants[0].api_key_sha256',
+      /64 lowercase hex/,
+    ],
+    [
+      'duplicate tenant',
+      (c) => c.tenants.push({ name: 'team-a', api_key_sha256: HASH_B }),
+      'tenants[1].name',
+      /duplicate tenant name "team-a"/,
+    ],
+    [
+      'shared API key',
+      (c) => c.tenants.push({ name: 'team-b', api_key_sha256: HASH_A }),
+      'tenants[1].api_key_sha256',
+      /duplicate API key hash/,
+    ],
+    [
+      'concurrency min above max',
+      (c) => (c.scheduler = { concurrency: { min: 9, max: 8 } }),
+      'scheduler.concurrency.min',
+      /<= scheduler.concurrency.max \(8\)/,
+    ],
+    [
+      'initial outside min..max',
+      (c) => (c.scheduler = { concurrency: { min: 2, max: 8, initial: 9 } }),
+      'scheduler.concurrency.initial',
+      /between min \(2\) and max \(8\)/,
+    ],
+    [
+      'ejection base above cap',
+      (c) => (c.upstream = { outlier: { base_ejection_ms: 5000, max_ejection_ms: 1000 } }),
+      'upstream.outlier.base_ejection_ms',
+      /<= upstream.outlier.max_ejection_ms/,
+    ],
+    [
+      'connection pool below the concurrency cap',
+      (c) => (c.upstream = { max_connections_per_backend: 100 }),
+      'upstream.max_connections_per_backend',
+      />= scheduler.concurrency.max \(256\)/,
+    ],
+    ['unknown store', (c) => (c.state = { store: 'etcd' }), 'state.store', /one of: memory, redis/],
+    ['redis without URL', (c) => (c.state = { store: 'redis' }), 'state.redis_url', /is required/],
+    [
+      'redis key typo',
+      (c) => (c.state = { store: 'redis', redis_url: 'redis://h:6379', key_prefx: 'x' }),
+      'state.key_prefx',
+      /did you mean 'key_prefix'/,
+    ],
+    [
+      'redis URL scheme',
+      (c) => (c.state = { store: 'redis', redis_url: 'http://h:6379' }),
+      'state.redis_url',
+      /scheme redis or rediss/,
+    ],
+    [
+      'memory store with redis keys',
+      (c) => (c.state = { store: 'memory', redis_url: 'redis://h' }),
+      'state.redis_url',
+      /unknown key/,
+    ],
+    ['no backends and no simulate', (c) => (c.backends = []), 'backends', /no backends/],
+    ['simulate beside backends', (c) => (c.simulate = { replicas: 2 }), 'simulate', /cannot be combined/],
+    [
+      'simulate model not served',
+      (c) => {
+        c.backends = [];
+        c.simulate = { replicas: 2, model: 'other' };
+      },
+      'simulate.model',
+      /must be one of models/,
+    ],
+    [
+      'unknown simulator profile',
+      (c) => {
+        c.backends = [];
+        c.simulate = { replicas: 2, profile: 'llama3-8b-h10' };
+      },
+      'simulate.profile',
+      /unknown GPU profile "llama3-8b-h10" \(profiles: llama3-8b-h100/,
+    ],
+    ['bad log level', (c) => (c.logging = { level: 'verbose' }), 'logging.level', /one of: trace, debug/],
+    [
+      'bad session header',
+      (c) => (c.router = { session_header: 'X Session' }),
+      'router.session_header',
+      /header name/,
+    ],
+  ];
+
+  it.each(cases)('%s', (_name, edit, path, message) => {
+    const issues = issuesFor(edit);
+    const found = issues.find((issue) => issue.path === path);
+    expect(found, `issue at ${path} among ${JSON.stringify(issues)}`).toBeDefined();
+    expect(found!.message).toMatch(message);
+  });
+
+  it('an issue at a defaulted key is not reported twice', () => {
+    // team-b has no class: it inherits the unknown default class, reported once at sla.default_class.
+    const issues = issuesFor((c) => {
+      c.sla.default_class = 'chat';
+      c.tenants = [{ name: 'team-b', api_key_sha256: HASH_B }];
+    });
+    expect(issues.map((i) => i.path)).toEqual(['sla.default_class']);
+  });
+
+  it('a root that is not a mapping', () => {
+    expect(issuesOf('- a\n- b\n')).toEqual([
+      { path: '', message: expect.stringMatching(/must be a mapping/) },
+    ]);
+    expect(issuesOf('')[0]?.message).toMatch(/got null/);
+  });
+});
+
+describe('all violations come together', () => {
+  it('with their paths and positions', () => {
+    let error: ConfigError | undefined;
+    try {
+      loadConfigFile(fixture('many-errors.yaml'));
+    } catch (err) {
+      error = err as ConfigError;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    expect(error!.code).toBe(CONFIG_INVALID);
+    expect(error!.issues.map((i) => [i.path, i.line])).toEqual([
+      ['server.prot', 2],
+      ['backends[1].name', 6],
+      ['backends[1].url', 6],
+      ['sla.default_class', 8],
+      ['sla.classes.interactive.ttft_p99_ms', 10],
+      ['tenants[0].api_key_sha256', 12],
+      ['tenants[0].allowed_classes[1]', 12],
+      ['scheduler.policy', 13],
+      ['scheduler.concurrency.min', 13],
+      ['upstream.retries', 14],
+    ]);
+    // The column points at the key: `  - { name: gpu-0, url: ...` has `url` at column 20.
+    expect(error!.issues.find((i) => i.path === 'backends[1].url')?.column).toBe(20);
+    // The message alone is enough for a log line: every path appears in it.
+    for (const issue of error!.issues) expect(error!.message).toContain(issue.path);
+  });
+});
+
+describe('YAML errors', () => {
+  it('a syntax error is reported with its line and column', () => {
+    const issues = (() => {
+      try {
+        loadConfigFile(fixture('syntax-error.yaml'));
+      } catch (err) {
+        return (err as ConfigError).issues;
+      }
+      return [];
+    })();
+    expect(issues).toHaveLength(1);
+    expect(issues[0]).toMatchObject({ path: '', line: 4, column: 1 });
+    expect(issues[0]!.message).toMatch(/^YAML syntax: Flow sequence/);
+  });
+
+  it('a repeated key is an error, not last-one-wins', () => {
+    const issues = issuesOf('models: [a]\nsimulate: { replicas: 1 }\nmodels: [b]\n');
+    expect(issues).toEqual([{ path: '', message: expect.stringMatching(/unique/), line: 3, column: 1 }]);
+  });
+
+  it('an unreadable file has its own code', () => {
+    expect(() => loadConfigFile(fixture('does-not-exist.yaml'))).toThrow(
+      expect.objectContaining({
+        code: CONFIG_UNREADABLE,
+        issues: [expect.objectContaining({ message: expect.stringMatching(/ENOENT/) })],
+      }),
+    );
+  });
+});

@@ -1,0 +1,193 @@
+import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import {
+  type Config,
+  ConfigError,
+  type ConfigWatcher,
+  type ConfigWatchOptions,
+  watchConfig,
+} from '../../src/config/index.ts';
+
+const valid = (port: number) => `models: [m]\nsimulate: { replicas: 2 }\nserver: { port: ${port} }\n`;
+const INVALID = 'models: [m]\nsimulate: { replicas: 0 }\nserver: { prot: 1 }\n';
+const WAIT_MS = 5000;
+
+type Event = { kind: 'change'; next: Config; previous: Config } | { kind: 'error'; err: Error };
+
+/** Collects watcher callbacks; `next()` resolves with the next one (or fails after WAIT_MS). */
+class Recorder {
+  readonly events: Event[] = [];
+  private waiters: ((e: Event) => void)[] = [];
+  readonly handlers = {
+    onChange: (next: Config, previous: Config) => this.push({ kind: 'change', next, previous }),
+    onError: (err: Error) => this.push({ kind: 'error', err }),
+  };
+  private push(event: Event) {
+    this.events.push(event);
+    this.waiters.shift()?.(event);
+  }
+  next(): Promise<Event> {
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error('no watcher callback')), WAIT_MS);
+      this.waiters.push((e) => {
+        clearTimeout(timer);
+        resolve(e);
+      });
+    });
+  }
+}
+
+const delay = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+let dir: string;
+let file: string;
+let watcher: ConfigWatcher | undefined;
+
+beforeEach(() => {
+  dir = mkdtempSync(join(tmpdir(), 'slagate-config-'));
+  file = join(dir, 'gateway.yaml');
+  writeFileSync(file, valid(8080));
+});
+
+afterEach(() => {
+  watcher?.close();
+  watcher = undefined;
+  rmSync(dir, { recursive: true, force: true });
+});
+
+function start(recorder: Recorder, options: ConfigWatchOptions = {}): ConfigWatcher {
+  watcher = watchConfig(file, recorder.handlers, { debounceMs: 30, ...options });
+  return watcher;
+}
+
+describe('watchConfig on file changes', () => {
+  it('loads the file at start and throws ConfigError when it is invalid', () => {
+    const w = start(new Recorder());
+    expect(w.current().server.port).toBe(8080);
+    w.close();
+    writeFileSync(file, INVALID);
+    expect(() => watchConfig(file, new Recorder().handlers)).toThrow(ConfigError);
+  });
+
+  it('a valid change calls onChange with the new and the previous configuration', async () => {
+    const recorder = new Recorder();
+    const w = start(recorder);
+    const event = recorder.next();
+    writeFileSync(file, valid(9001));
+    const e = await event;
+    expect(e.kind).toBe('change');
+    if (e.kind !== 'change') return;
+    expect(e.next.server.port).toBe(9001);
+    expect(e.previous.server.port).toBe(8080);
+    expect(Object.isFrozen(e.next.server)).toBe(true);
+    expect(w.current()).toBe(e.next);
+  });
+
+  it('an invalid change calls onError with every issue and keeps the previous configuration', async () => {
+    const recorder = new Recorder();
+    const w = start(recorder);
+    const before = w.current();
+    const errored = recorder.next();
+    writeFileSync(file, INVALID);
+    const e = await errored;
+    expect(e.kind).toBe('error');
+    if (e.kind !== 'error') return;
+    expect(e.err).toBeInstanceOf(ConfigError);
+    expect((e.err as ConfigError).issues.map((i) => i.path).sort()).toEqual([
+      'server.prot',
+      'simulate.replicas',
+    ]);
+    expect(w.current()).toBe(before);
+
+    // Fixing the file is picked up; the "previous" configuration is the one that stayed in force.
+    const fixed = recorder.next();
+    writeFileSync(file, valid(9002));
+    const f = await fixed;
+    expect(f.kind === 'change' && [f.next.server.port, f.previous.server.port]).toEqual([9002, 8080]);
+  });
+
+  it('follows an editor that replaces the file (write a temporary, rename it over)', async () => {
+    const recorder = new Recorder();
+    const w = start(recorder);
+    const event = recorder.next();
+    const temp = join(dir, '.gateway.yaml.swp');
+    writeFileSync(temp, valid(9003));
+    renameSync(temp, file);
+    expect((await event).kind).toBe('change');
+    expect(w.current().server.port).toBe(9003);
+
+    // The watch survives the replacement: a second edit is seen too.
+    const second = recorder.next();
+    writeFileSync(file, valid(9004));
+    await second;
+    expect(w.current().server.port).toBe(9004);
+  });
+
+  it('a change of layout only (same effective configuration) is not a change', async () => {
+    const recorder = new Recorder();
+    const w = start(recorder);
+    writeFileSync(file, `# reformatted\nserver:\n  port: 8080\nsimulate: { replicas: 2 }\nmodels:\n  - m\n`);
+    await delay(400);
+    writeFileSync(file, valid(9005));
+    const e = await recorder.next();
+    // The first callback is the real change: the reformatting produced none.
+    expect(recorder.events).toHaveLength(1);
+    expect(e.kind === 'change' && e.previous.server.port).toBe(8080);
+    expect(w.current().server.port).toBe(9005);
+  });
+});
+
+describe('watchConfig on SIGHUP', () => {
+  it('SIGHUP reloads the file', async () => {
+    const recorder = new Recorder();
+    const w = start(recorder, { watchFile: false });
+    writeFileSync(file, valid(9100));
+    await delay(100);
+    expect(recorder.events).toHaveLength(0); // file events are off: only the signal reloads
+    const event = recorder.next();
+    process.kill(process.pid, 'SIGHUP');
+    const e = await event;
+    expect(e.kind === 'change' && e.next.server.port).toBe(9100);
+    expect(w.current().server.port).toBe(9100);
+  });
+
+  it('SIGHUP on a still-invalid file reports its errors again and keeps the configuration', async () => {
+    const recorder = new Recorder();
+    const w = start(recorder, { watchFile: false });
+    writeFileSync(file, INVALID);
+    for (let i = 0; i < 2; i++) {
+      const event = recorder.next();
+      process.kill(process.pid, 'SIGHUP');
+      const e = await event;
+      expect(e.kind === 'error' && e.err).toBeInstanceOf(ConfigError);
+    }
+    expect(w.current().server.port).toBe(8080);
+  });
+});
+
+describe('close()', () => {
+  it('removes the SIGHUP listener and stops reacting to the file', async () => {
+    const baseline = process.listenerCount('SIGHUP');
+    const recorder = new Recorder();
+    const w = start(recorder);
+    expect(process.listenerCount('SIGHUP')).toBe(baseline + 1);
+    w.close();
+    expect(process.listenerCount('SIGHUP')).toBe(baseline);
+    writeFileSync(file, valid(9200));
+    await delay(300);
+    expect(recorder.events).toEqual([]);
+    expect(w.current().server.port).toBe(8080);
+  });
+
+  it('cancels a reload already scheduled', async () => {
+    const recorder = new Recorder();
+    const w = start(recorder, { debounceMs: 200 });
+    writeFileSync(file, valid(9300));
+    await delay(50); // the file event has arrived; the debounced reload is pending
+    w.close();
+    await delay(400);
+    expect(recorder.events).toEqual([]);
+  });
+});

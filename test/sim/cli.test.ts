@@ -1,0 +1,50 @@
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { post, send } from './http-helpers.ts';
+
+const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
+
+describe('slagate sim', () => {
+  it('prints the replica URLs, serves until SIGTERM and exits cleanly', async () => {
+    const child = spawn(
+      process.execPath,
+      [BIN, 'sim', '--replicas', '2', '--port', '0', '--time-scale', '0.05', '--admin-port', '0'],
+      { stdio: ['ignore', 'pipe', 'pipe'] },
+    );
+    try {
+      let out = '';
+      child.stdout.on('data', (c: Buffer) => {
+        out += c.toString();
+      });
+      const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+      const deadline = Date.now() + 20_000;
+      while (!/admin: http:\/\/\S+\n/.test(out)) {
+        if (Date.now() > deadline || child.exitCode !== null) throw new Error(`no URLs printed: ${out}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      const urls = [...out.matchAll(/^ {2}(http:\/\/127\.0\.0\.1:\d+)$/gm)].map((m) => m[1] as string);
+      expect(urls).toHaveLength(2);
+      for (const url of urls) expect((await send(url, 'GET', '/health')).status).toBe(200);
+      const r = await post(urls[1] as string, '/v1/completions', { prompt: 'Hi', max_tokens: 3 });
+      expect(JSON.parse(r.text).usage.completion_tokens).toBe(3);
+      child.kill('SIGTERM');
+      expect(await exited).toBe(0);
+    } finally {
+      if (child.exitCode === null) child.kill('SIGKILL');
+    }
+  });
+
+  it('rejects an unknown profile with exit code 2', async () => {
+    const child = spawn(process.execPath, [BIN, 'sim', '--profile', 'tpu-v9', '--port', '0'], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let err = '';
+    child.stderr.on('data', (c: Buffer) => {
+      err += c.toString();
+    });
+    const code = await new Promise<number | null>((resolve) => child.once('exit', (c) => resolve(c)));
+    expect(code).toBe(2);
+    expect(err).toContain('unknown GPU profile');
+  });
+});

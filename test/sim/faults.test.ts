@@ -1,0 +1,249 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseFaultHeader, parseFaultJson } from '../../src/sim/faults.ts';
+import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
+import { getProfile } from '../../src/sim/profiles.ts';
+import { SimReplica } from '../../src/sim/replica.ts';
+import { connectResult, openStream, post, send, sseData, waitFor } from './http-helpers.ts';
+
+const PROFILE = getProfile('llama3-8b-h100');
+const MODEL = PROFILE.model;
+const CHAT = '/v1/chat/completions';
+const MESSAGES = [{ role: 'user', content: 'Tell me a long story about a lighthouse keeper.' }];
+const LONG = { model: MODEL, messages: MESSAGES, max_tokens: 20000, ignore_eos: true, stream: true };
+
+let replica: SimReplica;
+let base: string;
+
+beforeAll(async () => {
+  replica = await SimReplica.start({ profile: PROFILE, timeScale: 0.05 });
+  base = replica.url;
+});
+afterAll(() => replica.close());
+
+const events = (text: string) => text.split('\n\n').filter((e) => e !== '');
+
+describe('fault specs', () => {
+  it('parses the header and JSON forms', () => {
+    expect(parseFaultHeader('drop;after_tokens=3')).toEqual({ mode: 'drop', afterTokens: 3 });
+    expect(parseFaultHeader('error; status=503')).toEqual({ mode: 'error', status: 503 });
+    expect(parseFaultJson({ mode: 'crash', duration_ms: 250 })).toEqual({ mode: 'crash', durationMs: 250 });
+    expect(parseFaultJson({ mode: 'slow', factor: 3 })).toEqual({ mode: 'slow', factor: 3 });
+  });
+
+  it('rejects unknown modes, unknown keys and bad values', () => {
+    expect(() => parseFaultHeader('explode')).toThrow(/fault mode/);
+    expect(() => parseFaultHeader('drop;after_tokens')).toThrow(/key=value/);
+    expect(() => parseFaultJson({ mode: 'drop', colour: 1 })).toThrow(/unknown fault parameter/);
+    expect(() => parseFaultJson({ mode: 'error', status: 200 })).toThrow(/status/);
+    expect(() => parseFaultJson({ mode: 'slow', factor: 0.5 })).toThrow(/factor/);
+  });
+
+  it('answers a bad fault header with 400', async () => {
+    const r = await post(base, CHAT, { model: MODEL, messages: MESSAGES }, { 'x-sim-fault': 'explode' });
+    expect(r.status).toBe(400);
+    expect(JSON.parse(r.text).error.code).toBe(400);
+  });
+});
+
+describe('crash', () => {
+  it('kills open streams, drops engine work and cache, refuses connections until reset', async () => {
+    const warm = { model: MODEL, messages: MESSAGES, max_tokens: 2 };
+    await post(base, CHAT, warm);
+    const probe = { messages: MESSAGES };
+    expect(JSON.parse((await post(base, '/sim/cached-tokens', probe)).text).cached_tokens).toBeGreaterThan(0);
+    const s = await openStream(base, CHAT, LONG);
+    await s.until((t) => events(t).length >= 3);
+    const r = await post(base, '/sim/fault', { mode: 'crash' });
+    expect(r.status).toBe(200);
+    expect((await s.ended).complete).toBe(false);
+    expect(s.received()).not.toContain('[DONE]');
+    expect(await connectResult(base)).toBe('ECONNREFUSED');
+    expect(replica.engine.stats().running).toBe(0);
+    expect(replica.stats().listening).toBe(false);
+    await replica.reset();
+    expect(await connectResult(base)).toBe('ok');
+    expect(JSON.parse((await post(base, '/sim/cached-tokens', probe)).text).cached_tokens).toBe(0);
+  });
+
+  it('comes back by itself after duration_ms', async () => {
+    await replica.fault({ mode: 'crash', durationMs: 200 });
+    expect(await connectResult(base)).toBe('ECONNREFUSED');
+    const t0 = Date.now();
+    for (;;) {
+      if ((await connectResult(base)) === 'ok') break;
+      expect(Date.now() - t0).toBeLessThan(3000);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(150);
+  });
+
+  it('crashes from a request header, killing that request too', async () => {
+    await expect(
+      post(base, CHAT, { model: MODEL, messages: MESSAGES }, { 'x-sim-fault': 'crash;duration_ms=5000' }),
+    ).rejects.toMatchObject({ code: 'ECONNRESET' });
+    expect(await connectResult(base)).toBe('ECONNREFUSED');
+    await replica.reset();
+    expect(await connectResult(base)).toBe('ok');
+  });
+});
+
+describe('refuse', () => {
+  it('refuses new connections while an open stream finishes normally', async () => {
+    const s = await openStream(base, CHAT, { ...LONG, max_tokens: 40 });
+    await s.until((t) => events(t).length >= 2);
+    await replica.fault({ mode: 'refuse', durationMs: 400 });
+    expect(await connectResult(base)).toBe('ECONNREFUSED');
+    expect((await s.ended).complete).toBe(true);
+    expect(sseData(s.received()).at(-1)).toBe('[DONE]');
+    await waitFor(() => replica.stats().listening, 3000, 'listening again');
+    expect(await connectResult(base)).toBe('ok');
+  });
+});
+
+describe('hang', () => {
+  it('sends headers and then nothing, and never reaches the engine', async () => {
+    const s = await openStream(base, CHAT, LONG, { 'x-sim-fault': 'hang' });
+    expect(s.res.statusCode).toBe(200);
+    expect(s.res.headers['content-type']).toBe('text/event-stream; charset=utf-8');
+    await new Promise((r) => setTimeout(r, 300));
+    expect(s.received()).toBe('');
+    expect(replica.engine.stats()).toMatchObject({ running: 0, waiting: 0 });
+    s.close();
+  });
+});
+
+describe('error', () => {
+  it('answers with the given status and a vLLM error body', async () => {
+    const r = await post(
+      base,
+      CHAT,
+      { model: MODEL, messages: MESSAGES },
+      { 'x-sim-fault': 'error;status=503' },
+    );
+    expect(r.status).toBe(503);
+    expect(JSON.parse(r.text)).toEqual({
+      error: {
+        message: 'Simulated fault: error 503',
+        type: 'ServiceUnavailableError',
+        param: null,
+        code: 503,
+      },
+    });
+  });
+
+  it('applies to every request while set for the replica, until DELETE /sim/fault', async () => {
+    await post(base, '/sim/fault', { mode: 'error' });
+    const chat = await post(base, CHAT, { model: MODEL, messages: MESSAGES, max_tokens: 2 });
+    const completion = await post(base, '/v1/completions', { model: MODEL, prompt: 'x', max_tokens: 2 });
+    expect([chat.status, completion.status]).toEqual([500, 500]);
+    expect(JSON.parse(chat.text).error.type).toBe('InternalServerError');
+    expect((await send(base, 'DELETE', '/sim/fault')).status).toBe(200);
+    expect((await post(base, CHAT, { model: MODEL, messages: MESSAGES, max_tokens: 2 })).status).toBe(200);
+  });
+});
+
+describe('drop', () => {
+  it('destroys the socket after k tokens, without [DONE], and frees the engine', async () => {
+    const s = await openStream(base, CHAT, LONG, { 'x-sim-fault': 'drop;after_tokens=3' });
+    expect((await s.ended).complete).toBe(false);
+    const got = events(s.received());
+    expect(got).toHaveLength(4); // role chunk + 3 tokens
+    expect(got.join()).not.toContain('[DONE]');
+    await waitFor(() => replica.engine.stats().running === 0, 2000, 'engine idle');
+  });
+
+  it('drops a non-streamed request before any byte', async () => {
+    await expect(
+      post(
+        base,
+        CHAT,
+        { model: MODEL, messages: MESSAGES, max_tokens: 50 },
+        { 'x-sim-fault': 'drop;after_tokens=5' },
+      ),
+    ).rejects.toMatchObject({ code: 'ECONNRESET' });
+  });
+});
+
+describe('inband_error', () => {
+  it('sends k tokens, then an error event and [DONE]', async () => {
+    const r = await post(base, CHAT, LONG, { 'x-sim-fault': 'inband_error;after_tokens=2' });
+    expect(r.status).toBe(200);
+    const data = sseData(r.text);
+    expect(data).toHaveLength(5); // role, 2 tokens, error, [DONE]
+    expect(JSON.parse(data[3] as string)).toEqual({
+      error: {
+        message: 'Simulated fault: in-band error',
+        type: 'InternalServerError',
+        param: null,
+        code: 500,
+      },
+    });
+    expect(data[4]).toBe('[DONE]');
+    await waitFor(() => replica.engine.stats().running === 0, 2000, 'engine idle');
+  });
+});
+
+describe('slow', () => {
+  let slowReplica: SimReplica;
+  beforeAll(async () => {
+    slowReplica = await SimReplica.start({ profile: PROFILE, timeScale: 0.5 });
+  });
+  afterAll(() => slowReplica.close());
+
+  const timed = async (headers: Record<string, string> = {}) => {
+    const t0 = performance.now();
+    const r = await post(
+      slowReplica.url,
+      CHAT,
+      { model: MODEL, messages: MESSAGES, max_tokens: 40, ignore_eos: true },
+      headers,
+    );
+    expect(r.status).toBe(200);
+    return performance.now() - t0;
+  };
+
+  it('slows one request by its factor', async () => {
+    const normal = await timed();
+    const slow = await timed({ 'x-sim-fault': 'slow;factor=4' });
+    expect(slow / normal).toBeGreaterThan(2);
+  });
+
+  it('slows the whole replica until reset', async () => {
+    const normal = await timed();
+    await slowReplica.fault({ mode: 'slow', factor: 4 });
+    const slow = await timed();
+    await slowReplica.reset();
+    const after = await timed();
+    expect(slow / normal).toBeGreaterThan(2);
+    expect(slow / after).toBeGreaterThan(2);
+  });
+});
+
+describe('fleet admin server', () => {
+  let fleet: Fleet;
+  beforeAll(async () => {
+    fleet = await startFleet({ replicas: 2, profile: 'llama3-8b-h100', timeScale: 0.05, adminPort: 0 });
+  });
+  afterAll(() => fleet.close());
+
+  it('lists replicas and sets and clears faults by index', async () => {
+    const admin = fleet.adminUrl as string;
+    const list = JSON.parse((await send(admin, 'GET', '/replicas')).text);
+    expect(list.replicas.map((r: { url: string }) => r.url)).toEqual(fleet.urls);
+    const set = await post(admin, '/replicas/1/fault', { mode: 'refuse' });
+    expect(set.status).toBe(200);
+    expect(JSON.parse(set.text).fault).toEqual({ mode: 'refuse' });
+    expect(await connectResult(fleet.urls[1] as string)).toBe('ECONNREFUSED');
+    expect(await connectResult(fleet.urls[0] as string)).toBe('ok');
+    expect((await send(admin, 'DELETE', '/replicas/1/fault')).status).toBe(200);
+    expect(await connectResult(fleet.urls[1] as string)).toBe('ok');
+    await post(admin, '/replicas/0/fault', { mode: 'crash' });
+    expect(await connectResult(fleet.urls[0] as string)).toBe('ECONNREFUSED');
+    const listed = JSON.parse((await send(admin, 'GET', '/replicas')).text).replicas[0];
+    expect(listed).toMatchObject({ listening: false, fault: { mode: 'crash' } });
+    expect((await post(admin, '/replicas/0/fault', { mode: 'reset' })).status).toBe(200);
+    expect(await connectResult(fleet.urls[0] as string)).toBe('ok');
+    expect((await post(admin, '/replicas/7/fault', { mode: 'crash' })).status).toBe(404);
+    expect((await post(admin, '/replicas/0/fault', { mode: 'nope' })).status).toBe(400);
+  });
+});

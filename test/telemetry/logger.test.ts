@@ -1,0 +1,122 @@
+import { execFile } from 'node:child_process';
+import { mkdtemp, readFile, rm, stat } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { createLogger, REDACTED, requestLogger } from '../../src/telemetry/logger.ts';
+
+const run = promisify(execFile);
+let dir: string;
+
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'slagate-logger-'));
+});
+afterEach(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+async function lines(path: string): Promise<Record<string, unknown>[]> {
+  const text = await readFile(path, 'utf8');
+  return text
+    .split('\n')
+    .filter((l) => l !== '')
+    .map((l) => JSON.parse(l) as Record<string, unknown>);
+}
+
+describe('createLogger', () => {
+  it('redacts credentials wherever the gateway is likely to log them', async () => {
+    const path = join(dir, 'app.log');
+    const { logger, flush } = createLogger({ level: 'info', destination: path });
+    const secrets = ['sk-one', 'sk-two', 'sk-three', 'sk-four', 'sk-five', 'hunter2', 'sk-six', 'sk-seven'];
+    logger.info(
+      { req: { method: 'POST', headers: { authorization: `Bearer ${secrets[0]}`, host: 'gw' } } },
+      'r',
+    );
+    logger.info({ headers: { 'x-api-key': secrets[1], 'content-type': 'application/json' } }, 'h');
+    logger.info({ tenant: { name: 'team-a', api_key: secrets[2] } }, 't');
+    logger.info({ client: { apiKey: secrets[3] } }, 'c');
+    logger.info({ config: { tenants: { api_key: secrets[4] } } }, 'deep');
+    logger.info({ config: { state: { redis_url: `redis://:${secrets[5]}@10.0.0.1:6379` } } }, 'redis');
+    logger.info({ upstream: { headers: { authorization: `Bearer ${secrets[6]}` } } }, 'up');
+    logger.info({ api_key: secrets[7] }, 'top');
+    await flush();
+    const text = await readFile(path, 'utf8');
+    for (const s of secrets) expect(text).not.toContain(s);
+    const recs = await lines(path);
+    expect(recs).toHaveLength(8);
+    // Only the secret is replaced; the fields around it survive.
+    expect(recs[0]).toMatchObject({
+      req: { method: 'POST', headers: { authorization: REDACTED, host: 'gw' } },
+    });
+    expect(recs[1]).toMatchObject({ headers: { 'x-api-key': REDACTED, 'content-type': 'application/json' } });
+    expect(recs[2]).toMatchObject({ tenant: { name: 'team-a', api_key: REDACTED } });
+    expect(recs[5]).toMatchObject({ config: { state: { redis_url: REDACTED } } });
+  });
+
+  it('buffers file writes until flush, and flush writes every line', async () => {
+    const path = join(dir, 'nested', 'dir', 'buffered.log');
+    // A long periodic flush leaves only flush() to write the buffer within the test.
+    const { logger, flush } = createLogger({ level: 'info', destination: path, flushIntervalMs: 60_000 });
+    for (let i = 0; i < 20; i++) logger.info({ i }, 'line');
+    await new Promise((r) => setTimeout(r, 50));
+    const before = await stat(path).then(
+      (s) => s.size,
+      () => 0,
+    );
+    expect(before).toBe(0);
+    await flush();
+    const recs = await lines(path);
+    expect(recs.map((r) => r.i)).toEqual([...Array(20).keys()]);
+  });
+
+  it('writes a quiet buffer by itself after the flush interval', async () => {
+    const path = join(dir, 'periodic.log');
+    const { logger } = createLogger({ level: 'info', destination: path, flushIntervalMs: 20 });
+    logger.info({ n: 1 }, 'alone');
+    let recs: Record<string, unknown>[] = [];
+    for (let waited = 0; waited < 5000 && recs.length === 0; waited += 25) {
+      await new Promise((r) => setTimeout(r, 25));
+      recs = await lines(path).catch(() => []);
+    }
+    expect(recs).toHaveLength(1);
+  });
+
+  it('respects the level', async () => {
+    const path = join(dir, 'level.log');
+    const { logger, flush } = createLogger({ level: 'warn', destination: path });
+    logger.info('dropped');
+    logger.warn('kept');
+    await flush();
+    expect((await lines(path)).map((r) => r.msg)).toEqual(['kept']);
+  });
+
+  it('binds request context in child loggers', async () => {
+    const path = join(dir, 'child.log');
+    const { logger, flush } = createLogger({ level: 'info', destination: path });
+    const child = requestLogger(logger, { req_id: 'req-1', tenant: 'team-a', class: 'interactive' });
+    child.info({ backend: 'gpu-0' }, 'dispatched');
+    await flush();
+    expect((await lines(path))[0]).toMatchObject({
+      req_id: 'req-1',
+      tenant: 'team-a',
+      class: 'interactive',
+      backend: 'gpu-0',
+      msg: 'dispatched',
+    });
+  });
+
+  it('flush resolves on a pipe, where fsync fails with EINVAL, and stdout lines are redacted', async () => {
+    const script = [
+      `import { createLogger } from ${JSON.stringify(new URL('../../src/telemetry/logger.ts', import.meta.url).pathname)};`,
+      `const { logger, flush } = createLogger({ level: 'info', destination: 'stdout', flushIntervalMs: 60000 });`,
+      `logger.info({ headers: { authorization: 'Bearer sk-pipe' } }, 'piped');`,
+      'await flush();',
+      'process.exit(0);',
+    ].join('\n');
+    const { stdout } = await run(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script]);
+    const rec = JSON.parse(stdout.trim()) as Record<string, unknown>;
+    expect(rec).toMatchObject({ msg: 'piped', headers: { authorization: REDACTED } });
+    expect(stdout).not.toContain('sk-pipe');
+  });
+});

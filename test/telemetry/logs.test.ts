@@ -1,0 +1,279 @@
+import { appendFile, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { PassThrough, Readable, Writable } from 'node:stream';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { type LogsReport, logsCommand, prettyLine } from '../../src/cli/logs.ts';
+import { AdmissionLog } from '../../src/telemetry/admission-log.ts';
+import { createLogger } from '../../src/telemetry/logger.ts';
+
+let dir: string;
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'slagate-logs-'));
+});
+afterEach(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+function io(stdin: NodeJS.ReadableStream = Readable.from([])) {
+  let out = '';
+  let err = '';
+  const sink = (f: (s: string) => void) =>
+    new Writable({
+      write(chunk, _enc, cb) {
+        f(String(chunk));
+        cb();
+      },
+    });
+  return {
+    io: { stdin, stdout: sink((s) => (out += s)), stderr: sink((s) => (err += s)) },
+    out: () => out,
+    err: () => err,
+  };
+}
+
+const INTERACTIVE = { class: 'interactive', ttft_target_ms: 500, tpot_target_ms: 50 };
+const BATCH = { class: 'batch', ttft_target_ms: 30000, tpot_target_ms: 200 };
+
+/**
+ * A known mix written through the real logger and admission log:
+ * - interactive: 100 served, TTFT 10..1000 ms; 51..75 miss with little queueing, 76..100 miss queued;
+ * - batch: 20 refused (sla_unattainable), 5 failed after commit, 10 served with TPOT over target.
+ * Plus noise the reader must skip: another log line, a non-JSON line and a torn line.
+ */
+async function writeMix(path: string): Promise<void> {
+  const { logger, flush } = createLogger({ level: 'info', destination: path });
+  const log = new AdmissionLog(logger);
+  logger.info({ port: 8080 }, 'listening');
+  for (let i = 1; i <= 100; i++) {
+    const ttft = i * 10;
+    log.begin({ req_id: `i-${i}`, tenant: 'team-a', ...INTERACTIVE }).end('ok', {
+      backend: i % 2 === 0 ? 'gpu-0' : 'gpu-1',
+      attempts: 1,
+      ttft_ms: ttft,
+      queue_ms: i > 75 ? 0.8 * ttft : 0.1 * ttft,
+      predicted_ttft_ms: 100,
+      tpot_ms: 20,
+      e2e_ms: ttft + 9 * 20,
+      completion_tokens: 10,
+    });
+  }
+  for (let i = 1; i <= 20; i++) {
+    log
+      .begin({ req_id: `r-${i}`, ...BATCH })
+      .end('refused', { reason: 'sla_unattainable', predicted_ttft_ms: 40000 });
+  }
+  for (let i = 1; i <= 5; i++) {
+    log.begin({ req_id: `f-${i}`, ...BATCH }).end('failed_after_commit', {
+      reason: 'upstream_error',
+      backend: 'gpu-0',
+      attempts: 1,
+      ttft_ms: 200,
+      e2e_ms: 900,
+      completion_tokens: 4,
+      error: 'stream dropped',
+    });
+  }
+  for (let i = 1; i <= 10; i++) {
+    log.begin({ req_id: `t-${i}`, ...BATCH }).end('ok', {
+      backend: 'gpu-1',
+      attempts: 1,
+      ttft_ms: 1000,
+      tpot_ms: 300,
+      e2e_ms: 1000 + 300 * 9,
+      completion_tokens: 10,
+    });
+  }
+  await flush();
+  await appendFile(path, 'plain text line\n{"kind":"admission","req_id":\n');
+}
+
+describe('slagate logs', () => {
+  it('summarises a known mix: counts, percentiles, attainment and misses', async () => {
+    const path = join(dir, 'admission.log');
+    await writeMix(path);
+    const t = io();
+    expect(await logsCommand([path, '--json'], t.io)).toBe(0);
+    const rep = JSON.parse(t.out()) as LogsReport;
+    expect(rep.requests).toBe(135);
+    expect(rep.skipped_lines).toBe(3);
+    expect(rep.outcomes).toEqual({ ok: 110, refused: 20, failed_after_commit: 5 });
+    expect(rep.reasons).toEqual([
+      { decision: 'admitted', reason: 'ok', count: 110 },
+      { decision: 'refused', reason: 'sla_unattainable', count: 20 },
+      { decision: 'admitted', reason: 'upstream_error', count: 5 },
+    ]);
+    // TTFT 10, 20, ..., 1000 ms: linear interpolation between closest ranks.
+    const ttft = rep.by_class.interactive!.ttft_ms!;
+    expect(ttft.p50).toBeCloseTo(505);
+    expect(ttft.p90).toBeCloseTo(901);
+    expect(ttft.p99).toBeCloseTo(990.1);
+    expect(rep.by_class.interactive!.n).toBe(100);
+    expect(rep.by_class.batch!.n).toBe(35);
+    // Refusals have no latency samples: batch TTFTs are the 5 failures (200) and 10 slow ones (1000).
+    expect(rep.by_class.batch!.ttft_ms!.p50).toBe(1000);
+    expect(rep.by_class.batch!.queue_ms).toBeNull();
+    expect(rep.by_backend['gpu-0']!.n).toBe(55);
+    expect(rep.by_backend['gpu-1']!.n).toBe(60);
+    expect(rep.sla.interactive).toMatchObject({ judged: 100, met: 50, attainment: 0.5, ttft_target_ms: 500 });
+    expect(rep.sla.batch).toMatchObject({ judged: 15, met: 0, attainment: 0 });
+    const causes = (cls: string) => Object.fromEntries(rep.misses[cls]!.map((c) => [c.cause, c.count]));
+    expect(causes('interactive')).toEqual({
+      'TTFT over target: queued too long (queue >= half of TTFT)': 25,
+      'TTFT over target: prefill slower than predicted': 25,
+    });
+    expect(causes('batch')).toEqual({
+      'TPOT over target: decode slow': 10,
+      'failed: failed_after_commit (upstream_error)': 5,
+    });
+    const queued = rep.misses.interactive!.find((c) => c.cause.includes('queued'))!;
+    expect(queued.examples).toEqual(['i-76', 'i-77', 'i-78']);
+  });
+
+  it('prints the same summary as text', async () => {
+    const path = join(dir, 'admission.log');
+    await writeMix(path);
+    const t = io();
+    expect(await logsCommand([path], t.io)).toBe(0);
+    const text = t.out();
+    expect(text).toContain('admission log: 135 requests (3 other lines skipped)');
+    expect(text).toMatch(/ok\s+110\s+81\.5%/);
+    expect(text).toMatch(/refused\s+sla_unattainable\s+20/);
+    expect(text).toMatch(/interactive\s+100\s+505 \/ 901 \/ 990\.1/);
+    expect(text).toMatch(/interactive\s+50\.0%\s+50\/100 met/);
+    expect(text).toMatch(/25\s+TTFT over target: queued too long .* e\.g\. i-76, i-77, i-78/);
+    expect(text).toContain('SLA misses explained');
+  });
+
+  it('reads stdin when the file is - or absent', async () => {
+    const path = join(dir, 'admission.log');
+    await writeMix(path);
+    const { readFile } = await import('node:fs/promises');
+    const content = await readFile(path, 'utf8');
+    for (const argv of [['-', '--json'], ['--json']]) {
+      const t = io(Readable.from([content]));
+      expect(await logsCommand(argv, t.io)).toBe(0);
+      expect((JSON.parse(t.out()) as LogsReport).requests).toBe(135);
+    }
+  });
+
+  it('--pretty prints each record as its line arrives', async () => {
+    const stdin = new PassThrough();
+    const t = io(stdin);
+    const done = logsCommand(['--pretty'], t.io);
+    const lines = [
+      {
+        kind: 'admission',
+        msg: 'admission',
+        time: Date.UTC(2025, 0, 1, 12, 0, 1, 234),
+        req_id: 'req-a',
+        class: 'interactive',
+        decision: 'admitted',
+        reason: 'ok',
+        outcome: 'ok',
+        backend: 'gpu-1',
+        queue_ms: 3,
+        ttft_ms: 120.25,
+        tpot_ms: 12.5,
+        ttft_target_ms: 500,
+        tpot_target_ms: 50,
+        predicted_ttft_ms: 110,
+        sla_met: true,
+        error: null,
+      },
+      {
+        kind: 'admission',
+        msg: 'admission',
+        time: Date.UTC(2025, 0, 1, 12, 0, 2, 0),
+        req_id: 'req-b',
+        class: 'batch',
+        decision: 'refused',
+        reason: 'sla_unattainable',
+        outcome: 'refused',
+        backend: null,
+        queue_ms: null,
+        ttft_ms: null,
+        tpot_ms: null,
+        ttft_target_ms: 30000,
+        tpot_target_ms: 200,
+        predicted_ttft_ms: 41000,
+        sla_met: null,
+        error: null,
+      },
+    ];
+    stdin.write('{"level":30,"msg":"listening"}\n');
+    stdin.write(`${JSON.stringify(lines[0])}\n`);
+    // The first line is printed before the stream ends: the view follows a live stream.
+    for (let i = 0; i < 200 && !t.out().includes('req-a'); i++) await new Promise((r) => setTimeout(r, 10));
+    expect(t.out()).toContain('req-a');
+    expect(t.out()).not.toContain('req-b');
+    stdin.end(`${JSON.stringify(lines[1])}\n`);
+    expect(await done).toBe(0);
+    const out = t.out().trimEnd().split('\n');
+    expect(out).toHaveLength(2);
+    expect(out[0]).toMatch(
+      /^12:00:01\.234 req-a\s+interactive\s+ok\s+gpu-1\s+ttft 120\.3\/500ms\s+tpot 12\.5\/50ms\s+MET/,
+    );
+    expect(out[1]).toMatch(
+      /^12:00:02\.000 req-b\s+batch\s+refused sla_unattainable\s+-\s+predicted 41000\/30000ms$/,
+    );
+  });
+
+  it('marks misses and failures in the pretty view', () => {
+    const line = prettyLine({
+      req_id: 'req-c',
+      tenant: null,
+      class: 'interactive',
+      model: null,
+      stream: true,
+      prompt_tokens_est: 10,
+      prompt_tokens: 10,
+      completion_tokens: 3,
+      max_tokens: 10,
+      prefix_blocks: 0,
+      prefix_hit_est: 0,
+      decision: 'admitted',
+      reason: 'upstream_error',
+      outcome: 'failed_after_commit',
+      backend: 'gpu-0',
+      attempts: 1,
+      predicted_ttft_ms: 100,
+      queue_ms: 0,
+      ttft_ms: 700,
+      tpot_ms: null,
+      e2e_ms: 900,
+      ttft_target_ms: 500,
+      tpot_target_ms: 50,
+      sla_met: false,
+      error: 'stream dropped',
+    });
+    expect(line).toMatch(
+      /failed_after_commit\s+gpu-0\s+ttft 700\/500ms\s+tpot -\/50ms\s+MISS upstream_error \(stream dropped\)$/,
+    );
+  });
+
+  it('--pretty stops quietly when its reader goes away', async () => {
+    const path = join(dir, 'admission.log');
+    await writeMix(path);
+    let written = 0;
+    const stdout = new Writable({
+      write(_chunk, _enc, cb) {
+        written++;
+        cb(written > 2 ? Object.assign(new Error('write EPIPE'), { code: 'EPIPE' }) : null);
+      },
+    });
+    const t = io();
+    expect(await logsCommand([path, '--pretty'], { ...t.io, stdout })).toBe(0);
+    expect(written).toBeLessThan(135);
+    expect(t.err()).toBe('');
+  });
+
+  it('fails cleanly on a missing file and on bad arguments', async () => {
+    const missing = io();
+    expect(await logsCommand([join(dir, 'nope.log')], missing.io)).toBe(1);
+    expect(missing.err()).toContain('ENOENT');
+    const bad = io();
+    expect(await logsCommand(['--bogus'], bad.io)).toBe(2);
+    expect(bad.err()).toContain('usage: slagate logs');
+  });
+});

@@ -1,0 +1,273 @@
+import { describe, expect, it } from 'vitest';
+import type { AdmissionRecord } from '../../src/telemetry/admission-log.ts';
+import { bucketsWithTargets, createMetrics, TTFT_BUCKETS_S } from '../../src/telemetry/metrics.ts';
+
+// The classes of DESIGN section 3.
+const CLASSES = {
+  interactive: { ttft_p99_ms: 500, tpot_p99_ms: 50 },
+  completion: { ttft_p99_ms: 200, tpot_p99_ms: 30 },
+  batch: { ttft_p99_ms: 30000, tpot_p99_ms: 200 },
+};
+
+interface Sample {
+  name: string;
+  labels: Record<string, string>;
+  value: number;
+}
+
+function parseSamples(text: string): Sample[] {
+  const out: Sample[] = [];
+  for (const line of text.split('\n')) {
+    if (line === '' || line.startsWith('#')) continue;
+    const m = /^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
+    if (!m) throw new Error(`unparsable exposition line: ${line}`);
+    const labels: Record<string, string> = {};
+    for (const kv of (m[2] ?? '').matchAll(/(\w+)="([^"]*)"/g)) labels[kv[1]!] = kv[2]!;
+    out.push({ name: m[1]!, labels, value: Number(m[3]) });
+  }
+  return out;
+}
+
+function value(samples: Sample[], name: string, labels: Record<string, string>): number | undefined {
+  const hit = samples.find(
+    (s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v),
+  );
+  return hit?.value;
+}
+
+function record(over: Partial<AdmissionRecord>): AdmissionRecord {
+  return {
+    req_id: 'r',
+    tenant: 'team-a',
+    class: 'interactive',
+    model: 'm',
+    stream: true,
+    prompt_tokens_est: 100,
+    prompt_tokens: 100,
+    completion_tokens: 10,
+    max_tokens: 10,
+    prefix_blocks: 6,
+    prefix_hit_est: 0.5,
+    decision: 'admitted',
+    reason: 'ok',
+    outcome: 'ok',
+    backend: 'gpu-0',
+    attempts: 1,
+    predicted_ttft_ms: 90,
+    queue_ms: 20,
+    ttft_ms: 100,
+    tpot_ms: 20,
+    e2e_ms: 280,
+    ttft_target_ms: 500,
+    tpot_target_ms: 50,
+    sla_met: true,
+    error: null,
+    ...over,
+  };
+}
+
+const bucketsOf = (samples: Sample[], name: string, labels: Record<string, string>) =>
+  samples
+    .filter((s) => s.name === `${name}_bucket` && Object.entries(labels).every(([k, v]) => s.labels[k] === v))
+    .map((s) => s.labels.le);
+
+describe('bucketsWithTargets', () => {
+  it('adds targets in seconds to the base list, sorted and without duplicates', () => {
+    expect(bucketsWithTargets([0.1, 0.5, 1], [200, 500, 100, 30000])).toEqual([0.1, 0.2, 0.5, 1, 30]);
+    expect(bucketsWithTargets([0.05], [30, 50, 200])).toEqual([0.03, 0.05, 0.2]);
+  });
+});
+
+describe('GatewayMetrics', () => {
+  it('exposes every DESIGN metric with its labels', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    m.observeRequest(record({}), [15, 25]);
+    m.setBackendGauges('gpu-0', {
+      inflight: 3,
+      concurrency_limit: 8,
+      healthy: true,
+      kv_cache_usage: 0.4,
+      waiting: 2,
+      prefill_tokens_per_second: 20000,
+    });
+    m.setQueueDepth('batch', 7);
+    m.setStoreDegraded(true);
+    m.observeOverheadMs(0.8);
+    const text = await m.render();
+    const s = parseSamples(text);
+    const cb = { class: 'interactive', backend: 'gpu-0' };
+    for (const h of ['ttft', 'tpot', 'itl', 'e2e', 'queue_wait']) {
+      expect(text).toContain(`# TYPE slagate_${h}_seconds histogram`);
+      expect(value(s, `slagate_${h}_seconds_count`, cb), h).toBe(h === 'itl' ? 2 : 1);
+    }
+    expect(value(s, 'slagate_ttft_seconds_sum', cb)).toBeCloseTo(0.1);
+    expect(value(s, 'slagate_requests_total', { ...cb, outcome: 'ok' })).toBe(1);
+    expect(
+      value(s, 'slagate_admission_total', { class: 'interactive', decision: 'admitted', reason: 'ok' }),
+    ).toBe(1);
+    expect(value(s, 'slagate_sla_met_total', { class: 'interactive' })).toBe(1);
+    const b = { backend: 'gpu-0' };
+    expect(value(s, 'slagate_backend_inflight', b)).toBe(3);
+    expect(value(s, 'slagate_backend_concurrency_limit', b)).toBe(8);
+    expect(value(s, 'slagate_backend_healthy', b)).toBe(1);
+    expect(value(s, 'slagate_backend_kv_cache_usage', b)).toBe(0.4);
+    expect(value(s, 'slagate_backend_waiting', b)).toBe(2);
+    expect(value(s, 'slagate_backend_prefill_tokens_per_second', b)).toBe(20000);
+    expect(value(s, 'slagate_queue_depth', { class: 'batch' })).toBe(7);
+    expect(value(s, 'slagate_queue_depth', { class: 'interactive' })).toBe(0);
+    expect(value(s, 'slagate_prefix_hit_ratio', {})).toBe(0.5);
+    expect(value(s, 'slagate_state_store_degraded', {})).toBe(1);
+    expect(value(s, 'slagate_overhead_seconds_count', {})).toBe(1);
+    expect(m.contentType).toContain('text/plain');
+    // Only our own registry: no process metrics when they are turned off.
+    expect(s.every((x) => x.name.startsWith('slagate_'))).toBe(true);
+  });
+
+  it('includes every class target in the TTFT, queue, TPOT and ITL buckets', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    m.observeRequest(record({}), [10]);
+    const s = parseSamples(await m.render());
+    const cb = { class: 'interactive', backend: 'gpu-0' };
+    for (const name of ['slagate_ttft_seconds', 'slagate_queue_wait_seconds']) {
+      const le = bucketsOf(s, name, cb);
+      expect(le).toEqual(expect.arrayContaining(['0.2', '0.5', '30']));
+      expect(le.length).toBe(new Set(le).size);
+    }
+    for (const name of ['slagate_tpot_seconds', 'slagate_itl_seconds']) {
+      expect(bucketsOf(s, name, cb)).toEqual(expect.arrayContaining(['0.03', '0.05', '0.2']));
+    }
+    // 0.2 and 30 are not in the base list; they came from the classes.
+    expect(TTFT_BUCKETS_S).not.toContain(0.2);
+    expect(TTFT_BUCKETS_S).not.toContain(30);
+    // A TTFT exactly at the target counts as under it (le is inclusive).
+    m.observeRequest(record({ ttft_ms: 200, class: 'completion' }));
+    const after = parseSamples(await m.render());
+    expect(value(after, 'slagate_ttft_seconds_bucket', { class: 'completion', le: '0.2' })).toBe(1);
+  });
+
+  it('counts SLA met only for records that met it, and refusals without latency samples', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    m.observeRequest(record({ sla_met: true }));
+    m.observeRequest(record({ sla_met: false, ttft_ms: 900, outcome: 'ok' }));
+    m.observeRequest(record({ sla_met: false, outcome: 'failed_after_commit', reason: 'upstream_error' }));
+    m.observeRequest(
+      record({
+        decision: 'refused',
+        outcome: 'refused',
+        reason: 'sla_unattainable',
+        backend: null,
+        ttft_ms: null,
+        tpot_ms: null,
+        queue_ms: null,
+        e2e_ms: 1,
+        sla_met: null,
+      }),
+    );
+    const s = parseSamples(await m.render());
+    expect(value(s, 'slagate_sla_met_total', { class: 'interactive' })).toBe(1);
+    expect(value(s, 'slagate_sla_met_total', { class: 'batch' })).toBe(0);
+    expect(
+      value(s, 'slagate_requests_total', { class: 'interactive', backend: 'gpu-0', outcome: 'ok' }),
+    ).toBe(2);
+    expect(
+      value(s, 'slagate_requests_total', {
+        class: 'interactive',
+        backend: 'gpu-0',
+        outcome: 'failed_after_commit',
+      }),
+    ).toBe(1);
+    expect(
+      value(s, 'slagate_requests_total', { class: 'interactive', backend: 'none', outcome: 'refused' }),
+    ).toBe(1);
+    expect(
+      value(s, 'slagate_admission_total', {
+        class: 'interactive',
+        decision: 'refused',
+        reason: 'sla_unattainable',
+      }),
+    ).toBe(1);
+    expect(
+      value(s, 'slagate_admission_total', {
+        class: 'interactive',
+        decision: 'admitted',
+        reason: 'upstream_error',
+      }),
+    ).toBe(1);
+    // The refusal adds no TTFT or e2e sample anywhere.
+    expect(value(s, 'slagate_ttft_seconds_count', { class: 'interactive', backend: 'gpu-0' })).toBe(3);
+    expect(value(s, 'slagate_ttft_seconds_count', { backend: 'none' })).toBeUndefined();
+    expect(value(s, 'slagate_e2e_seconds_count', { backend: 'none' })).toBeUndefined();
+  });
+
+  it('records the queue wait of a request refused after queueing', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    m.observeRequest(
+      record({
+        class: 'batch',
+        decision: 'refused',
+        outcome: 'refused',
+        reason: 'queue_timeout',
+        backend: null,
+        queue_ms: 1500,
+        ttft_ms: null,
+        sla_met: null,
+      }),
+    );
+    const s = parseSamples(await m.render());
+    expect(value(s, 'slagate_queue_wait_seconds_sum', { class: 'batch', backend: 'none' })).toBeCloseTo(1.5);
+  });
+
+  it('removeBackend drops every series of that backend and keeps the others', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    for (const backend of ['gpu-0', 'gpu-1']) {
+      m.observeRequest(record({ backend }), [10]);
+      m.observeRequest(record({ backend, class: 'batch', outcome: 'timeout', sla_met: false }));
+      m.setBackendGauges(backend, { inflight: 1, healthy: true, concurrency_limit: 4 });
+    }
+    m.removeBackend('gpu-0');
+    const text = await m.render();
+    expect(text).not.toContain('backend="gpu-0"');
+    const s = parseSamples(text);
+    expect(value(s, 'slagate_requests_total', { backend: 'gpu-1', class: 'batch', outcome: 'timeout' })).toBe(
+      1,
+    );
+    expect(value(s, 'slagate_backend_inflight', { backend: 'gpu-1' })).toBe(1);
+    // A backend added back later starts from zero.
+    m.observeRequest(record({ backend: 'gpu-0' }));
+    const again = parseSamples(await m.render());
+    expect(
+      value(again, 'slagate_requests_total', { backend: 'gpu-0', class: 'interactive', outcome: 'ok' }),
+    ).toBe(1);
+  });
+
+  it('keeps gauges a partial update does not mention', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    m.setBackendGauges('gpu-0', { inflight: 5, kv_cache_usage: 0.9, healthy: true });
+    m.setBackendGauges('gpu-0', { inflight: 2, kv_cache_usage: null, healthy: false });
+    const s = parseSamples(await m.render());
+    expect(value(s, 'slagate_backend_inflight', { backend: 'gpu-0' })).toBe(2);
+    expect(value(s, 'slagate_backend_kv_cache_usage', { backend: 'gpu-0' })).toBe(0.9);
+    expect(value(s, 'slagate_backend_healthy', { backend: 'gpu-0' })).toBe(0);
+  });
+
+  it('follows the token-weighted prefix hit share of recent requests', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    const ratio = async () => value(parseSamples(await m.render()), 'slagate_prefix_hit_ratio', {})!;
+    m.observeRequest(record({ prompt_tokens_est: 100, prefix_hit_est: 1 }));
+    expect(await ratio()).toBe(1);
+    m.observeRequest(record({ prompt_tokens_est: 300, prefix_hit_est: 0 }));
+    const mixed = await ratio();
+    expect(mixed).toBeGreaterThan(0.2);
+    expect(mixed).toBeLessThan(0.3);
+    for (let i = 0; i < 1000; i++) m.observeRequest(record({ prompt_tokens_est: 100, prefix_hit_est: 0 }));
+    expect(await ratio()).toBeLessThan(0.001);
+  });
+
+  it('keeps separate registries per instance and can add process metrics', async () => {
+    const a = createMetrics(CLASSES, { processMetrics: false });
+    const b = createMetrics(CLASSES);
+    a.observeRequest(record({}));
+    expect(await b.render()).not.toContain('slagate_requests_total{');
+    expect(await b.render()).toContain('process_cpu_user_seconds_total');
+  });
+});
