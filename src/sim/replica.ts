@@ -11,7 +11,7 @@ import { type FaultSpec, FaultState, type RequestFault } from './faults.ts';
 import { ReplicaMetrics } from './metrics.ts';
 import { handleRequest, type ReplicaContext } from './server.ts';
 import { generatedToken } from './textgen.ts';
-import { sharedTokenizer, type Tokenizer } from './tokenizer.ts';
+import { sharedTokenizer, type Tokenizer } from '../tokenizer/tokenizer.ts';
 
 export interface SimReplicaOptions {
   profile: GpuProfile;

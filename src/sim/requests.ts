@@ -3,8 +3,8 @@
 // max_completion_tokens, ignore_eos, stream, stream_options.include_usage, seed, n); other
 // sampling fields are accepted and ignored, as they do not change timing.
 
-import type { ChatMessageInput, ContentPart, Tokenizer } from './tokenizer.ts';
-import { TokenizeError } from './tokenizer.ts';
+import type { ChatMessageInput, ContentPart, Tokenizer } from '../tokenizer/tokenizer.ts';
+import { TokenizeError } from '../tokenizer/tokenizer.ts';
 import { HttpError, type Kind } from './wire.ts';
 
 export interface GenerationRequest {

@@ -24,7 +24,7 @@ import {
   resolveModel,
 } from './requests.ts';
 import { generatedText, generatedToken, naturalLength, requestSeed } from './textgen.ts';
-import type { Tokenizer } from './tokenizer.ts';
+import type { Tokenizer } from '../tokenizer/tokenizer.ts';
 import {
   contextLengthError,
   DONE_EVENT,

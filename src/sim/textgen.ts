@@ -17,7 +17,7 @@
 // decodes to no text, as in vLLM's output.
 
 import { Rng } from '../bench/rng.ts';
-import { EOT, sharedTokenizer } from './tokenizer.ts';
+import { EOT, sharedTokenizer } from '../tokenizer/tokenizer.ts';
 
 const WORDS = (
   'the of and to in is that for it as was with be by on not he this are or his from at which ' +

@@ -106,7 +106,7 @@ describe('defaults', () => {
       concurrency: { min: 4, max: 256, initial: 16 },
     });
     expect(config.router).toEqual({
-      policy: 'slagate',
+      policy: 'least_loaded',
       block_size_tokens: 16,
       explore_ratio: 0.01,
       session_header: 'x-session-id',

@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { getProfile } from '../../src/sim/profiles.ts';
 import { SimReplica } from '../../src/sim/replica.ts';
 import { naturalLength, requestSeed } from '../../src/sim/textgen.ts';
-import { sharedTokenizer } from '../../src/sim/tokenizer.ts';
+import { sharedTokenizer } from '../../src/tokenizer/tokenizer.ts';
 import { openStream, post, send, sseData, waitFor } from './http-helpers.ts';
 
 const PROFILE = getProfile('llama3-8b-h100');

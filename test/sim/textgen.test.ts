@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { generatedText, generatedToken, naturalLength, requestSeed } from '../../src/sim/textgen.ts';
-import { EOT, Tokenizer } from '../../src/sim/tokenizer.ts';
+import { EOT, Tokenizer } from '../../src/tokenizer/tokenizer.ts';
 
 const textOf = (seed: number, n: number) => {
   let s = '';

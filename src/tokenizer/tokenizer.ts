@@ -1,4 +1,4 @@
-// Prompt token counting for the simulator: real byte-pair encoding with OpenAI's cl100k_base
+// Prompt token counting for the simulator and the gateway: real byte-pair encoding with OpenAI's cl100k_base
 // (gpt-tokenizer). Llama 3's 128k vocabulary keeps cl100k's first 100k ranks and merges
 // unchanged and adds 28k mostly non-English tokens, so on English text the two tokenizers
 // produce the same or nearly the same ids; the simulator's prompt counts, prefix blocks and

@@ -8,7 +8,7 @@ import {
   START_HEADER,
   TokenizeError,
   Tokenizer,
-} from '../../src/sim/tokenizer.ts';
+} from '../../src/tokenizer/tokenizer.ts';
 
 describe('Tokenizer', () => {
   it('counts like cl100k_base BPE', () => {

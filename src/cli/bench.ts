@@ -1,0 +1,233 @@
+// `slagate bench`: parse flags, run, print vLLM's table on stdout, save the JSON.
+// Exit codes: 0 when at least one request succeeded, 1 when none did or the run could not
+// start, 2 on bad flags.
+import { writeFile } from 'node:fs/promises';
+import { parseArgs } from 'node:util';
+import type { EndpointKind } from '../bench/client.ts';
+import { METRIC_NAMES, type MetricName, type Slo } from '../bench/metrics.ts';
+import { pyFloat } from '../bench/report.ts';
+import { type BenchOptions, checkOptions, DEFAULT_METRICS, runBench } from '../bench/run.ts';
+import { WORKLOAD_NAMES, type WorkloadName } from '../bench/workloads.ts';
+
+export const BENCH_USAGE = `Usage: slagate bench --target URL [options]
+
+Open-loop load generator with vLLM's benchmark metrics (see docs/benchmark-tool.md).
+
+  --target URL              base URL of the server or gateway, e.g. http://127.0.0.1:8080
+  --endpoint chat|completions   /v1/chat/completions (default) or /v1/completions
+  --model NAME              model to ask for (default: first id of GET /v1/models)
+  --workload NAME           sharegpt (default) | prefix-shared | mixed | code
+  --requests N              number of requests (default 1000; unbounded with --duration)
+  --duration S              stop sending after S seconds (in-flight requests finish)
+  --rate R                  requests per second, or inf (default inf: all at t=0)
+  --burstiness B            gamma shape of arrival gaps; 1 = Poisson (default 1)
+  --concurrency C           at most C requests in flight (vLLM's --max-concurrency)
+  --seed S                  seed for the workload and the arrivals (default 0)
+  --slo ttft=MS,tpot=MS[,e2el=MS]   targets for goodput (a request is good when all hold)
+  --percentiles LIST        percentiles to report, e.g. 50,90,99 (default 99)
+  --percentile-metrics LIST which of ttft,tpot,itl,e2el to report (default all four)
+  --header K:V              extra request header, repeatable (e.g. "Authorization: Bearer k")
+  --class-hints             send each request's workload class as x-slagate-class
+  --no-session-id           do not send conversation ids as x-session-id
+  --label NAME              label stored in the JSON
+  --save-result FILE        write the result JSON (vLLM's keys) to FILE
+  --save-detailed           include per-request arrays in the JSON
+  --timeout S               per-request wait limit for headers / between chunks (default 21600)
+  -h, --help                this text
+`;
+
+class UsageError extends Error {}
+
+function num(flag: string, raw: string | undefined, integer = false): number | undefined {
+  if (raw === undefined) return undefined;
+  const v = raw === 'inf' ? Number.POSITIVE_INFINITY : Number(raw);
+  if (Number.isNaN(v) || raw.trim() === '' || (integer && !Number.isInteger(v))) {
+    throw new UsageError(`${flag} expects ${integer ? 'a whole number' : 'a number'}, got "${raw}"`);
+  }
+  return v;
+}
+
+/** "ttft=500,tpot=50" (vLLM's "ttft:500" form is accepted too), values in ms. */
+export function parseSlo(raw: string): Slo {
+  const slo: Slo = {};
+  for (const part of raw.split(',')) {
+    const m = /^\s*(ttft|tpot|e2el)\s*[=:]\s*([0-9.]+)\s*$/.exec(part);
+    if (!m) throw new UsageError(`--slo: bad entry "${part}" (want ttft=MS, tpot=MS or e2el=MS)`);
+    const value = Number(m[2]);
+    if (!(value >= 0)) throw new UsageError(`--slo: bad value in "${part}"`);
+    slo[m[1] as keyof Slo] = value;
+  }
+  return slo;
+}
+
+export function parseHeaders(raw: readonly string[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const h of raw) {
+    const colon = h.indexOf(':');
+    if (colon <= 0) throw new UsageError(`--header expects K:V, got "${h}"`);
+    out[h.slice(0, colon).trim().toLowerCase()] = h.slice(colon + 1).trim();
+  }
+  return out;
+}
+
+function list<T extends string>(flag: string, raw: string, allowed: readonly T[]): T[] {
+  const items = raw.split(',').map((s) => s.trim());
+  for (const item of items) {
+    if (!allowed.includes(item as T))
+      throw new UsageError(`${flag}: unknown "${item}" (${allowed.join(', ')})`);
+  }
+  return items as T[];
+}
+
+export interface BenchArgs {
+  options: BenchOptions;
+  saveResult?: string;
+}
+
+/** The run described by command-line flags; null means --help. */
+export function parseBenchArgs(argv: string[]): BenchArgs | null {
+  let values: ReturnType<typeof parse>['values'];
+  try {
+    values = parse(argv).values;
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+  if (values.help) return null;
+  if (values.target === undefined) throw new UsageError('--target URL is required');
+  try {
+    new URL(values.target);
+  } catch {
+    throw new UsageError(`--target is not a URL: "${values.target}"`);
+  }
+  const endpoint = values.endpoint ?? 'chat';
+  if (endpoint !== 'chat' && endpoint !== 'completions') {
+    throw new UsageError(`--endpoint must be chat or completions, got "${endpoint}"`);
+  }
+  const workload = values.workload ?? 'sharegpt';
+  if (!WORKLOAD_NAMES.includes(workload as WorkloadName)) {
+    throw new UsageError(`--workload must be one of ${WORKLOAD_NAMES.join(', ')}, got "${workload}"`);
+  }
+  const percentiles =
+    values.percentiles === undefined
+      ? undefined
+      : values.percentiles.split(',').map((p) => num('--percentiles', p.trim()) as number);
+  const metrics: MetricName[] =
+    values['percentile-metrics'] === undefined
+      ? [...DEFAULT_METRICS]
+      : list('--percentile-metrics', values['percentile-metrics'], METRIC_NAMES);
+  const timeout = num('--timeout', values.timeout);
+  const opts: BenchOptions = {
+    target: values.target,
+    endpoint: endpoint as EndpointKind,
+    workload: workload as WorkloadName,
+    metrics,
+    headers: parseHeaders(values.header ?? []),
+    classHints: values['class-hints'] ?? false,
+    sessionIds: !(values['no-session-id'] ?? false),
+    detailed: values['save-detailed'] ?? false,
+  };
+  const optional: Partial<BenchOptions> = {
+    model: values.model,
+    requests: num('--requests', values.requests, true),
+    durationS: num('--duration', values.duration),
+    rate: num('--rate', values.rate),
+    burstiness: num('--burstiness', values.burstiness),
+    concurrency: num('--concurrency', values.concurrency, true),
+    seed: num('--seed', values.seed, true),
+    slo: values.slo === undefined ? undefined : parseSlo(values.slo),
+    percentiles,
+    label: values.label,
+    timeoutMs: timeout === undefined ? undefined : timeout * 1000,
+  };
+  for (const [k, v] of Object.entries(optional)) {
+    if (v !== undefined) (opts as unknown as Record<string, unknown>)[k] = v;
+  }
+  try {
+    checkOptions(opts);
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+  const saveResult = values['save-result'];
+  return saveResult === undefined ? { options: opts } : { options: opts, saveResult };
+}
+
+function parse(argv: string[]) {
+  return parseArgs({
+    args: argv,
+    strict: true,
+    allowPositionals: false,
+    options: {
+      target: { type: 'string' },
+      endpoint: { type: 'string' },
+      model: { type: 'string' },
+      workload: { type: 'string' },
+      requests: { type: 'string' },
+      duration: { type: 'string' },
+      rate: { type: 'string' },
+      burstiness: { type: 'string' },
+      concurrency: { type: 'string' },
+      seed: { type: 'string' },
+      slo: { type: 'string' },
+      percentiles: { type: 'string' },
+      'percentile-metrics': { type: 'string' },
+      header: { type: 'string', multiple: true },
+      'class-hints': { type: 'boolean' },
+      'no-session-id': { type: 'boolean' },
+      label: { type: 'string' },
+      'save-result': { type: 'string' },
+      'save-detailed': { type: 'boolean' },
+      timeout: { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+  });
+}
+
+export async function benchCommand(argv: string[]): Promise<number> {
+  let args: BenchArgs | null;
+  try {
+    args = parseBenchArgs(argv);
+  } catch (err) {
+    if (!(err instanceof UsageError)) throw err;
+    process.stderr.write(`slagate bench: ${err.message}\n\n${BENCH_USAGE}`);
+    return 2;
+  }
+  if (args === null) {
+    process.stdout.write(BENCH_USAGE);
+    return 0;
+  }
+  const { options: opts, saveResult: saveTo } = args;
+
+  const rate = opts.rate ?? Number.POSITIVE_INFINITY;
+  const burstiness = opts.burstiness ?? 1;
+  process.stdout.write(
+    `Traffic request rate: ${pyFloat(rate)}\n` +
+      `Burstiness factor: ${pyFloat(burstiness)} (${burstiness === 1 ? 'Poisson process' : 'Gamma distribution'})\n` +
+      `Maximum request concurrency: ${opts.concurrency ?? 'None'}\n`,
+  );
+
+  // Ctrl-C stops sending and cancels what is in flight; the partial result is still reported.
+  const abort = new AbortController();
+  const onSigint = () => abort.abort();
+  process.once('SIGINT', onSigint);
+  try {
+    const result = await runBench({ ...opts, signal: abort.signal });
+    const failures = result.records.filter((r) => !r.success);
+    if (failures.length > 0) {
+      process.stderr.write('Failed requests during benchmark run detected (capping to 10):\n');
+      failures.slice(0, 10).forEach((r, i) => {
+        process.stderr.write(`Error ${i}: ${r.error}\n`);
+      });
+    }
+    process.stdout.write(result.table);
+    if (saveTo !== undefined) {
+      await writeFile(saveTo, `${JSON.stringify(result.json)}\n`);
+      process.stderr.write(`Result saved to ${saveTo}\n`);
+    }
+    return result.metrics.completed > 0 ? 0 : 1;
+  } catch (err) {
+    process.stderr.write(`slagate bench: ${(err as Error).message}\n`);
+    return 1;
+  } finally {
+    process.off('SIGINT', onSigint);
+  }
+}

@@ -1,0 +1,67 @@
+// `slagate serve [--config FILE] [--host H] [--port N]`: run the gateway until SIGTERM/SIGINT,
+// then drain gracefully (server.shutdown_grace_ms) and exit.
+
+import { parseArgs } from 'node:util';
+import { isConfigError } from '../config/index.ts';
+import { startGateway } from '../gateway.ts';
+
+const USAGE = 'usage: slagate serve [--config FILE] [--host H] [--port N]';
+
+export async function serveCommand(argv: string[]): Promise<number> {
+  let values: { config?: string; host?: string; port?: string; help?: boolean };
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        config: { type: 'string', default: 'config/gateway.yaml' },
+        host: { type: 'string' },
+        port: { type: 'string' },
+        help: { type: 'boolean', short: 'h' },
+      },
+    }));
+  } catch (err) {
+    process.stderr.write(`slagate serve: ${(err as Error).message}\n${USAGE}\n`);
+    return 2;
+  }
+  if (values.help) {
+    process.stdout.write(`${USAGE}\n`);
+    return 0;
+  }
+  const port = values.port === undefined ? undefined : Number(values.port);
+  if (port !== undefined && !(Number.isInteger(port) && port >= 0 && port < 65536)) {
+    process.stderr.write(`slagate serve: --port must be an integer in 0..65535\n`);
+    return 2;
+  }
+  let gateway: Awaited<ReturnType<typeof startGateway>>;
+  try {
+    gateway = await startGateway({ configPath: values.config!, host: values.host, port });
+  } catch (err) {
+    // A config error lists every issue with its path; anything else is one line.
+    process.stderr.write(`slagate serve: ${isConfigError(err) ? err.message : (err as Error).message}\n`);
+    return 1;
+  }
+  const backends = gateway.runtime.backends.list().map((b) => `${b.name}=${b.url}`);
+  process.stderr.write(
+    `slagate: serving on ${gateway.url} (OpenAI base URL ${gateway.url}/v1)\n` +
+      `  backends: ${backends.join(', ')}${gateway.fleet ? ' (simulated, in-process)' : ''}\n` +
+      `  models: ${gateway.runtime.config.models.join(', ')}\n` +
+      `  ops: ${gateway.url}/metrics ${gateway.url}/admin/state ${gateway.url}/readyz\n`,
+  );
+  return new Promise<number>((resolve) => {
+    const stop = (signal: string) => {
+      process.stderr.write(`slagate: ${signal}, draining\n`);
+      gateway.close().then(
+        ({ cut }) => {
+          if (cut > 0) process.stderr.write(`slagate: cut ${cut} request(s) after the grace period\n`);
+          resolve(0);
+        },
+        (err: unknown) => {
+          process.stderr.write(`slagate: shutdown failed: ${String(err)}\n`);
+          resolve(1);
+        },
+      );
+    };
+    process.once('SIGTERM', () => stop('SIGTERM'));
+    process.once('SIGINT', () => stop('SIGINT'));
+  });
+}

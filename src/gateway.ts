@@ -1,0 +1,260 @@
+// The composition root: config → telemetry → (simulated fleet) → backends → runtime → fastify →
+// listen; reload on config change; drain on shutdown. Nothing else constructs these parts.
+
+import type { Logger as PinoLogger } from 'pino';
+import {
+  type BackendSpec,
+  type Config,
+  type ConfigWatcher,
+  formatIssue,
+  isConfigError,
+  loadConfigFile,
+  watchConfig,
+} from './config/index.ts';
+import { createRoutingPolicy } from './router/index.ts';
+import { buildApp } from './server/app.ts';
+import { createAuthenticator } from './server/auth.ts';
+import { ModelCatalog } from './server/model-catalog.ts';
+import { Lifecycle, type Runtime } from './server/runtime.ts';
+import { type Fleet, startFleet } from './sim/fleet.ts';
+import { AdmissionLog } from './telemetry/admission-log.ts';
+import { createLogger, type Logger } from './telemetry/logger.ts';
+import { createMetrics } from './telemetry/metrics.ts';
+import { Tokenizer } from './tokenizer/tokenizer.ts';
+import {
+  type BackendConfig,
+  type BackendEvent,
+  BackendSet,
+  type BackendSetOptions,
+  DEFAULT_BACKEND_SET_OPTIONS,
+  type ProxyConfig,
+} from './upstream/index.ts';
+
+export interface GatewayOptions {
+  /** A config file; watched for changes (and SIGHUP) unless `watch` is false. */
+  configPath?: string;
+  /** A loaded config, used instead of reading `configPath` at start. */
+  config?: Config;
+  /** Overrides of server.host / server.port (CLI flags). */
+  host?: string;
+  port?: number;
+  watch?: boolean;
+}
+
+export interface Gateway {
+  /** http://host:port the gateway listens on. */
+  url: string;
+  runtime: Runtime;
+  /** The in-process simulated fleet, when the config asked for one. */
+  fleet: Fleet | null;
+  /** Applies a new configuration as a reload would (tests, SIGHUP path). */
+  reload(next: Config): Promise<void>;
+  /** Writes out buffered log lines. */
+  flushLogs(): Promise<void>;
+  /** Graceful: refuse new requests, drain up to server.shutdown_grace_ms, cut the rest, flush. */
+  close(): Promise<{ cut: number }>;
+}
+
+function proxyConfig(c: Config): ProxyConfig {
+  return {
+    firstTokenTimeoutMs: c.upstream.first_token_timeout_ms,
+    idleTimeoutMs: c.upstream.idle_timeout_ms,
+    // A client that reads nothing for as long as the backend may stay silent is gone.
+    clientStallTimeoutMs: c.upstream.idle_timeout_ms,
+    retries: c.upstream.retries,
+    maxEventBytes: 1024 * 1024,
+    maxBodyBytes: 16 * 1024 * 1024,
+  };
+}
+
+function backendSetOptions(c: Config, onEvent: (e: BackendEvent) => void): BackendSetOptions {
+  const u = c.upstream;
+  return {
+    pool: {
+      connections: u.max_connections_per_backend,
+      connectTimeoutMs: u.connect_timeout_ms,
+      keepAliveTimeoutMs: DEFAULT_BACKEND_SET_OPTIONS.pool.keepAliveTimeoutMs,
+    },
+    outlier: {
+      consecutiveFailures: u.outlier.consecutive_failures,
+      baseEjectionMs: u.outlier.base_ejection_ms,
+      maxEjectionMs: u.outlier.max_ejection_ms,
+      maxEjectionPercent: u.outlier.max_ejection_percent,
+    },
+    breaker: {
+      errorThresholdPercentage: u.breaker.error_threshold_percentage,
+      volumeThreshold: u.breaker.volume_threshold,
+      resetTimeoutMs: u.breaker.reset_timeout_ms,
+      rollingWindowMs: u.breaker.rolling_window_ms,
+      rollingBuckets: DEFAULT_BACKEND_SET_OPTIONS.breaker.rollingBuckets,
+    },
+    health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: u.health_interval_ms },
+    retryBudget: {
+      ratio: u.retry_budget_ratio,
+      minRetries: DEFAULT_BACKEND_SET_OPTIONS.retryBudget.minRetries,
+    },
+    onEvent,
+  };
+}
+
+function backendConfigs(c: Config, fleet: Fleet | null): BackendConfig[] {
+  if (fleet !== null && c.backends.length === 0) {
+    return fleet.urls.map((url, i) => ({ name: `sim-${i}`, url, weight: 1 }));
+  }
+  return c.backends.map((b: BackendSpec) => ({ name: b.name, url: b.url, weight: b.weight }));
+}
+
+function classSet(c: Config): Set<string> {
+  return new Set(Object.keys(c.sla.classes));
+}
+
+/** Settings a reload cannot change in a running process; a change to one is logged, not applied. */
+function restartOnlyChanges(prev: Config, next: Config): string[] {
+  const changed: string[] = [];
+  const same = (a: unknown, b: unknown) => JSON.stringify(a) === JSON.stringify(b);
+  if (!same(prev.server, next.server)) changed.push('server');
+  if (!same(prev.simulate, next.simulate)) changed.push('simulate');
+  if (!same(prev.state, next.state)) changed.push('state');
+  if (!same(prev.logging, next.logging)) changed.push('logging');
+  if (!same(prev.sla.classes, next.sla.classes)) changed.push('sla.classes (metric buckets)');
+  const { outlier: o1, breaker: b1, health_interval_ms: h1, max_connections_per_backend: m1 } = prev.upstream;
+  const { outlier: o2, breaker: b2, health_interval_ms: h2, max_connections_per_backend: m2 } = next.upstream;
+  if (!same([o1, b1, h1, m1], [o2, b2, h2, m2])) changed.push('upstream (breaker, outlier, health, pool)');
+  return changed;
+}
+
+export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
+  let config: Config;
+  if (opts.config !== undefined) config = opts.config;
+  else if (opts.configPath !== undefined) config = loadConfigFile(opts.configPath);
+  else throw new Error('startGateway needs a config or a configPath');
+
+  const log: Logger = createLogger({ level: config.logging.level, destination: 'stdout' });
+  const admissionLogger: Logger =
+    config.logging.admission_log === 'stdout'
+      ? log
+      : createLogger({ level: config.logging.level, destination: config.logging.admission_log });
+  const logger: PinoLogger = log.logger;
+
+  const fleet = config.simulate
+    ? await startFleet({
+        replicas: config.simulate.replicas,
+        profile: config.simulate.profile,
+        model: config.simulate.model,
+        timeScale: config.simulate.time_scale,
+        seed: config.simulate.seed,
+      })
+    : null;
+
+  const metrics = createMetrics(config.sla.classes);
+  const onBackendEvent = (e: BackendEvent): void => {
+    logger.info(
+      { event: e.type, backend: e.backend, ...('durationMs' in e ? { ms: e.durationMs } : {}) },
+      'backend',
+    );
+    if (e.type === 'removed') metrics.removeBackend(e.backend);
+  };
+  const backends = new BackendSet(backendSetOptions(config, onBackendEvent), backendConfigs(config, fleet));
+  const models = new ModelCatalog(config.models);
+  await models.refresh(backends.list().map((b) => b.url));
+
+  const rt: Runtime = {
+    config,
+    auth: createAuthenticator(config.tenants, config.sla.default_class, classSet(config)),
+    policy: createRoutingPolicy(config.router.policy),
+    models,
+    backends,
+    proxy: proxyConfig(config),
+    admissionLog: new AdmissionLog(admissionLogger.logger),
+    metrics,
+    logger,
+    tokenizer: new Tokenizer(),
+    lifecycle: new Lifecycle(),
+  };
+
+  // Backends that joined later (reload) or were down at start report their context length later.
+  const modelRefresh = setInterval(() => void models.refresh(backends.list().map((b) => b.url)), 30_000);
+  modelRefresh.unref();
+
+  async function reload(next: Config): Promise<void> {
+    const prev = rt.config;
+    // Build everything that can fail first, so a bad policy name leaves the running config intact.
+    const policy =
+      next.router.policy === prev.router.policy ? rt.policy : createRoutingPolicy(next.router.policy);
+    const frozen = restartOnlyChanges(prev, next);
+    if (frozen.length > 0)
+      logger.warn({ keys: frozen }, 'config reload: these settings apply only after a restart');
+    rt.policy = policy;
+    rt.auth = createAuthenticator(next.tenants, next.sla.default_class, classSet(next));
+    rt.proxy = proxyConfig(next);
+    rt.config = next;
+    const drained = backends.update(backendConfigs(next, fleet));
+    void models.refresh(backends.list().map((b) => b.url));
+    logger.info({ backends: backends.list().map((b) => b.name), router: policy.name }, 'config reloaded');
+    await drained;
+  }
+
+  let watcher: ConfigWatcher | null = null;
+  if (opts.configPath !== undefined && opts.watch !== false) {
+    watcher = watchConfig(
+      opts.configPath,
+      {
+        onChange: (next) => {
+          reload(next).catch((err: unknown) =>
+            logger.error({ err: String(err) }, 'config reload refused; the running configuration is kept'),
+          );
+        },
+        onError: (err) => {
+          const issues = isConfigError(err)
+            ? err.issues.map((i) => formatIssue(i, err.source))
+            : [String(err)];
+          logger.error({ issues }, 'config reload refused; the running configuration is kept');
+        },
+      },
+      { initial: config },
+    );
+  }
+
+  const app = buildApp(rt);
+  const host = opts.host ?? config.server.host;
+  const port = opts.port ?? config.server.port;
+  let address: string;
+  try {
+    address = await app.listen({ host, port });
+  } catch (err) {
+    watcher?.close();
+    clearInterval(modelRefresh);
+    await backends.close();
+    await fleet?.close();
+    throw err;
+  }
+
+  let closing: Promise<{ cut: number }> | null = null;
+  const flushLogs = async (): Promise<void> => {
+    await log.flush();
+    if (admissionLogger !== log) await admissionLogger.flush();
+  };
+
+  return {
+    url: address,
+    runtime: rt,
+    fleet,
+    reload,
+    flushLogs,
+    close() {
+      closing ??= (async () => {
+        rt.lifecycle.shuttingDown = true;
+        watcher?.close();
+        clearInterval(modelRefresh);
+        const { cut } = await rt.lifecycle.drain(rt.config.server.shutdown_grace_ms);
+        if (cut > 0) logger.warn({ cut }, 'shutdown: grace period over, in-flight requests cut');
+        await app.close();
+        await backends.close();
+        await fleet?.close();
+        await flushLogs();
+        return { cut };
+      })();
+      return closing;
+    },
+  };
+}

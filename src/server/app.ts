@@ -1,0 +1,125 @@
+// The fastify application: the OpenAI routes it proxies (an allowlist), the gateway's own routes,
+// and the one place where every /v1 request's admission record is begun and ended.
+//
+//   onRequest ── /v1/* ──▶ begin admission record (req_id, arrival time)
+//       │
+//   body parse ──── 413 body_too_large, 400 bad JSON / __proto__ ──▶ error handler ─┐
+//       │                                                                          │
+//   handler: shutting_down? → auth (401) → parse (400) → model (404) → context (400)│
+//       │       any refusal here throws a GatewayError ──────────────────────────▶─┤
+//       ▼                                                                          │
+//   reply.hijack() → proxyRequest (upstream/): attempts, commit, relay, retries     │
+//       │                                                                          ▼
+//       └──▶ record.end(outcome from the proxy)        record.end('refused', reason = code)
+//
+//   onResponse / raw 'close' ──▶ record.end('client_cancelled') if nothing ended it (safety net)
+//
+// Invariant: a /v1 request's record is ended exactly once; RequestRecord.end() ignores later calls,
+// so the safety net can never add a second line.
+
+import { randomUUID } from 'node:crypto';
+import type { IncomingMessage } from 'node:http';
+import Fastify, {
+  type FastifyBaseLogger,
+  type FastifyError,
+  type FastifyInstance,
+  type FastifyReply,
+  type FastifyRequest,
+  LogController,
+} from 'fastify';
+import type { RequestRecord } from '../telemetry/admission-log.ts';
+import { GatewayError, isGatewayError } from './errors.ts';
+import { handleInference, proxied } from './inference.ts';
+import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
+import { registerOpsRoutes } from './ops-routes.ts';
+import type { Runtime } from './runtime.ts';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    admission: RequestRecord | null;
+  }
+}
+
+const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+
+/** x-request-id is kept when it is a safe token (it reaches logs and upstream headers), else made. */
+function requestId(req: IncomingMessage): string {
+  const given = req.headers['x-request-id'];
+  return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
+}
+
+/** Maps what fastify itself throws (parsing, limits) onto the gateway's stable codes. */
+function toGatewayError(err: FastifyError | Error): GatewayError {
+  if (isGatewayError(err)) return err;
+  const status = (err as FastifyError).statusCode;
+  if (status === 413) return new GatewayError('body_too_large', 'Request body is too large.');
+  if (status === 415) {
+    return new GatewayError('invalid_request', "Content-Type must be 'application/json'.", {
+      param: 'content-type',
+    });
+  }
+  if (status !== undefined && status >= 400 && status < 500) {
+    return new GatewayError('invalid_request', 'Request body is not valid JSON.', { param: 'body' });
+  }
+  return new GatewayError('internal_error', 'The gateway failed to handle this request.');
+}
+
+export function sendError(reply: FastifyReply, err: GatewayError): FastifyReply {
+  reply.code(err.status).header('x-request-id', reply.request.id);
+  if (err.retryAfterS !== undefined) reply.header('retry-after', String(err.retryAfterS));
+  return reply.send(err.toJSON());
+}
+
+export function buildApp(rt: Runtime): FastifyInstance {
+  const app = Fastify({
+    loggerInstance: rt.logger as FastifyBaseLogger,
+    logController: new LogController({ disableRequestLogging: true }),
+    bodyLimit: rt.config.server.body_limit_bytes,
+    genReqId: requestId,
+    requestIdHeader: false,
+    onProtoPoisoning: 'error',
+    onConstructorPoisoning: 'error',
+    return503OnClosing: false,
+  });
+
+  app.decorateRequest('admission', null);
+
+  app.addHook('onRequest', async (request, reply) => {
+    if (!request.url.startsWith('/v1/') || request.url.startsWith('/v1/models')) return;
+    const record = rt.admissionLog.begin({ req_id: request.id });
+    request.admission = record;
+    // Safety net: a client that leaves before any path ended the record (e.g. mid-upload) still
+    // gets its one line. A record handed to the proxy is the proxy's to end, even after 'close'.
+    reply.raw.once('close', () => {
+      if (!record.ended && !proxied.has(record))
+        record.end('client_cancelled', { reason: 'client_cancelled' });
+    });
+  });
+
+  app.setErrorHandler((err: FastifyError | Error, request, reply) => {
+    const gErr = toGatewayError(err);
+    if (gErr.code === 'internal_error') request.log.error({ err }, 'unhandled error');
+    request.admission?.end('refused', { decision: 'refused', reason: gErr.code, error: gErr.message });
+    return sendError(reply, gErr);
+  });
+
+  app.setNotFoundHandler((request, reply) => {
+    const err = new GatewayError('route_not_found', `Route ${request.method} ${request.url} not found.`);
+    request.admission?.end('refused', { decision: 'refused', reason: err.code, error: err.message });
+    return sendError(reply, err);
+  });
+
+  for (const endpoint of Object.keys(ENDPOINT_PATHS) as Endpoint[]) {
+    app.post(ENDPOINT_PATHS[endpoint], (request: FastifyRequest, reply: FastifyReply) =>
+      handleInference(rt, endpoint, request, reply),
+    );
+  }
+
+  // Listing models is not an inference request: no admission record.
+  app.get('/v1/models', async (request, reply) =>
+    reply.header('x-request-id', request.id).send(rt.models.list()),
+  );
+
+  registerOpsRoutes(app, rt);
+  return app;
+}

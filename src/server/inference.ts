@@ -1,0 +1,149 @@
+// POST /v1/chat/completions and /v1/completions: everything the gateway decides before the
+// upstream layer takes over, and the admission record of what happened. Each refusal is a thrown
+// GatewayError, which the app's error handler turns into the envelope and the record; once the
+// request is handed to proxyRequest, the proxy writes the response and this file ends the record.
+
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { AdmissionFields, RequestRecord, RouteCandidate } from '../telemetry/admission-log.ts';
+import type { Outcome } from '../telemetry/outcome.ts';
+import type { Backend } from '../upstream/index.ts';
+import { proxyRequest } from '../upstream/index.ts';
+import { GatewayError } from './errors.ts';
+import {
+  ENDPOINT_PATHS,
+  type Endpoint,
+  type InferenceRequest,
+  parseInferenceRequest,
+} from './inference-request.ts';
+import type { Runtime } from './runtime.ts';
+
+/** Records whose request is inside proxyRequest: only the proxy's result ends them. */
+export const proxied = new WeakSet<RequestRecord>();
+
+/** How many ranked candidates go into a debug-level record. */
+const LOGGED_CANDIDATES = 3;
+
+function header(request: FastifyRequest, name: string): string | undefined {
+  const v = request.headers[name];
+  return typeof v === 'string' ? v : undefined;
+}
+
+/** Prompt tokens as the backend will count them (Llama 3 template, cl100k BPE), cached per text. */
+function estimatePromptTokens(rt: Runtime, ir: InferenceRequest): number {
+  if (ir.endpoint === 'completions') {
+    let n = 0;
+    for (const p of ir.promptParts) n += rt.tokenizer.encodePrompt(p).length;
+    return n;
+  }
+  const messages = (ir.body.messages as { role: string }[]).map((m, i) => ({
+    role: m.role,
+    content: ir.promptParts[i] ?? '',
+  }));
+  return rt.tokenizer.encodeChat(messages).length;
+}
+
+export async function handleInference(
+  rt: Runtime,
+  endpoint: Endpoint,
+  request: FastifyRequest,
+  reply: FastifyReply,
+): Promise<void> {
+  const record = request.admission!;
+  if (rt.lifecycle.shuttingDown) throw new GatewayError('shutting_down', 'The gateway is shutting down.');
+
+  const id = rt.auth.identify(request.headers.authorization, header(request, 'x-slagate-class'));
+  const cls = rt.config.sla.classes[id.class]!;
+  record.set({
+    tenant: id.tenant,
+    class: id.class,
+    ttft_target_ms: cls.ttft_p99_ms,
+    tpot_target_ms: cls.tpot_p99_ms,
+  });
+
+  const ir = parseInferenceRequest(endpoint, request.body);
+  record.set({ model: ir.model, stream: ir.stream, max_tokens: ir.maxTokens });
+  if (!rt.models.has(ir.model)) {
+    throw new GatewayError('model_not_found', `The model \`${ir.model}\` does not exist.`, {
+      param: 'model',
+    });
+  }
+  const promptTokens = estimatePromptTokens(rt, ir);
+  record.set({ prompt_tokens_est: promptTokens });
+  const maxLen = rt.models.maxModelLen(ir.model);
+  if (promptTokens + (ir.maxTokens ?? 1) > maxLen) {
+    throw new GatewayError(
+      'invalid_request',
+      `This model's maximum context length is ${maxLen} tokens. However, you requested ` +
+        `${promptTokens + (ir.maxTokens ?? 0)} tokens (about ${promptTokens} in the messages, ` +
+        `${ir.maxTokens ?? 0} in the completion).`,
+      { param: ir.endpoint === 'chat' ? 'messages' : 'prompt' },
+    );
+  }
+
+  const routeReq = {
+    reqId: request.id,
+    promptTokensEst: promptTokens,
+    sessionId: header(request, 'x-session-id'),
+  };
+  let candidates: RouteCandidate[] | undefined;
+  const pick = (excluded: ReadonlySet<string>): Backend | null => {
+    const views = rt.backends.available().filter((b) => !excluded.has(b.name));
+    const ranked = rt.policy.rank(routeReq, views);
+    candidates ??= ranked.slice(0, LOGGED_CANDIDATES).map((c) => ({ backend: c.backend, cost_s: c.cost }));
+    const best = ranked[0];
+    return best === undefined ? null : (rt.backends.get(best.backend) ?? null);
+  };
+
+  const overheadMs = record.elapsedMs();
+  rt.metrics.observeOverheadMs(overheadMs);
+  reply.hijack();
+  proxied.add(record);
+  const shutdown = rt.lifecycle.enter();
+  try {
+    const result = await proxyRequest(
+      {
+        res: reply.raw,
+        body: ir.body,
+        path: ENDPOINT_PATHS[endpoint] as '/v1/chat/completions' | '/v1/completions',
+        stream: ir.stream,
+        clientWantsUsage: ir.wantsUsage,
+        requestId: request.id,
+        responseHeaders: {
+          'x-request-id': request.id,
+          'x-slagate-class': id.class,
+          'x-slagate-queue-ms': '0',
+        },
+        startedAt: record.startedAt,
+        signal: shutdown.signal,
+        pick,
+      },
+      rt.proxy,
+      rt.backends.retryBudget,
+    );
+    let outcome: Outcome = result.outcome;
+    let reason: string = result.errorCode ?? result.reason ?? 'ok';
+    if (shutdown.signal.aborted && outcome === 'client_cancelled') {
+      // Cut by the shutdown grace period, not by the client.
+      outcome = result.committed ? 'failed_after_commit' : 'failed_before_commit';
+      reason = 'shutting_down';
+    }
+    const fields: AdmissionFields = {
+      decision: 'admitted',
+      reason,
+      backend: result.backend,
+      attempts: result.attempts,
+      queue_ms: 0,
+      ttft_ms: result.ttftMs,
+      tpot_ms: result.tpotMs,
+      e2e_ms: result.e2eMs,
+      prompt_tokens: result.promptTokens,
+      completion_tokens: result.completionTokens,
+      error: outcome === 'ok' ? null : (result.upstreamMessage ?? result.reason),
+    };
+    if (candidates !== undefined) fields.candidates = candidates;
+    const written = record.end(outcome, fields);
+    if (written !== null) rt.metrics.observeRequest(written, result.itlMs);
+  } finally {
+    rt.lifecycle.leave(shutdown);
+  }
+}

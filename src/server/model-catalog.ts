@@ -1,0 +1,90 @@
+// GET /v1/models and the context limit, built from the configured served names and what the
+// backends report. The configured names are the allowlist: a model a backend serves but the
+// config does not name is not offered, and a configured model is offered even before any
+// backend has answered (vLLM fields then fall back to safe values).
+
+import { request } from 'undici';
+
+export interface ModelCard {
+  id: string;
+  object: 'model';
+  created: number;
+  owned_by: string;
+  root: string;
+  parent: string | null;
+  max_model_len: number | null;
+  permission: unknown[];
+}
+
+/** When no backend has told us its context length, refuse nothing on length grounds. */
+const UNKNOWN_MAX_LEN = Number.POSITIVE_INFINITY;
+
+export class ModelCatalog {
+  readonly #served: readonly string[];
+  readonly #created = Math.floor(Date.now() / 1000);
+  /** model id → the smallest max_model_len any backend reported for it. */
+  readonly #maxLen = new Map<string, number>();
+
+  constructor(served: readonly string[]) {
+    this.#served = served;
+  }
+
+  has(model: string): boolean {
+    return this.#served.includes(model);
+  }
+
+  /** Context length of a model: the smallest any backend reported (a request must fit all). */
+  maxModelLen(model: string): number {
+    return this.#maxLen.get(model) ?? UNKNOWN_MAX_LEN;
+  }
+
+  /** Records one backend's /v1/models answer. Unknown shapes are ignored. */
+  learn(body: unknown): void {
+    const data = (body as { data?: unknown } | null)?.data;
+    if (!Array.isArray(data)) return;
+    for (const card of data) {
+      const id = (card as { id?: unknown }).id;
+      const len = (card as { max_model_len?: unknown }).max_model_len;
+      if (typeof id !== 'string' || typeof len !== 'number' || !(len > 0)) continue;
+      const prev = this.#maxLen.get(id);
+      if (prev === undefined || len < prev) this.#maxLen.set(id, len);
+    }
+  }
+
+  /** Asks each backend for /v1/models with a short timeout; failures are skipped. */
+  async refresh(urls: readonly string[], timeoutMs = 2000): Promise<void> {
+    await Promise.all(
+      urls.map(async (url) => {
+        try {
+          const res = await request(new URL('/v1/models', url), {
+            headersTimeout: timeoutMs,
+            bodyTimeout: timeoutMs,
+          });
+          if (res.statusCode !== 200) {
+            await res.body.dump();
+            return;
+          }
+          this.learn(await res.body.json());
+        } catch {
+          // A backend that cannot answer now is retried at the next refresh.
+        }
+      }),
+    );
+  }
+
+  list(): { object: 'list'; data: ModelCard[] } {
+    return {
+      object: 'list',
+      data: this.#served.map((id) => ({
+        id,
+        object: 'model',
+        created: this.#created,
+        owned_by: 'slagate',
+        root: id,
+        parent: null,
+        max_model_len: this.#maxLen.get(id) ?? null,
+        permission: [],
+      })),
+    };
+  }
+}

@@ -1,0 +1,69 @@
+// Everything a request handler reads, in one object the composition root (src/gateway.ts) builds
+// and a config reload swaps parts of. Handlers read `rt.x` at the moment they need it, never cache
+// it across awaits, so a reload applies to the next request without touching one in flight.
+
+import type { Logger } from 'pino';
+import type { Config } from '../config/index.ts';
+import type { RoutingPolicy } from '../router/index.ts';
+import type { AdmissionLog } from '../telemetry/admission-log.ts';
+import type { GatewayMetrics } from '../telemetry/metrics.ts';
+import type { Tokenizer } from '../tokenizer/tokenizer.ts';
+import type { BackendSet, ProxyConfig } from '../upstream/index.ts';
+import type { Authenticator } from './auth.ts';
+import type { ModelCatalog } from './model-catalog.ts';
+
+export interface Runtime {
+  config: Config;
+  auth: Authenticator;
+  policy: RoutingPolicy;
+  models: ModelCatalog;
+  backends: BackendSet;
+  proxy: ProxyConfig;
+  admissionLog: AdmissionLog;
+  metrics: GatewayMetrics;
+  logger: Logger;
+  tokenizer: Tokenizer;
+  lifecycle: Lifecycle;
+}
+
+/** In-flight proxied requests and the shutdown switch. */
+export class Lifecycle {
+  shuttingDown = false;
+  readonly #active = new Set<AbortController>();
+  #idle: (() => void) | null = null;
+
+  get active(): number {
+    return this.#active.size;
+  }
+
+  /** Registers one proxied request; the controller aborts it when the grace period runs out. */
+  enter(): AbortController {
+    const c = new AbortController();
+    this.#active.add(c);
+    return c;
+  }
+
+  leave(c: AbortController): void {
+    this.#active.delete(c);
+    if (this.#active.size === 0) this.#idle?.();
+  }
+
+  /** Resolves when no request is in flight, or after `graceMs`, when the rest are cut. */
+  async drain(graceMs: number): Promise<{ cut: number }> {
+    if (this.#active.size === 0) return { cut: 0 };
+    const idle = new Promise<void>((resolve) => {
+      this.#idle = resolve;
+    });
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<'late'>((resolve) => {
+      timer = setTimeout(() => resolve('late'), graceMs);
+    });
+    const won = await Promise.race([idle, late]);
+    clearTimeout(timer);
+    this.#idle = null;
+    if (won !== 'late') return { cut: 0 };
+    const cut = this.#active.size;
+    for (const c of this.#active) c.abort(new Error('shutdown grace period over'));
+    return { cut };
+  }
+}

@@ -1,0 +1,130 @@
+// One backend (a vLLM replica): a bounded keep-alive undici Pool, its in-flight count, its breaker,
+// its outlier state and its active health probe. Whether it may take traffic is decided here, in
+// one place (`available`), from those three signals.
+import { Pool } from 'undici';
+import { type AttemptBreaker, breakerAdmits } from './breaker.ts';
+import type { HealthProbe } from './health.ts';
+import type { OutlierDetector } from './outlier.ts';
+import type { Attempt, AttemptEnd } from './relay.ts';
+
+export interface BackendConfig {
+  name: string;
+  /** Origin, e.g. http://10.0.0.10:8000 (a path is ignored). */
+  url: string;
+  weight?: number;
+}
+
+export interface PoolOptions {
+  /** Connections per backend; requests beyond wait inside the pool. */
+  connections: number;
+  connectTimeoutMs: number;
+  keepAliveTimeoutMs: number;
+}
+
+export type BackendState = 'healthy' | 'down' | 'ejected' | 'open' | 'half_open' | 'removed';
+
+export interface BackendParts {
+  breaker: AttemptBreaker;
+  outlier: OutlierDetector;
+  probe: HealthProbe | null;
+  /** Asks the set whether one more backend may be ejected now. */
+  mayEject: () => boolean;
+  /** Called with the ejection duration when a failure ejects this backend. */
+  onEjected: (ms: number) => void;
+}
+
+export class Backend {
+  readonly name: string;
+  readonly url: string;
+  /** Router hint from the config; updated in place on reload. */
+  weight: number;
+  readonly pool: Pool;
+  readonly breaker: AttemptBreaker;
+  readonly outlier: OutlierDetector;
+  readonly probe: HealthProbe | null;
+  readonly #mayEject: () => boolean;
+  readonly #onEjected: (ms: number) => void;
+  #inflight = 0;
+  #removed = false;
+
+  constructor(config: BackendConfig, pool: PoolOptions, parts: BackendParts) {
+    this.name = config.name;
+    this.url = new URL(config.url).origin;
+    this.weight = config.weight ?? 1;
+    this.pool = new Pool(this.url, {
+      connections: pool.connections,
+      pipelining: 1,
+      connectTimeout: pool.connectTimeoutMs,
+      keepAliveTimeout: pool.keepAliveTimeoutMs,
+    });
+    this.breaker = parts.breaker;
+    this.outlier = parts.outlier;
+    this.probe = parts.probe;
+    this.#mayEject = parts.mayEject;
+    this.#onEjected = parts.onEjected;
+  }
+
+  /** Attempts dispatched to this backend and not yet ended (streams included). */
+  get inflight(): number {
+    return this.#inflight;
+  }
+
+  get state(): BackendState {
+    if (this.#removed) return 'removed';
+    if (this.probe !== null && !this.probe.up) return 'down';
+    if (this.outlier.ejected()) return 'ejected';
+    if (this.breaker.opened) return 'open';
+    if (this.breaker.halfOpen) return 'half_open';
+    return 'healthy';
+  }
+
+  /** May take a new request now. A half-open backend is available only until its one trial starts. */
+  get available(): boolean {
+    return (
+      !this.#removed &&
+      (this.probe === null || this.probe.up) &&
+      !this.outlier.ejected() &&
+      breakerAdmits(this.breaker)
+    );
+  }
+
+  /**
+   * Runs one attempt through the breaker and records its end for outlier detection. Returns null
+   * when the breaker refused the call (the attempt never started: not an attempt at all).
+   */
+  async run(attempt: Attempt): Promise<AttemptEnd | null> {
+    this.#inflight++;
+    try {
+      try {
+        await this.breaker.fire(() => attempt.start(this.pool));
+      } catch {
+        // A pre-commit failure already reached the breaker; `done` carries it below.
+        if (!attempt.started) return null;
+      }
+      const end = await attempt.done;
+      this.#record(end);
+      return end;
+    } finally {
+      this.#inflight--;
+    }
+  }
+
+  #record(end: AttemptEnd): void {
+    if (end.kind === 'ok') {
+      this.outlier.success();
+    } else if (end.failure?.backendFault) {
+      const ms = this.outlier.failure(this.#mayEject);
+      if (ms !== null) this.#onEjected(ms);
+    }
+  }
+
+  /**
+   * Takes the backend out of service: no new requests; requests already in the pool finish
+   * (Pool.close waits for them). The breaker and the probe stop now, so no timer outlives this.
+   */
+  async retire(): Promise<void> {
+    this.#removed = true;
+    this.breaker.shutdown();
+    await Promise.all([this.probe?.stop(), this.pool.close()]);
+  }
+}

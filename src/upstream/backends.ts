@@ -1,0 +1,132 @@
+// The set of backends. Reload (`update`) adds new backends and retires removed ones without
+// dropping their in-flight requests; a backend whose URL changed is replaced under the same name.
+// The set owns what is shared across backends: the ejection cap, the breakers' bucket clock and
+// the retry budget. Invariant: after close() resolves, the set owns no timer, socket or listener.
+import { EventEmitter } from 'node:events';
+import { Backend, type BackendConfig, type PoolOptions } from './backend.ts';
+import { type BreakerOptions, createBreaker } from './breaker.ts';
+import { type HealthOptions, HealthProbe } from './health.ts';
+import { maxEjected, OutlierDetector, type OutlierOptions } from './outlier.ts';
+import { RetryBudget, type RetryBudgetOptions } from './retry-budget.ts';
+
+export type BackendEvent =
+  | { type: 'ejected'; backend: string; durationMs: number }
+  | { type: 'breaker_open' | 'breaker_half_open' | 'breaker_close'; backend: string }
+  | { type: 'probe_down' | 'probe_up'; backend: string }
+  | { type: 'added' | 'removed'; backend: string };
+
+export interface BackendSetOptions {
+  pool: PoolOptions;
+  outlier: OutlierOptions;
+  breaker: BreakerOptions;
+  health: HealthOptions;
+  retryBudget: RetryBudgetOptions;
+  /** Hook for metrics and logs (the upstream layer logs nothing itself). Must not throw. */
+  onEvent?: (event: BackendEvent) => void;
+  /** Clock for outlier ejection (ms); defaults to performance.now. */
+  now?: () => number;
+}
+
+export class BackendSet {
+  readonly retryBudget: RetryBudget;
+  readonly #opts: BackendSetOptions;
+  readonly #now: () => number;
+  readonly #backends = new Map<string, Backend>();
+  readonly #retiring = new Set<Promise<void>>();
+  readonly #rotate = new EventEmitter();
+  readonly #rotateTimer: NodeJS.Timeout;
+
+  constructor(opts: BackendSetOptions, configs: readonly BackendConfig[] = []) {
+    this.#opts = opts;
+    this.#now = opts.now ?? (() => performance.now());
+    this.retryBudget = new RetryBudget(opts.retryBudget);
+    this.#rotate.setMaxListeners(0);
+    const bucketMs = opts.breaker.rollingWindowMs / opts.breaker.rollingBuckets;
+    this.#rotateTimer = setInterval(() => this.#rotate.emit('rotate'), bucketMs);
+    this.#rotateTimer.unref();
+    this.update(configs);
+  }
+
+  get(name: string): Backend | undefined {
+    return this.#backends.get(name);
+  }
+
+  list(): Backend[] {
+    return [...this.#backends.values()];
+  }
+
+  /** Backends that may take a new request now. */
+  available(): Backend[] {
+    return this.list().filter((b) => b.available);
+  }
+
+  /** Applies a new backend list; returns when the retired backends have drained. */
+  update(configs: readonly BackendConfig[]): Promise<void> {
+    const wanted = new Map(configs.map((c) => [c.name, c]));
+    const drains: Promise<void>[] = [];
+    for (const [name, b] of this.#backends) {
+      const c = wanted.get(name);
+      if (c === undefined || new URL(c.url).origin !== b.url) {
+        this.#backends.delete(name);
+        drains.push(this.#retire(b));
+      } else {
+        b.weight = c.weight ?? 1;
+      }
+    }
+    for (const c of configs) {
+      if (!this.#backends.has(c.name)) this.#backends.set(c.name, this.#build(c));
+    }
+    return Promise.all(drains).then(() => undefined);
+  }
+
+  /** Retires every backend (in-flight requests finish first) and stops the shared clock. */
+  async close(): Promise<void> {
+    clearInterval(this.#rotateTimer);
+    const all = [...this.#backends.values()];
+    this.#backends.clear();
+    await Promise.all([...all.map((b) => this.#retire(b)), ...this.#retiring]);
+  }
+
+  #retire(b: Backend): Promise<void> {
+    const p = b.retire().finally(() => this.#retiring.delete(p));
+    this.#retiring.add(p);
+    this.#emit({ type: 'removed', backend: b.name });
+    return p;
+  }
+
+  #ejectedCount(): number {
+    const now = this.#now();
+    let n = 0;
+    for (const b of this.#backends.values()) if (b.outlier.ejected(now)) n++;
+    return n;
+  }
+
+  #build(c: BackendConfig): Backend {
+    const { name } = c;
+    const breaker = createBreaker(name, this.#opts.breaker, this.#rotate);
+    breaker.on('open', () => this.#emit({ type: 'breaker_open', backend: name }));
+    breaker.on('halfOpen', () => this.#emit({ type: 'breaker_half_open', backend: name }));
+    breaker.on('close', () => this.#emit({ type: 'breaker_close', backend: name }));
+    const probe =
+      this.#opts.health.intervalMs > 0
+        ? new HealthProbe(new URL(c.url).origin, this.#opts.health, (up) =>
+            this.#emit({ type: up ? 'probe_up' : 'probe_down', backend: name }),
+          )
+        : null;
+    const backend = new Backend(c, this.#opts.pool, {
+      breaker,
+      outlier: new OutlierDetector(this.#opts.outlier, this.#now),
+      probe,
+      mayEject: () =>
+        this.#ejectedCount() < maxEjected(this.#backends.size, this.#opts.outlier.maxEjectionPercent),
+      onEjected: (ms) => this.#emit({ type: 'ejected', backend: name, durationMs: ms }),
+    });
+    probe?.start();
+    this.#emit({ type: 'added', backend: name });
+    return backend;
+  }
+
+  #emit(event: BackendEvent): void {
+    this.#opts.onEvent?.(event);
+  }
+}

@@ -1,0 +1,45 @@
+// One opossum breaker per backend, wrapping only "dispatch → first token" (the commit point).
+// - timeout:false: opossum's timeout cannot cancel the action and its abort controller is shared
+//   by every call of the breaker (opossum #780); the attempt owns its own first-token timer.
+// - errorFilter: only failures the backend is to blame for count. Client cancels, 408/429, the
+//   request's own deadline and the gateway's refusals never open a breaker (Envoy #25487).
+//   opossum reports a filtered error as a success, so a half-open trial that the client cancels
+//   closes the breaker; outlier detection still catches a backend that keeps failing.
+// - Half-open admits exactly one trial (opossum's pendingClose); a failed trial reopens it.
+// - Buckets rotate on one shared emitter instead of one interval per breaker (opossum #809), and
+//   snapshots are off, so a breaker owns no interval; shutdown() clears its reset timer.
+import type { EventEmitter } from 'node:events';
+import CircuitBreaker from 'opossum';
+import { AttemptFailure } from './failure.ts';
+
+export interface BreakerOptions {
+  /** Open when the failure share in the window is strictly above this (percent). */
+  errorThresholdPercentage: number;
+  /** Calls in the window before the share is considered at all. */
+  volumeThreshold: number;
+  resetTimeoutMs: number;
+  rollingWindowMs: number;
+  rollingBuckets: number;
+}
+
+export type AttemptBreaker = CircuitBreaker<[() => Promise<void>], void>;
+
+export function createBreaker(name: string, opts: BreakerOptions, rotate: EventEmitter): AttemptBreaker {
+  return new CircuitBreaker((untilCommit: () => Promise<void>) => untilCommit(), {
+    name,
+    timeout: false,
+    errorThresholdPercentage: opts.errorThresholdPercentage,
+    volumeThreshold: opts.volumeThreshold,
+    resetTimeout: opts.resetTimeoutMs,
+    rollingCountTimeout: opts.rollingWindowMs,
+    rollingCountBuckets: opts.rollingBuckets,
+    rotateBucketController: rotate,
+    enableSnapshots: false,
+    errorFilter: (err: unknown) => !(err instanceof AttemptFailure && err.backendFault),
+  });
+}
+
+/** True when the breaker would let a call through now (closed, or half-open with its trial unused). */
+export function breakerAdmits(b: AttemptBreaker): boolean {
+  return b.closed || (b.halfOpen && b.pendingClose);
+}

@@ -1,0 +1,66 @@
+// Why one attempt on one backend did not succeed. The reason decides two things: whether the
+// backend is to blame (outlier ejection and breaker count it) and, before the commit point,
+// whether another backend may be tried.
+
+export type FailureReason =
+  | 'connect_error' // refused, unreachable, DNS
+  | 'connect_timeout'
+  | 'upstream_reset' // socket closed or reset before the response ended
+  | 'upstream_status' // 5xx or another status the gateway cannot relay (3xx, 401, 403, ...)
+  | 'upstream_busy' // 408 or 429: the backend is alive but shedding load
+  | 'first_token_timeout'
+  | 'deadline' // the request's own deadline cut the first-token wait short
+  | 'in_band_error' // `data: {"error":...}` (or a 200 JSON error body)
+  | 'protocol_error' // bad JSON, oversized event or body, no token before [DONE], no [DONE]
+  | 'idle_timeout' // no data event for idle_timeout_ms after the commit point
+  | 'client_cancelled'
+  | 'client_stalled'; // the client stopped reading for client_stall_timeout_ms
+
+/** Reasons that are not the backend's fault: the gateway, the client or the request's budget. */
+const NOT_BACKEND_FAULT: ReadonlySet<FailureReason> = new Set<FailureReason>([
+  'upstream_busy',
+  'deadline',
+  'client_cancelled',
+  'client_stalled',
+]);
+
+export class AttemptFailure extends Error {
+  readonly reason: FailureReason;
+  /** Upstream HTTP status when one was received. */
+  readonly status: number | null;
+
+  constructor(reason: FailureReason, message: string, opts: { status?: number; cause?: unknown } = {}) {
+    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.name = 'AttemptFailure';
+    this.reason = reason;
+    this.status = opts.status ?? null;
+  }
+
+  /** Counted by outlier detection and the breaker. */
+  get backendFault(): boolean {
+    return !NOT_BACKEND_FAULT.has(this.reason);
+  }
+
+  get byClient(): boolean {
+    return this.reason === 'client_cancelled' || this.reason === 'client_stalled';
+  }
+}
+
+/** Maps an undici/socket error raised before or during the response to a reason. */
+export function failureFromError(err: unknown): AttemptFailure {
+  if (err instanceof AttemptFailure) return err;
+  const code = (err as { code?: unknown } | null)?.code;
+  const message = err instanceof Error ? err.message : String(err);
+  switch (code) {
+    case 'UND_ERR_CONNECT_TIMEOUT':
+      return new AttemptFailure('connect_timeout', message, { cause: err });
+    case 'ECONNREFUSED':
+    case 'EHOSTUNREACH':
+    case 'ENETUNREACH':
+    case 'ENOTFOUND':
+    case 'EAI_AGAIN':
+      return new AttemptFailure('connect_error', message, { cause: err });
+    default:
+      return new AttemptFailure('upstream_reset', message, { cause: err });
+  }
+}

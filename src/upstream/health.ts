@@ -1,0 +1,91 @@
+// Active health checking: GET <url><path> every interval on a dedicated one-connection client,
+// so probes never queue behind long streams in the backend's request pool. A backend starts up
+// (traffic is not refused while the first probe is pending); `unhealthyThreshold` consecutive
+// failed probes mark it down, `healthyThreshold` consecutive good ones (status 200) mark it up.
+// Invariant: at most one probe is in flight and at most one timer is pending; stop() clears both.
+import { Client } from 'undici';
+
+export interface HealthOptions {
+  /** 0 disables active probing. */
+  intervalMs: number;
+  timeoutMs: number;
+  path: string;
+  unhealthyThreshold: number;
+  healthyThreshold: number;
+}
+
+export class HealthProbe {
+  readonly #opts: HealthOptions;
+  readonly #client: Client;
+  readonly #onChange: (up: boolean) => void;
+  #timer: NodeJS.Timeout | null = null;
+  #inflight: AbortController | null = null;
+  #stopped = false;
+  #up = true;
+  #streak = 0;
+
+  constructor(url: string, opts: HealthOptions, onChange: (up: boolean) => void) {
+    this.#opts = opts;
+    this.#onChange = onChange;
+    this.#client = new Client(url, { connectTimeout: opts.timeoutMs, pipelining: 1 });
+  }
+
+  get up(): boolean {
+    return this.#up;
+  }
+
+  start(): void {
+    if (this.#opts.intervalMs > 0) this.#schedule();
+  }
+
+  /** One probe; updates the state and returns whether the backend answered 200 in time. */
+  async probe(): Promise<boolean> {
+    const ac = new AbortController();
+    this.#inflight = ac;
+    const timer = setTimeout(() => ac.abort(), this.#opts.timeoutMs);
+    let ok = false;
+    try {
+      const res = await this.#client.request({ path: this.#opts.path, method: 'GET', signal: ac.signal });
+      await res.body.dump();
+      ok = res.statusCode === 200;
+    } catch {
+      ok = false;
+    } finally {
+      clearTimeout(timer);
+      this.#inflight = null;
+    }
+    if (!this.#stopped) this.#record(ok);
+    return ok;
+  }
+
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    if (this.#timer !== null) clearTimeout(this.#timer);
+    this.#timer = null;
+    this.#inflight?.abort();
+    await this.#client.destroy();
+  }
+
+  #schedule(): void {
+    this.#timer = setTimeout(() => {
+      this.#timer = null;
+      void this.probe().then(() => {
+        if (!this.#stopped) this.#schedule();
+      });
+    }, this.#opts.intervalMs);
+  }
+
+  #record(ok: boolean): void {
+    if (ok === this.#up) {
+      this.#streak = 0;
+      return;
+    }
+    this.#streak++;
+    const needed = ok ? this.#opts.healthyThreshold : this.#opts.unhealthyThreshold;
+    if (this.#streak >= needed) {
+      this.#up = ok;
+      this.#streak = 0;
+      this.#onChange(ok);
+    }
+  }
+}

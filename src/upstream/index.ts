@@ -1,0 +1,21 @@
+// The upstream layer's public surface (see README.md for the attempt lifecycle).
+export type { BackendConfig, BackendState, PoolOptions } from './backend.ts';
+export { Backend } from './backend.ts';
+export type { BackendEvent, BackendSetOptions } from './backends.ts';
+export { BackendSet } from './backends.ts';
+export type { BreakerOptions } from './breaker.ts';
+export type { FailureReason } from './failure.ts';
+export type { HealthOptions } from './health.ts';
+export { DEFAULT_BACKEND_SET_OPTIONS, DEFAULT_PROXY_CONFIG } from './options.ts';
+export type { OutlierOptions } from './outlier.ts';
+export type {
+  AttemptRecord,
+  ProxyConfig,
+  ProxyRequest,
+  ProxyResult,
+  ResultReason,
+  UpstreamPath,
+} from './proxy.ts';
+export { proxyRequest } from './proxy.ts';
+export type { RetryBudgetOptions } from './retry-budget.ts';
+export { RetryBudget } from './retry-budget.ts';

@@ -1,0 +1,41 @@
+// Defaults for the upstream layer, used where the gateway's YAML leaves a value unset. Sources:
+// Envoy's outlier detection (5 consecutive failures, 30 s × n, capped at 300 s, 10% with at least
+// one host) and retry budget (20% of active requests, at least 3); reliability.md's opossum advice
+// (volumeThreshold ≥ 10); undici's keep-alive.
+import type { BackendSetOptions } from './backends.ts';
+import type { ProxyConfig } from './proxy.ts';
+
+export const DEFAULT_PROXY_CONFIG: Readonly<ProxyConfig> = Object.freeze({
+  firstTokenTimeoutMs: 30_000,
+  idleTimeoutMs: 30_000,
+  clientStallTimeoutMs: 30_000,
+  retries: 2,
+  maxEventBytes: 1024 * 1024,
+  maxBodyBytes: 16 * 1024 * 1024,
+});
+
+export const DEFAULT_BACKEND_SET_OPTIONS: Readonly<Omit<BackendSetOptions, 'onEvent' | 'now'>> =
+  Object.freeze({
+    pool: { connections: 128, connectTimeoutMs: 2_000, keepAliveTimeoutMs: 30_000 },
+    outlier: {
+      consecutiveFailures: 5,
+      baseEjectionMs: 30_000,
+      maxEjectionMs: 300_000,
+      maxEjectionPercent: 10,
+    },
+    breaker: {
+      errorThresholdPercentage: 50,
+      volumeThreshold: 10,
+      resetTimeoutMs: 10_000,
+      rollingWindowMs: 10_000,
+      rollingBuckets: 10,
+    },
+    health: {
+      intervalMs: 5_000,
+      timeoutMs: 1_000,
+      path: '/health',
+      unhealthyThreshold: 2,
+      healthyThreshold: 1,
+    },
+    retryBudget: { ratio: 0.2, minRetries: 3 },
+  });

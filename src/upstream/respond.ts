@@ -1,0 +1,31 @@
+// Everything the upstream layer writes to the client that is not an upstream byte: the error
+// envelope when no attempt committed, and the SSE error event after the commit point. No
+// upstream body, message or stack ever goes into either (checklist item 30).
+import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
+import type { GatewayError } from '../server/errors.ts';
+
+const DONE = Buffer.from('data: [DONE]\n\n');
+
+/** Sends `err` as the whole response; returns the status sent, or null when the client is gone. */
+export function writeErrorResponse(
+  res: ServerResponse,
+  err: GatewayError,
+  headers: OutgoingHttpHeaders,
+): number | null {
+  if (res.headersSent || res.destroyed) return null;
+  const body = JSON.stringify(err.toJSON());
+  const head: OutgoingHttpHeaders = {
+    ...headers,
+    'content-type': 'application/json',
+    'content-length': Buffer.byteLength(body),
+  };
+  if (err.retryAfterS !== undefined) head['retry-after'] = String(err.retryAfterS);
+  res.writeHead(err.status, head);
+  res.end(body);
+  return err.status;
+}
+
+/** The frames that end a committed stream that failed: one error event, then [DONE] (as vLLM does). */
+export function sseErrorFrames(err: GatewayError): Buffer {
+  return Buffer.concat([Buffer.from(`data: ${JSON.stringify(err.toJSON())}\n\n`), DONE]);
+}

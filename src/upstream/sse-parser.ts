@@ -1,0 +1,164 @@
+// Incremental Server-Sent Events parser working on raw bytes (WHATWG "event stream
+// interpretation"): lines end in CR, LF or CRLF, a leading UTF-8 BOM is dropped, a line starting
+// with ':' is a comment, a blank line ends an event. Each event keeps its original bytes so the
+// relay can forward it unchanged without re-serialising.
+//
+// Invariant: bytes are decoded only as whole lines. CR (0x0d) and LF (0x0a) never occur inside a
+// multi-byte UTF-8 sequence, so a character split across network chunks is always reassembled
+// before decoding, and the result equals a streaming TextDecoder over the same bytes.
+
+const LF = 0x0a;
+const CR = 0x0d;
+const COLON = 0x3a;
+const SPACE = 0x20;
+const BOM = Buffer.from([0xef, 0xbb, 0xbf]);
+const DATA = Buffer.from('data');
+
+export interface SseEvent {
+  /** The `data` field lines joined by '\n'; null when the event had no data field (a comment or keep-alive). */
+  readonly data: string | null;
+  /**
+   * The event's bytes as received, through its terminating blank line (it may start with the LF
+   * of a CRLF split across chunks). All raws concatenated equal the stream, minus a BOM.
+   */
+  readonly raw: Buffer;
+}
+
+/** An event (or one line) grew past the configured maximum before it ended. */
+export class SseEventTooLargeError extends Error {
+  readonly code = 'SSE_EVENT_TOO_LARGE';
+  constructor(limit: number) {
+    super(`SSE event exceeds ${limit} bytes`);
+    this.name = 'SseEventTooLargeError';
+  }
+}
+
+export class SseParser {
+  readonly #maxEventBytes: number;
+  /** Stream start: up to 3 bytes held back until we know whether they are a BOM. */
+  #head: Buffer | null = Buffer.alloc(0);
+  /** The previous chunk ended in CR, so a leading LF in the next chunk belongs to that line end. */
+  #skipLf = false;
+  /** Bytes of the current, unfinished line from earlier chunks. */
+  #lineParts: Buffer[] = [];
+  /** Bytes of the current, unfinished event from earlier chunks (they include #lineParts' bytes). */
+  #eventParts: Buffer[] = [];
+  #eventBytes = 0;
+  #dataLines: string[] = [];
+  #hasData = false;
+
+  constructor(opts: { maxEventBytes: number }) {
+    this.#maxEventBytes = opts.maxEventBytes;
+  }
+
+  /** Feeds bytes; returns the events completed by them. Throws SseEventTooLargeError. */
+  push(input: Buffer): SseEvent[] {
+    let chunk = input;
+    if (this.#head !== null) {
+      const head = Buffer.concat([this.#head, chunk]);
+      if (head.length < BOM.length && BOM.subarray(0, head.length).equals(head)) {
+        this.#head = head;
+        return [];
+      }
+      this.#head = null;
+      chunk = head.subarray(0, BOM.length).equals(BOM) ? head.subarray(BOM.length) : head;
+    }
+    return this.#scan(chunk);
+  }
+
+  /** The stream ended; an unfinished event is discarded, as the SSE specification says. */
+  end(): void {
+    this.#lineParts = [];
+    this.#eventParts = [];
+    this.#eventBytes = 0;
+    this.#dataLines = [];
+    this.#hasData = false;
+  }
+
+  #scan(chunk: Buffer): SseEvent[] {
+    const events: SseEvent[] = [];
+    let pos = 0;
+    if (this.#skipLf && chunk.length > 0) {
+      this.#skipLf = false;
+      // The LF of a CRLF split across chunks ends no line of its own. Its byte stays in the raw
+      // bytes (of the current event, or leading the next one), so raw bytes concatenate back to
+      // exactly the stream received.
+      if (chunk[0] === LF) pos = 1;
+    }
+    let eventStart = 0;
+    let nextCr = -2;
+    while (pos < chunk.length) {
+      const lf = chunk.indexOf(LF, pos);
+      if (nextCr !== -1 && nextCr < pos) nextCr = chunk.indexOf(CR, pos);
+      let end: number;
+      if (lf === -1 && nextCr === -1) break;
+      if (nextCr === -1 || (lf !== -1 && lf < nextCr)) end = lf;
+      else end = nextCr;
+      let after = end + 1;
+      if (chunk[end] === CR) {
+        if (after < chunk.length) {
+          if (chunk[after] === LF) after++;
+        } else {
+          this.#skipLf = true;
+        }
+      }
+      this.#checkSize(end - pos);
+      const line = this.#takeLine(chunk.subarray(pos, end));
+      if (line.length === 0) {
+        this.#eventParts.push(chunk.subarray(eventStart, after));
+        const ev = this.#dispatch();
+        if (ev !== null) events.push(ev);
+        eventStart = after;
+      } else {
+        this.#eventBytes += after - pos;
+        this.#field(line);
+      }
+      pos = after;
+    }
+    if (pos < chunk.length) {
+      const rest = chunk.subarray(pos);
+      this.#checkSize(rest.length);
+      this.#lineParts.push(rest);
+    }
+    // Held parts are views: undici hands each socket read over in a fresh buffer it never reuses.
+    if (eventStart < chunk.length) this.#eventParts.push(chunk.subarray(eventStart));
+    return events;
+  }
+
+  /** Guards memory: the unfinished event (and its current line) must stay under the limit. */
+  #checkSize(extra: number): void {
+    let held = this.#eventBytes + extra;
+    for (const p of this.#lineParts) held += p.length;
+    if (held > this.#maxEventBytes) throw new SseEventTooLargeError(this.#maxEventBytes);
+  }
+
+  #takeLine(tail: Buffer): Buffer {
+    if (this.#lineParts.length === 0) return tail;
+    const line = Buffer.concat([...this.#lineParts, tail]);
+    this.#lineParts = [];
+    return line;
+  }
+
+  #field(line: Buffer): void {
+    if (line[0] === COLON) return;
+    const colon = line.indexOf(COLON);
+    const nameEnd = colon === -1 ? line.length : colon;
+    if (nameEnd !== DATA.length || !line.subarray(0, nameEnd).equals(DATA)) return;
+    let valueStart = colon === -1 ? line.length : colon + 1;
+    if (line[valueStart] === SPACE) valueStart++;
+    this.#dataLines.push(line.toString('utf8', valueStart));
+    this.#hasData = true;
+  }
+
+  #dispatch(): SseEvent | null {
+    const raw = this.#eventParts.length === 1 ? this.#eventParts[0]! : Buffer.concat(this.#eventParts);
+    this.#eventParts = [];
+    this.#eventBytes = 0;
+    const data = this.#hasData ? this.#dataLines.join('\n') : null;
+    this.#dataLines = [];
+    this.#hasData = false;
+    // Blank lines with nothing before them carry no event.
+    if (data === null && raw.every((b) => b === CR || b === LF)) return null;
+    return { data, raw };
+  }
+}

@@ -1,0 +1,264 @@
+// Backend health: passive ejection with its cap, the breaker's accounting and half-open trial,
+// isolation of timeouts, active probes, and reload without dropped requests or leaked timers.
+import { afterEach, describe, expect, it, vi } from 'vitest';
+import type { BackendEvent, BackendSetOptions } from '../../src/upstream/backends.ts';
+import { BackendSet } from '../../src/upstream/backends.ts';
+import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
+import {
+  chatBody,
+  chatStream,
+  FAST,
+  type GatewayOpts,
+  gateway,
+  hang,
+  healthy,
+  makeSet,
+  post,
+  type Script,
+  sleep,
+  sseHead,
+  status,
+  upstream,
+} from './helpers.ts';
+
+const cleanups: (() => Promise<void>)[] = [];
+afterEach(async () => {
+  vi.useRealTimers();
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+async function fleet(
+  scripts: Script[],
+  over: Partial<BackendSetOptions> = {},
+  gw: Partial<GatewayOpts> = {},
+) {
+  const ups = await Promise.all(scripts.map((s) => upstream(s)));
+  const events: BackendEvent[] = [];
+  const set = makeSet(
+    ups.map((u) => u.url),
+    { onEvent: (e) => events.push(e), ...over },
+  );
+  const g = await gateway({ set, ...gw });
+  cleanups.push(...ups.map((u) => u.close), () => set.close(), g.close);
+  return { ups, set, gw: g, events };
+}
+
+const outlier = (o: Partial<BackendSetOptions['outlier']>) => ({
+  outlier: { ...DEFAULT_BACKEND_SET_OPTIONS.outlier, ...o },
+});
+const breaker = (o: Partial<BackendSetOptions['breaker']>) => ({
+  breaker: { ...DEFAULT_BACKEND_SET_OPTIONS.breaker, ...o },
+});
+
+describe('passive outlier ejection (item 9)', () => {
+  it('ejects after N consecutive failures, but never more than the ejection cap', async () => {
+    const { set, gw, events } = await fleet(
+      [status(500), status(500), healthy(1)],
+      outlier({ consecutiveFailures: 3, maxEjectionPercent: 34 }),
+    );
+    for (let i = 0; i < 5; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
+    const [b0, b1] = [set.get('b0')!, set.get('b1')!];
+    expect(b0.state).toBe('ejected');
+    expect(b0.outlier.remainingMs()).toBeGreaterThan(25_000);
+    // b1 failed on every request too, but one ejected backend of three is the cap.
+    expect(b1.outlier.consecutiveFailures).toBeGreaterThanOrEqual(3);
+    expect(b1.state).toBe('healthy');
+    expect(events.filter((e) => e.type === 'ejected')).toEqual([
+      { type: 'ejected', backend: 'b0', durationMs: DEFAULT_BACKEND_SET_OPTIONS.outlier.baseEjectionMs },
+    ]);
+    // An ejected backend takes no traffic: requests now go b1 (fails) → b2.
+    await post(gw.url, chatBody());
+    expect(gw.results.at(-1)!.attemptLog.map((a) => a.backend)).toEqual(['b1', 'b2']);
+  });
+});
+
+describe('breaker', () => {
+  it("the gateway's own refusals, 4xx, 429 and deadline cuts neither open it nor eject (items 10, 11)", async () => {
+    let mode = 'reject';
+    const script: Script = (req, res, hit) => {
+      if (mode === 'reject') return status(400)(req, res, hit);
+      if (mode === 'busy') return status(429)(req, res, hit);
+      return hang()(req, res, hit);
+    };
+    const { set, gw } = await fleet(
+      [script],
+      { ...outlier({ consecutiveFailures: 2 }), ...breaker({ volumeThreshold: 2 }) },
+      { deadlineMs: 60 },
+    );
+    for (const m of ['reject', 'busy', 'hang']) {
+      mode = m;
+      for (let i = 0; i < 4; i++) await post(gw.url, chatBody());
+    }
+    expect(gw.results.map((r) => r.reason)).toEqual([
+      ...Array(4).fill('upstream_rejected'),
+      ...Array(4).fill('upstream_busy'),
+      ...Array(4).fill('deadline'),
+    ]);
+    const b = set.get('b0')!;
+    expect(b.breaker.stats.failures).toBe(0);
+    expect(b.state).toBe('healthy');
+    expect(b.outlier.consecutiveFailures).toBe(0);
+  });
+
+  it('opens on failures; half-open lets exactly one trial through and reopens when it fails (item 12)', async () => {
+    let ok = false;
+    const script: Script = async (req, res, hit) => {
+      await sleep(100);
+      return ok ? healthy(1)(req, res, hit) : status(500)(req, res, hit);
+    };
+    const { ups, set, gw, events } = await fleet([script], {
+      ...outlier({ consecutiveFailures: 1000 }),
+      ...breaker({ volumeThreshold: 3, resetTimeoutMs: 300 }),
+    });
+    const b = set.get('b0')!;
+    for (let i = 0; i < 3; i++) expect((await post(gw.url, chatBody())).status).toBe(502);
+    expect(b.state).toBe('open');
+    expect((await post(gw.url, chatBody())).status).toBe(503);
+    expect(ups[0]!.hits).toHaveLength(3);
+
+    await sleep(350);
+    expect(b.state).toBe('half_open');
+    const [trial, second] = await Promise.all([
+      post(gw.url, chatBody()),
+      sleep(20).then(() => post(gw.url, chatBody())),
+    ]);
+    expect(ups[0]!.hits).toHaveLength(4);
+    expect(second.status).toBe(503);
+    expect(trial.status).toBe(502);
+    expect(b.state).toBe('open');
+    expect((await post(gw.url, chatBody())).status).toBe(503);
+    expect(ups[0]!.hits).toHaveLength(4);
+
+    ok = true;
+    await sleep(350);
+    expect((await post(gw.url, chatBody())).status).toBe(200);
+    expect(b.state).toBe('healthy');
+    expect(events.map((e) => e.type).filter((t) => t.startsWith('breaker'))).toEqual([
+      'breaker_open',
+      'breaker_half_open',
+      'breaker_open',
+      'breaker_half_open',
+      'breaker_close',
+    ]);
+  });
+});
+
+describe('isolation (item 13)', () => {
+  it("one request's first-token timeout does not abort another stream on the same backend", async () => {
+    const script: Script = async (req, res, hit) => {
+      if (JSON.stringify(hit.body).includes('hang')) return hang()(req, res, hit);
+      sseHead(res);
+      for (const f of chatStream(10)) {
+        await sleep(60);
+        res.write(f);
+      }
+      res.end();
+    };
+    const { gw } = await fleet([script], {}, { cfg: { ...FAST, retries: 0 } });
+    const [slow, hung] = await Promise.all([
+      post(gw.url, chatBody()),
+      post(gw.url, chatBody({ messages: [{ role: 'user', content: 'hang' }] })),
+    ]);
+    expect(hung.status).toBe(504);
+    expect(slow.status).toBe(200);
+    expect(slow.text).toBe(
+      chatStream(10)
+        .filter((f) => !f.includes('"usage"'))
+        .join(''),
+    );
+  });
+});
+
+describe('active health probes', () => {
+  it('mark a backend down after failed probes and up again after a good one', async () => {
+    let healthStatus = 200;
+    const script: Script = (req, res, hit) => {
+      if (req.url === '/health') {
+        res.writeHead(healthStatus).end();
+        return;
+      }
+      return healthy(1)(req, res, hit);
+    };
+    const { set, gw, events } = await fleet([script], {
+      health: { intervalMs: 40, timeoutMs: 200, path: '/health', unhealthyThreshold: 2, healthyThreshold: 1 },
+    });
+    const b = set.get('b0')!;
+    await sleep(100);
+    expect(b.state).toBe('healthy');
+    healthStatus = 503;
+    await vi.waitFor(() => expect(b.state).toBe('down'), { timeout: 1_000, interval: 10 });
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(503);
+    healthStatus = 200;
+    await vi.waitFor(() => expect(b.state).toBe('healthy'), { timeout: 1_000, interval: 10 });
+    expect((await post(gw.url, chatBody())).status).toBe(200);
+    expect(events.map((e) => e.type).filter((t) => t.startsWith('probe'))).toEqual([
+      'probe_down',
+      'probe_up',
+    ]);
+  });
+
+  it('a probe that hangs counts as failed after its timeout', async () => {
+    const { set } = await fleet([(req) => void req], {
+      health: { intervalMs: 20, timeoutMs: 50, path: '/health', unhealthyThreshold: 1, healthyThreshold: 1 },
+    });
+    await vi.waitFor(() => expect(set.get('b0')!.state).toBe('down'), { timeout: 1_000, interval: 10 });
+  });
+});
+
+describe('reload', () => {
+  it('removing a backend lets its in-flight stream finish, then takes it out of service', async () => {
+    const { ups, set, gw } = await fleet([healthy(5, 40)]);
+    const inFlight = post(gw.url, chatBody());
+    await vi.waitFor(() => expect(ups[0]!.hits).toHaveLength(1));
+    const drained = set.update([]);
+    expect(set.list()).toEqual([]);
+    const res = await inFlight;
+    await drained;
+    expect(res.status).toBe(200);
+    expect(gw.results[0]!.outcome).toBe('ok');
+    expect((await post(gw.url, chatBody())).status).toBe(503);
+  });
+
+  it('keeps a backend (and its health state) when only its weight changes; replaces it when its URL does', async () => {
+    const { ups, set } = await fleet([healthy(1)]);
+    const b0 = set.get('b0')!;
+    b0.breaker.open();
+    await set.update([{ name: 'b0', url: ups[0]!.url, weight: 3 }]);
+    expect(set.get('b0')).toBe(b0);
+    expect(b0.weight).toBe(3);
+    expect(b0.state).toBe('open');
+    const other = await upstream(healthy(1));
+    cleanups.push(other.close);
+    await set.update([{ name: 'b0', url: other.url }]);
+    expect(set.get('b0')).not.toBe(b0);
+    expect(set.get('b0')!.state).toBe('healthy');
+    expect(b0.state).toBe('removed');
+  });
+
+  it('removing backends shuts their breakers and probes down: no timer is left (item 14)', async () => {
+    vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'setInterval', 'clearInterval'] });
+    const before = vi.getTimerCount();
+    const opts: BackendSetOptions = {
+      ...DEFAULT_BACKEND_SET_OPTIONS,
+      health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 1_000 },
+    };
+    const urls = ['http://127.0.0.1:9', 'http://127.0.0.1:10', 'http://127.0.0.1:11'];
+    const set = new BackendSet(
+      opts,
+      urls.map((url, i) => ({ name: `b${i}`, url })),
+    );
+    const breakers = set.list().map((b) => b.breaker);
+    for (const b of breakers) b.open(); // each open breaker holds a reset timer
+    // One shared bucket clock, one probe timer and one reset timer per backend.
+    expect(vi.getTimerCount() - before).toBe(1 + 3 + 3);
+
+    await set.update([{ name: 'b0', url: urls[0]! }]);
+    expect(vi.getTimerCount() - before).toBe(1 + 1 + 1);
+    expect(breakers.map((b) => b.isShutdown)).toEqual([false, true, true]);
+
+    await set.close();
+    expect(vi.getTimerCount()).toBe(before);
+    expect(breakers.every((b) => b.isShutdown)).toBe(true);
+  });
+});

@@ -1,0 +1,322 @@
+// Real loopback servers for the upstream tests: scripted "vLLM" backends that play one script per
+// attempt, and a tiny node:http gateway that hands its `res` to proxyRequest.
+import { once } from 'node:events';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Backend } from '../../src/upstream/backend.ts';
+import { BackendSet, type BackendSetOptions } from '../../src/upstream/backends.ts';
+import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
+import {
+  type ProxyConfig,
+  type ProxyRequest,
+  type ProxyResult,
+  proxyRequest,
+} from '../../src/upstream/proxy.ts';
+
+export interface Hit {
+  index: number;
+  headers: http.IncomingHttpHeaders;
+  body: Record<string, unknown>;
+  /** performance.now() when the upstream saw the request's socket close (null while open). */
+  closedAt: number | null;
+  /** Bytes the script managed to hand to the socket. */
+  bytesWritten: number;
+}
+
+export type Script = (req: http.IncomingMessage, res: http.ServerResponse, hit: Hit) => void | Promise<void>;
+
+export interface Upstream {
+  url: string;
+  hits: Hit[];
+  close(): Promise<void>;
+}
+
+/** A backend whose n-th request plays scripts[n] (the last script repeats). */
+export async function upstream(...scripts: Script[]): Promise<Upstream> {
+  const hits: Hit[] = [];
+  const server = http.createServer(async (req, res) => {
+    const chunks: Buffer[] = [];
+    for await (const c of req) chunks.push(c as Buffer);
+    const raw = Buffer.concat(chunks).toString('utf8');
+    const hit: Hit = {
+      index: hits.length,
+      headers: req.headers,
+      body: raw ? (JSON.parse(raw) as Record<string, unknown>) : {},
+      closedAt: null,
+      bytesWritten: 0,
+    };
+    hits.push(hit);
+    res.on('close', () => {
+      hit.closedAt = performance.now();
+    });
+    const script = scripts[Math.min(hit.index, scripts.length - 1)]!;
+    try {
+      await script(req, res, hit);
+    } catch {
+      res.destroy();
+    }
+  });
+  server.keepAliveTimeout = 5_000;
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    hits,
+    close: async () => {
+      server.closeAllConnections();
+      server.close();
+      await once(server, 'close');
+    },
+  };
+}
+
+/** A port with nothing listening (connection refused). */
+export async function deadUrl(): Promise<string> {
+  const s = http.createServer();
+  s.listen(0, '127.0.0.1');
+  await once(s, 'listening');
+  const { port } = s.address() as AddressInfo;
+  s.close();
+  await once(s, 'close');
+  return `http://127.0.0.1:${port}`;
+}
+
+export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+// ---- vLLM-shaped SSE ----
+
+export function frame(obj: unknown): string {
+  return `data: ${JSON.stringify(obj)}\n\n`;
+}
+
+export const DONE = 'data: [DONE]\n\n';
+
+export function roleChunk(): string {
+  return frame({
+    id: 'chatcmpl-1',
+    object: 'chat.completion.chunk',
+    model: 'm',
+    choices: [{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }],
+  });
+}
+
+export function tokenChunk(text: string, finish: string | null = null): string {
+  return frame({
+    id: 'chatcmpl-1',
+    object: 'chat.completion.chunk',
+    model: 'm',
+    choices: [{ index: 0, delta: { content: text }, logprobs: null, finish_reason: finish }],
+  });
+}
+
+export function usageChunk(prompt: number, completion: number): string {
+  return frame({
+    id: 'chatcmpl-1',
+    object: 'chat.completion.chunk',
+    model: 'm',
+    choices: [],
+    usage: { prompt_tokens: prompt, total_tokens: prompt + completion, completion_tokens: completion },
+  });
+}
+
+/** A whole healthy chat stream of `n` tokens, as vLLM sends it when usage is asked for. */
+export function chatStream(n: number, prompt = 7): string[] {
+  const out = [roleChunk()];
+  for (let i = 0; i < n; i++) out.push(tokenChunk(`t${i}`, i === n - 1 ? 'stop' : null));
+  out.push(usageChunk(prompt, n), DONE);
+  return out;
+}
+
+export function sseHead(res: http.ServerResponse): void {
+  res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
+  res.flushHeaders();
+}
+
+/** Script: a healthy stream, each frame `gapMs` apart. */
+export function healthy(n = 3, gapMs = 0): Script {
+  return async (_req, res, hit) => {
+    sseHead(res);
+    for (const f of chatStream(n)) {
+      if (gapMs > 0) await sleep(gapMs);
+      res.write(f);
+      hit.bytesWritten += f.length;
+    }
+    res.end();
+  };
+}
+
+export const status =
+  (
+    code: number,
+    body = '{"error":{"message":"boom secret-trace","type":"InternalServerError","code":500}}',
+  ): Script =>
+  (_req, res) => {
+    res.writeHead(code, { 'content-type': 'application/json' });
+    res.end(body);
+  };
+
+export const destroy: Script = (req) => {
+  req.socket.destroy();
+};
+
+/** Headers sent, then nothing (or only keep-alive comments every `commentMs`). */
+export function hang(commentMs = 0): Script {
+  return (_req, res) => {
+    sseHead(res);
+    if (commentMs > 0) {
+      const t = setInterval(() => res.write(': keep-alive\n\n'), commentMs);
+      res.on('close', () => clearInterval(t));
+    }
+  };
+}
+
+// ---- gateway under test ----
+
+export const FAST: ProxyConfig = {
+  firstTokenTimeoutMs: 400,
+  idleTimeoutMs: 400,
+  clientStallTimeoutMs: 400,
+  retries: 2,
+  maxEventBytes: 64 * 1024,
+  maxBodyBytes: 1024 * 1024,
+};
+
+export function setOptions(over: Partial<BackendSetOptions> = {}): BackendSetOptions {
+  return {
+    ...DEFAULT_BACKEND_SET_OPTIONS,
+    pool: { connections: 16, connectTimeoutMs: 500, keepAliveTimeoutMs: 2_000 },
+    health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 0 },
+    ...over,
+  };
+}
+
+/** The router stand-in: backends in list order, skipping excluded ones. */
+export function inOrder(set: BackendSet): ProxyRequest['pick'] {
+  return (excluded) => set.list().find((b) => !excluded.has(b.name)) ?? null;
+}
+
+export interface GatewayOpts {
+  set: BackendSet;
+  cfg?: ProxyConfig;
+  pick?: (excluded: ReadonlySet<string>) => Backend | null;
+  deadlineMs?: number;
+  responseHeaders?: http.OutgoingHttpHeaders;
+}
+
+export interface Gateway {
+  url: string;
+  /** Results in completion order. */
+  results: ProxyResult[];
+  /** Resolves with the next result not yet taken. */
+  nextResult(): Promise<ProxyResult>;
+  close(): Promise<void>;
+}
+
+/** A node:http gateway: reads the body like fastify would, then hands `res` to proxyRequest. */
+export async function gateway(opts: GatewayOpts): Promise<Gateway> {
+  const results: ProxyResult[] = [];
+  const waiters: ((r: ProxyResult) => void)[] = [];
+  let taken = 0;
+  const server = http.createServer(async (req, res) => {
+    const startedAt = performance.now();
+    const chunks: Buffer[] = [];
+    for await (const c of req) chunks.push(c as Buffer);
+    const body = JSON.parse(Buffer.concat(chunks).toString('utf8')) as Record<string, unknown>;
+    const so = body.stream_options as { include_usage?: boolean } | undefined;
+    const result = await proxyRequest(
+      {
+        res,
+        body,
+        path: (req.url as '/v1/chat/completions') ?? '/v1/chat/completions',
+        stream: body.stream === true,
+        clientWantsUsage: so?.include_usage === true,
+        requestId: String(req.headers['x-request-id'] ?? 'req-1'),
+        responseHeaders: opts.responseHeaders ?? { 'x-request-id': 'req-1' },
+        startedAt,
+        deadlineAt: opts.deadlineMs === undefined ? undefined : startedAt + opts.deadlineMs,
+        pick: opts.pick ?? inOrder(opts.set),
+      },
+      opts.cfg ?? FAST,
+      opts.set.retryBudget,
+    );
+    results.push(result);
+    waiters.shift()?.(result);
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    results,
+    nextResult: () => {
+      const i = taken++;
+      if (i < results.length) return Promise.resolve(results[i]!);
+      return new Promise((resolve) => waiters.push(resolve));
+    },
+    close: async () => {
+      server.closeAllConnections();
+      server.close();
+      await once(server, 'close');
+    },
+  };
+}
+
+export interface ClientResponse {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  text: string;
+}
+
+/** A real client request through the gateway; reads the whole response. */
+export function post(
+  url: string,
+  body: Record<string, unknown>,
+  headers: http.OutgoingHttpHeaders = {},
+  path = '/v1/chat/completions',
+): Promise<ClientResponse> {
+  return new Promise((resolve, reject) => {
+    const payload = JSON.stringify(body);
+    const req = http.request(
+      `${url}${path}`,
+      { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, agent: false },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () =>
+          resolve({
+            status: res.statusCode ?? 0,
+            headers: res.headers,
+            text: Buffer.concat(chunks).toString('utf8'),
+          }),
+        );
+        res.on('error', reject);
+      },
+    );
+    req.on('error', reject);
+    req.end(payload);
+  });
+}
+
+export const chatBody = (extra: Record<string, unknown> = {}) => ({
+  model: 'm',
+  messages: [{ role: 'user', content: 'hi' }],
+  stream: true,
+  ...extra,
+});
+
+/** The data payloads of an SSE body, in order. */
+export function dataEvents(text: string): string[] {
+  return text
+    .split('\n\n')
+    .filter((e) => e.startsWith('data: '))
+    .map((e) => e.slice(6));
+}
+
+/** Builds a set over the given upstream URLs named b0, b1, ... */
+export function makeSet(urls: string[], over: Partial<BackendSetOptions> = {}): BackendSet {
+  return new BackendSet(
+    setOptions(over),
+    urls.map((url, i) => ({ name: `b${i}`, url })),
+  );
+}

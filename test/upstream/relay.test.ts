@@ -1,0 +1,348 @@
+// One backend per test: the commit point, what the client sees and what the result records.
+import { afterEach, describe, expect, it } from 'vitest';
+import type { BackendSet } from '../../src/upstream/backends.ts';
+import {
+  chatBody,
+  chatStream,
+  DONE,
+  dataEvents,
+  frame,
+  type Gateway,
+  gateway,
+  hang,
+  healthy,
+  makeSet,
+  post,
+  roleChunk,
+  type Script,
+  sleep,
+  sseHead,
+  status,
+  tokenChunk,
+  type Upstream,
+  upstream,
+  usageChunk,
+} from './helpers.ts';
+
+const cleanups: (() => Promise<void>)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+async function setup(...scripts: Script[]): Promise<{ up: Upstream; set: BackendSet; gw: Gateway }> {
+  const up = await upstream(...scripts);
+  const set = makeSet([up.url]);
+  const gw = await gateway({ set });
+  cleanups.push(up.close, () => set.close(), gw.close);
+  return { up, set, gw };
+}
+
+describe('streaming relay', () => {
+  it('relays a healthy stream byte for byte and measures it', async () => {
+    const { up, gw } = await setup(healthy(4, 5));
+    const res = await post(gw.url, chatBody({ stream_options: { include_usage: true } }));
+    const result = await gw.nextResult();
+    expect(res.status).toBe(200);
+    expect(res.headers['content-type']).toBe('text/event-stream; charset=utf-8');
+    expect(res.headers['x-slagate-backend']).toBe('b0');
+    expect(res.headers['x-request-id']).toBe('req-1');
+    expect(res.text).toBe(chatStream(4).join(''));
+    expect(up.hits[0]!.body.stream_options).toEqual({ include_usage: true });
+    expect(result).toMatchObject({
+      outcome: 'ok',
+      reason: null,
+      backend: 'b0',
+      attempts: 1,
+      status: 200,
+      promptTokens: 7,
+      completionTokens: 4,
+    });
+    // Role chunk + 4 token chunks: 4 gaps, each at least the scripted 5 ms apart (minus timer slack).
+    expect(result.itlMs).toHaveLength(4);
+    expect(result.ttftMs).toBeGreaterThanOrEqual(0);
+    expect(result.e2eMs).toBeGreaterThanOrEqual(result.ttftMs!);
+    const span = result.itlMs.reduce((a, b) => a + b, 0);
+    expect(result.tpotMs).toBeCloseTo(span / 3, 5);
+  });
+
+  it('always asks upstream for usage but forwards the usage chunk only when the client asked', async () => {
+    const { up, gw } = await setup(healthy(2));
+    const res = await post(gw.url, chatBody({ stream_options: { continuous_usage_stats: false } }));
+    const result = await gw.nextResult();
+    expect(up.hits[0]!.body.stream_options).toEqual({ include_usage: true, continuous_usage_stats: false });
+    expect(res.text).not.toContain('"usage"');
+    expect(dataEvents(res.text)).toHaveLength(4); // role, 2 tokens, [DONE]
+    expect(result.completionTokens).toBe(2);
+    expect(result.promptTokens).toBe(7);
+  });
+
+  it('writes nothing before the first token: keep-alive comments before it are not forwarded', async () => {
+    const { gw } = await setup(async (_req, res) => {
+      sseHead(res);
+      res.write(': ping\n\n');
+      await sleep(30);
+      for (const f of chatStream(1)) res.write(f);
+      res.end();
+    });
+    const res = await post(gw.url, chatBody());
+    expect(res.text.startsWith(roleChunk())).toBe(true);
+  });
+
+  it('relays events split across packets at every offset, with CRLF and multi-byte text (item 21)', async () => {
+    const text = `data: ${JSON.stringify({ choices: [{ index: 0, delta: { content: 'é€𝄞' } }] })}\r\n\r\n`;
+    const bytes = Buffer.from(roleChunk() + text + usageChunk(3, 2) + DONE);
+    const { gw } = await setup(async (_req, res) => {
+      sseHead(res);
+      for (let i = 0; i < bytes.length; i += 7) {
+        res.write(bytes.subarray(i, i + 7));
+        await sleep(0);
+      }
+      res.end();
+    });
+    const res = await post(gw.url, chatBody({ stream_options: { include_usage: true } }));
+    expect(res.text).toBe(bytes.toString('utf8'));
+    expect((await gw.nextResult()).outcome).toBe('ok');
+  });
+
+  it('an in-band error before the first token is a failure, not a stream (item 2)', async () => {
+    const { gw } = await setup((_req, res) => {
+      sseHead(res);
+      res.end(
+        frame({ error: { message: 'engine dead secret', type: 'InternalServerError', code: 500 } }) + DONE,
+      );
+    });
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(502);
+    expect(JSON.parse(res.text)).toEqual({
+      error: {
+        message: 'The backend failed before the response started',
+        type: 'upstream_error',
+        param: null,
+        code: 'upstream_error',
+      },
+    });
+    expect(result).toMatchObject({
+      outcome: 'failed_before_commit',
+      reason: 'in_band_error',
+      committed: false,
+    });
+  });
+
+  it('an in-band error after the first token ends the stream with one error event and [DONE] (item 2)', async () => {
+    const { set, gw } = await setup((_req, res) => {
+      sseHead(res);
+      res.end(roleChunk() + tokenChunk('a') + frame({ object: 'error', message: 'oops', code: 500 }) + DONE);
+    });
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    const events = dataEvents(res.text);
+    expect(res.status).toBe(200);
+    expect(events).toHaveLength(4);
+    expect(JSON.parse(events[2]!).error.code).toBe('upstream_error');
+    expect(events[3]).toBe('[DONE]');
+    expect(res.text).not.toContain('oops');
+    expect(result).toMatchObject({ outcome: 'failed_after_commit', reason: 'in_band_error', status: 200 });
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(1);
+  });
+
+  it('a backend dying mid-stream gives one error event then [DONE] and a closed client (item 1)', async () => {
+    const { gw } = await setup(async (req, res) => {
+      sseHead(res);
+      res.write(roleChunk() + tokenChunk('a'));
+      await sleep(20);
+      req.socket.destroy();
+    });
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    const events = dataEvents(res.text);
+    expect(events.slice(-2).map((e) => (e === '[DONE]' ? e : JSON.parse(e).error.type))).toEqual([
+      'upstream_error',
+      '[DONE]',
+    ]);
+    expect(events.filter((e) => e.includes('"error"'))).toHaveLength(1);
+    expect(result).toMatchObject({ outcome: 'failed_after_commit', reason: 'upstream_reset', attempts: 1 });
+  });
+
+  it('a stream that ends without [DONE] after commit is a failure', async () => {
+    const { gw } = await setup((_req, res) => {
+      sseHead(res);
+      res.end(roleChunk() + tokenChunk('a'));
+    });
+    const res = await post(gw.url, chatBody());
+    expect(dataEvents(res.text).at(-1)).toBe('[DONE]');
+    expect(await gw.nextResult()).toMatchObject({ outcome: 'failed_after_commit', reason: 'protocol_error' });
+  });
+
+  it('an oversized upstream event is an error, not a buffer that grows (item 22)', async () => {
+    const { gw } = await setup(async (_req, res) => {
+      sseHead(res);
+      res.write(roleChunk());
+      const blob = 'x'.repeat(16 * 1024);
+      res.write('data: ');
+      for (let i = 0; i < 64 && !res.destroyed; i++) {
+        res.write(blob);
+        await sleep(0);
+      }
+      res.end();
+    });
+    const res = await post(gw.url, chatBody());
+    expect(res.text.length).toBeLessThan(4096);
+    expect(dataEvents(res.text).at(-1)).toBe('[DONE]');
+    expect(await gw.nextResult()).toMatchObject({ outcome: 'failed_after_commit', reason: 'protocol_error' });
+  });
+
+  it('headers then no token: the first-token timeout fires and aborts the upstream (item 6)', async () => {
+    const { up, gw } = await setup(hang());
+    const t0 = performance.now();
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(504);
+    expect(JSON.parse(res.text).error.code).toBe('first_token_timeout');
+    expect(result).toMatchObject({ outcome: 'timeout', reason: 'first_token_timeout', ttftMs: null });
+    expect(performance.now() - t0).toBeGreaterThanOrEqual(390);
+    await sleep(50);
+    expect(up.hits[0]!.closedAt).not.toBeNull();
+  });
+
+  it('keep-alive comments do not reset the first-token timer (item 7)', async () => {
+    const { gw } = await setup(hang(50));
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(504);
+    expect((await gw.nextResult()).reason).toBe('first_token_timeout');
+  });
+
+  it('keep-alive comments after the first token do not reset the idle timer (item 7)', async () => {
+    const { up, gw } = await setup((_req, res) => {
+      sseHead(res);
+      res.write(roleChunk());
+      const t = setInterval(() => res.write(': keep-alive\n\n'), 50);
+      res.on('close', () => clearInterval(t));
+    });
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.text).toContain(': keep-alive');
+    expect(dataEvents(res.text).at(-1)).toBe('[DONE]');
+    expect(result).toMatchObject({ outcome: 'failed_after_commit', reason: 'idle_timeout' });
+    await sleep(50);
+    expect(up.hits[0]!.closedAt).not.toBeNull();
+  });
+
+  it('a healthy stream longer than every timeout combined completes (item 8)', async () => {
+    // 30 frames 100 ms apart: 3 s against 0.4 s first-token, idle and stall timeouts.
+    const { gw } = await setup(healthy(27, 100));
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(200);
+    expect(dataEvents(res.text)).toHaveLength(29);
+    expect(result.outcome).toBe('ok');
+    expect(result.e2eMs).toBeGreaterThan(2500);
+  });
+});
+
+describe('upstream errors reaching the client', () => {
+  it('a 500 body never reaches the client (item 30)', async () => {
+    const { gw } = await setup(status(500));
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(502);
+    expect(res.text).not.toContain('secret');
+    expect(res.text).not.toContain('InternalServerError');
+    expect(await gw.nextResult()).toMatchObject({ reason: 'upstream_status', errorCode: 'upstream_error' });
+  });
+
+  it('a 400 is relayed with its status and a generic message, not retried, not a failure', async () => {
+    const { up, set, gw } = await setup(
+      status(
+        400,
+        '{"error":{"message":"maximum context length is 10 tokens secret","type":"BadRequestError"}}',
+      ),
+    );
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(400);
+    expect(JSON.parse(res.text).error).toMatchObject({
+      code: 'invalid_request',
+      type: 'invalid_request_error',
+    });
+    expect(res.text).not.toContain('secret');
+    expect(result).toMatchObject({
+      outcome: 'failed_before_commit',
+      reason: 'upstream_rejected',
+      attempts: 1,
+      upstreamMessage: 'maximum context length is 10 tokens secret',
+    });
+    expect(up.hits).toHaveLength(1);
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
+  });
+
+  it('a 404 from the backend becomes model_not_found', async () => {
+    const { gw } = await setup(status(404, '{"object":"error","message":"The model `x` does not exist."}'));
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(404);
+    expect(JSON.parse(res.text).error.code).toBe('model_not_found');
+  });
+});
+
+describe('non-streaming', () => {
+  const completion = {
+    id: 'cmpl-1',
+    object: 'chat.completion',
+    choices: [{ index: 0, message: { role: 'assistant', content: 'hi' }, finish_reason: 'stop' }],
+    usage: { prompt_tokens: 5, completion_tokens: 9, total_tokens: 14 },
+  };
+
+  it('relays the body unchanged with TTFT = E2E and token counts', async () => {
+    const body = JSON.stringify(completion);
+    const { up, gw } = await setup(status(200, body));
+    const res = await post(gw.url, chatBody({ stream: false }));
+    const result = await gw.nextResult();
+    expect(res.status).toBe(200);
+    expect(res.headers['content-type']).toBe('application/json');
+    expect(res.text).toBe(body);
+    expect(up.hits[0]!.body.stream).toBe(false);
+    expect(up.hits[0]!.body.stream_options).toBeUndefined();
+    expect(result).toMatchObject({ outcome: 'ok', promptTokens: 5, completionTokens: 9, tpotMs: null });
+    expect(result.ttftMs).not.toBeNull();
+    expect(result.e2eMs).toBeGreaterThanOrEqual(result.ttftMs!);
+  });
+
+  it('the first-token budget covers headers and body: a slow body times out', async () => {
+    const { gw } = await setup(async (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write('{"id":');
+      await sleep(1_000);
+      res.end('"x"}');
+    });
+    const res = await post(gw.url, chatBody({ stream: false }));
+    expect(res.status).toBe(504);
+    expect((await gw.nextResult()).reason).toBe('first_token_timeout');
+  });
+
+  it('a 200 carrying an error body is an upstream failure', async () => {
+    const { gw } = await setup(status(200, '{"object":"error","message":"x"}'));
+    const res = await post(gw.url, chatBody({ stream: false }));
+    expect(res.status).toBe(502);
+    expect((await gw.nextResult()).reason).toBe('in_band_error');
+  });
+});
+
+describe('upstream request headers (item 29)', () => {
+  it('sends only the allowlist: no client credentials, internal or hop-by-hop headers', async () => {
+    const { up, gw } = await setup(healthy(1));
+    await post(gw.url, chatBody(), {
+      authorization: 'Bearer client-secret',
+      'x-slagate-class': 'batch',
+      'x-request-id': 'abc-123',
+      te: 'trailers',
+      'proxy-authorization': 'x',
+    });
+    const h = up.hits[0]!.headers;
+    expect(h['x-request-id']).toBe('abc-123');
+    expect(h['content-type']).toBe('application/json');
+    expect(h.accept).toBe('text/event-stream');
+    expect(h.authorization).toBeUndefined();
+    expect(h['proxy-authorization']).toBeUndefined();
+    expect(h.te).toBeUndefined();
+    expect(Object.keys(h).filter((k) => k.startsWith('x-slagate'))).toEqual([]);
+  });
+});

@@ -1,0 +1,169 @@
+// Several backends: retries before the commit point go to a different backend, within the attempt
+// limit, the shared retry budget and the deadline; never after the commit point.
+import { afterEach, describe, expect, it } from 'vitest';
+import type { BackendSet } from '../../src/upstream/backends.ts';
+import {
+  chatBody,
+  dataEvents,
+  deadUrl,
+  destroy,
+  FAST,
+  type Gateway,
+  type GatewayOpts,
+  gateway,
+  hang,
+  healthy,
+  makeSet,
+  post,
+  roleChunk,
+  type Script,
+  sleep,
+  sseHead,
+  status,
+  tokenChunk,
+  type Upstream,
+  upstream,
+} from './helpers.ts';
+
+const cleanups: (() => Promise<void>)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+async function fleet(
+  scripts: Script[][],
+  gw: Partial<GatewayOpts> = {},
+): Promise<{ ups: Upstream[]; set: BackendSet; gw: Gateway }> {
+  const ups = await Promise.all(scripts.map((s) => upstream(...s)));
+  const set = makeSet(ups.map((u) => u.url));
+  const g = await gateway({ set, ...gw });
+  cleanups.push(...ups.map((u) => u.close), () => set.close(), g.close);
+  return { ups, set, gw: g };
+}
+
+describe('retries before the commit point (item 3)', () => {
+  it('connection refused is retried on a different backend', async () => {
+    const up = await upstream(healthy(2));
+    const set = makeSet([await deadUrl(), up.url]);
+    const gw = await gateway({ set });
+    cleanups.push(up.close, () => set.close(), gw.close);
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(200);
+    expect(res.headers['x-slagate-backend']).toBe('b1');
+    expect(result).toMatchObject({ outcome: 'ok', backend: 'b1', attempts: 2 });
+    expect(result.attemptLog.map((a) => [a.backend, a.reason])).toEqual([
+      ['b0', 'connect_error'],
+      ['b1', null],
+    ]);
+  });
+
+  it('a 503, a reset and a first-token timeout each move the request to another backend', async () => {
+    const { ups, gw } = await fleet([[status(503)], [destroy], [hang()], [healthy(2)]], {
+      cfg: { ...FAST, retries: 3 },
+    });
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(200);
+    expect(dataEvents(res.text)).toHaveLength(4); // role, 2 tokens, [DONE]
+    expect(result.attemptLog.map((a) => a.reason)).toEqual([
+      'upstream_status',
+      'upstream_reset',
+      'first_token_timeout',
+      null,
+    ]);
+    expect(ups.map((u) => u.hits.length)).toEqual([1, 1, 1, 1]);
+    // TTFT counts from the request's start, so it includes the failed attempts.
+    expect(result.ttftMs).toBeGreaterThanOrEqual(FAST.firstTokenTimeoutMs - 10);
+  });
+
+  it('stops after `retries` extra attempts and answers 502', async () => {
+    const { ups, gw } = await fleet([[status(500)], [status(500)], [status(500)]], {
+      cfg: { ...FAST, retries: 1 },
+    });
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(502);
+    expect((await gw.nextResult()).attempts).toBe(2);
+    expect(ups.map((u) => u.hits.length)).toEqual([1, 1, 0]);
+  });
+
+  it('never retries after the first token was forwarded (item 5)', async () => {
+    const dies: Script = async (req, res) => {
+      sseHead(res);
+      res.write(roleChunk() + tokenChunk('once'));
+      await sleep(20);
+      req.socket.destroy();
+    };
+    const { ups, gw } = await fleet([[dies], [healthy(2)]]);
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(result).toMatchObject({ outcome: 'failed_after_commit', attempts: 1 });
+    expect(ups[1]!.hits).toHaveLength(0);
+    expect(res.text.split('once')).toHaveLength(2);
+  });
+
+  it("the request deadline bounds the wait across attempts and is not the backend's fault", async () => {
+    const { ups, set, gw } = await fleet([[hang()], [healthy(1)]], { deadlineMs: 150 });
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(504);
+    expect(result).toMatchObject({ outcome: 'timeout', reason: 'deadline', attempts: 1 });
+    expect(ups[1]!.hits).toHaveLength(0);
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
+    expect(set.get('b0')!.breaker.stats.failures).toBe(0);
+  });
+});
+
+describe('fleet-wide failure (item 4)', () => {
+  it('the retry budget caps retries at max(3, 20% of active requests)', async () => {
+    const slow500: Script = async (_req, res) => {
+      await sleep(60);
+      res.writeHead(500).end();
+    };
+    const { ups, set, gw } = await fleet([[slow500], [slow500], [slow500], [slow500], [slow500], [slow500]], {
+      cfg: { ...FAST, retries: 5 },
+    });
+    const n = 10;
+    const responses = await Promise.all(Array.from({ length: n }, () => post(gw.url, chatBody())));
+    expect(responses.every((r) => r.status === 502)).toBe(true);
+    const results = await Promise.all(Array.from({ length: n }, () => gw.nextResult()));
+    const hits = ups.reduce((s, u) => s + u.hits.length, 0);
+    // Without a budget: 10 × 6 = 60 upstream requests. With it, at most 3 retries are in flight at
+    // any moment, so at most 3 requests keep retrying and the rest stop after their first attempt.
+    expect(hits).toBeLessThanOrEqual(n + 3 * 5);
+    expect(
+      results.filter((r) => r.reason === 'upstream_status' && r.attempts === 1).length,
+    ).toBeGreaterThanOrEqual(n - 3);
+    expect(set.retryBudget.retrying).toBe(0);
+    expect(set.retryBudget.active).toBe(0);
+  });
+});
+
+describe('no backend left (item 15)', () => {
+  it('answers 503 no_healthy_backend with Retry-After at once when the router has nothing', async () => {
+    const { ups, gw } = await fleet([[healthy(1)]], { pick: () => null });
+    const t0 = performance.now();
+    const res = await post(gw.url, chatBody());
+    expect(performance.now() - t0).toBeLessThan(200);
+    expect(res.status).toBe(503);
+    expect(res.headers['retry-after']).toBe('2');
+    expect(res.headers['x-request-id']).toBe('req-1');
+    expect(JSON.parse(res.text).error.code).toBe('no_healthy_backend');
+    expect(await gw.nextResult()).toMatchObject({
+      outcome: 'failed_before_commit',
+      reason: 'no_healthy_backend',
+      attempts: 0,
+      status: 503,
+    });
+    expect(ups[0]!.hits).toHaveLength(0);
+  });
+
+  it('skips a backend the router offers while its breaker is open, without counting an attempt', async () => {
+    const { ups, set, gw } = await fleet([[healthy(1)], [healthy(1)]]);
+    set.get('b0')!.breaker.open();
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(200);
+    expect(await gw.nextResult()).toMatchObject({ backend: 'b1', attempts: 1 });
+    expect(ups[0]!.hits).toHaveLength(0);
+  });
+});

@@ -1,0 +1,71 @@
+import { describe, expect, it } from 'vitest';
+import { type SseEvent, SseEventTooLargeError, SseParser } from '../../src/upstream/sse-parser.ts';
+
+function parseChunks(chunks: Buffer[], maxEventBytes = 1 << 20): SseEvent[] {
+  const p = new SseParser({ maxEventBytes });
+  return chunks.flatMap((c) => p.push(c));
+}
+
+const view = (evs: SseEvent[]) => ({
+  data: evs.map((e) => e.data),
+  raw: Buffer.concat(evs.map((e) => e.raw)).toString('utf8'),
+});
+
+describe('SseParser', () => {
+  // Multi-byte UTF-8 (2, 3 and 4 bytes), every line ending style, a BOM, a comment, an id field
+  // and a multi-line data field.
+  const stream = Buffer.concat([
+    Buffer.from([0xef, 0xbb, 0xbf]),
+    Buffer.from(
+      ': keep-alive\r\n\r\n' +
+        'data: {"c":"héllo €"}\r\n\r\n' +
+        'data: 𝄞 clef\n\n' +
+        'id: 7\rdata: a\rdata:b\r\r' +
+        'data: [DONE]\n\n',
+      'utf8',
+    ),
+  ]);
+
+  it('splits at every byte offset into the same events (item 21)', () => {
+    const whole = view(parseChunks([stream]));
+    expect(whole.raw).toBe(stream.subarray(3).toString('utf8'));
+    expect(whole.data).toEqual([null, '{"c":"héllo €"}', '𝄞 clef', 'a\nb', '[DONE]']);
+    for (let i = 0; i <= stream.length; i++) {
+      for (const j of [i, Math.min(stream.length, i + 1), Math.min(stream.length, i + 3)]) {
+        const parts = [stream.subarray(0, i), stream.subarray(i, j), stream.subarray(j)];
+        expect(view(parseChunks(parts)), `split at ${i}/${j}`).toEqual(whole);
+      }
+    }
+  });
+
+  it('splits into one-byte chunks into the same events', () => {
+    const bytes = [...stream].map((b) => Buffer.from([b]));
+    expect(view(parseChunks(bytes))).toEqual(view(parseChunks([stream])));
+  });
+
+  it('keeps each event as its original bytes, without the BOM', () => {
+    const evs = parseChunks([stream]).map((e) => e.raw.toString('utf8'));
+    expect(evs[0]).toBe(': keep-alive\r\n\r\n');
+    expect(evs[1]).toBe('data: {"c":"héllo €"}\r\n\r\n');
+    expect(evs[3]).toBe('id: 7\rdata: a\rdata:b\r\r');
+  });
+
+  it('drops an unfinished event at the end and ignores stray blank lines', () => {
+    const p = new SseParser({ maxEventBytes: 1024 });
+    expect(p.push(Buffer.from('\n\ndata: x\n\ndata: partial'))).toHaveLength(1);
+    p.end();
+    expect(p.push(Buffer.from('\n'))).toHaveLength(0);
+  });
+
+  it('throws instead of buffering an oversized event, even one without a line end (item 22)', () => {
+    const p = new SseParser({ maxEventBytes: 1000 });
+    expect(p.push(Buffer.from(`data: ${'x'.repeat(900)}\n\n`))).toHaveLength(1);
+    expect(() => {
+      for (let i = 0; i < 100; i++) p.push(Buffer.from('y'.repeat(100)));
+    }).toThrow(SseEventTooLargeError);
+    const q = new SseParser({ maxEventBytes: 1000 });
+    expect(() => {
+      for (let i = 0; i < 100; i++) q.push(Buffer.from(`data: ${'z'.repeat(50)}\n`));
+    }).toThrow(SseEventTooLargeError);
+  });
+});

@@ -1,0 +1,83 @@
+// The pure pieces under simulated time: outlier ejection arithmetic, the retry budget, TPOT.
+import { describe, expect, it } from 'vitest';
+import { TokenClock } from '../../src/upstream/measure.ts';
+import { maxEjected, OutlierDetector } from '../../src/upstream/outlier.ts';
+import { RetryBudget } from '../../src/upstream/retry-budget.ts';
+
+describe('OutlierDetector', () => {
+  const opts = {
+    consecutiveFailures: 3,
+    baseEjectionMs: 1_000,
+    maxEjectionMs: 2_500,
+    maxEjectionPercent: 10,
+  };
+
+  it('ejects for base × n, capped, and a success in between resets the streak', () => {
+    let now = 0;
+    const o = new OutlierDetector(opts, () => now);
+    const yes = () => true;
+    expect([o.failure(yes), o.failure(yes)]).toEqual([null, null]);
+    o.success();
+    expect([o.failure(yes), o.failure(yes), o.failure(yes)]).toEqual([null, null, 1_000]);
+    expect(o.ejected()).toBe(true);
+    now = 1_000;
+    expect(o.ejected()).toBe(false);
+    expect([o.failure(yes), o.failure(yes), o.failure(yes)]).toEqual([null, null, 2_000]);
+    now = 3_000;
+    expect([o.failure(yes), o.failure(yes), o.failure(yes)]).toEqual([null, null, 2_500]);
+    expect(o.ejections).toBe(3);
+  });
+
+  it('successes after an ejection shorten the next one; the cap can refuse an ejection', () => {
+    let now = 0;
+    const o = new OutlierDetector(opts, () => now);
+    for (let i = 0; i < 3; i++) o.failure(() => true);
+    now = 5_000;
+    o.success();
+    expect(o.ejections).toBe(0);
+    for (let i = 0; i < 5; i++) expect(o.failure(() => false)).toBeNull();
+    expect(o.ejected()).toBe(false);
+  });
+
+  it('allows max(1, floor(share × n)) ejected backends', () => {
+    expect([maxEjected(1, 10), maxEjected(4, 10), maxEjected(20, 10), maxEjected(3, 34)]).toEqual([
+      1, 1, 2, 1,
+    ]);
+  });
+});
+
+describe('RetryBudget', () => {
+  it('allows max(minRetries, ratio × active) retries in flight', () => {
+    const b = new RetryBudget({ ratio: 0.2, minRetries: 3 });
+    for (let i = 0; i < 20; i++) b.requestStarted();
+    expect([b.tryAcquireRetry(), b.tryAcquireRetry(), b.tryAcquireRetry(), b.tryAcquireRetry()]).toEqual([
+      true,
+      true,
+      true,
+      true,
+    ]);
+    expect(b.tryAcquireRetry()).toBe(false);
+    b.releaseRetry();
+    expect(b.tryAcquireRetry()).toBe(true);
+    for (let i = 0; i < 18; i++) b.requestEnded();
+    b.releaseRetry();
+    expect(b.tryAcquireRetry()).toBe(false); // 4 in flight, cap now max(3, 0)
+  });
+});
+
+describe('TokenClock', () => {
+  it('follows vLLM: TTFT from the request start, TPOT over completion tokens − 1, ITL per chunk', () => {
+    const c = new TokenClock(100);
+    for (const t of [150, 160, 175, 190]) c.token(t);
+    const l = c.finish(200, 7);
+    expect(l).toMatchObject({
+      ttftMs: 50,
+      e2eMs: 100,
+      itlMs: [10, 15, 15],
+      firstTokenAt: 150,
+      lastTokenAt: 190,
+    });
+    expect(l.tpotMs).toBeCloseTo(40 / 6, 10);
+    expect(new TokenClock(0).finish(5, 3).tpotMs).toBeNull();
+  });
+});
