@@ -1,6 +1,6 @@
 // Named GPU profiles of the simulated vLLM replica. Each number is either a hardware or model
 // fact, a vLLM default, or a constant calibrated against a published measurement; the
-// derivations and sources are in docs/simulator-engine.md (section "Profiles").
+// derivations and sources are in docs/simulator.md (section "Profiles").
 
 import type { GpuProfile } from './engine/profile-types.ts';
 
@@ -18,7 +18,7 @@ const H100_SXM = { hbmBytesPerS: 3.35e12, peakFlops: 989e12 };
 const A100_40GB = { hbmBytesPerS: 1.555e12, peakFlops: 312e12 };
 
 /** Host-side constants of vLLM's engine and API server, shared by the profiles. */
-const VLLM_HOST = { stepOverheadMs: 0.4, perSeqOverheadMs: 0.05, frontendOverheadMs: 7 };
+const VLLM_HOST = { stepOverheadMs: 0.4, perSeqOverheadMs: 0.1, frontendOverheadMs: 5 };
 
 export const PROFILES: Record<string, GpuProfile> = {
   'llama3-8b-h100': {
