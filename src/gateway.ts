@@ -1,6 +1,7 @@
 // The composition root: config → telemetry → (simulated fleet) → backends → runtime → fastify →
 // listen; reload on config change; drain on shutdown. Nothing else constructs these parts.
 
+import type { FastifyInstance } from 'fastify';
 import type { Logger as PinoLogger } from 'pino';
 import {
   type BackendSpec,
@@ -112,7 +113,9 @@ function classSet(c: Config): Set<string> {
 function restartOnlyChanges(prev: Config, next: Config): string[] {
   const changed: string[] = [];
   const same = (a: unknown, b: unknown) => JSON.stringify(a) === JSON.stringify(b);
-  if (!same(prev.server, next.server)) changed.push('server');
+  // shutdown_grace_ms is read when the shutdown starts, so it is the one server key a reload changes.
+  const listener = (c: Config) => [c.server.host, c.server.port, c.server.body_limit_bytes];
+  if (!same(listener(prev), listener(next))) changed.push('server (host, port, body_limit_bytes)');
   if (!same(prev.simulate, next.simulate)) changed.push('simulate');
   if (!same(prev.state, next.state)) changed.push('state');
   if (!same(prev.logging, next.logging)) changed.push('logging');
@@ -123,11 +126,36 @@ function restartOnlyChanges(prev: Config, next: Config): string[] {
   return changed;
 }
 
+/** After the grace period, time for the last answers (e.g. 503s just written) to leave. */
+const MIN_CLOSE_WAIT_MS = 100;
+
+/**
+ * Stops listening and waits for open connections to end, at most `waitMs`: after that, whatever
+ * is still open (a client mid-upload, a request not yet routed) is cut, so no client can hold the
+ * process past the grace period.
+ */
+async function closeServer(app: FastifyInstance, lifecycle: Lifecycle, waitMs: number): Promise<void> {
+  const closed = app.close();
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<'late'>((resolve) => {
+    timer = setTimeout(() => resolve('late'), waitMs);
+  });
+  const won = await Promise.race([closed.then(() => 'closed' as const), late]);
+  clearTimeout(timer);
+  if (won === 'late') {
+    lifecycle.connectionsCut = true;
+    app.server.closeAllConnections();
+  }
+  await closed;
+}
+
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   let config: Config;
   if (opts.config !== undefined) config = opts.config;
   else if (opts.configPath !== undefined) config = loadConfigFile(opts.configPath);
   else throw new Error('startGateway needs a config or a configPath');
+  // What can still refuse the configuration is built before anything starts.
+  const initialPolicy = createRoutingPolicy(config.router.policy);
 
   const log: Logger = createLogger({ level: config.logging.level, destination: 'stdout' });
   const admissionLogger: Logger =
@@ -136,125 +164,139 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       : createLogger({ level: config.logging.level, destination: config.logging.admission_log });
   const logger: PinoLogger = log.logger;
 
-  const fleet = config.simulate
-    ? await startFleet({
-        replicas: config.simulate.replicas,
-        profile: config.simulate.profile,
-        model: config.simulate.model,
-        timeScale: config.simulate.time_scale,
-        seed: config.simulate.seed,
-      })
-    : null;
-
-  const metrics = createMetrics(config.sla.classes);
-  const onBackendEvent = (e: BackendEvent): void => {
-    logger.info(
-      { event: e.type, backend: e.backend, ...('durationMs' in e ? { ms: e.durationMs } : {}) },
-      'backend',
-    );
-    if (e.type === 'removed') metrics.removeBackend(e.backend);
-  };
-  const backends = new BackendSet(backendSetOptions(config, onBackendEvent), backendConfigs(config, fleet));
-  const models = new ModelCatalog(config.models);
-  await models.refresh(backends.list().map((b) => b.url));
-
-  const rt: Runtime = {
-    config,
-    auth: createAuthenticator(config.tenants, config.sla.default_class, classSet(config)),
-    policy: createRoutingPolicy(config.router.policy),
-    models,
-    backends,
-    proxy: proxyConfig(config),
-    admissionLog: new AdmissionLog(admissionLogger.logger),
-    metrics,
-    logger,
-    tokenizer: new Tokenizer(),
-    lifecycle: new Lifecycle(),
-  };
-
-  // Backends that joined later (reload) or were down at start report their context length later.
-  const modelRefresh = setInterval(() => void models.refresh(backends.list().map((b) => b.url)), 30_000);
-  modelRefresh.unref();
-
-  async function reload(next: Config): Promise<void> {
-    const prev = rt.config;
-    // Build everything that can fail first, so a bad policy name leaves the running config intact.
-    const policy =
-      next.router.policy === prev.router.policy ? rt.policy : createRoutingPolicy(next.router.policy);
-    const frozen = restartOnlyChanges(prev, next);
-    if (frozen.length > 0)
-      logger.warn({ keys: frozen }, 'config reload: these settings apply only after a restart');
-    rt.policy = policy;
-    rt.auth = createAuthenticator(next.tenants, next.sla.default_class, classSet(next));
-    rt.proxy = proxyConfig(next);
-    rt.config = next;
-    const drained = backends.update(backendConfigs(next, fleet));
-    void models.refresh(backends.list().map((b) => b.url));
-    logger.info({ backends: backends.list().map((b) => b.name), router: policy.name }, 'config reloaded');
-    await drained;
-  }
-
-  let watcher: ConfigWatcher | null = null;
-  if (opts.configPath !== undefined && opts.watch !== false) {
-    watcher = watchConfig(
-      opts.configPath,
-      {
-        onChange: (next) => {
-          reload(next).catch((err: unknown) =>
-            logger.error({ err: String(err) }, 'config reload refused; the running configuration is kept'),
-          );
-        },
-        onError: (err) => {
-          const issues = isConfigError(err)
-            ? err.issues.map((i) => formatIssue(i, err.source))
-            : [String(err)];
-          logger.error({ issues }, 'config reload refused; the running configuration is kept');
-        },
-      },
-      { initial: config },
-    );
-  }
-
-  const app = buildApp(rt);
-  const host = opts.host ?? config.server.host;
-  const port = opts.port ?? config.server.port;
-  let address: string;
+  // Invariant: a start that fails stops everything it had started (LIFO), so a caller that
+  // catches the error is left with no server, timer, watcher or fleet running.
+  const undo: (() => unknown)[] = [];
   try {
-    address = await app.listen({ host, port });
+    const fleet = config.simulate
+      ? await startFleet({
+          replicas: config.simulate.replicas,
+          profile: config.simulate.profile,
+          model: config.simulate.model,
+          timeScale: config.simulate.time_scale,
+          seed: config.simulate.seed,
+        })
+      : null;
+    if (fleet !== null) undo.push(() => fleet.close());
+
+    const metrics = createMetrics(config.sla.classes);
+    const onBackendEvent = (e: BackendEvent): void => {
+      logger.info(
+        { event: e.type, backend: e.backend, ...('durationMs' in e ? { ms: e.durationMs } : {}) },
+        'backend',
+      );
+      if (e.type === 'removed') metrics.removeBackend(e.backend);
+    };
+    const backends = new BackendSet(backendSetOptions(config, onBackendEvent), backendConfigs(config, fleet));
+    undo.push(() => backends.close());
+    const backendUrls = () => backends.list().map((b) => b.url);
+    const initialModels = new ModelCatalog(config.models);
+    await initialModels.refresh(backendUrls());
+
+    const rt: Runtime = {
+      config,
+      auth: createAuthenticator(config.tenants, config.sla.default_class, classSet(config)),
+      policy: initialPolicy,
+      models: initialModels,
+      backends,
+      proxy: proxyConfig(config),
+      admissionLog: new AdmissionLog(admissionLogger.logger),
+      metrics,
+      logger,
+      tokenizer: new Tokenizer(),
+      lifecycle: new Lifecycle(),
+    };
+
+    // Backends that joined later (reload) or were down at start report their context length later.
+    const modelRefresh = setInterval(() => void rt.models.refresh(backendUrls()), 30_000);
+    modelRefresh.unref();
+    undo.push(() => clearInterval(modelRefresh));
+
+    async function reload(next: Config): Promise<void> {
+      const prev = rt.config;
+      // Build everything that can fail first, so a bad policy name leaves the running config intact.
+      const policy =
+        next.router.policy === prev.router.policy ? rt.policy : createRoutingPolicy(next.router.policy);
+      const frozen = restartOnlyChanges(prev, next);
+      if (frozen.length > 0)
+        logger.warn({ keys: frozen }, 'config reload: these settings apply only after a restart');
+      rt.policy = policy;
+      rt.auth = createAuthenticator(next.tenants, next.sla.default_class, classSet(next));
+      rt.proxy = proxyConfig(next);
+      rt.config = next;
+      const drained = backends.update(backendConfigs(next, fleet));
+      if (JSON.stringify(prev.models) === JSON.stringify(next.models)) {
+        void rt.models.refresh(backendUrls());
+      } else {
+        // A new served list gets a new catalog, swapped in once it knows the context lengths.
+        const models = new ModelCatalog(next.models);
+        await models.refresh(backendUrls());
+        rt.models = models;
+      }
+      logger.info({ backends: backends.list().map((b) => b.name), router: policy.name }, 'config reloaded');
+      await drained;
+    }
+
+    const app = buildApp(rt);
+    undo.push(() => app.close());
+    const address = await app.listen({
+      host: opts.host ?? config.server.host,
+      port: opts.port ?? config.server.port,
+    });
+
+    let watcher: ConfigWatcher | null = null;
+    if (opts.configPath !== undefined && opts.watch !== false) {
+      watcher = watchConfig(
+        opts.configPath,
+        {
+          onChange: (next) => {
+            reload(next).catch((err: unknown) =>
+              logger.error({ err: String(err) }, 'config reload refused; the running configuration is kept'),
+            );
+          },
+          onError: (err) => {
+            const issues = isConfigError(err)
+              ? err.issues.map((i) => formatIssue(i, err.source))
+              : [String(err)];
+            logger.error({ issues }, 'config reload refused; the running configuration is kept');
+          },
+        },
+        { initial: config },
+      );
+    }
+
+    let closing: Promise<{ cut: number }> | null = null;
+    const flushLogs = async (): Promise<void> => {
+      await log.flush();
+      if (admissionLogger !== log) await admissionLogger.flush();
+    };
+
+    return {
+      url: address,
+      runtime: rt,
+      fleet,
+      reload,
+      flushLogs,
+      close() {
+        closing ??= (async () => {
+          rt.lifecycle.shuttingDown = true;
+          watcher?.close();
+          clearInterval(modelRefresh);
+          const graceMs = rt.config.server.shutdown_grace_ms;
+          const deadline = performance.now() + graceMs;
+          const { cut } = await rt.lifecycle.drain(graceMs);
+          if (cut > 0) logger.warn({ cut }, 'shutdown: grace period over, in-flight requests cut');
+          await closeServer(app, rt.lifecycle, Math.max(deadline - performance.now(), MIN_CLOSE_WAIT_MS));
+          await backends.close();
+          await fleet?.close();
+          await flushLogs();
+          return { cut };
+        })();
+        return closing;
+      },
+    };
   } catch (err) {
-    watcher?.close();
-    clearInterval(modelRefresh);
-    await backends.close();
-    await fleet?.close();
+    for (const stop of undo.reverse()) await stop();
     throw err;
   }
-
-  let closing: Promise<{ cut: number }> | null = null;
-  const flushLogs = async (): Promise<void> => {
-    await log.flush();
-    if (admissionLogger !== log) await admissionLogger.flush();
-  };
-
-  return {
-    url: address,
-    runtime: rt,
-    fleet,
-    reload,
-    flushLogs,
-    close() {
-      closing ??= (async () => {
-        rt.lifecycle.shuttingDown = true;
-        watcher?.close();
-        clearInterval(modelRefresh);
-        const { cut } = await rt.lifecycle.drain(rt.config.server.shutdown_grace_ms);
-        if (cut > 0) logger.warn({ cut }, 'shutdown: grace period over, in-flight requests cut');
-        await app.close();
-        await backends.close();
-        await fleet?.close();
-        await flushLogs();
-        return { cut };
-      })();
-      return closing;
-    },
-  };
 }

@@ -13,6 +13,7 @@ export const SAFE_NAME = '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$';
 const SHA256_HEX = '^[0-9a-f]{64}$';
 const HEADER_NAME = "^[a-z0-9!#$%&'*+.^_`|~-]+$";
 const PROFILE_NAME = '^[a-z0-9][a-z0-9._-]*$';
+const HOST_PORT = '^[A-Za-z0-9.:\\[\\]-]+:[0-9]{1,5}$';
 
 /** What each pattern means, for error messages. */
 export const PATTERN_HINTS: Readonly<Record<string, string>> = {
@@ -20,6 +21,7 @@ export const PATTERN_HINTS: Readonly<Record<string, string>> = {
   [SHA256_HEX]: 'must be 64 lowercase hex characters (the SHA-256 of the API key, as sha256sum prints it)',
   [HEADER_NAME]: 'must be a lowercase HTTP header name',
   [PROFILE_NAME]: "must be a profile name: lowercase letters, digits, '.', '_' or '-'",
+  [HOST_PORT]: 'must be host:port',
 };
 
 const closed = { additionalProperties: false } as const;
@@ -65,7 +67,14 @@ export const RedisStateSchema = Type.Object(
     key_prefix: Type.String({ pattern: SAFE_NAME, default: 'slagate' }),
     connect_timeout_ms: ms(1, 2_000),
     command_timeout_ms: ms(1, 100),
-    refresh_interval_ms: ms(10, 500),
+    /** At most 1 s: a dead instance must stop counting within 5 s (docs/state.md, liveness TTL). */
+    refresh_interval_ms: Type.Integer({ minimum: 10, maximum: 1000, default: 500 }),
+    topology: Type.Enum(['standalone', 'sentinel', 'cluster'], { default: 'standalone' }),
+    /** Sentinel: the sentinels as host:port; redis_url then gives only credentials and db. */
+    sentinels: Type.Array(Type.String({ pattern: HOST_PORT }), { default: [] }),
+    sentinel_name: Type.String({ minLength: 1, default: 'mymaster' }),
+    /** Cluster: seed nodes as host:port (default: redis_url's host and port). */
+    cluster_nodes: Type.Array(Type.String({ pattern: HOST_PORT }), { default: [] }),
   },
   closed,
 );

@@ -1,21 +1,23 @@
 // The fastify application: the OpenAI routes it proxies (an allowlist), the gateway's own routes,
 // and the one place where every /v1 request's admission record is begun and ended.
 //
-//   onRequest ── /v1/* ──▶ begin admission record (req_id, arrival time)
+//   onRequest ── /v1/* except GET /v1/models ──▶ begin admission record (req_id, arrival time)
 //       │
 //   body parse ──── 413 body_too_large, 400 bad JSON / __proto__ ──▶ error handler ─┐
-//       │                                                                          │
+//       │           (unknown route: 404 route_not_found, not-found handler) ─────▶─┤
 //   handler: shutting_down? → auth (401) → parse (400) → model (404) → context (400)│
 //       │       any refusal here throws a GatewayError ──────────────────────────▶─┤
 //       ▼                                                                          │
 //   reply.hijack() → proxyRequest (upstream/): attempts, commit, relay, retries     │
-//       │                                                                          ▼
-//       └──▶ record.end(outcome from the proxy)        record.end('refused', reason = code)
+//       │            (a shutdown cut before the first token: 503 shutting_down)    ▼
+//       └──▶ endRecord(outcome from the proxy)          endRefused(reason = code)
 //
-//   onResponse / raw 'close' ──▶ record.end('client_cancelled') if nothing ended it (safety net)
+//   raw 'close' ──▶ endRecord('client_cancelled') if nothing ended it (safety net; 'refused' with
+//                   reason shutting_down when the shutdown cut the connection)
 //
-// Invariant: a /v1 request's record is ended exactly once; RequestRecord.end() ignores later calls,
-// so the safety net can never add a second line.
+// Invariants: a /v1 request's record is ended exactly once (RequestRecord.end() ignores later
+// calls, so the safety net can never add a second line); every record is counted in the metrics
+// by the same call that writes it (record.ts).
 
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
@@ -28,10 +30,11 @@ import Fastify, {
   LogController,
 } from 'fastify';
 import type { RequestRecord } from '../telemetry/admission-log.ts';
-import { GatewayError, isGatewayError } from './errors.ts';
+import { GatewayError, INTERNAL_MESSAGE, isGatewayError } from './errors.ts';
 import { handleInference, proxied } from './inference.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
 import { registerOpsRoutes } from './ops-routes.ts';
+import { endRecord, endRefused } from './record.ts';
 import type { Runtime } from './runtime.ts';
 
 declare module 'fastify' {
@@ -61,7 +64,7 @@ function toGatewayError(err: FastifyError | Error): GatewayError {
   if (status !== undefined && status >= 400 && status < 500) {
     return new GatewayError('invalid_request', 'Request body is not valid JSON.', { param: 'body' });
   }
-  return new GatewayError('internal_error', 'The gateway failed to handle this request.');
+  return new GatewayError('internal_error', INTERNAL_MESSAGE);
 }
 
 export function sendError(reply: FastifyReply, err: GatewayError): FastifyReply {
@@ -85,27 +88,34 @@ export function buildApp(rt: Runtime): FastifyInstance {
   app.decorateRequest('admission', null);
 
   app.addHook('onRequest', async (request, reply) => {
-    if (!request.url.startsWith('/v1/') || request.url.startsWith('/v1/models')) return;
+    // Every request under /v1 is inference-shaped (a 404 there included) except listing models.
+    if (!request.url.startsWith('/v1/')) return;
+    if (request.method === 'GET' && request.routeOptions.url === '/v1/models') return;
     const record = rt.admissionLog.begin({ req_id: request.id });
     request.admission = record;
     // Safety net: a client that leaves before any path ended the record (e.g. mid-upload) still
-    // gets its one line. A record handed to the proxy is the proxy's to end, even after 'close'.
+    // gets its one line, and so does one whose connection the shutdown cut. A record handed to the
+    // proxy is the proxy's to end, even after 'close'.
     reply.raw.once('close', () => {
-      if (!record.ended && !proxied.has(record))
-        record.end('client_cancelled', { reason: 'client_cancelled' });
+      if (record.ended || proxied.has(record)) return;
+      if (rt.lifecycle.connectionsCut) {
+        endRecord(rt, record, 'refused', { decision: 'refused', reason: 'shutting_down' });
+      } else {
+        endRecord(rt, record, 'client_cancelled', { reason: 'client_cancelled' });
+      }
     });
   });
 
   app.setErrorHandler((err: FastifyError | Error, request, reply) => {
     const gErr = toGatewayError(err);
     if (gErr.code === 'internal_error') request.log.error({ err }, 'unhandled error');
-    request.admission?.end('refused', { decision: 'refused', reason: gErr.code, error: gErr.message });
+    if (request.admission) endRefused(rt, request.admission, gErr);
     return sendError(reply, gErr);
   });
 
   app.setNotFoundHandler((request, reply) => {
     const err = new GatewayError('route_not_found', `Route ${request.method} ${request.url} not found.`);
-    request.admission?.end('refused', { decision: 'refused', reason: err.code, error: err.message });
+    if (request.admission) endRefused(rt, request.admission, err);
     return sendError(reply, err);
   });
 

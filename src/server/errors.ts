@@ -71,9 +71,8 @@ export class GatewayError extends Error {
   }
 }
 
-export function errorStatus(code: ErrorCode): number {
-  return SPECS[code].status;
-}
+/** The only message a client sees for a gateway bug. */
+export const INTERNAL_MESSAGE = 'The gateway failed to handle this request.';
 
 export function isGatewayError(err: unknown): err is GatewayError {
   return err instanceof GatewayError;

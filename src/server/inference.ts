@@ -8,13 +8,15 @@ import type { AdmissionFields, RequestRecord, RouteCandidate } from '../telemetr
 import type { Outcome } from '../telemetry/outcome.ts';
 import type { Backend } from '../upstream/index.ts';
 import { proxyRequest } from '../upstream/index.ts';
-import { GatewayError } from './errors.ts';
+import { writeErrorResponse } from '../upstream/respond.ts';
+import { GatewayError, INTERNAL_MESSAGE } from './errors.ts';
 import {
   ENDPOINT_PATHS,
   type Endpoint,
   type InferenceRequest,
   parseInferenceRequest,
 } from './inference-request.ts';
+import { endRecord } from './record.ts';
 import type { Runtime } from './runtime.ts';
 
 /** Records whose request is inside proxyRequest: only the proxy's result ends them. */
@@ -99,6 +101,11 @@ export async function handleInference(
   reply.hijack();
   proxied.add(record);
   const shutdown = rt.lifecycle.enter();
+  const responseHeaders = {
+    'x-request-id': request.id,
+    'x-slagate-class': id.class,
+    'x-slagate-queue-ms': '0',
+  };
   try {
     const result = await proxyRequest(
       {
@@ -108,11 +115,7 @@ export async function handleInference(
         stream: ir.stream,
         clientWantsUsage: ir.wantsUsage,
         requestId: request.id,
-        responseHeaders: {
-          'x-request-id': request.id,
-          'x-slagate-class': id.class,
-          'x-slagate-queue-ms': '0',
-        },
+        responseHeaders,
         startedAt: record.startedAt,
         signal: shutdown.signal,
         pick,
@@ -122,10 +125,18 @@ export async function handleInference(
     );
     let outcome: Outcome = result.outcome;
     let reason: string = result.errorCode ?? result.reason ?? 'ok';
+    let error = outcome === 'ok' ? null : (result.upstreamMessage ?? result.reason);
     if (shutdown.signal.aborted && outcome === 'client_cancelled') {
-      // Cut by the shutdown grace period, not by the client.
+      // Cut by the shutdown grace period, not by the client. The proxy treats the cut as a
+      // disconnect and writes nothing; a client still waiting for its first token must get an
+      // answer, or its connection would stay open and hold the server's close.
       outcome = result.committed ? 'failed_after_commit' : 'failed_before_commit';
       reason = 'shutting_down';
+      error = 'cut at the end of the shutdown grace period';
+      if (!result.committed) {
+        const err = new GatewayError('shutting_down', 'The gateway is shutting down.');
+        writeErrorResponse(reply.raw, err, responseHeaders);
+      }
     }
     const fields: AdmissionFields = {
       decision: 'admitted',
@@ -138,11 +149,22 @@ export async function handleInference(
       e2e_ms: result.e2eMs,
       prompt_tokens: result.promptTokens,
       completion_tokens: result.completionTokens,
-      error: outcome === 'ok' ? null : (result.upstreamMessage ?? result.reason),
+      error,
     };
     if (candidates !== undefined) fields.candidates = candidates;
-    const written = record.end(outcome, fields);
-    if (written !== null) rt.metrics.observeRequest(written, result.itlMs);
+    endRecord(rt, record, outcome, fields, result.itlMs);
+  } catch (err) {
+    // Upstream failures are results, never throws: this is a bug (in a routing policy, say). The
+    // client still gets an answer and the request its one record.
+    request.log.error({ err }, 'proxying failed');
+    const committed = reply.raw.headersSent;
+    if (committed) reply.raw.destroy();
+    else writeErrorResponse(reply.raw, new GatewayError('internal_error', INTERNAL_MESSAGE), responseHeaders);
+    endRecord(rt, record, committed ? 'failed_after_commit' : 'failed_before_commit', {
+      decision: 'admitted',
+      reason: 'internal_error',
+      error: err instanceof Error ? err.message : String(err),
+    });
   } finally {
     rt.lifecycle.leave(shutdown);
   }

@@ -29,6 +29,8 @@ export interface Runtime {
 /** In-flight proxied requests and the shutdown switch. */
 export class Lifecycle {
   shuttingDown = false;
+  /** Set when the grace period is over and the server closes the connections still open itself. */
+  connectionsCut = false;
   readonly #active = new Set<AbortController>();
   #idle: (() => void) | null = null;
 

@@ -4,6 +4,7 @@
 
 import { createServer, type Server } from 'node:http';
 import type { Socket } from 'node:net';
+import { sharedTokenizer, type Tokenizer } from '../tokenizer/tokenizer.ts';
 import { createEngine } from './engine/engine.ts';
 import type { GpuProfile } from './engine/profile-types.ts';
 import type { Engine, EngineStats } from './engine/types.ts';
@@ -11,7 +12,6 @@ import { type FaultSpec, FaultState, type RequestFault } from './faults.ts';
 import { ReplicaMetrics } from './metrics.ts';
 import { handleRequest, type ReplicaContext } from './server.ts';
 import { generatedToken } from './textgen.ts';
-import { sharedTokenizer, type Tokenizer } from '../tokenizer/tokenizer.ts';
 
 export interface SimReplicaOptions {
   profile: GpuProfile;

@@ -6,6 +6,7 @@
 
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Tokenizer } from '../tokenizer/tokenizer.ts';
 import type { GpuProfile } from './engine/profile-types.ts';
 import type { Engine, FinishReason } from './engine/types.ts';
 import {
@@ -24,7 +25,6 @@ import {
   resolveModel,
 } from './requests.ts';
 import { generatedText, generatedToken, naturalLength, requestSeed } from './textgen.ts';
-import type { Tokenizer } from '../tokenizer/tokenizer.ts';
 import {
   contextLengthError,
   DONE_EVENT,

@@ -137,6 +137,10 @@ describe('defaults', () => {
       connect_timeout_ms: 1000,
       command_timeout_ms: 50,
       refresh_interval_ms: 250,
+      topology: 'standalone',
+      sentinels: [],
+      sentinel_name: 'mymaster',
+      cluster_nodes: [],
     });
     expect(config.scheduler.concurrency).toEqual({ min: 2, max: 64, initial: 8 });
     expect(config.router.policy).toBe('cache_aware');
@@ -432,5 +436,37 @@ describe('YAML errors', () => {
         issues: [expect.objectContaining({ message: expect.stringMatching(/ENOENT/) })],
       }),
     );
+  });
+});
+
+describe('state.topology', () => {
+  const base = 'models: [m]\nbackends: [{ name: a, url: "http://127.0.0.1:8000" }]\n';
+  it('requires sentinels with topology sentinel, and host:port entries', () => {
+    let issues: readonly { path: string }[] = [];
+    try {
+      parseConfig(
+        `${base}state: { store: redis, redis_url: "redis://127.0.0.1:6379", topology: sentinel }\n`,
+        't',
+      );
+    } catch (err) {
+      issues = (err as ConfigError).issues;
+    }
+    expect(issues.map((i) => i.path)).toContain('state.sentinels');
+    try {
+      parseConfig(`${base}state: { store: redis, redis_url: "redis://x:1", sentinels: [nope] }\n`, 't');
+      issues = [];
+    } catch (err) {
+      issues = (err as ConfigError).issues;
+    }
+    expect(issues.map((i) => i.path)).toContain('state.sentinels[0]');
+  });
+
+  it('caps refresh_interval_ms at 1000 so dead instances vanish within 5 s', () => {
+    expect(() =>
+      parseConfig(
+        `${base}state: { store: redis, redis_url: "redis://x:1", refresh_interval_ms: 2000 }\n`,
+        't',
+      ),
+    ).toThrow(/state\.refresh_interval_ms/);
   });
 });

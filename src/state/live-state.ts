@@ -1,0 +1,475 @@
+// The façade: one object the gateway holds for live backend state. Everything the request path
+// calls (lease, record, backendView, predict*, inflight, load) is synchronous and in memory; the
+// shared store (Redis) and the /metrics scraper only ever run in the background and replace parts
+// of the view when they succeed.
+//
+// View = this instance's own data (always current) + the live peers' last snapshots (Redis store
+// only). While Redis is unreachable the peers' part is kept until it is older than the liveness
+// TTL, then dropped: a short blip does not make counts jump, and a peer that died during an outage
+// still stops counting within the TTL.
+
+import { randomBytes } from 'node:crypto';
+import { hostname } from 'node:os';
+import type { StateConfig } from '../config/index.ts';
+import { BackendState, type RemoteBackend, TPOT_FEATURES, TTFT_FEATURES } from './backend-state.ts';
+import { type FitCoefficients, FitStats, predict } from './fit.ts';
+import { type Quantiles, quantiles } from './histogram.ts';
+import {
+  addCounts,
+  beginLease,
+  type InflightCounts,
+  type Lease,
+  type LeaseTokens,
+  zeroCounts,
+} from './leases.ts';
+import { RedisSync, type StateLogger, type StoreStatus } from './redis-sync.ts';
+import { type BackendTelemetry, type ScrapeTarget, TelemetryScraper } from './scraper.ts';
+import { encodeSnapshot, mergeSnapshots } from './snapshot.ts';
+import type { WindowTotals } from './window.ts';
+
+export interface LiveStateOptions {
+  /** Unique per gateway process; default `<hostname>-<pid>-<random>`. */
+  instanceId?: string;
+  backends: readonly ScrapeTarget[];
+  /** Scrape each backend's /metrics (upstream.metrics_scrape_interval_ms); false = no telemetry. */
+  scrape: false | { intervalMs: number; staleAfterMs?: number; timeoutMs?: number };
+  /** Sliding-window shape; default 60 buckets of 1 s. */
+  window?: { bucketMs: number; buckets: number };
+  /** Half-life of the rate fits' sample weights; default 60 s. */
+  fitHalfLifeMs?: number;
+  /** Samples a fit needs before it predicts; default 3. */
+  minFitSamples?: number;
+  logger?: StateLogger;
+  /** Clock in ms for windows, fits and ages; default Date.now. */
+  now?: () => number;
+}
+
+/** One latency metric or counter set over the sliding window. */
+export interface LatencyView {
+  ttft: Quantiles;
+  tpot: Quantiles;
+  queue: Quantiles;
+  requests: number;
+  promptTokens: number;
+  completionTokens: number;
+}
+
+export interface FitError {
+  /** Mean |predicted − actual| / actual over recent samples (decayed like the fit). */
+  mape: number | null;
+  /** Mean (predicted − actual) / actual: > 0 means predictions run high. */
+  bias: number | null;
+}
+
+export interface RatesView {
+  /** Uncached prompt tokens per second of TTFT after queueing (1000 / ttft.msPerUncachedToken). */
+  prefillTokensPerS: number | null;
+  /** TTFT after queueing ≈ baseMs + msPerUncachedToken · uncached + msPerLoad · load. */
+  ttft: { baseMs: number; msPerUncachedToken: number; msPerLoad: number; samples: number } | null;
+  /** TPOT ≈ baseMs + msPerLoad · load. */
+  tpot: { baseMs: number; msPerLoad: number; samples: number } | null;
+  /** TPOT predicted at the backend's current load. */
+  tpotNowMs: number | null;
+  ttftError: FitError;
+  tpotError: FitError;
+}
+
+export interface BackendLiveView {
+  name: string;
+  url: string;
+  /** All live instances (this one + peers). */
+  inflight: InflightCounts;
+  /** This instance only. */
+  localInflight: InflightCounts;
+  /** Every class together. */
+  latency: LatencyView;
+  byClass: Record<string, LatencyView>;
+  rates: RatesView;
+  /** Null when scraping is off. */
+  telemetry: BackendTelemetry | null;
+}
+
+export interface LiveStateView {
+  instanceId: string;
+  /** Clock time of the view. */
+  at: number;
+  windowMs: number;
+  store: StoreStatus;
+  backends: BackendLiveView[];
+}
+
+/** What the gateway measured for one finished request. */
+export interface LatencySample {
+  backend: string;
+  class: string;
+  /** Time in the gateway's queue before dispatch; null if unknown. */
+  queueMs: number | null;
+  /** Gateway-measured TTFT (includes queueMs); null when no token came. */
+  ttftMs: number | null;
+  tpotMs: number | null;
+  /** Prompt tokens not in the backend's prefix cache (estimated). */
+  uncachedPromptTokens: number;
+  promptTokens: number;
+  completionTokens: number;
+  /** The load passed to predict*: the backend's in-flight requests (all instances) at dispatch. */
+  loadAtDispatch: number;
+}
+
+export interface LiveState {
+  readonly instanceId: string;
+  /** Counts a request as in flight on `backend` until lease.end(); not counted if the backend is unknown. */
+  lease(backend: string, tokens: LeaseTokens): Lease;
+  /** Adds a finished request to the windows and fits. O(1); unknown backends are ignored. */
+  record(sample: LatencySample): void;
+  /** In-flight work on `backend`, all live instances. */
+  inflight(backend: string): InflightCounts;
+  /** In-flight requests on `backend`, all live instances: the `load` of the fits. */
+  load(backend: string): number;
+  /** Predicted TTFT after queueing; load defaults to load(backend). Null until the fit has samples. */
+  predictTtftMs(backend: string, uncachedTokens: number, load?: number): number | null;
+  predictTpotMs(backend: string, load?: number): number | null;
+  telemetry(backend: string): BackendTelemetry | null;
+  backendView(name: string): BackendLiveView | undefined;
+  view(): LiveStateView;
+  status(): StoreStatus;
+  /** Config reload: new backends start empty, removed ones are forgotten (their leases no longer count). */
+  setBackends(list: readonly ScrapeTarget[]): void;
+  /** Resolves when the first exchange with the store has finished (at once for memory). */
+  ready(): Promise<void>;
+  close(): Promise<void>;
+}
+
+interface FitCache {
+  ttft: FitCoefficients | null;
+  tpot: FitCoefficients | null;
+  ttftError: FitError;
+  tpotError: FitError;
+}
+
+const MIN_RELATIVE_ERROR_BASE_MS = 1;
+
+export function createLiveState(config: StateConfig, opts: LiveStateOptions): LiveState {
+  return new LiveStateImpl(config, opts);
+}
+
+class LiveStateImpl implements LiveState {
+  readonly instanceId: string;
+  readonly #now: () => number;
+  readonly #shape: { bucketMs: number; buckets: number };
+  readonly #halfLifeMs: number;
+  readonly #minSamples: number;
+  readonly #backends = new Map<string, { state: BackendState; url: string }>();
+  readonly #scraper: TelemetryScraper | null;
+  readonly #sync: RedisSync | null;
+  #remote = new Map<string, RemoteBackend>();
+  #remoteAt: number | null = null;
+  /** Bumped when the peers' part of the view changes; with BackendState.version, keys the caches. */
+  #remoteVersion = 0;
+  readonly #latencyCache = new Map<
+    string,
+    { key: string; value: Pick<BackendLiveView, 'latency' | 'byClass'> }
+  >();
+  readonly #fitCache = new Map<string, { key: string; value: FitCache }>();
+  #closed: Promise<void> | null = null;
+
+  constructor(config: StateConfig, opts: LiveStateOptions) {
+    this.instanceId = opts.instanceId ?? defaultInstanceId();
+    this.#now = opts.now ?? Date.now;
+    this.#shape = opts.window ?? { bucketMs: 1_000, buckets: 60 };
+    this.#halfLifeMs = opts.fitHalfLifeMs ?? 60_000;
+    this.#minSamples = opts.minFitSamples ?? 3;
+    for (const b of opts.backends) this.#add(b);
+    this.#scraper =
+      opts.scrape === false ? null : new TelemetryScraper({ ...opts.scrape, now: this.#now }, opts.backends);
+    this.#sync =
+      config.store === 'redis'
+        ? new RedisSync(config, {
+            instanceId: this.instanceId,
+            now: this.#now,
+            logger: opts.logger,
+            host: {
+              snapshot: (now) => encodeSnapshot(this.#states(), now),
+              applyPeers: (snaps, now) => this.#applyPeers(snaps, now),
+            },
+          })
+        : null;
+  }
+
+  lease(backend: string, tokens: LeaseTokens): Lease {
+    const entry = this.#backends.get(backend);
+    const counts = entry?.state.inflight ?? zeroCounts();
+    return beginLease(backend, counts, tokens);
+  }
+
+  record(s: LatencySample): void {
+    const be = this.#backends.get(s.backend)?.state;
+    if (be === undefined) return;
+    const now = this.#now();
+    be.window(s.class)?.record(now, {
+      ttftMs: s.ttftMs,
+      tpotMs: s.tpotMs,
+      queueMs: s.queueMs,
+      promptTokens: nonNegative(s.promptTokens),
+      completionTokens: nonNegative(s.completionTokens),
+    });
+    const load = nonNegative(s.loadAtDispatch);
+    const fits = this.#fits(s.backend, be);
+    if (s.ttftMs !== null && Number.isFinite(s.ttftMs)) {
+      const y = s.ttftMs - (s.queueMs !== null && Number.isFinite(s.queueMs) ? s.queueMs : 0);
+      if (y >= 0) {
+        const x = [nonNegative(s.uncachedPromptTokens), load];
+        be.ttftFit.decayTo(now);
+        if (fits.ttft !== null) be.ttftFit.stats.addError(relativeError(predict(fits.ttft, x), y));
+        be.ttftFit.stats.addSample(x, y);
+      }
+    }
+    if (s.tpotMs !== null && Number.isFinite(s.tpotMs) && s.tpotMs >= 0) {
+      be.tpotFit.decayTo(now);
+      if (fits.tpot !== null) be.tpotFit.stats.addError(relativeError(predict(fits.tpot, [load]), s.tpotMs));
+      be.tpotFit.stats.addSample([load], s.tpotMs);
+    }
+    be.version++;
+  }
+
+  inflight(backend: string): InflightCounts {
+    const be = this.#backends.get(backend)?.state;
+    const total = zeroCounts();
+    if (be === undefined) return total;
+    addCounts(total, be.inflight);
+    const remote = this.#remoteFor(backend);
+    if (remote !== undefined) addCounts(total, remote.inflight);
+    return total;
+  }
+
+  load(backend: string): number {
+    return this.inflight(backend).requests;
+  }
+
+  predictTtftMs(backend: string, uncachedTokens: number, load?: number): number | null {
+    const be = this.#backends.get(backend)?.state;
+    if (be === undefined) return null;
+    const fit = this.#fits(backend, be).ttft;
+    if (fit === null) return null;
+    return predict(fit, [nonNegative(uncachedTokens), nonNegative(load ?? this.load(backend))]);
+  }
+
+  predictTpotMs(backend: string, load?: number): number | null {
+    const be = this.#backends.get(backend)?.state;
+    if (be === undefined) return null;
+    const fit = this.#fits(backend, be).tpot;
+    return fit === null ? null : predict(fit, [nonNegative(load ?? this.load(backend))]);
+  }
+
+  telemetry(backend: string): BackendTelemetry | null {
+    return this.#scraper?.get(backend) ?? null;
+  }
+
+  backendView(name: string): BackendLiveView | undefined {
+    const entry = this.#backends.get(name);
+    if (entry === undefined) return undefined;
+    const be = entry.state;
+    const fits = this.#fits(name, be);
+    const load = this.load(name);
+    return {
+      name,
+      url: entry.url,
+      inflight: this.inflight(name),
+      localInflight: { ...be.inflight },
+      ...this.#latency(name, be),
+      rates: {
+        prefillTokensPerS:
+          fits.ttft !== null && (fits.ttft.slopes[0] as number) > 0
+            ? 1000 / (fits.ttft.slopes[0] as number)
+            : null,
+        ttft:
+          fits.ttft === null
+            ? null
+            : {
+                baseMs: fits.ttft.intercept,
+                msPerUncachedToken: fits.ttft.slopes[0] as number,
+                msPerLoad: fits.ttft.slopes[1] as number,
+                samples: fits.ttft.samples,
+              },
+        tpot:
+          fits.tpot === null
+            ? null
+            : {
+                baseMs: fits.tpot.intercept,
+                msPerLoad: fits.tpot.slopes[0] as number,
+                samples: fits.tpot.samples,
+              },
+        tpotNowMs: fits.tpot === null ? null : predict(fits.tpot, [load]),
+        ttftError: fits.ttftError,
+        tpotError: fits.tpotError,
+      },
+      telemetry: this.telemetry(name),
+    };
+  }
+
+  view(): LiveStateView {
+    return {
+      instanceId: this.instanceId,
+      at: this.#now(),
+      windowMs: this.#shape.bucketMs * this.#shape.buckets,
+      store: this.status(),
+      backends: [...this.#backends.keys()].map((name) => this.backendView(name) as BackendLiveView),
+    };
+  }
+
+  status(): StoreStatus {
+    if (this.#sync !== null) return this.#sync.status();
+    return {
+      store: 'memory',
+      degraded: false,
+      lastError: null,
+      lastSyncAgeMs: null,
+      lastSyncDurationMs: null,
+      peers: 0,
+    };
+  }
+
+  setBackends(list: readonly ScrapeTarget[]): void {
+    const wanted = new Set(list.map((b) => b.name));
+    for (const name of this.#backends.keys()) {
+      if (!wanted.has(name)) {
+        this.#backends.delete(name);
+        this.#latencyCache.delete(name);
+        this.#fitCache.delete(name);
+      }
+    }
+    for (const b of list) {
+      const entry = this.#backends.get(b.name);
+      if (entry === undefined) this.#add(b);
+      else entry.url = b.url;
+    }
+    this.#scraper?.setTargets(list);
+  }
+
+  ready(): Promise<void> {
+    return this.#sync?.ready() ?? Promise.resolve();
+  }
+
+  close(): Promise<void> {
+    this.#closed ??= Promise.all([this.#sync?.close(), this.#scraper?.close()]).then(() => {});
+    return this.#closed;
+  }
+
+  #add(b: ScrapeTarget): void {
+    this.#backends.set(b.name, {
+      state: new BackendState(b.name, this.#shape, this.#halfLifeMs),
+      url: b.url,
+    });
+  }
+
+  *#states(): Iterable<BackendState> {
+    for (const { state } of this.#backends.values()) yield state;
+  }
+
+  #applyPeers(snapshots: string[], now: number): void {
+    const remote = new Map<string, RemoteBackend>();
+    mergeSnapshots(snapshots, remote);
+    this.#remote = remote;
+    this.#remoteAt = now;
+    this.#remoteVersion++;
+  }
+
+  /** Peers' data for `backend`, unless the last exchange is older than the liveness TTL. */
+  #remoteFor(backend: string): RemoteBackend | undefined {
+    if (this.#sync === null || this.#remoteAt === null) return undefined;
+    if (this.#now() - this.#remoteAt > this.#sync.ttlMs) {
+      this.#remote = new Map();
+      this.#remoteAt = null;
+      this.#remoteVersion++;
+      return undefined;
+    }
+    return this.#remote.get(backend);
+  }
+
+  #latency(name: string, be: BackendState): Pick<BackendLiveView, 'latency' | 'byClass'> {
+    const now = this.#now();
+    const remote = this.#remoteFor(name);
+    const key = `${be.version}:${this.#remoteVersion}:${Math.floor(now / this.#shape.bucketMs)}`;
+    const cached = this.#latencyCache.get(name);
+    if (cached !== undefined && cached.key === key) return cached.value;
+    const classes = new Map<string, WindowTotals[]>();
+    for (const [cls, w] of be.windows) {
+      w.advance(now);
+      if (!w.empty) classes.set(cls, [w.total]);
+    }
+    for (const [cls, t] of remote?.classes ?? []) {
+      const list = classes.get(cls);
+      if (list === undefined) classes.set(cls, [t]);
+      else list.push(t);
+    }
+    const byClass: Record<string, LatencyView> = {};
+    const all: WindowTotals[] = [];
+    for (const [cls, parts] of classes) {
+      byClass[cls] = latencyView(parts);
+      all.push(...parts);
+    }
+    const value = { latency: latencyView(all), byClass };
+    this.#latencyCache.set(name, { key, value });
+    return value;
+  }
+
+  /** This instance's and the peers' fit sums together, solved; cached until either changes. */
+  #fits(name: string, be: BackendState): FitCache {
+    const now = this.#now();
+    const remote = this.#remoteFor(name);
+    const key = `${be.version}:${this.#remoteVersion}`;
+    const cached = this.#fitCache.get(name);
+    if (cached !== undefined && cached.key === key) return cached.value;
+    const combine = (local: BackendState['ttftFit'], peers: FitStats | undefined, k: number) => {
+      local.decayTo(now);
+      const sum = new FitStats(k);
+      sum.addStats(local.stats);
+      // Peers' sums were decayed to their exchange time; bring them to `now` like the local ones.
+      if (peers !== undefined && this.#remoteAt !== null)
+        sum.addStats(peers, local.decayFactor(now - this.#remoteAt));
+      return sum;
+    };
+    const ttft = combine(be.ttftFit, remote?.ttft, TTFT_FEATURES);
+    const tpot = combine(be.tpotFit, remote?.tpot, TPOT_FEATURES);
+    const value: FitCache = {
+      ttft: ttft.solve(this.#minSamples),
+      tpot: tpot.solve(this.#minSamples),
+      ttftError: errorOf(ttft),
+      tpotError: errorOf(tpot),
+    };
+    this.#fitCache.set(name, { key, value });
+    return value;
+  }
+}
+
+/** Quantiles straight over the parts' bins: nothing is summed into a new histogram. */
+function latencyView(parts: readonly WindowTotals[]): LatencyView {
+  const counters = { requests: 0, promptTokens: 0, completionTokens: 0 };
+  for (const p of parts) {
+    counters.requests += p.counters.requests;
+    counters.promptTokens += p.counters.promptTokens;
+    counters.completionTokens += p.counters.completionTokens;
+  }
+  return {
+    ttft: quantiles(parts.map((p) => p.hist.ttft)),
+    tpot: quantiles(parts.map((p) => p.hist.tpot)),
+    queue: quantiles(parts.map((p) => p.hist.queue)),
+    ...counters,
+  };
+}
+
+function errorOf(stats: FitStats): FitError {
+  const e = stats.error();
+  return { mape: e.mape, bias: e.bias };
+}
+
+function relativeError(predicted: number, actual: number): number {
+  return (predicted - actual) / Math.max(actual, MIN_RELATIVE_ERROR_BASE_MS);
+}
+
+function nonNegative(v: number): number {
+  return Number.isFinite(v) && v > 0 ? v : 0;
+}
+
+function defaultInstanceId(): string {
+  return `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
+}

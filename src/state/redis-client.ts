@@ -1,0 +1,68 @@
+// The ioredis client for the shared state, built so that Redis can never hold a request or the
+// process back (research/reliability.md §4):
+// - enableOfflineQueue false: while disconnected a command fails at once instead of queueing
+//   without bound (ioredis #76) and being replayed on reconnect;
+// - autoResendUnfulfilledCommands false: a command sent just before the connection dropped is not
+//   resent either, so nothing from before an outage reaches Redis after it;
+// - commandTimeout and connectTimeout from the config; maxRetriesPerRequest 1;
+// - lazyConnect: constructing the client never throws and never blocks startup;
+// - reconnect forever, backing off to 1 s, so recovery is noticed within about a second.
+// The caller must attach an 'error' listener (RedisSync does) or ioredis logs unhandled errors.
+
+import { Cluster, Redis, type RedisOptions } from 'ioredis';
+import type { RedisStateConfig } from '../config/index.ts';
+
+export type StateRedisClient = Redis | Cluster;
+
+const RECONNECT_CAP_MS = 1_000;
+
+function safeOptions(cfg: RedisStateConfig): RedisOptions {
+  return {
+    lazyConnect: true,
+    enableOfflineQueue: false,
+    autoResendUnfulfilledCommands: false,
+    enableAutoPipelining: false,
+    maxRetriesPerRequest: 1,
+    commandTimeout: cfg.command_timeout_ms,
+    connectTimeout: cfg.connect_timeout_ms,
+    retryStrategy: (times: number) => Math.min(100 * times, RECONNECT_CAP_MS),
+  };
+}
+
+/** host:port (IPv6 hosts in brackets) as ioredis wants it. */
+function node(hostPort: string): { host: string; port: number } {
+  const i = hostPort.lastIndexOf(':');
+  return { host: hostPort.slice(0, i).replace(/^\[|\]$/g, ''), port: Number(hostPort.slice(i + 1)) };
+}
+
+/** The config's `topology` picks the client: standalone, through sentinels, or a cluster. */
+export function createRedisClient(cfg: RedisStateConfig): StateRedisClient {
+  const options = safeOptions(cfg);
+  if (cfg.topology === 'standalone') return new Redis(cfg.redis_url, options);
+  if (cfg.topology === 'sentinel') {
+    // ioredis takes credentials and db from the URL and, given `sentinels`, ignores its host.
+    return new Redis(cfg.redis_url, {
+      ...options,
+      sentinels: cfg.sentinels.map(node),
+      name: cfg.sentinel_name,
+      sentinelRetryStrategy: (times: number) => Math.min(100 * times, RECONNECT_CAP_MS),
+    });
+  }
+  const url = new URL(cfg.redis_url);
+  const seed =
+    cfg.cluster_nodes.length > 0
+      ? cfg.cluster_nodes.map(node)
+      : [{ host: url.hostname, port: Number(url.port || 6379) }];
+  const { lazyConnect, enableOfflineQueue, retryStrategy, ...nodeOptions } = options;
+  return new Cluster(seed, {
+    lazyConnect,
+    enableOfflineQueue,
+    clusterRetryStrategy: retryStrategy,
+    redisOptions: {
+      ...nodeOptions,
+      ...(url.username ? { username: decodeURIComponent(url.username) } : {}),
+      ...(url.password ? { password: decodeURIComponent(url.password) } : {}),
+      ...(url.protocol === 'rediss:' ? { tls: {} } : {}),
+    },
+  });
+}

@@ -1,0 +1,220 @@
+// Scrapes each backend's vLLM /metrics on its own loop: one small GET per backend per interval,
+// never two at once for one backend, each bounded by a timeout and a body-size cap.
+//
+// Invariants:
+// - STALE MEANS SATURATED (research/reliability.md item 16, after the EPP): a backend never
+//   scraped, or whose last good scrape is older than `staleAfterMs`, reports `saturated: true`, so
+//   a router never mistakes a silent backend for an idle one;
+// - after close() resolves the scraper owns no timer, socket or in-flight request.
+
+import { Agent, request } from 'undici';
+import { parseVllmMetrics, type VllmMetrics } from './vllm-metrics.ts';
+
+export interface ScrapeTarget {
+  name: string;
+  /** Base URL of the backend's OpenAI server; metrics are read from `<url>/metrics`. */
+  url: string;
+}
+
+export interface BackendTelemetry {
+  running: number | null;
+  waiting: number | null;
+  /** 0–1. */
+  kvCacheUsage: number | null;
+  /** Prefix cache lookups and hits in tokens since the engine started. */
+  prefixQueries: number | null;
+  prefixHits: number | null;
+  /** Hits / queries between the last two scrapes that saw lookups; else since the engine started. */
+  prefixHitRate: number | null;
+  blockSize: number | null;
+  numGpuBlocks: number | null;
+  /** Clock time (the `now` option) of the last good scrape; null if never. */
+  scrapedAt: number | null;
+  ageMs: number | null;
+  /** Never scraped, or the data is older than the staleness threshold. */
+  saturated: boolean;
+  lastError: string | null;
+  consecutiveFailures: number;
+}
+
+export interface ScraperOptions {
+  intervalMs: number;
+  /** Data older than this marks the backend saturated. Default 3 × intervalMs. */
+  staleAfterMs?: number;
+  /** Bound on one scrape (connect to last byte). Default max(100 ms, 2 × intervalMs). */
+  timeoutMs?: number;
+  /** A larger /metrics body is refused. Default 8 MiB (vLLM's is tens of KiB). */
+  maxBodyBytes?: number;
+  now?: () => number;
+}
+
+interface TargetState {
+  name: string;
+  metricsUrl: string;
+  metrics: VllmMetrics | null;
+  prefixHitRate: number | null;
+  scrapedAt: number | null;
+  lastError: string | null;
+  consecutiveFailures: number;
+  timer: NodeJS.Timeout | null;
+  inflight: { abort: AbortController; done: Promise<void> } | null;
+  removed: boolean;
+}
+
+export class TelemetryScraper {
+  readonly staleAfterMs: number;
+  readonly #intervalMs: number;
+  readonly #timeoutMs: number;
+  readonly #maxBodyBytes: number;
+  readonly #now: () => number;
+  readonly #agent = new Agent({ connections: 2, keepAliveTimeout: 10_000 });
+  readonly #targets = new Map<string, TargetState>();
+  #closed = false;
+
+  constructor(opts: ScraperOptions, targets: readonly ScrapeTarget[] = []) {
+    this.#intervalMs = opts.intervalMs;
+    this.staleAfterMs = opts.staleAfterMs ?? 3 * opts.intervalMs;
+    this.#timeoutMs = opts.timeoutMs ?? Math.max(100, 2 * opts.intervalMs);
+    this.#maxBodyBytes = opts.maxBodyBytes ?? 8 * 1024 * 1024;
+    this.#now = opts.now ?? Date.now;
+    this.setTargets(targets);
+  }
+
+  /** Starts scraping new targets at once, stops removed ones; a changed URL starts afresh. */
+  setTargets(targets: readonly ScrapeTarget[]): void {
+    if (this.#closed) return;
+    const wanted = new Map(targets.map((t) => [t.name, metricsUrl(t.url)]));
+    for (const [name, t] of this.#targets) {
+      if (wanted.get(name) !== t.metricsUrl) this.#stop(t);
+    }
+    for (const [name, url] of wanted) {
+      if (this.#targets.has(name)) continue;
+      const t: TargetState = {
+        name,
+        metricsUrl: url,
+        metrics: null,
+        prefixHitRate: null,
+        scrapedAt: null,
+        lastError: null,
+        consecutiveFailures: 0,
+        timer: null,
+        inflight: null,
+        removed: false,
+      };
+      this.#targets.set(name, t);
+      void this.#run(t);
+    }
+  }
+
+  get(name: string): BackendTelemetry | undefined {
+    const t = this.#targets.get(name);
+    if (t === undefined) return undefined;
+    const m = t.metrics;
+    const ageMs = t.scrapedAt === null ? null : Math.max(0, this.#now() - t.scrapedAt);
+    return {
+      running: m?.running ?? null,
+      waiting: m?.waiting ?? null,
+      kvCacheUsage: m?.kvCacheUsage ?? null,
+      prefixQueries: m?.prefixQueries ?? null,
+      prefixHits: m?.prefixHits ?? null,
+      prefixHitRate: t.prefixHitRate,
+      blockSize: m?.blockSize ?? null,
+      numGpuBlocks: m?.numGpuBlocks ?? null,
+      scrapedAt: t.scrapedAt,
+      ageMs,
+      saturated: ageMs === null || ageMs > this.staleAfterMs,
+      lastError: t.lastError,
+      consecutiveFailures: t.consecutiveFailures,
+    };
+  }
+
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    const pending = [...this.#targets.values()].map((t) => this.#stop(t));
+    await Promise.all(pending);
+    await this.#agent.destroy();
+  }
+
+  #stop(t: TargetState): Promise<void> {
+    t.removed = true;
+    if (this.#targets.get(t.name) === t) this.#targets.delete(t.name);
+    if (t.timer !== null) clearTimeout(t.timer);
+    t.timer = null;
+    if (t.inflight === null) return Promise.resolve();
+    t.inflight.abort.abort(new Error('scrape target removed'));
+    return t.inflight.done;
+  }
+
+  async #run(t: TargetState): Promise<void> {
+    t.timer = null;
+    if (t.removed) return;
+    const started = performance.now();
+    const abort = new AbortController();
+    const deadline = setTimeout(
+      () => abort.abort(new Error(`scrape timed out after ${this.#timeoutMs} ms`)),
+      this.#timeoutMs,
+    );
+    const done = this.#scrape(t, abort.signal).finally(() => clearTimeout(deadline));
+    t.inflight = { abort, done };
+    await done;
+    t.inflight = null;
+    if (t.removed || this.#closed) return;
+    const wait = Math.max(0, this.#intervalMs - (performance.now() - started));
+    t.timer = setTimeout(() => void this.#run(t), wait);
+    t.timer.unref();
+  }
+
+  async #scrape(t: TargetState, signal: AbortSignal): Promise<void> {
+    try {
+      const res = await request(t.metricsUrl, { dispatcher: this.#agent, signal });
+      if (res.statusCode !== 200) {
+        await res.body.dump();
+        throw new Error(`/metrics answered ${res.statusCode}`);
+      }
+      const chunks: Buffer[] = [];
+      let size = 0;
+      for await (const chunk of res.body) {
+        size += (chunk as Buffer).length;
+        if (size > this.#maxBodyBytes) {
+          res.body.destroy();
+          throw new Error(`/metrics body over ${this.#maxBodyBytes} bytes`);
+        }
+        chunks.push(chunk as Buffer);
+      }
+      const metrics = parseVllmMetrics(Buffer.concat(chunks).toString('utf8'));
+      if (metrics.running === null && metrics.waiting === null) {
+        throw new Error('/metrics has no vllm:num_requests_running or vllm:num_requests_waiting');
+      }
+      if (t.removed) return;
+      t.prefixHitRate = hitRate(t.metrics, metrics, t.prefixHitRate);
+      t.metrics = metrics;
+      t.scrapedAt = this.#now();
+      t.lastError = null;
+      t.consecutiveFailures = 0;
+    } catch (e) {
+      const reason = signal.aborted ? signal.reason : e;
+      t.lastError = reason instanceof Error ? reason.message : String(reason);
+      t.consecutiveFailures++;
+    }
+  }
+}
+
+function metricsUrl(base: string): string {
+  return `${base.replace(/\/+$/, '')}/metrics`;
+}
+
+/** Hit rate over the last interval that saw lookups; else the previous one; else since start. */
+function hitRate(prev: VllmMetrics | null, cur: VllmMetrics, prevRate: number | null): number | null {
+  const q = cur.prefixQueries;
+  const h = cur.prefixHits;
+  if (q === null || h === null) return cur.prefixHitRateGauge;
+  const pq = prev?.prefixQueries;
+  const ph = prev?.prefixHits;
+  // A counter that went down means the engine restarted: the old values say nothing any more.
+  if (pq != null && ph != null && q >= pq && h >= ph) {
+    if (q > pq) return (h - ph) / (q - pq);
+    if (prevRate !== null) return prevRate;
+  }
+  return q > 0 ? h / q : null;
+}

@@ -1,0 +1,111 @@
+// The compact state one instance publishes each refresh: its in-flight counts, its window totals
+// and its fit sums per backend. A snapshot is STATE, never a delta: writing the current one after
+// an outage brings peers up to date at once, and nothing accumulated while Redis was down is
+// replayed (there is nothing to replay).
+//
+// Wire form (JSON):
+//   { "v": 1, "b": { <backend>: { "f": [requests, promptTokens, expectedOutputTokens, pendingPrefill],
+//                                 "w": { <class>: { "t": hist, "o": hist, "q": hist,
+//                                                   "n": [requests, promptTokens, completionTokens] } },
+//                                 "p": ttftFitSums, "d": tpotFitSums } } }
+//   hist = [count, sum, bin, n, bin, n, ...]   (see histogram.ts; t = TTFT, o = TPOT, q = queue)
+
+import { type BackendState, RemoteBackend } from './backend-state.ts';
+import type { LatencyMetric } from './window.ts';
+
+const VERSION = 1;
+const WIRE: Record<LatencyMetric, 't' | 'o' | 'q'> = { ttft: 't', tpot: 'o', queue: 'q' };
+
+export function encodeSnapshot(backends: Iterable<BackendState>, now: number): string {
+  const b: Record<string, unknown> = {};
+  for (const be of backends) {
+    const w: Record<string, unknown> = {};
+    for (const [cls, win] of be.windows) {
+      win.advance(now);
+      if (win.empty) continue;
+      const t = win.total;
+      w[cls] = {
+        t: t.hist.ttft.encode(),
+        o: t.hist.tpot.encode(),
+        q: t.hist.queue.encode(),
+        n: [t.counters.requests, t.counters.promptTokens, t.counters.completionTokens],
+      };
+    }
+    be.ttftFit.decayTo(now);
+    be.tpotFit.decayTo(now);
+    const f = be.inflight;
+    b[be.name] = {
+      f: [f.requests, f.promptTokens, f.expectedOutputTokens, f.pendingPrefillTokens],
+      w,
+      p: be.ttftFit.stats.encode(),
+      d: be.tpotFit.stats.encode(),
+    };
+  }
+  return JSON.stringify({ v: VERSION, b });
+}
+
+/**
+ * Sums peers' snapshots per backend. A snapshot that does not parse or has another version is
+ * skipped whole; a malformed part of one is skipped on its own. Returns how many snapshots counted.
+ */
+export function mergeSnapshots(texts: readonly string[], into: Map<string, RemoteBackend>): number {
+  let merged = 0;
+  for (const text of texts) {
+    let snap: unknown;
+    try {
+      snap = JSON.parse(text);
+    } catch {
+      continue;
+    }
+    if (!isObject(snap) || snap.v !== VERSION || !isObject(snap.b)) continue;
+    merged++;
+    for (const [name, raw] of Object.entries(snap.b)) {
+      if (!isObject(raw)) continue;
+      let remote = into.get(name);
+      if (remote === undefined) {
+        remote = new RemoteBackend();
+        into.set(name, remote);
+      }
+      addInflight(remote, raw.f);
+      if (isObject(raw.w)) {
+        for (const [cls, win] of Object.entries(raw.w)) {
+          if (!isObject(win)) continue;
+          const totals = remote.classTotals(cls);
+          if (totals === undefined) continue;
+          for (const [metric, key] of Object.entries(WIRE) as [LatencyMetric, string][]) {
+            totals.hist[metric].addEncoded(win[key]);
+          }
+          const n = win.n;
+          if (isCounts(n, 3)) {
+            totals.counters.requests += n[0] as number;
+            totals.counters.promptTokens += n[1] as number;
+            totals.counters.completionTokens += n[2] as number;
+          }
+        }
+      }
+      remote.ttft.addEncoded(raw.p);
+      remote.tpot.addEncoded(raw.d);
+    }
+  }
+  return merged;
+}
+
+function addInflight(remote: RemoteBackend, f: unknown): void {
+  if (!isCounts(f, 4)) return;
+  remote.inflight.requests += f[0] as number;
+  remote.inflight.promptTokens += f[1] as number;
+  remote.inflight.expectedOutputTokens += f[2] as number;
+  remote.inflight.pendingPrefillTokens += f[3] as number;
+}
+
+function isCounts(v: unknown, n: number): v is number[] {
+  return (
+    Array.isArray(v) &&
+    v.length === n &&
+    v.every((x) => typeof x === 'number' && Number.isFinite(x) && x >= 0)
+  );
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}

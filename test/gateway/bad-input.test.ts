@@ -1,0 +1,301 @@
+// Bad input and hostile clients at the gateway's front door, and what never passes through it in
+// either direction. Checklist items (research/reliability.md): 26, 27, 28, 29, 30.
+import { createHash } from 'node:crypto';
+import http from 'node:http';
+import { afterEach, describe, expect, it } from 'vitest';
+import { getProfile } from '../../src/sim/profiles.ts';
+import { SimReplica } from '../../src/sim/replica.ts';
+import {
+  chat,
+  chatStreamText,
+  get,
+  type Hit,
+  MODEL,
+  post,
+  replicaRequests,
+  type Script,
+  scripted,
+  send,
+  startTestGateway,
+  type TestGateway,
+} from './harness.ts';
+
+const CHAT = '/v1/chat/completions';
+const cleanups: (() => Promise<void>)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+async function gateway(opts: Parameters<typeof startTestGateway>[0]): Promise<TestGateway> {
+  const t = await startTestGateway(opts);
+  cleanups.push(() => t.close());
+  return t;
+}
+
+async function backend(script: Script): Promise<{ url: string; hits: Hit[] }> {
+  const b = await scripted(script);
+  cleanups.push(() => b.close());
+  return b;
+}
+
+const healthyStream: Script = (_req, res) => {
+  res.writeHead(200, {
+    'content-type': 'text/event-stream; charset=utf-8',
+    'x-upstream-secret': 'upstream-header-secret',
+    server: 'uvicorn',
+  });
+  res.end(chatStreamText(3));
+};
+
+const errorOf = (text: string) => (JSON.parse(text) as { error: { code: string; type: string } }).error;
+
+describe('26: body limits and prototype poisoning', () => {
+  it('an oversized body → 413 body_too_large, refused, never proxied', async () => {
+    const t = await gateway({ replicas: 1, config: { server: { body_limit_bytes: 4096 } } });
+    const res = await post(t.url, CHAT, chat({ messages: [{ role: 'user', content: 'x'.repeat(8000) }] }), {
+      'x-request-id': 'big-1',
+    });
+    expect(res.status).toBe(413);
+    expect(errorOf(res.text).code).toBe('body_too_large');
+    expect(await t.recordOf('big-1')).toMatchObject({ outcome: 'refused', reason: 'body_too_large' });
+    expect(await replicaRequests(t.fleet!.urls[0]!)).toBe(0);
+  });
+
+  it('__proto__ / constructor.prototype keys, bad JSON, a non-object body → 400', async () => {
+    const t = await gateway({ replicas: 1 });
+    const bodies = [
+      `{"model":"${MODEL}","messages":[{"role":"user","content":"hi"}],"__proto__":{"admin":true}}`,
+      `{"model":"${MODEL}","messages":[{"role":"user","content":"hi"}],"constructor":{"prototype":{"x":1}}}`,
+      '{"model":',
+      '[1,2,3]',
+      `{"model":"${MODEL}","messages":"not a list"}`,
+      `{"model":"${MODEL}","messages":[{"role":"user","content":"hi"}],"max_tokens":-3}`,
+    ];
+    for (const [i, body] of bodies.entries()) {
+      const res = await post(t.url, CHAT, body, { 'x-request-id': `poison-${i}` });
+      expect(res.status, body).toBe(400);
+      expect(errorOf(res.text)).toMatchObject({ code: 'invalid_request', type: 'invalid_request_error' });
+      expect(await t.recordOf(`poison-${i}`)).toMatchObject({
+        outcome: 'refused',
+        reason: 'invalid_request',
+      });
+    }
+    expect(({} as Record<string, unknown>).admin).toBeUndefined();
+    expect(await replicaRequests(t.fleet!.urls[0]!)).toBe(0);
+  });
+});
+
+describe('27: context length', () => {
+  it('a prompt over the backend context length → 400, never dispatched', async () => {
+    const replica = await SimReplica.start({
+      profile: { ...getProfile('llama3-8b-h100'), maxModelLen: 256 },
+      timeScale: 0.1,
+    });
+    cleanups.push(() => replica.close());
+    const t = await gateway({ backends: [{ name: 'small', url: replica.url }] });
+    expect(JSON.parse((await get(t.url, '/v1/models')).text).data[0].max_model_len).toBe(256);
+    const longPrompt = 'The quick brown fox jumps over the lazy dog. '.repeat(40);
+    const over = await post(t.url, CHAT, chat({ messages: [{ role: 'user', content: longPrompt }] }), {
+      'x-request-id': 'ctx-1',
+    });
+    expect(over.status).toBe(400);
+    expect(errorOf(over.text).code).toBe('invalid_request');
+    expect(over.text).toContain('maximum context length is 256 tokens');
+    // Prompt fits, but not with the completion asked for.
+    const withMax = await post(
+      t.url,
+      '/v1/completions',
+      { model: MODEL, prompt: 'Hello there', max_tokens: 300 },
+      { 'x-request-id': 'ctx-2' },
+    );
+    expect(withMax.status).toBe(400);
+    expect(await t.recordOf('ctx-1')).toMatchObject({ outcome: 'refused', reason: 'invalid_request' });
+    expect((await t.recordOf('ctx-2')).prompt_tokens_est).toBeGreaterThan(0);
+    expect(await replicaRequests(replica.url)).toBe(0);
+    expect(replica.stats().engine.promptTokens).toBe(0);
+    // A request that fits is served.
+    expect((await post(t.url, CHAT, chat({ max_tokens: 10 }))).status).toBe(200);
+  });
+});
+
+describe('28: keys and the route allowlist', () => {
+  const sha = (k: string) => createHash('sha256').update(k).digest('hex');
+  const tenants = [
+    {
+      name: 'team-a',
+      api_key_sha256: sha('key-a'),
+      class: 'interactive',
+      allowed_classes: ['interactive', 'batch'],
+    },
+    { name: 'team-b', api_key_sha256: sha('key-b'), class: 'batch' },
+  ];
+
+  it('a bad or missing key → 401; a good key works and names its tenant and class', async () => {
+    const t = await gateway({ replicas: 1, config: { tenants } });
+    for (const [i, auth] of [undefined, 'Bearer wrong', 'key-a', 'Basic a2V5LWE='].entries()) {
+      const headers: http.OutgoingHttpHeaders = { 'x-request-id': `auth-${i}` };
+      if (auth !== undefined) headers.authorization = auth;
+      const res = await post(t.url, CHAT, chat(), headers);
+      expect(res.status, String(auth)).toBe(401);
+      expect(errorOf(res.text)).toMatchObject({ code: 'invalid_api_key', type: 'authentication_error' });
+      expect(await t.recordOf(`auth-${i}`)).toMatchObject({ outcome: 'refused', reason: 'invalid_api_key' });
+    }
+    const a = await post(t.url, CHAT, chat(), { authorization: 'Bearer key-a', 'x-slagate-class': 'batch' });
+    expect(a.status).toBe(200);
+    expect(a.headers['x-slagate-class']).toBe('batch');
+    // team-b may not pick interactive: its own class is kept.
+    const b = await post(t.url, CHAT, chat(), {
+      authorization: 'Bearer key-b',
+      'x-slagate-class': 'interactive',
+      'x-request-id': 'auth-b',
+    });
+    expect(b.status).toBe(200);
+    expect(b.headers['x-slagate-class']).toBe('batch');
+    expect(await t.recordOf('auth-b')).toMatchObject({ tenant: 'team-b', class: 'batch', outcome: 'ok' });
+    // The key never reaches the log.
+    const log = JSON.stringify(await t.records());
+    expect(log).not.toContain('key-a');
+    expect(log).not.toContain('key-b');
+  });
+
+  it('/pause, /tokenize, /v1/foo, /health and wrong methods → 404 from the gateway, never proxied', async () => {
+    const b = await backend(healthyStream);
+    const t = await gateway({ backends: [{ name: 'b0', url: b.url }] });
+    const probes: [string, string][] = [
+      ['POST', '/pause'],
+      ['POST', '/abort_requests'],
+      ['POST', '/tokenize'],
+      ['POST', '/v1/foo'],
+      ['GET', '/health'],
+      ['GET', '/version'],
+      ['GET', '/v1/chat/completions'],
+      ['POST', '/v1/chat/completions/../../tokenize'],
+    ];
+    for (const [method, path] of probes) {
+      const res = await send(t.url, method, path, method === 'POST' ? {} : undefined);
+      expect(res.status, `${method} ${path}`).toBe(404);
+      expect(errorOf(res.text).code).toBe('route_not_found');
+    }
+    // Only the gateway's own probes reached the backend.
+    expect(b.hits).toHaveLength(0);
+    const v1 = (await t.records()).filter((r) => r.reason === 'route_not_found');
+    // Paths under /v1 are inference-shaped, so they get an admission record; the others do not.
+    expect(v1.length).toBe(probes.filter(([, p]) => p.startsWith('/v1/')).length);
+  });
+});
+
+describe('29: headers that must not pass', () => {
+  it('client x-slagate-* headers do not steer; credentials and hop-by-hop headers do not reach upstream', async () => {
+    const b0 = await backend(healthyStream);
+    const b1 = await backend(healthyStream);
+    const t = await gateway({
+      backends: [
+        { name: 'b0', url: b0.url },
+        { name: 'b1', url: b1.url },
+      ],
+    });
+    const served: string[] = [];
+    for (let i = 0; i < 4; i++) {
+      const res = await rawPost(t.url, CHAT, JSON.stringify(chat({ stream: true })), {
+        'x-slagate-backend': 'b1',
+        'x-slagate-queue-ms': '999',
+        'x-slagate-internal': 'steer-me',
+        authorization: 'Bearer client-secret',
+        cookie: 'session=client-cookie',
+        'proxy-authorization': 'Basic cHJveHk=',
+        connection: 'keep-alive, x-custom-hop',
+        'x-custom-hop': 'hop-value',
+        'keep-alive': 'timeout=99',
+        te: 'trailers',
+        'transfer-encoding': 'chunked',
+        'x-forwarded-for': '6.6.6.6',
+        'x-request-id': `hdr-${i}`,
+      });
+      expect(res.status).toBe(200);
+      served.push(res.headers['x-slagate-backend'] as string);
+      expect(res.headers['x-slagate-queue-ms']).toBe('0');
+      expect(res.headers['x-upstream-secret']).toBeUndefined();
+      expect(res.headers.server).toBeUndefined();
+    }
+    // Round robin over both backends, whatever the client asked for.
+    expect(new Set(served)).toEqual(new Set(['b0', 'b1']));
+    const hits = [...b0.hits, ...b1.hits];
+    expect(hits).toHaveLength(4);
+    const allowed = new Set([
+      'host',
+      'connection',
+      'content-length',
+      'content-type',
+      'accept',
+      'x-request-id',
+    ]);
+    for (const hit of hits) {
+      expect(Object.keys(hit.headers).filter((h) => !allowed.has(h))).toEqual([]);
+      expect(hit.headers.connection ?? 'keep-alive').toBe('keep-alive');
+      expect(JSON.stringify(hit.rawHeaders)).not.toMatch(
+        /client-secret|client-cookie|hop-value|6\.6\.6\.6|steer-me/,
+      );
+    }
+    expect(hits.map((h) => h.headers['x-request-id']).sort()).toEqual(['hdr-0', 'hdr-1', 'hdr-2', 'hdr-3']);
+  });
+});
+
+describe('30: upstream error bodies', () => {
+  it('an upstream 500 (or 400) body with a secret never reaches the client', async () => {
+    const secret = 'Traceback: /opt/vllm/secret_path.py token=sk-live-SECRET';
+    let status = 500;
+    const b = await backend((_req, res) => {
+      res.writeHead(status, { 'content-type': 'application/json', 'x-upstream-secret': 'hdr' });
+      res.end(JSON.stringify({ error: { message: secret, type: 'InternalServerError', code: status } }));
+    });
+    const t = await gateway({ backends: [{ name: 'b0', url: b.url }], config: { upstream: { retries: 0 } } });
+    for (const stream of [false, true]) {
+      status = 500;
+      const res = await post(t.url, CHAT, chat({ stream }), { 'x-request-id': `secret-500-${stream}` });
+      expect(res.status).toBe(502);
+      expect(res.text).not.toContain('SECRET');
+      expect(res.text).not.toContain('secret_path');
+      expect(res.headers['x-upstream-secret']).toBeUndefined();
+      expect(errorOf(res.text).code).toBe('upstream_error');
+      status = 400;
+      const rejected = await post(t.url, CHAT, chat({ stream }), { 'x-request-id': `secret-400-${stream}` });
+      expect(rejected.status).toBe(400);
+      expect(rejected.text).not.toContain('SECRET');
+    }
+    // The record says why, without the upstream body's secret either.
+    const recs = await t.records();
+    expect(recs).toHaveLength(4);
+    expect(JSON.stringify(recs.filter((r) => r.req_id.startsWith('secret-500')))).not.toContain('SECRET');
+  });
+});
+
+/** A POST with exactly the given headers (node:http would refuse some of them on its own agent). */
+function rawPost(
+  base: string,
+  path: string,
+  body: string,
+  headers: http.OutgoingHttpHeaders,
+): Promise<{ status: number; headers: http.IncomingHttpHeaders; text: string }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request(
+      `${base}${path}`,
+      { method: 'POST', agent: false, headers: { 'content-type': 'application/json', ...headers } },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () =>
+          resolve({
+            status: res.statusCode ?? 0,
+            headers: res.headers,
+            text: Buffer.concat(chunks).toString('utf8'),
+          }),
+        );
+        res.on('error', reject);
+      },
+    );
+    req.on('error', reject);
+    // Chunked, as the transfer-encoding header says.
+    req.write(body.slice(0, 10));
+    req.end(body.slice(10));
+  });
+}

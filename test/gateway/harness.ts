@@ -1,0 +1,393 @@
+// A real gateway for the gateway-level tests: startGateway on 127.0.0.1:0 in front of a simulated
+// fleet (or scripted node:http backends), its admission log in a temporary file, and raw HTTP
+// clients that can read a stream incrementally and hang up mid-way.
+import { once } from 'node:events';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { stringify } from 'yaml';
+import { type Config, parseConfig } from '../../src/config/index.ts';
+import { type Gateway, startGateway } from '../../src/gateway.ts';
+import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
+import type { AdmissionRecord } from '../../src/telemetry/admission-log.ts';
+
+export const MODEL = 'meta-llama/Llama-3.1-8B-Instruct';
+
+export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+type Json = Record<string, unknown>;
+
+function isObject(v: unknown): v is Json {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/** Objects merge key by key; anything else in `over` replaces. */
+export function merge(base: Json, over: Json): Json {
+  const out: Json = { ...base };
+  for (const [k, v] of Object.entries(over)) {
+    const b = out[k];
+    out[k] = isObject(b) && isObject(v) ? merge(b, v) : v;
+  }
+  return out;
+}
+
+/** A temporary directory removed by the returned function. */
+export function tempDir(): { dir: string; remove(): void } {
+  const dir = mkdtempSync(join(tmpdir(), 'slagate-gw-'));
+  return { dir, remove: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+/** Test defaults: quiet logs, short timeouts, probes often, no ejection unless a test asks. */
+export function baseConfig(backends: { name: string; url: string }[], admissionLog: string): Json {
+  return {
+    server: { host: '127.0.0.1', port: 0, shutdown_grace_ms: 3000 },
+    models: [MODEL],
+    backends,
+    router: { policy: 'round_robin' },
+    upstream: {
+      connect_timeout_ms: 500,
+      first_token_timeout_ms: 2000,
+      idle_timeout_ms: 2000,
+      health_interval_ms: 100,
+      outlier: { consecutive_failures: 100 },
+      breaker: { volume_threshold: 1000 },
+    },
+    logging: { level: 'error', admission_log: admissionLog },
+  };
+}
+
+export function toConfig(obj: Json): Config {
+  return parseConfig(stringify(obj), 'test.yaml');
+}
+
+export interface TestGatewayOptions {
+  /** Simulated replicas named r0, r1, ...; ignored when `backends` is given. */
+  replicas?: number;
+  timeScale?: number;
+  /** Backends instead of a fleet (e.g. scripted servers). */
+  backends?: { name: string; url: string }[];
+  /** Deep-merged over baseConfig. */
+  config?: Json;
+  /** Start from a file (watched) instead of a Config object. */
+  viaFile?: boolean;
+}
+
+export interface TestGateway {
+  gw: Gateway;
+  url: string;
+  fleet: Fleet | null;
+  dir: string;
+  configPath: string;
+  /** Every admission record written so far (flushes first). */
+  records(): Promise<AdmissionRecord[]>;
+  /** The record of one request id (exactly one must exist). */
+  recordOf(reqId: string): Promise<AdmissionRecord>;
+  close(): Promise<void>;
+}
+
+export async function startTestGateway(opts: TestGatewayOptions = {}): Promise<TestGateway> {
+  const tmp = tempDir();
+  const fleet =
+    opts.backends === undefined
+      ? await startFleet({
+          replicas: opts.replicas ?? 2,
+          profile: 'llama3-8b-h100',
+          timeScale: opts.timeScale ?? 0.1,
+        })
+      : null;
+  const backends = opts.backends ?? fleet!.urls.map((url, i) => ({ name: `r${i}`, url }));
+  const admissionLog = join(tmp.dir, 'admission.log');
+  const obj = merge(baseConfig(backends, admissionLog), opts.config ?? {});
+  const configPath = join(tmp.dir, 'gateway.yaml');
+  writeFileSync(configPath, stringify(obj));
+  let gw: Gateway;
+  try {
+    gw = opts.viaFile
+      ? await startGateway({ configPath })
+      : await startGateway({ config: toConfig(obj), watch: false });
+  } catch (err) {
+    await fleet?.close();
+    tmp.remove();
+    throw err;
+  }
+  const records = async (): Promise<AdmissionRecord[]> => {
+    await gw.flushLogs();
+    return readRecords(admissionLog);
+  };
+  return {
+    gw,
+    url: gw.url,
+    fleet,
+    dir: tmp.dir,
+    configPath,
+    records,
+    async recordOf(reqId) {
+      const mine = (await records()).filter((r) => r.req_id === reqId);
+      if (mine.length !== 1) throw new Error(`${mine.length} records for ${reqId}`);
+      return mine[0]!;
+    },
+    async close() {
+      await gw.close();
+      await fleet?.close();
+      tmp.remove();
+    },
+  };
+}
+
+export function readRecords(path: string): AdmissionRecord[] {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch {
+    return [];
+  }
+  return text
+    .split('\n')
+    .filter((l) => l.trim() !== '')
+    .map((l) => JSON.parse(l) as AdmissionRecord & { kind?: string })
+    .filter((r) => r.kind === 'admission');
+}
+
+/** Polls until `fn` holds; throws after `timeoutMs`. */
+export async function waitFor(fn: () => boolean | Promise<boolean>, timeoutMs = 5000, what = 'condition') {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await fn())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(10);
+  }
+}
+
+// ---- raw HTTP clients (no pooling: every request its own connection) ----
+
+export interface RawResponse {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  text: string;
+}
+
+export function send(
+  base: string,
+  method: string,
+  path: string,
+  body?: unknown,
+  headers: http.OutgoingHttpHeaders = {},
+): Promise<RawResponse> {
+  return new Promise((resolve, reject) => {
+    const payload = body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body);
+    const req = http.request(
+      `${base}${path}`,
+      {
+        method,
+        agent: false,
+        headers: payload === undefined ? headers : { 'content-type': 'application/json', ...headers },
+      },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () =>
+          resolve({
+            status: res.statusCode ?? 0,
+            headers: res.headers,
+            text: Buffer.concat(chunks).toString('utf8'),
+          }),
+        );
+        res.on('error', reject);
+      },
+    );
+    req.on('error', reject);
+    req.end(payload);
+  });
+}
+
+export const post = (base: string, path: string, body: unknown, headers?: http.OutgoingHttpHeaders) =>
+  send(base, 'POST', path, body, headers);
+
+export const get = (base: string, path: string) => send(base, 'GET', path);
+
+export function chat(extra: Json = {}): Json {
+  return {
+    model: MODEL,
+    messages: [{ role: 'user', content: 'Tell me about the sea.' }],
+    max_tokens: 8,
+    ...extra,
+  };
+}
+
+/** The `data:` payloads of an SSE body, in order. */
+export function sseData(text: string): string[] {
+  return text
+    .split('\n\n')
+    .filter((e) => e.startsWith('data: '))
+    .map((e) => e.slice('data: '.length));
+}
+
+/** A streaming request read as it arrives; `close()` hangs up. */
+export interface OpenStream {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  received(): string;
+  /** Resolves when `pred(received)` holds; rejects when the response ends first or on timeout. */
+  until(pred: (text: string) => boolean, timeoutMs?: number): Promise<string>;
+  /** Resolves when the response is over; `complete` is false for a cut connection. */
+  ended: Promise<{ complete: boolean }>;
+  close(): void;
+}
+
+/** Sends a request and resolves at its response headers. `sent` resolves when the body is out. */
+export function openStream(
+  base: string,
+  path: string,
+  body: unknown,
+  headers: http.OutgoingHttpHeaders = {},
+): { response: Promise<OpenStream>; abort(): void } {
+  const req = http.request(`${base}${path}`, {
+    method: 'POST',
+    agent: false,
+    headers: { 'content-type': 'application/json', ...headers },
+  });
+  const response = new Promise<OpenStream>((resolve, reject) => {
+    req.on('error', reject);
+    req.on('response', (res) => {
+      let text = '';
+      const waiters = new Set<() => void>();
+      const ended = new Promise<{ complete: boolean }>((done) => {
+        res.on('end', () => done({ complete: true }));
+        res.on('close', () => done({ complete: res.complete }));
+        res.on('error', () => done({ complete: false }));
+      });
+      res.on('data', (c: Buffer) => {
+        text += c.toString('utf8');
+        for (const w of waiters) w();
+      });
+      resolve({
+        status: res.statusCode ?? 0,
+        headers: res.headers,
+        received: () => text,
+        ended,
+        close: () => req.destroy(),
+        until(pred, timeoutMs = 5000) {
+          return new Promise((ok, fail) => {
+            const cleanup = () => {
+              clearTimeout(timer);
+              waiters.delete(check);
+            };
+            const check = () => {
+              if (!pred(text)) return;
+              cleanup();
+              ok(text);
+            };
+            const timer = setTimeout(() => {
+              cleanup();
+              fail(new Error(`timed out; received ${JSON.stringify(text.slice(0, 300))}`));
+            }, timeoutMs);
+            waiters.add(check);
+            void ended.then(() => {
+              if (!waiters.has(check)) return;
+              check();
+              if (!waiters.has(check)) return;
+              cleanup();
+              fail(new Error(`stream ended; received ${JSON.stringify(text.slice(0, 300))}`));
+            });
+            check();
+          });
+        },
+      });
+    });
+  });
+  // A test that aborts before the response would otherwise leave an unhandled rejection.
+  response.catch(() => {});
+  req.end(JSON.stringify(body));
+  return { response, abort: () => req.destroy() };
+}
+
+// ---- the simulated replicas, seen from outside ----
+
+/** Requests a replica's engine has finished, for any reason (stop, length, abort, error). */
+export async function replicaRequests(replicaUrl: string): Promise<number> {
+  const res = await get(replicaUrl, '/metrics');
+  let n = 0;
+  for (const line of res.text.split('\n')) {
+    const m = /^vllm:request_success_total\{[^}]*\} (\S+)$/.exec(line);
+    if (m) n += Number(m[1]);
+  }
+  return n;
+}
+
+/** Aborted requests, as the replica counts them (finished_reason="abort"). */
+export async function replicaAborts(replicaUrl: string): Promise<number> {
+  const res = await get(replicaUrl, '/metrics');
+  const m = /^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$/m.exec(res.text);
+  return m ? Number(m[1]) : 0;
+}
+
+// ---- scripted backends ----
+
+export interface Hit {
+  headers: http.IncomingHttpHeaders;
+  rawHeaders: string[];
+  url: string;
+  body: string;
+}
+
+export type Script = (req: http.IncomingMessage, res: http.ServerResponse, hit: Hit) => void;
+
+/** A node:http "backend" that records every request and answers with `script` (GET /health: 200). */
+export async function scripted(
+  script: Script,
+): Promise<{ url: string; hits: Hit[]; close(): Promise<void> }> {
+  const hits: Hit[] = [];
+  const server = http.createServer(async (req, res) => {
+    const chunks: Buffer[] = [];
+    for await (const c of req) chunks.push(c as Buffer);
+    if (req.method === 'GET') {
+      res.writeHead(req.url === '/health' ? 200 : 404, { 'content-type': 'application/json' });
+      res.end(req.url === '/v1/models' ? '{"object":"list","data":[]}' : '');
+      return;
+    }
+    const hit: Hit = {
+      headers: req.headers,
+      rawHeaders: req.rawHeaders,
+      url: req.url ?? '',
+      body: Buffer.concat(chunks).toString('utf8'),
+    };
+    hits.push(hit);
+    script(req, res, hit);
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    hits,
+    close: async () => {
+      server.closeAllConnections();
+      server.close();
+      await once(server, 'close');
+    },
+  };
+}
+
+/** A whole vLLM-shaped chat stream of `n` tokens (usage included). */
+export function chatStreamText(n: number): string {
+  const frame = (o: unknown) => `data: ${JSON.stringify(o)}\n\n`;
+  const chunk = (delta: Json, finish: string | null) => ({
+    id: 'chatcmpl-x',
+    object: 'chat.completion.chunk',
+    created: 1,
+    model: MODEL,
+    choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
+  });
+  let out = frame(chunk({ role: 'assistant', content: '' }, null));
+  for (let i = 0; i < n; i++) out += frame(chunk({ content: ` t${i}` }, i === n - 1 ? 'length' : null));
+  out += frame({
+    id: 'chatcmpl-x',
+    object: 'chat.completion.chunk',
+    created: 1,
+    model: MODEL,
+    choices: [],
+    usage: { prompt_tokens: 5, total_tokens: 5 + n, completion_tokens: n },
+  });
+  return `${out}data: [DONE]\n\n`;
+}

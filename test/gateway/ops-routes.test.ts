@@ -1,0 +1,99 @@
+// The gateway's own routes after real traffic: /healthz, /readyz, /metrics (names and labels of
+// DESIGN section 6), /admin/state. None of them is proxied or writes an admission record.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { chat, get, post, startTestGateway, type TestGateway } from './harness.ts';
+
+let t: TestGateway;
+beforeAll(async () => {
+  t = await startTestGateway({ replicas: 2 });
+  for (let i = 0; i < 4; i++)
+    expect((await post(t.url, '/v1/chat/completions', chat({ stream: true }))).status).toBe(200);
+  expect((await post(t.url, '/v1/chat/completions', chat({ model: 'nope' }))).status).toBe(404);
+});
+afterAll(async () => {
+  await t.close();
+});
+
+/** The value of one sample line, e.g. `slagate_requests_total{class="interactive",...}`. */
+function sample(text: string, name: string, labels: Record<string, string>): number | undefined {
+  for (const line of text.split('\n')) {
+    if (!line.startsWith(`${name}{`)) continue;
+    const body = line.slice(name.length + 1, line.indexOf('}'));
+    const got = Object.fromEntries([...body.matchAll(/(\w+)="([^"]*)"/g)].map((m) => [m[1], m[2]]));
+    if (Object.entries(labels).every(([k, v]) => got[k] === v))
+      return Number(line.slice(line.lastIndexOf(' ') + 1));
+  }
+  return undefined;
+}
+
+describe('ops routes', () => {
+  it('/healthz is alive and /readyz ready with the healthy backend count', async () => {
+    const h = await get(t.url, '/healthz');
+    expect(h.status).toBe(200);
+    expect(JSON.parse(h.text)).toEqual({ status: 'alive' });
+    const r = await get(t.url, '/readyz');
+    expect(r.status).toBe(200);
+    expect(JSON.parse(r.text)).toEqual({ status: 'ready', healthy_backends: 2 });
+  });
+
+  it('/metrics exposes slagate_ series with class, backend, outcome and reason labels', async () => {
+    const res = await get(t.url, '/metrics');
+    expect(res.status).toBe(200);
+    expect(res.headers['content-type']).toMatch(/^text\/plain/);
+    const m = res.text;
+    const ok = (backend: string) =>
+      sample(m, 'slagate_requests_total', { class: 'interactive', backend, outcome: 'ok' }) ?? 0;
+    expect(ok('r0') + ok('r1')).toBe(4);
+    expect(ok('r0')).toBeGreaterThan(0);
+    expect(ok('r1')).toBeGreaterThan(0);
+    expect(
+      sample(m, 'slagate_admission_total', {
+        class: 'interactive',
+        decision: 'refused',
+        reason: 'model_not_found',
+      }),
+    ).toBe(1);
+    expect(
+      sample(m, 'slagate_admission_total', { class: 'interactive', decision: 'admitted', reason: 'ok' }),
+    ).toBe(4);
+    for (const h of ['ttft_seconds', 'e2e_seconds', 'itl_seconds', 'tpot_seconds']) {
+      const count = (b: string) => sample(m, `slagate_${h}_count`, { class: 'interactive', backend: b }) ?? 0;
+      expect(count('r0') + count('r1'), h).toBeGreaterThan(0);
+    }
+    // A bucket at the class's TTFT target (interactive: 500 ms).
+    expect(m).toMatch(/slagate_ttft_seconds_bucket\{[^}]*le="0\.5"/);
+    expect(sample(m, 'slagate_backend_healthy', { backend: 'r0' })).toBe(1);
+    expect(sample(m, 'slagate_backend_inflight', { backend: 'r1' })).toBe(0);
+    expect(m).toMatch(/^slagate_overhead_seconds_count \d+/m);
+    expect(m).toContain('slagate_sla_met_total');
+  });
+
+  it('/admin/state describes backends, router, models, limits', async () => {
+    const res = await get(t.url, '/admin/state');
+    expect(res.status).toBe(200);
+    const s = JSON.parse(res.text) as Record<string, unknown>;
+    expect(s).toMatchObject({
+      shutting_down: false,
+      in_flight: 0,
+      router: { policy: 'round_robin' },
+      state: { store: 'memory' },
+      models: [{ id: 'meta-llama/Llama-3.1-8B-Instruct', max_model_len: 131072 }],
+      sla: { default_class: 'interactive' },
+    });
+    expect(s.backends).toEqual([
+      { name: 'r0', url: t.fleet!.urls[0], weight: 1, state: 'healthy', available: true, inflight: 0 },
+      { name: 'r1', url: t.fleet!.urls[1], weight: 1, state: 'healthy', available: true, inflight: 0 },
+    ]);
+    // Nothing secret on it.
+    expect(res.text).not.toMatch(/api_key/);
+  });
+
+  it('ops routes write no admission record', async () => {
+    const n = (await t.records()).length;
+    await get(t.url, '/healthz');
+    await get(t.url, '/metrics');
+    await get(t.url, '/admin/state');
+    await get(t.url, '/v1/models');
+    expect((await t.records()).length).toBe(n);
+  });
+});

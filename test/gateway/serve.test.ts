@@ -1,0 +1,115 @@
+// `slagate serve` as a real child process and SIGTERM: new requests are refused with 503 at once,
+// an in-flight stream drains to completion (or is cut after a short grace period), the process
+// exits 0, and the admission log file holds every record. Checklist item 34.
+import { type ChildProcess, spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterEach, expect, it } from 'vitest';
+import { stringify } from 'yaml';
+import { chat, MODEL, openStream, post, readRecords, sseData, tempDir, waitFor } from './harness.ts';
+
+const CHAT = '/v1/chat/completions';
+const BIN = join(import.meta.dirname, '../../bin/slagate.js');
+
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+interface Served {
+  child: ChildProcess;
+  url: string;
+  log: string;
+  stderr(): string;
+  exited: Promise<number | null>;
+}
+
+async function serve(graceMs: number): Promise<Served> {
+  const dir = tempDir();
+  cleanups.push(dir.remove);
+  const log = join(dir.dir, 'admission.log');
+  const config = join(dir.dir, 'gateway.yaml');
+  writeFileSync(
+    config,
+    stringify({
+      server: { host: '127.0.0.1', port: 0, shutdown_grace_ms: graceMs },
+      models: [MODEL],
+      simulate: { replicas: 1, time_scale: 0.2 },
+      logging: { level: 'warn', admission_log: log },
+    }),
+  );
+  const child = spawn(process.execPath, [BIN, 'serve', '--config', config], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  const exited = once(child, 'exit').then(([code]) => code as number | null);
+  cleanups.push(() => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+  });
+  let stderr = '';
+  child.stderr!.setEncoding('utf8');
+  child.stderr!.on('data', (c: string) => {
+    stderr += c;
+  });
+  await waitFor(() => /serving on (http:\/\/\S+)/.test(stderr) || child.exitCode !== null, 15_000, 'serving');
+  const url = /serving on (http:\/\/\S+)/.exec(stderr)?.[1];
+  if (url === undefined) throw new Error(`slagate serve did not start:\n${stderr}`);
+  return { child, url, log, stderr: () => stderr, exited };
+}
+
+it('SIGTERM: refuse new requests, drain the in-flight stream, flush every record, exit 0', async () => {
+  const s = await serve(10_000);
+  for (let i = 0; i < 5; i++) {
+    expect((await post(s.url, CHAT, chat(), { 'x-request-id': `before-${i}` })).status).toBe(200);
+  }
+  // About 0.8 s of tokens: long enough to still be streaming when the 503 is checked.
+  const stream = await openStream(s.url, CHAT, chat({ stream: true, max_tokens: 600, ignore_eos: true }), {
+    'x-request-id': 'draining',
+  }).response;
+  await stream.until((text) => sseData(text).length >= 2);
+  s.child.kill('SIGTERM');
+  await waitFor(() => s.stderr().includes('SIGTERM, draining'), 5000, 'SIGTERM seen');
+  const refused = await post(s.url, CHAT, chat(), { 'x-request-id': 'after-sigterm' });
+  expect(refused.status).toBe(503);
+  expect(refused.headers['retry-after']).toMatch(/^\d+$/);
+  expect(JSON.parse(refused.text)).toMatchObject({ error: { code: 'shutting_down' } });
+  expect(await stream.ended).toEqual({ complete: true });
+  const events = sseData(stream.received());
+  expect(events.at(-1)).toBe('[DONE]');
+  expect(events.filter((e) => e.includes('"delta":{"content"')).length).toBe(600);
+  expect(await s.exited).toBe(0);
+
+  const records = readRecords(s.log);
+  const byId = Object.fromEntries(records.map((r) => [r.req_id, r.outcome]));
+  expect(records).toHaveLength(7);
+  expect(byId).toEqual({
+    'before-0': 'ok',
+    'before-1': 'ok',
+    'before-2': 'ok',
+    'before-3': 'ok',
+    'before-4': 'ok',
+    draining: 'ok',
+    'after-sigterm': 'refused',
+  });
+});
+
+it('SIGTERM with a short grace period: a longer stream is cut, recorded, and the process exits', async () => {
+  const s = await serve(300);
+  const stream = await openStream(s.url, CHAT, chat({ stream: true, max_tokens: 20_000, ignore_eos: true }), {
+    'x-request-id': 'too-long',
+  }).response;
+  await stream.until((text) => sseData(text).length >= 2);
+  const killedAt = performance.now();
+  s.child.kill('SIGTERM');
+  expect((await stream.ended).complete).toBe(false);
+  expect(await s.exited).toBe(0);
+  expect(performance.now() - killedAt).toBeLessThan(5000);
+  expect(s.stderr()).toContain('cut 1 request');
+  const records = readRecords(s.log);
+  expect(records).toHaveLength(1);
+  expect(records[0]).toMatchObject({
+    req_id: 'too-long',
+    outcome: 'failed_after_commit',
+    reason: 'shutting_down',
+  });
+});

@@ -1,0 +1,122 @@
+// Graceful shutdown in-process (Gateway.close): refuse new work at once, let in-flight streams
+// finish within server.shutdown_grace_ms, cut the rest, answer every client, leave nothing open.
+// Checklist item 34 (the signal path through `slagate serve` is in serve.test.ts).
+import { once } from 'node:events';
+import { connect } from 'node:net';
+import { afterEach, expect, it } from 'vitest';
+import {
+  chat,
+  get,
+  openStream,
+  post,
+  sseData,
+  startTestGateway,
+  type TestGateway,
+  toConfig,
+  waitFor,
+} from './harness.ts';
+
+let t: TestGateway | null = null;
+afterEach(async () => {
+  await t?.close();
+  t = null;
+});
+
+const CHAT = '/v1/chat/completions';
+
+it('drains: new requests get 503 shutting_down with Retry-After, the in-flight stream completes', async () => {
+  t = await startTestGateway({
+    replicas: 1,
+    timeScale: 0.2,
+    config: { server: { shutdown_grace_ms: 5000 } },
+  });
+  const s = await openStream(t.url, CHAT, chat({ stream: true, max_tokens: 150, ignore_eos: true }), {
+    'x-request-id': 'drains',
+  }).response;
+  await s.until((text) => sseData(text).length >= 2);
+  const closing = t.gw.close();
+  const refused = await post(t.url, CHAT, chat(), { 'x-request-id': 'late' });
+  expect(refused.status).toBe(503);
+  expect(refused.headers['retry-after']).toMatch(/^\d+$/);
+  expect(JSON.parse(refused.text)).toMatchObject({ error: { code: 'shutting_down' } });
+  const ready = await get(t.url, '/readyz');
+  expect(ready.status).toBe(503);
+  expect(JSON.parse(ready.text)).toMatchObject({ status: 'shutting_down' });
+  expect(await closing).toEqual({ cut: 0 });
+  expect(await s.ended).toEqual({ complete: true });
+  expect(sseData(s.received()).at(-1)).toBe('[DONE]');
+  expect(await t.recordOf('drains')).toMatchObject({ outcome: 'ok' });
+  expect(await t.recordOf('late')).toMatchObject({ outcome: 'refused', reason: 'shutting_down' });
+});
+
+it('cuts a stream that outlives the grace period, and answers a request still waiting for its first token', async () => {
+  t = await startTestGateway({
+    replicas: 2,
+    timeScale: 0.2,
+    config: { server: { shutdown_grace_ms: 200 }, upstream: { first_token_timeout_ms: 10_000 } },
+  });
+  const [r0, r1] = t.fleet!.replicas;
+  // r0 streams for a long time; r1 never sends a token.
+  await r1!.fault({ mode: 'hang' });
+  const long = await openStream(t.url, CHAT, chat({ stream: true, max_tokens: 5000, ignore_eos: true }), {
+    'x-request-id': 'long',
+  }).response;
+  await long.until((text) => sseData(text).length >= 2);
+  expect(long.headers['x-slagate-backend']).toBe('r0');
+  // Round robin: the next request starts on r1 and waits there.
+  const waiting = openStream(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'waiting' });
+  await waitFor(() => t!.gw.runtime.lifecycle.active === 2, 2000, 'both requests in flight');
+  const started = performance.now();
+  expect(await t.gw.close()).toEqual({ cut: 2 });
+  // The grace period, not the 10 s first-token timeout, bounds the shutdown.
+  expect(performance.now() - started).toBeLessThan(2000);
+  expect((await long.ended).complete).toBe(false);
+  const w = await waiting.response;
+  expect(w.status).toBe(503);
+  expect(w.headers['retry-after']).toMatch(/^\d+$/);
+  await w.ended;
+  expect(JSON.parse(w.received())).toMatchObject({ error: { code: 'shutting_down' } });
+  expect(await t.recordOf('long')).toMatchObject({ outcome: 'failed_after_commit', reason: 'shutting_down' });
+  expect(await t.recordOf('waiting')).toMatchObject({
+    outcome: 'failed_before_commit',
+    reason: 'shutting_down',
+  });
+  expect(r0!.stats().engine.running).toBe(0);
+});
+
+it('a client still uploading its body cannot hold the shutdown past the grace period', async () => {
+  t = await startTestGateway({ replicas: 1, config: { server: { shutdown_grace_ms: 200 } } });
+  const { port } = new URL(t.url);
+  const socket = connect(Number(port), '127.0.0.1');
+  await once(socket, 'connect');
+  socket.write(
+    'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
+      'content-length: 1000\r\nx-request-id: slow-upload\r\n\r\n{"model":',
+  );
+  socket.on('error', () => {});
+  await waitFor(async () => (await get(t!.url, '/healthz')).status === 200, 1000, 'gateway up');
+  const started = performance.now();
+  await t.gw.close();
+  expect(performance.now() - started).toBeLessThan(1500);
+  await waitFor(() => socket.destroyed || socket.readableEnded, 1000, 'upload connection closed');
+  socket.destroy();
+  expect(await t.recordOf('slow-upload')).toMatchObject({ outcome: 'refused', reason: 'shutting_down' });
+});
+
+it('a reloaded shutdown_grace_ms applies to the next shutdown', async () => {
+  t = await startTestGateway({
+    replicas: 1,
+    timeScale: 0.2,
+    config: { server: { shutdown_grace_ms: 30_000 } },
+  });
+  const current = t.gw.runtime.config;
+  await t.gw.reload(
+    toConfig({ ...structuredClone(current), server: { ...current.server, shutdown_grace_ms: 100 } }),
+  );
+  const s = await openStream(t.url, CHAT, chat({ stream: true, max_tokens: 5000, ignore_eos: true }))
+    .response;
+  await s.until((text) => sseData(text).length >= 2);
+  const started = performance.now();
+  expect(await t.gw.close()).toEqual({ cut: 1 });
+  expect(performance.now() - started).toBeLessThan(2000);
+});

@@ -1,0 +1,266 @@
+// Backend failures seen through the whole gateway (simulated replicas with injected faults):
+// what the client gets, what the admission record says, and what happens to the backend.
+// Checklist items (research/reliability.md): 1, 2, 3, 6, 9, 10, 11, 15.
+import { afterEach, describe, expect, it } from 'vitest';
+import {
+  chat,
+  get,
+  openStream,
+  post,
+  replicaAborts,
+  type Script,
+  scripted,
+  sleep,
+  sseData,
+  startTestGateway,
+  type TestGateway,
+  waitFor,
+} from './harness.ts';
+
+let t: TestGateway | null = null;
+afterEach(async () => {
+  await t?.close();
+  t = null;
+});
+
+const CHAT = '/v1/chat/completions';
+
+interface AdminBackend {
+  name: string;
+  state: string;
+  available: boolean;
+  inflight: number;
+}
+
+async function adminBackends(url: string): Promise<AdminBackend[]> {
+  return (JSON.parse((await get(url, '/admin/state')).text) as { backends: AdminBackend[] }).backends;
+}
+
+/** Nothing left behind: no request in flight at the gateway or on any backend. */
+async function expectQuiet(g: TestGateway): Promise<void> {
+  await waitFor(
+    async () =>
+      g.gw.runtime.lifecycle.active === 0 && (await adminBackends(g.url)).every((b) => b.inflight === 0),
+    2000,
+    'no request in flight',
+  );
+}
+
+describe('after the commit point (items 1, 2)', () => {
+  it('1: a replica that dies mid-stream → one SSE error event, [DONE], failed_after_commit, no retry', async () => {
+    t = await startTestGateway({ replicas: 1 });
+    await t.fleet!.replicas[0]!.fault({ mode: 'drop', afterTokens: 3 });
+    const res = await post(t.url, CHAT, chat({ stream: true, max_tokens: 20 }), { 'x-request-id': 'drop-1' });
+    expect(res.status).toBe(200);
+    const events = sseData(res.text);
+    expect(events.at(-1)).toBe('[DONE]');
+    const errors = events.filter((e) => e.startsWith('{"error"'));
+    expect(errors).toHaveLength(1);
+    expect(JSON.parse(errors[0]!)).toMatchObject({ error: { code: 'upstream_error' } });
+    // The tokens before the failure were forwarded once: role chunk + 3 content chunks.
+    expect(events.filter((e) => e.includes('"choices":[{')).length).toBe(4);
+    const rec = await t.recordOf('drop-1');
+    expect(rec).toMatchObject({ outcome: 'failed_after_commit', attempts: 1, backend: 'r0' });
+    await expectQuiet(t);
+  });
+
+  it('2: 200 then an in-band error event → recorded as an upstream failure', async () => {
+    t = await startTestGateway({ replicas: 2 });
+    for (const r of t.fleet!.replicas)
+      await r.fault({ mode: 'inband_error', afterTokens: 2, message: 'kv oops' });
+    const res = await post(t.url, CHAT, chat({ stream: true, max_tokens: 20 }), {
+      'x-request-id': 'inband-1',
+    });
+    expect(res.status).toBe(200);
+    const events = sseData(res.text);
+    expect(events.filter((e) => e.startsWith('{"error"'))).toHaveLength(1);
+    expect(events.at(-1)).toBe('[DONE]');
+    expect(res.text).not.toContain('kv oops');
+    const rec = await t.recordOf('inband-1');
+    expect(rec.outcome).toBe('failed_after_commit');
+    expect(rec.attempts).toBe(1);
+    expect(rec.sla_met).not.toBe(true);
+  });
+});
+
+describe('before the commit point (items 3, 6, 15)', () => {
+  it('3: a crashed replica → retried on the other one; the record shows 2 attempts and that backend', async () => {
+    // No probes: the crashed replica stays in rotation, so requests really hit it first.
+    t = await startTestGateway({ replicas: 2, config: { upstream: { health_interval_ms: 60_000 } } });
+    await t.fleet!.replicas[0]!.fault({ mode: 'crash' });
+    const ids = ['crash-a', 'crash-b', 'crash-c', 'crash-d'];
+    for (const id of ids) {
+      const res = await post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': id });
+      expect(res.status).toBe(200);
+      expect(res.headers['x-slagate-backend']).toBe('r1');
+    }
+    const recs = await Promise.all(ids.map((id) => t!.recordOf(id)));
+    expect(recs.every((r) => r.outcome === 'ok' && r.backend === 'r1')).toBe(true);
+    // Round robin starts half of them on r0.
+    expect(recs.filter((r) => r.attempts === 2).length).toBeGreaterThanOrEqual(1);
+  });
+
+  it('3: a replica answering 503 → retried on a different replica, never the same one twice', async () => {
+    t = await startTestGateway({ replicas: 2 });
+    await t.fleet!.replicas[1]!.fault({ mode: 'error', status: 503, message: 'secret-overload-detail' });
+    const ids = ['e503-a', 'e503-b', 'e503-c'];
+    for (const id of ids) {
+      const res = await post(t.url, CHAT, chat(), { 'x-request-id': id });
+      expect(res.status).toBe(200);
+    }
+    const recs = await Promise.all(ids.map((id) => t!.recordOf(id)));
+    expect(recs.map((r) => r.backend)).toEqual(['r0', 'r0', 'r0']);
+    expect(recs.some((r) => r.attempts === 2)).toBe(true);
+    // Every replica down: the last failure is answered with the gateway's own envelope.
+    await t.fleet!.replicas[0]!.fault({ mode: 'error', status: 503, message: 'secret-overload-detail' });
+    const failed = await post(t.url, CHAT, chat(), { 'x-request-id': 'e503-all' });
+    expect(failed.status).toBe(502);
+    expect(JSON.parse(failed.text)).toMatchObject({ error: { code: 'upstream_error' } });
+    expect(failed.text).not.toContain('secret-overload-detail');
+    expect(await t.recordOf('e503-all')).toMatchObject({ outcome: 'failed_before_commit', attempts: 2 });
+  });
+
+  it('6: a replica that sends headers and then nothing → first-token timeout, retried elsewhere', async () => {
+    t = await startTestGateway({
+      replicas: 2,
+      config: { upstream: { first_token_timeout_ms: 250 } },
+    });
+    await t.fleet!.replicas[0]!.fault({ mode: 'hang' });
+    for (const id of ['hang-a', 'hang-b']) {
+      const res = await post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': id });
+      expect(res.status).toBe(200);
+    }
+    const recs = [await t.recordOf('hang-a'), await t.recordOf('hang-b')];
+    expect(recs.every((r) => r.outcome === 'ok' && r.backend === 'r1')).toBe(true);
+    const retried = recs.find((r) => r.attempts === 2);
+    expect(retried).toBeDefined();
+    // Its TTFT includes the wasted first attempt.
+    expect(retried!.ttft_ms!).toBeGreaterThanOrEqual(240);
+  });
+
+  it('6: every replica hangs → 504 first_token_timeout, outcome timeout, each upstream aborted', async () => {
+    // Scripted backends that send headers and then nothing: each records when its request closed.
+    const closed: number[] = [];
+    const hang: Script = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.flushHeaders();
+      res.on('close', () => closed.push(performance.now()));
+    };
+    const backends = [await scripted(hang), await scripted(hang)];
+    t = await startTestGateway({
+      backends: backends.map((b, i) => ({ name: `h${i}`, url: b.url })),
+      config: { upstream: { first_token_timeout_ms: 200 } },
+    });
+    try {
+      const started = performance.now();
+      const res = await post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'hang-all' });
+      const took = performance.now() - started;
+      expect(res.status).toBe(504);
+      expect(JSON.parse(res.text)).toMatchObject({ error: { code: 'first_token_timeout' } });
+      // Two attempts of 200 ms each, then the answer at once.
+      expect(took).toBeGreaterThanOrEqual(390);
+      expect(took).toBeLessThan(1500);
+      expect(await t.recordOf('hang-all')).toMatchObject({ outcome: 'timeout', attempts: 2 });
+      expect(backends.map((b) => b.hits.length)).toEqual([1, 1]);
+      // Each hung attempt was aborted upstream when its timer fired, not left to the backend.
+      await waitFor(() => closed.length === 2, 1000, 'both hung upstream requests closed');
+      expect(closed[0]! - started).toBeLessThan(400);
+    } finally {
+      await t.close();
+      t = null;
+      for (const b of backends) await b.close();
+    }
+  });
+
+  it('15: all replicas down → fast 503 no_healthy_backend with Retry-After, readyz not ready', async () => {
+    t = await startTestGateway({ replicas: 2 });
+    for (const r of t.fleet!.replicas) await r.fault({ mode: 'crash' });
+    await waitFor(async () => (await get(t!.url, '/readyz')).status === 503, 3000, 'readyz not ready');
+    expect(JSON.parse((await get(t.url, '/readyz')).text)).toMatchObject({ status: 'not_ready' });
+    const started = performance.now();
+    const res = await post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'down-1' });
+    expect(performance.now() - started).toBeLessThan(500);
+    expect(res.status).toBe(503);
+    expect(res.headers['retry-after']).toMatch(/^\d+$/);
+    expect(JSON.parse(res.text)).toMatchObject({ error: { code: 'no_healthy_backend' } });
+    expect(await t.recordOf('down-1')).toMatchObject({
+      outcome: 'failed_before_commit',
+      reason: 'no_healthy_backend',
+      attempts: 0,
+    });
+    // They come back: probes notice and traffic flows again.
+    for (const r of t.fleet!.replicas) await r.reset();
+    await waitFor(async () => (await get(t!.url, '/readyz')).status === 200, 3000, 'readyz ready');
+    expect((await post(t.url, CHAT, chat())).status).toBe(200);
+  });
+});
+
+describe('what counts against a backend (items 9, 10, 11)', () => {
+  const ejecting = { upstream: { outlier: { consecutive_failures: 2, max_ejection_percent: 50 } } };
+
+  it('9: consecutive 5xx eject a replica; traffic then goes only to the others', async () => {
+    t = await startTestGateway({ replicas: 2, config: ejecting });
+    await t.fleet!.replicas[0]!.fault({ mode: 'error', status: 500 });
+    for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    const r0 = (await adminBackends(t.url)).find((b) => b.name === 'r0')!;
+    expect(r0.available).toBe(false);
+    expect(r0.state).toBe('ejected');
+    const before = (await t.records()).length;
+    for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    const after = (await t.records()).slice(before);
+    expect(after.every((r) => r.attempts === 1 && r.backend === 'r1')).toBe(true);
+  });
+
+  it('9: ejection respects max_ejection_percent: the last replica is never ejected', async () => {
+    t = await startTestGateway({ replicas: 2, config: ejecting });
+    for (const r of t.fleet!.replicas) await r.fault({ mode: 'error', status: 500 });
+    for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(502);
+    const states = await adminBackends(t.url);
+    expect(states.filter((b) => b.state === 'ejected').length).toBe(1);
+  });
+
+  it('10: refusals (gateway 4xx, backend 429 busy, relayed 400) never eject a replica', async () => {
+    t = await startTestGateway({ replicas: 1, config: ejecting });
+    // The gateway's own refusals: unknown model, bad body.
+    for (let i = 0; i < 3; i++) {
+      expect((await post(t.url, CHAT, chat({ model: 'nope' }))).status).toBe(404);
+      expect((await post(t.url, CHAT, { messages: [] })).status).toBe(400);
+    }
+    // The backend's "too busy" and its validation errors.
+    const r0 = t.fleet!.replicas[0]!;
+    await r0.fault({ mode: 'error', status: 429 });
+    for (let i = 0; i < 3; i++) expect((await post(t.url, CHAT, chat())).status).toBe(502);
+    await r0.fault({ mode: 'error', status: 400 });
+    for (let i = 0; i < 3; i++) expect((await post(t.url, CHAT, chat())).status).toBe(400);
+    await r0.reset();
+    const [state] = await adminBackends(t.url);
+    expect(state).toMatchObject({ name: 'r0', available: true });
+    expect((await post(t.url, CHAT, chat())).status).toBe(200);
+  });
+
+  it('11: client cancels are not failures: no ejection, no breaker opening, outcome client_cancelled', async () => {
+    t = await startTestGateway({
+      replicas: 1,
+      timeScale: 0.2,
+      config: { ...ejecting, upstream: { ...ejecting.upstream, breaker: { volume_threshold: 2 } } },
+    });
+    for (let i = 0; i < 4; i++) {
+      const s = openStream(t.url, CHAT, chat({ stream: true, max_tokens: 200, ignore_eos: true }), {
+        'x-request-id': `cancel-${i}`,
+      });
+      const res = await s.response;
+      await res.until((text) => sseData(text).length >= 3);
+      res.close();
+      await res.ended;
+    }
+    await waitFor(async () => (await t!.records()).length === 4, 2000, 'four records');
+    for (let i = 0; i < 4; i++) {
+      expect(await t.recordOf(`cancel-${i}`)).toMatchObject({ outcome: 'client_cancelled', sla_met: null });
+    }
+    const [state] = await adminBackends(t.url);
+    expect(state).toMatchObject({ available: true, state: 'healthy' });
+    await waitFor(async () => (await replicaAborts(t!.fleet!.urls[0]!)) === 4, 2000, 'four aborts');
+    await sleep(20);
+    expect((await post(t.url, CHAT, chat())).status).toBe(200);
+  });
+});

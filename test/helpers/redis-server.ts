@@ -1,0 +1,146 @@
+// A real redis-server for tests: on a free port of 127.0.0.1 (never 6379), no persistence, its own
+// temporary directory. It can be killed with SIGKILL, frozen with SIGSTOP and brought back on the
+// same port, so tests can cut Redis the way production loses it.
+
+import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { connect, createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+export interface RedisServerOptions {
+  /** Start in cluster mode and give this single node every slot. */
+  cluster?: boolean;
+}
+
+export interface RedisServer {
+  readonly port: number;
+  readonly url: string;
+  /** SIGKILL, as a crash: no shutdown, no goodbye to clients. */
+  kill9(): Promise<void>;
+  /** Starts it again on the same port (after kill9 or stop). */
+  restart(): Promise<void>;
+  /** SIGSTOP: the port stays open but nothing answers. */
+  pause(): void;
+  /** SIGCONT after pause(). */
+  resume(): void;
+  /** Sends one command through redis-cli and returns its raw output. */
+  cli(...args: string[]): Promise<string>;
+  stop(): Promise<void>;
+}
+
+export async function freePort(): Promise<number> {
+  for (;;) {
+    const port = await new Promise<number>((resolve, reject) => {
+      const srv = createServer();
+      srv.once('error', reject);
+      srv.listen(0, '127.0.0.1', () => {
+        const addr = srv.address();
+        const p = typeof addr === 'object' && addr !== null ? addr.port : 0;
+        srv.close(() => resolve(p));
+      });
+    });
+    // Cluster mode also binds port + 10000 for its bus.
+    if (port !== 6379 && port + 10000 <= 65535) return port;
+  }
+}
+
+export async function startRedisServer(opts: RedisServerOptions = {}): Promise<RedisServer> {
+  const port = await freePort();
+  const dir = await mkdtemp(join(tmpdir(), 'slagate-redis-'));
+  let child: ChildProcess | null = null;
+
+  const launch = async () => {
+    const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'];
+    args.push('--dir', dir, '--logfile', '');
+    if (opts.cluster) {
+      // A lone node does not know its own address until it meets another: announce it.
+      args.push('--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf');
+      args.push('--cluster-announce-ip', '127.0.0.1');
+    }
+    const proc = spawn('redis-server', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    child = proc;
+    let output = '';
+    proc.stdout?.on('data', (b: Buffer) => {
+      output += b.toString();
+    });
+    proc.stderr?.on('data', (b: Buffer) => {
+      output += b.toString();
+    });
+    const deadline = Date.now() + 10_000;
+    while (!(await accepts(port))) {
+      if (proc.exitCode !== null || Date.now() > deadline) {
+        proc.kill('SIGKILL');
+        throw new Error(`redis-server did not start on ${port}: ${output}`);
+      }
+      await sleep(20);
+    }
+  };
+
+  const exit = async (signal: NodeJS.Signals) => {
+    const proc = child;
+    child = null;
+    if (proc === null || proc.exitCode !== null || proc.signalCode !== null) return;
+    const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()));
+    proc.kill('SIGCONT');
+    proc.kill(signal);
+    await exited;
+  };
+
+  const cli = (...args: string[]) =>
+    new Promise<string>((resolve, reject) => {
+      const proc = spawn('redis-cli', ['-p', String(port), ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+      let out = '';
+      proc.stdout.on('data', (b: Buffer) => {
+        out += b.toString();
+      });
+      proc.once('error', reject);
+      proc.once('exit', () => resolve(out));
+    });
+
+  await launch();
+  if (opts.cluster) {
+    await cli('cluster', 'addslotsrange', '0', '16383');
+    const deadline = Date.now() + 10_000;
+    while (!(await cli('cluster', 'info')).includes('cluster_state:ok')) {
+      if (Date.now() > deadline) throw new Error('single-node cluster did not become ok');
+      await sleep(50);
+    }
+  }
+
+  return {
+    port,
+    url: `redis://127.0.0.1:${port}`,
+    kill9: () => exit('SIGKILL'),
+    restart: async () => {
+      await exit('SIGKILL');
+      await launch();
+    },
+    pause: () => {
+      child?.kill('SIGSTOP');
+    },
+    resume: () => {
+      child?.kill('SIGCONT');
+    },
+    cli,
+    stop: async () => {
+      await exit('SIGKILL');
+      await rm(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+function accepts(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = connect(port, '127.0.0.1');
+    s.once('connect', () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.once('error', () => resolve(false));
+  });
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}

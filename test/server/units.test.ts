@@ -1,0 +1,146 @@
+// The server's small pieces on their own: body facts, keys, the model catalog, the drain.
+import { createHash } from 'node:crypto';
+import { describe, expect, it } from 'vitest';
+import { createAuthenticator } from '../../src/server/auth.ts';
+import { GatewayError } from '../../src/server/errors.ts';
+import { parseInferenceRequest } from '../../src/server/inference-request.ts';
+import { ModelCatalog } from '../../src/server/model-catalog.ts';
+import { Lifecycle } from '../../src/server/runtime.ts';
+
+function codeOf(fn: () => unknown): string | undefined {
+  try {
+    fn();
+  } catch (e) {
+    return e instanceof GatewayError ? `${e.code}:${e.param}` : 'not a GatewayError';
+  }
+  return undefined;
+}
+
+describe('parseInferenceRequest', () => {
+  const msg = [{ role: 'user', content: 'hi' }];
+
+  it('reads the facts the gateway decides on', () => {
+    const ir = parseInferenceRequest('chat', {
+      model: 'm',
+      messages: [
+        {
+          role: 'system',
+          content: [
+            { type: 'text', text: 'be ' },
+            { type: 'text', text: 'brief' },
+          ],
+        },
+        { role: 'user', content: 'hi' },
+        { role: 'assistant', content: null },
+      ],
+      stream: true,
+      stream_options: { include_usage: true },
+      max_tokens: 50,
+      max_completion_tokens: 20,
+    });
+    expect(ir).toMatchObject({ model: 'm', stream: true, wantsUsage: true, maxTokens: 20 });
+    expect(ir.promptParts).toEqual(['be brief', 'hi', '']);
+    const c = parseInferenceRequest('completions', { model: 'm', prompt: ['a', 'b'] });
+    expect(c).toMatchObject({ stream: false, wantsUsage: false, maxTokens: null, promptParts: ['a', 'b'] });
+  });
+
+  it('rejects what no backend could serve, naming the field', () => {
+    expect(codeOf(() => parseInferenceRequest('chat', null))).toBe('invalid_request:body');
+    expect(codeOf(() => parseInferenceRequest('chat', { messages: msg }))).toBe('invalid_request:model');
+    expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: [] }))).toBe(
+      'invalid_request:messages',
+    );
+    expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: [{ content: 'x' }] }))).toBe(
+      'invalid_request:messages',
+    );
+    expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, stream: 'yes' }))).toBe(
+      'invalid_request:stream',
+    );
+    expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, n: 2 }))).toBe(
+      'invalid_request:n',
+    );
+    expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, max_tokens: 1.5 }))).toBe(
+      'invalid_request:max_tokens',
+    );
+    expect(codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt: [1, 2] }))).toBe(
+      'invalid_request:prompt',
+    );
+  });
+});
+
+describe('createAuthenticator', () => {
+  const sha = (k: string) => createHash('sha256').update(k).digest('hex');
+  const classes = new Set(['interactive', 'batch']);
+
+  it('open gateway: anonymous, any known class on request', () => {
+    const auth = createAuthenticator([], 'interactive', classes);
+    expect(auth.identify(undefined, 'batch')).toEqual({ tenant: 'anonymous', class: 'batch' });
+    expect(auth.identify('Bearer whatever', 'gold')).toEqual({ tenant: 'anonymous', class: 'interactive' });
+  });
+
+  it('with tenants: the key picks the tenant; the class only within its allowed list', () => {
+    const auth = createAuthenticator(
+      [
+        {
+          name: 't',
+          api_key_sha256: sha('k1').toUpperCase(),
+          class: 'interactive',
+          allowed_classes: ['interactive'],
+        },
+      ],
+      'interactive',
+      classes,
+    );
+    expect(auth.identify('bearer   k1 ', 'batch')).toEqual({ tenant: 't', class: 'interactive' });
+    expect(codeOf(() => auth.identify('Bearer k2', undefined))).toBe('invalid_api_key:null');
+    expect(codeOf(() => auth.identify(undefined, undefined))).toBe('invalid_api_key:null');
+  });
+});
+
+describe('ModelCatalog', () => {
+  it('offers only configured names, with the smallest context length any backend reported', () => {
+    const cat = new ModelCatalog(['a', 'b']);
+    expect(cat.maxModelLen('a')).toBe(Number.POSITIVE_INFINITY);
+    cat.learn({
+      data: [
+        { id: 'a', max_model_len: 8192 },
+        { id: 'zzz', max_model_len: 10 },
+      ],
+    });
+    cat.learn({ data: [{ id: 'a', max_model_len: 4096 }] });
+    cat.learn({
+      data: [
+        { id: 'a', max_model_len: 16384 },
+        { id: 'b', max_model_len: 'big' },
+      ],
+    });
+    cat.learn('garbage');
+    expect(cat.maxModelLen('a')).toBe(4096);
+    expect(cat.has('zzz')).toBe(false);
+    expect(cat.list().data.map((m) => [m.id, m.max_model_len])).toEqual([
+      ['a', 4096],
+      ['b', null],
+    ]);
+  });
+});
+
+describe('Lifecycle.drain', () => {
+  it('resolves when the last request leaves', async () => {
+    const lc = new Lifecycle();
+    const a = lc.enter();
+    const drained = lc.drain(10_000);
+    setTimeout(() => lc.leave(a), 20);
+    expect(await drained).toEqual({ cut: 0 });
+    expect(a.signal.aborted).toBe(false);
+  });
+
+  it('cuts what is left after the grace period', async () => {
+    const lc = new Lifecycle();
+    const a = lc.enter();
+    const b = lc.enter();
+    lc.leave(a);
+    expect(await lc.drain(30)).toEqual({ cut: 1 });
+    expect(b.signal.aborted).toBe(true);
+    expect(a.signal.aborted).toBe(false);
+  });
+});

@@ -1,0 +1,116 @@
+import { describe, expect, it } from 'vitest';
+import { DecayingFit, FitStats, predict } from '../../src/state/fit.ts';
+
+function rng(seed: number): () => number {
+  let x = seed >>> 0 || 1;
+  return () => {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    return (x >>> 0) / 2 ** 32;
+  };
+}
+
+describe('online least squares', () => {
+  it('recovers a known prefill rate and load slope from noisy samples', () => {
+    const rand = rng(11);
+    const s = new FitStats(2);
+    // 20 ms base, 0.125 ms per uncached token (8000 tok/s), 4 ms per in-flight request, ±5% noise.
+    for (let i = 0; i < 2000; i++) {
+      const tokens = Math.floor(rand() * 4000);
+      const load = Math.floor(rand() * 32);
+      const y = (20 + 0.125 * tokens + 4 * load) * (1 + (rand() - 0.5) * 0.1);
+      s.addSample([tokens, load], y);
+    }
+    const c = s.solve(3);
+    expect(c).not.toBeNull();
+    expect(c?.slopes[0]).toBeCloseTo(0.125, 2);
+    expect(c?.slopes[1]).toBeGreaterThan(3.6);
+    expect(c?.slopes[1]).toBeLessThan(4.4);
+    expect(c?.intercept).toBeGreaterThan(10);
+    expect(c?.intercept).toBeLessThan(30);
+    expect(c?.samples).toBe(2000);
+  });
+
+  it('needs a minimum number of samples', () => {
+    const s = new FitStats(1);
+    s.addSample([1], 10);
+    s.addSample([2], 12);
+    expect(s.solve(3)).toBeNull();
+    s.addSample([3], 14);
+    expect(s.solve(3)?.slopes[0]).toBeCloseTo(2, 6);
+  });
+
+  it('a feature that never varied gets slope 0 and the intercept carries the mean', () => {
+    const s = new FitStats(2);
+    for (const t of [100, 200, 300, 400]) s.addSample([t, 5], 10 + 0.5 * t);
+    const c = s.solve(3);
+    expect(c?.slopes[0]).toBeCloseTo(0.5, 6);
+    expect(c?.slopes[1]).toBe(0);
+    expect(predict(c!, [250, 5])).toBeCloseTo(135, 6);
+  });
+
+  it('a negative slope is dropped rather than predicting faster service under more load', () => {
+    const s = new FitStats(1);
+    for (const [load, y] of [
+      [0, 30],
+      [10, 29],
+      [20, 28],
+    ]) {
+      s.addSample([load as number], y as number);
+    }
+    const c = s.solve(3);
+    expect(c?.slopes[0]).toBe(0);
+    expect(c?.intercept).toBeCloseTo(29, 9);
+  });
+
+  it('sums from two instances combine into the fit over all samples', () => {
+    const rand = rng(5);
+    const a = new FitStats(2);
+    const b = new FitStats(2);
+    const all = new FitStats(2);
+    for (let i = 0; i < 400; i++) {
+      const x = [Math.floor(rand() * 3000), Math.floor(rand() * 16)];
+      const y = 15 + 0.2 * (x[0] as number) + 2 * (x[1] as number) + rand() * 5;
+      (i % 3 === 0 ? a : b).addSample(x, y);
+      all.addSample(x, y);
+    }
+    const merged = new FitStats(2);
+    expect(merged.addEncoded(a.encode())).toBe(true);
+    expect(merged.addEncoded(b.encode())).toBe(true);
+    const m = merged.solve(3)!;
+    const w = all.solve(3)!;
+    expect(m.slopes[0]).toBeCloseTo(w.slopes[0] as number, 6);
+    expect(m.slopes[1]).toBeCloseTo(w.slopes[1] as number, 6);
+    expect(m.intercept).toBeCloseTo(w.intercept, 4);
+    expect(merged.addEncoded([1, 2])).toBe(false);
+  });
+
+  it('forgets by half-life: after a change of rate the fit follows the new samples', () => {
+    const fit = new DecayingFit(1, 1_000);
+    let t = 0;
+    for (let i = 0; i < 50; i++, t += 20) {
+      fit.decayTo(t);
+      fit.stats.addSample([i % 10], 10 + 1 * (i % 10));
+    }
+    for (let i = 0; i < 50; i++, t += 200) {
+      fit.decayTo(t);
+      fit.stats.addSample([i % 10], 10 + 3 * (i % 10));
+    }
+    // The old samples are ~10 half-lives old: their weight is about a thousandth.
+    expect(fit.stats.solve(3)?.slopes[0]).toBeGreaterThan(2.9);
+    expect(fit.decayFactor(1_000)).toBeCloseTo(0.5, 9);
+    // Decay keeps the sample count, which gates predictions.
+    expect(fit.stats.samples).toBe(100);
+  });
+
+  it('reports prediction error as mean absolute and signed relative error', () => {
+    const s = new FitStats(1);
+    s.addError(0.1);
+    s.addError(-0.3);
+    const e = s.error();
+    expect(e.mape).toBeCloseTo(0.2, 9);
+    expect(e.bias).toBeCloseTo(-0.1, 9);
+    expect(new FitStats(1).error().mape).toBeNull();
+  });
+});

@@ -1,0 +1,45 @@
+// Counts the timers and TCP handles created while tracking is on and not yet destroyed, including
+// unref'd ones (process.getActiveResourcesInfo() does not list those), to catch leaks after close().
+//
+// Timers count only when created from src/state: node's HTTP date cache and undici's shared
+// fast-timer tick are process-wide singletons, not owned by any scraper or store. TCP handles all
+// count (a test closes its own servers before asking).
+import { createHook } from 'node:async_hooks';
+
+export interface HandleTracker {
+  /** Handles created since trackHandles() that are still alive, by type. */
+  live(): Record<string, number>;
+  stop(): void;
+}
+
+const OWN_CODE = /[/\\]src[/\\]state[/\\]/;
+const UNDICI_SHARED_TIMER = /undici[/\\]lib[/\\]util[/\\]timers\.js/;
+
+export function trackHandles(): HandleTracker {
+  const alive = new Map<number, string>();
+  const previousLimit = Error.stackTraceLimit;
+  Error.stackTraceLimit = 50;
+  const hook = createHook({
+    init(id, type) {
+      if (type === 'TCPWRAP') alive.set(id, type);
+      if (type !== 'Timeout') return;
+      const stack = new Error().stack ?? '';
+      if (OWN_CODE.test(stack) && !UNDICI_SHARED_TIMER.test(stack)) alive.set(id, type);
+    },
+    destroy(id) {
+      alive.delete(id);
+    },
+  });
+  hook.enable();
+  return {
+    live() {
+      const out: Record<string, number> = {};
+      for (const type of alive.values()) out[type] = (out[type] ?? 0) + 1;
+      return out;
+    },
+    stop() {
+      hook.disable();
+      Error.stackTraceLimit = previousLimit;
+    },
+  };
+}

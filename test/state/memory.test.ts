@@ -1,0 +1,218 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { createLiveState, type LatencySample, type LiveState } from '../../src/state/index.ts';
+
+const BACKENDS = [
+  { name: 'gpu-0', url: 'http://127.0.0.1:1' },
+  { name: 'gpu-1', url: 'http://127.0.0.1:2' },
+];
+
+function rng(seed: number): () => number {
+  let x = seed >>> 0 || 1;
+  return () => {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    return (x >>> 0) / 2 ** 32;
+  };
+}
+
+function sample(over: Partial<LatencySample> = {}): LatencySample {
+  return {
+    backend: 'gpu-0',
+    class: 'interactive',
+    queueMs: 0,
+    ttftMs: 100,
+    tpotMs: 20,
+    uncachedPromptTokens: 500,
+    promptTokens: 800,
+    completionTokens: 64,
+    loadAtDispatch: 2,
+    ...over,
+  };
+}
+
+describe('LiveState with the memory store', () => {
+  let clock = 1_000_000;
+  let state: LiveState;
+  const make = (opts: { bucketMs?: number; buckets?: number } = {}) => {
+    clock = 1_000_000;
+    state = createLiveState(
+      { store: 'memory' },
+      {
+        backends: BACKENDS,
+        scrape: false,
+        now: () => clock,
+        window: { bucketMs: opts.bucketMs ?? 1000, buckets: opts.buckets ?? 60 },
+      },
+    );
+    return state;
+  };
+  afterEach(async () => {
+    await state.close();
+  });
+
+  it('leases count requests and tokens until ended; end and prefillDone are idempotent', () => {
+    const s = make();
+    const a = s.lease('gpu-0', { promptTokens: 1000, expectedOutputTokens: 200, uncachedPromptTokens: 600 });
+    const b = s.lease('gpu-0', { promptTokens: 50, expectedOutputTokens: 10 });
+    s.lease('gpu-1', { promptTokens: 7, expectedOutputTokens: 1 });
+    expect(s.inflight('gpu-0')).toEqual({
+      requests: 2,
+      promptTokens: 1050,
+      expectedOutputTokens: 210,
+      pendingPrefillTokens: 650,
+    });
+    a.prefillDone();
+    a.prefillDone();
+    expect(s.inflight('gpu-0').pendingPrefillTokens).toBe(50);
+    a.end();
+    a.end();
+    b.end();
+    expect(s.inflight('gpu-0')).toEqual({
+      requests: 0,
+      promptTokens: 0,
+      expectedOutputTokens: 0,
+      pendingPrefillTokens: 0,
+    });
+    expect(s.load('gpu-1')).toBe(1);
+    expect(s.backendView('gpu-1')?.localInflight.requests).toBe(1);
+  });
+
+  it('bad token counts cannot poison the counters; unknown backends are not counted', () => {
+    const s = make();
+    const l = s.lease('gpu-0', { promptTokens: Number.NaN, expectedOutputTokens: -5 });
+    expect(s.inflight('gpu-0')).toEqual({
+      requests: 1,
+      promptTokens: 0,
+      expectedOutputTokens: 0,
+      pendingPrefillTokens: 0,
+    });
+    l.end();
+    const ghost = s.lease('nope', { promptTokens: 10, expectedOutputTokens: 10 });
+    ghost.end();
+    expect(s.inflight('nope').requests).toBe(0);
+    expect(s.backendView('nope')).toBeUndefined();
+  });
+
+  it('per-class windows give percentiles of the recorded samples, and an all-classes view', () => {
+    const s = make();
+    for (let i = 1; i <= 100; i++) s.record(sample({ ttftMs: i * 10, tpotMs: i, queueMs: i / 10 }));
+    for (let i = 0; i < 50; i++) s.record(sample({ class: 'batch', ttftMs: 5_000, tpotMs: null }));
+    const v = s.backendView('gpu-0')!;
+    const inter = v.byClass.interactive!;
+    expect(inter.ttft.count).toBe(100);
+    expect(inter.ttft.p50!).toBeGreaterThan(500 * 0.95);
+    expect(inter.ttft.p50!).toBeLessThan(500 * 1.05);
+    expect(inter.ttft.p99!).toBeGreaterThan(990 * 0.95);
+    expect(inter.ttft.p99!).toBeLessThan(990 * 1.05);
+    expect(inter.tpot.p90!).toBeGreaterThan(90 * 0.95);
+    expect(inter.tpot.p90!).toBeLessThan(90 * 1.05);
+    expect(inter.queue.mean).toBeCloseTo(5.05, 6);
+    expect(inter.requests).toBe(100);
+    expect(inter.promptTokens).toBe(80_000);
+    expect(v.byClass.batch?.tpot.count).toBe(0);
+    expect(v.latency.ttft.count).toBe(150);
+    // A third of the samples are 5 s: the all-classes P90 is one of them.
+    expect(v.latency.ttft.p90!).toBeGreaterThan(5_000 * 0.95);
+    expect(s.backendView('gpu-1')?.latency.ttft.count).toBe(0);
+    expect(s.backendView('gpu-1')?.latency.ttft.p99).toBeNull();
+  });
+
+  it('samples slide out of the window as the clock advances', () => {
+    const s = make({ bucketMs: 1000, buckets: 10 });
+    s.record(sample({ ttftMs: 100 }));
+    clock += 5_000;
+    s.record(sample({ ttftMs: 300 }));
+    expect(s.backendView('gpu-0')?.latency.ttft.count).toBe(2);
+    clock += 5_000;
+    const v = s.backendView('gpu-0')!;
+    expect(v.latency.ttft.count).toBe(1);
+    expect(v.latency.ttft.mean).toBe(300);
+    clock += 5_000;
+    expect(s.backendView('gpu-0')?.latency.ttft.count).toBe(0);
+    expect(s.view().windowMs).toBe(10_000);
+  });
+
+  it('fits recover a backend’s prefill rate and decode slope, and predict from them', () => {
+    const s = make();
+    const rand = rng(42);
+    for (let i = 0; i < 400; i++) {
+      clock += 50;
+      const uncached = Math.floor(rand() * 3000);
+      const load = Math.floor(rand() * 20);
+      const queueMs = rand() * 30;
+      // 25 ms + 0.1 ms/token (10,000 tok/s) + 3 ms per in-flight request; TPOT 12 ms + 0.8 ms/request.
+      const after = (25 + 0.1 * uncached + 3 * load) * (1 + (rand() - 0.5) * 0.06);
+      const tpot = (12 + 0.8 * load) * (1 + (rand() - 0.5) * 0.06);
+      s.record(
+        sample({
+          queueMs,
+          ttftMs: queueMs + after,
+          tpotMs: tpot,
+          uncachedPromptTokens: uncached,
+          loadAtDispatch: load,
+        }),
+      );
+    }
+    const r = s.backendView('gpu-0')!.rates;
+    expect(r.prefillTokensPerS!).toBeGreaterThan(9_500);
+    expect(r.prefillTokensPerS!).toBeLessThan(10_500);
+    expect(r.ttft!.msPerLoad).toBeGreaterThan(2.7);
+    expect(r.ttft!.msPerLoad).toBeLessThan(3.3);
+    expect(r.tpot!.msPerLoad).toBeGreaterThan(0.75);
+    expect(r.tpot!.msPerLoad).toBeLessThan(0.85);
+    expect(r.tpot!.baseMs).toBeGreaterThan(11);
+    expect(r.tpot!.baseMs).toBeLessThan(13);
+    expect(s.predictTtftMs('gpu-0', 2000, 10)!).toBeGreaterThan(255 * 0.95);
+    expect(s.predictTtftMs('gpu-0', 2000, 10)!).toBeLessThan(255 * 1.05);
+    expect(s.predictTpotMs('gpu-0', 5)!).toBeCloseTo(16, 0);
+    // Load defaults to the backend's in-flight count: 0 now, 3 with three leases.
+    const base = s.predictTpotMs('gpu-0')!;
+    const leases = [1, 2, 3].map(() => s.lease('gpu-0', { promptTokens: 1, expectedOutputTokens: 1 }));
+    expect(s.predictTpotMs('gpu-0')! - base).toBeCloseTo(3 * r.tpot!.msPerLoad, 6);
+    for (const l of leases) l.end();
+    expect(r.tpotNowMs).toBeCloseTo(base, 6);
+    // Noise was ±3%: the recent prediction error says so (after the fit settled).
+    expect(r.ttftError.mape!).toBeLessThan(0.1);
+    expect(r.tpotError.mape!).toBeLessThan(0.1);
+    expect(Math.abs(r.tpotError.bias!)).toBeLessThan(0.05);
+  });
+
+  it('prediction error rises when the backend changes speed', () => {
+    const s = make();
+    for (let i = 0; i < 100; i++) {
+      clock += 100;
+      s.record(sample({ tpotMs: 10 + (i % 10), loadAtDispatch: i % 10 }));
+    }
+    const before = s.backendView('gpu-0')!.rates.tpotError.mape!;
+    for (let i = 0; i < 20; i++) {
+      clock += 100;
+      s.record(sample({ tpotMs: 3 * (10 + (i % 10)), loadAtDispatch: i % 10 }));
+    }
+    const after = s.backendView('gpu-0')!.rates.tpotError;
+    expect(before).toBeLessThan(0.01);
+    expect(after.mape!).toBeGreaterThan(0.1);
+    expect(after.bias!).toBeLessThan(0); // predictions ran low
+  });
+
+  it('no prediction before enough samples', () => {
+    const s = make();
+    expect(s.predictTtftMs('gpu-0', 100)).toBeNull();
+    expect(s.predictTpotMs('gpu-0')).toBeNull();
+    expect(s.backendView('gpu-0')!.rates.prefillTokensPerS).toBeNull();
+    expect(s.predictTtftMs('unknown', 100)).toBeNull();
+  });
+
+  it('setBackends adds new backends and forgets removed ones; status is never degraded', async () => {
+    const s = make();
+    s.record(sample({ backend: 'gpu-1' }));
+    s.setBackends([BACKENDS[0]!, { name: 'gpu-2', url: 'http://127.0.0.1:3' }]);
+    expect(s.view().backends.map((b) => b.name)).toEqual(['gpu-0', 'gpu-2']);
+    expect(s.backendView('gpu-1')).toBeUndefined();
+    s.setBackends(BACKENDS);
+    expect(s.backendView('gpu-1')?.latency.ttft.count).toBe(0);
+    expect(s.status()).toMatchObject({ store: 'memory', degraded: false, peers: 0 });
+    await expect(s.ready()).resolves.toBeUndefined();
+    expect(s.backendView('gpu-0')?.telemetry).toBeNull();
+  });
+});

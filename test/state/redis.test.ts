@@ -1,0 +1,331 @@
+import { type ChildProcess, spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import type { RedisStateConfig } from '../../src/config/index.ts';
+import { createLiveState, type LatencySample, type LiveState, livenessTtlMs } from '../../src/state/index.ts';
+import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
+
+const BACKENDS = [
+  { name: 'gpu-0', url: 'http://127.0.0.1:1' },
+  { name: 'gpu-1', url: 'http://127.0.0.1:2' },
+];
+const REFRESH_MS = 100;
+const COMMAND_TIMEOUT_MS = 100;
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+async function until(cond: () => boolean, timeoutMs: number, what: string): Promise<number> {
+  const start = performance.now();
+  while (!cond()) {
+    if (performance.now() - start > timeoutMs)
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await sleep(5);
+  }
+  return performance.now() - start;
+}
+
+function sample(over: Partial<LatencySample> = {}): LatencySample {
+  return {
+    backend: 'gpu-0',
+    class: 'interactive',
+    queueMs: 0,
+    ttftMs: 100,
+    tpotMs: 20,
+    uncachedPromptTokens: 500,
+    promptTokens: 800,
+    completionTokens: 64,
+    loadAtDispatch: 1,
+    ...over,
+  };
+}
+
+/** Parses `INFO commandstats` into calls per command. */
+async function commandCalls(redis: RedisServer): Promise<Record<string, number>> {
+  const out: Record<string, number> = {};
+  for (const m of (await redis.cli('info', 'commandstats')).matchAll(/cmdstat_([a-z|]+):calls=(\d+)/g)) {
+    out[m[1] as string] = Number(m[2]);
+  }
+  return out;
+}
+
+/** p99 and max of the durations of `n` calls of `fn`, in ms. */
+function timeCalls(n: number, fn: (i: number) => void): { p99: number; max: number } {
+  const d: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const t = performance.now();
+    fn(i);
+    d.push(performance.now() - t);
+  }
+  d.sort((a, b) => a - b);
+  return { p99: d[Math.floor(0.99 * (n - 1))] as number, max: d[n - 1] as number };
+}
+
+describe('LiveState with the Redis store (real redis-server)', () => {
+  let redis: RedisServer;
+  const states: LiveState[] = [];
+  let prefixN = 0;
+  let cfg: RedisStateConfig;
+
+  const make = (id: string, over: Partial<RedisStateConfig> = {}) => {
+    const s = createLiveState({ ...cfg, ...over }, { instanceId: id, backends: BACKENDS, scrape: false });
+    states.push(s);
+    return s;
+  };
+
+  beforeAll(async () => {
+    redis = await startRedisServer();
+  });
+  afterAll(async () => {
+    await redis.stop();
+  });
+  beforeEach(() => {
+    // A fresh key prefix per test: no test sees another's instances.
+    cfg = {
+      store: 'redis',
+      redis_url: redis.url,
+      key_prefix: `t${prefixN++}`,
+      connect_timeout_ms: 500,
+      command_timeout_ms: COMMAND_TIMEOUT_MS,
+      refresh_interval_ms: REFRESH_MS,
+      topology: 'standalone',
+      sentinels: [],
+      sentinel_name: 'mymaster',
+      cluster_nodes: [],
+    };
+  });
+  afterEach(async () => {
+    await Promise.all(states.splice(0).map((s) => s.close()));
+  });
+
+  it('two instances see each other’s in-flight counts, windows and fits within one refresh', async () => {
+    const a = make('a');
+    const b = make('b');
+    await Promise.all([a.ready(), b.ready()]);
+    expect(a.status()).toMatchObject({ store: 'redis', degraded: false, lastError: null });
+
+    const leases = [1, 2, 3].map(() => a.lease('gpu-0', { promptTokens: 1000, expectedOutputTokens: 100 }));
+    b.lease('gpu-0', { promptTokens: 10, expectedOutputTokens: 1 });
+    const seen = await until(() => b.inflight('gpu-0').requests === 4, 2_000, 'b to see a’s leases');
+    expect(seen).toBeLessThan(REFRESH_MS + 400);
+    expect(b.inflight('gpu-0')).toMatchObject({ promptTokens: 3010, expectedOutputTokens: 301 });
+    expect(b.backendView('gpu-0')?.localInflight.requests).toBe(1);
+    await until(() => a.inflight('gpu-0').requests === 4, 2_000, 'a to see b’s lease');
+    expect(a.status().peers).toBe(1);
+
+    // Latency windows: each records half; both see the union.
+    for (let i = 1; i <= 100; i++) (i % 2 ? a : b).record(sample({ ttftMs: i * 10 }));
+    await until(
+      () =>
+        a.backendView('gpu-0')?.latency.ttft.count === 100 &&
+        b.backendView('gpu-0')?.latency.ttft.count === 100,
+      2_000,
+      'merged windows',
+    );
+    const pa = a.backendView('gpu-0')!.latency.ttft;
+    const pb = b.backendView('gpu-0')!.latency.ttft;
+    expect(pa.p99).toBeCloseTo(pb.p99 as number, 6);
+    expect(pa.p50!).toBeGreaterThan(500 * 0.95);
+    expect(pa.p50!).toBeLessThan(500 * 1.05);
+
+    for (const l of leases) l.end();
+    await until(() => b.inflight('gpu-0').requests === 1, 2_000, 'b to see a’s leases end');
+  });
+
+  it('fits combine across instances: each sees the rate learnt from both', async () => {
+    const a = make('a');
+    const b = make('b');
+    await Promise.all([a.ready(), b.ready()]);
+    // a only sees short prompts, b only long ones: neither alone could tell a rate from its own
+    // samples if they did not vary, but together they span the range.
+    for (let i = 0; i < 40; i++) {
+      a.record(sample({ ttftMs: 20 + 0.1 * 100, uncachedPromptTokens: 100, loadAtDispatch: 0 }));
+      b.record(sample({ ttftMs: 20 + 0.1 * 3000, uncachedPromptTokens: 3000, loadAtDispatch: 0 }));
+    }
+    await until(() => (a.backendView('gpu-0')?.rates.ttft?.samples ?? 0) === 80, 2_000, 'merged fit');
+    for (const s of [a, b]) {
+      expect(s.backendView('gpu-0')!.rates.prefillTokensPerS!).toBeCloseTo(10_000, -1);
+      expect(s.predictTtftMs('gpu-0', 1000, 0)!).toBeCloseTo(120, 3);
+    }
+  });
+
+  it('an instance that closes withdraws at once; one that is SIGKILLed stops counting within 5 s', async () => {
+    const a = make('a');
+    const b = make('b');
+    await Promise.all([a.ready(), b.ready()]);
+    b.lease('gpu-1', { promptTokens: 1, expectedOutputTokens: 1 });
+    await until(() => a.load('gpu-1') === 1, 2_000, 'a to see b');
+    await b.close();
+    const gone = await until(() => a.load('gpu-1') === 0, 2_000, 'closed instance gone');
+    expect(gone).toBeLessThan(livenessTtlMs(cfg));
+
+    // A separate process, killed with SIGKILL: no goodbye; its heartbeat expires.
+    const watcher = createLiveState(
+      { ...cfg, key_prefix: 'killtest' },
+      { instanceId: 'watcher', backends: BACKENDS, scrape: false },
+    );
+    states.push(watcher);
+    const fixture = fileURLToPath(new URL('./fixtures/instance.ts', import.meta.url));
+    const child: ChildProcess = spawn(process.execPath, ['--import', 'tsx', fixture, redis.url, '5'], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        child.stdout?.on('data', (d: Buffer) => d.toString().includes('synced') && resolve());
+        child.once('exit', (code) => reject(new Error(`instance exited early (${code})`)));
+      });
+      await until(() => watcher.load('gpu-0') === 5, 3_000, 'watcher to see the child’s leases');
+      expect(watcher.backendView('gpu-0')?.latency.ttft.count).toBe(1);
+      const exited = new Promise((r) => child.once('exit', r));
+      child.kill('SIGKILL');
+      await exited;
+      const stoppedAfter = await until(
+        () => watcher.load('gpu-0') === 0,
+        6_000,
+        'dead instance to stop counting',
+      );
+      expect(stoppedAfter).toBeLessThan(5_000);
+      // The TTL is what bounds it (plus the watcher's next refresh, with slack for a busy machine).
+      expect(stoppedAfter).toBeLessThan(livenessTtlMs(cfg) + 1_000);
+      expect(watcher.backendView('gpu-0')?.latency.ttft.count).toBe(0);
+    } finally {
+      child.kill('SIGKILL');
+    }
+  });
+
+  it('Redis killed under load: calls stay sub-millisecond, degraded soon, recovery without backlog replay', async () => {
+    const a = make('a');
+    const b = make('b');
+    await Promise.all([a.ready(), b.ready()]);
+    const held = a.lease('gpu-0', { promptTokens: 100, expectedOutputTokens: 10 });
+    b.lease('gpu-0', { promptTokens: 100, expectedOutputTokens: 10 });
+    await until(() => a.load('gpu-0') === 2 && b.load('gpu-0') === 2, 2_000, 'shared counts');
+
+    await redis.kill9();
+    const killedAt = performance.now();
+    // Request-path calls while Redis is gone: 5000 requests' worth of leases and records.
+    const ops = timeCalls(5_000, (i) => {
+      const l = a.lease('gpu-1', { promptTokens: 100, expectedOutputTokens: 10 });
+      a.record(sample({ backend: 'gpu-1', ttftMs: 50 + (i % 50) }));
+      a.backendView('gpu-1');
+      a.predictTtftMs('gpu-1', 1000);
+      l.end();
+    });
+    expect(ops.p99).toBeLessThan(1);
+    await until(() => a.status().degraded && b.status().degraded, 3_000, 'degraded');
+    expect(performance.now() - killedAt).toBeLessThan(COMMAND_TIMEOUT_MS + REFRESH_MS + 1_000);
+    expect(a.status().lastError).not.toBeNull();
+    // The tick never blocks: a failed exchange takes no longer than the command timeout.
+    expect(a.status().lastSyncDurationMs!).toBeLessThan(COMMAND_TIMEOUT_MS + 50);
+    // Local state keeps serving: a's own lease and records are there.
+    expect(a.backendView('gpu-1')?.latency.ttft.count).toBe(5_000);
+    expect(a.backendView('gpu-0')?.localInflight.requests).toBe(1);
+    // The peer's part lasts at most the liveness TTL, then only local data counts.
+    await until(() => a.load('gpu-0') === 1, livenessTtlMs(cfg) + 1_000, 'peer data to expire');
+
+    await redis.restart();
+    const recovered = await until(() => !a.status().degraded && !b.status().degraded, 5_000, 'recovery');
+    expect(recovered).toBeLessThan(3_000);
+    await until(() => b.load('gpu-0') === 2, 2_000, 'shared counts again');
+    held.end();
+    await until(() => b.load('gpu-0') === 1, 2_000, 'b to see the end of a’s lease');
+    // Let a few more ticks run, then count what Redis has executed since it came back.
+    await sleep(5 * REFRESH_MS);
+    const calls = await commandCalls(redis);
+    const scripts = (calls.evalsha ?? 0) + (calls.eval ?? 0);
+    const elapsedTicks = (performance.now() - killedAt) / REFRESH_MS;
+    // One script per instance per tick since the restart, nothing per request made while down.
+    expect(scripts).toBeGreaterThan(0);
+    expect(scripts).toBeLessThanOrEqual(2 * (elapsedTicks + 2));
+    expect(calls.hset ?? 0).toBeLessThanOrEqual(scripts);
+    const total = Object.values(calls).reduce((x, y) => x + y, 0);
+    expect(total).toBeLessThan(5_000 / 5);
+  });
+
+  it('Redis that stops answering (SIGSTOP): the command timeout bounds every tick', async () => {
+    const a = make('a');
+    await a.ready();
+    expect(a.status().degraded).toBe(false);
+    redis.pause();
+    try {
+      const stalledAt = performance.now();
+      const ops = timeCalls(2_000, () => {
+        a.lease('gpu-0', { promptTokens: 1, expectedOutputTokens: 1 }).end();
+        a.record(sample());
+      });
+      expect(ops.p99).toBeLessThan(1);
+      await until(() => a.status().degraded, 3_000, 'degraded on timeout');
+      expect(performance.now() - stalledAt).toBeLessThan(COMMAND_TIMEOUT_MS + REFRESH_MS + 1_000);
+      expect(a.status().lastError).toMatch(/timed out/);
+      expect(a.status().lastSyncDurationMs!).toBeLessThan(COMMAND_TIMEOUT_MS + 50);
+    } finally {
+      redis.resume();
+    }
+    await until(() => !a.status().degraded, 5_000, 'recovery after SIGCONT');
+  });
+
+  it('Redis down at boot: starts degraded and serving, recovers when Redis starts', async () => {
+    await redis.kill9();
+    try {
+      const a = make('a');
+      const started = performance.now();
+      await a.ready();
+      expect(performance.now() - started).toBeLessThan(cfg.connect_timeout_ms + COMMAND_TIMEOUT_MS + 500);
+      expect(a.status()).toMatchObject({ store: 'redis', degraded: true, lastSyncAgeMs: null });
+      const l = a.lease('gpu-0', { promptTokens: 1, expectedOutputTokens: 1 });
+      a.record(sample());
+      expect(a.load('gpu-0')).toBe(1);
+      expect(a.backendView('gpu-0')?.latency.ttft.count).toBe(1);
+      await sleep(3 * REFRESH_MS);
+      expect(a.status().degraded).toBe(true);
+      await redis.restart();
+      await until(() => !a.status().degraded, 5_000, 'recovery after a late Redis');
+      const b = make('b');
+      await b.ready();
+      await until(() => b.load('gpu-0') === 1, 2_000, 'b to see a');
+      l.end();
+    } finally {
+      await redis.restart();
+    }
+  });
+});
+
+describe('LiveState on Redis Cluster (single-node cluster, ioredis Cluster client)', () => {
+  let redis: RedisServer;
+  beforeAll(async () => {
+    redis = await startRedisServer({ cluster: true });
+  });
+  afterAll(async () => {
+    await redis.stop();
+  });
+
+  it('the sync script runs in one slot and instances share counts', async () => {
+    const cfg: RedisStateConfig = {
+      store: 'redis',
+      redis_url: redis.url,
+      key_prefix: 'cluster',
+      connect_timeout_ms: 1_000,
+      command_timeout_ms: 200,
+      refresh_interval_ms: REFRESH_MS,
+      topology: 'cluster',
+      sentinels: [],
+      sentinel_name: 'mymaster',
+      cluster_nodes: [],
+    };
+    const opts = { backends: BACKENDS, scrape: false as const };
+    const a = createLiveState(cfg, { ...opts, instanceId: 'a' });
+    const b = createLiveState(cfg, { ...opts, instanceId: 'b' });
+    try {
+      await Promise.all([a.ready(), b.ready()]);
+      a.lease('gpu-0', { promptTokens: 1, expectedOutputTokens: 1 });
+      await until(() => b.load('gpu-0') === 1, 3_000, 'b to see a through the cluster');
+      expect(b.status()).toMatchObject({ degraded: false, peers: 1 });
+      expect(await redis.cli('cluster', 'keyslot', '{cluster}:instances')).toBe(
+        await redis.cli('cluster', 'keyslot', '{cluster}:snapshots'),
+      );
+    } finally {
+      await Promise.all([a.close(), b.close()]);
+    }
+  });
+});

@@ -1,0 +1,173 @@
+import { createServer, type Server } from 'node:http';
+import { afterEach, describe, expect, it } from 'vitest';
+import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
+import { createLiveState } from '../../src/state/index.ts';
+import { TelemetryScraper } from '../../src/state/scraper.ts';
+import { trackHandles } from './handles.ts';
+
+async function until(cond: () => boolean, timeoutMs: number, what: string): Promise<number> {
+  const start = performance.now();
+  while (!cond()) {
+    if (performance.now() - start > timeoutMs) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  return performance.now() - start;
+}
+
+/** An HTTP server answering /metrics with `body()`; `hang` makes it never answer. */
+async function metricsServer(
+  body: () => string,
+  opts: { hang?: boolean } = {},
+): Promise<{ url: string; server: Server }> {
+  const server = createServer((req, res) => {
+    if (opts.hang) return;
+    if (req.url !== '/metrics') {
+      res.writeHead(404).end();
+      return;
+    }
+    res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(body());
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const addr = server.address();
+  const port = typeof addr === 'object' && addr !== null ? addr.port : 0;
+  return { url: `http://127.0.0.1:${port}`, server };
+}
+
+function closeServer(server: Server): Promise<void> {
+  server.closeAllConnections();
+  return new Promise((r) => server.close(() => r()));
+}
+
+describe('vLLM telemetry scraper', () => {
+  let fleet: Fleet | undefined;
+  const cleanups: Array<() => Promise<void>> = [];
+  afterEach(async () => {
+    for (const c of cleanups.splice(0)) await c();
+    await fleet?.close();
+    fleet = undefined;
+  });
+
+  it('scrapes the simulator’s /metrics and follows its engine', async () => {
+    fleet = await startFleet({ replicas: 1, profile: 'llama3-8b-h100', timeScale: 0.01 });
+    const replica = fleet.replicas[0]!;
+    const scraper = new TelemetryScraper({ intervalMs: 50 }, [{ name: 'sim-0', url: fleet.urls[0]! }]);
+    cleanups.push(() => scraper.close());
+    await until(() => scraper.get('sim-0')?.scrapedAt !== null, 2_000, 'first scrape');
+    let t = scraper.get('sim-0')!;
+    const engine = replica.stats().engine;
+    expect(t).toMatchObject({
+      running: 0,
+      waiting: 0,
+      blockSize: engine.blockSize,
+      numGpuBlocks: engine.numGpuBlocks,
+    });
+    expect(t.saturated).toBe(false);
+    expect(t.ageMs!).toBeLessThan(scraper.staleAfterMs);
+
+    // Two requests with the same long prompt: the second one hits the prefix cache.
+    const prompt = 'The quick brown fox jumps over the lazy dog. '.repeat(40);
+    for (let i = 0; i < 2; i++) {
+      const res = await fetch(`${fleet.urls[0]}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: replica.profile.model, prompt, max_tokens: 4 }),
+      });
+      expect(res.status).toBe(200);
+      await res.text();
+    }
+    const want = replica.stats().engine;
+    expect(want.prefixCacheHits).toBeGreaterThan(0);
+    await until(() => scraper.get('sim-0')?.prefixHits === want.prefixCacheHits, 2_000, 'counters');
+    t = scraper.get('sim-0')!;
+    expect(t.prefixQueries).toBe(want.prefixCacheQueries);
+    expect(t.prefixHitRate!).toBeGreaterThan(0);
+    expect(t.prefixHitRate!).toBeLessThanOrEqual(1);
+  });
+
+  it('a backend whose scrapes stop (refuse fault) turns saturated after the staleness threshold', async () => {
+    fleet = await startFleet({ replicas: 2, profile: 'llama3-8b-h100', timeScale: 0.01 });
+    const scraper = new TelemetryScraper({ intervalMs: 50, staleAfterMs: 150, timeoutMs: 100 }, [
+      { name: 'a', url: fleet.urls[0]! },
+      { name: 'b', url: fleet.urls[1]! },
+    ]);
+    cleanups.push(() => scraper.close());
+    await until(() => !scraper.get('a')!.saturated && !scraper.get('b')!.saturated, 2_000, 'first scrapes');
+    await fleet.replicas[0]!.fault({ mode: 'refuse' });
+    const waited = await until(() => scraper.get('a')!.saturated, 3_000, 'saturated');
+    // Not before the threshold: the last good scrape was at most one interval before the fault.
+    expect(waited).toBeGreaterThanOrEqual(150 - 50 - 10);
+    const a = scraper.get('a')!;
+    expect(a.ageMs!).toBeGreaterThan(150);
+    expect(a.lastError).not.toBeNull();
+    expect(a.consecutiveFailures).toBeGreaterThan(0);
+    // The last values are kept for inspection, flagged by `saturated`.
+    expect(a.running).toBe(0);
+    expect(scraper.get('b')!.saturated).toBe(false);
+    await fleet.replicas[0]!.reset();
+    await until(() => !scraper.get('a')!.saturated, 2_000, 'recovery');
+    expect(scraper.get('a')!.lastError).toBeNull();
+  });
+
+  it('never-scraped, non-vLLM, hanging and closed backends are saturated', async () => {
+    const plain = await metricsServer(() => 'process_cpu_seconds_total 1\n');
+    const hanging = await metricsServer(() => '', { hang: true });
+    const good = await metricsServer(() => 'vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n');
+    cleanups.push(
+      () => closeServer(plain.server),
+      () => closeServer(hanging.server),
+    );
+    const scraper = new TelemetryScraper({ intervalMs: 50, staleAfterMs: 150, timeoutMs: 100 }, [
+      { name: 'plain', url: plain.url },
+      { name: 'hang', url: hanging.url },
+      { name: 'good', url: `${good.url}/` },
+      { name: 'closed', url: 'http://127.0.0.1:1' },
+    ]);
+    cleanups.push(() => scraper.close());
+    // Before any answer everything is saturated: unknown is not idle.
+    expect(scraper.get('good')).toMatchObject({ saturated: true, ageMs: null, scrapedAt: null });
+    await until(() => scraper.get('good')!.running === 1, 2_000, 'good scrape');
+    await until(() => scraper.get('hang')!.consecutiveFailures > 0, 2_000, 'timeout');
+    expect(scraper.get('hang')!.lastError).toMatch(/timed out/);
+    expect(scraper.get('plain')!.lastError).toMatch(/num_requests_running/);
+    expect(scraper.get('closed')!.lastError).not.toBeNull();
+    for (const name of ['plain', 'hang', 'closed']) expect(scraper.get(name)!.saturated).toBe(true);
+    expect(scraper.get('good')!.saturated).toBe(false);
+    await closeServer(good.server);
+    await until(() => scraper.get('good')!.saturated, 2_000, 'good → saturated');
+    expect(scraper.get('unknown')).toBeUndefined();
+  });
+
+  it('setTargets adds and removes backends; close leaves no timer or socket behind', async () => {
+    const tracker = trackHandles();
+    let scrapes = 0;
+    const srv = await metricsServer(() => {
+      scrapes++;
+      return 'vllm:num_requests_running 2\n';
+    });
+    const hanging = await metricsServer(() => '', { hang: true });
+    const state = createLiveState(
+      { store: 'memory' },
+      { backends: [{ name: 'x', url: srv.url }], scrape: { intervalMs: 1_000, timeoutMs: 5_000 } },
+    );
+    await until(() => state.telemetry('x')?.running === 2, 2_000, 'scrape x');
+    state.setBackends([
+      { name: 'y', url: srv.url },
+      { name: 'h', url: hanging.url },
+    ]);
+    expect(state.telemetry('x')).toBeNull();
+    await until(() => state.telemetry('y')?.running === 2, 2_000, 'scrape y');
+    // A scrape is in flight on the hanging backend; close() must abort it, not wait 5 s.
+    const started = performance.now();
+    await state.close();
+    expect(performance.now() - started).toBeLessThan(1_000);
+    const after = scrapes;
+    await new Promise((r) => setTimeout(r, 100));
+    expect(scrapes).toBe(after);
+    await closeServer(srv.server);
+    await closeServer(hanging.server);
+    await new Promise((r) => setTimeout(r, 50));
+    tracker.stop();
+    expect(tracker.live().TCPWRAP ?? 0).toBe(0);
+    expect(tracker.live().Timeout ?? 0).toBe(0);
+  });
+});
