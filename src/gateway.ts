@@ -18,6 +18,7 @@ import { createAuthenticator } from './server/auth.ts';
 import { ModelCatalog } from './server/model-catalog.ts';
 import { Lifecycle, type Runtime } from './server/runtime.ts';
 import { type Fleet, startFleet } from './sim/fleet.ts';
+import { createLiveState } from './state/index.ts';
 import { AdmissionLog } from './telemetry/admission-log.ts';
 import { createLogger, type Logger } from './telemetry/logger.ts';
 import { createMetrics } from './telemetry/metrics.ts';
@@ -190,6 +191,16 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const backends = new BackendSet(backendSetOptions(config, onBackendEvent), backendConfigs(config, fleet));
     undo.push(() => backends.close());
     const backendUrls = () => backends.list().map((b) => b.url);
+    const scrapeTargets = () => backends.list().map((b) => ({ name: b.name, url: b.url }));
+    // Live state: local first; with `state.store: redis`, shared in the background. ready() is
+    // bounded by the connect timeout and resolves degraded when Redis is down (never throws).
+    const live = createLiveState(config.state, {
+      backends: scrapeTargets(),
+      scrape: { intervalMs: config.upstream.metrics_scrape_interval_ms },
+      logger,
+    });
+    undo.push(() => live.close());
+    await live.ready();
     const initialModels = new ModelCatalog(config.models);
     await initialModels.refresh(backendUrls());
 
@@ -199,6 +210,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       policy: initialPolicy,
       models: initialModels,
       backends,
+      live,
       proxy: proxyConfig(config),
       admissionLog: new AdmissionLog(admissionLogger.logger),
       metrics,
@@ -225,6 +237,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       rt.proxy = proxyConfig(next);
       rt.config = next;
       const drained = backends.update(backendConfigs(next, fleet));
+      live.setBackends(scrapeTargets());
       if (JSON.stringify(prev.models) === JSON.stringify(next.models)) {
         void rt.models.refresh(backendUrls());
       } else {
@@ -288,6 +301,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           if (cut > 0) logger.warn({ cut }, 'shutdown: grace period over, in-flight requests cut');
           await closeServer(app, rt.lifecycle, Math.max(deadline - performance.now(), MIN_CLOSE_WAIT_MS));
           await backends.close();
+          await live.close();
           await fleet?.close();
           await flushLogs();
           return { cut };

@@ -4,6 +4,8 @@
 // request is handed to proxyRequest, the proxy writes the response and this file ends the record.
 
 import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { BackendView } from '../router/index.ts';
+import type { Lease } from '../state/index.ts';
 import type { AdmissionFields, RequestRecord, RouteCandidate } from '../telemetry/admission-log.ts';
 import type { Outcome } from '../telemetry/outcome.ts';
 import type { Backend } from '../upstream/index.ts';
@@ -24,6 +26,12 @@ export const proxied = new WeakSet<RequestRecord>();
 
 /** How many ranked candidates go into a debug-level record. */
 const LOGGED_CANDIDATES = 3;
+
+/**
+ * Output tokens a request without max_tokens is expected to take, for the in-flight token counts
+ * (ShareGPT's mean output is about 200 tokens; research/vllm.md F).
+ */
+const EXPECTED_OUTPUT_TOKENS = 256;
 
 function header(request: FastifyRequest, name: string): string | undefined {
   const v = request.headers[name];
@@ -88,12 +96,25 @@ export async function handleInference(
     sessionId: header(request, 'x-session-id'),
   };
   let candidates: RouteCandidate[] | undefined;
+  // One lease at a time: it follows the request to each backend an attempt is sent to, so the
+  // shared in-flight counts (all gateway instances) always name where the request is now.
+  let lease = null as Lease | null;
+  let loadAtDispatch = 0;
+  const leaseTokens = { promptTokens, expectedOutputTokens: ir.maxTokens ?? EXPECTED_OUTPUT_TOKENS };
   const pick = (excluded: ReadonlySet<string>): Backend | null => {
-    const views = rt.backends.available().filter((b) => !excluded.has(b.name));
+    const views: BackendView[] = [];
+    for (const b of rt.backends.available()) {
+      if (!excluded.has(b.name))
+        views.push({ name: b.name, weight: b.weight, inflight: rt.live.load(b.name) });
+    }
     const ranked = rt.policy.rank(routeReq, views);
     candidates ??= ranked.slice(0, LOGGED_CANDIDATES).map((c) => ({ backend: c.backend, cost_s: c.cost }));
-    const best = ranked[0];
-    return best === undefined ? null : (rt.backends.get(best.backend) ?? null);
+    const best = ranked[0] === undefined ? undefined : rt.backends.get(ranked[0].backend);
+    if (best === undefined) return null;
+    lease?.end();
+    loadAtDispatch = rt.live.load(best.name);
+    lease = rt.live.lease(best.name, leaseTokens);
+    return best;
   };
 
   const overheadMs = record.elapsedMs();
@@ -152,6 +173,22 @@ export async function handleInference(
       error,
     };
     if (candidates !== undefined) fields.candidates = candidates;
+    lease?.end();
+    if (outcome === 'ok' && result.backend !== null && result.ttftMs !== null) {
+      // Only complete requests teach the windows and the rate fits; failures and cancels would
+      // bias them (a cut stream has a short, meaningless TPOT).
+      rt.live.record({
+        backend: result.backend,
+        class: id.class,
+        queueMs: 0,
+        ttftMs: result.ttftMs,
+        tpotMs: result.tpotMs,
+        uncachedPromptTokens: result.promptTokens ?? promptTokens,
+        promptTokens: result.promptTokens ?? promptTokens,
+        completionTokens: result.completionTokens ?? 0,
+        loadAtDispatch,
+      });
+    }
     endRecord(rt, record, outcome, fields, result.itlMs);
   } catch (err) {
     // Upstream failures are results, never throws: this is a bug (in a routing policy, say). The
@@ -166,6 +203,7 @@ export async function handleInference(
       error: err instanceof Error ? err.message : String(err),
     });
   } finally {
+    lease?.end();
     rt.lifecycle.leave(shutdown);
   }
 }

@@ -4,11 +4,24 @@
 import type { FastifyInstance } from 'fastify';
 import type { Runtime } from './runtime.ts';
 
-/** Copies the live per-backend numbers into the gauges; run at scrape time, so no timer is needed. */
-function refreshBackendGauges(rt: Runtime): void {
+/**
+ * Copies the live per-backend numbers into the gauges; run at scrape time, so no timer is needed.
+ * `backend_inflight` is this instance's own count (summing the series over instances gives the
+ * fleet's); the shared view is in /admin/state.
+ */
+function refreshGauges(rt: Runtime): void {
   for (const b of rt.backends.list()) {
-    rt.metrics.setBackendGauges(b.name, { inflight: b.inflight, healthy: b.available });
+    const t = rt.live.telemetry(b.name);
+    const rates = rt.live.backendView(b.name)?.rates;
+    rt.metrics.setBackendGauges(b.name, {
+      inflight: b.inflight,
+      healthy: b.available,
+      kv_cache_usage: t?.kvCacheUsage ?? null,
+      waiting: t?.waiting ?? null,
+      prefill_tokens_per_second: rates?.prefillTokensPerS ?? null,
+    });
   }
+  rt.metrics.setStoreDegraded(rt.live.status().degraded);
 }
 
 export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
@@ -18,28 +31,45 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
     if (rt.lifecycle.shuttingDown) return reply.code(503).send({ status: 'shutting_down' });
     const healthy = rt.backends.available().length;
     if (healthy === 0) return reply.code(503).send({ status: 'not_ready', healthy_backends: 0 });
-    return { status: 'ready', healthy_backends: healthy };
+    // A store outage degrades sharing, not service: still ready (200), but it says so.
+    const store = rt.live.status();
+    return { status: store.degraded ? 'degraded' : 'ready', healthy_backends: healthy, store: store.store };
   });
 
   app.get('/metrics', async (_request, reply) => {
-    refreshBackendGauges(rt);
+    refreshGauges(rt);
     return reply.header('content-type', rt.metrics.contentType).send(await rt.metrics.render());
   });
 
-  app.get('/admin/state', async () => ({
-    shutting_down: rt.lifecycle.shuttingDown,
-    in_flight: rt.lifecycle.active,
-    router: { policy: rt.policy.name },
-    state: { store: rt.config.state.store },
-    models: rt.models.list().data.map((m) => ({ id: m.id, max_model_len: m.max_model_len })),
-    sla: rt.config.sla,
-    backends: rt.backends.list().map((b) => ({
-      name: b.name,
-      url: b.url,
-      weight: b.weight,
-      state: b.state,
-      available: b.available,
-      inflight: b.inflight,
-    })),
-  }));
+  app.get('/admin/state', async () => {
+    const live = rt.live.view();
+    const liveByName = new Map(live.backends.map((b) => [b.name, b]));
+    return {
+      instance: live.instanceId,
+      shutting_down: rt.lifecycle.shuttingDown,
+      in_flight: rt.lifecycle.active,
+      router: { policy: rt.policy.name },
+      store: live.store,
+      window_ms: live.windowMs,
+      models: rt.models.list().data.map((m) => ({ id: m.id, max_model_len: m.max_model_len })),
+      sla: rt.config.sla,
+      backends: rt.backends.list().map((b) => {
+        const v = liveByName.get(b.name);
+        return {
+          name: b.name,
+          url: b.url,
+          weight: b.weight,
+          state: b.state,
+          available: b.available,
+          // This instance's attempts in flight, and the shared counts over every instance.
+          local_inflight: b.inflight,
+          inflight: v?.inflight ?? null,
+          latency: v?.latency ?? null,
+          by_class: v?.byClass ?? null,
+          rates: v?.rates ?? null,
+          telemetry: v?.telemetry ?? null,
+        };
+      }),
+    };
+  });
 }

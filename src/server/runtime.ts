@@ -5,6 +5,7 @@
 import type { Logger } from 'pino';
 import type { Config } from '../config/index.ts';
 import type { RoutingPolicy } from '../router/index.ts';
+import type { LiveState } from '../state/index.ts';
 import type { AdmissionLog } from '../telemetry/admission-log.ts';
 import type { GatewayMetrics } from '../telemetry/metrics.ts';
 import type { Tokenizer } from '../tokenizer/tokenizer.ts';
@@ -18,6 +19,8 @@ export interface Runtime {
   policy: RoutingPolicy;
   models: ModelCatalog;
   backends: BackendSet;
+  /** Live per-backend state: in-flight (all gateway instances), latency windows, rates, telemetry. */
+  live: LiveState;
   proxy: ProxyConfig;
   admissionLog: AdmissionLog;
   metrics: GatewayMetrics;

@@ -98,6 +98,11 @@ export interface RedisSyncOptions {
  * a death), at least 1 s, at most 4 s, so that with refresh intervals up to ~1 s a killed gateway
  * stops counting everywhere within 5 s (TTL + the reader's own refresh).
  */
+/** The sync period: half the configured refresh interval (see the constructor). */
+export function tickIntervalMs(cfg: RedisStateConfig): number {
+  return Math.max(5, Math.floor(cfg.refresh_interval_ms / 2));
+}
+
 export function livenessTtlMs(cfg: RedisStateConfig): number {
   const clamped = Math.min(4_000, Math.max(1_000, 4 * cfg.refresh_interval_ms));
   return Math.max(clamped, 2 * cfg.refresh_interval_ms + cfg.command_timeout_ms);
@@ -136,7 +141,9 @@ export class RedisSync {
     });
     // Reconnected: publish at once rather than at the next interval.
     this.client.on('ready', () => void this.tick());
-    this.#timer = setInterval(() => void this.tick(), cfg.refresh_interval_ms);
+    // Every exchange both publishes and reads, so a change waits at most one tick here and one on
+    // the peer: ticking at half the refresh interval keeps that within refresh_interval_ms.
+    this.#timer = setInterval(() => void this.tick(), tickIntervalMs(cfg));
     this.#timer.unref();
     void this.tick();
   }

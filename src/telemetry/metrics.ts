@@ -123,7 +123,7 @@ export class GatewayMetrics {
     this.itl = perRequest('itl_seconds', 'Gap between successive streamed chunks.', tpotBuckets);
     this.e2e = perRequest(
       'e2e_seconds',
-      'Arrival at the gateway to the last byte, admitted requests.',
+      'Arrival at the gateway to the last byte, requests that completed (outcome ok).',
       E2E_BUCKETS_S,
     );
     this.queueWait = perRequest('queue_wait_seconds', 'Time spent in the gateway queue.', ttftBuckets);
@@ -202,6 +202,12 @@ export class GatewayMetrics {
   /**
    * Updates every per-request series from one finished request's record. `itlMs` holds the gaps
    * between its streamed chunks, if any.
+   *
+   * Latency samples come only from requests whose measurement is whole (checklist item 11): TTFT
+   * when a first token really arrived (ok, failed_after_commit); TPOT, ITL and E2E only when the
+   * request completed (ok), since a failed stream's are cut short. A client cancel adds nothing
+   * but its counters: its times measure the client, not the fleet. Queue wait is observed for
+   * every other record that has one, a queue_timeout refusal included.
    */
   observeRequest(r: AdmissionRecord, itlMs?: ArrayLike<number>): void {
     const cls = r.class ?? NONE;
@@ -221,12 +227,15 @@ export class GatewayMetrics {
     }
     adm.inc();
     if (r.sla_met === true) c.slaMet.inc();
-    if (r.queue_ms !== null) s.queue.observe(r.queue_ms / 1000);
+    if (r.queue_ms !== null && r.outcome !== 'client_cancelled') s.queue.observe(r.queue_ms / 1000);
     if (r.decision === 'refused') return;
-    if (r.ttft_ms !== null) s.ttft.observe(r.ttft_ms / 1000);
-    if (r.tpot_ms !== null) s.tpot.observe(r.tpot_ms / 1000);
-    if (r.e2e_ms !== null) s.e2e.observe(r.e2e_ms / 1000);
-    if (itlMs) for (let i = 0; i < itlMs.length; i++) s.itl.observe(itlMs[i]! / 1000);
+    const gotFirstToken = r.outcome === 'ok' || r.outcome === 'failed_after_commit';
+    if (gotFirstToken && r.ttft_ms !== null) s.ttft.observe(r.ttft_ms / 1000);
+    if (r.outcome === 'ok') {
+      if (r.tpot_ms !== null) s.tpot.observe(r.tpot_ms / 1000);
+      if (r.e2e_ms !== null) s.e2e.observe(r.e2e_ms / 1000);
+      if (itlMs) for (let i = 0; i < itlMs.length; i++) s.itl.observe(itlMs[i]! / 1000);
+    }
     if (r.prefix_hit_est !== null && r.prompt_tokens_est !== null) {
       this.prefixHitTokens = this.prefixHitTokens * PREFIX_DECAY + r.prefix_hit_est * r.prompt_tokens_est;
       this.prefixPromptTokens = this.prefixPromptTokens * PREFIX_DECAY + r.prompt_tokens_est;

@@ -1,6 +1,7 @@
 // Why one attempt on one backend did not succeed. The reason decides two things: whether the
 // backend is to blame (outlier ejection and breaker count it) and, before the commit point,
 // whether another backend may be tried.
+import { type GatewayError, isGatewayError } from '../server/errors.ts';
 
 export type FailureReason =
   | 'connect_error' // refused, unreachable, DNS
@@ -14,7 +15,8 @@ export type FailureReason =
   | 'protocol_error' // bad JSON, oversized event or body, no token before [DONE], no [DONE]
   | 'idle_timeout' // no data event for idle_timeout_ms after the commit point
   | 'client_cancelled'
-  | 'client_stalled'; // the client stopped reading for client_stall_timeout_ms
+  | 'client_stalled' // the client stopped reading for client_stall_timeout_ms
+  | 'cut'; // the caller ended the request with an error the client is told (e.g. shutdown)
 
 /** Reasons that are not the backend's fault: the gateway, the client or the request's budget. */
 const NOT_BACKEND_FAULT: ReadonlySet<FailureReason> = new Set<FailureReason>([
@@ -22,18 +24,26 @@ const NOT_BACKEND_FAULT: ReadonlySet<FailureReason> = new Set<FailureReason>([
   'deadline',
   'client_cancelled',
   'client_stalled',
+  'cut',
 ]);
 
 export class AttemptFailure extends Error {
   readonly reason: FailureReason;
   /** Upstream HTTP status when one was received. */
   readonly status: number | null;
+  /** For a cut: the error the client is told instead of the generic upstream_error. */
+  readonly clientError: GatewayError | null;
 
-  constructor(reason: FailureReason, message: string, opts: { status?: number; cause?: unknown } = {}) {
+  constructor(
+    reason: FailureReason,
+    message: string,
+    opts: { status?: number; cause?: unknown; clientError?: GatewayError } = {},
+  ) {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
     this.name = 'AttemptFailure';
     this.reason = reason;
     this.status = opts.status ?? null;
+    this.clientError = opts.clientError ?? null;
   }
 
   /** Counted by outlier detection and the breaker. */
@@ -44,6 +54,16 @@ export class AttemptFailure extends Error {
   get byClient(): boolean {
     return this.reason === 'client_cancelled' || this.reason === 'client_stalled';
   }
+}
+
+/**
+ * Why the request's signal aborted: a cut when its reason is a GatewayError (the client is told
+ * that error), otherwise the client went away.
+ */
+export function abortFailure(signal: AbortSignal): AttemptFailure {
+  const reason: unknown = signal.reason;
+  if (isGatewayError(reason)) return new AttemptFailure('cut', reason.message, { clientError: reason });
+  return new AttemptFailure('client_cancelled', 'client went away');
 }
 
 /** Maps an undici/socket error raised before or during the response to a reason. */

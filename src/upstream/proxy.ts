@@ -2,9 +2,10 @@
 // point a backend failure is retried on a different backend within `retries`, the shared retry
 // budget and the request's deadline; after it, never (no duplicate tokens). Upstream failures are
 // never thrown: the result says how the request ended, and when no attempt committed this is the
-// one place that writes the error envelope to the client.
+// one place that writes the error envelope to the client. The caller may cut the request at any
+// time by aborting `signal` with a GatewayError: the client is told that error, never reset.
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
-import { type ErrorCode, GatewayError } from '../server/errors.ts';
+import { type ErrorCode, GatewayError, isGatewayError } from '../server/errors.ts';
 import type { Outcome } from '../telemetry/outcome.ts';
 import type { Backend } from './backend.ts';
 import type { FailureReason } from './failure.ts';
@@ -31,7 +32,14 @@ export interface ProxyRequest {
   startedAt: number;
   /** performance.now() by which a first token must have arrived, across all attempts. */
   deadlineAt?: number;
-  /** Extra cancellation (e.g. server shutdown); treated like a client disconnect. */
+  /**
+   * Extra cancellation. Aborted with a GatewayError as its reason (e.g. `shutting_down` at the end
+   * of the shutdown grace period) it is a cut: the upstream attempt is aborted at once and the
+   * client is told that error — before the commit point as the error response (its status,
+   * envelope and Retry-After; outcome failed_before_commit), after it as one SSE error event then
+   * [DONE] and a normal end (failed_after_commit); reason 'cut', errorCode the error's code.
+   * Aborted with any other reason it is treated like a client disconnect (client_cancelled).
+   */
   signal?: AbortSignal;
   /** The router: the next backend to try, never one in `excluded`; null when none is left. */
   pick: (excluded: ReadonlySet<string>) => Backend | null;
@@ -163,7 +171,8 @@ async function attemptLoop(
     // The deadline failure means the budget is spent (timers may fire a fraction of a ms early).
     if (end.kind !== 'failed' || end.committed || f === null || f.byClient || f.reason === 'deadline') break;
   }
-  return conclude(req, { last, backend: lastBackend, log, stop, cancelled: signal.aborted });
+  const cut = signal.aborted && isGatewayError(signal.reason) ? signal.reason : null;
+  return conclude(req, { last, backend: lastBackend, log, stop, cancelled: signal.aborted, cut });
 }
 
 /** The router's choice, skipping (and excluding) any backend that cannot take traffic right now. */
@@ -190,6 +199,8 @@ interface LoopEnd {
   log: AttemptRecord[];
   stop: ResultReason | null;
   cancelled: boolean;
+  /** The caller's cut: the error the client is told. */
+  cut: GatewayError | null;
 }
 
 function conclude(req: ProxyRequest, e: LoopEnd): ProxyResult {
@@ -213,7 +224,8 @@ function conclude(req: ProxyRequest, e: LoopEnd): ProxyResult {
       outcome,
       reason: failure?.reason ?? null,
       status: 200,
-      errorCode: failure === null || failure.byClient ? null : 'upstream_error',
+      errorCode:
+        failure === null || failure.byClient ? null : (failure.clientError?.code ?? 'upstream_error'),
       ttftMs: lat.ttftMs,
       tpotMs: lat.tpotMs,
       itlMs: lat.itlMs,
@@ -222,6 +234,16 @@ function conclude(req: ProxyRequest, e: LoopEnd): ProxyResult {
     };
   }
   const uncommitted = { ...base, ttftMs: null, tpotMs: null, itlMs: [], firstTokenAt: null };
+  if (e.cut !== null) {
+    return {
+      ...uncommitted,
+      outcome: 'failed_before_commit',
+      reason: 'cut',
+      status: writeErrorResponse(req.res, e.cut, req.responseHeaders),
+      errorCode: e.cut.code,
+      e2eMs: performance.now() - req.startedAt,
+    };
+  }
   if (e.cancelled || last?.failure?.byClient) {
     const e2eMs = performance.now() - req.startedAt;
     return {
@@ -286,7 +308,9 @@ function rejectedError(status: number): GatewayError {
 
 /**
  * Client disconnect, as res 'close' before the response ended (not request.signal: fastify #4690
- * aborts that once a POST body is read). The listener stays for the whole call, streaming included.
+ * aborts that once a POST body is read), or the caller's signal. The listener stays for the whole
+ * call, streaming included. Whichever comes first sets the reason, so a cut after the client left
+ * stays a cancel, and a client leaving after a cut does not undo it.
  */
 function watchClient(
   res: ServerResponse,
@@ -296,10 +320,12 @@ function watchClient(
   const onClose = (): void => {
     if (!res.writableEnded) ac.abort();
   };
-  const onExtra = (): void => ac.abort();
+  // The extra signal's reason is passed on: a GatewayError reason marks a cut (see ProxyRequest).
+  const onExtra = (): void => ac.abort(extra?.reason);
   res.on('close', onClose);
   extra?.addEventListener('abort', onExtra);
-  if (extra?.aborted || res.destroyed || res.socket?.destroyed === true) ac.abort();
+  if (res.destroyed || res.socket?.destroyed === true) ac.abort();
+  else if (extra?.aborted) ac.abort(extra.reason);
   return {
     signal: ac.signal,
     dispose: () => {

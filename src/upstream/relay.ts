@@ -13,12 +13,15 @@
 //   drain. None of them caps a healthy stream's total length.
 // - Events are forwarded as their original bytes; only the usage chunk is dropped when the
 //   client did not ask for usage (the gateway always asks the backend for it).
+// - A committed stream ends with the upstream's [DONE], or with one error event + [DONE] (the
+//   backend failed, or the caller cut it: then the cut's own error), or with a destroyed socket
+//   when the client is gone or stalled: nothing else can reach it then.
 // - `done` always resolves, exactly once; `committed` settles exactly once (resolves at commit or
 //   when a 4xx is to be relayed, rejects with the AttemptFailure of a pre-commit failure).
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import { GatewayError } from '../server/errors.ts';
-import { AttemptFailure, failureFromError } from './failure.ts';
+import { AttemptFailure, abortFailure, failureFromError } from './failure.ts';
 import { type Latencies, TokenClock } from './measure.ts';
 import { sseErrorFrames } from './respond.ts';
 import { SseParser } from './sse-parser.ts';
@@ -49,7 +52,7 @@ export interface AttemptSpec {
   clientStallTimeoutMs: number;
   maxEventBytes: number;
   maxBodyBytes: number;
-  /** Aborts when the client goes away. */
+  /** Aborts when the client goes away, or with a GatewayError reason when the caller cuts the request. */
   signal: AbortSignal;
 }
 
@@ -121,7 +124,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.#started = true;
     const { spec } = this;
     if (spec.signal.aborted) {
-      this.#fail(new AttemptFailure('client_cancelled', 'client went away before dispatch'));
+      this.#fail(abortFailure(spec.signal));
       return this.committed;
     }
     spec.signal.addEventListener('abort', this.#onClientAbort);
@@ -417,7 +420,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
 
   #onClientAbort = (): void => {
     if (this.#phase === 'closing') return;
-    this.#fail(new AttemptFailure('client_cancelled', 'client went away'));
+    this.#fail(abortFailure(this.spec.signal));
   };
 
   #abortUpstream(reason: Error): void {
@@ -446,7 +449,9 @@ export class Attempt implements Dispatcher.DispatchHandler {
       if (failure.byClient) {
         res.destroy();
       } else if (!res.destroyed && !res.writableEnded) {
-        res.end(sseErrorFrames(new GatewayError('upstream_error', 'The backend failed during the stream')));
+        const err =
+          failure.clientError ?? new GatewayError('upstream_error', 'The backend failed during the stream');
+        res.end(sseErrorFrames(err));
       }
       this.#endedAt ??= performance.now();
     }

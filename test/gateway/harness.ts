@@ -391,3 +391,70 @@ export function chatStreamText(n: number): string {
   });
   return `${out}data: [DONE]\n\n`;
 }
+
+// ---- `slagate serve` as a real child process ----
+
+const BIN = join(import.meta.dirname, '../../bin/slagate.js');
+
+export interface ServedGateway {
+  child: import('node:child_process').ChildProcess;
+  url: string;
+  /** The admission log file. */
+  log: string;
+  stderr(): string;
+  exited: Promise<number | null>;
+  /** SIGKILL unless it has exited; removes its temporary directory. */
+  dispose(): Promise<void>;
+}
+
+/**
+ * Runs `node bin/slagate.js serve` with `config` (admission log and port filled in) and resolves
+ * once it prints where it serves.
+ */
+export async function serveChild(config: Json): Promise<ServedGateway> {
+  const { spawn } = await import('node:child_process');
+  const tmp = tempDir();
+  const log = join(tmp.dir, 'admission.log');
+  const path = join(tmp.dir, 'gateway.yaml');
+  writeFileSync(
+    path,
+    stringify(
+      merge(
+        { server: { host: '127.0.0.1', port: 0 }, logging: { level: 'warn', admission_log: log } },
+        config,
+      ),
+    ),
+  );
+  const child = spawn(process.execPath, [BIN, 'serve', '--config', path], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  const exited = once(child, 'exit').then(([code]) => code as number | null);
+  let stderr = '';
+  child.stderr!.setEncoding('utf8');
+  child.stderr!.on('data', (c: string) => {
+    stderr += c;
+  });
+  const dispose = async () => {
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill('SIGKILL');
+      await exited;
+    }
+    tmp.remove();
+  };
+  try {
+    await waitFor(
+      () => /serving on (http:\/\/\S+)/.test(stderr) || child.exitCode !== null,
+      15_000,
+      'serving',
+    );
+  } catch (err) {
+    await dispose();
+    throw err;
+  }
+  const url = /serving on (http:\/\/\S+)/.exec(stderr)?.[1];
+  if (url === undefined) {
+    await dispose();
+    throw new Error(`slagate serve did not start:\n${stderr}`);
+  }
+  return { child, url, log, stderr: () => stderr, exited, dispose };
+}

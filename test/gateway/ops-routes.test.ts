@@ -33,7 +33,7 @@ describe('ops routes', () => {
     expect(JSON.parse(h.text)).toEqual({ status: 'alive' });
     const r = await get(t.url, '/readyz');
     expect(r.status).toBe(200);
-    expect(JSON.parse(r.text)).toEqual({ status: 'ready', healthy_backends: 2 });
+    expect(JSON.parse(r.text)).toEqual({ status: 'ready', healthy_backends: 2, store: 'memory' });
   });
 
   it('/metrics exposes slagate_ series with class, backend, outcome and reason labels', async () => {
@@ -76,14 +76,33 @@ describe('ops routes', () => {
       shutting_down: false,
       in_flight: 0,
       router: { policy: 'round_robin' },
-      state: { store: 'memory' },
+      store: { store: 'memory', degraded: false },
       models: [{ id: 'meta-llama/Llama-3.1-8B-Instruct', max_model_len: 131072 }],
       sla: { default_class: 'interactive' },
     });
-    expect(s.backends).toEqual([
-      { name: 'r0', url: t.fleet!.urls[0], weight: 1, state: 'healthy', available: true, inflight: 0 },
-      { name: 'r1', url: t.fleet!.urls[1], weight: 1, state: 'healthy', available: true, inflight: 0 },
+    const backends = s.backends as Record<string, unknown>[];
+    expect(
+      backends.map(({ name, url, weight, state, available, local_inflight }) => ({
+        name,
+        url,
+        weight,
+        state,
+        available,
+        local_inflight,
+      })),
+    ).toEqual([
+      { name: 'r0', url: t.fleet!.urls[0], weight: 1, state: 'healthy', available: true, local_inflight: 0 },
+      { name: 'r1', url: t.fleet!.urls[1], weight: 1, state: 'healthy', available: true, local_inflight: 0 },
     ]);
+    // The live view: shared in-flight counts, the window's latency over the 4 streams, telemetry.
+    for (const b of backends) {
+      expect(b.inflight).toMatchObject({ requests: 0 });
+      expect(b.telemetry).toMatchObject({ saturated: expect.any(Boolean) });
+    }
+    const served = backends.map((b) => (b.latency as { requests: number }).requests);
+    expect(served[0]! + served[1]!).toBe(4);
+    const ttft = backends.map((b) => (b.latency as { ttft: { p50: number | null } }).ttft.p50);
+    expect(ttft.some((v) => typeof v === 'number' && v > 0)).toBe(true);
     // Nothing secret on it.
     expect(res.text).not.toMatch(/api_key/);
   });

@@ -1,60 +1,34 @@
 // `slagate serve` as a real child process and SIGTERM: new requests are refused with 503 at once,
 // an in-flight stream drains to completion (or is cut after a short grace period), the process
 // exits 0, and the admission log file holds every record. Checklist item 34.
-import { type ChildProcess, spawn } from 'node:child_process';
-import { once } from 'node:events';
-import { writeFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { afterEach, expect, it } from 'vitest';
-import { stringify } from 'yaml';
-import { chat, MODEL, openStream, post, readRecords, sseData, tempDir, waitFor } from './harness.ts';
+import {
+  chat,
+  MODEL,
+  openStream,
+  post,
+  readRecords,
+  type ServedGateway,
+  serveChild,
+  sseData,
+  waitFor,
+} from './harness.ts';
 
 const CHAT = '/v1/chat/completions';
-const BIN = join(import.meta.dirname, '../../bin/slagate.js');
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-interface Served {
-  child: ChildProcess;
-  url: string;
-  log: string;
-  stderr(): string;
-  exited: Promise<number | null>;
-}
-
-async function serve(graceMs: number): Promise<Served> {
-  const dir = tempDir();
-  cleanups.push(dir.remove);
-  const log = join(dir.dir, 'admission.log');
-  const config = join(dir.dir, 'gateway.yaml');
-  writeFileSync(
-    config,
-    stringify({
-      server: { host: '127.0.0.1', port: 0, shutdown_grace_ms: graceMs },
-      models: [MODEL],
-      simulate: { replicas: 1, time_scale: 0.2 },
-      logging: { level: 'warn', admission_log: log },
-    }),
-  );
-  const child = spawn(process.execPath, [BIN, 'serve', '--config', config], {
-    stdio: ['ignore', 'ignore', 'pipe'],
+async function serve(graceMs: number): Promise<ServedGateway> {
+  const s = await serveChild({
+    server: { shutdown_grace_ms: graceMs },
+    models: [MODEL],
+    simulate: { replicas: 1, time_scale: 0.2 },
   });
-  const exited = once(child, 'exit').then(([code]) => code as number | null);
-  cleanups.push(() => {
-    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
-  });
-  let stderr = '';
-  child.stderr!.setEncoding('utf8');
-  child.stderr!.on('data', (c: string) => {
-    stderr += c;
-  });
-  await waitFor(() => /serving on (http:\/\/\S+)/.test(stderr) || child.exitCode !== null, 15_000, 'serving');
-  const url = /serving on (http:\/\/\S+)/.exec(stderr)?.[1];
-  if (url === undefined) throw new Error(`slagate serve did not start:\n${stderr}`);
-  return { child, url, log, stderr: () => stderr, exited };
+  cleanups.push(s.dispose);
+  return s;
 }
 
 it('SIGTERM: refuse new requests, drain the in-flight stream, flush every record, exit 0', async () => {

@@ -29,7 +29,8 @@ interface AdminBackend {
   name: string;
   state: string;
   available: boolean;
-  inflight: number;
+  local_inflight: number;
+  inflight: { requests: number };
 }
 
 async function adminBackends(url: string): Promise<AdminBackend[]> {
@@ -40,7 +41,8 @@ async function adminBackends(url: string): Promise<AdminBackend[]> {
 async function expectQuiet(g: TestGateway): Promise<void> {
   await waitFor(
     async () =>
-      g.gw.runtime.lifecycle.active === 0 && (await adminBackends(g.url)).every((b) => b.inflight === 0),
+      g.gw.runtime.lifecycle.active === 0 &&
+      (await adminBackends(g.url)).every((b) => b.local_inflight === 0 && b.inflight.requests === 0),
     2000,
     'no request in flight',
   );

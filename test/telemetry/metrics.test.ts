@@ -199,6 +199,53 @@ describe('GatewayMetrics', () => {
     expect(value(s, 'slagate_e2e_seconds_count', { backend: 'none' })).toBeUndefined();
   });
 
+  it('takes latency samples only from whole measurements; a cancel adds none (item 11)', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    const itl = [15, 25];
+    m.observeRequest(record({ backend: 'ok' }), itl);
+    m.observeRequest(
+      record({
+        backend: 'cancelled',
+        outcome: 'client_cancelled',
+        reason: 'client_cancelled',
+        sla_met: null,
+      }),
+      itl,
+    );
+    m.observeRequest(
+      record({ backend: 'cut', outcome: 'failed_after_commit', reason: 'upstream_error', sla_met: false }),
+      itl,
+    );
+    m.observeRequest(
+      record({
+        backend: 'early',
+        outcome: 'failed_before_commit',
+        reason: 'upstream_error',
+        ttft_ms: null,
+        tpot_ms: null,
+        sla_met: false,
+      }),
+    );
+    const s = parseSamples(await m.render());
+    const count = (h: string, backend: string) =>
+      value(s, `slagate_${h}_seconds_count`, { class: 'interactive', backend }) ?? 0;
+    const counts = (backend: string) =>
+      Object.fromEntries(['ttft', 'tpot', 'itl', 'e2e', 'queue_wait'].map((h) => [h, count(h, backend)]));
+    expect(counts('ok')).toEqual({ ttft: 1, tpot: 1, itl: 2, e2e: 1, queue_wait: 1 });
+    expect(counts('cancelled')).toEqual({ ttft: 0, tpot: 0, itl: 0, e2e: 0, queue_wait: 0 });
+    // A first token arrived, but the stream was cut short: its e2e and TPOT are not the fleet's.
+    expect(counts('cut')).toEqual({ ttft: 1, tpot: 0, itl: 0, e2e: 0, queue_wait: 1 });
+    expect(counts('early')).toEqual({ ttft: 0, tpot: 0, itl: 0, e2e: 0, queue_wait: 1 });
+    // Every one of them is still counted as a request.
+    for (const [backend, outcome] of [
+      ['cancelled', 'client_cancelled'],
+      ['cut', 'failed_after_commit'],
+      ['early', 'failed_before_commit'],
+    ] as const) {
+      expect(value(s, 'slagate_requests_total', { class: 'interactive', backend, outcome })).toBe(1);
+    }
+  });
+
   it('records the queue wait of a request refused after queueing', async () => {
     const m = createMetrics(CLASSES, { processMetrics: false });
     m.observeRequest(

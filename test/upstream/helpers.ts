@@ -202,6 +202,8 @@ export interface GatewayOpts {
   pick?: (excluded: ReadonlySet<string>) => Backend | null;
   deadlineMs?: number;
   responseHeaders?: http.OutgoingHttpHeaders;
+  /** Passed as every request's ProxyRequest.signal (a shutdown switch). */
+  signal?: AbortSignal;
 }
 
 export interface Gateway {
@@ -235,6 +237,7 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
         responseHeaders: opts.responseHeaders ?? { 'x-request-id': 'req-1' },
         startedAt,
         deadlineAt: opts.deadlineMs === undefined ? undefined : startedAt + opts.deadlineMs,
+        signal: opts.signal,
         pick: opts.pick ?? inOrder(opts.set),
       },
       opts.cfg ?? FAST,
