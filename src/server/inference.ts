@@ -24,6 +24,13 @@ import type { Runtime } from './runtime.ts';
 /** Records whose request is inside proxyRequest: only the proxy's result ends them. */
 export const proxied = new WeakSet<RequestRecord>();
 
+/** Upstream messages (e.g. vLLM's 400 text) go to the log only, cut short: they may quote input. */
+const MAX_ERROR_CHARS = 200;
+
+function truncate(text: string | null): string | null {
+  return text === null || text.length <= MAX_ERROR_CHARS ? text : `${text.slice(0, MAX_ERROR_CHARS)}…`;
+}
+
 /** How many ranked candidates go into a debug-level record. */
 const LOGGED_CANDIDATES = 3;
 
@@ -144,21 +151,15 @@ export async function handleInference(
       rt.proxy,
       rt.backends.retryBudget,
     );
-    let outcome: Outcome = result.outcome;
-    let reason: string = result.errorCode ?? result.reason ?? 'ok';
-    let error = outcome === 'ok' ? null : (result.upstreamMessage ?? result.reason);
-    if (shutdown.signal.aborted && outcome === 'client_cancelled') {
-      // Cut by the shutdown grace period, not by the client. The proxy treats the cut as a
-      // disconnect and writes nothing; a client still waiting for its first token must get an
-      // answer, or its connection would stay open and hold the server's close.
-      outcome = result.committed ? 'failed_after_commit' : 'failed_before_commit';
-      reason = 'shutting_down';
-      error = 'cut at the end of the shutdown grace period';
-      if (!result.committed) {
-        const err = new GatewayError('shutting_down', 'The gateway is shutting down.');
-        writeErrorResponse(reply.raw, err, responseHeaders);
-      }
-    }
+    const outcome: Outcome = result.outcome;
+    // A shutdown cut comes back as the proxy's 'cut' with errorCode 'shutting_down'.
+    const reason: string = result.errorCode ?? result.reason ?? 'ok';
+    const error =
+      outcome === 'ok'
+        ? null
+        : result.reason === 'cut'
+          ? 'cut at the end of the shutdown grace period'
+          : truncate(result.upstreamMessage ?? result.reason);
     const fields: AdmissionFields = {
       decision: 'admitted',
       reason,

@@ -11,6 +11,7 @@ import type { GatewayMetrics } from '../telemetry/metrics.ts';
 import type { Tokenizer } from '../tokenizer/tokenizer.ts';
 import type { BackendSet, ProxyConfig } from '../upstream/index.ts';
 import type { Authenticator } from './auth.ts';
+import { GatewayError } from './errors.ts';
 import type { ModelCatalog } from './model-catalog.ts';
 
 export interface Runtime {
@@ -68,7 +69,9 @@ export class Lifecycle {
     this.#idle = null;
     if (won !== 'late') return { cut: 0 };
     const cut = this.#active.size;
-    for (const c of this.#active) c.abort(new Error('shutdown grace period over'));
+    // A GatewayError reason tells the proxy to answer the client (503, or an SSE error event and
+    // [DONE] mid-stream) rather than treat the cut as a disconnect.
+    for (const c of this.#active) c.abort(new GatewayError('shutting_down', 'The gateway is shutting down.'));
     return { cut };
   }
 }

@@ -75,7 +75,11 @@ it('SIGTERM with a short grace period: a longer stream is cut, recorded, and the
   await stream.until((text) => sseData(text).length >= 2);
   const killedAt = performance.now();
   s.child.kill('SIGTERM');
-  expect((await stream.ended).complete).toBe(false);
+  // DESIGN section 4: a stream cut after it started ends with one error event, then [DONE].
+  expect((await stream.ended).complete).toBe(true);
+  const cutEvents = sseData(stream.received());
+  expect(cutEvents.at(-1)).toBe('[DONE]');
+  expect(JSON.parse(cutEvents.at(-2)!)).toMatchObject({ error: { code: 'shutting_down' } });
   expect(await s.exited).toBe(0);
   expect(performance.now() - killedAt).toBeLessThan(5000);
   expect(s.stderr()).toContain('cut 1 request');

@@ -70,7 +70,11 @@ it('cuts a stream that outlives the grace period, and answers a request still wa
   expect(await t.gw.close()).toEqual({ cut: 2 });
   // The grace period, not the 10 s first-token timeout, bounds the shutdown.
   expect(performance.now() - started).toBeLessThan(2000);
-  expect((await long.ended).complete).toBe(false);
+  // DESIGN section 4: a stream cut after it started ends with one error event, then [DONE].
+  expect((await long.ended).complete).toBe(true);
+  const cutEvents = sseData(long.received());
+  expect(cutEvents.at(-1)).toBe('[DONE]');
+  expect(JSON.parse(cutEvents.at(-2)!)).toMatchObject({ error: { code: 'shutting_down' } });
   const w = await waiting.response;
   expect(w.status).toBe(503);
   expect(w.headers['retry-after']).toMatch(/^\d+$/);
