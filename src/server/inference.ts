@@ -147,6 +147,8 @@ export async function handleInference(
         startedAt: record.startedAt,
         signal: shutdown.signal,
         pick,
+        // The prompt is in the backend's KV now: its prefill no longer waits ahead of others.
+        onCommit: () => lease?.prefillDone(),
       },
       rt.proxy,
       rt.backends.retryBudget,

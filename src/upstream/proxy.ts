@@ -43,6 +43,8 @@ export interface ProxyRequest {
   signal?: AbortSignal;
   /** The router: the next backend to try, never one in `excluded`; null when none is left. */
   pick: (excluded: ReadonlySet<string>) => Backend | null;
+  /** Called once per attempt that commits (first token, or a 4xx about to be relayed). */
+  onCommit?: (backend: string) => void;
 }
 
 export interface ProxyConfig {
@@ -151,6 +153,13 @@ async function attemptLoop(
       maxBodyBytes: cfg.maxBodyBytes,
       signal,
     });
+    if (req.onCommit !== undefined) {
+      const onCommit = req.onCommit;
+      attempt.committed.then(
+        () => onCommit(backend.name),
+        () => {},
+      );
+    }
     let end: AttemptEnd | null;
     try {
       end = await backend.run(attempt);

@@ -68,7 +68,7 @@ async function gateway(redisUrl = redis.url, prefix = `p${prefixN}`): Promise<Se
 interface AdminBackend {
   name: string;
   local_inflight: number;
-  inflight: { requests: number; promptTokens: number };
+  inflight: { requests: number; promptTokens: number; pendingPrefillTokens: number };
   latency: { requests: number; ttft: { p50: number | null } };
 }
 interface AdminState {
@@ -119,6 +119,8 @@ describe('two gateway processes sharing one redis-server', () => {
     const onB = (await admin(b.url)).backends;
     expect(sum(onB, (x) => x.local_inflight)).toBe(0);
     expect(sum(onB, (x) => x.inflight.promptTokens)).toBeGreaterThan(0);
+    // Every stream has its first token, so none of its prompt is still waiting for prefill.
+    expect(sum(onB, (x) => x.inflight.pendingPrefillTokens)).toBe(0);
 
     // Latency windows: requests completed through A appear in B's window.
     for (let i = 0; i < 4; i++) {
