@@ -1,9 +1,16 @@
-// What the gateway adds: the same workload, seed and concurrency sent straight to a simulated
-// replica and through one gateway in front of it, in one run, at 1, 32 and 256 concurrent
-// streams; then the most streamed requests per second one gateway process sustains. The
-// simulator, the gateway and this client each run in their own process.
+// What the gateway adds, in one run, then the most streamed requests per second one gateway
+// process sustains. The simulator (two replicas, time scale 1: H100 timings), the gateway and this
+// client each run in their own process.
 //
-//   npx tsx scripts/overhead.ts [--requests-per-level 256] [--levels 1,32,256]
+// At each level (1, 32 and 256 concurrent streams per path) two phases run, each with two paths
+// at the same time:
+//   A/A: C streams straight to replica 0 and C straight to replica 1: the noise floor (two
+//        identical engines under the same machine load still differ run to run);
+//   A/B: C streams straight to replica 0 and C through the gateway, whose only backend is replica 1.
+// The gateway's cost is the A/B difference read against the A/A one. Paths never share a replica,
+// so a request the gateway delays does not fall behind direct requests in the same engine queue;
+// and the two paths run at once, so they see the same machine. (Back-to-back runs on one replica
+// were no use: at 32 streams its median TTFT moves by ±7 ms between identical runs.)
 
 import { parseArgs } from 'node:util';
 import { type BenchResult, runBench } from '../src/bench/run.ts';
@@ -61,26 +68,31 @@ const p = (r: BenchResult, name: 'ttft' | 'tpot', q: number) =>
       : (r.metrics[name].percentiles.find(([k]) => k === q)?.[1] ?? Number.NaN);
 
 const rows = [
-  '| concurrent streams | requests | TTFT p50 direct / gateway (added) ms | TTFT p99 direct / gateway (added) ms | TPOT p50 direct / gateway (added) ms | failed |',
-  '|---|---|---|---|---|---|',
+  '| streams per path | requests per path | TTFT p50 A/A (diff) ms | TTFT p50 direct / gateway (added) ms | TTFT p99 A/A (diff) ms | TTFT p99 direct / gateway (added) ms | TPOT p50 A/A (diff) ms | TPOT p50 direct / gateway (added) ms | failed |',
+  '|---|---|---|---|---|---|---|---|---|',
 ];
-
-// 1. Added latency, time scale 1 (real H100 timings).
 {
-  const fleet = await startChildFleet({ replicas: 1, profile: 'llama3-8b-h100', timeScale: 1 });
-  const gw = await startChildGateway(gatewayYaml(fleet.urls));
+  const fleet = await startChildFleet({ replicas: 2, profile: 'llama3-8b-h100', timeScale: 1 });
+  const [r0, r1] = fleet.urls as [string, string];
+  const gw = await startChildGateway(gatewayYaml([r1]));
   try {
     for (const c of levels) {
-      const n = Number(values.requests) || Math.max(64, c * 4);
-      // Warm both paths (connections, JIT) with a few requests that are not measured.
-      await bench(fleet.urls[0]!, Math.min(c, 8), 8, 99);
-      await bench(gw.url, Math.min(c, 8), 8, 99);
-      const direct = await bench(fleet.urls[0]!, c, n, 1);
-      const via = await bench(gw.url, c, n, 1);
-      const add = (a: number, b: number) =>
-        `${a.toFixed(2)} / ${b.toFixed(2)} (${(b - a >= 0 ? '+' : '') + (b - a).toFixed(2)})`;
+      // P99 needs samples: 1,024 per path from 32 streams up (one stream runs 128, ~1 min a phase).
+      const n = Number(values.requests) || (c === 1 ? 128 : Math.max(1024, c * 4));
+      // Warm every path at this concurrency (connections, JIT); not measured.
+      await Promise.all([bench(r0, c, Math.max(16, c), 99), bench(gw.url, c, Math.max(16, c), 98)]);
+      // Different seeds per path: the same prompt twice would be a prefix-cache hit.
+      const [aa0, aa1] = await Promise.all([bench(r0, c, n, 1), bench(r1, c, n, 2)]);
+      const [ab0, ab1] = await Promise.all([bench(r0, c, n, 3), bench(gw.url, c, n, 4)]);
+      const cell = (x: BenchResult, y: BenchResult, f: 'ttft' | 'tpot', q: number, labelled: boolean) => {
+        const a_ = p(x, f, q);
+        const b_ = p(y, f, q);
+        const d = `${b_ - a_ >= 0 ? '+' : ''}${(b_ - a_).toFixed(2)}`;
+        return labelled ? `${a_.toFixed(2)} / ${b_.toFixed(2)} (${d})` : `(${d})`;
+      };
+      const failed = [aa0, aa1, ab0, ab1].reduce((a_, r) => a_ + r.metrics.failed, 0);
       rows.push(
-        `| ${c} | ${n} | ${add(p(direct, 'ttft', 50), p(via, 'ttft', 50))} | ${add(p(direct, 'ttft', 99), p(via, 'ttft', 99))} | ${add(p(direct, 'tpot', 50), p(via, 'tpot', 50))} | ${direct.metrics.failed} / ${via.metrics.failed} |`,
+        `| ${c} | ${n} | ${cell(aa0, aa1, 'ttft', 50, false)} | ${cell(ab0, ab1, 'ttft', 50, true)} | ${cell(aa0, aa1, 'ttft', 99, false)} | ${cell(ab0, ab1, 'ttft', 99, true)} | ${cell(aa0, aa1, 'tpot', 50, false)} | ${cell(ab0, ab1, 'tpot', 50, true)} | ${failed} |`,
       );
       console.error(rows.at(-1));
     }

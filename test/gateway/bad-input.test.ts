@@ -5,6 +5,7 @@ import http from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
 import { getProfile } from '../../src/sim/profiles.ts';
 import { SimReplica } from '../../src/sim/replica.ts';
+import { collect } from '../helpers/http.ts';
 import {
   chat,
   chatStreamText,
@@ -280,18 +281,7 @@ function rawPost(
     const req = http.request(
       `${base}${path}`,
       { method: 'POST', agent: false, headers: { 'content-type': 'application/json', ...headers } },
-      (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () =>
-          resolve({
-            status: res.statusCode ?? 0,
-            headers: res.headers,
-            text: Buffer.concat(chunks).toString('utf8'),
-          }),
-        );
-        res.on('error', reject);
-      },
+      (res) => collect(res).then(resolve, reject),
     );
     req.on('error', reject);
     // Chunked, as the transfer-encoding header says.

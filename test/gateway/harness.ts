@@ -12,6 +12,7 @@ import { type Config, parseConfig } from '../../src/config/index.ts';
 import { type Gateway, startGateway } from '../../src/gateway.ts';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
 import type { AdmissionRecord } from '../../src/telemetry/admission-log.ts';
+import { send } from '../helpers/http.ts';
 
 export const MODEL = 'meta-llama/Llama-3.1-8B-Instruct';
 
@@ -161,45 +162,7 @@ export async function waitFor(fn: () => boolean | Promise<boolean>, timeoutMs = 
 
 // ---- raw HTTP clients (no pooling: every request its own connection) ----
 
-export interface RawResponse {
-  status: number;
-  headers: http.IncomingHttpHeaders;
-  text: string;
-}
-
-export function send(
-  base: string,
-  method: string,
-  path: string,
-  body?: unknown,
-  headers: http.OutgoingHttpHeaders = {},
-): Promise<RawResponse> {
-  return new Promise((resolve, reject) => {
-    const payload = body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body);
-    const req = http.request(
-      `${base}${path}`,
-      {
-        method,
-        agent: false,
-        headers: payload === undefined ? headers : { 'content-type': 'application/json', ...headers },
-      },
-      (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () =>
-          resolve({
-            status: res.statusCode ?? 0,
-            headers: res.headers,
-            text: Buffer.concat(chunks).toString('utf8'),
-          }),
-        );
-        res.on('error', reject);
-      },
-    );
-    req.on('error', reject);
-    req.end(payload);
-  });
-}
+export { type RawResponse, send } from '../helpers/http.ts';
 
 export const post = (base: string, path: string, body: unknown, headers?: http.OutgoingHttpHeaders) =>
   send(base, 'POST', path, body, headers);

@@ -1,42 +1,10 @@
 // Raw HTTP against a simulated replica: exact status, headers and body bytes, no pooling.
 
-import { type ClientRequest, type IncomingHttpHeaders, type IncomingMessage, request } from 'node:http';
+import { type ClientRequest, type IncomingMessage, request } from 'node:http';
 
-export interface RawResponse {
-  status: number;
-  headers: IncomingHttpHeaders;
-  text: string;
-}
+export { type RawResponse, send } from '../helpers/http.ts';
 
-export function send(
-  base: string,
-  method: string,
-  path: string,
-  body?: unknown,
-  headers: Record<string, string> = {},
-): Promise<RawResponse> {
-  return new Promise((resolve, reject) => {
-    const payload = body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body);
-    const req = request(
-      `${base}${path}`,
-      { method, agent: false, headers: { 'content-type': 'application/json', ...headers } },
-      (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () =>
-          resolve({
-            status: res.statusCode ?? 0,
-            headers: res.headers,
-            text: Buffer.concat(chunks).toString('utf8'),
-          }),
-        );
-        res.on('error', reject);
-      },
-    );
-    req.on('error', reject);
-    req.end(payload);
-  });
-}
+import { send } from '../helpers/http.ts';
 
 export const post = (base: string, path: string, body: unknown, headers?: Record<string, string>) =>
   send(base, 'POST', path, body, headers);

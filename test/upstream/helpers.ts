@@ -12,6 +12,7 @@ import {
   type ProxyResult,
   proxyRequest,
 } from '../../src/upstream/proxy.ts';
+import { send } from '../helpers/http.ts';
 
 export interface Hit {
   index: number;
@@ -278,27 +279,7 @@ export function post(
   headers: http.OutgoingHttpHeaders = {},
   path = '/v1/chat/completions',
 ): Promise<ClientResponse> {
-  return new Promise((resolve, reject) => {
-    const payload = JSON.stringify(body);
-    const req = http.request(
-      `${url}${path}`,
-      { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, agent: false },
-      (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () =>
-          resolve({
-            status: res.statusCode ?? 0,
-            headers: res.headers,
-            text: Buffer.concat(chunks).toString('utf8'),
-          }),
-        );
-        res.on('error', reject);
-      },
-    );
-    req.on('error', reject);
-    req.end(payload);
-  });
+  return send(url, 'POST', path, body, headers);
 }
 
 export const chatBody = (extra: Record<string, unknown> = {}) => ({
