@@ -1,6 +1,7 @@
 // The composition root: config → telemetry → (simulated fleet) → backends → runtime → fastify →
 // listen; reload on config change; drain on shutdown. Nothing else constructs these parts.
 
+import { isDeepStrictEqual } from 'node:util';
 import type { FastifyInstance } from 'fastify';
 import type { Logger as PinoLogger } from 'pino';
 import {
@@ -113,17 +114,37 @@ function classSet(c: Config): Set<string> {
 /** Settings a reload cannot change in a running process; a change to one is logged, not applied. */
 function restartOnlyChanges(prev: Config, next: Config): string[] {
   const changed: string[] = [];
-  const same = (a: unknown, b: unknown) => JSON.stringify(a) === JSON.stringify(b);
+  const same = (a: unknown, b: unknown) => isDeepStrictEqual(a, b);
   // shutdown_grace_ms is read when the shutdown starts, so it is the one server key a reload changes.
   const listener = (c: Config) => [c.server.host, c.server.port, c.server.body_limit_bytes];
   if (!same(listener(prev), listener(next))) changed.push('server (host, port, body_limit_bytes)');
   if (!same(prev.simulate, next.simulate)) changed.push('simulate');
   if (!same(prev.state, next.state)) changed.push('state');
   if (!same(prev.logging, next.logging)) changed.push('logging');
-  if (!same(prev.sla.classes, next.sla.classes)) changed.push('sla.classes (metric buckets)');
-  const { outlier: o1, breaker: b1, health_interval_ms: h1, max_connections_per_backend: m1 } = prev.upstream;
-  const { outlier: o2, breaker: b2, health_interval_ms: h2, max_connections_per_backend: m2 } = next.upstream;
-  if (!same([o1, b1, h1, m1], [o2, b2, h2, m2])) changed.push('upstream (breaker, outlier, health, pool)');
+  // Targets and the class set apply at once; only the histograms keep the buckets they were built with.
+  const targets = (c: Config) =>
+    Object.entries(c.sla.classes).map(([k, v]) => [k, v.ttft_p99_ms, v.tpot_p99_ms]);
+  if (!same(targets(prev), targets(next)))
+    changed.push('sla.classes targets (metric histogram buckets only)');
+  // Built into the backend set and the scraper when the gateway starts.
+  const built = (c: Config) => {
+    const u = c.upstream;
+    return [
+      u.outlier,
+      u.breaker,
+      u.health_interval_ms,
+      u.max_connections_per_backend,
+      u.connect_timeout_ms,
+      u.retry_budget_ratio,
+      u.metrics_scrape_interval_ms,
+    ];
+  };
+  if (!same(built(prev), built(next))) {
+    changed.push(
+      'upstream (breaker, outlier, health_interval_ms, max_connections_per_backend, connect_timeout_ms, ' +
+        'retry_budget_ratio, metrics_scrape_interval_ms)',
+    );
+  }
   return changed;
 }
 
@@ -186,7 +207,6 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         { event: e.type, backend: e.backend, ...('durationMs' in e ? { ms: e.durationMs } : {}) },
         'backend',
       );
-      if (e.type === 'removed') metrics.removeBackend(e.backend);
     };
     const backends = new BackendSet(backendSetOptions(config, onBackendEvent), backendConfigs(config, fleet));
     undo.push(() => backends.close());
@@ -236,9 +256,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       rt.auth = createAuthenticator(next.tenants, next.sla.default_class, classSet(next));
       rt.proxy = proxyConfig(next);
       rt.config = next;
+      const before = backends.list().map((b) => b.name);
       const drained = backends.update(backendConfigs(next, fleet));
       live.setBackends(scrapeTargets());
-      if (JSON.stringify(prev.models) === JSON.stringify(next.models)) {
+      if (isDeepStrictEqual(prev.models, next.models)) {
         void rt.models.refresh(backendUrls());
       } else {
         // A new served list gets a new catalog, swapped in once it knows the context lengths.
@@ -248,6 +269,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       }
       logger.info({ backends: backends.list().map((b) => b.name), router: policy.name }, 'config reloaded');
       await drained;
+      // Only now: a request still draining on a removed backend would recreate its series.
+      const kept = new Set(backends.list().map((b) => b.name));
+      for (const name of before) if (!kept.has(name)) metrics.removeBackend(name);
     }
 
     const app = buildApp(rt);
@@ -304,6 +328,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           await live.close();
           await fleet?.close();
           await flushLogs();
+          // Nothing can log an admission record any more: release its file.
+          if (admissionLogger !== log) await admissionLogger.close();
           return { cut };
         })();
         return closing;

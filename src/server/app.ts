@@ -1,7 +1,7 @@
 // The fastify application: the OpenAI routes it proxies (an allowlist), the gateway's own routes,
 // and the one place where every /v1 request's admission record is begun and ended.
 //
-//   onRequest ── /v1/* except GET /v1/models ──▶ begin admission record (req_id, arrival time)
+//   onRequest ── /v1/* except GET|HEAD /v1/models ──▶ begin admission record (req_id, arrival time)
 //       │
 //   body parse ──── 413 body_too_large, 400 bad JSON / __proto__ ──▶ error handler ─┐
 //       │           (unknown route: 404 route_not_found, not-found handler) ─────▶─┤
@@ -90,7 +90,7 @@ export function buildApp(rt: Runtime): FastifyInstance {
   app.addHook('onRequest', async (request, reply) => {
     // Every request under /v1 is inference-shaped (a 404 there included) except listing models.
     if (!request.url.startsWith('/v1/')) return;
-    if (request.method === 'GET' && request.routeOptions.url === '/v1/models') return;
+    if (request.method !== 'POST' && request.routeOptions.url === '/v1/models') return;
     const record = rt.admissionLog.begin({ req_id: request.id });
     request.admission = record;
     // Safety net: a client that leaves before any path ended the record (e.g. mid-upload) still

@@ -11,6 +11,9 @@ export const ENDPOINT_PATHS: Readonly<Record<Endpoint, string>> = Object.freeze(
   completions: '/v1/completions',
 });
 
+/** A prompt's text, or its token ids when the client sent ids (completions only). */
+export type PromptPart = string | readonly number[];
+
 export interface InferenceRequest {
   endpoint: Endpoint;
   model: string;
@@ -19,8 +22,11 @@ export interface InferenceRequest {
   wantsUsage: boolean;
   /** max_completion_tokens ?? max_tokens, or null when the client set none. */
   maxTokens: number | null;
-  /** The text the prompt is made of, in order: one entry per message (chat) or prompt. */
-  promptParts: string[];
+  /**
+   * What the prompt is made of, in order: one text per message (chat), or per prompt
+   * (completions), where a completion prompt may also be given as token ids.
+   */
+  promptParts: PromptPart[];
   /** The body as received; proxied with stream_options rewritten. */
   body: Record<string, unknown>;
 }
@@ -46,16 +52,20 @@ function messageText(content: unknown, index: number): string {
   if (typeof content === 'string') return content;
   if (content === null || content === undefined) return '';
   if (Array.isArray(content)) {
-    let text = '';
+    // Text parts joined by newlines, as vLLM renders them; other parts (images) are the backend's.
+    const texts: string[] = [];
     for (const part of content) {
-      if (isRecord(part) && part.type === 'text' && typeof part.text === 'string') text += part.text;
+      if (isRecord(part) && part.type === 'text' && typeof part.text === 'string') texts.push(part.text);
     }
-    return text;
+    return texts.join('\n');
   }
   throw invalid(`'messages[${index}].content' must be a string or an array of parts`, `messages`);
 }
 
-function promptParts(endpoint: Endpoint, body: Record<string, unknown>): string[] {
+const isTokenIds = (v: unknown): v is number[] =>
+  Array.isArray(v) && v.length > 0 && v.every((t) => Number.isInteger(t) && t >= 0);
+
+function promptParts(endpoint: Endpoint, body: Record<string, unknown>): PromptPart[] {
   if (endpoint === 'chat') {
     const messages = body.messages;
     if (!Array.isArray(messages) || messages.length === 0) {
@@ -68,12 +78,18 @@ function promptParts(endpoint: Endpoint, body: Record<string, unknown>): string[
       return messageText(m.content, i);
     });
   }
+  // vLLM's shapes: a string, a list of strings, a list of token ids, or a list of such lists.
   const prompt = body.prompt;
   if (typeof prompt === 'string') return [prompt];
-  if (Array.isArray(prompt) && prompt.length > 0 && prompt.every((p) => typeof p === 'string')) {
-    return prompt as string[];
+  if (isTokenIds(prompt)) return [prompt];
+  if (Array.isArray(prompt) && prompt.length > 0) {
+    if (prompt.every((p) => typeof p === 'string')) return prompt as string[];
+    if (prompt.every(isTokenIds)) return prompt as number[][];
   }
-  throw invalid("'prompt' must be a string or a non-empty array of strings", 'prompt');
+  throw invalid(
+    "'prompt' must be a string, a list of strings, a list of token ids, or a list of token-id lists",
+    'prompt',
+  );
 }
 
 /** Throws GatewayError('invalid_request') with the offending field as `param`. */

@@ -7,6 +7,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { BackendView } from '../router/index.ts';
 import type { Lease } from '../state/index.ts';
 import type { AdmissionFields, RequestRecord, RouteCandidate } from '../telemetry/admission-log.ts';
+import { requestLogger } from '../telemetry/logger.ts';
 import type { Outcome } from '../telemetry/outcome.ts';
 import type { Backend } from '../upstream/index.ts';
 import { proxyRequest } from '../upstream/index.ts';
@@ -49,14 +50,15 @@ function header(request: FastifyRequest, name: string): string | undefined {
 function estimatePromptTokens(rt: Runtime, ir: InferenceRequest): number {
   if (ir.endpoint === 'completions') {
     let n = 0;
-    for (const p of ir.promptParts) n += rt.tokenizer.encodePrompt(p).length;
+    // Token ids are used as given; text gets BOS, as vLLM's add_special_tokens default does.
+    for (const p of ir.promptParts) n += typeof p === 'string' ? 1 + rt.tokenizer.encode(p).length : p.length;
     return n;
   }
   const messages = (ir.body.messages as { role: string }[]).map((m, i) => ({
     role: m.role,
-    content: ir.promptParts[i] ?? '',
+    content: (ir.promptParts[i] as string | undefined) ?? '',
   }));
-  return rt.tokenizer.encodeChat(messages).length;
+  return rt.tokenizer.countChat(messages);
 }
 
 export async function handleInference(
@@ -100,7 +102,7 @@ export async function handleInference(
   const routeReq = {
     reqId: request.id,
     promptTokensEst: promptTokens,
-    sessionId: header(request, 'x-session-id'),
+    sessionId: header(request, rt.config.router.session_header),
   };
   let candidates: RouteCandidate[] | undefined;
   // One lease at a time: it follows the request to each backend an attempt is sent to, so the
@@ -176,10 +178,10 @@ export async function handleInference(
       error,
     };
     if (candidates !== undefined) fields.candidates = candidates;
-    lease?.end();
-    if (outcome === 'ok' && result.backend !== null && result.ttftMs !== null) {
-      // Only complete requests teach the windows and the rate fits; failures and cancels would
-      // bias them (a cut stream has a short, meaningless TPOT).
+    if (outcome === 'ok' && ir.stream && result.backend !== null && result.ttftMs !== null) {
+      // Only complete streamed requests teach the windows and the rate fits: failures and cancels
+      // would bias them (a cut stream has a short, meaningless TPOT), and a non-streamed request's
+      // "first token" is its whole generation.
       rt.live.record({
         backend: result.backend,
         class: id.class,
@@ -196,7 +198,10 @@ export async function handleInference(
   } catch (err) {
     // Upstream failures are results, never throws: this is a bug (in a routing policy, say). The
     // client still gets an answer and the request its one record.
-    request.log.error({ err }, 'proxying failed');
+    requestLogger(rt.logger, { req_id: request.id, tenant: id.tenant, class: id.class }).error(
+      { err },
+      'proxying failed',
+    );
     const committed = reply.raw.headersSent;
     if (committed) reply.raw.destroy();
     else writeErrorResponse(reply.raw, new GatewayError('internal_error', INTERNAL_MESSAGE), responseHeaders);

@@ -93,15 +93,16 @@ export interface RedisSyncOptions {
   logger?: StateLogger | undefined;
 }
 
+/** The sync period: half the configured refresh interval (see the constructor). */
+export function tickIntervalMs(cfg: RedisStateConfig): number {
+  return Math.max(5, Math.floor(cfg.refresh_interval_ms / 2));
+}
+
 /**
  * How long a silent instance still counts: a few refresh intervals (a slow tick or a GC pause is not
  * a death), at least 1 s, at most 4 s, so that with refresh intervals up to ~1 s a killed gateway
  * stops counting everywhere within 5 s (TTL + the reader's own refresh).
  */
-/** The sync period: half the configured refresh interval (see the constructor). */
-export function tickIntervalMs(cfg: RedisStateConfig): number {
-  return Math.max(5, Math.floor(cfg.refresh_interval_ms / 2));
-}
 
 export function livenessTtlMs(cfg: RedisStateConfig): number {
   const clamped = Math.min(4_000, Math.max(1_000, 4 * cfg.refresh_interval_ms));

@@ -55,8 +55,6 @@ export type AdmissionFields = Partial<Omit<AdmissionRecord, 'req_id' | 'outcome'
 export interface AdmissionLogOptions {
   /** Monotonic clock in ms, used for e2e_ms when the request does not report it. */
   now?: () => number;
-  /** Called with each record right after it is written (e.g. `metrics.observeRequest`). */
-  onRecord?: (record: AdmissionRecord) => void;
 }
 
 const MSG = 'admission';
@@ -84,14 +82,12 @@ export class AdmissionLog {
     // A record is built field by field from the typed fields above (a whitelist), so no header or
     // key can reach it; the logger's wildcard redaction would cost ~50 µs a line (10x the write).
     const log = logger.child({ kind: MSG }, { level, redact: [] });
-    const onRecord = opts.onRecord;
     this.sink = {
       now: opts.now ?? (() => performance.now()),
       withCandidates: () => log.isLevelEnabled('debug'),
       write: (record) => {
         log.info(record, MSG);
         this.records++;
-        onRecord?.(record);
       },
     };
   }
@@ -164,7 +160,9 @@ function buildRecord(
   const ttft = ms(f.ttft_ms);
   const completion = f.completion_tokens ?? null;
   const e2e = ms(f.e2e_ms ?? elapsedMs);
-  const tpot = ms(f.tpot_ms ?? derivedTpot(e2e, ttft, completion));
+  // Derived only when the caller said nothing about TPOT; an explicit null (a non-streamed
+  // request, where no token timing is observable) stays null.
+  const tpot = ms('tpot_ms' in f ? f.tpot_ms : derivedTpot(e2e, ttft, completion));
   const record: AdmissionRecord = {
     req_id,
     tenant: f.tenant ?? null,
@@ -210,7 +208,9 @@ export function slaMet(r: AdmissionRecord): boolean | null {
   if (r.decision === 'refused' || r.outcome === 'refused' || r.outcome === 'client_cancelled') return null;
   if (r.ttft_target_ms === null || r.tpot_target_ms === null) return null;
   if (r.outcome !== 'ok' || r.ttft_ms === null || r.ttft_ms > r.ttft_target_ms) return false;
-  if (r.tpot_ms === null) return (r.completion_tokens ?? 0) <= 1;
+  // No TPOT: a non-streamed request (nothing arrives before the end, so TTFT is its whole time and
+  // that alone is judged) or a single output token.
+  if (r.tpot_ms === null) return r.stream === false || (r.completion_tokens ?? 0) <= 1;
   return r.tpot_ms <= r.tpot_target_ms;
 }
 

@@ -47,6 +47,11 @@ export interface Logger {
   logger: pino.Logger;
   /** Resolves once every line logged so far has been handed to the OS. */
   flush(): Promise<void>;
+  /**
+   * Flushes, then releases the destination (its file descriptor and flush timer; stdout itself is
+   * never closed). Only for the very end: a line logged after it is lost.
+   */
+  close(): Promise<void>;
 }
 
 type SonicBoom = ReturnType<typeof pino.destination>;
@@ -55,12 +60,12 @@ export function createLogger(opts: LoggerOptions): Logger {
   const redact = { paths: [...REDACT_PATHS], censor: REDACTED };
   if (typeof opts.destination !== 'string') {
     const logger = pino({ level: opts.level, redact }, opts.destination);
-    return { logger, flush: async () => {} };
+    return { logger, flush: async () => {}, close: async () => {} };
   }
   // Asynchronous writes keep logging off the request path; the buffer is bounded in time by the
   // periodic flush so a quiet gateway's lines still appear promptly (e.g. for `slagate logs --pretty`).
   // minLength must stay above 0: with 0, sonic-boom calls a flush back before pending writes finish.
-  // The destination is never ended, so a late line from a request still draining cannot throw.
+  // The destination is ended only by close(), after the last request: a late line cannot throw.
   const dest: SonicBoom = pino.destination({
     dest: opts.destination === 'stdout' ? 1 : opts.destination,
     sync: false,
@@ -71,7 +76,15 @@ export function createLogger(opts: LoggerOptions): Logger {
   // A file opens asynchronously; a flush issued before then could wait for a drain that never comes.
   const ready = new Promise<void>((resolve) => dest.once('ready', () => resolve()));
   const logger = pino({ level: opts.level, redact }, dest);
-  return { logger, flush: () => ready.then(() => flushDestination(dest)) };
+  const flush = () => ready.then(() => flushDestination(dest));
+  const close = async () => {
+    await flush();
+    await new Promise<void>((resolve) => {
+      dest.once('close', () => resolve());
+      dest.end();
+    });
+  };
+  return { logger, flush, close };
 }
 
 function flushDestination(dest: SonicBoom): Promise<void> {

@@ -81,6 +81,16 @@ export class Tokenizer {
     return out;
   }
 
+  /** encodeChat(messages).length without building the sequence (the encodings are cached). */
+  countChat(messages: readonly ChatMessageInput[], addGenerationPrompt = true): number {
+    // BOS, then per message: start header + role + end header + "\n\n" + content + <|eot_id|>.
+    let n = 1;
+    for (const m of messages)
+      n += 4 + this.encode(m.role).length + this.encode(contentText(m.content).trim()).length;
+    if (addGenerationPrompt) n += 3 + this.encode('assistant').length;
+    return n;
+  }
+
   /** A completion prompt as vLLM tokenizes it with add_special_tokens: BOS + text. */
   encodePrompt(prompt: string, addSpecialTokens = true): number[] {
     const out: number[] = addSpecialTokens ? [BEGIN_OF_TEXT] : [];

@@ -1,7 +1,10 @@
-// Defaults for the upstream layer, used where the gateway's YAML leaves a value unset. Sources:
-// Envoy's outlier detection (5 consecutive failures, 30 s × n, capped at 300 s, 10% with at least
-// one host) and retry budget (20% of active requests, at least 3); reliability.md's opossum advice
-// (volumeThreshold ≥ 10); undici's keep-alive.
+// Defaults for building the upstream layer without a gateway config: the upstream tests and
+// scripts. The gateway never uses them for values the YAML sets (src/gateway.ts passes the YAML's,
+// whose defaults and reasons are in docs/configuration.md); it takes from here only what the YAML
+// does not expose (keep-alive, breaker buckets, probe thresholds, the minimum retry budget). The
+// values follow Envoy (5 consecutive failures, 30 s × n ejections capped at 300 s, 10% ejected with
+// at least one host, a retry budget of 20% of active requests with at least 3), opossum advice
+// (volumeThreshold ≥ 10) and undici's keep-alive.
 import type { BackendSetOptions } from './backends.ts';
 import type { ProxyConfig } from './proxy.ts';
 

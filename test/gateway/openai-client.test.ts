@@ -31,6 +31,27 @@ describe('openai client through the gateway', () => {
     const rec = await t.recordOf(response.headers.get('x-request-id')!);
     expect(rec).toMatchObject({ outcome: 'ok', stream: false, model: MODEL, attempts: 1 });
     expect(rec.completion_tokens).toBe(data.usage?.completion_tokens);
+    // Nothing arrives before the end: no TPOT is made up, the SLA is judged on the whole time, and
+    // the live windows and rate fits (which predict streamed TTFT) do not learn from it.
+    expect(rec.tpot_ms).toBeNull();
+    expect(rec.ttft_ms).toBeCloseTo(rec.e2e_ms!, 0);
+    expect(rec.sla_met).toBe(rec.ttft_ms! <= rec.ttft_target_ms!);
+    const backend = rec.backend!;
+    expect(t.gw.runtime.live.backendView(backend)?.latency.requests ?? 0).toBe(
+      (await t.records()).filter((r) => r.backend === backend && r.stream === true && r.outcome === 'ok')
+        .length,
+    );
+  });
+
+  it('completions with token-id prompts, as vLLM accepts them', async () => {
+    const single = await openai.completions.create({ model: MODEL, prompt: [791, 3938, 315], max_tokens: 4 });
+    expect(single.choices[0]?.text.length).toBeGreaterThan(0);
+    const res = await post(t.url, '/v1/completions', { model: MODEL, prompt: [[791, 3938]], max_tokens: 2 });
+    expect(res.status).toBe(200);
+    const rec = await t.recordOf(res.headers['x-request-id'] as string);
+    expect(rec.prompt_tokens_est).toBe(2);
+    const bad = await post(t.url, '/v1/completions', { model: MODEL, prompt: [1.5, -2], max_tokens: 2 });
+    expect(bad.status).toBe(400);
   });
 
   it('chat, streamed: the text arrives in chunks and usage when asked', async () => {
@@ -157,6 +178,13 @@ describe('response headers (DESIGN section 4)', () => {
       { 'x-slagate-class': 'platinum' },
     );
     expect(unknown.headers['x-slagate-class']).toBe('interactive');
+  });
+
+  it('HEAD /v1/models writes no admission record', async () => {
+    const n = (await t.records()).length;
+    const { send } = await import('../helpers/http.ts');
+    expect((await send(t.url, 'HEAD', '/v1/models')).status).toBe(200);
+    expect((await t.records()).length).toBe(n);
   });
 
   it('GET /v1/models is served by the gateway itself', async () => {

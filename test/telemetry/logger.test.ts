@@ -120,3 +120,27 @@ describe('createLogger', () => {
     expect(stdout).not.toContain('sk-pipe');
   });
 });
+
+describe('close', () => {
+  it('writes every buffered line and releases the file', async () => {
+    const { mkdtempSync, readFileSync, readdirSync, readlinkSync } = await import('node:fs');
+    const file = join(mkdtempSync(join(tmpdir(), 'slagate-log-')), 'a.log');
+    // Descriptors of this process open on the log file (Linux /proc).
+    const openOnFile = () =>
+      readdirSync('/proc/self/fd').filter((fd) => {
+        try {
+          return readlinkSync(`/proc/self/fd/${fd}`) === file;
+        } catch {
+          return false;
+        }
+      }).length;
+    const log = createLogger({ level: 'info', destination: file, flushIntervalMs: 60_000 });
+    log.logger.info({ n: 1 }, 'one');
+    await log.flush();
+    expect(openOnFile()).toBe(1);
+    log.logger.info({ n: 2 }, 'two');
+    await log.close();
+    expect(readFileSync(file, 'utf8')).toContain('"n":2');
+    expect(openOnFile()).toBe(0);
+  });
+});

@@ -81,3 +81,22 @@ describe('Tokenizer', () => {
     expect(t.encode('alpha beta gamma delta epsilon zeta eta theta')).not.toBe(b);
   });
 });
+
+describe('countChat', () => {
+  it('equals the length of encodeChat without building it', () => {
+    const tok = new Tokenizer();
+    const messages = [
+      { role: 'system', content: 'You are a helpful assistant. '.repeat(20) },
+      {
+        role: 'user',
+        content: [
+          { type: 'text', text: 'first part' },
+          { type: 'text', text: 'second' },
+        ],
+      },
+      { role: 'assistant', content: null },
+    ];
+    expect(tok.countChat(messages)).toBe(tok.encodeChat(messages).length);
+    expect(tok.countChat(messages, false)).toBe(tok.encodeChat(messages, false).length);
+  });
+});
