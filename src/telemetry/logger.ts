@@ -76,9 +76,13 @@ export function createLogger(opts: LoggerOptions): Logger {
   // A file opens asynchronously; a flush issued before then could wait for a drain that never comes.
   const ready = new Promise<void>((resolve) => dest.once('ready', () => resolve()));
   const logger = pino({ level: opts.level, redact }, dest);
-  const flush = () => ready.then(() => flushDestination(dest));
+  let closed = false;
+  // After close() there is nothing left to flush (and sonic-boom throws on a closed destination).
+  const flush = () => (closed ? Promise.resolve() : ready.then(() => flushDestination(dest)));
   const close = async () => {
+    if (closed) return;
     await flush();
+    closed = true;
     await new Promise<void>((resolve) => {
       dest.once('close', () => resolve());
       dest.end();

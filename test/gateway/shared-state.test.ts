@@ -122,9 +122,9 @@ describe('two gateway processes sharing one redis-server', () => {
     // Every stream has its first token, so none of its prompt is still waiting for prefill.
     expect(sum(onB, (x) => x.inflight.pendingPrefillTokens)).toBe(0);
 
-    // Latency windows: requests completed through A appear in B's window.
+    // Latency windows: streamed requests completed through A appear in B's window.
     for (let i = 0; i < 4; i++) {
-      expect((await post(a.url, CHAT, chat({ max_tokens: 4 }))).status).toBe(200);
+      expect((await post(a.url, CHAT, chat({ max_tokens: 4, stream: true }))).status).toBe(200);
     }
     const t1 = performance.now();
     await waitFor(

@@ -39,7 +39,7 @@ describe('parseInferenceRequest', () => {
       max_completion_tokens: 20,
     });
     expect(ir).toMatchObject({ model: 'm', stream: true, wantsUsage: true, maxTokens: 20 });
-    expect(ir.promptParts).toEqual(['be brief', 'hi', '']);
+    expect(ir.promptParts).toEqual(['be \nbrief', 'hi', '']);
     const c = parseInferenceRequest('completions', { model: 'm', prompt: ['a', 'b'] });
     expect(c).toMatchObject({ stream: false, wantsUsage: false, maxTokens: null, promptParts: ['a', 'b'] });
   });
@@ -62,7 +62,10 @@ describe('parseInferenceRequest', () => {
     expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, max_tokens: 1.5 }))).toBe(
       'invalid_request:max_tokens',
     );
-    expect(codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt: [1, 2] }))).toBe(
+    expect(codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt: [1.5, 2] }))).toBe(
+      'invalid_request:prompt',
+    );
+    expect(codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt: ['a', [1]] }))).toBe(
       'invalid_request:prompt',
     );
   });

@@ -217,7 +217,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     expect(performance.now() - killedAt).toBeLessThan(COMMAND_TIMEOUT_MS + REFRESH_MS + 1_000);
     expect(a.status().lastError).not.toBeNull();
     // The tick never blocks: a failed exchange takes no longer than the command timeout.
-    expect(a.status().lastSyncDurationMs!).toBeLessThan(COMMAND_TIMEOUT_MS + 50);
+    expect(a.status().lastSyncDurationMs!).toBeLessThan(COMMAND_TIMEOUT_MS + 100);
     // Local state keeps serving: a's own lease and records are there.
     expect(a.backendView('gpu-1')?.latency.ttft.count).toBe(5_000);
     expect(a.backendView('gpu-0')?.localInflight.requests).toBe(1);
@@ -258,7 +258,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
       await until(() => a.status().degraded, 3_000, 'degraded on timeout');
       expect(performance.now() - stalledAt).toBeLessThan(COMMAND_TIMEOUT_MS + REFRESH_MS + 1_000);
       expect(a.status().lastError).toMatch(/timed out/);
-      expect(a.status().lastSyncDurationMs!).toBeLessThan(COMMAND_TIMEOUT_MS + 50);
+      expect(a.status().lastSyncDurationMs!).toBeLessThan(COMMAND_TIMEOUT_MS + 100);
     } finally {
       redis.resume();
     }
