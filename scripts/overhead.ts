@@ -1,9 +1,14 @@
 // What the gateway adds, in one run, then the most streamed requests per second one gateway
-// process sustains. The simulator (two replicas, time scale 1: H100 timings), the gateway and this
-// client each run in their own process.
+// process sustains. Backends, the gateway and this client each run in their own process.
 //
-// At each level (1, 32 and 256 concurrent streams per path) two phases run, each with two paths
-// at the same time:
+// Part 1, fixed backend: a backend whose every stream has TTFT 20 ms and a token every 10 ms,
+// whatever the load (scripts/lib/fixed-backend.ts). With no batching there is no noise to average
+// away: direct and through the gateway run one after the other and the difference is the
+// gateway's, hop included. The gateway's own TTFT (admission log) splits that difference into the
+// client↔gateway hop and the gateway's work up to its first token.
+//
+// Part 2, simulated H100 replicas (time scale 1). At each level two phases run, each with two
+// paths at the same time:
 //   A/A: C streams straight to replica 0 and C straight to replica 1: the noise floor (two
 //        identical engines under the same machine load still differ run to run);
 //   A/B: C streams straight to replica 0 and C through the gateway, whose only backend is replica 1.
@@ -12,6 +17,8 @@
 // and the two paths run at once, so they see the same machine. (Back-to-back runs on one replica
 // were no use: at 32 streams its median TTFT moves by ±7 ms between identical runs.)
 
+import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { type BenchResult, runBench } from '../src/bench/run.ts';
 import { startChildFleet } from './lib/child-fleet.ts';
@@ -66,6 +73,70 @@ const p = (r: BenchResult, name: 'ttft' | 'tpot', q: number) =>
     : name === 'tpot' && q === 50
       ? r.metrics.tpot.median
       : (r.metrics[name].percentiles.find(([k]) => k === q)?.[1] ?? Number.NaN);
+
+// Part 1: fixed backend.
+const fixedRows = [
+  '| streams | requests per path | TTFT p50 direct / gateway (added) ms | TTFT p99 direct / gateway (added) ms | TPOT p50 direct / gateway (added) ms | gateway-measured TTFT p50 ms | failed |',
+  '|---|---|---|---|---|---|---|',
+];
+{
+  const backend = spawn(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      new URL('./lib/fixed-backend.ts', import.meta.url).pathname,
+      '--ttft-ms',
+      '20',
+      '--itl-ms',
+      '10',
+    ],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  const url = await new Promise<string>((resolve) =>
+    backend.stdout!.once('data', (d) => resolve(String(d).trim())),
+  );
+  const gw = await startChildGateway(gatewayYaml([url]));
+  const admissionLines = () => readFileSync(`${gw.dir}/admission.log`, 'utf8').split('\n').filter(Boolean);
+  try {
+    for (const c of levels) {
+      const n = Number(values.requests) || (c === 1 ? 100 : Math.max(512, c * 4));
+      const run = (target: string, k: number) =>
+        runBench({
+          target,
+          workload: 'sharegpt',
+          workloadParams: SHORT,
+          concurrency: c,
+          requests: k,
+          seed: 1,
+          progress: false,
+        });
+      await run(url, 2 * c);
+      await run(gw.url, 2 * c);
+      const direct = await run(url, n);
+      const seen = admissionLines().length;
+      const via = await run(gw.url, n);
+      await new Promise((r) => setTimeout(r, 300)); // the admission log writes asynchronously
+      const gwTtft = admissionLines()
+        .slice(seen)
+        .map((l) => (JSON.parse(l) as { ttft_ms: number | null }).ttft_ms)
+        .filter((x): x is number => x !== null)
+        .sort((x, y) => x - y);
+      const cell = (f: 'ttft' | 'tpot', q: number) => {
+        const a_ = p(direct, f, q);
+        const b_ = p(via, f, q);
+        return `${a_.toFixed(2)} / ${b_.toFixed(2)} (${b_ - a_ >= 0 ? '+' : ''}${(b_ - a_).toFixed(2)})`;
+      };
+      fixedRows.push(
+        `| ${c} | ${n} | ${cell('ttft', 50)} | ${cell('ttft', 99)} | ${cell('tpot', 50)} | ${(gwTtft[Math.floor(gwTtft.length / 2)] ?? Number.NaN).toFixed(2)} | ${direct.metrics.failed + via.metrics.failed} |`,
+      );
+      console.error(fixedRows.at(-1));
+    }
+  } finally {
+    await gw.stop();
+    backend.kill('SIGTERM');
+  }
+}
 
 const rows = [
   '| streams per path | requests per path | TTFT p50 A/A (diff) ms | TTFT p50 direct / gateway (added) ms | TTFT p99 A/A (diff) ms | TTFT p99 direct / gateway (added) ms | TPOT p50 A/A (diff) ms | TPOT p50 direct / gateway (added) ms | failed |',
@@ -133,6 +204,9 @@ const rows = [
     const cpu0 = await cpuSeconds(gw.child.pid!);
     const via = await peak(gw.url);
     const cpu1 = await cpuSeconds(gw.child.pid!);
+    console.log('Fixed backend (TTFT 20 ms, a token every 10 ms), direct then through the gateway:\n');
+    console.log(fixedRows.join('\n'));
+    console.log('\nSimulated H100 replicas, A/A and A/B at the same time:\n');
     console.log(rows.join('\n'));
     console.log('');
     console.log(

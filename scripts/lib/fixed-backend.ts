@@ -20,7 +20,9 @@ const server = createServer((req, res) => {
   if (req.method === 'GET' && req.url === '/health') return void res.end();
   if (req.method === 'GET' && req.url === '/v1/models') {
     res.setHeader('content-type', 'application/json');
-    return void res.end(JSON.stringify({ object: 'list', data: [{ id: MODEL, object: 'model', max_model_len: 131072 }] }));
+    return void res.end(
+      JSON.stringify({ object: 'list', data: [{ id: MODEL, object: 'model', max_model_len: 131072 }] }),
+    );
   }
   if (req.method !== 'POST') {
     res.statusCode = 404;
@@ -32,7 +34,11 @@ const server = createServer((req, res) => {
     raw += c;
   });
   req.on('end', () => {
-    const body = JSON.parse(raw) as { max_tokens?: number; max_completion_tokens?: number; stream_options?: { include_usage?: boolean } };
+    const body = JSON.parse(raw) as {
+      max_tokens?: number;
+      max_completion_tokens?: number;
+      stream_options?: { include_usage?: boolean };
+    };
     const n = body.max_completion_tokens ?? body.max_tokens ?? 16;
     const id = `chatcmpl-${Math.random().toString(36).slice(2)}`;
     const chunk = (delta: object, finish: string | null) =>
@@ -49,7 +55,9 @@ const server = createServer((req, res) => {
         return;
       }
       if (body.stream_options?.include_usage) {
-        res.write(`data: ${JSON.stringify({ id, object: 'chat.completion.chunk', created: 0, model: MODEL, choices: [], usage: { prompt_tokens: 10, completion_tokens: n, total_tokens: 10 + n } })}\n\n`);
+        res.write(
+          `data: ${JSON.stringify({ id, object: 'chat.completion.chunk', created: 0, model: MODEL, choices: [], usage: { prompt_tokens: 10, completion_tokens: n, total_tokens: 10 + n } })}\n\n`,
+        );
       }
       res.end('data: [DONE]\n\n');
     };
