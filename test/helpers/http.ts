@@ -48,3 +48,82 @@ export function send(
     req.end(payload);
   });
 }
+
+/** A streaming request read as it arrives; `close()` hangs up. */
+export interface OpenStream {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  received(): string;
+  /** Resolves when `pred(received)` holds; rejects when the response ends first or on timeout. */
+  until(pred: (text: string) => boolean, timeoutMs?: number): Promise<string>;
+  /** Resolves when the response is over; `complete` is false for a cut connection. */
+  ended: Promise<{ complete: boolean }>;
+  close(): void;
+}
+
+/** Sends a request and resolves at its response headers. `sent` resolves when the body is out. */
+export function openStream(
+  base: string,
+  path: string,
+  body: unknown,
+  headers: http.OutgoingHttpHeaders = {},
+): { response: Promise<OpenStream>; abort(): void } {
+  const req = http.request(`${base}${path}`, {
+    method: 'POST',
+    agent: false,
+    headers: { 'content-type': 'application/json', ...headers },
+  });
+  const response = new Promise<OpenStream>((resolve, reject) => {
+    req.on('error', reject);
+    req.on('response', (res) => {
+      let text = '';
+      const waiters = new Set<() => void>();
+      const ended = new Promise<{ complete: boolean }>((done) => {
+        res.on('end', () => done({ complete: true }));
+        res.on('close', () => done({ complete: res.complete }));
+        res.on('error', () => done({ complete: false }));
+      });
+      res.on('data', (c: Buffer) => {
+        text += c.toString('utf8');
+        for (const w of waiters) w();
+      });
+      resolve({
+        status: res.statusCode ?? 0,
+        headers: res.headers,
+        received: () => text,
+        ended,
+        close: () => req.destroy(),
+        until(pred, timeoutMs = 5000) {
+          return new Promise((ok, fail) => {
+            const cleanup = () => {
+              clearTimeout(timer);
+              waiters.delete(check);
+            };
+            const check = () => {
+              if (!pred(text)) return;
+              cleanup();
+              ok(text);
+            };
+            const timer = setTimeout(() => {
+              cleanup();
+              fail(new Error(`timed out; received ${JSON.stringify(text.slice(0, 300))}`));
+            }, timeoutMs);
+            waiters.add(check);
+            void ended.then(() => {
+              if (!waiters.has(check)) return;
+              check();
+              if (!waiters.has(check)) return;
+              cleanup();
+              fail(new Error(`stream ended; received ${JSON.stringify(text.slice(0, 300))}`));
+            });
+            check();
+          });
+        },
+      });
+    });
+  });
+  // A test that aborts before the response would otherwise leave an unhandled rejection.
+  response.catch(() => {});
+  req.end(JSON.stringify(body));
+  return { response, abort: () => req.destroy() };
+}

@@ -103,8 +103,8 @@ describe('refuse', () => {
 describe('hang', () => {
   it('sends headers and then nothing, and never reaches the engine', async () => {
     const s = await openStream(base, CHAT, LONG, { 'x-sim-fault': 'hang' });
-    expect(s.res.statusCode).toBe(200);
-    expect(s.res.headers['content-type']).toBe('text/event-stream; charset=utf-8');
+    expect(s.status).toBe(200);
+    expect(s.headers['content-type']).toBe('text/event-stream; charset=utf-8');
     await new Promise((r) => setTimeout(r, 300));
     expect(s.received()).toBe('');
     expect(replica.engine.stats()).toMatchObject({ running: 0, waiting: 0 });
