@@ -286,11 +286,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       watcher = watchConfig(
         opts.configPath,
         {
-          onChange: (next) => {
-            reload(next).catch((err: unknown) =>
-              logger.error({ err: String(err) }, 'config reload refused; the running configuration is kept'),
-            );
-          },
+          // A reload that fails (e.g. an unbuilt router policy) rejects: the watcher then keeps
+          // the running configuration as its current one, and onError logs why.
+          onChange: (next) => reload(next),
           onError: (err) => {
             const issues = isConfigError(err)
               ? err.issues.map((i) => formatIssue(i, err.source))

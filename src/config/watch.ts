@@ -13,10 +13,13 @@ import { parseConfig, readConfigText } from './load.ts';
 import type { Config } from './schema.ts';
 
 export interface ConfigWatchHandlers {
-  /** A new valid configuration that differs from the previous one. */
-  onChange(next: Config, previous: Config): void;
+  /**
+   * A new valid configuration that differs from the previous one. If applying it fails (it throws,
+   * or the promise it returns rejects), the watcher keeps the previous one as current.
+   */
+  onChange(next: Config, previous: Config): void | Promise<void>;
   /** A ConfigError for an invalid or unreadable file (the previous configuration is kept), a
-   *  watcher failure, or an exception thrown by onChange. */
+   *  watcher failure, or the failure of onChange. */
   onError(err: Error): void;
 }
 
@@ -65,10 +68,17 @@ export function watchConfig(
     if (isDeepStrictEqual(next, current)) return;
     const previous = current;
     current = next;
+    // Invariant: current() names the configuration that is running. A change the gateway could
+    // not apply is rolled back here (unless a newer one has replaced it meanwhile).
+    const failed = (err: unknown) => {
+      if (current === next) current = previous;
+      handlers.onError(err instanceof Error ? err : new Error(String(err)));
+    };
     try {
-      handlers.onChange(next, previous);
+      const applied = handlers.onChange(next, previous);
+      if (applied instanceof Promise) applied.catch(failed);
     } catch (err) {
-      handlers.onError(err as Error);
+      failed(err);
     }
   };
 

@@ -125,6 +125,28 @@ describe('watchConfig on file changes', () => {
     expect(w.current().server.port).toBe(9004);
   });
 
+  it('a change the caller fails to apply (onChange rejects) leaves the previous one current', async () => {
+    const errors: Error[] = [];
+    let reject: (err: Error) => void = () => {};
+    const running = watchConfig(
+      file,
+      {
+        onChange: () => new Promise<void>((_, r) => (reject = r)),
+        onError: (err) => errors.push(err),
+      },
+      { debounceMs: 30 },
+    );
+    watcher = running;
+    const before = running.current();
+    writeFileSync(file, valid(9003));
+    for (let i = 0; i < 100 && running.current() === before; i++) await delay(20);
+    expect(running.current().server.port).toBe(9003);
+    reject(new Error('router.policy is not built'));
+    await delay(10);
+    expect(running.current()).toBe(before);
+    expect(errors.map((e) => e.message)).toEqual(['router.policy is not built']);
+  });
+
   it('a change of layout only (same effective configuration) is not a change', async () => {
     const recorder = new Recorder();
     const w = start(recorder);
