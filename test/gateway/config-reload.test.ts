@@ -162,6 +162,10 @@ describe('on reload', () => {
       backend: removed,
       completion_tokens: 200,
     });
+    // The drained stream was counted, and then every series of the removed backend went away.
+    const metrics = (await get(t.url, '/metrics')).text;
+    expect(metrics).not.toContain(`backend="${removed}"`);
+    expect(metrics).toContain(`backend="${kept.name}"`);
   });
 
   it('tenants added on reload apply to the next request', async () => {
