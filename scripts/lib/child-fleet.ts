@@ -3,6 +3,7 @@
 
 import { type ChildProcess, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import { stopChild } from './stop-child.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
 
@@ -49,11 +50,6 @@ export async function startChildFleet(args: {
   return {
     urls,
     child,
-    stop: () =>
-      new Promise<void>((resolve) => {
-        if (child.exitCode !== null) return resolve();
-        child.once('exit', () => resolve());
-        child.kill('SIGTERM');
-      }),
+    stop: () => stopChild(child),
   };
 }

@@ -1,7 +1,7 @@
 // A real node:http server on 127.0.0.1 whose responses are scripted step by step (raw writes
 // and pauses), so tests control exactly how SSE bytes are split and spaced in time.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { listenLoopback } from '../helpers/http.ts';
 
 export type Step = string | { wait: number };
 
@@ -63,21 +63,16 @@ export async function startServer(handler: Handler): Promise<FakeServer> {
       inflight--;
     }
   });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as AddressInfo;
+  const { url, close } = await listenLoopback(server);
   return {
-    url: `http://127.0.0.1:${port}`,
+    url,
     get seen() {
       return state.seen;
     },
     get maxInflight() {
       return state.maxInflight;
     },
-    close: () =>
-      new Promise<void>((resolve) => {
-        server.closeAllConnections();
-        server.close(() => resolve());
-      }),
+    close,
   };
 }
 

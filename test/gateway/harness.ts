@@ -4,7 +4,6 @@
 import { once } from 'node:events';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { stringify } from 'yaml';
@@ -12,7 +11,7 @@ import { type Config, parseConfig } from '../../src/config/index.ts';
 import { type Gateway, startGateway } from '../../src/gateway.ts';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
 import type { AdmissionRecord } from '../../src/telemetry/admission-log.ts';
-import { send } from '../helpers/http.ts';
+import { listenLoopback, send } from '../helpers/http.ts';
 
 export const MODEL = 'meta-llama/Llama-3.1-8B-Instruct';
 
@@ -241,18 +240,7 @@ export async function scripted(
     hits.push(hit);
     script(req, res, hit);
   });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  const { port } = server.address() as AddressInfo;
-  return {
-    url: `http://127.0.0.1:${port}`,
-    hits,
-    close: async () => {
-      server.closeAllConnections();
-      server.close();
-      await once(server, 'close');
-    },
-  };
+  return { ...(await listenLoopback(server)), hits };
 }
 
 /** A whole vLLM-shaped chat stream of `n` tokens (usage included). */

@@ -127,3 +127,17 @@ export function openStream(
   req.end(JSON.stringify(body));
   return { response, abort: () => req.destroy() };
 }
+
+/** Listens on an ephemeral port of 127.0.0.1; `close()` drops open connections and waits. */
+export async function listenLoopback(server: http.Server): Promise<{ url: string; close(): Promise<void> }> {
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as import('node:net').AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
+  };
+}

@@ -1,15 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { DecayingFit, FitStats, predict } from '../../src/state/fit.ts';
-
-function rng(seed: number): () => number {
-  let x = seed >>> 0 || 1;
-  return () => {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    return (x >>> 0) / 2 ** 32;
-  };
-}
+import { rng } from '../helpers/rng.ts';
 
 describe('online least squares', () => {
   it('recovers a known prefill rate and load slope from noisy samples', () => {

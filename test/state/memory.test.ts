@@ -1,35 +1,14 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { createLiveState, type LatencySample, type LiveState } from '../../src/state/index.ts';
+import { rng } from '../helpers/rng.ts';
+import { latencySample } from './fixtures/sample.ts';
 
 const BACKENDS = [
   { name: 'gpu-0', url: 'http://127.0.0.1:1' },
   { name: 'gpu-1', url: 'http://127.0.0.1:2' },
 ];
 
-function rng(seed: number): () => number {
-  let x = seed >>> 0 || 1;
-  return () => {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    return (x >>> 0) / 2 ** 32;
-  };
-}
-
-function sample(over: Partial<LatencySample> = {}): LatencySample {
-  return {
-    backend: 'gpu-0',
-    class: 'interactive',
-    queueMs: 0,
-    ttftMs: 100,
-    tpotMs: 20,
-    uncachedPromptTokens: 500,
-    promptTokens: 800,
-    completionTokens: 64,
-    loadAtDispatch: 2,
-    ...over,
-  };
-}
+const sample = (over: Partial<LatencySample> = {}) => latencySample({ loadAtDispatch: 2, ...over });
 
 describe('LiveState with the memory store', () => {
   let clock = 1_000_000;

@@ -2,8 +2,9 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { RedisStateConfig } from '../../src/config/index.ts';
-import { createLiveState, type LatencySample, type LiveState, livenessTtlMs } from '../../src/state/index.ts';
+import { createLiveState, type LiveState, livenessTtlMs } from '../../src/state/index.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
+import { latencySample } from './fixtures/sample.ts';
 
 const BACKENDS = [
   { name: 'gpu-0', url: 'http://127.0.0.1:1' },
@@ -26,20 +27,7 @@ async function until(cond: () => boolean, timeoutMs: number, what: string): Prom
   return performance.now() - start;
 }
 
-function sample(over: Partial<LatencySample> = {}): LatencySample {
-  return {
-    backend: 'gpu-0',
-    class: 'interactive',
-    queueMs: 0,
-    ttftMs: 100,
-    tpotMs: 20,
-    uncachedPromptTokens: 500,
-    promptTokens: 800,
-    completionTokens: 64,
-    loadAtDispatch: 1,
-    ...over,
-  };
-}
+const sample = latencySample;
 
 /** Parses `INFO commandstats` into calls per command. */
 async function commandCalls(redis: RedisServer): Promise<Record<string, number>> {

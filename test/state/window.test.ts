@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { BIN_COUNT, binIndex, Histogram, quantiles } from '../../src/state/histogram.ts';
 import { SlidingWindow } from '../../src/state/window.ts';
+import { rng } from '../helpers/rng.ts';
 
 /** Exact q-quantile of sorted values, by the same definition (smallest v with share ≥ q below). */
 function exact(sorted: number[], q: number): number {
@@ -11,17 +12,6 @@ function histogramOf(values: number[]): Histogram {
   const h = new Histogram();
   for (const v of values) h.add(binIndex(v), 1, v);
   return h;
-}
-
-/** Deterministic pseudo-random numbers (xorshift), so failures reproduce. */
-function rng(seed: number): () => number {
-  let x = seed >>> 0 || 1;
-  return () => {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    return (x >>> 0) / 2 ** 32;
-  };
 }
 
 describe('log-binned histogram', () => {

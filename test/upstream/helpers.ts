@@ -12,7 +12,7 @@ import {
   type ProxyResult,
   proxyRequest,
 } from '../../src/upstream/proxy.ts';
-import { send } from '../helpers/http.ts';
+import { listenLoopback, send } from '../helpers/http.ts';
 
 export interface Hit {
   index: number;
@@ -58,18 +58,7 @@ export async function upstream(...scripts: Script[]): Promise<Upstream> {
     }
   });
   server.keepAliveTimeout = 5_000;
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  const { port } = server.address() as AddressInfo;
-  return {
-    url: `http://127.0.0.1:${port}`,
-    hits,
-    close: async () => {
-      server.closeAllConnections();
-      server.close();
-      await once(server, 'close');
-    },
-  };
+  return { ...(await listenLoopback(server)), hits };
 }
 
 /** A port with nothing listening (connection refused). */
@@ -247,22 +236,16 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
     results.push(result);
     waiters.shift()?.(result);
   });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  const { port } = server.address() as AddressInfo;
+  const { url, close } = await listenLoopback(server);
   return {
-    url: `http://127.0.0.1:${port}`,
+    url,
     results,
     nextResult: () => {
       const i = taken++;
       if (i < results.length) return Promise.resolve(results[i]!);
       return new Promise((resolve) => waiters.push(resolve));
     },
-    close: async () => {
-      server.closeAllConnections();
-      server.close();
-      await once(server, 'close');
-    },
+    close,
   };
 }
 
