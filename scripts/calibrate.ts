@@ -5,8 +5,8 @@
 //   npx tsx scripts/calibrate.ts [--quick]
 
 import { parseArgs } from 'node:util';
+import { startChildFleet } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
-import { startChildFleet } from './lib/child-fleet.ts';
 
 const { values } = parseArgs({ options: { quick: { type: 'boolean', default: false } } });
 

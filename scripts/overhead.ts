@@ -20,9 +20,8 @@
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import { startChildFleet, startChildGateway } from '../src/bench/processes.ts';
 import { type BenchResult, runBench } from '../src/bench/run.ts';
-import { startChildFleet } from './lib/child-fleet.ts';
-import { startChildGateway } from './lib/child-gateway.ts';
 
 const { values } = parseArgs({
   options: {

@@ -8,10 +8,9 @@
 //   npx tsx scripts/store-bench.ts [--concurrency 32] [--requests 1024] [--rounds 1]
 
 import { parseArgs } from 'node:util';
+import { startChildFleet, startChildGateway } from '../src/bench/processes.ts';
 import { type BenchResult, runBench } from '../src/bench/run.ts';
 import { startRedisServer } from '../test/helpers/redis-server.ts';
-import { startChildFleet } from './lib/child-fleet.ts';
-import { startChildGateway } from './lib/child-gateway.ts';
 
 const { values } = parseArgs({
   options: {

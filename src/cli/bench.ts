@@ -1,15 +1,19 @@
 // `slagate bench`: parse flags, run, print vLLM's table on stdout, save the JSON.
 // Exit codes: 0 when at least one request succeeded, 1 when none did or the run could not
-// start, 2 on bad flags.
+// start, 2 on bad flags. `slagate bench compare …` is its own subcommand (compareCommand below).
 import { writeFile } from 'node:fs/promises';
 import { parseArgs } from 'node:util';
 import type { EndpointKind } from '../bench/client.ts';
+import { type CompareOptions, runCompare } from '../bench/compare.ts';
+import { parsePolicies, readGatewayYaml } from '../bench/compare-config.ts';
 import { METRIC_NAMES, type MetricName, type Slo } from '../bench/metrics.ts';
 import { pyFloat } from '../bench/report.ts';
 import { type BenchOptions, checkOptions, DEFAULT_METRICS, runBench } from '../bench/run.ts';
 import { WORKLOAD_NAMES, type WorkloadName } from '../bench/workloads.ts';
+import { getProfile } from '../sim/profiles.ts';
 
 export const BENCH_USAGE = `Usage: slagate bench --target URL [options]
+       slagate bench compare --policies LIST [options]   (see slagate bench compare --help)
 
 Open-loop load generator with vLLM's benchmark metrics (see docs/benchmark-tool.md).
 
@@ -183,6 +187,7 @@ function parse(argv: string[]) {
 }
 
 export async function benchCommand(argv: string[]): Promise<number> {
+  if (argv[0] === 'compare') return compareCommand(argv.slice(1));
   let args: BenchArgs | null;
   try {
     args = parseBenchArgs(argv);
@@ -226,6 +231,220 @@ export async function benchCommand(argv: string[]): Promise<number> {
     return result.metrics.completed > 0 ? 0 : 1;
   } catch (err) {
     process.stderr.write(`slagate bench: ${(err as Error).message}\n`);
+    return 1;
+  } finally {
+    process.off('SIGINT', onSigint);
+  }
+}
+
+export const COMPARE_USAGE = `Usage: slagate bench compare --policies LIST [options]
+
+Runs the same workload, seed and arrival schedule against each gateway policy. Every run (one
+per policy and rate) gets a fresh simulated fleet and a fresh gateway, each a child process, and
+stops both before the next run. Prints one table (see docs/benchmark-tool.md).
+
+  --policies LIST           comma-separated ROUTER[/SCHEDULER] items, e.g. round_robin,least_loaded/fcfs
+                            ROUTER: slagate, round_robin, least_loaded, prefix_only, cache_aware, oracle
+                            SCHEDULER: slagate (default) or fcfs
+  --workload NAME           sharegpt (default) | prefix-shared | mixed | code
+  --rate R                  requests per second, or inf (default inf: all at t=0)
+  --rates R1,R2,...         a sweep: one run per policy and rate, plus each policy's goodput rate
+  --requests N              requests per run (default 1000)
+  --duration S              instead of --requests: stop sending after S seconds in each run
+  --burstiness B            gamma shape of arrival gaps; 1 = Poisson (default 1)
+  --seed S                  seed for the workload, the arrivals and the fleet (default 0)
+  --slo ttft=MS,tpot=MS     targets for goodput, attainment and the goodput rate
+  --replicas N              simulated replicas per run (default 4)
+  --profile NAME            GPU profile of the replicas (default llama3-8b-h100)
+  --time-scale X            wall time per simulated time; 0.1 runs ten times faster (default 1)
+  --gateway-yaml FILE       gateway YAML merged into each generated config (its keys win, except
+                            server, models, backends and the two policies)
+  --class-hints             send each request's workload class as x-slagate-class
+  --save-result FILE        write the comparison JSON (each run's bench JSON inside) to FILE
+  --quiet                   no progress lines on stderr
+  -h, --help                this text
+`;
+
+export interface CompareArgs {
+  options: CompareOptions;
+  saveResult?: string;
+  quiet: boolean;
+}
+
+function parseRates(raw: string): number[] {
+  const rates = raw.split(',').map((r) => num('--rates', r.trim()) as number);
+  if (new Set(rates).size !== rates.length) throw new UsageError(`--rates lists a rate twice: "${raw}"`);
+  return rates;
+}
+
+/** The comparison described by command-line flags; null means --help. Throws UsageError. */
+export function parseCompareArgs(argv: string[]): CompareArgs | null {
+  let values: ReturnType<typeof parseCompare>['values'];
+  try {
+    values = parseCompare(argv).values;
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+  if (values.help) return null;
+  if (values.policies === undefined) throw new UsageError('--policies LIST is required');
+  if (values.rate !== undefined && values.rates !== undefined) {
+    throw new UsageError('give --rate or --rates, not both');
+  }
+  if (values.requests !== undefined && values.duration !== undefined) {
+    throw new UsageError('give --requests or --duration, not both');
+  }
+  const workload = values.workload ?? 'sharegpt';
+  if (!WORKLOAD_NAMES.includes(workload as WorkloadName)) {
+    throw new UsageError(`--workload must be one of ${WORKLOAD_NAMES.join(', ')}, got "${workload}"`);
+  }
+  const replicas = num('--replicas', values.replicas, true);
+  if (replicas !== undefined && replicas < 1) throw new UsageError(`--replicas must be ≥ 1, got ${replicas}`);
+  const timeScale = num('--time-scale', values['time-scale']);
+  if (timeScale !== undefined && !(timeScale > 0 && Number.isFinite(timeScale))) {
+    throw new UsageError(`--time-scale must be a positive number, got ${timeScale}`);
+  }
+  if (values.profile !== undefined) {
+    try {
+      getProfile(values.profile);
+    } catch (err) {
+      throw new UsageError(`--profile: ${(err as Error).message}`);
+    }
+  }
+  let policies: ReturnType<typeof parsePolicies>;
+  try {
+    policies = parsePolicies(values.policies);
+  } catch (err) {
+    throw new UsageError(`--policies: ${(err as Error).message}`);
+  }
+  const rates =
+    values.rates !== undefined
+      ? parseRates(values.rates)
+      : values.rate !== undefined
+        ? [num('--rate', values.rate) as number]
+        : undefined;
+  const opts: CompareOptions = {
+    policies,
+    workload: workload as WorkloadName,
+    classHints: values['class-hints'] ?? false,
+  };
+  const optional: Partial<CompareOptions> = {
+    rates,
+    requests: num('--requests', values.requests, true),
+    durationS: num('--duration', values.duration),
+    burstiness: num('--burstiness', values.burstiness),
+    seed: num('--seed', values.seed, true),
+    slo: values.slo === undefined ? undefined : parseSlo(values.slo),
+    replicas,
+    profile: values.profile,
+    timeScale,
+    gatewayYaml: values['gateway-yaml'],
+  };
+  for (const [k, v] of Object.entries(optional)) {
+    if (v !== undefined) (opts as unknown as Record<string, unknown>)[k] = v;
+  }
+  // The bench options every run will use, checked once per rate before anything starts.
+  try {
+    for (const rate of opts.rates ?? [Number.POSITIVE_INFINITY]) {
+      checkOptions({
+        target: 'http://127.0.0.1',
+        rate,
+        ...(opts.requests !== undefined ? { requests: opts.requests } : {}),
+        ...(opts.durationS !== undefined ? { durationS: opts.durationS } : {}),
+        ...(opts.burstiness !== undefined ? { burstiness: opts.burstiness } : {}),
+      });
+    }
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+  const quiet = values.quiet ?? false;
+  const saveResult = values['save-result'];
+  return saveResult === undefined ? { options: opts, quiet } : { options: opts, saveResult, quiet };
+}
+
+function parseCompare(argv: string[]) {
+  return parseArgs({
+    args: argv,
+    strict: true,
+    allowPositionals: false,
+    options: {
+      policies: { type: 'string' },
+      workload: { type: 'string' },
+      rate: { type: 'string' },
+      rates: { type: 'string' },
+      requests: { type: 'string' },
+      duration: { type: 'string' },
+      burstiness: { type: 'string' },
+      seed: { type: 'string' },
+      slo: { type: 'string' },
+      replicas: { type: 'string' },
+      profile: { type: 'string' },
+      'time-scale': { type: 'string' },
+      'gateway-yaml': { type: 'string' },
+      'class-hints': { type: 'boolean' },
+      'save-result': { type: 'string' },
+      quiet: { type: 'boolean', short: 'q' },
+      help: { type: 'boolean', short: 'h' },
+    },
+  });
+}
+
+const rateText = (r: number) => (r === Number.POSITIVE_INFINITY ? 'inf' : String(r));
+
+/**
+ * `slagate bench compare`: the table on stdout and nothing else; progress and errors on stderr.
+ * Exit codes: 0 when every run completed, 1 when a run could not start (or was interrupted),
+ * 2 on bad flags (one line and a pointer to --help, not the whole usage).
+ */
+export async function compareCommand(argv: string[]): Promise<number> {
+  const usageError = (message: string) => {
+    process.stderr.write(`slagate bench compare: ${message}\nsee: slagate bench compare --help\n`);
+    return 2;
+  };
+  let args: CompareArgs | null;
+  try {
+    args = parseCompareArgs(argv);
+    if (args?.options.gatewayYaml !== undefined) {
+      try {
+        await readGatewayYaml(args.options.gatewayYaml);
+      } catch (err) {
+        throw new UsageError(`--gateway-yaml: ${(err as Error).message.split('\n')[0]}`);
+      }
+    }
+  } catch (err) {
+    if (!(err instanceof UsageError)) throw err;
+    return usageError(err.message);
+  }
+  if (args === null) {
+    process.stdout.write(COMPARE_USAGE);
+    return 0;
+  }
+  const { options, saveResult, quiet } = args;
+  // Ctrl-C stops the current run and skips the rest; its processes are still stopped.
+  const abort = new AbortController();
+  const onSigint = () => abort.abort();
+  process.once('SIGINT', onSigint);
+  try {
+    const result = await runCompare({
+      ...options,
+      signal: abort.signal,
+      progress: !quiet && process.stderr.isTTY === true,
+      ...(quiet ? {} : { onProgress: (line: string) => process.stderr.write(`${line}\n`) }),
+    });
+    for (const run of result.runs) {
+      if (run.error !== null) {
+        process.stderr.write(
+          `slagate bench compare: ${run.policy} at rate ${rateText(run.rate)}: ${run.error}\n`,
+        );
+      }
+    }
+    process.stdout.write(result.table);
+    if (saveResult !== undefined) {
+      await writeFile(saveResult, `${JSON.stringify(result.json)}\n`);
+      if (!quiet) process.stderr.write(`Result saved to ${saveResult}\n`);
+    }
+    return result.ok ? 0 : 1;
+  } catch (err) {
+    process.stderr.write(`slagate bench compare: ${(err as Error).message}\n`);
     return 1;
   } finally {
     process.off('SIGINT', onSigint);

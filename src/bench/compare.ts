@@ -1,0 +1,281 @@
+// `bench compare`: the same workload and seed against each gateway policy, one run per
+// (policy, rate), each on a fresh simulated fleet behind a fresh gateway, both child processes.
+// Invariants: runs are strictly sequential and every process a run starts is stopped before the
+// next one begins (try/finally, also on error), so no run shares the machine with another; every
+// run sees the same workload, seed, arrivals, SLO and fleet settings, and only router.policy and
+// scheduler.policy differ between the gateways of one rate.
+import { statSync } from 'node:fs';
+import { readFile, rm } from 'node:fs/promises';
+import { request } from 'undici';
+import { stringify as stringifyYaml } from 'yaml';
+import { getProfile } from '../sim/profiles.ts';
+import {
+  admissionLogPath,
+  gatewayConfig,
+  isMap,
+  type PolicyItem,
+  parsePolicyItem,
+  readGatewayYaml,
+} from './compare-config.ts';
+import {
+  type CompareSettings,
+  compareJson,
+  formatCompareTable,
+  goodputRate,
+  type PrefixCounters,
+  prefixHitRate,
+  type ReportedRun,
+  runFigures,
+  sumCounter,
+} from './compare-report.ts';
+import type { Slo } from './metrics.ts';
+import {
+  type ChildFleet,
+  type ChildGateway,
+  startChildFleet,
+  startChildGateway,
+  waitReady,
+} from './processes.ts';
+import { type BenchResult, checkOptions, runBench } from './run.ts';
+import type { WorkloadName, WorkloadParams } from './workloads.ts';
+
+export { type PolicyItem, parsePolicies, parsePolicyItem } from './compare-config.ts';
+
+export interface CompareOptions {
+  /** Items as written (`round_robin`, `least_loaded/fcfs`) or parsed. */
+  policies: readonly (string | PolicyItem)[];
+  /** Default 'sharegpt'. */
+  workload?: WorkloadName;
+  workloadParams?: WorkloadParams;
+  /** Arrival rates, req/s; several make a sweep. Default [Infinity]. */
+  rates?: readonly number[];
+  /** Per run; default runBench's (1000, or what the rate sends in durationS). */
+  requests?: number;
+  durationS?: number;
+  /** Default 1. */
+  burstiness?: number;
+  /** Workload, arrivals and fleet seed. Default 0. */
+  seed?: number;
+  /** Needed for goodput, attainment and the goodput rate. */
+  slo?: Slo;
+  classHints?: boolean;
+  /** Default 4. */
+  replicas?: number;
+  /** Default llama3-8b-h100. */
+  profile?: string;
+  /** Default 1. */
+  timeScale?: number;
+  /** A gateway YAML merged into each generated config (see gatewayConfig). */
+  gatewayYaml?: string;
+  /** runBench's progress bar on stderr. Default false. */
+  progress?: boolean;
+  /** Called with one line as each run starts and ends. */
+  onProgress?: (line: string) => void;
+  /** Stops the current run (its partial figures are kept, marked interrupted) and skips the rest. */
+  signal?: AbortSignal;
+  /** Bound on waiting for the gateway's /readyz. Default 15 s. */
+  readyTimeoutMs?: number;
+}
+
+export interface CompareRun extends ReportedRun {
+  bench: BenchResult | null;
+  /** The gateway's admission log lines, parsed; null when the log did not go to a file. */
+  admissionLog: Record<string, unknown>[] | null;
+}
+
+export interface CompareResult extends CompareSettings {
+  runs: CompareRun[];
+  /** Per policy label: the highest rate with attainment ≥ 0.9, or null. */
+  goodputRate: Record<string, number | null>;
+  /** Every run completed. */
+  ok: boolean;
+  /** The aligned text table. */
+  table: string;
+  /** The object --save-result writes (no admission log lines). */
+  json: Record<string, unknown>;
+}
+
+async function readPrefixCounters(urls: readonly string[]): Promise<PrefixCounters> {
+  let hits = 0;
+  let queries = 0;
+  for (const url of urls) {
+    const res = await request(`${url}/metrics`);
+    const text = await res.body.text();
+    if (res.statusCode !== 200) throw new Error(`GET ${url}/metrics returned ${res.statusCode}`);
+    hits += sumCounter(text, 'vllm:prefix_cache_hits_total');
+    queries += sumCounter(text, 'vllm:prefix_cache_queries_total');
+  }
+  return { hits, queries };
+}
+
+/** Its size now: a file named in --gateway-yaml may hold earlier runs' lines, which are not this run's. */
+function sizeOf(path: string | null): number {
+  if (path === null) return 0;
+  try {
+    return statSync(path).size;
+  } catch {
+    return 0;
+  }
+}
+
+/** The log's JSON lines from byte `from` on (the gateway flushes it on exit); null when it went to stdout. */
+async function readAdmissionLog(
+  path: string | null,
+  from: number,
+): Promise<Record<string, unknown>[] | null> {
+  if (path === null) return null;
+  let text: string;
+  try {
+    text = (await readFile(path)).subarray(from).toString('utf8');
+  } catch {
+    return []; // no request reached the log
+  }
+  const lines: Record<string, unknown>[] = [];
+  for (const line of text.split('\n')) {
+    if (line.trim() === '') continue;
+    try {
+      const v: unknown = JSON.parse(line);
+      if (isMap(v)) lines.push(v);
+    } catch {
+      // a torn last line (the gateway was killed) is not a record
+    }
+  }
+  return lines;
+}
+
+const rateWords = (r: number) => (r === Number.POSITIVE_INFINITY ? 'rate inf' : `${r} req/s`);
+
+function timestamp(d: Date): string {
+  const p = (n: number) => String(n).padStart(2, '0');
+  return `${d.getFullYear()}${p(d.getMonth() + 1)}${p(d.getDate())}-${p(d.getHours())}${p(d.getMinutes())}${p(d.getSeconds())}`;
+}
+
+export async function runCompare(o: CompareOptions): Promise<CompareResult> {
+  const items = o.policies.map((p) => (typeof p === 'string' ? parsePolicyItem(p) : p));
+  if (items.length === 0) throw new Error('no policies to compare');
+  const rates = [...(o.rates ?? [Number.POSITIVE_INFINITY])];
+  const replicas = o.replicas ?? 4;
+  const profile = o.profile ?? 'llama3-8b-h100';
+  const timeScale = o.timeScale ?? 1;
+  const seed = o.seed ?? 0;
+  const burstiness = o.burstiness ?? 1;
+  if (!(Number.isInteger(replicas) && replicas >= 1))
+    throw new Error(`replicas must be ≥ 1, got ${replicas}`);
+  if (!(timeScale > 0 && Number.isFinite(timeScale))) throw new Error(`bad time scale ${timeScale}`);
+  const model = getProfile(profile).model; // throws on an unknown profile
+  const benchBase = {
+    workload: o.workload ?? 'sharegpt',
+    ...(o.workloadParams ? { workloadParams: o.workloadParams } : {}),
+    ...(o.requests !== undefined ? { requests: o.requests } : {}),
+    ...(o.durationS !== undefined ? { durationS: o.durationS } : {}),
+    ...(o.slo ? { slo: o.slo } : {}),
+    burstiness,
+    seed,
+    model,
+    classHints: o.classHints ?? false,
+    progress: o.progress ?? false,
+  };
+  for (const rate of rates) checkOptions({ target: 'http://127.0.0.1', ...benchBase, rate });
+  const user = o.gatewayYaml === undefined ? {} : await readGatewayYaml(o.gatewayYaml);
+  const settings: CompareSettings = {
+    date: timestamp(new Date()),
+    workload: benchBase.workload,
+    seed,
+    requests: o.requests ?? null,
+    durationS: o.durationS ?? null,
+    rates,
+    burstiness,
+    slo: o.slo ?? null,
+    fleet: { replicas, profile, timeScale },
+  };
+
+  const runs: CompareRun[] = [];
+  const total = items.length * rates.length;
+  for (const item of items) {
+    for (const rate of rates) {
+      if (o.signal?.aborted) break;
+      const n = runs.length + 1;
+      o.onProgress?.(
+        `[${n}/${total}] ${item.label} at ${rateWords(rate)}: ${replicas} × ${profile} (time scale ${timeScale})`,
+      );
+      const run = await runOne(item, rate);
+      runs.push(run);
+      o.onProgress?.(
+        run.error !== null && run.figures === null
+          ? `[${n}/${total}] ${item.label} at ${rateWords(rate)}: ${run.error.split('\n')[0]}`
+          : `[${n}/${total}] ${item.label} at ${rateWords(rate)}: ${run.figures?.ok}/${run.figures?.requests} ok${run.error ? ` (${run.error})` : ''}`,
+      );
+    }
+  }
+
+  async function runOne(item: PolicyItem, rate: number): Promise<CompareRun> {
+    const base = { policy: item.label, router: item.router, scheduler: item.scheduler, rate };
+    let fleet: ChildFleet | undefined;
+    let gateway: ChildGateway | undefined;
+    let logPath: string | null = null;
+    let logFrom = 0;
+    let stage = 'fleet did not start';
+    try {
+      fleet = await startChildFleet({ replicas, profile, timeScale, seed });
+      const urls = fleet.urls;
+      const before = await readPrefixCounters(urls);
+      stage = 'gateway did not start';
+      gateway = await startChildGateway((dir) => {
+        const config = gatewayConfig(user, { dir, model, urls, item });
+        logPath = admissionLogPath(config);
+        logFrom = sizeOf(logPath);
+        return stringifyYaml(config);
+      });
+      await waitReady(gateway.url, o.readyTimeoutMs);
+      stage = 'run failed';
+      const bench = await runBench({
+        ...benchBase,
+        target: gateway.url,
+        rate,
+        ...(o.signal ? { signal: o.signal } : {}),
+      });
+      // The replicas' counters are read while they still run; the log once the gateway flushed it.
+      const prefix = prefixHitRate(before, await readPrefixCounters(urls));
+      await gateway.stop();
+      const admissionLog = await readAdmissionLog(logPath, logFrom);
+      return {
+        ...base,
+        error: o.signal?.aborted ? 'interrupted' : null,
+        figures: runFigures(bench.records, bench.metrics, replicas, o.slo, prefix),
+        bench,
+        benchJson: bench.json,
+        admissionLog,
+      };
+    } catch (err) {
+      return {
+        ...base,
+        error: `${stage}: ${(err as Error).message}`,
+        figures: null,
+        bench: null,
+        benchJson: null,
+        admissionLog: null,
+      };
+    } finally {
+      await gateway?.stop();
+      await fleet?.stop();
+      if (gateway) await rm(gateway.dir, { recursive: true, force: true });
+    }
+  }
+
+  const goodputRates: Record<string, number | null> = {};
+  for (const item of items) {
+    goodputRates[item.label] = goodputRate(
+      runs
+        .filter((r) => r.policy === item.label && r.error === null)
+        .map((r) => ({ rate: r.rate, attainment: r.figures?.attainment ?? null })),
+    );
+  }
+  return {
+    ...settings,
+    runs,
+    goodputRate: goodputRates,
+    ok: runs.length === total && runs.every((r) => r.error === null),
+    table: formatCompareTable(runs, goodputRates, rates.length > 1),
+    json: compareJson(settings, runs, goodputRates),
+  };
+}
