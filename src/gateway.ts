@@ -1,9 +1,11 @@
-// The composition root: config → telemetry → (simulated fleet) → backends → runtime → fastify →
-// listen; reload on config change; drain on shutdown. Nothing else constructs these parts.
+// The composition root: config → telemetry → (simulated fleet, in its own process) → backends →
+// live state → scheduler → admission → runtime → fastify → listen; reload on config change; drain
+// on shutdown. Nothing else constructs these parts.
 
 import { isDeepStrictEqual } from 'node:util';
 import type { FastifyInstance } from 'fastify';
 import type { Logger as PinoLogger } from 'pino';
+import { AdmissionController } from './admission/index.ts';
 import {
   type BackendSpec,
   type Config,
@@ -14,11 +16,12 @@ import {
   watchConfig,
 } from './config/index.ts';
 import { createRoutingPolicy } from './router/index.ts';
+import { Scheduler, type SchedulerSettings } from './scheduler/index.ts';
 import { buildApp } from './server/app.ts';
 import { createAuthenticator } from './server/auth.ts';
 import { ModelCatalog } from './server/model-catalog.ts';
 import { Lifecycle, type Runtime } from './server/runtime.ts';
-import { type Fleet, startFleet } from './sim/fleet.ts';
+import { type FleetProcess, startFleetProcess } from './sim/fleet-process.ts';
 import { createLiveState } from './state/index.ts';
 import { AdmissionLog } from './telemetry/admission-log.ts';
 import { createLogger, type Logger } from './telemetry/logger.ts';
@@ -30,7 +33,9 @@ import {
   BackendSet,
   type BackendSetOptions,
   DEFAULT_BACKEND_SET_OPTIONS,
+  DEFAULT_RETRY_BUDGET,
   type ProxyConfig,
+  RetryBudget,
 } from './upstream/index.ts';
 
 export interface GatewayOptions {
@@ -48,8 +53,8 @@ export interface Gateway {
   /** http://host:port the gateway listens on. */
   url: string;
   runtime: Runtime;
-  /** The in-process simulated fleet, when the config asked for one. */
-  fleet: Fleet | null;
+  /** The simulated fleet (a child process), when the config asked for one. */
+  fleet: FleetProcess | null;
   /** Applies a new configuration as a reload would (tests, SIGHUP path). */
   reload(next: Config): Promise<void>;
   /** Writes out buffered log lines. */
@@ -92,15 +97,31 @@ function backendSetOptions(c: Config, onEvent: (e: BackendEvent) => void): Backe
       rollingBuckets: DEFAULT_BACKEND_SET_OPTIONS.breaker.rollingBuckets,
     },
     health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: u.health_interval_ms },
-    retryBudget: {
-      ratio: u.retry_budget_ratio,
-      minRetries: DEFAULT_BACKEND_SET_OPTIONS.retryBudget.minRetries,
-    },
     onEvent,
   };
 }
 
-function backendConfigs(c: Config, fleet: Fleet | null): BackendConfig[] {
+function schedulerSettings(c: Config): SchedulerSettings {
+  const s = c.scheduler;
+  return {
+    policy: s.policy,
+    maxQueue: s.max_queue,
+    agingMs: s.aging_ms,
+    concurrency: {
+      min: s.concurrency.min,
+      max: s.concurrency.max,
+      initial: s.concurrency.initial,
+      intervalMs: s.concurrency.interval_ms,
+      outerPeriods: s.concurrency.outer_periods,
+      ttftShare: s.concurrency.ttft_share,
+      tpotShare: s.concurrency.tpot_share,
+    },
+    firstTokenTimeoutFactor: c.upstream.first_token_timeout_factor,
+    firstTokenTimeoutMaxMs: c.upstream.first_token_timeout_ms,
+  };
+}
+
+function backendConfigs(c: Config, fleet: FleetProcess | null): BackendConfig[] {
   if (fleet !== null && c.backends.length === 0) {
     return fleet.urls.map((url, i) => ({ name: `sim-${i}`, url, weight: 1 }));
   }
@@ -144,6 +165,9 @@ function restartOnlyChanges(prev: Config, next: Config): string[] {
       'upstream (breaker, outlier, health_interval_ms, max_connections_per_backend, connect_timeout_ms, ' +
         'retry_budget_ratio, metrics_scrape_interval_ms)',
     );
+  }
+  if (prev.scheduler.concurrency.interval_ms !== next.scheduler.concurrency.interval_ms) {
+    changed.push('scheduler.concurrency.interval_ms');
   }
   return changed;
 }
@@ -191,22 +215,26 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const undo: (() => unknown)[] = [];
   try {
     const fleet = config.simulate
-      ? await startFleet({
+      ? await startFleetProcess({
           replicas: config.simulate.replicas,
           profile: config.simulate.profile,
           model: config.simulate.model,
           timeScale: config.simulate.time_scale,
           seed: config.simulate.seed,
+          admin: true,
         })
       : null;
     if (fleet !== null) undo.push(() => fleet.close());
 
     const metrics = createMetrics(config.sla.classes);
+    // Set once the scheduler exists: a backend coming back may let queued requests go.
+    let onAvailabilityChange = (): void => {};
     const onBackendEvent = (e: BackendEvent): void => {
       logger.info(
         { event: e.type, backend: e.backend, ...('durationMs' in e ? { ms: e.durationMs } : {}) },
         'backend',
       );
+      onAvailabilityChange();
     };
     const backends = new BackendSet(backendSetOptions(config, onBackendEvent), backendConfigs(config, fleet));
     undo.push(() => backends.close());
@@ -224,6 +252,20 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const initialModels = new ModelCatalog(config.models);
     await initialModels.refresh(backendUrls());
 
+    // The scheduler reads the swappable parts through rt (once it exists), so a reload reaches it.
+    let rtRef: Runtime | null = null;
+    const lifecycle = new Lifecycle();
+    const scheduler = new Scheduler({
+      backends: () => backends.list(),
+      live,
+      router: () => rtRef?.policy ?? initialPolicy,
+      settings: () => schedulerSettings(rtRef?.config ?? config),
+      onRefused: (req, err) => admission.noteRefused(req, err.code),
+    });
+    undo.push(() => scheduler.close());
+    const admission = new AdmissionController({ backends: () => backends.list(), live, scheduler });
+    onAvailabilityChange = () => scheduler.pump();
+
     const rt: Runtime = {
       config,
       auth: createAuthenticator(config.tenants, config.sla.default_class, classSet(config)),
@@ -231,13 +273,20 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       models: initialModels,
       backends,
       live,
+      admission,
+      scheduler,
+      retryBudget: new RetryBudget(
+        { ratio: config.upstream.retry_budget_ratio, minRetries: DEFAULT_RETRY_BUDGET.minRetries },
+        () => lifecycle.active,
+      ),
       proxy: proxyConfig(config),
       admissionLog: new AdmissionLog(admissionLogger.logger),
       metrics,
       logger,
       tokenizer: new Tokenizer(),
-      lifecycle: new Lifecycle(),
+      lifecycle,
     };
+    rtRef = rt;
 
     // Backends that joined later (reload) or were down at start report their context length later.
     const modelRefresh = setInterval(() => void rt.models.refresh(backendUrls()), 30_000);
@@ -259,6 +308,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       const before = backends.list().map((b) => b.name);
       const drained = backends.update(backendConfigs(next, fleet));
       live.setBackends(scrapeTargets());
+      // New backends or larger queues may let waiting requests go now.
+      scheduler.pump();
       if (isDeepStrictEqual(prev.models, next.models)) {
         void rt.models.refresh(backendUrls());
       } else {
@@ -323,6 +374,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           if (cut > 0) logger.warn({ cut }, 'shutdown: grace period over, in-flight requests cut');
           await closeServer(app, rt.lifecycle, Math.max(deadline - performance.now(), MIN_CLOSE_WAIT_MS));
           await backends.close();
+          scheduler.close();
           await live.close();
           await fleet?.close();
           await flushLogs();

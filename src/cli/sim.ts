@@ -1,14 +1,17 @@
-// `slagate sim`: N simulated vLLM replicas on 127.0.0.1, running until SIGINT or SIGTERM.
+// `slagate sim`: N simulated vLLM replicas on 127.0.0.1, running until SIGINT or SIGTERM. Started
+// by a parent with an IPC channel (the gateway's `simulate:`, src/sim/fleet-process.ts), it also
+// reports its URLs over that channel and exits when the parent goes away.
 
 import { parseArgs } from 'node:util';
 import { startFleet } from '../sim/fleet.ts';
 import { PROFILES } from '../sim/profiles.ts';
 
-const USAGE = `usage: slagate sim [--replicas N] [--port P] [--profile NAME] [--model NAME]
+const USAGE = `usage: slagate sim [--replicas N] [--port P] [--host H] [--profile NAME] [--model NAME]
                   [--time-scale X] [--seed S] [--admin-port A]
 
   --replicas N     number of replicas (default 2)
   --port P         replica i listens on P+i (default 8000; 0 = ephemeral ports)
+  --host H         address to listen on (default 127.0.0.1; 0.0.0.0 in a container)
   --profile NAME   GPU profile: ${Object.keys(PROFILES).join(', ')} (default llama3-8b-h100)
   --model NAME     served model name (default: the profile's)
   --time-scale X   wall time per simulated time; 0.1 runs ten times faster (default 1)
@@ -23,6 +26,7 @@ export async function simCommand(argv: string[]): Promise<number> {
       options: {
         replicas: { type: 'string' },
         port: { type: 'string' },
+        host: { type: 'string' },
         profile: { type: 'string' },
         model: { type: 'string' },
         'time-scale': { type: 'string' },
@@ -53,6 +57,7 @@ export async function simCommand(argv: string[]): Promise<number> {
     fleet = await startFleet({
       replicas: num('replicas', 2, (n) => Number.isInteger(n) && n >= 1),
       port: num('port', 8000, isPort),
+      host: typeof values.host === 'string' ? values.host : '127.0.0.1',
       profile: typeof values.profile === 'string' ? values.profile : 'llama3-8b-h100',
       model: typeof values.model === 'string' ? values.model : undefined,
       timeScale: num('time-scale', 1, (n) => n > 0 && Number.isFinite(n)),
@@ -69,15 +74,20 @@ export async function simCommand(argv: string[]): Promise<number> {
   );
   for (const url of fleet.urls) process.stdout.write(`  ${url}\n`);
   if (fleet.adminUrl !== undefined) process.stdout.write(`admin: ${fleet.adminUrl}\n`);
+  process.send?.({ type: 'ready', urls: fleet.urls, adminUrl: fleet.adminUrl ?? null });
   await new Promise<void>((resolve) => {
     const stop = () => {
       process.off('SIGINT', stop);
       process.off('SIGTERM', stop);
+      process.off('disconnect', stop);
       resolve();
     };
     process.on('SIGINT', stop);
     process.on('SIGTERM', stop);
+    // The parent that started us over IPC is gone: nobody will ever stop us otherwise.
+    process.on('disconnect', stop);
   });
+  if (process.connected) process.disconnect();
   await fleet.close();
   return 0;
 }

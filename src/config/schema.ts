@@ -140,6 +140,14 @@ export const SchedulerSchema = Type.Object(
         max: Type.Integer({ minimum: 1, default: 256 }),
         /** Filled with clamp(16, min, max) when absent (defaults.ts). */
         initial: Type.Integer({ minimum: 1 }),
+        /** The inner control loop's period (src/scheduler/controller.ts). */
+        interval_ms: Type.Integer({ minimum: 50, maximum: 60_000, default: 500 }),
+        /** Inner periods per step of the outer loop (tpot_share servo). */
+        outer_periods: Type.Integer({ minimum: 1, maximum: 1000, default: 10 }),
+        /** Share of the class TTFT target the p90 waiting inside a backend may use. */
+        ttft_share: Type.Number({ exclusiveMinimum: 0, maximum: 1, default: 0.25 }),
+        /** Starting share of the TPOT target the mean token gap may use (the outer loop moves it). */
+        tpot_share: Type.Number({ minimum: 0.3, maximum: 1, default: 0.85 }),
       },
       { ...closed, default: {} },
     ),
@@ -189,6 +197,10 @@ export const UpstreamSchema = Type.Object(
   {
     connect_timeout_ms: ms(1, 3_000),
     first_token_timeout_ms: ms(1, 60_000),
+    /** An attempt's first-token timeout: this × its predicted time to first token, ≥ the class target. */
+    first_token_timeout_factor: Type.Number({ minimum: 1, maximum: 100, default: 4 }),
+    /** Send the class priority as vLLM's `priority` field (replicas run with --scheduling-policy priority). */
+    forward_priority: Type.Boolean({ default: false }),
     idle_timeout_ms: ms(1, 30_000),
     retries: Type.Integer({ minimum: 0, maximum: 10, default: 2 }),
     retry_budget_ratio: Type.Number({ minimum: 0, maximum: 1, default: 0.2 }),

@@ -2,7 +2,7 @@
 // envelope when no attempt committed, and the SSE error event after the commit point. No
 // upstream body, message or stack ever goes into either (checklist item 30).
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
-import type { GatewayError } from '../server/errors.ts';
+import type { GatewayError } from './gateway-error.ts';
 
 const DONE = Buffer.from('data: [DONE]\n\n');
 

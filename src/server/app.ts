@@ -29,8 +29,8 @@ import Fastify, {
   type FastifyRequest,
   LogController,
 } from 'fastify';
+import { GatewayError, INTERNAL_MESSAGE, isGatewayError } from '../errors/index.ts';
 import type { RequestRecord } from '../telemetry/admission-log.ts';
-import { GatewayError, INTERNAL_MESSAGE, isGatewayError } from './errors.ts';
 import { handleInference, proxied } from './inference.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
 import { registerOpsRoutes } from './ops-routes.ts';

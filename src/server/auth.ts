@@ -1,9 +1,9 @@
-// API key → tenant → SLA class. Keys are never stored: the config holds their SHA-256, and a
-// presented key is hashed before lookup, so a timing difference in the map lookup reveals
-// nothing about any stored key.
+// API key → tenant → SLA class. Keys are never stored: the config holds their SHA-256. A presented
+// key is hashed and compared with every tenant's hash in constant time (timingSafeEqual, no early
+// exit), so the time an answer takes says nothing about which stored hash, if any, is near it.
 
-import { createHash } from 'node:crypto';
-import { GatewayError } from './errors.ts';
+import { createHash, timingSafeEqual } from 'node:crypto';
+import { GatewayError } from '../errors/index.ts';
 
 export interface TenantSpec {
   readonly name: string;
@@ -17,6 +17,8 @@ export interface TenantSpec {
 export interface Identity {
   tenant: string;
   class: string;
+  /** The tenant's limits; null for an open gateway (no tenants configured). */
+  limits: { max_concurrency?: number | undefined; tokens_per_minute?: number | undefined } | null;
 }
 
 /** The tenant name used when the config lists no tenants (an open gateway). */
@@ -35,19 +37,24 @@ export function createAuthenticator(
   defaultClass: string,
   classes: ReadonlySet<string>,
 ): Authenticator {
-  const byHash = new Map<string, TenantSpec>();
-  for (const t of tenants ?? []) byHash.set(t.api_key_sha256.toLowerCase(), t);
-  const open = byHash.size === 0;
+  const keyed = (tenants ?? []).map((t) => ({ t, hash: Buffer.from(t.api_key_sha256.toLowerCase(), 'hex') }));
+  const open = keyed.length === 0;
+  const find = (key: string): TenantSpec | undefined => {
+    const digest = createHash('sha256').update(key).digest();
+    let found: TenantSpec | undefined;
+    for (const k of keyed) if (timingSafeEqual(k.hash, digest) && found === undefined) found = k.t;
+    return found;
+  };
 
   return {
     identify(authorization, requestedClass) {
       if (open) {
         const cls =
           requestedClass !== undefined && classes.has(requestedClass) ? requestedClass : defaultClass;
-        return { tenant: ANONYMOUS, class: cls };
+        return { tenant: ANONYMOUS, class: cls, limits: null };
       }
       const match = /^Bearer\s+(\S+)\s*$/i.exec(authorization ?? '');
-      const tenant = match ? byHash.get(createHash('sha256').update(match[1]!).digest('hex')) : undefined;
+      const tenant = match ? find(match[1]!) : undefined;
       if (tenant === undefined) {
         throw new GatewayError('invalid_api_key', 'Incorrect or missing API key.');
       }
@@ -55,7 +62,11 @@ export function createAuthenticator(
         requestedClass !== undefined && tenant.allowed_classes.includes(requestedClass)
           ? requestedClass
           : tenant.class;
-      return { tenant: tenant.name, class: cls };
+      return {
+        tenant: tenant.name,
+        class: cls,
+        limits: { max_concurrency: tenant.max_concurrency, tokens_per_minute: tenant.tokens_per_minute },
+      };
     },
   };
 }

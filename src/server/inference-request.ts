@@ -1,8 +1,9 @@
 // Turns a client's JSON body into the few facts the gateway decides on, and rejects what no
-// backend could serve. The body itself is forwarded unchanged (bar stream_options), so this file
-// checks only what the gateway reads; vLLM validates the rest.
+// backend could serve. The body itself is forwarded unchanged (bar stream and stream_options), so
+// this file checks only what the gateway reads; vLLM validates the rest.
 
-import { GatewayError } from './errors.ts';
+import { GatewayError } from '../errors/index.ts';
+import { type AssembleKind, assemblable, type ClientMode } from '../upstream/index.ts';
 
 export type Endpoint = 'chat' | 'completions';
 
@@ -18,6 +19,12 @@ export interface InferenceRequest {
   endpoint: Endpoint;
   model: string;
   stream: boolean;
+  /**
+   * How the answer is made: a relayed stream; a non-streamed body assembled from a stream (so it
+   * is measured like one); or, for shapes the assembler does not cover, a body passed through.
+   */
+  mode: ClientMode;
+  assembleKind: AssembleKind;
   /** The client asked for the usage chunk (stream_options.include_usage). */
   wantsUsage: boolean;
   /** max_completion_tokens ?? max_tokens, or null when the client set none. */
@@ -108,13 +115,18 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
   const n = body.n;
   if (n !== undefined && n !== null && n !== 1) throw invalid("only 'n': 1 is supported", 'n');
   const maxTokens = positiveInt(body, 'max_completion_tokens') ?? positiveInt(body, 'max_tokens');
+  const parts = promptParts(endpoint, body);
+  const stream = body.stream === true;
+  const assembleKind: AssembleKind = endpoint === 'chat' ? 'chat' : 'completion';
   return {
     endpoint,
     model: body.model,
-    stream: body.stream === true,
+    stream,
+    mode: stream ? 'stream' : assemblable(assembleKind, body, parts.length) ? 'assemble' : 'passthrough',
+    assembleKind,
     wantsUsage: isRecord(so) && so.include_usage === true,
     maxTokens,
-    promptParts: promptParts(endpoint, body),
+    promptParts: parts,
     body,
   };
 }

@@ -12,15 +12,18 @@ import type { Runtime } from './runtime.ts';
 function refreshGauges(rt: Runtime): void {
   for (const b of rt.backends.list()) {
     const t = rt.live.telemetry(b.name);
-    const rates = rt.live.backendView(b.name)?.rates;
+    const view = rt.live.backendView(b.name);
     rt.metrics.setBackendGauges(b.name, {
-      inflight: b.inflight,
+      inflight: view?.localInflight.requests ?? 0,
+      concurrency_limit: Math.floor(rt.scheduler.limit(b.name)),
       healthy: b.available,
       kv_cache_usage: t?.kvCacheUsage ?? null,
       waiting: t?.waiting ?? null,
-      prefill_tokens_per_second: rates?.prefillTokensPerS ?? null,
+      prefill_tokens_per_second: view?.rates.prefillTokensPerS ?? null,
     });
   }
+  const depth = rt.scheduler.view().byClass;
+  for (const cls of Object.keys(rt.config.sla.classes)) rt.metrics.setQueueDepth(cls, depth[cls] ?? 0);
   rt.metrics.setStoreDegraded(rt.live.status().degraded);
 }
 
@@ -44,11 +47,21 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
   app.get('/admin/state', async () => {
     const live = rt.live.view();
     const liveByName = new Map(live.backends.map((b) => [b.name, b]));
+    const schedule = rt.scheduler.view();
+    const limits = new Map(schedule.backends.map((b) => [b.name, b]));
     return {
       instance: live.instanceId,
       shutting_down: rt.lifecycle.shuttingDown,
       in_flight: rt.lifecycle.active,
       router: { policy: rt.policy.name },
+      scheduler: {
+        policy: schedule.policy,
+        queued: schedule.queued,
+        retries: schedule.retries,
+        queue_by_class: schedule.byClass,
+        releases_per_s: schedule.releasesPerS,
+      },
+      admission: { prediction_error: rt.admission.predictionError() },
       store: live.store,
       window_ms: live.windowMs,
       models: rt.models.list().data.map((m) => ({ id: m.id, max_model_len: m.max_model_len })),
@@ -62,8 +75,11 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
           state: b.state,
           available: b.available,
           // This instance's attempts in flight, and the shared counts over every instance.
-          local_inflight: b.inflight,
+          local_inflight: v?.localInflight.requests ?? 0,
           inflight: v?.inflight ?? null,
+          concurrency_limit: limits.get(b.name)?.limit ?? null,
+          control_error: limits.get(b.name)?.error ?? null,
+          tpot_share: limits.get(b.name)?.tpotShare ?? null,
           latency: v?.latency ?? null,
           by_class: v?.byClass ?? null,
           rates: v?.rates ?? null,

@@ -2,9 +2,9 @@
 // write a record the metrics miss, or count a request twice (RequestRecord.end writes once and
 // returns null after that).
 
+import type { GatewayError } from '../errors/index.ts';
 import type { AdmissionFields, AdmissionRecord, RequestRecord } from '../telemetry/admission-log.ts';
 import type { Outcome } from '../telemetry/outcome.ts';
-import type { GatewayError } from './errors.ts';
 import type { Runtime } from './runtime.ts';
 
 export function endRecord(

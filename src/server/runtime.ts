@@ -3,15 +3,17 @@
 // it across awaits, so a reload applies to the next request without touching one in flight.
 
 import type { Logger } from 'pino';
+import type { AdmissionController } from '../admission/index.ts';
 import type { Config } from '../config/index.ts';
+import { GatewayError } from '../errors/index.ts';
 import type { RoutingPolicy } from '../router/index.ts';
+import type { Scheduler } from '../scheduler/index.ts';
 import type { LiveState } from '../state/index.ts';
 import type { AdmissionLog } from '../telemetry/admission-log.ts';
 import type { GatewayMetrics } from '../telemetry/metrics.ts';
 import type { Tokenizer } from '../tokenizer/tokenizer.ts';
-import type { BackendSet, ProxyConfig } from '../upstream/index.ts';
+import type { BackendSet, ProxyConfig, RetryBudget } from '../upstream/index.ts';
 import type { Authenticator } from './auth.ts';
-import { GatewayError } from './errors.ts';
 import type { ModelCatalog } from './model-catalog.ts';
 
 export interface Runtime {
@@ -22,6 +24,9 @@ export interface Runtime {
   backends: BackendSet;
   /** Live per-backend state: in-flight (all gateway instances), latency windows, rates, telemetry. */
   live: LiveState;
+  admission: AdmissionController;
+  scheduler: Scheduler;
+  retryBudget: RetryBudget;
   proxy: ProxyConfig;
   admissionLog: AdmissionLog;
   metrics: GatewayMetrics;
@@ -30,7 +35,10 @@ export interface Runtime {
   lifecycle: Lifecycle;
 }
 
-/** In-flight proxied requests and the shutdown switch. */
+/**
+ * In-flight proxied requests (queued ones included) and the shutdown switch. Its count is the one
+ * "requests active in this gateway" the retry budget reads.
+ */
 export class Lifecycle {
   shuttingDown = false;
   /** Set when the grace period is over and the server closes the connections still open itself. */

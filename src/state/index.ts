@@ -17,5 +17,6 @@ export type { StateLogger, StoreStatus } from './redis-sync.ts';
 export { livenessTtlMs } from './redis-sync.ts';
 export type { BackendTelemetry, ScraperOptions, ScrapeTarget } from './scraper.ts';
 export { TelemetryScraper } from './scraper.ts';
+export type { TenantLease, TenantUsage } from './tenants.ts';
 export type { VllmMetrics } from './vllm-metrics.ts';
 export { parseVllmMetrics } from './vllm-metrics.ts';

@@ -1,5 +1,6 @@
-// The façade: one object the gateway holds for live backend state. Everything the request path
-// calls (lease, record, backendView, predict*, inflight, load) is synchronous and in memory; the
+// The façade: one object the gateway holds for live backend state. It is the one owner of the
+// in-flight count per backend (leases) and per tenant (usage leases). Everything the request path
+// calls (lease, record, backendView, predict*, inflight, load, tenant*) is synchronous and in memory; the
 // shared store (Redis) and the /metrics scraper only ever run in the background and replace parts
 // of the view when they succeed.
 //
@@ -25,6 +26,7 @@ import {
 import { RedisSync, type StateLogger, type StoreStatus } from './redis-sync.ts';
 import { type BackendTelemetry, type ScrapeTarget, TelemetryScraper } from './scraper.ts';
 import { encodeSnapshot, mergeSnapshots } from './snapshot.ts';
+import { type RemoteTenant, type TenantLease, type TenantUsage, TenantUsageTable } from './tenants.ts';
 import type { WindowTotals } from './window.ts';
 
 export interface LiveStateOptions {
@@ -62,10 +64,13 @@ export interface FitError {
 }
 
 export interface RatesView {
-  /** Uncached prompt tokens per second of TTFT after queueing (1000 / ttft.msPerUncachedToken). */
+  /** Prefill tokens per second (1000 / ttft.msPerPrefillToken). */
   prefillTokensPerS: number | null;
-  /** TTFT after queueing ≈ baseMs + msPerUncachedToken · uncached + msPerLoad · load. */
-  ttft: { baseMs: number; msPerUncachedToken: number; msPerLoad: number; samples: number } | null;
+  /**
+   * Dispatch-to-first-token ≈ baseMs + msPerPrefillToken · (own uncached tokens + prefill tokens
+   * pending ahead on the backend) + msPerLoad · load.
+   */
+  ttft: { baseMs: number; msPerPrefillToken: number; msPerLoad: number; samples: number } | null;
   /** TPOT ≈ baseMs + msPerLoad · load. */
   tpot: { baseMs: number; msPerLoad: number; samples: number } | null;
   /** TPOT predicted at the backend's current load. */
@@ -102,13 +107,17 @@ export interface LiveStateView {
 export interface LatencySample {
   backend: string;
   class: string;
-  /** Time in the gateway's queue before dispatch; null if unknown. */
+  /** Time in the gateway's queue before dispatch (every attempt); null if unknown. */
   queueMs: number | null;
-  /** Gateway-measured TTFT (includes queueMs); null when no token came. */
+  /** Gateway-measured TTFT, arrival to first token (includes the queue); null when no token came. */
   ttftMs: number | null;
+  /** Dispatch of the attempt that served to its first token: what the TTFT fit learns. */
+  backendTtftMs: number | null;
   tpotMs: number | null;
   /** Prompt tokens not in the backend's prefix cache (estimated). */
   uncachedPromptTokens: number;
+  /** Uncached prefill tokens of other requests pending on the backend at dispatch (all instances). */
+  prefillAheadTokens: number;
   promptTokens: number;
   completionTokens: number;
   /** The load passed to predict*: the backend's in-flight requests (all instances) at dispatch. */
@@ -125,9 +134,22 @@ export interface LiveState {
   inflight(backend: string): InflightCounts;
   /** In-flight requests on `backend`, all live instances: the `load` of the fits. */
   load(backend: string): number;
-  /** Predicted TTFT after queueing; load defaults to load(backend). Null until the fit has samples. */
-  predictTtftMs(backend: string, uncachedTokens: number, load?: number): number | null;
+  /**
+   * Predicted dispatch-to-first-token time of a request with `uncachedTokens` to prefill, sent now:
+   * the fit at the backend's current pending prefill work and load. Null until the fit has samples.
+   */
+  predictTtftMs(backend: string, uncachedTokens: number): number | null;
+  /** The prefill-work part alone (ms per prefill token × tokens); null without a fit. */
+  prefillMs(backend: string, tokens: number): number | null;
   predictTpotMs(backend: string, load?: number): number | null;
+  /** Counts one admitted request of `tenant` (and its tokens) until the lease ends. */
+  tenantLease(tenant: string, tokens: number): TenantLease;
+  /** `tenant`'s usage over all live instances. */
+  tenantUsage(tenant: string): TenantUsage;
+  /** Milliseconds until `needed` of this instance's tokens for `tenant` leave the minute window. */
+  tenantTokensFreedInMs(tenant: string, needed: number): number;
+  /** Called after every exchange with the store that changed the peers' part (e.g. to re-check room). */
+  onPeersChanged(listener: () => void): void;
   telemetry(backend: string): BackendTelemetry | null;
   backendView(name: string): BackendLiveView | undefined;
   view(): LiveStateView;
@@ -170,6 +192,9 @@ class LiveStateImpl implements LiveState {
     { key: string; value: Pick<BackendLiveView, 'latency' | 'byClass'> }
   >();
   readonly #fitCache = new Map<string, { key: string; value: FitCache }>();
+  readonly #tenants = new TenantUsageTable();
+  #remoteTenants = new Map<string, RemoteTenant>();
+  readonly #peerListeners: (() => void)[] = [];
   #closed: Promise<void> | null = null;
 
   constructor(config: StateConfig, opts: LiveStateOptions) {
@@ -188,7 +213,7 @@ class LiveStateImpl implements LiveState {
             now: this.#now,
             logger: opts.logger,
             host: {
-              snapshot: (now) => encodeSnapshot(this.#states(), now),
+              snapshot: (now) => encodeSnapshot(this.#states(), this.#tenants.entries(now), now),
               applyPeers: (snaps, now) => this.#applyPeers(snaps, now),
             },
           })
@@ -214,10 +239,10 @@ class LiveStateImpl implements LiveState {
     });
     const load = nonNegative(s.loadAtDispatch);
     const fits = this.#fits(s.backend, be);
-    if (s.ttftMs !== null && Number.isFinite(s.ttftMs)) {
-      const y = s.ttftMs - (s.queueMs !== null && Number.isFinite(s.queueMs) ? s.queueMs : 0);
+    if (s.backendTtftMs !== null && Number.isFinite(s.backendTtftMs)) {
+      const y = s.backendTtftMs;
       if (y >= 0) {
-        const x = [nonNegative(s.uncachedPromptTokens), load];
+        const x = [nonNegative(s.uncachedPromptTokens) + nonNegative(s.prefillAheadTokens), load];
         be.ttftFit.decayTo(now);
         if (fits.ttft !== null) be.ttftFit.stats.addError(relativeError(predict(fits.ttft, x), y));
         be.ttftFit.stats.addSample(x, y);
@@ -245,12 +270,41 @@ class LiveStateImpl implements LiveState {
     return this.inflight(backend).requests;
   }
 
-  predictTtftMs(backend: string, uncachedTokens: number, load?: number): number | null {
+  predictTtftMs(backend: string, uncachedTokens: number): number | null {
     const be = this.#backends.get(backend)?.state;
     if (be === undefined) return null;
     const fit = this.#fits(backend, be).ttft;
     if (fit === null) return null;
-    return predict(fit, [nonNegative(uncachedTokens), nonNegative(load ?? this.load(backend))]);
+    const now = this.inflight(backend);
+    return predict(fit, [nonNegative(uncachedTokens) + now.pendingPrefillTokens, now.requests]);
+  }
+
+  prefillMs(backend: string, tokens: number): number | null {
+    const be = this.#backends.get(backend)?.state;
+    if (be === undefined) return null;
+    const fit = this.#fits(backend, be).ttft;
+    return fit === null ? null : (fit.slopes[0] as number) * nonNegative(tokens);
+  }
+
+  tenantLease(tenant: string, tokens: number): TenantLease {
+    return this.#tenants.lease(tenant, tokens, this.#now());
+  }
+
+  tenantUsage(tenant: string): TenantUsage {
+    const local = this.#tenants.local(tenant, this.#now());
+    const remote = this.#sync !== null && this.#remoteFresh() ? this.#remoteTenants.get(tenant) : undefined;
+    return {
+      inflight: local.inflight + (remote?.inflight ?? 0),
+      tokens: local.tokens + (remote?.tokens ?? 0),
+    };
+  }
+
+  tenantTokensFreedInMs(tenant: string, needed: number): number {
+    return this.#tenants.msUntilFreed(tenant, this.#now(), needed);
+  }
+
+  onPeersChanged(listener: () => void): void {
+    this.#peerListeners.push(listener);
   }
 
   predictTpotMs(backend: string, load?: number): number | null {
@@ -286,7 +340,7 @@ class LiveStateImpl implements LiveState {
             ? null
             : {
                 baseMs: fits.ttft.intercept,
-                msPerUncachedToken: fits.ttft.slopes[0] as number,
+                msPerPrefillToken: fits.ttft.slopes[0] as number,
                 msPerLoad: fits.ttft.slopes[1] as number,
                 samples: fits.ttft.samples,
               },
@@ -367,22 +421,31 @@ class LiveStateImpl implements LiveState {
 
   #applyPeers(snapshots: string[], now: number): void {
     const remote = new Map<string, RemoteBackend>();
-    mergeSnapshots(snapshots, remote);
+    const tenants = new Map<string, RemoteTenant>();
+    mergeSnapshots(snapshots, remote, tenants);
     this.#remote = remote;
+    this.#remoteTenants = tenants;
     this.#remoteAt = now;
     this.#remoteVersion++;
+    for (const listener of this.#peerListeners) listener();
+  }
+
+  /** Whether the peers' part of the view is still current (else it is dropped). */
+  #remoteFresh(): boolean {
+    if (this.#sync === null || this.#remoteAt === null) return false;
+    if (this.#now() - this.#remoteAt > this.#sync.ttlMs) {
+      this.#remote = new Map();
+      this.#remoteTenants = new Map();
+      this.#remoteAt = null;
+      this.#remoteVersion++;
+      return false;
+    }
+    return true;
   }
 
   /** Peers' data for `backend`, unless the last exchange is older than the liveness TTL. */
   #remoteFor(backend: string): RemoteBackend | undefined {
-    if (this.#sync === null || this.#remoteAt === null) return undefined;
-    if (this.#now() - this.#remoteAt > this.#sync.ttlMs) {
-      this.#remote = new Map();
-      this.#remoteAt = null;
-      this.#remoteVersion++;
-      return undefined;
-    }
-    return this.#remote.get(backend);
+    return this.#remoteFresh() ? this.#remote.get(backend) : undefined;
   }
 
   #latency(name: string, be: BackendState): Pick<BackendLiveView, 'latency' | 'byClass'> {

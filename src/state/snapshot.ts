@@ -1,22 +1,30 @@
 // The compact state one instance publishes each refresh: its in-flight counts, its window totals
-// and its fit sums per backend. A snapshot is STATE, never a delta: writing the current one after
+// and its fit sums per backend, and its tenants' usage. A snapshot is STATE, never a delta: writing the current one after
 // an outage brings peers up to date at once, and nothing accumulated while Redis was down is
-// replayed (there is nothing to replay).
+// replayed (there is nothing to replay). Version 2 added the tenants ("t") and changed the TTFT
+// fit's first feature to the prefill work ahead of the request; a v1 peer's snapshot is skipped,
+// so during a rolling upgrade old and new instances do not count each other.
 //
 // Wire form (JSON):
 //   { "v": 1, "b": { <backend>: { "f": [requests, promptTokens, expectedOutputTokens, pendingPrefill],
 //                                 "w": { <class>: { "t": hist, "o": hist, "q": hist,
 //                                                   "n": [requests, promptTokens, completionTokens] } },
-//                                 "p": ttftFitSums, "d": tpotFitSums } } }
+//                                 "p": ttftFitSums, "d": tpotFitSums } },
+//     "t": { <tenant>: [inflight, tokensInWindow] } }
 //   hist = [count, sum, bin, n, bin, n, ...]   (see histogram.ts; t = TTFT, o = TPOT, q = queue)
 
 import { type BackendState, RemoteBackend } from './backend-state.ts';
+import { MAX_TENANTS, type RemoteTenant, type TenantUsage } from './tenants.ts';
 import type { LatencyMetric } from './window.ts';
 
-const VERSION = 1;
+const VERSION = 2;
 const WIRE: Record<LatencyMetric, 't' | 'o' | 'q'> = { ttft: 't', tpot: 'o', queue: 'q' };
 
-export function encodeSnapshot(backends: Iterable<BackendState>, now: number): string {
+export function encodeSnapshot(
+  backends: Iterable<BackendState>,
+  tenants: Iterable<[string, TenantUsage]>,
+  now: number,
+): string {
   const b: Record<string, unknown> = {};
   for (const be of backends) {
     const w: Record<string, unknown> = {};
@@ -41,14 +49,20 @@ export function encodeSnapshot(backends: Iterable<BackendState>, now: number): s
       d: be.tpotFit.stats.encode(),
     };
   }
-  return JSON.stringify({ v: VERSION, b });
+  const t: Record<string, [number, number]> = {};
+  for (const [name, u] of tenants) t[name] = [u.inflight, u.tokens];
+  return JSON.stringify({ v: VERSION, b, t });
 }
 
 /**
  * Sums peers' snapshots per backend. A snapshot that does not parse or has another version is
  * skipped whole; a malformed part of one is skipped on its own. Returns how many snapshots counted.
  */
-export function mergeSnapshots(texts: readonly string[], into: Map<string, RemoteBackend>): number {
+export function mergeSnapshots(
+  texts: readonly string[],
+  into: Map<string, RemoteBackend>,
+  tenants: Map<string, RemoteTenant>,
+): number {
   let merged = 0;
   for (const text of texts) {
     let snap: unknown;
@@ -85,6 +99,15 @@ export function mergeSnapshots(texts: readonly string[], into: Map<string, Remot
       }
       remote.ttft.addEncoded(raw.p);
       remote.tpot.addEncoded(raw.d);
+    }
+    if (isObject(snap.t)) {
+      for (const [name, raw] of Object.entries(snap.t)) {
+        if (!isCounts(raw, 2) || (!tenants.has(name) && tenants.size >= MAX_TENANTS)) continue;
+        const t = tenants.get(name) ?? { inflight: 0, tokens: 0 };
+        t.inflight += raw[0] as number;
+        t.tokens += raw[1] as number;
+        tenants.set(name, t);
+      }
     }
   }
   return merged;

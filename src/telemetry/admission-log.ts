@@ -26,7 +26,16 @@ export interface AdmissionRecord {
   outcome: Outcome;
   backend: string | null;
   attempts: number;
+  /**
+   * Predicted TTFT (arrival to first token) on `backend`, made at arrival; on a refusal, the best
+   * prediction on any backend (the one that missed `ttft_target_ms`).
+   */
   predicted_ttft_ms: number | null;
+  /** The backend with the next-best prediction, and that prediction. */
+  runner_up: string | null;
+  runner_up_predicted_ttft_ms: number | null;
+  /** Every attempt that failed before the one that ended the request: where, and why. */
+  failed_attempts: readonly FailedAttempt[];
   queue_ms: number | null;
   ttft_ms: number | null;
   tpot_ms: number | null;
@@ -39,6 +48,11 @@ export interface AdmissionRecord {
   error: string | null;
   /** The router's best candidates with their costs; written only when the log is at debug level. */
   candidates?: readonly RouteCandidate[];
+}
+
+export interface FailedAttempt {
+  backend: string;
+  reason: string;
 }
 
 export interface RouteCandidate {
@@ -181,6 +195,9 @@ function buildRecord(
     backend: f.backend ?? null,
     attempts: f.attempts ?? 0,
     predicted_ttft_ms: ms(f.predicted_ttft_ms),
+    runner_up: f.runner_up ?? null,
+    runner_up_predicted_ttft_ms: ms(f.runner_up_predicted_ttft_ms),
+    failed_attempts: f.failed_attempts ?? [],
     queue_ms: ms(f.queue_ms),
     ttft_ms: ttft,
     tpot_ms: tpot,
@@ -202,15 +219,17 @@ function derivedTpot(e2e: number | null, ttft: number | null, completion: number
 
 /**
  * Both class targets met (DistServe's "good" request). Not applicable (null) when refused, when the
- * client gave up, or without targets. Any other failure after admission is a miss.
+ * client gave up, or without targets; unknown (null) when a completed request's TTFT was not
+ * observable (a non-streamed body passed through whole). Any other failure after admission is a miss.
  */
 export function slaMet(r: AdmissionRecord): boolean | null {
   if (r.decision === 'refused' || r.outcome === 'refused' || r.outcome === 'client_cancelled') return null;
   if (r.ttft_target_ms === null || r.tpot_target_ms === null) return null;
-  if (r.outcome !== 'ok' || r.ttft_ms === null || r.ttft_ms > r.ttft_target_ms) return false;
-  // No TPOT: a non-streamed request (nothing arrives before the end, so TTFT is its whole time and
-  // that alone is judged) or a single output token.
-  if (r.tpot_ms === null) return r.stream === false || (r.completion_tokens ?? 0) <= 1;
+  if (r.outcome !== 'ok') return false;
+  if (r.ttft_ms === null) return null;
+  if (r.ttft_ms > r.ttft_target_ms) return false;
+  // No TPOT with a single output token: TTFT alone is judged.
+  if (r.tpot_ms === null) return (r.completion_tokens ?? 0) <= 1 ? true : null;
   return r.tpot_ms <= r.tpot_target_ms;
 }
 

@@ -91,7 +91,18 @@ export function createLogger(opts: LoggerOptions): Logger {
   return { logger, flush, close };
 }
 
-function flushDestination(dest: SonicBoom): Promise<void> {
+/**
+ * Every line logged so far reaches the OS. sonic-boom's flush() issued while a write is in flight
+ * only waits for that write's 'drain', which it emits with up to minLength bytes still buffered
+ * (sonic-boom 4.2: a write that leaves ≤ minLength bytes ends the writing state without writing
+ * them). A second flush, issued when nothing is in flight, writes whatever is left.
+ */
+async function flushDestination(dest: SonicBoom): Promise<void> {
+  await flushOnce(dest);
+  await flushOnce(dest);
+}
+
+function flushOnce(dest: SonicBoom): Promise<void> {
   return new Promise((resolve, reject) =>
     dest.flush((err) => {
       // fsync after the drain fails on pipes and terminals (EINVAL); the data was written.

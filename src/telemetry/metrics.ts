@@ -18,6 +18,8 @@ export const TPOT_BUCKETS_S: readonly number[] = [
 export const E2E_BUCKETS_S: readonly number[] = [
   0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 15, 20, 30, 60, 120, 240, 480, 960,
 ];
+/** |predicted − actual| / actual of the TTFT predictor. */
+export const PREDICTION_ERROR_BUCKETS: readonly number[] = [0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5];
 export const OVERHEAD_BUCKETS_S: readonly number[] = [
   0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 ];
@@ -80,6 +82,8 @@ export class GatewayMetrics {
   private readonly e2e: Histogram<'class' | 'backend'>;
   private readonly queueWait: Histogram<'class' | 'backend'>;
   private readonly overhead: Histogram<string>;
+  private readonly predictionError: Histogram<'class'>;
+  private readonly predictionErrorByClass = new Map<string, HistogramChild>();
   private readonly requests: Counter<'class' | 'backend' | 'outcome'>;
   private readonly admission: Counter<'class' | 'decision' | 'reason'>;
   private readonly slaMet: Counter<'class'>;
@@ -131,6 +135,13 @@ export class GatewayMetrics {
       name: `${PREFIX}overhead_seconds`,
       help: 'Time the gateway itself adds to a request (parsing, admission, routing, relay).',
       buckets: [...OVERHEAD_BUCKETS_S],
+      registers: [reg],
+    });
+    this.predictionError = new Histogram({
+      name: `${PREFIX}ttft_prediction_error_ratio`,
+      help: "The admission controller's TTFT prediction error, |predicted − measured| / measured, completed requests.",
+      labelNames: ['class'] as const,
+      buckets: [...PREDICTION_ERROR_BUCKETS],
       registers: [reg],
     });
     this.requests = new Counter({
@@ -279,6 +290,15 @@ export class GatewayMetrics {
 
   observeOverheadMs(ms: number): void {
     this.overhead.observe(ms / 1000);
+  }
+
+  observePredictionError(cls: string, ratio: number): void {
+    let h = this.predictionErrorByClass.get(cls);
+    if (h === undefined) {
+      h = this.predictionError.labels(cls);
+      this.predictionErrorByClass.set(cls, h);
+    }
+    h.observe(ratio);
   }
 
   /** The Prometheus text exposition; serve it with `contentType`. */

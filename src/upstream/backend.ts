@@ -1,6 +1,7 @@
-// One backend (a vLLM replica): a bounded keep-alive undici Pool, its in-flight count, its breaker,
-// its outlier state and its active health probe. Whether it may take traffic is decided here, in
-// one place (`available`), from those three signals.
+// One backend (a vLLM replica): a bounded keep-alive undici Pool, its breaker, its outlier state
+// and its active health probe. Whether it may take traffic is decided here, in one place
+// (`available`), from those three signals. It does not count its in-flight requests: the live
+// state's leases do, for every gateway instance (src/state), and the scheduler reads them there.
 import { Pool } from 'undici';
 import { type AttemptBreaker, breakerAdmits } from './breaker.ts';
 import type { HealthProbe } from './health.ts';
@@ -44,7 +45,6 @@ export class Backend {
   readonly probe: HealthProbe | null;
   readonly #mayEject: () => boolean;
   readonly #onEjected: (ms: number) => void;
-  #inflight = 0;
   #removed = false;
 
   constructor(config: BackendConfig, pool: PoolOptions, parts: BackendParts) {
@@ -62,11 +62,6 @@ export class Backend {
     this.probe = parts.probe;
     this.#mayEject = parts.mayEject;
     this.#onEjected = parts.onEjected;
-  }
-
-  /** Attempts dispatched to this backend and not yet ended (streams included). */
-  get inflight(): number {
-    return this.#inflight;
   }
 
   get state(): BackendState {
@@ -93,27 +88,22 @@ export class Backend {
    * when the breaker refused the call (the attempt never started: not an attempt at all).
    */
   async run(attempt: Attempt): Promise<AttemptEnd | null> {
-    this.#inflight++;
     try {
-      try {
-        await this.breaker.fire(() => attempt.start(this.pool));
-      } catch {
-        // A pre-commit failure already reached the breaker; `done` carries it below.
-        if (!attempt.started) return null;
-      }
-      const end = await attempt.done;
-      this.#record(end);
-      return end;
-    } finally {
-      this.#inflight--;
+      await this.breaker.fire(() => attempt.start(this.pool));
+    } catch {
+      // A pre-commit failure already reached the breaker; `done` carries it below.
+      if (!attempt.started) return null;
     }
+    const end = await attempt.done;
+    this.#record(end);
+    return end;
   }
 
   #record(end: AttemptEnd): void {
     if (end.kind === 'ok') {
       this.outlier.success();
     } else if (end.failure?.backendFault) {
-      const ms = this.outlier.failure(this.#mayEject);
+      const ms = this.outlier.failure(this.#mayEject, !end.failure.reachedEngine);
       if (ms !== null) this.#onEjected(ms);
     }
   }

@@ -1,16 +1,16 @@
 // The set of backends. Reload (`update`) adds new backends and retires removed ones without
 // dropping their in-flight requests; a backend whose URL changed is replaced under the same name.
-// The set owns what is shared across backends: the ejection cap, the breakers' bucket clock and
-// the retry budget. Invariant: after close() resolves, the set owns no timer, socket or listener.
+// The set owns what is shared across backends: the ejection cap and the breakers' bucket clock.
+// Invariant: after close() resolves, the set owns no timer, socket or listener.
 import { EventEmitter } from 'node:events';
 import { Backend, type BackendConfig, type PoolOptions } from './backend.ts';
 import { type BreakerOptions, createBreaker } from './breaker.ts';
 import { type HealthOptions, HealthProbe } from './health.ts';
 import { maxEjected, OutlierDetector, type OutlierOptions } from './outlier.ts';
-import { RetryBudget, type RetryBudgetOptions } from './retry-budget.ts';
 
 export type BackendEvent =
   | { type: 'ejected'; backend: string; durationMs: number }
+  | { type: 'unejected'; backend: string }
   | { type: 'breaker_open' | 'breaker_half_open' | 'breaker_close'; backend: string }
   | { type: 'probe_down' | 'probe_up'; backend: string }
   | { type: 'added' | 'removed'; backend: string };
@@ -20,7 +20,6 @@ export interface BackendSetOptions {
   outlier: OutlierOptions;
   breaker: BreakerOptions;
   health: HealthOptions;
-  retryBudget: RetryBudgetOptions;
   /** Hook for metrics and logs (the upstream layer logs nothing itself). Must not throw. */
   onEvent?: (event: BackendEvent) => void;
   /** Clock for outlier ejection (ms); defaults to performance.now. */
@@ -28,7 +27,6 @@ export interface BackendSetOptions {
 }
 
 export class BackendSet {
-  readonly retryBudget: RetryBudget;
   readonly #opts: BackendSetOptions;
   readonly #now: () => number;
   readonly #backends = new Map<string, Backend>();
@@ -39,7 +37,6 @@ export class BackendSet {
   constructor(opts: BackendSetOptions, configs: readonly BackendConfig[] = []) {
     this.#opts = opts;
     this.#now = opts.now ?? (() => performance.now());
-    this.retryBudget = new RetryBudget(opts.retryBudget);
     this.#rotate.setMaxListeners(0);
     const bucketMs = opts.breaker.rollingWindowMs / opts.breaker.rollingBuckets;
     this.#rotateTimer = setInterval(() => this.#rotate.emit('rotate'), bucketMs);
@@ -107,15 +104,21 @@ export class BackendSet {
     breaker.on('open', () => this.#emit({ type: 'breaker_open', backend: name }));
     breaker.on('halfOpen', () => this.#emit({ type: 'breaker_half_open', backend: name }));
     breaker.on('close', () => this.#emit({ type: 'breaker_close', backend: name }));
+    const outlier = new OutlierDetector(this.#opts.outlier, this.#now);
     const probe =
       this.#opts.health.intervalMs > 0
-        ? new HealthProbe(new URL(c.url).origin, this.#opts.health, (up) =>
-            this.#emit({ type: up ? 'probe_up' : 'probe_down', backend: name }),
+        ? new HealthProbe(
+            new URL(c.url).origin,
+            this.#opts.health,
+            (up) => this.#emit({ type: up ? 'probe_up' : 'probe_down', backend: name }),
+            (ok) => {
+              if (ok && outlier.probePassed()) this.#emit({ type: 'unejected', backend: name });
+            },
           )
         : null;
     const backend = new Backend(c, this.#opts.pool, {
       breaker,
-      outlier: new OutlierDetector(this.#opts.outlier, this.#now),
+      outlier,
       probe,
       mayEject: () =>
         this.#ejectedCount() < maxEjected(this.#backends.size, this.#opts.outlier.maxEjectionPercent),

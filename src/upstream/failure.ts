@@ -1,7 +1,7 @@
 // Why one attempt on one backend did not succeed. The reason decides two things: whether the
 // backend is to blame (outlier ejection and breaker count it) and, before the commit point,
 // whether another backend may be tried.
-import { type GatewayError, isGatewayError } from '../server/errors.ts';
+import { type GatewayError, isGatewayError } from '../errors/index.ts';
 
 export type FailureReason =
   | 'connect_error' // refused, unreachable, DNS
@@ -27,8 +27,20 @@ const NOT_BACKEND_FAULT: ReadonlySet<FailureReason> = new Set<FailureReason>([
   'cut',
 ]);
 
+/** Reasons that by themselves prove the request never reached the engine. */
+const BEFORE_ENGINE: ReadonlySet<FailureReason> = new Set<FailureReason>([
+  'connect_error',
+  'connect_timeout',
+]);
+
 export class AttemptFailure extends Error {
   readonly reason: FailureReason;
+  /**
+   * False when the request cannot have reached the engine (connection refused or timed out, or
+   * reset before any response head): retrying it elsewhere cannot duplicate work, so the retry
+   * budget does not bound it.
+   */
+  readonly reachedEngine: boolean;
   /** Upstream HTTP status when one was received. */
   readonly status: number | null;
   /** For a cut: the error the client is told instead of the generic upstream_error. */
@@ -37,11 +49,15 @@ export class AttemptFailure extends Error {
   constructor(
     reason: FailureReason,
     message: string,
-    opts: { status?: number; cause?: unknown; clientError?: GatewayError } = {},
+    opts: { status?: number; cause?: unknown; clientError?: GatewayError; beforeHead?: boolean } = {},
   ) {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
     this.name = 'AttemptFailure';
     this.reason = reason;
+    this.reachedEngine = !(
+      BEFORE_ENGINE.has(reason) ||
+      (reason === 'upstream_reset' && opts.beforeHead === true)
+    );
     this.status = opts.status ?? null;
     this.clientError = opts.clientError ?? null;
   }
@@ -66,8 +82,11 @@ export function abortFailure(signal: AbortSignal): AttemptFailure {
   return new AttemptFailure('client_cancelled', 'client went away');
 }
 
-/** Maps an undici/socket error raised before or during the response to a reason. */
-export function failureFromError(err: unknown): AttemptFailure {
+/**
+ * Maps an undici/socket error raised before or during the response to a reason; `beforeHead`: no
+ * response head had arrived yet.
+ */
+export function failureFromError(err: unknown, beforeHead: boolean): AttemptFailure {
   if (err instanceof AttemptFailure) return err;
   const code = (err as { code?: unknown } | null)?.code;
   const message = err instanceof Error ? err.message : String(err);
@@ -81,6 +100,6 @@ export function failureFromError(err: unknown): AttemptFailure {
     case 'EAI_AGAIN':
       return new AttemptFailure('connect_error', message, { cause: err });
     default:
-      return new AttemptFailure('upstream_reset', message, { cause: err });
+      return new AttemptFailure('upstream_reset', message, { cause: err, beforeHead });
   }
 }

@@ -1,7 +1,8 @@
 // Active health checking: GET <url><path> every interval on a dedicated one-connection client,
 // so probes never queue behind long streams in the backend's request pool. A backend starts up
 // (traffic is not refused while the first probe is pending); `unhealthyThreshold` consecutive
-// failed probes mark it down, `healthyThreshold` consecutive good ones (status 200) mark it up.
+// failed probes mark it down, `healthyThreshold` consecutive good ones (status 200) mark it up;
+// every probe's result is reported too (a passing one can end an outlier ejection).
 // Invariant: at most one probe is in flight and at most one timer is pending; stop() clears both.
 import { Client } from 'undici';
 
@@ -18,15 +19,22 @@ export class HealthProbe {
   readonly #opts: HealthOptions;
   readonly #client: Client;
   readonly #onChange: (up: boolean) => void;
+  readonly #onResult: (ok: boolean) => void;
   #timer: NodeJS.Timeout | null = null;
   #inflight: AbortController | null = null;
   #stopped = false;
   #up = true;
   #streak = 0;
 
-  constructor(url: string, opts: HealthOptions, onChange: (up: boolean) => void) {
+  constructor(
+    url: string,
+    opts: HealthOptions,
+    onChange: (up: boolean) => void,
+    onResult: (ok: boolean) => void = () => {},
+  ) {
     this.#opts = opts;
     this.#onChange = onChange;
+    this.#onResult = onResult;
     this.#client = new Client(url, { connectTimeout: opts.timeoutMs, pipelining: 1 });
   }
 
@@ -54,7 +62,10 @@ export class HealthProbe {
       clearTimeout(timer);
       this.#inflight = null;
     }
-    if (!this.#stopped) this.#record(ok);
+    if (!this.#stopped) {
+      this.#record(ok);
+      this.#onResult(ok);
+    }
     return ok;
   }
 

@@ -1,4 +1,7 @@
 // The upstream layer's public surface (see README.md for the attempt lifecycle).
+
+export type { AssembleKind } from './assemble.ts';
+export { assemblable } from './assemble.ts';
 export type { BackendConfig, BackendState, PoolOptions } from './backend.ts';
 export { Backend } from './backend.ts';
 export type { BackendEvent, BackendSetOptions } from './backends.ts';
@@ -6,7 +9,7 @@ export { BackendSet } from './backends.ts';
 export type { BreakerOptions } from './breaker.ts';
 export type { FailureReason } from './failure.ts';
 export type { HealthOptions } from './health.ts';
-export { DEFAULT_BACKEND_SET_OPTIONS, DEFAULT_PROXY_CONFIG } from './options.ts';
+export { DEFAULT_BACKEND_SET_OPTIONS, DEFAULT_PROXY_CONFIG, DEFAULT_RETRY_BUDGET } from './options.ts';
 export type { OutlierOptions } from './outlier.ts';
 export type {
   AttemptRecord,
@@ -17,5 +20,7 @@ export type {
   UpstreamPath,
 } from './proxy.ts';
 export { proxyRequest } from './proxy.ts';
+export type { ClientMode } from './relay.ts';
 export type { RetryBudgetOptions } from './retry-budget.ts';
 export { RetryBudget } from './retry-budget.ts';
+export type { AcquireSlot, DecodeMeter, Slot, SlotRequest } from './slot.ts';

@@ -7,6 +7,7 @@
 // (volumeThreshold ≥ 10) and undici's keep-alive.
 import type { BackendSetOptions } from './backends.ts';
 import type { ProxyConfig } from './proxy.ts';
+import type { RetryBudgetOptions } from './retry-budget.ts';
 
 export const DEFAULT_PROXY_CONFIG: Readonly<ProxyConfig> = Object.freeze({
   firstTokenTimeoutMs: 30_000,
@@ -40,5 +41,9 @@ export const DEFAULT_BACKEND_SET_OPTIONS: Readonly<Omit<BackendSetOptions, 'onEv
       unhealthyThreshold: 2,
       healthyThreshold: 1,
     },
-    retryBudget: { ratio: 0.2, minRetries: 3 },
   });
+
+export const DEFAULT_RETRY_BUDGET: Readonly<RetryBudgetOptions> = Object.freeze({
+  ratio: 0.2,
+  minRetries: 3,
+});

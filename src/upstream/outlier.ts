@@ -1,6 +1,11 @@
 // Passive outlier detection, Envoy style: after N consecutive backend failures the backend is
 // ejected for base × (number of ejections), capped. Ejection ends lazily (checked when asked), so
 // it owns no timer. Only failures the backend is to blame for reach here (see failure.ts).
+//
+// An ejection caused only by failures to reach the backend (refused, reset before any response)
+// ends early when an active probe passes (Envoy's successful_active_health_check_uneject_host): a
+// passing /health proves it is reachable again. One caused by errors the backend answered with
+// runs its course, since /health says nothing about those.
 
 export interface OutlierOptions {
   /** Consecutive failures that eject (Envoy consecutive_5xx: 5). */
@@ -15,6 +20,9 @@ export class OutlierDetector {
   readonly #opts: OutlierOptions;
   readonly #now: () => number;
   #consecutive = 0;
+  /** Every failure of the current streak was a failure to reach the backend. */
+  #streakUnreachable = true;
+  #ejectedUnreachable = false;
   #ejections = 0;
   #ejectedUntil = Number.NEGATIVE_INFINITY;
 
@@ -43,21 +51,33 @@ export class OutlierDetector {
 
   success(): void {
     this.#consecutive = 0;
+    this.#streakUnreachable = true;
     if (this.#ejections > 0 && !this.ejected()) this.#ejections--;
   }
 
   /**
-   * Records one backend failure. `mayEject` asks the set whether the ejection cap leaves room.
-   * Returns the ejection duration when this failure ejected the backend, else null.
+   * Records one backend failure; `unreachable`: the request never reached the backend. `mayEject`
+   * asks the set whether the ejection cap leaves room. Returns the ejection duration when this
+   * failure ejected the backend, else null.
    */
-  failure(mayEject: () => boolean): number | null {
+  failure(mayEject: () => boolean, unreachable = false): number | null {
     this.#consecutive++;
+    this.#streakUnreachable &&= unreachable;
     if (this.#consecutive < this.#opts.consecutiveFailures || this.ejected() || !mayEject()) return null;
     this.#ejections++;
     this.#consecutive = 0;
+    this.#ejectedUnreachable = this.#streakUnreachable;
+    this.#streakUnreachable = true;
     const ms = Math.min(this.#opts.baseEjectionMs * this.#ejections, this.#opts.maxEjectionMs);
     this.#ejectedUntil = this.#now() + ms;
     return ms;
+  }
+
+  /** A probe passed: ends an ejection that failures to reach the backend caused. True if it did. */
+  probePassed(): boolean {
+    if (!this.ejected() || !this.#ejectedUnreachable) return false;
+    this.#ejectedUntil = Number.NEGATIVE_INFINITY;
+    return true;
   }
 }
 

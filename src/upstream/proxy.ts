@@ -1,17 +1,26 @@
-// The attempt loop for one client request: pick a backend, run one attempt; before the commit
-// point a backend failure is retried on a different backend within `retries`, the shared retry
-// budget and the request's deadline; after it, never (no duplicate tokens). Upstream failures are
-// never thrown: the result says how the request ended, and when no attempt committed this is the
-// one place that writes the error envelope to the client. The caller may cut the request at any
-// time by aborting `signal` with a GatewayError: the client is told that error, never reset.
+// The attempt loop for one client request: ask for a slot, run one attempt on the slot's backend;
+// before the commit point a backend failure goes back for another slot (never on a backend
+// already tried), after it never (no duplicate tokens). Upstream failures are never thrown: the
+// result says how the request ended, and when no attempt committed this is the one place that
+// writes the error envelope to the client. The caller may cut the request at any time by aborting
+// `signal` with a GatewayError: the client is told that error, never reset.
+//
+// Which failures are retried, and what bounds them:
+// - one that never reached the engine (connection refused or timed out, reset before the response
+//   head): always, on another backend, while the deadline allows: it cannot duplicate work;
+// - one the engine may have caused (5xx, timeouts, resets mid-response, in-band errors): at most
+//   `retries` times, and only within the shared retry budget (Envoy's 20%), so a fleet-wide
+//   failure does not multiply the load;
+// - none after the commit point, none of a client cancel, a relayed 4xx, or the deadline.
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
-import { type ErrorCode, GatewayError, isGatewayError } from '../server/errors.ts';
+import { type ErrorCode, GatewayError, isGatewayError, writeErrorResponse } from '../errors/index.ts';
 import type { Outcome } from '../telemetry/outcome.ts';
+import type { AssembleKind } from './assemble.ts';
 import type { Backend } from './backend.ts';
 import type { FailureReason } from './failure.ts';
-import { Attempt, type AttemptEnd } from './relay.ts';
-import { writeErrorResponse } from './respond.ts';
+import { Attempt, type AttemptEnd, type ClientMode } from './relay.ts';
 import type { RetryBudget } from './retry-budget.ts';
+import type { AcquireSlot, Slot } from './slot.ts';
 
 export type UpstreamPath = '/v1/chat/completions' | '/v1/completions';
 
@@ -21,17 +30,21 @@ export interface ProxyRequest {
   /** The parsed, validated JSON body. */
   body: Record<string, unknown>;
   path: UpstreamPath;
-  stream: boolean;
+  /** How the client is answered: relayed stream, a body assembled from a stream, or passed through. */
+  mode: ClientMode;
+  assembleKind: AssembleKind;
   /** The client set stream_options.include_usage: the usage chunk is forwarded to it. */
   clientWantsUsage: boolean;
   /** Sent upstream as x-request-id. */
   requestId: string;
-  /** Extra headers on every response the client gets (x-request-id, x-slagate-*). */
+  /** Extra headers on every response the client gets (x-request-id, x-slagate-class). */
   responseHeaders: OutgoingHttpHeaders;
   /** performance.now() when the request arrived: TTFT and E2E include the gateway's queue. */
   startedAt: number;
   /** performance.now() by which a first token must have arrived, across all attempts. */
-  deadlineAt?: number;
+  deadlineAt: number;
+  /** vLLM's `priority` request field (lower runs first), or null to send none. */
+  priority: number | null;
   /**
    * Extra cancellation. Aborted with a GatewayError as its reason (e.g. `shutting_down` at the end
    * of the shutdown grace period) it is a cut: the upstream attempt is aborted at once and the
@@ -41,17 +54,16 @@ export interface ProxyRequest {
    * Aborted with any other reason it is treated like a client disconnect (client_cancelled).
    */
   signal?: AbortSignal;
-  /** The router: the next backend to try, never one in `excluded`; null when none is left. */
-  pick: (excluded: ReadonlySet<string>) => Backend | null;
-  /** Called once per attempt that commits (first token, or a 4xx about to be relayed). */
-  onCommit?: (backend: string) => void;
+  /** Where every attempt's backend comes from (the scheduler). */
+  acquire: AcquireSlot;
 }
 
 export interface ProxyConfig {
+  /** Cap on any attempt's first-token wait; the whole budget of a pass-through body. */
   firstTokenTimeoutMs: number;
   idleTimeoutMs: number;
   clientStallTimeoutMs: number;
-  /** Attempts after the first (max attempts − 1). */
+  /** Retries of failures the engine may have caused (failures before it are not counted). */
   retries: number;
   maxEventBytes: number;
   maxBodyBytes: number;
@@ -79,12 +91,20 @@ export interface ProxyResult {
   /** Status sent to the client, or null when it was gone before anything was sent. */
   status: number | null;
   errorCode: ErrorCode | null;
-  /** The upstream's message of a relayed 4xx, for the log only (never sent to the client). */
+  /** A refusal while waiting for a slot (queue_timeout, ...): what the client was told. */
+  refusal: GatewayError | null;
+  /** The upstream's message of a relayed 4xx (capped; the client is told it too). */
   upstreamMessage: string | null;
+  /** Time spent waiting for slots, every attempt together. */
+  queueMs: number;
+  /** The serving (last) slot's predicted TTFT. */
+  predictedTtftMs: number | null;
   ttftMs: number | null;
   tpotMs: number | null;
   itlMs: number[];
   e2eMs: number;
+  /** performance.now() of the last attempt's dispatch, and of its first token. */
+  dispatchedAt: number | null;
   firstTokenAt: number | null;
   promptTokens: number | null;
   completionTokens: number | null;
@@ -96,13 +116,21 @@ export async function proxyRequest(
   budget: RetryBudget,
 ): Promise<ProxyResult> {
   const client = watchClient(req.res, req.signal);
-  budget.requestStarted();
   try {
     return await attemptLoop(req, cfg, budget, client.signal);
   } finally {
-    budget.requestEnded();
     client.dispose();
   }
+}
+
+interface LoopState {
+  log: AttemptRecord[];
+  last: AttemptEnd | null;
+  lastBackend: Backend | null;
+  lastSlot: Slot | null;
+  stop: ResultReason | null;
+  refusal: GatewayError | null;
+  queueMs: number;
 }
 
 async function attemptLoop(
@@ -113,63 +141,100 @@ async function attemptLoop(
 ): Promise<ProxyResult> {
   const payload = Buffer.from(JSON.stringify(upstreamBody(req)));
   const excluded = new Set<string>();
-  const log: AttemptRecord[] = [];
-  let last: AttemptEnd | null = null;
-  let lastBackend: Backend | null = null;
-  let stop: ResultReason | null = null;
+  const s: LoopState = {
+    log: [],
+    last: null,
+    lastBackend: null,
+    lastSlot: null,
+    stop: null,
+    refusal: null,
+    queueMs: 0,
+  };
+  let engineRetries = 0;
   while (!signal.aborted) {
-    const retry = log.length > 0;
-    if (retry && log.length > cfg.retries) break;
-    const remaining = (req.deadlineAt ?? Number.POSITIVE_INFINITY) - performance.now();
-    if (remaining <= 0) {
-      stop = 'deadline';
+    if (req.deadlineAt - performance.now() <= 0) {
+      s.stop = 'deadline';
       break;
     }
-    const backend = pickAvailable(req.pick, excluded);
-    if (backend === null) {
-      if (!retry) stop = 'no_healthy_backend';
+    // A retry of a failure the engine may have caused needs a retry and a budget slot; one that
+    // never reached the engine needs neither.
+    const budgeted = s.last?.failure?.reachedEngine === true;
+    if (budgeted) {
+      if (engineRetries >= cfg.retries) break;
+      if (!budget.tryAcquireRetry()) {
+        s.stop = 'retry_budget';
+        break;
+      }
+    }
+    const asked = performance.now();
+    let slot: Slot | null;
+    try {
+      slot = await req.acquire({ attempt: s.log.length, excluded, signal });
+    } catch (err) {
+      if (budgeted) budget.releaseRetry();
+      s.queueMs += performance.now() - asked;
+      if (signal.aborted) break;
+      if (isGatewayError(err)) {
+        s.refusal = err;
+        break;
+      }
+      throw err;
+    }
+    s.queueMs += performance.now() - asked;
+    const remaining = req.deadlineAt - performance.now();
+    if (slot === null || remaining <= 0) {
+      slot?.release();
+      if (budgeted) budget.releaseRetry();
+      if (remaining <= 0) s.stop = 'deadline';
+      else if (s.log.length === 0) s.stop = 'no_healthy_backend';
       break;
     }
-    if (retry && !budget.tryAcquireRetry()) {
-      stop = 'retry_budget';
-      break;
-    }
+    const backend = slot.backend;
     excluded.add(backend.name);
+    const firstTokenMs =
+      req.mode === 'passthrough'
+        ? cfg.firstTokenTimeoutMs
+        : Math.min(slot.firstTokenTimeoutMs, cfg.firstTokenTimeoutMs);
     const attempt = new Attempt({
       backendName: backend.name,
       path: req.path,
       payload,
       requestId: req.requestId,
-      stream: req.stream,
+      mode: req.mode,
+      assembleKind: req.assembleKind,
       clientWantsUsage: req.clientWantsUsage,
       res: req.res,
-      commitHeaders: { ...req.responseHeaders, 'x-slagate-backend': backend.name },
+      commitHeaders: commitHeaders(req, backend.name, s.queueMs, slot.predictedTtftMs),
+      errorHeaders: { ...req.responseHeaders, 'x-slagate-backend': backend.name },
       startedAt: req.startedAt,
-      firstTokenMs: Math.min(cfg.firstTokenTimeoutMs, remaining),
-      cutByDeadline: remaining < cfg.firstTokenTimeoutMs,
+      firstTokenMs: Math.min(firstTokenMs, remaining),
+      cutByDeadline: remaining < firstTokenMs,
       idleTimeoutMs: cfg.idleTimeoutMs,
       clientStallTimeoutMs: cfg.clientStallTimeoutMs,
       maxEventBytes: cfg.maxEventBytes,
       maxBodyBytes: cfg.maxBodyBytes,
       signal,
+      meter: slot.meter,
     });
-    if (req.onCommit !== undefined) {
-      const onCommit = req.onCommit;
-      attempt.committed.then(
-        () => onCommit(backend.name),
-        () => {},
-      );
-    }
+    const granted = slot;
+    attempt.committed.then(
+      () => granted.prefillDone(),
+      () => {},
+    );
     let end: AttemptEnd | null;
     try {
       end = await backend.run(attempt);
     } finally {
-      if (retry) budget.releaseRetry();
+      slot.release();
+      if (budgeted) budget.releaseRetry();
     }
-    if (end === null) continue; // the breaker refused: not an attempt, pick another backend
-    last = end;
-    lastBackend = backend;
-    log.push({
+    // The breaker refused: not an attempt. Another slot, elsewhere.
+    if (end === null) continue;
+    if (budgeted) engineRetries++;
+    s.last = end;
+    s.lastBackend = backend;
+    s.lastSlot = slot;
+    s.log.push({
       backend: backend.name,
       kind: end.kind,
       committed: end.committed,
@@ -181,45 +246,59 @@ async function attemptLoop(
     if (end.kind !== 'failed' || end.committed || f === null || f.byClient || f.reason === 'deadline') break;
   }
   const cut = signal.aborted && isGatewayError(signal.reason) ? signal.reason : null;
-  return conclude(req, { last, backend: lastBackend, log, stop, cancelled: signal.aborted, cut });
+  return conclude(req, s, signal.aborted, cut);
 }
 
-/** The router's choice, skipping (and excluding) any backend that cannot take traffic right now. */
-function pickAvailable(pick: ProxyRequest['pick'], excluded: Set<string>): Backend | null {
-  for (;;) {
-    const b = pick(excluded);
-    if (b === null || excluded.has(b.name)) return null;
-    if (b.available) return b;
-    excluded.add(b.name);
-  }
+function commitHeaders(
+  req: ProxyRequest,
+  backend: string,
+  queueMs: number,
+  predictedTtftMs: number | null,
+): OutgoingHttpHeaders {
+  const h: OutgoingHttpHeaders = {
+    ...req.responseHeaders,
+    'x-slagate-backend': backend,
+    'x-slagate-queue-ms': ms(queueMs),
+  };
+  if (predictedTtftMs !== null) h['x-slagate-predicted-ttft-ms'] = ms(predictedTtftMs);
+  return h;
 }
 
-/** Streams always ask the backend for usage (token counts for TPOT); the client's choice is kept apart. */
+/** Milliseconds for a header: a tenth of a millisecond is plenty. */
+function ms(v: number): string {
+  return (Math.round(v * 10) / 10).toString();
+}
+
+/**
+ * The body the backend gets: the client's, streamed with usage unless it passes through (the
+ * client's own stream_options are kept apart, in `clientWantsUsage`), and the class priority when
+ * forwarding it is on.
+ */
 function upstreamBody(req: ProxyRequest): Record<string, unknown> {
-  if (!req.stream) return req.body;
+  const priority = req.priority === null ? {} : { priority: req.priority };
+  if (req.mode === 'passthrough') return { ...req.body, ...priority };
   const opts = req.body.stream_options;
   const streamOptions = opts !== null && typeof opts === 'object' ? opts : {};
-  return { ...req.body, stream: true, stream_options: { ...streamOptions, include_usage: true } };
+  return {
+    ...req.body,
+    ...priority,
+    stream: true,
+    stream_options: { ...streamOptions, include_usage: true },
+  };
 }
 
-interface LoopEnd {
-  last: AttemptEnd | null;
-  backend: Backend | null;
-  log: AttemptRecord[];
-  stop: ResultReason | null;
-  cancelled: boolean;
-  /** The caller's cut: the error the client is told. */
-  cut: GatewayError | null;
-}
-
-function conclude(req: ProxyRequest, e: LoopEnd): ProxyResult {
-  const { last } = e;
+function conclude(req: ProxyRequest, s: LoopState, aborted: boolean, cut: GatewayError | null): ProxyResult {
+  const { last } = s;
   const base = {
-    backend: e.backend?.name ?? null,
-    attempts: e.log.length,
-    attemptLog: e.log,
+    backend: s.lastBackend?.name ?? null,
+    attempts: s.log.length,
+    attemptLog: s.log,
     committed: last?.committed ?? false,
+    refusal: null,
     upstreamMessage: last?.upstreamMessage ?? null,
+    queueMs: s.queueMs,
+    predictedTtftMs: s.lastSlot?.predictedTtftMs ?? null,
+    dispatchedAt: last?.dispatchedAt ?? null,
     promptTokens: last?.promptTokens ?? null,
     completionTokens: last?.completionTokens ?? null,
   };
@@ -243,18 +322,19 @@ function conclude(req: ProxyRequest, e: LoopEnd): ProxyResult {
     };
   }
   const uncommitted = { ...base, ttftMs: null, tpotMs: null, itlMs: [], firstTokenAt: null };
-  if (e.cut !== null) {
+  const e2eMs = performance.now() - req.startedAt;
+  const headers = { ...req.responseHeaders, 'x-slagate-queue-ms': ms(s.queueMs) };
+  if (cut !== null) {
     return {
       ...uncommitted,
       outcome: 'failed_before_commit',
       reason: 'cut',
-      status: writeErrorResponse(req.res, e.cut, req.responseHeaders),
-      errorCode: e.cut.code,
-      e2eMs: performance.now() - req.startedAt,
+      status: writeErrorResponse(req.res, cut, headers),
+      errorCode: cut.code,
+      e2eMs,
     };
   }
-  if (e.cancelled || last?.failure?.byClient) {
-    const e2eMs = performance.now() - req.startedAt;
+  if (aborted || last?.failure?.byClient) {
     return {
       ...uncommitted,
       outcome: 'client_cancelled',
@@ -264,36 +344,47 @@ function conclude(req: ProxyRequest, e: LoopEnd): ProxyResult {
       e2eMs,
     };
   }
-  const { err, reason, outcome } = failureResponse(e);
-  const status = writeErrorResponse(req.res, err, req.responseHeaders);
+  if (s.refusal !== null) {
+    // Refused while it waited: a refusal when nothing had been tried, else the end of a retry.
+    return {
+      ...uncommitted,
+      outcome: s.log.length === 0 ? 'refused' : 'failed_before_commit',
+      reason: null,
+      refusal: s.refusal,
+      status: writeErrorResponse(req.res, s.refusal, headers),
+      errorCode: s.refusal.code,
+      e2eMs,
+    };
+  }
+  const { err, reason, outcome } = failureResponse(s);
   return {
     ...uncommitted,
     outcome,
     reason,
-    status,
+    status: writeErrorResponse(req.res, err, headers),
     errorCode: err.code,
-    e2eMs: performance.now() - req.startedAt,
+    e2eMs,
   };
 }
 
 /** The error the client gets when no attempt committed. */
-function failureResponse(e: LoopEnd): { err: GatewayError; reason: ResultReason; outcome: Outcome } {
-  const { last } = e;
+function failureResponse(s: LoopState): { err: GatewayError; reason: ResultReason; outcome: Outcome } {
+  const { last } = s;
   if (last?.kind === 'rejected') {
     return {
-      err: rejectedError(last.status ?? 400),
+      err: rejectedError(last.status ?? 400, last.upstreamMessage),
       reason: 'upstream_rejected',
       outcome: 'failed_before_commit',
     };
   }
-  if (last === null && e.stop === 'no_healthy_backend') {
+  if (last === null && s.stop === 'no_healthy_backend') {
     return {
       err: new GatewayError('no_healthy_backend', 'No healthy backend is available'),
       reason: 'no_healthy_backend',
       outcome: 'failed_before_commit',
     };
   }
-  const reason: ResultReason = last?.failure?.reason ?? e.stop ?? 'no_healthy_backend';
+  const reason: ResultReason = last?.failure?.reason ?? s.stop ?? 'no_healthy_backend';
   if (reason === 'first_token_timeout' || reason === 'deadline') {
     return {
       err: new GatewayError('first_token_timeout', 'No token arrived from the backend in time'),
@@ -308,11 +399,18 @@ function failureResponse(e: LoopEnd): { err: GatewayError; reason: ResultReason;
   };
 }
 
-/** A backend 4xx as a gateway envelope: same status, a generic message, never the upstream body. */
-function rejectedError(status: number): GatewayError {
-  if (status === 404) return new GatewayError('model_not_found', 'The model does not exist on the backend');
-  if (status === 413) return new GatewayError('body_too_large', 'The request is too large for the backend');
-  return new GatewayError('invalid_request', 'The backend rejected the request as invalid');
+/**
+ * A backend 4xx as a gateway envelope: same status family, and the backend's own message (capped
+ * by the relay), which tells the client what to fix; never the upstream body itself.
+ */
+function rejectedError(status: number, message: string | null): GatewayError {
+  if (status === 404) {
+    return new GatewayError('model_not_found', message ?? 'The model does not exist on the backend');
+  }
+  if (status === 413) {
+    return new GatewayError('body_too_large', message ?? 'The request is too large for the backend');
+  }
+  return new GatewayError('invalid_request', message ?? 'The backend rejected the request as invalid');
 }
 
 /**

@@ -1,48 +1,62 @@
 // One attempt on one backend: dispatch the request, wait for the first token, then relay the
-// stream to the client. It is an undici dispatch handler, so it sees raw bytes and can pause the
-// upstream socket when the client is slow.
+// stream to the client (or fold it into one JSON body). It is an undici dispatch handler, so it
+// sees raw bytes and can pause the upstream socket when the client is slow.
 //
 // Invariants:
 // - Nothing is written to the client before the commit point: the first SSE data event with a
-//   non-empty `choices` (for chat, the role chunk, as vLLM's benchmark counts it), or the whole
-//   body of a non-streamed 200. Until then a failure is returned to the caller, which may retry
-//   on another backend. After it, this attempt owns the response and ends it itself.
-// - Exactly one timer guards each phase: first token (from dispatch; also headers + body for
-//   non-streamed requests, whose body only arrives when generation ends), idle between data
-//   events after commit (comments do not reset it), and client stall while the client does not
-//   drain. None of them caps a healthy stream's total length.
+//   non-empty `choices` (for chat, the role chunk, as vLLM's benchmark counts it), or, for a
+//   pass-through non-streamed request, its whole body. Until then a failure is returned to the
+//   caller, which may retry on another backend. After it, this attempt owns the response and ends
+//   it itself.
+// - Three ways to answer the client, one upstream protocol: 'stream' relays the SSE events;
+//   'assemble' reads the same stream and writes the non-streamed JSON vLLM would have sent when it
+//   ends (assemble.ts), so every request gets a measured TTFT and TPOT; 'passthrough' (shapes the
+//   assembler does not cover) asks the backend for JSON and relays the body.
+// - Exactly one timer guards each phase: first token (from dispatch; headers + body for a
+//   pass-through body, which only arrives when generation ends), idle between data events after
+//   commit (comments do not reset it), and client stall while the client does not drain. None of
+//   them caps a healthy stream's total length.
 // - Events are forwarded as their original bytes; only the usage chunk is dropped when the
 //   client did not ask for usage (the gateway always asks the backend for it).
 // - A committed stream ends with the upstream's [DONE], or with one error event + [DONE] (the
 //   backend failed, or the caller cut it: then the cut's own error), or with a destroyed socket
-//   when the client is gone or stalled: nothing else can reach it then.
+//   when the client is gone or stalled: nothing else can reach it then. A committed assembly that
+//   fails ends with the error envelope instead, since nothing was written yet.
 // - `done` always resolves, exactly once; `committed` settles exactly once (resolves at commit or
 //   when a 4xx is to be relayed, rejects with the AttemptFailure of a pre-commit failure).
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
-import { GatewayError } from '../server/errors.ts';
+import { GatewayError, sseErrorFrames, writeErrorResponse } from '../errors/index.ts';
+import { type AssembleKind, Assembler, type StreamChunk } from './assemble.ts';
 import { AttemptFailure, abortFailure, failureFromError } from './failure.ts';
 import { type Latencies, TokenClock } from './measure.ts';
-import { sseErrorFrames } from './respond.ts';
+import type { DecodeMeter } from './slot.ts';
 import { SseParser } from './sse-parser.ts';
 
 /** 4xx statuses relayed to the client as an error envelope; not retried, not a backend failure. */
 export const RELAYED_4XX: ReadonlySet<number> = new Set([400, 404, 413, 422]);
 const BUSY_STATUSES: ReadonlySet<number> = new Set([408, 429]);
-/** Bytes of a 4xx body read for the log message; the rest is discarded. */
+/** Bytes of a 4xx body read for its message; the rest is discarded. */
 const MAX_REJECT_BODY = 16 * 1024;
+
+/** How the client is answered (see the header comment). */
+export type ClientMode = 'stream' | 'assemble' | 'passthrough';
 
 export interface AttemptSpec {
   backendName: string;
   path: string;
-  /** The JSON body sent upstream (already rewritten: stream_options.include_usage on streams). */
+  /** The JSON body sent upstream (already rewritten: stream + include_usage unless passthrough). */
   payload: Buffer;
   requestId: string;
-  stream: boolean;
+  mode: ClientMode;
+  /** With mode 'assemble': which body to build. */
+  assembleKind: AssembleKind;
   clientWantsUsage: boolean;
   res: ServerResponse;
   /** Headers for the client's 200, written at the commit point. */
   commitHeaders: OutgoingHttpHeaders;
+  /** Headers on an error envelope this attempt writes after its commit point (assembly). */
+  errorHeaders: OutgoingHttpHeaders;
   startedAt: number;
   /** This attempt's first-token budget (the timeout, or less when the request deadline is nearer). */
   firstTokenMs: number;
@@ -54,6 +68,8 @@ export interface AttemptSpec {
   maxBodyBytes: number;
   /** Aborts when the client goes away, or with a GatewayError reason when the caller cuts the request. */
   signal: AbortSignal;
+  /** The backend's decode-pace meter (token gaps), or null. */
+  meter: DecodeMeter | null;
 }
 
 export type AttemptKind = 'ok' | 'rejected' | 'failed';
@@ -64,10 +80,12 @@ export interface AttemptEnd {
   failure: AttemptFailure | null;
   /** Upstream HTTP status, when headers were received. */
   status: number | null;
-  /** For 'rejected': the upstream's error message, for the log only. */
+  /** For 'rejected': the upstream's error message (capped), which the client is told. */
   upstreamMessage: string | null;
   promptTokens: number | null;
   completionTokens: number | null;
+  /** performance.now() at dispatch. */
+  dispatchedAt: number;
   latencies: Latencies | null;
 }
 
@@ -80,10 +98,12 @@ export class Attempt implements Dispatcher.DispatchHandler {
   #started = false;
   #phase: Phase = 'waiting';
   #status: number | null = null;
+  #dispatchedAt = Number.NaN;
   #controller: Dispatcher.DispatchController | null = null;
   #pendingAbort: Error | null = null;
   #parser: SseParser;
   #clock: TokenClock;
+  #assembler: Assembler | null;
   #held: Buffer[] = [];
   #heldBytes = 0;
   #body: Buffer[] = [];
@@ -102,7 +122,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
   constructor(spec: AttemptSpec) {
     this.spec = spec;
     this.#parser = new SseParser({ maxEventBytes: spec.maxEventBytes });
-    this.#clock = new TokenClock(spec.startedAt);
+    this.#clock = new TokenClock(spec.startedAt, spec.meter);
+    this.#assembler = spec.mode === 'assemble' ? new Assembler(spec.assembleKind) : null;
     this.done = new Promise((resolve) => {
       this.#resolveDone = resolve;
     });
@@ -122,6 +143,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
   /** Dispatches on `dispatcher`; resolves at the commit point, rejects on a pre-commit failure. */
   start(dispatcher: Dispatcher): Promise<void> {
     this.#started = true;
+    this.#dispatchedAt = performance.now();
     const { spec } = this;
     if (spec.signal.aborted) {
       this.#fail(abortFailure(spec.signal));
@@ -137,7 +159,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
           body: spec.payload,
           headers: {
             'content-type': 'application/json',
-            accept: spec.stream ? 'text/event-stream' : 'application/json',
+            accept: spec.mode === 'passthrough' ? 'application/json' : 'text/event-stream',
             'x-request-id': spec.requestId,
           },
           // The gateway's own timers own every phase (see the header comment).
@@ -147,7 +169,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
         this,
       );
     } catch (err) {
-      this.#fail(failureFromError(err));
+      this.#fail(failureFromError(err, true));
     }
     return this.committed;
   }
@@ -163,7 +185,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (this.#phase !== 'waiting' || status < 200) return;
     this.#status = status;
     if (status === 200) {
-      this.#phase = this.spec.stream ? 'streaming' : 'buffering';
+      this.#phase = this.spec.mode === 'passthrough' ? 'buffering' : 'streaming';
     } else if (RELAYED_4XX.has(status)) {
       this.#phase = 'rejecting';
     } else {
@@ -225,7 +247,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (this.#phase === 'done') return;
     // The client already has the whole stream; the upstream's late error changes nothing.
     if (this.#phase === 'closing') this.#finish('ok', null, true);
-    else this.#fail(failureFromError(err));
+    else this.#fail(failureFromError(err, this.#status === null));
   }
 
   // ---- streaming ----
@@ -239,18 +261,23 @@ export class Attempt implements Dispatcher.DispatchHandler {
       return;
     }
     const now = performance.now();
+    const assembler = this.#assembler;
     const out: Buffer[] = [];
     let sawData = false;
     for (const ev of events) {
       const committed = this.#phase === 'committed';
       if (ev.data === null) {
-        if (committed) out.push(ev.raw);
+        if (committed && assembler === null) out.push(ev.raw);
         continue;
       }
       sawData = true;
       if (ev.data === '[DONE]') {
         if (!committed) {
           this.#fail(new AttemptFailure('protocol_error', '[DONE] before the first token'));
+          return;
+        }
+        if (assembler !== null) {
+          this.#writeAssembled(assembler);
           return;
         }
         out.push(ev.raw);
@@ -273,6 +300,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
       }
       const usage = msg?.usage;
       if (usage != null && typeof usage === 'object') this.#takeUsage(usage);
+      if (assembler !== null && msg !== null) assembler.add(msg);
       if (Array.isArray(msg?.choices) && msg.choices.length > 0) {
         if (committed) {
           this.#clock.token(now);
@@ -292,7 +320,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     }
     if (this.#phase !== 'committed') return;
     if (sawData) this.#idleTimer?.refresh();
-    this.#write(out);
+    if (assembler === null) this.#write(out);
   }
 
   #hold(raw: Buffer): boolean {
@@ -310,15 +338,18 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (typeof usage.completion_tokens === 'number') this.#completionTokens = usage.completion_tokens;
   }
 
+  /** The first token: from here the attempt owns the response (an assembly still writes nothing). */
   #commit(now: number): void {
     this.#clearFirstTokenTimer();
     this.#phase = 'committed';
     this.#clock.token(now);
-    this.spec.res.writeHead(200, {
-      ...this.spec.commitHeaders,
-      'content-type': 'text/event-stream; charset=utf-8',
-      'cache-control': 'no-cache',
-    });
+    if (this.#assembler === null) {
+      this.spec.res.writeHead(200, {
+        ...this.spec.commitHeaders,
+        'content-type': 'text/event-stream; charset=utf-8',
+        'cache-control': 'no-cache',
+      });
+    }
     this.#armIdle();
     this.#settleCommit(null);
   }
@@ -351,13 +382,24 @@ export class Attempt implements Dispatcher.DispatchHandler {
   };
 
   /** [DONE] was forwarded: end the client's response now; the upstream's own end finishes the attempt. */
-  #closeClient(): void {
+  #closeClient(last?: Buffer): void {
     this.#phase = 'closing';
     this.#endedAt = performance.now();
-    this.spec.res.end();
+    this.spec.res.end(last);
   }
 
-  // ---- non-streamed ----
+  /** The assembled stream ended: the client gets the one body vLLM would have sent. */
+  #writeAssembled(assembler: Assembler): void {
+    const body = assembler.body();
+    this.spec.res.writeHead(200, {
+      ...this.spec.commitHeaders,
+      'content-type': 'application/json',
+      'content-length': body.length,
+    });
+    this.#closeClient(body);
+  }
+
+  // ---- non-streamed pass-through ----
 
   #finishBuffered(): void {
     const body = this.#body.length === 1 ? this.#body[0]! : Buffer.concat(this.#body);
@@ -377,10 +419,9 @@ export class Attempt implements Dispatcher.DispatchHandler {
       return;
     }
     if (msg.usage != null && typeof msg.usage === 'object') this.#takeUsage(msg.usage);
-    const now = performance.now();
     this.#clearFirstTokenTimer();
     this.#phase = 'committed';
-    this.#clock.token(now);
+    this.#settleCommit(null);
     this.spec.res.writeHead(200, {
       ...this.spec.commitHeaders,
       'content-type': 'application/json',
@@ -396,12 +437,12 @@ export class Attempt implements Dispatcher.DispatchHandler {
   #onFirstTokenTimeout = (): void => {
     this.#firstTokenTimer = null;
     const reason = this.spec.cutByDeadline ? 'deadline' : 'first_token_timeout';
-    this.#fail(new AttemptFailure(reason, `no first token within ${this.spec.firstTokenMs} ms`));
+    this.#fail(new AttemptFailure(reason, `no first token within ${Math.round(this.spec.firstTokenMs)} ms`));
   };
 
   #onIdleTimeout = (): void => {
     if (this.#phase === 'closing') {
-      // The client has its whole stream; only the upstream's end is missing.
+      // The client has its whole answer; only the upstream's end is missing.
       const committed = this.#isCommitted();
       this.#phase = 'done';
       this.#abortUpstream(new AttemptFailure('idle_timeout', 'upstream did not end after [DONE]'));
@@ -451,7 +492,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
       } else if (!res.destroyed && !res.writableEnded) {
         const err =
           failure.clientError ?? new GatewayError('upstream_error', 'The backend failed during the stream');
-        res.end(sseErrorFrames(err));
+        if (res.headersSent) res.end(sseErrorFrames(err));
+        else writeErrorResponse(res, err, this.spec.errorHeaders);
       }
       this.#endedAt ??= performance.now();
     }
@@ -484,16 +526,13 @@ export class Attempt implements Dispatcher.DispatchHandler {
       upstreamMessage: kind === 'rejected' ? rejectMessage(this.#body) : null,
       promptTokens: this.#promptTokens,
       completionTokens: this.#completionTokens,
-      latencies: committed ? this.#clock.finish(endedAt, this.#completionTokens) : null,
+      dispatchedAt: this.#dispatchedAt,
+      // A pass-through body is one event at the end: no first token is observable there.
+      latencies: committed
+        ? this.#clock.finish(endedAt, this.#completionTokens, this.spec.mode !== 'passthrough')
+        : null,
     });
   }
-}
-
-interface StreamChunk {
-  choices?: unknown;
-  usage?: { prompt_tokens?: unknown; completion_tokens?: unknown } | null;
-  error?: unknown;
-  object?: unknown;
 }
 
 /** vLLM's in-band error: `{"error":{...}}`, or the flat `{"object":"error",...}` of older versions. */
@@ -501,7 +540,10 @@ function isErrorPayload(msg: StreamChunk | null): boolean {
   return msg !== null && typeof msg === 'object' && (msg.error != null || msg.object === 'error');
 }
 
-/** The upstream's error message from a 4xx body, shortened; for the admission log only. */
+/** Longest upstream 4xx message passed on to the client (DESIGN section 4). */
+export const MAX_REJECT_MESSAGE = 500;
+
+/** The upstream's error message from a 4xx body, capped. */
 function rejectMessage(body: Buffer[]): string | null {
   try {
     const msg = JSON.parse(Buffer.concat(body).toString('utf8')) as {
@@ -509,7 +551,7 @@ function rejectMessage(body: Buffer[]): string | null {
       message?: unknown;
     };
     const text = typeof msg.error === 'object' ? msg.error?.message : (msg.message ?? msg.error);
-    return typeof text === 'string' ? text.slice(0, 500) : null;
+    return typeof text === 'string' ? text.slice(0, MAX_REJECT_MESSAGE) : null;
   } catch {
     return null;
   }

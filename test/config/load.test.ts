@@ -103,7 +103,15 @@ describe('defaults', () => {
       policy: 'slagate',
       max_queue: 1024,
       aging_ms: 5000,
-      concurrency: { min: 4, max: 256, initial: 16 },
+      concurrency: {
+        min: 4,
+        max: 256,
+        initial: 16,
+        interval_ms: 500,
+        outer_periods: 10,
+        ttft_share: 0.25,
+        tpot_share: 0.85,
+      },
     });
     expect(config.router).toEqual({
       policy: 'least_loaded',
@@ -124,6 +132,8 @@ describe('defaults', () => {
       rolling_window_ms: 10000,
     });
     expect(config.upstream.retries).toBe(2);
+    expect(config.upstream.first_token_timeout_factor).toBe(4);
+    expect(config.upstream.forward_priority).toBe(false);
     expect(config.logging).toEqual({ level: 'info', admission_log: 'stdout' });
   });
 
@@ -142,7 +152,16 @@ describe('defaults', () => {
       sentinel_name: 'mymaster',
       cluster_nodes: [],
     });
-    expect(config.scheduler.concurrency).toEqual({ min: 2, max: 64, initial: 8 });
+    expect(config.scheduler.concurrency).toEqual({
+      min: 2,
+      max: 64,
+      initial: 8,
+      interval_ms: 250,
+      outer_periods: 20,
+      ttft_share: 0.3,
+      tpot_share: 0.9,
+    });
+    expect(config.upstream).toMatchObject({ first_token_timeout_factor: 3, forward_priority: true });
     expect(config.router.policy).toBe('cache_aware');
     expect(config.upstream.outlier.max_ejection_percent).toBe(34);
     expect(config.tenants[0]).toMatchObject({ max_concurrency: 64, tokens_per_minute: 2000000 });
@@ -163,7 +182,7 @@ describe('defaults', () => {
       'models: [a]\nsimulate: { replicas: 1 }\nscheduler: { concurrency: { max: 8 } }',
       'x',
     );
-    expect(low.scheduler.concurrency).toEqual({ min: 4, max: 8, initial: 8 });
+    expect(low.scheduler.concurrency).toMatchObject({ min: 4, max: 8, initial: 8 });
     const high = parseConfig(
       'models: [a]\nsimulate: { replicas: 1 }\nscheduler: { concurrency: { min: 32 } }',
       'x',

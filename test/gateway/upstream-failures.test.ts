@@ -122,22 +122,27 @@ describe('before the commit point (items 3, 6, 15)', () => {
     expect(await t.recordOf('e503-all')).toMatchObject({ outcome: 'failed_before_commit', attempts: 2 });
   });
 
-  it('6: a replica that sends headers and then nothing → first-token timeout, retried elsewhere', async () => {
-    t = await startTestGateway({
-      replicas: 2,
-      config: { upstream: { first_token_timeout_ms: 250 } },
-    });
+  it('6: a replica that sends headers and then nothing → its first-token timeout follows the class, then a retry elsewhere', async () => {
+    // Defaults everywhere (first_token_timeout_ms 60 s): the interactive class's 500 ms target and
+    // the attempt's prediction set the attempt's timeout, not the 60 s cap.
+    t = await startTestGateway({ replicas: 2, config: { upstream: { first_token_timeout_ms: 60_000 } } });
     await t.fleet!.replicas[0]!.fault({ mode: 'hang' });
-    for (const id of ['hang-a', 'hang-b']) {
+    const ids = ['hang-a', 'hang-b', 'hang-c', 'hang-d'];
+    for (const id of ids) {
       const res = await post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': id });
       expect(res.status).toBe(200);
     }
-    const recs = [await t.recordOf('hang-a'), await t.recordOf('hang-b')];
+    const recs = await Promise.all(ids.map((id) => t!.recordOf(id)));
     expect(recs.every((r) => r.outcome === 'ok' && r.backend === 'r1')).toBe(true);
-    const retried = recs.find((r) => r.attempts === 2);
-    expect(retried).toBeDefined();
-    // Its TTFT includes the wasted first attempt.
-    expect(retried!.ttft_ms!).toBeGreaterThanOrEqual(240);
+    const retried = recs.filter((r) => r.attempts === 2);
+    expect(retried.length).toBeGreaterThan(0);
+    for (const r of retried) {
+      expect(r.failed_attempts).toEqual([{ backend: 'r0', reason: 'first_token_timeout' }]);
+      // It waited at least the class target on the hung replica (never less), and far less than 60 s:
+      // the factor × a prediction of a few ms, or × the target without one (4 × 500 ms).
+      expect(r.ttft_ms!).toBeGreaterThanOrEqual(500);
+      expect(r.ttft_ms!).toBeLessThan(2_500);
+    }
   });
 
   it('6: every replica hangs → 504 first_token_timeout, outcome timeout, each upstream aborted', async () => {
@@ -149,9 +154,13 @@ describe('before the commit point (items 3, 6, 15)', () => {
       res.on('close', () => closed.push(performance.now()));
     };
     const backends = [await scripted(hang), await scripted(hang)];
+    // No prediction for these backends: each attempt waits factor (2) × the class target (100 ms).
     t = await startTestGateway({
       backends: backends.map((b, i) => ({ name: `h${i}`, url: b.url })),
-      config: { upstream: { first_token_timeout_ms: 200 } },
+      config: {
+        sla: { default_class: 'fast', classes: { fast: { ttft_p99_ms: 100, tpot_p99_ms: 50, priority: 0 } } },
+        upstream: { first_token_timeout_ms: 5_000, first_token_timeout_factor: 2 },
+      },
     });
     try {
       const started = performance.now();
@@ -159,7 +168,7 @@ describe('before the commit point (items 3, 6, 15)', () => {
       const took = performance.now() - started;
       expect(res.status).toBe(504);
       expect(JSON.parse(res.text)).toMatchObject({ error: { code: 'first_token_timeout' } });
-      // Two attempts of 200 ms each, then the answer at once.
+      // Two attempts of 200 ms each, then the answer at once (no backend is left to try).
       expect(took).toBeGreaterThanOrEqual(390);
       expect(took).toBeLessThan(1500);
       expect(await t.recordOf('hang-all')).toMatchObject({ outcome: 'timeout', attempts: 2 });
@@ -167,6 +176,36 @@ describe('before the commit point (items 3, 6, 15)', () => {
       // Each hung attempt was aborted upstream when its timer fired, not left to the backend.
       await waitFor(() => closed.length === 2, 1000, 'both hung upstream requests closed');
       expect(closed[0]! - started).toBeLessThan(400);
+    } finally {
+      await t.close();
+      t = null;
+      for (const b of backends) await b.close();
+    }
+  });
+
+  it('the request deadline (first_token_timeout_ms from arrival) caps every attempt together', async () => {
+    const hang: Script = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.flushHeaders();
+    };
+    const backends = [await scripted(hang), await scripted(hang)];
+    t = await startTestGateway({
+      backends: backends.map((b, i) => ({ name: `h${i}`, url: b.url })),
+      config: { upstream: { first_token_timeout_ms: 300 } },
+    });
+    try {
+      const started = performance.now();
+      const res = await post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'deadline' });
+      const took = performance.now() - started;
+      expect(res.status).toBe(504);
+      expect(took).toBeGreaterThanOrEqual(290);
+      expect(took).toBeLessThan(1_000);
+      // The one attempt ran out with the deadline: not the backend's fault, and no time for another.
+      expect(await t.recordOf('deadline')).toMatchObject({
+        outcome: 'timeout',
+        reason: 'first_token_timeout',
+        attempts: 1,
+      });
     } finally {
       await t.close();
       t = null;

@@ -1,8 +1,8 @@
 // The server's small pieces on their own: body facts, keys, the model catalog, the drain.
 import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
+import { GatewayError } from '../../src/errors/index.ts';
 import { createAuthenticator } from '../../src/server/auth.ts';
-import { GatewayError } from '../../src/server/errors.ts';
 import { parseInferenceRequest } from '../../src/server/inference-request.ts';
 import { ModelCatalog } from '../../src/server/model-catalog.ts';
 import { Lifecycle } from '../../src/server/runtime.ts';
@@ -77,8 +77,12 @@ describe('createAuthenticator', () => {
 
   it('open gateway: anonymous, any known class on request', () => {
     const auth = createAuthenticator([], 'interactive', classes);
-    expect(auth.identify(undefined, 'batch')).toEqual({ tenant: 'anonymous', class: 'batch' });
-    expect(auth.identify('Bearer whatever', 'gold')).toEqual({ tenant: 'anonymous', class: 'interactive' });
+    expect(auth.identify(undefined, 'batch')).toEqual({ tenant: 'anonymous', class: 'batch', limits: null });
+    expect(auth.identify('Bearer whatever', 'gold')).toEqual({
+      tenant: 'anonymous',
+      class: 'interactive',
+      limits: null,
+    });
   });
 
   it('with tenants: the key picks the tenant; the class only within its allowed list', () => {
@@ -89,12 +93,17 @@ describe('createAuthenticator', () => {
           api_key_sha256: sha('k1').toUpperCase(),
           class: 'interactive',
           allowed_classes: ['interactive'],
+          max_concurrency: 3,
         },
       ],
       'interactive',
       classes,
     );
-    expect(auth.identify('bearer   k1 ', 'batch')).toEqual({ tenant: 't', class: 'interactive' });
+    expect(auth.identify('bearer   k1 ', 'batch')).toEqual({
+      tenant: 't',
+      class: 'interactive',
+      limits: { max_concurrency: 3, tokens_per_minute: undefined },
+    });
     expect(codeOf(() => auth.identify('Bearer k2', undefined))).toBe('invalid_api_key:null');
     expect(codeOf(() => auth.identify(undefined, undefined))).toBe('invalid_api_key:null');
   });

@@ -142,8 +142,15 @@ describe('LiveState with the memory store', () => {
     expect(r.tpot!.msPerLoad).toBeLessThan(0.85);
     expect(r.tpot!.baseMs).toBeGreaterThan(11);
     expect(r.tpot!.baseMs).toBeLessThan(13);
-    expect(s.predictTtftMs('gpu-0', 2000, 10)!).toBeGreaterThan(255 * 0.95);
-    expect(s.predictTtftMs('gpu-0', 2000, 10)!).toBeLessThan(255 * 1.05);
+    // The prediction reads the backend now: 10 in flight, each 1 uncached token still to prefill.
+    const ten = Array.from({ length: 10 }, () =>
+      s.lease('gpu-0', { promptTokens: 1, expectedOutputTokens: 1 }),
+    );
+    expect(s.predictTtftMs('gpu-0', 2000)!).toBeGreaterThan(256 * 0.95);
+    expect(s.predictTtftMs('gpu-0', 2000)!).toBeLessThan(256 * 1.05);
+    for (const l of ten) l.prefillDone();
+    expect(s.predictTtftMs('gpu-0', 2000)!).toBeCloseTo(255, -1);
+    for (const l of ten) l.end();
     expect(s.predictTpotMs('gpu-0', 5)!).toBeCloseTo(16, 0);
     // Load defaults to the backend's in-flight count: 0 now, 3 with three leases.
     const base = s.predictTpotMs('gpu-0')!;

@@ -134,7 +134,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     await until(() => (a.backendView('gpu-0')?.rates.ttft?.samples ?? 0) === 80, 2_000, 'merged fit');
     for (const s of [a, b]) {
       expect(s.backendView('gpu-0')!.rates.prefillTokensPerS!).toBeCloseTo(10_000, -1);
-      expect(s.predictTtftMs('gpu-0', 1000, 0)!).toBeCloseTo(120, 3);
+      expect(s.predictTtftMs('gpu-0', 1000)!).toBeCloseTo(120, 3);
     }
   });
 

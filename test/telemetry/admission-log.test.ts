@@ -34,6 +34,10 @@ const DESIGN_FIELDS = [
   'tpot_target_ms',
   'sla_met',
   'error',
+  // DESIGN section 5's "also carries": the runner-up's prediction and each failed attempt.
+  'runner_up',
+  'runner_up_predicted_ttft_ms',
+  'failed_attempts',
 ];
 // What pino and the admission child logger add around each record.
 const FRAMING = ['level', 'time', 'pid', 'hostname', 'kind', 'msg'];
@@ -91,6 +95,9 @@ describe('AdmissionLog', () => {
       decision: 'refused',
       reason: 'invalid_api_key',
       attempts: 0,
+      runner_up: null,
+      runner_up_predicted_ttft_ms: null,
+      failed_attempts: [],
       sla_met: null,
       level: 30,
     });
@@ -160,7 +167,10 @@ describe('AdmissionLog', () => {
     // One output token has no TPOT; TTFT alone decides.
     expect(end('ok', { ttft_ms: 100, completion_tokens: 1, e2e_ms: 100 })).toBe(true);
     expect(end('ok', { ttft_ms: 100, completion_tokens: 0 })).toBe(true);
-    expect(end('ok', { completion_tokens: 3 })).toBe(false);
+    // Completed, but no first token was observable (a body passed through whole): unknown, not a miss.
+    expect(end('ok', { completion_tokens: 3 })).toBeNull();
+    // Several tokens and no TPOT measured: unknown too.
+    expect(end('ok', { ttft_ms: 100, tpot_ms: null, completion_tokens: 3 })).toBeNull();
     expect(end('failed_after_commit', { ttft_ms: 100, tpot_ms: 10, completion_tokens: 10 })).toBe(false);
     expect(end('timeout', { reason: 'first_token_timeout' })).toBe(false);
     expect(end('refused', { reason: 'sla_unattainable' })).toBeNull();

@@ -70,6 +70,25 @@ describe('createLogger', () => {
     expect(recs.map((r) => r.i)).toEqual([...Array(20).keys()]);
   });
 
+  it('flush issued while a write is in flight still writes every line (the last few KB included)', async () => {
+    const { appendFile } = await import('node:fs/promises');
+    // Lines of ~1 KB written in one burst: the first write goes out once 4 KB are buffered, and
+    // depending on the total, the tail left after the last full write is below that threshold.
+    // Over these totals some tails are, so a flush that only waited for the writes in flight
+    // would lose lines in at least one file.
+    const pad = 'x'.repeat(900);
+    for (let n = 1; n <= 48; n++) {
+      const path = join(dir, `inflight-${n}.log`);
+      const { logger, flush } = createLogger({ level: 'info', destination: path, flushIntervalMs: 60_000 });
+      for (let i = 0; i < n; i++) logger.info({ i, pad }, 'line');
+      await flush();
+      await appendFile(path, '{"marker":true}\n');
+      const recs = await lines(path);
+      expect(recs.at(-1)).toEqual({ marker: true });
+      expect(recs.slice(0, -1).map((r) => r.i)).toEqual([...Array(n).keys()]);
+    }
+  });
+
   it('writes a quiet buffer by itself after the flush interval', async () => {
     const path = join(dir, 'periodic.log');
     const { logger } = createLogger({ level: 'info', destination: path, flushIntervalMs: 20 });

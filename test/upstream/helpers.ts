@@ -5,13 +5,11 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Backend } from '../../src/upstream/backend.ts';
 import { BackendSet, type BackendSetOptions } from '../../src/upstream/backends.ts';
-import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
-import {
-  type ProxyConfig,
-  type ProxyRequest,
-  type ProxyResult,
-  proxyRequest,
-} from '../../src/upstream/proxy.ts';
+import { DEFAULT_BACKEND_SET_OPTIONS, DEFAULT_RETRY_BUDGET } from '../../src/upstream/options.ts';
+import { type ProxyConfig, type ProxyResult, proxyRequest } from '../../src/upstream/proxy.ts';
+import type { ClientMode } from '../../src/upstream/relay.ts';
+import { RetryBudget } from '../../src/upstream/retry-budget.ts';
+import type { AcquireSlot, Slot } from '../../src/upstream/slot.ts';
 import { listenLoopback, send } from '../helpers/http.ts';
 
 export interface Hit {
@@ -181,16 +179,33 @@ export function setOptions(over: Partial<BackendSetOptions> = {}): BackendSetOpt
   };
 }
 
-/** The router stand-in: backends in list order, skipping excluded ones. */
-export function inOrder(set: BackendSet): ProxyRequest['pick'] {
-  return (excluded) => set.list().find((b) => !excluded.has(b.name)) ?? null;
+/** A slot on `b` with no queue and no limit: the upstream layer's contract, nothing more. */
+export function slotOn(b: Backend, firstTokenTimeoutMs = Number.POSITIVE_INFINITY): Slot {
+  return {
+    backend: b,
+    predictedTtftMs: null,
+    firstTokenTimeoutMs,
+    meter: null,
+    prefillDone() {},
+    release() {},
+  };
+}
+
+/** The scheduler stand-in: available backends in list order, skipping excluded ones. */
+export function inOrder(set: BackendSet): AcquireSlot {
+  return async ({ excluded }) => {
+    const b = set.list().find((x) => x.available && !excluded.has(x.name));
+    return b === undefined ? null : slotOn(b);
+  };
 }
 
 export interface GatewayOpts {
   set: BackendSet;
   cfg?: ProxyConfig;
-  pick?: (excluded: ReadonlySet<string>) => Backend | null;
+  acquire?: AcquireSlot;
   deadlineMs?: number;
+  /** How a non-streamed request is answered (streamed ones are always 'stream'); default passthrough. */
+  nonStreamMode?: Exclude<ClientMode, 'stream'>;
   responseHeaders?: http.OutgoingHttpHeaders;
   /** Passed as every request's ProxyRequest.signal (a shutdown switch). */
   signal?: AbortSignal;
@@ -200,6 +215,9 @@ export interface Gateway {
   url: string;
   /** Results in completion order. */
   results: ProxyResult[];
+  budget: RetryBudget;
+  /** Requests inside proxyRequest now. */
+  active(): number;
   /** Resolves with the next result not yet taken. */
   nextResult(): Promise<ProxyResult>;
   close(): Promise<void>;
@@ -210,29 +228,40 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
   const results: ProxyResult[] = [];
   const waiters: ((r: ProxyResult) => void)[] = [];
   let taken = 0;
+  let active = 0;
+  const budget = new RetryBudget(DEFAULT_RETRY_BUDGET, () => active);
   const server = http.createServer(async (req, res) => {
     const startedAt = performance.now();
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
     const body = JSON.parse(Buffer.concat(chunks).toString('utf8')) as Record<string, unknown>;
     const so = body.stream_options as { include_usage?: boolean } | undefined;
-    const result = await proxyRequest(
-      {
-        res,
-        body,
-        path: (req.url as '/v1/chat/completions') ?? '/v1/chat/completions',
-        stream: body.stream === true,
-        clientWantsUsage: so?.include_usage === true,
-        requestId: String(req.headers['x-request-id'] ?? 'req-1'),
-        responseHeaders: opts.responseHeaders ?? { 'x-request-id': 'req-1' },
-        startedAt,
-        deadlineAt: opts.deadlineMs === undefined ? undefined : startedAt + opts.deadlineMs,
-        signal: opts.signal,
-        pick: opts.pick ?? inOrder(opts.set),
-      },
-      opts.cfg ?? FAST,
-      opts.set.retryBudget,
-    );
+    const path = (req.url ?? '/v1/chat/completions') as '/v1/chat/completions' | '/v1/completions';
+    active++;
+    let result: ProxyResult;
+    try {
+      result = await proxyRequest(
+        {
+          res,
+          body,
+          path,
+          mode: body.stream === true ? 'stream' : (opts.nonStreamMode ?? 'passthrough'),
+          assembleKind: path === '/v1/completions' ? 'completion' : 'chat',
+          clientWantsUsage: so?.include_usage === true,
+          requestId: String(req.headers['x-request-id'] ?? 'req-1'),
+          responseHeaders: opts.responseHeaders ?? { 'x-request-id': 'req-1' },
+          startedAt,
+          deadlineAt: startedAt + (opts.deadlineMs ?? 60_000),
+          priority: null,
+          signal: opts.signal,
+          acquire: opts.acquire ?? inOrder(opts.set),
+        },
+        opts.cfg ?? FAST,
+        budget,
+      );
+    } finally {
+      active--;
+    }
     results.push(result);
     waiters.shift()?.(result);
   });
@@ -240,6 +269,8 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
   return {
     url,
     results,
+    budget,
+    active: () => active,
     nextResult: () => {
       const i = taken++;
       if (i < results.length) return Promise.resolve(results[i]!);

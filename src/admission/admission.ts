@@ -1,0 +1,200 @@
+// The admission controller: at arrival, before anything waits, decide whether a request may be
+// served at all. Each refusal is one stable code with Retry-After (DESIGN section 4):
+//
+//   tenant over max_concurrency or tokens_per_minute (all instances) ── 429 rate_limited
+//   sheddable class while a protected class is being refused ───────── 429 sla_unattainable
+//   predicted TTFT over the class target on every backend ──────────── 429 sla_unattainable
+//   otherwise admitted: the tenant's usage lease starts, the request goes to the scheduler
+//
+// Refusing early what cannot meet its target (Mooncake's early rejection) keeps the queue to
+// requests that can: letting them all in makes everyone late. A request is refused on its
+// prediction only when every available backend could be predicted; without a fit (a fresh
+// backend) it is admitted, and the scheduler's queue guard still refuses it if it waits too long.
+//
+// "Sheddable classes are refused first": once a request of a protected (non-sheddable) class has
+// been refused for capacity (sla_unattainable, queue_full, queue_timeout), every sheddable request
+// is refused at arrival for SHED_WINDOW_MS after it, so the capacity left goes to protected work.
+// (The scheduler also evicts a queued sheddable request to make room when the queue is full.)
+//
+// Invariants: one tenant's limit is checked against that tenant's usage only, in O(1), so a tenant
+// over its limit never slows another; nothing here awaits anything.
+import { GatewayError } from '../errors/index.ts';
+import type { ScheduledRequest, Scheduler } from '../scheduler/index.ts';
+import type { LiveState, TenantLease } from '../state/index.ts';
+import type { Backend } from '../upstream/index.ts';
+import { type PredictInput, type Prediction, predict } from './predict.ts';
+
+export interface TenantLimits {
+  readonly max_concurrency?: number | undefined;
+  readonly tokens_per_minute?: number | undefined;
+}
+
+export interface AdmissionRequest extends PredictInput {
+  readonly limits: TenantLimits | null;
+  /** Tokens the request counts against tokens_per_minute: prompt + max_tokens (or the estimate). */
+  readonly budgetTokens: number;
+}
+
+export interface Admitted {
+  readonly scheduled: ScheduledRequest;
+  readonly prediction: Prediction;
+  /** Ends the tenant's count of this request; call once it has ended, whatever the outcome. */
+  readonly tenantLease: TenantLease;
+}
+
+/** A refusal with what it was decided on, for the admission record. */
+export class Refusal extends GatewayError {
+  readonly prediction: Prediction | null;
+  constructor(err: GatewayError, prediction: Prediction | null) {
+    super(err.code, err.message, { retryAfterS: err.retryAfterS ?? 1 });
+    this.prediction = prediction;
+  }
+}
+
+export const SHED_WINDOW_MS = 1_000;
+const MAX_RETRY_AFTER_S = 60;
+/** Recent |predicted − actual| / actual values kept for /admin/state. */
+const ERROR_SAMPLES = 1024;
+
+export interface AdmissionDeps {
+  backends: () => readonly Backend[];
+  live: LiveState;
+  scheduler: Scheduler;
+  now?: () => number;
+}
+
+export interface PredictionErrorView {
+  /** Completed requests whose prediction was compared, in the last ERROR_SAMPLES. */
+  samples: number;
+  /** Median and P90 of |predicted − actual| / actual; null without samples. */
+  median: number | null;
+  p90: number | null;
+  /** Mean of (predicted − actual) / actual: > 0 means predictions run high. */
+  bias: number | null;
+}
+
+export class AdmissionController {
+  readonly #deps: AdmissionDeps;
+  readonly #now: () => number;
+  #protectedRefusedAt = Number.NEGATIVE_INFINITY;
+  readonly #errors: number[] = [];
+  #errorsAt = 0;
+
+  constructor(deps: AdmissionDeps) {
+    this.#deps = deps;
+    this.#now = deps.now ?? (() => performance.now());
+  }
+
+  /** Throws a Refusal; otherwise the request is admitted and its tenant lease has begun. */
+  admit(req: AdmissionRequest): Admitted {
+    const { live, scheduler } = this.#deps;
+    this.#checkTenant(req);
+    const { prediction, scheduled } = predict(req, this.#deps.backends(), live, scheduler);
+    if (req.sheddable && this.#now() - this.#protectedRefusedAt < SHED_WINDOW_MS) {
+      throw this.#refuse(
+        req,
+        new GatewayError(
+          'sla_unattainable',
+          `Class '${req.className}' is sheddable and the gateway is refusing protected classes for lack of capacity.`,
+          { retryAfterS: this.#retryAfterS() },
+        ),
+        prediction,
+      );
+    }
+    const best = prediction.best;
+    if (prediction.complete && best !== null && (best.totalMs as number) > req.ttftTargetMs) {
+      throw this.#refuse(
+        req,
+        new GatewayError(
+          'sla_unattainable',
+          `Predicted time to first token ${Math.round(best.totalMs as number)} ms exceeds the ` +
+            `'${req.className}' target of ${req.ttftTargetMs} ms on every backend.`,
+          { retryAfterS: this.#retryAfterS(best.totalMs as number, req.ttftTargetMs) },
+        ),
+        prediction,
+      );
+    }
+    const tenantLease = live.tenantLease(req.tenant, req.budgetTokens);
+    return { scheduled, prediction, tenantLease };
+  }
+
+  /** A request of `req`'s class was refused for capacity somewhere (e.g. the scheduler's queue). */
+  noteRefused(req: { sheddable: boolean }, code: string): void {
+    if (
+      !req.sheddable &&
+      (code === 'sla_unattainable' || code === 'queue_full' || code === 'queue_timeout')
+    ) {
+      this.#protectedRefusedAt = this.#now();
+    }
+  }
+
+  /** A completed request's prediction against what happened. */
+  observe(predictedMs: number | null, actualMs: number | null): void {
+    if (predictedMs === null || actualMs === null || !(actualMs > 0)) return;
+    const e = (predictedMs - actualMs) / actualMs;
+    if (this.#errors.length < ERROR_SAMPLES) this.#errors.push(e);
+    else this.#errors[this.#errorsAt] = e;
+    this.#errorsAt = (this.#errorsAt + 1) % ERROR_SAMPLES;
+  }
+
+  predictionError(): PredictionErrorView {
+    const n = this.#errors.length;
+    if (n === 0) return { samples: 0, median: null, p90: null, bias: null };
+    const abs = this.#errors.map(Math.abs).sort((a, b) => a - b);
+    const at = (q: number) => abs[Math.min(n - 1, Math.max(0, Math.ceil(q * n) - 1))] as number;
+    return { samples: n, median: at(0.5), p90: at(0.9), bias: this.#errors.reduce((a, b) => a + b, 0) / n };
+  }
+
+  #checkTenant(req: AdmissionRequest): void {
+    const limits = req.limits;
+    if (limits === null) return;
+    const { live } = this.#deps;
+    const usage = live.tenantUsage(req.tenant);
+    const max = limits.max_concurrency;
+    if (max !== undefined && usage.inflight >= max) {
+      throw this.#refuse(
+        req,
+        new GatewayError(
+          'rate_limited',
+          `Tenant '${req.tenant}' has ${usage.inflight} requests in flight; its limit is ${max}.`,
+          { retryAfterS: 1 },
+        ),
+        null,
+      );
+    }
+    const tpm = limits.tokens_per_minute;
+    if (tpm !== undefined && usage.tokens + req.budgetTokens > tpm) {
+      const whole = req.budgetTokens > tpm;
+      const freedMs = whole
+        ? MAX_RETRY_AFTER_S * 1000
+        : live.tenantTokensFreedInMs(req.tenant, usage.tokens + req.budgetTokens - tpm);
+      throw this.#refuse(
+        req,
+        new GatewayError(
+          'rate_limited',
+          whole
+            ? `The request counts ${req.budgetTokens} tokens (prompt + max_tokens); tenant '${req.tenant}' may use ${tpm} per minute.`
+            : `Tenant '${req.tenant}' has used ${Math.round(usage.tokens)} of its ${tpm} tokens per minute.`,
+          { retryAfterS: clampS(Math.ceil(freedMs / 1000)) },
+        ),
+        null,
+      );
+    }
+  }
+
+  #refuse(req: { sheddable: boolean }, err: GatewayError, prediction: Prediction | null): Refusal {
+    this.noteRefused(req, err.code);
+    return new Refusal(err, prediction);
+  }
+
+  /** Seconds until a refused request could be served: the queue's drain time, or the overshoot. */
+  #retryAfterS(predictedMs?: number, targetMs?: number): number {
+    const drain = this.#deps.scheduler.drainMs();
+    const over = predictedMs !== undefined && targetMs !== undefined ? predictedMs - targetMs : 0;
+    return clampS(Math.ceil(Math.max(drain ?? 0, over) / 1000));
+  }
+}
+
+function clampS(s: number): number {
+  return Math.min(MAX_RETRY_AFTER_S, Math.max(1, Number.isFinite(s) ? s : 1));
+}

@@ -1,0 +1,277 @@
+// The order in which waiting requests leave the gateway's queue. Two disciplines behind one
+// interface: `SlagateQueue` (class priority, then shortest predicted prefill, with aging; fair by
+// work between the tenants of a class) and `FifoQueue` (first come, first served: the baseline).
+// Retries are not here: the scheduler keeps them apart and serves them first.
+//
+// SlagateQueue's order, in one formula. Each entry gets a fixed key when it is queued:
+//
+//   key = queued_at + aging_ms × priority + min(prefill_ms, slack_ms / 2)
+//
+// (prefill_ms: its predicted prefill work on the best backend; slack_ms: its class TTFT target
+// minus its predicted time to first token there.) Smaller keys leave first. Because the key is
+// fixed while time moves on, waiting is aging: a request can only be overtaken by one that
+// arrives less than aging_ms × (priority − lowest priority) + min(prefill_ms, slack_ms / 2) after
+// it, so nothing starves; among requests of one class that arrive close together the shortest
+// prefill goes first; and size alone never costs a request more than half of its slack.
+//
+// Fairness between tenants of one class (virtual token counters, as in VTC): each tenant has a
+// counter of the work it has been served in the class (uncached prompt tokens + expected output
+// tokens, charged when a request is dispatched). The class's next request comes from the
+// backlogged tenant with the smallest counter, and is that tenant's smallest key; classes then
+// compete by those keys. A tenant that comes back after being idle has its counter lifted to the
+// smallest counter of the tenants still waiting, so idleness banks no credit. With one tenant
+// this is exactly the key order above; a tenant that bursts is served its share of the class's
+// work while the others' requests keep their place.
+import { Heap } from './heap.ts';
+import type { ScheduledRequest } from './types.ts';
+
+export type EntryState = 'queued' | 'granted' | 'removed';
+
+export interface QueueEntry {
+  readonly req: ScheduledRequest;
+  /** performance.now() when it was queued. */
+  readonly queuedAt: number;
+  /** The order key (FifoQueue: queuedAt). */
+  readonly key: number;
+  state: EntryState;
+}
+
+export interface QueueDiscipline {
+  readonly name: 'slagate' | 'fcfs';
+  /** Live entries. */
+  readonly size: number;
+  push(e: QueueEntry): void;
+  /** Takes the next entry out (marks it granted). */
+  pop(): QueueEntry | undefined;
+  /** The entry is leaving without a slot (refused, cancelled): forget it. */
+  remove(e: QueueEntry): void;
+  /** The key a new entry of `req` would get now. */
+  keyFor(req: ScheduledRequest, now: number): number;
+  /** How many queued entries would leave before a new one of `req` (an estimate, see aheadOf). */
+  aheadOf(req: ScheduledRequest, key: number): number;
+  depthByClass(): Map<string, number>;
+  /** The worst-placed queued entry of a sheddable class, if any (to make room for a protected one). */
+  worstSheddable(): QueueEntry | undefined;
+}
+
+const alive = (e: QueueEntry) => e.state === 'queued';
+const byKey = (a: QueueEntry, b: QueueEntry) => a.key < b.key || (a.key === b.key && a.queuedAt < b.queuedAt);
+
+/** Work a request is charged in its tenant's counter when it is dispatched. */
+function work(req: ScheduledRequest): number {
+  return Math.max(0, req.uncachedTokens) + Math.max(0, req.expectedOutputTokens);
+}
+
+interface TenantQueue {
+  readonly heap: Heap<QueueEntry>;
+  size: number;
+  counter: number;
+}
+
+interface ClassQueue {
+  readonly name: string;
+  readonly priority: number;
+  readonly tenants: Map<string, TenantQueue>;
+  size: number;
+}
+
+export class SlagateQueue implements QueueDiscipline {
+  readonly name = 'slagate' as const;
+  #size = 0;
+  #dead = 0;
+  readonly #classes = new Map<string, ClassQueue>();
+  readonly #agingMs: () => number;
+
+  constructor(agingMs: () => number) {
+    this.#agingMs = agingMs;
+  }
+
+  get size(): number {
+    return this.#size;
+  }
+
+  keyFor(req: ScheduledRequest, now: number): number {
+    const slack =
+      req.bestBackendMs === null ? req.ttftTargetMs : Math.max(0, req.ttftTargetMs - req.bestBackendMs);
+    const size = req.prefillMs === null ? 0 : Math.min(Math.max(0, req.prefillMs), slack / 2);
+    return now + this.#agingMs() * req.priority + size;
+  }
+
+  push(e: QueueEntry): void {
+    const c = this.#classQueue(e.req);
+    let t = c.tenants.get(e.req.tenant);
+    if (t === undefined) {
+      t = { heap: new Heap(byKey, alive), size: 0, counter: 0 };
+      c.tenants.set(e.req.tenant, t);
+    }
+    if (t.size === 0) {
+      // Back from idle: no credit for the time away (VTC's counter lift).
+      const floor = minCounter(c, t);
+      if (floor !== null && floor > t.counter) t.counter = floor;
+    }
+    t.heap.push(e);
+    t.size++;
+    c.size++;
+    this.#size++;
+  }
+
+  pop(): QueueEntry | undefined {
+    let best: { e: QueueEntry; t: TenantQueue; c: ClassQueue } | null = null;
+    for (const c of this.#classes.values()) {
+      if (c.size === 0) continue;
+      let chosen: TenantQueue | null = null;
+      for (const t of c.tenants.values()) {
+        if (t.size > 0 && (chosen === null || t.counter < chosen.counter)) chosen = t;
+      }
+      const head = chosen?.heap.peek();
+      if (chosen === null || head === undefined) continue;
+      if (best === null || byKey(head, best.e)) best = { e: head, t: chosen, c };
+    }
+    if (best === null) return undefined;
+    best.t.heap.pop();
+    best.e.state = 'granted';
+    best.t.size--;
+    best.c.size--;
+    this.#size--;
+    best.t.counter += work(best.e.req);
+    return best.e;
+  }
+
+  remove(e: QueueEntry): void {
+    if (e.state !== 'queued') return;
+    e.state = 'removed';
+    const c = this.#classes.get(e.req.className);
+    const t = c?.tenants.get(e.req.tenant);
+    if (c === undefined || t === undefined) return;
+    t.size--;
+    c.size--;
+    this.#size--;
+    // Removed entries stay in their heap until they surface; compact when they outnumber the rest.
+    if (++this.#dead > 64 && this.#dead > this.#size) {
+      for (const cq of this.#classes.values()) for (const tq of cq.tenants.values()) tq.heap.compact();
+      this.#dead = 0;
+    }
+  }
+
+  /**
+   * Entries of more urgent classes (smaller priority), plus, in its own class, the tenant's own
+   * entries with a smaller key and, from every other tenant, at most as many as the tenant's own
+   * plus one (the tenants take turns by work). An estimate: aging and the exact counters move it.
+   */
+  aheadOf(req: ScheduledRequest, key: number): number {
+    let n = 0;
+    for (const c of this.#classes.values()) {
+      if (c.size === 0) continue;
+      if (c.priority < req.priority) {
+        n += c.size;
+        continue;
+      }
+      if (c.name !== req.className) continue;
+      const own = c.tenants.get(req.tenant);
+      let mine = 0;
+      if (own !== undefined) for (const e of own.heap.values()) if (alive(e) && e.key < key) mine++;
+      n += mine;
+      for (const [name, t] of c.tenants) if (name !== req.tenant) n += Math.min(t.size, mine + 1);
+    }
+    return n;
+  }
+
+  depthByClass(): Map<string, number> {
+    const out = new Map<string, number>();
+    for (const c of this.#classes.values()) out.set(c.name, c.size);
+    return out;
+  }
+
+  worstSheddable(): QueueEntry | undefined {
+    let worst: QueueEntry | undefined;
+    for (const c of this.#classes.values()) {
+      for (const t of c.tenants.values()) {
+        for (const e of t.heap.values()) {
+          if (alive(e) && e.req.sheddable && (worst === undefined || byKey(worst, e))) worst = e;
+        }
+      }
+    }
+    return worst;
+  }
+
+  #classQueue(req: ScheduledRequest): ClassQueue {
+    let c = this.#classes.get(req.className);
+    if (c === undefined || c.priority !== req.priority) {
+      // A reload may change a class's priority: new entries compete under the new one, entries
+      // already queued keep the keys they were given.
+      const tenants = c?.tenants ?? new Map<string, TenantQueue>();
+      c = { name: req.className, priority: req.priority, tenants, size: c?.size ?? 0 };
+      this.#classes.set(req.className, c);
+    }
+    return c;
+  }
+}
+
+function minCounter(c: ClassQueue, except: TenantQueue): number | null {
+  let min: number | null = null;
+  for (const t of c.tenants.values()) {
+    if (t !== except && t.size > 0 && (min === null || t.counter < min)) min = t.counter;
+  }
+  return min;
+}
+
+export class FifoQueue implements QueueDiscipline {
+  readonly name = 'fcfs' as const;
+  #size = 0;
+  #dead = 0;
+  readonly #heap = new Heap<QueueEntry>(byKey, alive);
+  readonly #depth = new Map<string, number>();
+
+  get size(): number {
+    return this.#size;
+  }
+
+  keyFor(_req: ScheduledRequest, now: number): number {
+    return now;
+  }
+
+  push(e: QueueEntry): void {
+    this.#heap.push(e);
+    this.#size++;
+    this.#depth.set(e.req.className, (this.#depth.get(e.req.className) ?? 0) + 1);
+  }
+
+  pop(): QueueEntry | undefined {
+    const e = this.#heap.pop();
+    if (e === undefined) return undefined;
+    e.state = 'granted';
+    this.#forget(e);
+    return e;
+  }
+
+  remove(e: QueueEntry): void {
+    if (e.state !== 'queued') return;
+    e.state = 'removed';
+    this.#forget(e);
+    if (++this.#dead > 64 && this.#dead > this.#size) {
+      this.#heap.compact();
+      this.#dead = 0;
+    }
+  }
+
+  aheadOf(): number {
+    return this.#size;
+  }
+
+  depthByClass(): Map<string, number> {
+    return new Map(this.#depth);
+  }
+
+  worstSheddable(): QueueEntry | undefined {
+    let worst: QueueEntry | undefined;
+    for (const e of this.#heap.values()) {
+      if (alive(e) && e.req.sheddable && (worst === undefined || byKey(worst, e))) worst = e;
+    }
+    return worst;
+  }
+
+  #forget(e: QueueEntry): void {
+    this.#size--;
+    this.#depth.set(e.req.className, (this.#depth.get(e.req.className) ?? 1) - 1);
+  }
+}

@@ -1,0 +1,636 @@
+// Late dispatch: a request leaves the gateway's queue only when some backend has room under its
+// concurrency limit, and only then is its backend chosen (by the router, with the state of that
+// moment). Every attempt, first or retry, gets its slot here, so retries obey the same limits.
+//
+//   acquire(attempt) ─▶ retry? ─▶ retry list (served before every fresh request)
+//        │               fresh ─▶ queue full? evict a sheddable entry, or 429 queue_full
+//        │                        x-slagate-no-queue and no room now? 429 queue_full
+//        ▼                        otherwise the queue discipline (queue.ts)
+//     pump ─▶ while a backend has room (limit − in-flight over every gateway instance):
+//              take the next entry, rank the backends with room (router), lease one ─▶ Slot
+//     guard ─▶ a fresh entry still queued at its latest start (arrival + TTFT target − predicted
+//              time to first token) is refused now, 429 queue_timeout, not served late; a retry
+//              still queued at the request's deadline gets no slot (the loop then gives up)
+//     control ─▶ every interval: each backend's limit from its measured pace (controller.ts)
+//
+// Invariants:
+// - in-flight work per backend is counted once, by the live state's leases (all instances); a slot
+//   is a lease, and releasing the slot ends it and pumps again;
+// - an entry is settled exactly once: granted, refused, given null, or aborted with its signal;
+//   a client that leaves while queued is out of the queue at once and never dispatched;
+// - nothing here awaits anything: every path is synchronous, timers only re-run the pump or guard.
+import { GatewayError } from '../errors/index.ts';
+import type { BackendView, RoutingPolicy } from '../router/index.ts';
+import type { Lease, LiveState } from '../state/index.ts';
+import type { Backend, DecodeMeter, Slot, SlotRequest } from '../upstream/index.ts';
+import { type LimitBounds, nextLimit, nextTpotShare, quantile, type Setpoints } from './controller.ts';
+import { Heap } from './heap.ts';
+import { FifoQueue, type QueueDiscipline, type QueueEntry, SlagateQueue } from './queue.ts';
+import type { ScheduledRequest } from './types.ts';
+
+export interface SchedulerSettings {
+  policy: 'slagate' | 'fcfs';
+  maxQueue: number;
+  agingMs: number;
+  concurrency: LimitBounds & {
+    initial: number;
+    intervalMs: number;
+    outerPeriods: number;
+    ttftShare: number;
+    tpotShare: number;
+  };
+  /** An attempt's first-token timeout is this multiple of its predicted time to first token… */
+  firstTokenTimeoutFactor: number;
+  /** …and at most this (upstream.first_token_timeout_ms). */
+  firstTokenTimeoutMaxMs: number;
+}
+
+export interface SchedulerDeps {
+  /** Every configured backend (availability is read from each). */
+  backends: () => readonly Backend[];
+  live: LiveState;
+  router: () => RoutingPolicy;
+  settings: () => SchedulerSettings;
+  /** A request was refused while it waited (queue_full, queue_timeout): admission's pressure signal. */
+  onRefused?: (req: ScheduledRequest, err: GatewayError) => void;
+  now?: () => number;
+}
+
+/** What one granted attempt was dispatched with: the live state's fit sample needs it. */
+export interface Grant {
+  readonly backend: string;
+  readonly grantedAt: number;
+  /** In-flight requests on the backend (all instances) just before this one. */
+  readonly loadAtDispatch: number;
+  /** Uncached prefill tokens pending on the backend just before this one. */
+  readonly prefillAheadTokens: number;
+}
+
+export interface BackendSchedule {
+  name: string;
+  limit: number;
+  inflight: number;
+  /** The last control step's error (1 = at the setpoint); null before any signal. */
+  error: number | null;
+  tpotShare: number;
+}
+
+export interface SchedulerView {
+  policy: 'slagate' | 'fcfs';
+  queued: number;
+  retries: number;
+  byClass: Record<string, number>;
+  /** Slots freed per second (smoothed): the drain rate the wait estimates use. */
+  releasesPerS: number | null;
+  backends: BackendSchedule[];
+}
+
+/** Fewest gaps / first tokens in a period for the controller to act on them. */
+const MIN_GAPS = 16;
+const MIN_FIRST_TOKENS = 4;
+const MIN_OUTER_SAMPLES = 20;
+const SAMPLE_CAP = 4096;
+/** Smoothing of the release rate, per control period. */
+const RATE_ALPHA = 0.3;
+
+interface Control {
+  limit: number;
+  tpotShare: number;
+  readonly meter: DecodeMeter;
+  firstTokens: number[];
+  tpotRatios: number[];
+  tpotTargetMs: number;
+  blocked: boolean;
+  error: number | null;
+  periods: number;
+}
+
+interface Waiting extends QueueEntry {
+  /** Fresh entries: arrival + TTFT target − predicted time to first token; retries: the deadline. */
+  readonly expiresAt: number;
+  readonly retry: boolean;
+  readonly excluded: ReadonlySet<string>;
+  readonly ticket: Ticket;
+  readonly settle: (slot: Slot | null, err?: unknown) => void;
+}
+
+export class Scheduler {
+  readonly #deps: SchedulerDeps;
+  readonly #now: () => number;
+  #queue: QueueDiscipline;
+  readonly #retries: Waiting[] = [];
+  readonly #expiries = new Heap<Waiting>(
+    (a, b) => a.expiresAt < b.expiresAt,
+    (w) => w.state === 'queued',
+  );
+  #expiryTimer: NodeJS.Timeout | null = null;
+  #expiryAt = Number.POSITIVE_INFINITY;
+  readonly #controls = new Map<string, Control>();
+  readonly #controlTimer: NodeJS.Timeout;
+  #releases = 0;
+  #releaseRate: number | null = null;
+  #lastTick: number;
+  #pumping = false;
+  #again = false;
+  #closed = false;
+
+  constructor(deps: SchedulerDeps) {
+    this.#deps = deps;
+    this.#now = deps.now ?? (() => performance.now());
+    this.#queue = this.#makeQueue(deps.settings().policy);
+    this.#lastTick = this.#now();
+    this.#controlTimer = setInterval(() => this.#control(), deps.settings().concurrency.intervalMs);
+    this.#controlTimer.unref();
+    deps.live.onPeersChanged(() => this.pump());
+  }
+
+  /** The request's scheduling context: its attempts ask it for slots. */
+  ticket(req: ScheduledRequest): Ticket {
+    return new Ticket(this, req);
+  }
+
+  /** The current limit of a backend (its initial one before the loop has run). */
+  limit(backend: string): number {
+    return this.#controlOf(backend).limit;
+  }
+
+  /**
+   * Predicted wait in the gateway queue for a new request, ms: 0 when it would be dispatched at
+   * once; else the entries ahead of it over the rate slots free up; null when that rate is unknown.
+   */
+  estimateWaitMs(req: ScheduledRequest): number | null {
+    const free = this.#totalRoom();
+    if (this.#queue.size === 0 && this.#retries.length === 0 && free > 0) return 0;
+    const ahead = this.#queue.aheadOf(req, this.#queue.keyFor(req, this.#now())) + this.#retries.length;
+    const rate = this.#releaseRate;
+    if (rate === null || rate <= 0) return null;
+    return (Math.max(0, ahead + 1 - free) / rate) * 1000;
+  }
+
+  /** Time for the queue as it stands to drain, for Retry-After; null when the drain rate is unknown. */
+  drainMs(): number | null {
+    const rate = this.#releaseRate;
+    if (rate === null || rate <= 0) return null;
+    return ((this.#queue.size + this.#retries.length) / rate) * 1000;
+  }
+
+  view(): SchedulerView {
+    const byClass: Record<string, number> = {};
+    for (const [c, n] of this.#queue.depthByClass()) byClass[c] = n;
+    const backends: BackendSchedule[] = [];
+    for (const b of this.#deps.backends()) {
+      const c = this.#controlOf(b.name);
+      backends.push({
+        name: b.name,
+        limit: Math.floor(c.limit),
+        inflight: this.#deps.live.load(b.name),
+        error: c.error,
+        tpotShare: c.tpotShare,
+      });
+    }
+    return {
+      policy: this.#queue.name,
+      queued: this.#queue.size,
+      retries: this.#retries.length,
+      byClass,
+      releasesPerS: this.#releaseRate,
+      backends,
+    };
+  }
+
+  /** Grants every slot that has become possible. Safe to call from anywhere, any number of times. */
+  pump(): void {
+    if (this.#closed) return;
+    if (this.#pumping) {
+      this.#again = true;
+      return;
+    }
+    this.#pumping = true;
+    try {
+      do {
+        this.#again = false;
+        this.#pumpOnce();
+      } while (this.#again);
+    } finally {
+      this.#pumping = false;
+    }
+  }
+
+  close(): void {
+    this.#closed = true;
+    clearInterval(this.#controlTimer);
+    if (this.#expiryTimer !== null) clearTimeout(this.#expiryTimer);
+    this.#expiryTimer = null;
+  }
+
+  // ---- entries ----
+
+  /** Ticket.acquire: the one way in. */
+  enqueue(ticket: Ticket, sr: SlotRequest): Promise<Slot | null> {
+    const req = ticket.req;
+    const retry = sr.attempt > 0;
+    if (sr.signal.aborted) return Promise.reject(sr.signal.reason);
+    if (!this.#anyAvailable(sr.excluded)) return Promise.resolve(null);
+    const settings = this.#deps.settings();
+    const queue = this.#discipline(settings.policy);
+    if (!retry && queue.size + this.#retries.length >= settings.maxQueue && settings.maxQueue > 0) {
+      const victim = req.sheddable ? undefined : queue.worstSheddable();
+      if (victim === undefined) return Promise.reject(this.#refusal(req, 'queue_full'));
+      queue.remove(victim);
+      const w = victim as Waiting;
+      w.settle(
+        null,
+        this.#refusal(w.req, 'queue_full', 'evicted from the queue to make room for a protected class'),
+      );
+    }
+    return new Promise<Slot | null>((resolve, reject) => {
+      const now = this.#now();
+      const onAbort = () => {
+        if (w.state !== 'queued') return;
+        if (w.retry) this.#dropRetry(w);
+        else this.#queue.remove(w);
+        w.settle(null, sr.signal.reason);
+      };
+      const w: Waiting = {
+        req,
+        queuedAt: now,
+        key: retry ? now : queue.keyFor(req, now),
+        state: 'queued',
+        retry,
+        excluded: sr.excluded,
+        ticket,
+        expiresAt: retry ? req.deadlineAt : req.arrivedAt + req.ttftTargetMs - (req.bestBackendMs ?? 0),
+        settle: (slot, err) => {
+          sr.signal.removeEventListener('abort', onAbort);
+          if (err !== undefined) reject(err);
+          else resolve(slot);
+        },
+      };
+      sr.signal.addEventListener('abort', onAbort, { once: true });
+      if (retry) this.#retries.push(w);
+      else queue.push(w);
+      this.pump();
+      if (w.state !== 'queued') return;
+      // Not granted at once: is it allowed to wait?
+      if (!retry && (req.noQueue || settings.maxQueue === 0)) {
+        queue.remove(w);
+        const why = req.noQueue
+          ? 'No backend has room for this request now and x-slagate-no-queue is set.'
+          : 'No backend has room for this request now and the gateway does not queue (scheduler.max_queue is 0).';
+        w.settle(null, this.#refusal(req, 'queue_full', why));
+        return;
+      }
+      this.#expiries.push(w);
+      this.#armExpiry();
+    });
+  }
+
+  #pumpOnce(): void {
+    const backends = this.#deps.backends();
+    const available = backends.filter((b) => b.available);
+    // Entries that can no longer be placed anywhere get null now (the loop decides what follows).
+    if (this.#retries.length > 0) {
+      for (const w of [...this.#retries]) {
+        if (!available.some((b) => !w.excluded.has(b.name))) {
+          this.#dropRetry(w);
+          w.settle(null);
+        }
+      }
+    }
+    if (available.length === 0) {
+      for (let e = this.#queue.pop(); e !== undefined; e = this.#queue.pop()) (e as Waiting).settle(null);
+      return;
+    }
+    const room = new Map<string, number>();
+    for (const b of available) room.set(b.name, this.#room(b.name));
+    const waiting = this.#queue.size + this.#retries.length > 0;
+    if (waiting)
+      for (const b of available) if ((room.get(b.name) ?? 0) <= 0) this.#controlOf(b.name).blocked = true;
+    // Retries first: they have waited once already.
+    for (let i = 0; i < this.#retries.length; ) {
+      const w = this.#retries[i] as Waiting;
+      const b = this.#choose(w.req, available, room, w.excluded);
+      if (b === null) {
+        i++;
+        continue;
+      }
+      this.#retries.splice(i, 1);
+      w.state = 'granted';
+      this.#grant(w, b, room);
+    }
+    while (this.#queue.size > 0) {
+      if (![...room.values()].some((r) => r > 0)) return;
+      const w = this.#queue.pop() as Waiting;
+      const b = this.#choose(w.req, available, room, null);
+      if (b === null) return; // unreachable: some backend had room
+      this.#grant(w, b, room);
+    }
+  }
+
+  /** The router's first choice among the backends with room (and not excluded); null when none. */
+  #choose(
+    req: ScheduledRequest,
+    available: readonly Backend[],
+    room: ReadonlyMap<string, number>,
+    excluded: ReadonlySet<string> | null,
+  ): Backend | null {
+    const views: BackendView[] = [];
+    const byName = new Map<string, Backend>();
+    for (const b of available) {
+      if ((room.get(b.name) ?? 0) <= 0 || excluded?.has(b.name)) continue;
+      views.push({ name: b.name, weight: b.weight, inflight: this.#deps.live.load(b.name) });
+      byName.set(b.name, b);
+    }
+    if (views.length === 0) return null;
+    const ranked = this.#deps.router().rank(req.route, views);
+    for (const c of ranked) {
+      const b = byName.get(c.backend);
+      if (b !== undefined) return b;
+    }
+    return null;
+  }
+
+  #grant(w: Waiting, b: Backend, room: Map<string, number>): void {
+    const { live } = this.#deps;
+    const req = w.req;
+    const before = live.inflight(b.name);
+    const lease = live.lease(b.name, {
+      promptTokens: req.promptTokens,
+      expectedOutputTokens: req.expectedOutputTokens,
+      uncachedPromptTokens: req.uncachedTokens,
+    });
+    room.set(b.name, this.#room(b.name));
+    const control = this.#controlOf(b.name);
+    if (req.tpotTargetMs < control.tpotTargetMs) control.tpotTargetMs = req.tpotTargetMs;
+    const grant: Grant = {
+      backend: b.name,
+      grantedAt: this.#now(),
+      loadAtDispatch: before.requests,
+      prefillAheadTokens: before.pendingPrefillTokens,
+    };
+    w.ticket.grants.push(grant);
+    const settings = this.#deps.settings();
+    const predicted = live.predictTtftMs(b.name, req.uncachedTokens);
+    const firstTokenTimeoutMs = Math.min(
+      settings.firstTokenTimeoutMaxMs,
+      Math.max(req.ttftTargetMs, settings.firstTokenTimeoutFactor * (predicted ?? req.ttftTargetMs)),
+    );
+    w.settle(new GrantedSlot(this, b, lease, grant, w, control, firstTokenTimeoutMs));
+  }
+
+  /** Called by a slot at its first token: the controller's TTFT signal. */
+  firstToken(slot: GrantedSlot): void {
+    const req = slot.waiting.req;
+    // A pass-through body's "first token" is its whole generation: no signal about waiting.
+    if (!req.streamedUpstream) return;
+    const backendTtft = this.#now() - slot.grant.grantedAt;
+    const own = this.#deps.live.prefillMs(slot.backend.name, req.uncachedTokens) ?? 0;
+    const share = Math.max(0, backendTtft - own) / req.ttftTargetMs;
+    if (slot.control.firstTokens.length < SAMPLE_CAP) slot.control.firstTokens.push(share);
+  }
+
+  /** Called by a slot when its attempt ended. */
+  released(): void {
+    this.#releases++;
+    this.pump();
+  }
+
+  /** A finished request's TPOT, for the outer loop of the backend that served it. */
+  observeTpot(backend: string, tpotMs: number, targetMs: number): void {
+    const c = this.#controls.get(backend);
+    if (c !== undefined && c.tpotRatios.length < SAMPLE_CAP && targetMs > 0)
+      c.tpotRatios.push(tpotMs / targetMs);
+  }
+
+  #dropRetry(w: Waiting): void {
+    const i = this.#retries.indexOf(w);
+    if (i >= 0) this.#retries.splice(i, 1);
+    w.state = 'removed';
+  }
+
+  #refusal(req: ScheduledRequest, code: 'queue_full' | 'queue_timeout', message?: string): GatewayError {
+    const drain = this.drainMs();
+    const retryAfterS = drain === null ? 1 : Math.min(60, Math.max(1, Math.ceil(drain / 1000)));
+    const text =
+      message ??
+      (code === 'queue_full'
+        ? 'The gateway queue is full.'
+        : `The request could not be started within its class's TTFT target (${req.ttftTargetMs} ms).`);
+    const err = new GatewayError(code, text, { retryAfterS });
+    this.#deps.onRefused?.(req, err);
+    return err;
+  }
+
+  // ---- the guard ----
+
+  #armExpiry(): void {
+    const next = this.#expiries.peek();
+    if (next === undefined) {
+      if (this.#expiryTimer !== null) clearTimeout(this.#expiryTimer);
+      this.#expiryTimer = null;
+      this.#expiryAt = Number.POSITIVE_INFINITY;
+      return;
+    }
+    if (this.#expiryTimer !== null && next.expiresAt >= this.#expiryAt) return;
+    if (this.#expiryTimer !== null) clearTimeout(this.#expiryTimer);
+    this.#expiryAt = next.expiresAt;
+    this.#expiryTimer = setTimeout(() => this.#expire(), Math.max(0, next.expiresAt - this.#now()));
+    this.#expiryTimer.unref();
+  }
+
+  #expire(): void {
+    this.#expiryTimer = null;
+    this.#expiryAt = Number.POSITIVE_INFINITY;
+    const now = this.#now();
+    for (let w = this.#expiries.peek(); w !== undefined && w.expiresAt <= now; w = this.#expiries.peek()) {
+      this.#expiries.pop();
+      if (w.retry) {
+        this.#dropRetry(w);
+        w.settle(null);
+      } else {
+        this.#queue.remove(w);
+        w.settle(null, this.#refusal(w.req, 'queue_timeout'));
+      }
+    }
+    this.#armExpiry();
+  }
+
+  // ---- the control loop ----
+
+  #control(): void {
+    const now = this.#now();
+    const elapsedS = Math.max(1e-3, (now - this.#lastTick) / 1000);
+    this.#lastTick = now;
+    const rate = this.#releases / elapsedS;
+    this.#releases = 0;
+    this.#releaseRate =
+      this.#releaseRate === null ? rate : this.#releaseRate + RATE_ALPHA * (rate - this.#releaseRate);
+    const settings = this.#deps.settings();
+    const cc = settings.concurrency;
+    const names = new Set<string>();
+    for (const b of this.#deps.backends()) {
+      names.add(b.name);
+      const c = this.#controlOf(b.name);
+      const inflight = this.#deps.live.load(b.name);
+      if (settings.policy === 'fcfs') {
+        c.limit = cc.initial;
+      } else {
+        const meanItlMs = c.meter.gaps >= MIN_GAPS ? c.meter.gapMs / c.meter.gaps : null;
+        const ttftQueueShare = c.firstTokens.length >= MIN_FIRST_TOKENS ? quantile(c.firstTokens, 0.9) : null;
+        const setpoints: Setpoints = { tpotShare: c.tpotShare, ttftShare: cc.ttftShare };
+        const step = nextLimit(
+          c.limit,
+          {
+            meanItlMs,
+            tpotTargetMs: Number.isFinite(c.tpotTargetMs) ? c.tpotTargetMs : Number.POSITIVE_INFINITY,
+            ttftQueueShare,
+            binding: c.blocked || inflight >= Math.floor(c.limit),
+          },
+          setpoints,
+          cc,
+        );
+        c.limit = step.limit;
+        c.error = step.error;
+        if (++c.periods >= cc.outerPeriods) {
+          c.periods = 0;
+          if (c.tpotRatios.length >= MIN_OUTER_SAMPLES)
+            c.tpotShare = nextTpotShare(c.tpotShare, quantile(c.tpotRatios, 0.99));
+          c.tpotRatios = [];
+        }
+      }
+      c.meter.gaps = 0;
+      c.meter.gapMs = 0;
+      c.firstTokens = [];
+      c.tpotTargetMs = Number.POSITIVE_INFINITY;
+      c.blocked = false;
+    }
+    for (const name of this.#controls.keys()) if (!names.has(name)) this.#controls.delete(name);
+    // A limit may have grown, and queued entries may be waiting for exactly that.
+    this.pump();
+  }
+
+  // ---- helpers ----
+
+  #controlOf(name: string): Control {
+    let c = this.#controls.get(name);
+    if (c === undefined) {
+      const cc = this.#deps.settings().concurrency;
+      c = {
+        limit: cc.initial,
+        tpotShare: cc.tpotShare,
+        meter: { gaps: 0, gapMs: 0 },
+        firstTokens: [],
+        tpotRatios: [],
+        tpotTargetMs: Number.POSITIVE_INFINITY,
+        blocked: false,
+        error: null,
+        periods: 0,
+      };
+      this.#controls.set(name, c);
+    }
+    return c;
+  }
+
+  #room(name: string): number {
+    return Math.floor(this.#controlOf(name).limit) - this.#deps.live.load(name);
+  }
+
+  #totalRoom(): number {
+    let free = 0;
+    for (const b of this.#deps.backends()) if (b.available) free += Math.max(0, this.#room(b.name));
+    return free;
+  }
+
+  #anyAvailable(excluded: ReadonlySet<string>): boolean {
+    return this.#deps.backends().some((b) => b.available && !excluded.has(b.name));
+  }
+
+  /** The queue of the configured policy; a reload that changes it moves the waiting entries over. */
+  #discipline(policy: 'slagate' | 'fcfs'): QueueDiscipline {
+    if (this.#queue.name === policy) return this.#queue;
+    const old = this.#queue;
+    this.#queue = this.#makeQueue(policy);
+    for (let e = old.pop(); e !== undefined; e = old.pop()) {
+      e.state = 'queued';
+      this.#queue.push(e);
+    }
+    return this.#queue;
+  }
+
+  #makeQueue(policy: 'slagate' | 'fcfs'): QueueDiscipline {
+    return policy === 'fcfs' ? new FifoQueue() : new SlagateQueue(() => this.#deps.settings().agingMs);
+  }
+}
+
+/** One request's scheduling context: the attempts it has been granted. */
+export class Ticket {
+  readonly req: ScheduledRequest;
+  readonly grants: Grant[] = [];
+  readonly #scheduler: Scheduler;
+
+  constructor(scheduler: Scheduler, req: ScheduledRequest) {
+    this.#scheduler = scheduler;
+    this.req = req;
+  }
+
+  /** The AcquireSlot the attempt loop calls. */
+  readonly acquire = (sr: SlotRequest): Promise<Slot | null> => this.#scheduler.enqueue(this, sr);
+
+  /** The last grant (the attempt that served, when one did). */
+  get lastGrant(): Grant | null {
+    return this.grants.at(-1) ?? null;
+  }
+
+  /** A completed request's TPOT on its backend: the outer loop's sample. */
+  completed(backend: string, tpotMs: number): void {
+    this.#scheduler.observeTpot(backend, tpotMs, this.req.tpotTargetMs);
+  }
+}
+
+class GrantedSlot implements Slot {
+  readonly backend: Backend;
+  readonly predictedTtftMs: number | null;
+  readonly firstTokenTimeoutMs: number;
+  readonly meter: DecodeMeter;
+  readonly grant: Grant;
+  readonly waiting: Waiting;
+  readonly control: Control;
+  readonly #scheduler: Scheduler;
+  readonly #lease: Lease;
+  #firstToken = false;
+  #released = false;
+
+  constructor(
+    scheduler: Scheduler,
+    backend: Backend,
+    lease: Lease,
+    grant: Grant,
+    waiting: Waiting,
+    control: Control,
+    firstTokenTimeoutMs: number,
+  ) {
+    this.#scheduler = scheduler;
+    this.backend = backend;
+    this.#lease = lease;
+    this.grant = grant;
+    this.waiting = waiting;
+    this.control = control;
+    this.meter = control.meter;
+    this.firstTokenTimeoutMs = firstTokenTimeoutMs;
+    this.predictedTtftMs = waiting.req.predictions.get(backend.name)?.totalMs ?? null;
+  }
+
+  prefillDone(): void {
+    if (this.#firstToken || this.#released) return;
+    this.#firstToken = true;
+    this.#lease.prefillDone();
+    this.#scheduler.firstToken(this);
+  }
+
+  release(): void {
+    if (this.#released) return;
+    this.#released = true;
+    this.#lease.end();
+    this.#scheduler.released();
+  }
+}

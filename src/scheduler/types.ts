@@ -1,0 +1,43 @@
+// What the scheduler knows about a request: its class and tenant, its size, and what admission
+// predicted for it at arrival. Built once per request by the server and admission layers.
+import type { RouteRequest } from '../router/index.ts';
+
+/** Admission's prediction for one backend, made at arrival. */
+export interface BackendPrediction {
+  readonly backend: string;
+  /** Dispatch to first token on this backend, ms (the live state's fit); null without a fit. */
+  readonly backendMs: number | null;
+  /** Arrival to first token: the predicted gateway wait + backendMs; null when either is unknown. */
+  readonly totalMs: number | null;
+}
+
+export interface ScheduledRequest {
+  readonly reqId: string;
+  readonly className: string;
+  /** The class priority: lower is served first. */
+  readonly priority: number;
+  readonly sheddable: boolean;
+  readonly tenant: string;
+  /** performance.now() at arrival. */
+  readonly arrivedAt: number;
+  readonly ttftTargetMs: number;
+  readonly tpotTargetMs: number;
+  /** performance.now() by which its first token must have arrived (arrival + first_token_timeout_ms). */
+  readonly deadlineAt: number;
+  /** Prompt tokens the backend must compute (estimated; not in its prefix cache). */
+  readonly uncachedTokens: number;
+  readonly promptTokens: number;
+  readonly expectedOutputTokens: number;
+  /** The backend streams it (false for a pass-through non-streamed body: no first token is seen). */
+  readonly streamedUpstream: boolean;
+  /** x-slagate-no-queue: refuse rather than wait. */
+  readonly noQueue: boolean;
+  /** What the router reads about the request. */
+  readonly route: RouteRequest;
+  /** Per backend, from admission (empty when nothing could be predicted). */
+  readonly predictions: ReadonlyMap<string, BackendPrediction>;
+  /** Predicted pure prefill work on the best backend, ms (ordering by size); null when unknown. */
+  readonly prefillMs: number | null;
+  /** The best backend's predicted dispatch-to-first-token time, ms (the queue guard); null when unknown. */
+  readonly bestBackendMs: number | null;
+}

@@ -1,0 +1,96 @@
+// The end of a proxied request: its one admission record (why it went where it went, or why it
+// was refused while it waited), and what the request teaches the live state, the scheduler's
+// outer loop and the predictor's error. Only whole measurements teach: a completed request's TTFT
+// and TPOT, never a failure's or a cancel's (they would bias the fits).
+import { type Admitted, type Prediction, runnerUp } from '../admission/index.ts';
+import type { Ticket } from '../scheduler/index.ts';
+import type { AdmissionFields, RequestRecord } from '../telemetry/admission-log.ts';
+import type { ProxyResult } from '../upstream/index.ts';
+import type { Intake } from './intake.ts';
+import { endRecord } from './record.ts';
+import type { Runtime } from './runtime.ts';
+
+/** Upstream messages (e.g. vLLM's 400 text) in the log are cut short: they may quote input. */
+const MAX_ERROR_CHARS = 200;
+
+function truncate(text: string | null): string | null {
+  return text === null || text.length <= MAX_ERROR_CHARS ? text : `${text.slice(0, MAX_ERROR_CHARS)}…`;
+}
+
+/**
+ * The prediction fields of a record: for the backend that served (or, with none, the best one)
+ * and for the runner-up.
+ */
+export function predictionFields(p: Prediction, backend: string | null): AdmissionFields {
+  const chosen = backend === null ? p.best : (p.byBackend.get(backend) ?? null);
+  const second = runnerUp(p, chosen?.backend ?? null);
+  return {
+    predicted_ttft_ms: chosen?.totalMs ?? null,
+    runner_up: second?.backend ?? null,
+    runner_up_predicted_ttft_ms: second?.totalMs ?? null,
+  };
+}
+
+export function finishProxied(
+  rt: Runtime,
+  record: RequestRecord,
+  got: Intake,
+  admitted: Admitted,
+  ticket: Ticket,
+  result: ProxyResult,
+): void {
+  const refused = result.outcome === 'refused';
+  const reason: string = result.errorCode ?? result.reason ?? 'ok';
+  let error: string | null = null;
+  if (result.refusal !== null) error = result.refusal.message;
+  else if (result.outcome !== 'ok')
+    error =
+      result.reason === 'cut'
+        ? 'cut at the end of the shutdown grace period'
+        : truncate(result.upstreamMessage ?? result.reason);
+  const fields: AdmissionFields = {
+    decision: refused ? 'refused' : 'admitted',
+    reason,
+    backend: result.backend,
+    attempts: result.attempts,
+    ...predictionFields(admitted.prediction, result.backend),
+    failed_attempts: result.attemptLog
+      .filter((a) => a.kind === 'failed' && a.reason !== null)
+      .map((a) => ({ backend: a.backend, reason: a.reason as string })),
+    queue_ms: result.queueMs,
+    ttft_ms: result.ttftMs,
+    tpot_ms: result.tpotMs,
+    e2e_ms: result.e2eMs,
+    prompt_tokens: result.promptTokens,
+    completion_tokens: result.completionTokens,
+    error,
+  };
+  const written = endRecord(rt, record, result.outcome, fields, result.itlMs);
+  if (result.outcome !== 'ok' || result.backend === null || result.ttftMs === null) return;
+
+  const cls = got.identity.class;
+  const grant = ticket.lastGrant;
+  const backendTtftMs =
+    result.firstTokenAt !== null && result.dispatchedAt !== null
+      ? result.firstTokenAt - result.dispatchedAt
+      : null;
+  rt.live.record({
+    backend: result.backend,
+    class: cls,
+    queueMs: result.queueMs,
+    ttftMs: result.ttftMs,
+    backendTtftMs,
+    tpotMs: result.tpotMs,
+    uncachedPromptTokens: admitted.scheduled.uncachedTokens,
+    prefillAheadTokens: grant?.prefillAheadTokens ?? 0,
+    promptTokens: result.promptTokens ?? got.promptTokens,
+    completionTokens: result.completionTokens ?? 0,
+    loadAtDispatch: grant?.loadAtDispatch ?? 0,
+  });
+  if (result.tpotMs !== null) ticket.completed(result.backend, result.tpotMs);
+  const predicted = written?.predicted_ttft_ms ?? null;
+  rt.admission.observe(predicted, result.ttftMs);
+  if (predicted !== null && result.ttftMs > 0) {
+    rt.metrics.observePredictionError(cls, Math.abs(predicted - result.ttftMs) / result.ttftMs);
+  }
+}

@@ -1,0 +1,147 @@
+// What each tenant is using right now, for the tenant limits: requests in flight (admitted and not
+// yet ended, queued ones included) and tokens admitted in the last minute (prompt + max_tokens).
+// This instance's part is exact; the peers' part arrives with their snapshots (redis-sync.ts), so
+// a limit holds across gateway instances up to one refresh interval of lag.
+//
+// Invariants: a usage lease subtracts exactly what it added, once (end() is idempotent); the token
+// window's total always equals the sum of its buckets inside the window, and expiring a bucket
+// subtracts it exactly, so the total never drifts; at most MAX_TENANTS tenants are tracked.
+
+/** A tenant name must be a config name, so this bounds memory against nothing but a bug. */
+export const MAX_TENANTS = 4096;
+
+export interface TenantUsage {
+  /** Requests admitted and not yet ended, all live instances. */
+  inflight: number;
+  /** Tokens admitted in the last window (60 s), all live instances. */
+  tokens: number;
+}
+
+export interface TenantLease {
+  end(): void;
+}
+
+/** The peers' summed usage of one tenant (from their snapshots). */
+export interface RemoteTenant {
+  inflight: number;
+  tokens: number;
+}
+
+class TokenWindow {
+  total = 0;
+  readonly #buckets: Float64Array;
+  readonly #bucketMs: number;
+  #epoch = Number.NEGATIVE_INFINITY;
+
+  constructor(bucketMs: number, buckets: number) {
+    this.#bucketMs = bucketMs;
+    this.#buckets = new Float64Array(buckets);
+  }
+
+  add(now: number, tokens: number): void {
+    this.advance(now);
+    const n = this.#buckets.length;
+    const i = mod(this.#epoch, n);
+    this.#buckets[i] = (this.#buckets[i] as number) + tokens;
+    this.total += tokens;
+  }
+
+  advance(now: number): void {
+    const epoch = Math.floor(now / this.#bucketMs);
+    if (epoch <= this.#epoch) return;
+    const n = this.#buckets.length;
+    const from = Math.max(this.#epoch + 1, epoch - n + 1);
+    for (let e = from; e <= epoch; e++) {
+      const i = mod(e, n);
+      this.total -= this.#buckets[i] as number;
+      this.#buckets[i] = 0;
+    }
+    this.#epoch = epoch;
+  }
+
+  /**
+   * Milliseconds until at least `needed` tokens have left the window (this instance's buckets, the
+   * oldest first); the whole window length when they never would.
+   */
+  msUntilFreed(now: number, needed: number): number {
+    this.advance(now);
+    const n = this.#buckets.length;
+    let freed = 0;
+    // The k-th oldest bucket holds epoch (newest − n + 1 + k) and leaves the window when the
+    // newest epoch reaches newest + 1 + k.
+    for (let k = 0; k < n; k++) {
+      freed += this.#buckets[mod(this.#epoch + 1 + k, n)] as number;
+      if (freed >= needed) return Math.max(0, (this.#epoch + 1 + k) * this.#bucketMs - now);
+    }
+    return n * this.#bucketMs;
+  }
+}
+
+interface LocalTenant {
+  inflight: number;
+  window: TokenWindow;
+}
+
+export class TenantUsageTable {
+  readonly windowMs: number;
+  readonly #local = new Map<string, LocalTenant>();
+  readonly #bucketMs: number;
+  readonly #buckets: number;
+
+  constructor(shape: { bucketMs: number; buckets: number } = { bucketMs: 1_000, buckets: 60 }) {
+    this.#bucketMs = shape.bucketMs;
+    this.#buckets = shape.buckets;
+    this.windowMs = shape.bucketMs * shape.buckets;
+  }
+
+  /** Counts one admitted request (and its tokens, now) until the lease ends. */
+  lease(tenant: string, tokens: number, now: number): TenantLease {
+    const t = this.#tenant(tenant);
+    if (t === undefined) return { end() {} };
+    t.inflight++;
+    t.window.add(now, Number.isFinite(tokens) && tokens > 0 ? tokens : 0);
+    let open = true;
+    return {
+      end() {
+        if (!open) return;
+        open = false;
+        t.inflight--;
+      },
+    };
+  }
+
+  /** This instance's usage of `tenant`. */
+  local(tenant: string, now: number): TenantUsage {
+    const t = this.#local.get(tenant);
+    if (t === undefined) return { inflight: 0, tokens: 0 };
+    t.window.advance(now);
+    return { inflight: t.inflight, tokens: t.window.total };
+  }
+
+  /** When `needed` tokens of this instance's window will have expired, in ms from now. */
+  msUntilFreed(tenant: string, now: number, needed: number): number {
+    return this.#local.get(tenant)?.window.msUntilFreed(now, needed) ?? 0;
+  }
+
+  /** Every tenant with usage, for the snapshot. */
+  *entries(now: number): Iterable<[string, TenantUsage]> {
+    for (const [name, t] of this.#local) {
+      t.window.advance(now);
+      if (t.inflight === 0 && t.window.total === 0) continue;
+      yield [name, { inflight: t.inflight, tokens: t.window.total }];
+    }
+  }
+
+  #tenant(name: string): LocalTenant | undefined {
+    let t = this.#local.get(name);
+    if (t === undefined && this.#local.size < MAX_TENANTS) {
+      t = { inflight: 0, window: new TokenWindow(this.#bucketMs, this.#buckets) };
+      this.#local.set(name, t);
+    }
+    return t;
+  }
+}
+
+function mod(a: number, n: number): number {
+  return ((a % n) + n) % n;
+}

@@ -1,0 +1,161 @@
+// A non-streamed answer built from a stream. The gateway always asks the backend for a stream, so
+// that every request has a measured TTFT and TPOT; when the client asked for one JSON body, the
+// chunks are folded into the body vLLM itself would have sent (key order and nulls of vLLM's
+// pydantic models, as src/sim/wire.ts writes them), and only that body reaches the client.
+//
+// Shapes it does not cover are sent upstream non-streamed and relayed as they come (`assemblable`
+// says which): logprobs of any kind, tool definitions (tool-call deltas), n > 1, several
+// completion prompts, echo, best_of and beam search, vLLM's token-id extras.
+
+export type AssembleKind = 'chat' | 'completion';
+
+/** Request fields whose presence makes a non-streamed request pass through unassembled. */
+const CHAT_UNCOVERED = ['logprobs', 'top_logprobs', 'prompt_logprobs', 'tools', 'functions'] as const;
+const COMPLETION_UNCOVERED = ['logprobs', 'prompt_logprobs', 'echo', 'best_of', 'use_beam_search'] as const;
+const VLLM_EXTRAS = ['return_tokens_as_token_ids', 'return_token_ids'] as const;
+
+function set(v: unknown): boolean {
+  return v !== undefined && v !== null && v !== false && v !== 0;
+}
+
+/** Whether a non-streamed request of this shape can be answered from a stream. */
+export function assemblable(kind: AssembleKind, body: Record<string, unknown>, prompts: number): boolean {
+  const uncovered = kind === 'chat' ? CHAT_UNCOVERED : COMPLETION_UNCOVERED;
+  for (const k of uncovered) if (set(body[k])) return false;
+  for (const k of VLLM_EXTRAS) if (set(body[k])) return false;
+  if (body.n !== undefined && body.n !== null && body.n !== 1) return false;
+  return kind === 'chat' || prompts === 1;
+}
+
+interface Choice {
+  index?: unknown;
+  delta?: { content?: unknown; reasoning_content?: unknown } | null;
+  text?: unknown;
+  finish_reason?: unknown;
+  stop_reason?: unknown;
+}
+
+export interface StreamChunk {
+  id?: unknown;
+  created?: unknown;
+  model?: unknown;
+  choices?: unknown;
+  usage?: {
+    prompt_tokens?: unknown;
+    completion_tokens?: unknown;
+    total_tokens?: unknown;
+    prompt_tokens_details?: unknown;
+  } | null;
+  error?: unknown;
+  object?: unknown;
+}
+
+export class Assembler {
+  readonly kind: AssembleKind;
+  #id: unknown = null;
+  #created: unknown = null;
+  #model: unknown = null;
+  #text = '';
+  #reasoning: string | null = null;
+  #finish: unknown = null;
+  #stop: unknown = null;
+  #usage: NonNullable<StreamChunk['usage']> | null = null;
+
+  constructor(kind: AssembleKind) {
+    this.kind = kind;
+  }
+
+  /** Folds one parsed data event in (the usage chunk included). */
+  add(chunk: StreamChunk): void {
+    if (this.#id === null && chunk.id !== undefined) {
+      this.#id = chunk.id;
+      this.#created = chunk.created ?? null;
+      this.#model = chunk.model ?? null;
+    }
+    if (chunk.usage != null && typeof chunk.usage === 'object') this.#usage = chunk.usage;
+    if (!Array.isArray(chunk.choices)) return;
+    for (const c of chunk.choices as Choice[]) {
+      if (this.kind === 'chat') {
+        const d = c.delta;
+        if (typeof d?.content === 'string') this.#text += d.content;
+        if (typeof d?.reasoning_content === 'string')
+          this.#reasoning = (this.#reasoning ?? '') + d.reasoning_content;
+      } else if (typeof c.text === 'string') {
+        this.#text += c.text;
+      }
+      if (c.finish_reason !== undefined && c.finish_reason !== null) {
+        this.#finish = c.finish_reason;
+        this.#stop = c.stop_reason ?? null;
+      }
+    }
+  }
+
+  /** The body vLLM would have sent for the same request, non-streamed. */
+  body(): Buffer {
+    const u = this.#usage;
+    const usage =
+      u === null
+        ? null
+        : {
+            prompt_tokens: u.prompt_tokens ?? null,
+            total_tokens: u.total_tokens ?? null,
+            completion_tokens: u.completion_tokens ?? null,
+            prompt_tokens_details: u.prompt_tokens_details ?? null,
+          };
+    if (this.kind === 'chat') {
+      return Buffer.from(
+        JSON.stringify({
+          id: this.#id,
+          object: 'chat.completion',
+          created: this.#created,
+          model: this.#model,
+          choices: [
+            {
+              index: 0,
+              message: {
+                role: 'assistant',
+                content: this.#text,
+                refusal: null,
+                annotations: null,
+                audio: null,
+                function_call: null,
+                tool_calls: [],
+                reasoning_content: this.#reasoning,
+              },
+              logprobs: null,
+              finish_reason: this.#finish,
+              stop_reason: this.#stop,
+            },
+          ],
+          service_tier: null,
+          system_fingerprint: null,
+          usage,
+          prompt_logprobs: null,
+          kv_transfer_params: null,
+        }),
+      );
+    }
+    return Buffer.from(
+      JSON.stringify({
+        id: this.#id,
+        object: 'text_completion',
+        created: this.#created,
+        model: this.#model,
+        choices: [
+          {
+            index: 0,
+            text: this.#text,
+            logprobs: null,
+            finish_reason: this.#finish,
+            stop_reason: this.#stop,
+            prompt_logprobs: null,
+          },
+        ],
+        service_tier: null,
+        system_fingerprint: null,
+        usage,
+        kv_transfer_params: null,
+      }),
+    );
+  }
+}
