@@ -111,6 +111,7 @@ function schedulerSettings(c: Config): SchedulerSettings {
       min: s.concurrency.min,
       max: s.concurrency.max,
       initial: s.concurrency.initial,
+      prefillTokens: s.concurrency.prefill_tokens,
       intervalMs: s.concurrency.interval_ms,
       outerPeriods: s.concurrency.outer_periods,
       ttftShare: s.concurrency.ttft_share,

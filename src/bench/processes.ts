@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { request } from 'undici';
+import { startFleetProcess } from '../sim/fleet-process.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
 const START_TIMEOUT_MS = 30_000;
@@ -71,7 +72,8 @@ function awaitOutput<T>(
 
 export interface ChildFleet {
   urls: string[];
-  child: ChildProcess;
+  /** The fleet process's pid. */
+  pid: number;
   stop(): Promise<void>;
 }
 
@@ -82,44 +84,20 @@ export interface ChildFleetOptions {
   timeScale?: number;
   /** Default 0. */
   seed?: number;
-  /** Where the child's stderr goes; default inherited. */
-  stderr?: 'inherit' | 'ignore';
-  /** Default 30 s. */
-  startTimeoutMs?: number;
 }
 
-/** `slagate sim --port 0 …`; resolves with the replica URLs once it has printed all of them. */
+/**
+ * `slagate sim --port 0 …` over an IPC channel (the same child the gateway's `simulate:` runs):
+ * resolves with the replica URLs it reports, and the fleet exits if this process dies.
+ */
 export async function startChildFleet(args: ChildFleetOptions): Promise<ChildFleet> {
-  const child = spawn(
-    process.execPath,
-    [
-      BIN,
-      'sim',
-      '--replicas',
-      String(args.replicas),
-      '--port',
-      '0',
-      '--profile',
-      args.profile,
-      '--time-scale',
-      String(args.timeScale ?? 1),
-      '--seed',
-      String(args.seed ?? 0),
-    ],
-    { stdio: ['ignore', 'pipe', args.stderr ?? 'inherit'] },
-  );
-  // `slagate sim` prints one indented URL line per replica.
-  const urls = await awaitOutput(
-    child,
-    child.stdout!,
-    'slagate sim',
-    (out) => {
-      const found = [...out.matchAll(/^ {2}(http:\/\/127\.0\.0\.1:\d+)$/gm)].map((m) => m[1] as string);
-      return found.length >= args.replicas ? found.slice(0, args.replicas) : null;
-    },
-    args.startTimeoutMs ?? START_TIMEOUT_MS,
-  );
-  return { urls, child, stop: () => stopChild(child) };
+  const fleet = await startFleetProcess({
+    replicas: args.replicas,
+    profile: args.profile,
+    timeScale: args.timeScale ?? 1,
+    seed: args.seed ?? 0,
+  });
+  return { urls: fleet.urls, pid: fleet.pid, stop: () => fleet.close() };
 }
 
 export interface ChildGateway {
@@ -150,9 +128,11 @@ export async function startChildGateway(
   const dir = mkdtempSync(join(tmpdir(), 'slagate-gw-'));
   const configPath = join(dir, 'gateway.yaml');
   writeFileSync(configPath, typeof yaml === 'string' ? yaml.replaceAll('$DIR', dir) : yaml(dir));
+  // With an IPC channel the gateway exits when this process goes away (src/cli/serve.ts).
   const child = spawn(process.execPath, [BIN, 'serve', '--config', configPath, '--port', '0'], {
-    stdio: ['ignore', 'ignore', 'pipe'],
+    stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
   });
+  (child.channel as { unref?: () => void } | undefined)?.unref?.();
   let url: string;
   try {
     url = await awaitOutput(

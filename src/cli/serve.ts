@@ -63,5 +63,10 @@ export async function serveCommand(argv: string[]): Promise<number> {
     };
     process.once('SIGTERM', () => stop('SIGTERM'));
     process.once('SIGINT', () => stop('SIGINT'));
+    // Started over IPC by a parent (a benchmark, a test) that is gone: nobody will stop us otherwise.
+    if (process.send !== undefined) {
+      process.channel?.unref();
+      process.once('disconnect', () => stop('parent gone'));
+    }
   });
 }

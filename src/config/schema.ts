@@ -141,13 +141,15 @@ export const SchedulerSchema = Type.Object(
         /** Filled with clamp(16, min, max) when absent (defaults.ts). */
         initial: Type.Integer({ minimum: 1 }),
         /** The inner control loop's period (src/scheduler/controller.ts). */
-        interval_ms: Type.Integer({ minimum: 50, maximum: 60_000, default: 500 }),
+        interval_ms: Type.Integer({ minimum: 50, maximum: 60_000, default: 250 }),
         /** Inner periods per step of the outer loop (tpot_share servo). */
-        outer_periods: Type.Integer({ minimum: 1, maximum: 1000, default: 10 }),
+        outer_periods: Type.Integer({ minimum: 1, maximum: 1000, default: 20 }),
         /** Share of the class TTFT target the p90 waiting inside a backend may use. */
         ttft_share: Type.Number({ exclusiveMinimum: 0, maximum: 1, default: 0.25 }),
         /** Starting share of the TPOT target the mean token gap may use (the outer loop moves it). */
-        tpot_share: Type.Number({ minimum: 0.3, maximum: 1, default: 0.85 }),
+        tpot_share: Type.Number({ minimum: 0.6, maximum: 1, default: 0.85 }),
+        /** Prefill tokens that may wait on a backend at once (dispatched, no first token yet); 0 = no cap. */
+        prefill_tokens: Type.Integer({ minimum: 0, default: 2048 }),
       },
       { ...closed, default: {} },
     ),

@@ -8,32 +8,46 @@
 // at the gateway, where the scheduler orders it.
 //
 // Inner loop, every `interval_ms`, per backend. Two signals, each as a ratio to its setpoint:
-//   tpot = mean gap between token events on the backend in the period
-//          ÷ (tpot_share × the tightest TPOT target among the classes it served)
-//   ttft = p90 over the period's first tokens of (dispatch→first token − own predicted prefill)
-//          ÷ class TTFT target, ÷ ttft_share
-// The second is the waiting inside the backend, with the request's own work taken out (a long
-// prompt is slow because it is long, and a lower limit would not help it). e = max(tpot, ttft):
-//   e > 1                  → limit ÷ min(e, 2)               (multiplicative decrease)
-//   e ≤ 1 and limit binding → limit × (1 + ½·(1 − e)), ≥ +1  (growth that vanishes at the setpoint)
+//   tpot = mean gap between token events on the backend over the last few periods
+//          ÷ (tpot_share × the tightest TPOT target among the classes running there)
+//   ttft = p90 over the last few periods' first tokens of (dispatch→first token − own predicted
+//          prefill − two mean token gaps) ÷ class TTFT target, ÷ ttft_share
+// The second is the waiting inside the backend that a lower limit could take away: every first
+// token waits for the decode step under way and then for its own step, and a long prompt is slow
+// because it is long; what is left is queueing inside vLLM (KV cache full, too many sequences,
+// prefill budget spent on others). e = max(tpot, ttft),
+// and B = the requests the backend runs now (every gateway instance):
+//   e > 1                   → limit = min(limit, B ÷ min(e, 2))          (decrease)
+//   e ≤ 1 and limit binding → limit = max(limit, B) × min(1.5, 1/√e), ≥ +1 (growth that vanishes
+//                                                                         at the setpoint)
 //   otherwise, or no signal → unchanged
 // then clamped to [concurrency.min, concurrency.max]. "Binding": requests waited for this backend
 // in the period, or it ran at its limit; a limit nobody presses against does not grow (no windup).
 //
-// Why it is stable: both signals grow with the batch (a decode step is a weight read plus a cost
-// per sequence, so the mean gap is about a + b·L; internal waiting grows with what runs ahead). In
-// log space the law is a proportional step, Δln L = −ln e above the setpoint and ≈ ½·(1 − e) ≤ ½
-// below it: with e roughly proportional to L, a decrease lands near the setpoint in one period and
-// an increase covers at most half the remaining distance, so it converges without oscillating.
-// The dead time is short: the gap signal reflects a new batch within one decode step, far inside
-// one period.
+// Why B and not the limit: a lower limit takes effect only as running requests finish (seconds
+// for long outputs), so for a while the signal still describes the old batch. Stepping from the
+// batch that produced the signal, not from the last limit, means the same evidence seen again in
+// the next period asks for the same limit instead of halving it again: decreases do not compound
+// while the batch drains.
 //
+// Why it is stable: both signals grow with the batch (a decode step is a weight read plus a cost
+// per sequence, so the mean gap is about a + b·B; internal waiting grows with what runs ahead). In
+// log space each step is proportional to ln e: −ln e above the setpoint, −½·ln e below it. If e
+// were proportional to B, a decrease would land on the setpoint and an increase would cover half
+// the remaining distance; e grows more slowly than B (the a in a + b·B), so both fall short of
+// the setpoint rather than past it, and the loop converges without oscillating. An increase
+// shows in the signal once the new requests have been prefilled and decode, a step or two after
+// their admission; growth is capped at 1.5× a period so that one period's evidence never admits
+// more than half again the batch it was measured on. From far below the limit still grows 1.5×
+// every period: from 16 to a few hundred in about two seconds.
+
 // Outer loop, every `outer_periods` periods: the inner loop holds a mean, while the target is on
 // the P99 of per-request TPOT. tpot_share is servoed so that the measured P99 TPOT of the
 // requests the backend completed in that time sits at 95% of the target:
-//   tpot_share ← clamp(tpot_share × (1 + ⅕·(1 − p99 / (0.95 × target))), 0.3, 1)
-// Slow (a fifth of the error per step, every few seconds) against the inner loop's half-second,
-// so the two do not fight. There is no outer loop on TTFT: a lower limit moves waiting from the
+//   tpot_share ← clamp(tpot_share × (1 + 0.1·(1 − p99 / (0.95 × target))), 0.6, 1)
+// Slow (a tenth of the error per step, every few seconds) against the inner loop's quarter
+// second, so the two do not fight, and bounded below, so that a transient (a burst, a slow
+// backend) cannot wind it down to where the limit starves the backend. There is no outer loop on TTFT: a lower limit moves waiting from the
 // backend to the gateway, so the total TTFT does not fall monotonically with it; the admission
 // controller holds the total under its target by refusing early what cannot meet it.
 
@@ -54,7 +68,7 @@ export interface ControlSignals {
   meanItlMs: number | null;
   /** The tightest TPOT target among the classes the backend served, ms. */
   tpotTargetMs: number;
-  /** p90 of (dispatch→first token − own prefill) / class TTFT target over the period; null: too few. */
+  /** p90 of the waiting share described above over the recent periods; null: too few first tokens. */
   ttftQueueShare: number | null;
   /** Requests waited for this backend in the period, or it ran at its limit. */
   binding: boolean;
@@ -66,8 +80,8 @@ export interface ControlStep {
   error: number | null;
 }
 
-const INCREASE_GAIN = 0.5;
 const MAX_DECREASE = 2;
+const MAX_GROWTH = 1.5;
 
 export function controlError(s: ControlSignals, sp: Setpoints): number | null {
   const parts: number[] = [];
@@ -76,17 +90,28 @@ export function controlError(s: ControlSignals, sp: Setpoints): number | null {
   return parts.length === 0 ? null : Math.max(...parts);
 }
 
-export function nextLimit(limit: number, s: ControlSignals, sp: Setpoints, b: LimitBounds): ControlStep {
+/** `inflight`: the requests the backend runs now, every gateway instance (B above). */
+export function nextLimit(
+  limit: number,
+  inflight: number,
+  s: ControlSignals,
+  sp: Setpoints,
+  b: LimitBounds,
+): ControlStep {
   const e = controlError(s, sp);
   let next = limit;
-  if (e !== null && e > 1) next = limit / Math.min(e, MAX_DECREASE);
-  else if (e !== null && s.binding) next = Math.max(limit + 1, limit * (1 + INCREASE_GAIN * (1 - e)));
+  if (e !== null && e > 1) {
+    next = Math.min(limit, inflight / Math.min(e, MAX_DECREASE));
+  } else if (e !== null && s.binding) {
+    const grown = Math.max(limit, inflight) * Math.min(MAX_GROWTH, 1 / Math.sqrt(Math.max(e, 1e-9)));
+    next = Math.max(limit + 1, grown);
+  }
   return { limit: Math.min(b.max, Math.max(b.min, next)), error: e };
 }
 
 export const OUTER_TARGET = 0.95;
-const OUTER_GAIN = 0.2;
-export const TPOT_SHARE_BOUNDS = { min: 0.3, max: 1 } as const;
+const OUTER_GAIN = 0.1;
+export const TPOT_SHARE_BOUNDS = { min: 0.6, max: 1 } as const;
 
 /** The outer loop's step: `p99Ratio` = measured P99 TPOT / target over the last outer period. */
 export function nextTpotShare(share: number, p99Ratio: number): number {

@@ -41,6 +41,8 @@ export interface QueueDiscipline {
   /** Live entries. */
   readonly size: number;
   push(e: QueueEntry): void;
+  /** The entry that would leave next, left in place. */
+  peek(): QueueEntry | undefined;
   /** Takes the next entry out (marks it granted). */
   pop(): QueueEntry | undefined;
   /** The entry is leaving without a slot (refused, cancelled): forget it. */
@@ -115,7 +117,24 @@ export class SlagateQueue implements QueueDiscipline {
     this.#size++;
   }
 
+  peek(): QueueEntry | undefined {
+    return this.#select()?.e;
+  }
+
   pop(): QueueEntry | undefined {
+    const best = this.#select();
+    if (best === null) return undefined;
+    best.t.heap.pop();
+    best.e.state = 'granted';
+    best.t.size--;
+    best.c.size--;
+    this.#size--;
+    best.t.counter += work(best.e.req);
+    return best.e;
+  }
+
+  /** The next entry: per class the least-served tenant's smallest key, then the smallest across classes. */
+  #select(): { e: QueueEntry; t: TenantQueue; c: ClassQueue } | null {
     let best: { e: QueueEntry; t: TenantQueue; c: ClassQueue } | null = null;
     for (const c of this.#classes.values()) {
       if (c.size === 0) continue;
@@ -127,14 +146,7 @@ export class SlagateQueue implements QueueDiscipline {
       if (chosen === null || head === undefined) continue;
       if (best === null || byKey(head, best.e)) best = { e: head, t: chosen, c };
     }
-    if (best === null) return undefined;
-    best.t.heap.pop();
-    best.e.state = 'granted';
-    best.t.size--;
-    best.c.size--;
-    this.#size--;
-    best.t.counter += work(best.e.req);
-    return best.e;
+    return best;
   }
 
   remove(e: QueueEntry): void {
@@ -234,6 +246,10 @@ export class FifoQueue implements QueueDiscipline {
     this.#heap.push(e);
     this.#size++;
     this.#depth.set(e.req.className, (this.#depth.get(e.req.className) ?? 0) + 1);
+  }
+
+  peek(): QueueEntry | undefined {
+    return this.#heap.peek();
   }
 
   pop(): QueueEntry | undefined {

@@ -6,11 +6,15 @@
 //        │               fresh ─▶ queue full? evict a sheddable entry, or 429 queue_full
 //        │                        x-slagate-no-queue and no room now? 429 queue_full
 //        ▼                        otherwise the queue discipline (queue.ts)
-//     pump ─▶ while a backend has room (limit − in-flight over every gateway instance):
-//              take the next entry, rank the backends with room (router), lease one ─▶ Slot
-//     guard ─▶ a fresh entry still queued at its latest start (arrival + TTFT target − predicted
-//              time to first token) is refused now, 429 queue_timeout, not served late; a retry
-//              still queued at the request's deadline gets no slot (the loop then gives up)
+//     pump ─▶ while a backend has room (limit − in-flight over every gateway instance, and
+//              prefill room: at most `prefill_tokens` of prefill waiting on it, unless none is):
+//              take the next entry, rank the backends with room (router), lease one ─▶ Slot.
+//              The next entry that fits nowhere waits, and everything behind it (strict order:
+//              prefill room frees within a step, and passing it would undo the aging bound)
+//     guard ─▶ a fresh entry still queued at its latest start (arrival + TTFT target − its
+//              predicted time to first token, taken at the P99 of how predictions have turned out)
+//              is refused now, 429 queue_timeout, not served late; a retry still queued at the
+//              request's deadline gets no slot (the loop then gives up)
 //     control ─▶ every interval: each backend's limit from its measured pace (controller.ts)
 //
 // Invariants:
@@ -34,6 +38,8 @@ export interface SchedulerSettings {
   agingMs: number;
   concurrency: LimitBounds & {
     initial: number;
+    /** Prefill tokens that may wait on a backend (dispatched, no first token yet); 0 = no cap. */
+    prefillTokens: number;
     intervalMs: number;
     outerPeriods: number;
     ttftShare: number;
@@ -85,21 +91,39 @@ export interface SchedulerView {
   backends: BackendSchedule[];
 }
 
-/** Fewest gaps / first tokens in a period for the controller to act on them. */
+/** Fewest gaps in a period, and first tokens over the recent periods, for the controller to act. */
 const MIN_GAPS = 16;
-const MIN_FIRST_TOKENS = 4;
+const MIN_FIRST_TOKENS = 8;
+/**
+ * Periods both signals are taken over: a few decode steps and first tokens per period are too
+ * few for a steady mean or a p90. Decreases step from the running batch, so this lag does not
+ * make them compound.
+ */
+const SIGNAL_PERIODS = 4;
 const MIN_OUTER_SAMPLES = 20;
 const SAMPLE_CAP = 4096;
 /** Smoothing of the release rate, per control period. */
 const RATE_ALPHA = 0.3;
+/** Recent actual ÷ predicted dispatch-to-first-token times kept, and the fewest that give a P99. */
+const RATIO_SAMPLES = 1024;
+const MIN_RATIO_SAMPLES = 50;
 
 interface Control {
   limit: number;
   tpotShare: number;
   readonly meter: DecodeMeter;
-  firstTokens: number[];
+  /** Token gaps of the last few periods (the newest last). */
+  readonly gaps: DecodeMeter[];
+  /**
+   * First tokens of the last few periods (the newest last): the wait from dispatch to first token
+   * minus the request's own predicted prefill, and the request's TTFT target.
+   */
+  firstTokens: { waitMs: number; targetMs: number }[][];
+  /** The last period's mean token gap, for periods with too few gaps of their own. */
+  lastItlMs: number | null;
   tpotRatios: number[];
-  tpotTargetMs: number;
+  /** TPOT targets of the slots held on the backend now, with their counts (the tightest is controlled). */
+  readonly targets: Map<number, number>;
   blocked: boolean;
   error: number | null;
   periods: number;
@@ -129,6 +153,9 @@ export class Scheduler {
   readonly #controlTimer: NodeJS.Timeout;
   #releases = 0;
   #releaseRate: number | null = null;
+  readonly #ratios: number[] = [];
+  #ratioAt = 0;
+  #ratioP99: number | null = null;
   #lastTick: number;
   #pumping = false;
   #again = false;
@@ -165,6 +192,15 @@ export class Scheduler {
     const rate = this.#releaseRate;
     if (rate === null || rate <= 0) return null;
     return (Math.max(0, ahead + 1 - free) / rate) * 1000;
+  }
+
+  /**
+   * A predicted dispatch-to-first-token time taken at the P99 of how recent predictions turned out
+   * (actual ÷ predicted): what the queue guard and admission plan with, so that the P99, not just
+   * the median, of admitted requests meets the target. The prediction itself until enough samples.
+   */
+  upperBackendMs(predictedMs: number): number {
+    return predictedMs * Math.max(1, this.#ratioP99 ?? 1);
   }
 
   /** Time for the queue as it stands to drain, for Retry-After; null when the drain rate is unknown. */
@@ -259,7 +295,9 @@ export class Scheduler {
         retry,
         excluded: sr.excluded,
         ticket,
-        expiresAt: retry ? req.deadlineAt : req.arrivedAt + req.ttftTargetMs - (req.bestBackendMs ?? 0),
+        expiresAt: retry
+          ? req.deadlineAt
+          : req.arrivedAt + req.ttftTargetMs - this.upperBackendMs(req.bestBackendMs ?? 0),
         settle: (slot, err) => {
           sr.signal.removeEventListener('abort', onAbort);
           if (err !== undefined) reject(err);
@@ -320,10 +358,11 @@ export class Scheduler {
     }
     while (this.#queue.size > 0) {
       if (![...room.values()].some((r) => r > 0)) return;
-      const w = this.#queue.pop() as Waiting;
-      const b = this.#choose(w.req, available, room, null);
-      if (b === null) return; // unreachable: some backend had room
-      this.#grant(w, b, room);
+      const head = this.#queue.peek() as Waiting;
+      const b = this.#choose(head.req, available, room, null);
+      if (b === null) return; // no prefill room for it yet: it, and what is behind it, waits
+      this.#queue.pop();
+      this.#grant(head, b, room);
     }
   }
 
@@ -336,8 +375,14 @@ export class Scheduler {
   ): Backend | null {
     const views: BackendView[] = [];
     const byName = new Map<string, Backend>();
+    const settings = this.#deps.settings();
+    const cap = settings.policy === 'slagate' ? settings.concurrency.prefillTokens : 0;
     for (const b of available) {
       if ((room.get(b.name) ?? 0) <= 0 || excluded?.has(b.name)) continue;
+      if (cap > 0) {
+        const pending = this.#deps.live.inflight(b.name).pendingPrefillTokens;
+        if (pending > 0 && pending + req.uncachedTokens > cap) continue;
+      }
       views.push({ name: b.name, weight: b.weight, inflight: this.#deps.live.load(b.name) });
       byName.set(b.name, b);
     }
@@ -361,7 +406,7 @@ export class Scheduler {
     });
     room.set(b.name, this.#room(b.name));
     const control = this.#controlOf(b.name);
-    if (req.tpotTargetMs < control.tpotTargetMs) control.tpotTargetMs = req.tpotTargetMs;
+    control.targets.set(req.tpotTargetMs, (control.targets.get(req.tpotTargetMs) ?? 0) + 1);
     const grant: Grant = {
       backend: b.name,
       grantedAt: this.#now(),
@@ -375,22 +420,39 @@ export class Scheduler {
       settings.firstTokenTimeoutMaxMs,
       Math.max(req.ttftTargetMs, settings.firstTokenTimeoutFactor * (predicted ?? req.ttftTargetMs)),
     );
-    w.settle(new GrantedSlot(this, b, lease, grant, w, control, firstTokenTimeoutMs));
+    w.settle(new GrantedSlot(this, b, lease, grant, w, control, firstTokenTimeoutMs, predicted));
   }
 
   /** Called by a slot at its first token: the controller's TTFT signal. */
   firstToken(slot: GrantedSlot): void {
     const req = slot.waiting.req;
     // A pass-through body's "first token" is its whole generation: no signal about waiting.
-    if (!req.streamedUpstream) return;
+    if (!req.streamedUpstream) {
+      this.pump();
+      return;
+    }
     const backendTtft = this.#now() - slot.grant.grantedAt;
     const own = this.#deps.live.prefillMs(slot.backend.name, req.uncachedTokens) ?? 0;
-    const share = Math.max(0, backendTtft - own) / req.ttftTargetMs;
-    if (slot.control.firstTokens.length < SAMPLE_CAP) slot.control.firstTokens.push(share);
+    if (slot.predictedBackendMs !== null && slot.predictedBackendMs > 0) {
+      const ratio = backendTtft / slot.predictedBackendMs;
+      if (this.#ratios.length < RATIO_SAMPLES) this.#ratios.push(ratio);
+      else this.#ratios[this.#ratioAt] = ratio;
+      this.#ratioAt = (this.#ratioAt + 1) % RATIO_SAMPLES;
+    }
+    const current = slot.control.firstTokens.at(-1);
+    if (current !== undefined && current.length < SAMPLE_CAP) {
+      current.push({ waitMs: backendTtft - own, targetMs: req.ttftTargetMs });
+    }
+    // Its prefill is done: prefill room may have opened for the next entry.
+    this.pump();
   }
 
   /** Called by a slot when its attempt ended. */
-  released(): void {
+  released(slot: GrantedSlot): void {
+    const t = slot.waiting.req.tpotTargetMs;
+    const n = (slot.control.targets.get(t) ?? 1) - 1;
+    if (n > 0) slot.control.targets.set(t, n);
+    else slot.control.targets.delete(t);
     this.#releases++;
     this.pump();
   }
@@ -465,6 +527,7 @@ export class Scheduler {
     this.#releases = 0;
     this.#releaseRate =
       this.#releaseRate === null ? rate : this.#releaseRate + RATE_ALPHA * (rate - this.#releaseRate);
+    if (this.#ratios.length >= MIN_RATIO_SAMPLES) this.#ratioP99 = quantile([...this.#ratios], 0.99);
     const settings = this.#deps.settings();
     const cc = settings.concurrency;
     const names = new Set<string>();
@@ -475,14 +538,25 @@ export class Scheduler {
       if (settings.policy === 'fcfs') {
         c.limit = cc.initial;
       } else {
-        const meanItlMs = c.meter.gaps >= MIN_GAPS ? c.meter.gapMs / c.meter.gaps : null;
-        const ttftQueueShare = c.firstTokens.length >= MIN_FIRST_TOKENS ? quantile(c.firstTokens, 0.9) : null;
+        // The mean gap over the last few periods: one period holds only a few decode steps, and
+        // a step that carried a prefill chunk would swing a one-period mean.
+        c.gaps.push({ gaps: c.meter.gaps, gapMs: c.meter.gapMs });
+        if (c.gaps.length > SIGNAL_PERIODS) c.gaps.shift();
+        const gaps = c.gaps.reduce((a, g) => a + g.gaps, 0);
+        const meanItlMs = gaps >= MIN_GAPS ? c.gaps.reduce((a, g) => a + g.gapMs, 0) / gaps : null;
+        if (meanItlMs !== null) c.lastItlMs = meanItlMs;
+        // Every first token waits for the decode step under way and then its own: the waiting
+        // beyond those two steps is what a lower limit can take away.
+        const steps = 2 * (c.lastItlMs ?? 0);
+        const recent = c.firstTokens.flat().map((f) => Math.max(0, f.waitMs - steps) / f.targetMs);
+        const ttftQueueShare = recent.length >= MIN_FIRST_TOKENS ? quantile(recent, 0.9) : null;
         const setpoints: Setpoints = { tpotShare: c.tpotShare, ttftShare: cc.ttftShare };
         const step = nextLimit(
           c.limit,
+          inflight,
           {
             meanItlMs,
-            tpotTargetMs: Number.isFinite(c.tpotTargetMs) ? c.tpotTargetMs : Number.POSITIVE_INFINITY,
+            tpotTargetMs: tightest(c.targets),
             ttftQueueShare,
             binding: c.blocked || inflight >= Math.floor(c.limit),
           },
@@ -500,8 +574,9 @@ export class Scheduler {
       }
       c.meter.gaps = 0;
       c.meter.gapMs = 0;
-      c.firstTokens = [];
-      c.tpotTargetMs = Number.POSITIVE_INFINITY;
+      // A new period's first tokens; the oldest period leaves the p90 window.
+      c.firstTokens.push([]);
+      if (c.firstTokens.length > SIGNAL_PERIODS) c.firstTokens.shift();
       c.blocked = false;
     }
     for (const name of this.#controls.keys()) if (!names.has(name)) this.#controls.delete(name);
@@ -519,9 +594,11 @@ export class Scheduler {
         limit: cc.initial,
         tpotShare: cc.tpotShare,
         meter: { gaps: 0, gapMs: 0 },
-        firstTokens: [],
+        gaps: [],
+        firstTokens: [[]],
+        lastItlMs: null,
         tpotRatios: [],
-        tpotTargetMs: Number.POSITIVE_INFINITY,
+        targets: new Map(),
         blocked: false,
         error: null,
         periods: 0,
@@ -562,6 +639,13 @@ export class Scheduler {
   }
 }
 
+/** The tightest of the targets held (Infinity when none: no TPOT signal is judged then). */
+function tightest(targets: ReadonlyMap<number, number>): number {
+  let min = Number.POSITIVE_INFINITY;
+  for (const t of targets.keys()) if (t < min) min = t;
+  return min;
+}
+
 /** One request's scheduling context: the attempts it has been granted. */
 export class Ticket {
   readonly req: ScheduledRequest;
@@ -595,6 +679,8 @@ class GrantedSlot implements Slot {
   readonly grant: Grant;
   readonly waiting: Waiting;
   readonly control: Control;
+  /** The live state's prediction of dispatch to first token at grant time; null without a fit. */
+  readonly predictedBackendMs: number | null;
   readonly #scheduler: Scheduler;
   readonly #lease: Lease;
   #firstToken = false;
@@ -608,7 +694,9 @@ class GrantedSlot implements Slot {
     waiting: Waiting,
     control: Control,
     firstTokenTimeoutMs: number,
+    predictedBackendMs: number | null,
   ) {
+    this.predictedBackendMs = predictedBackendMs;
     this.#scheduler = scheduler;
     this.backend = backend;
     this.#lease = lease;
@@ -631,6 +719,6 @@ class GrantedSlot implements Slot {
     if (this.#released) return;
     this.#released = true;
     this.#lease.end();
-    this.#scheduler.released();
+    this.#scheduler.released(this);
   }
 }

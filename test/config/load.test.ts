@@ -107,10 +107,11 @@ describe('defaults', () => {
         min: 4,
         max: 256,
         initial: 16,
-        interval_ms: 500,
-        outer_periods: 10,
+        interval_ms: 250,
+        outer_periods: 20,
         ttft_share: 0.25,
         tpot_share: 0.85,
+        prefill_tokens: 2048,
       },
     });
     expect(config.router).toEqual({
@@ -160,6 +161,7 @@ describe('defaults', () => {
       outer_periods: 20,
       ttft_share: 0.3,
       tpot_share: 0.9,
+      prefill_tokens: 4096,
     });
     expect(config.upstream).toMatchObject({ first_token_timeout_factor: 3, forward_priority: true });
     expect(config.router.policy).toBe('cache_aware');

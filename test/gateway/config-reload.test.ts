@@ -9,6 +9,7 @@ import { stringify } from 'yaml';
 import { isConfigError } from '../../src/config/index.ts';
 import { startGateway } from '../../src/gateway.ts';
 import { startFleet } from '../../src/sim/fleet.ts';
+import { alive, childPids } from '../helpers/processes.ts';
 import {
   baseConfig,
   chat,
@@ -63,9 +64,9 @@ describe('at start', () => {
     expect(message).toContain(path);
   });
 
-  it('a start that fails after the fleet started stops it again', async () => {
+  it('a router that is not built is refused before anything starts', async () => {
     const dir = tmp();
-    const before = tcpServers();
+    const before = { servers: tcpServers(), children: childPids().length };
     // Valid for the schema, but that router is not built yet: refused at start.
     const config = toConfig({
       models: [MODEL],
@@ -75,13 +76,13 @@ describe('at start', () => {
       logging: { level: 'silent', admission_log: join(dir, 'a.log') },
     });
     await expect(startGateway({ config, watch: false })).rejects.toThrow(/router\.policy/);
-    expect(tcpServers()).toBe(before);
+    expect({ servers: tcpServers(), children: childPids().length }).toEqual(before);
   });
 
-  it('a port already taken fails the start and stops the fleet', async () => {
+  it('a port already taken fails the start and stops the fleet it had started (a child process)', async () => {
     const first = await startTestGateway({ replicas: 1 });
     cleanups.push(() => first.close());
-    const before = tcpServers();
+    const before = { servers: tcpServers(), children: new Set(childPids()) };
     const config = toConfig({
       models: [MODEL],
       simulate: { replicas: 2, time_scale: 0.1 },
@@ -90,7 +91,12 @@ describe('at start', () => {
     });
     await expect(startGateway({ config, watch: false })).rejects.toThrow(/EADDRINUSE/);
     // A closed server releases its handle a moment after close() returns.
-    await waitFor(() => tcpServers() === before, 1000, 'the fleet stopped');
+    await waitFor(() => tcpServers() === before.servers, 1000, 'the listener released');
+    await waitFor(
+      () => childPids().every((pid) => before.children.has(pid) || !alive(pid)),
+      5000,
+      'the fleet stopped',
+    );
   });
 });
 

@@ -127,7 +127,8 @@ describe('before the commit point (items 3, 6, 15)', () => {
     // the attempt's prediction set the attempt's timeout, not the 60 s cap.
     t = await startTestGateway({ replicas: 2, config: { upstream: { first_token_timeout_ms: 60_000 } } });
     await t.fleet!.replicas[0]!.fault({ mode: 'hang' });
-    const ids = ['hang-a', 'hang-b', 'hang-c', 'hang-d'];
+    // Round robin: at least one of them lands on the hung replica first.
+    const ids = ['hang-a', 'hang-b'];
     for (const id of ids) {
       const res = await post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': id });
       expect(res.status).toBe(200);
@@ -303,5 +304,90 @@ describe('what counts against a backend (items 9, 10, 11)', () => {
     await waitFor(async () => (await replicaAborts(t!.fleet!.urls[0]!)) === 4, 2000, 'four aborts');
     await sleep(20);
     expect((await post(t.url, CHAT, chat())).status).toBe(200);
+  });
+});
+
+describe('failures that never reached the engine, and coming back (found when tried as a new user would)', () => {
+  it('a replica resetting every connection before answering loses no request of a burst of 12 streams', async () => {
+    // Accepts the connection and resets it before any response: the request cannot have reached
+    // an engine, so every one is retried on the other replica, whatever the retry budget says.
+    const resetter = await scripted((req) => req.socket.destroy());
+    const { startFleet } = await import('../../src/sim/fleet.ts');
+    const fleet = await startFleet({ replicas: 1, profile: 'llama3-8b-h100', timeScale: 0.1 });
+    t = await startTestGateway({
+      backends: [
+        { name: 'reset', url: resetter.url },
+        { name: 'ok', url: fleet.urls[0]! },
+      ],
+      config: { upstream: { retries: 0 } },
+    });
+    try {
+      const ids = Array.from({ length: 12 }, (_, i) => `burst-${i}`);
+      const responses = await Promise.all(
+        ids.map((id) => post(t!.url, CHAT, chat({ stream: true }), { 'x-request-id': id })),
+      );
+      expect(responses.map((r) => r.status)).toEqual(ids.map(() => 200));
+      const recs = await Promise.all(ids.map((id) => t!.recordOf(id)));
+      expect(recs.every((r) => r.outcome === 'ok' && r.backend === 'ok')).toBe(true);
+      // Several went to the resetting replica first and were retried: no retries were configured
+      // and the budget would allow 3 at most, so this is the rule for pre-engine failures at work.
+      const retried = recs.filter((r) => r.attempts === 2);
+      expect(retried.length).toBeGreaterThan(3);
+      for (const r of retried)
+        expect(r.failed_attempts).toEqual([{ backend: 'reset', reason: 'upstream_reset' }]);
+    } finally {
+      await t.close();
+      t = null;
+      await fleet.close();
+      await resetter.close();
+    }
+  });
+
+  it('a replica ejected for refusing connections is back in service at its first passing probe', async () => {
+    t = await startTestGateway({
+      replicas: 2,
+      config: {
+        upstream: {
+          outlier: { consecutive_failures: 3, base_ejection_ms: 30_000, max_ejection_percent: 50 },
+        },
+      },
+    });
+    const r0 = t.fleet!.replicas[0]!;
+    await r0.fault({ mode: 'refuse' });
+    for (let i = 0; i < 8; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    await waitFor(
+      async () => (await adminBackends(t!.url)).find((b) => b.name === 'r0')!.state === 'ejected',
+      2000,
+      'r0 ejected',
+    );
+    // It comes back: within a few probe intervals (100 ms here), not the 30 s ejection.
+    const back = performance.now();
+    await r0.reset();
+    await waitFor(
+      async () => (await adminBackends(t!.url)).find((b) => b.name === 'r0')!.available,
+      2000,
+      'r0 back',
+    );
+    expect(performance.now() - back).toBeLessThan(2000);
+    const before = (await t.records()).length;
+    for (let i = 0; i < 6; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    expect((await t.records()).slice(before).some((r) => r.backend === 'r0')).toBe(true);
+  });
+
+  it('an ejection for errors the replica answered with (5xx) is not ended by its passing /health', async () => {
+    t = await startTestGateway({
+      replicas: 2,
+      config: {
+        upstream: {
+          outlier: { consecutive_failures: 2, base_ejection_ms: 30_000, max_ejection_percent: 50 },
+        },
+      },
+    });
+    await t.fleet!.replicas[0]!.fault({ mode: 'error', status: 500 });
+    for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    expect((await adminBackends(t.url)).find((b) => b.name === 'r0')!.state).toBe('ejected');
+    // Several probe intervals pass, every probe answers 200: still ejected.
+    await new Promise((r) => setTimeout(r, 500));
+    expect((await adminBackends(t.url)).find((b) => b.name === 'r0')!.state).toBe('ejected');
   });
 });

@@ -1,0 +1,232 @@
+// The admission controller (src/admission): tenant limits, the TTFT prediction and the refusals
+// made on it, shedding of sheddable classes, the predictor's error. Real live state (memory), real
+// backend set and scheduler; the fits are taught by recording samples, as finished requests do.
+import { afterEach, describe, expect, it } from 'vitest';
+import { AdmissionController, type AdmissionRequest, SHED_WINDOW_MS } from '../../src/admission/index.ts';
+import { leastLoaded } from '../../src/router/policies/least-loaded.ts';
+import { Scheduler, type SchedulerSettings } from '../../src/scheduler/index.ts';
+import { createLiveState, type LiveState } from '../../src/state/index.ts';
+import { BackendSet } from '../../src/upstream/backends.ts';
+import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
+import { latencySample } from '../state/fixtures/sample.ts';
+
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+const SETTINGS: SchedulerSettings = {
+  policy: 'slagate',
+  maxQueue: 100,
+  agingMs: 1000,
+  concurrency: {
+    min: 1,
+    max: 64,
+    initial: 4,
+    prefillTokens: 0,
+    intervalMs: 60_000,
+    outerPeriods: 10,
+    ttftShare: 0.25,
+    tpotShare: 0.85,
+  },
+  firstTokenTimeoutFactor: 4,
+  firstTokenTimeoutMaxMs: 60_000,
+};
+
+function setup(names = ['a', 'b']) {
+  let clock = 1_000_000;
+  const backends = new BackendSet(
+    { ...DEFAULT_BACKEND_SET_OPTIONS, health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 0 } },
+    names.map((name, i) => ({ name, url: `http://127.0.0.1:${9 + i}` })),
+  );
+  const live: LiveState = createLiveState(
+    { store: 'memory' },
+    { backends: names.map((name) => ({ name, url: 'http://127.0.0.1:9' })), scrape: false, now: () => clock },
+  );
+  const scheduler = new Scheduler({
+    backends: () => backends.list(),
+    live,
+    router: () => leastLoaded(),
+    settings: () => SETTINGS,
+  });
+  let now = 0;
+  const admission = new AdmissionController({
+    backends: () => backends.list(),
+    live,
+    scheduler,
+    now: () => now,
+  });
+  cleanups.push(
+    () => backends.close(),
+    () => live.close(),
+    () => scheduler.close(),
+  );
+  /** Teaches every backend: dispatch→first token = 20 ms + 0.1 ms per prefill token. */
+  const teach = () => {
+    for (const backend of names) {
+      for (let i = 0; i < 20; i++) {
+        clock += 10;
+        const tokens = 100 + 200 * (i % 5);
+        live.record(
+          latencySample({
+            backend,
+            uncachedPromptTokens: tokens,
+            queueMs: 0,
+            ttftMs: 20 + 0.1 * tokens,
+            loadAtDispatch: 0,
+          }),
+        );
+      }
+    }
+  };
+  return {
+    admission,
+    live,
+    scheduler,
+    teach,
+    tick: (ms: number) => {
+      now += ms;
+      clock += ms;
+    },
+  };
+}
+
+function req(over: Partial<AdmissionRequest> = {}): AdmissionRequest {
+  return {
+    reqId: 'r',
+    className: 'interactive',
+    priority: 0,
+    sheddable: false,
+    tenant: 'team-a',
+    limits: null,
+    arrivedAt: performance.now(),
+    ttftTargetMs: 500,
+    tpotTargetMs: 50,
+    deadlineAt: performance.now() + 60_000,
+    uncachedTokens: 1000,
+    promptTokens: 1000,
+    expectedOutputTokens: 100,
+    budgetTokens: 1100,
+    streamedUpstream: true,
+    noQueue: false,
+    route: { reqId: 'r', promptTokensEst: 1000 },
+    ...over,
+  };
+}
+
+const codeOf = (fn: () => unknown): string => {
+  try {
+    fn();
+    return 'admitted';
+  } catch (e) {
+    return `${(e as { code: string }).code}:${(e as { retryAfterS: number }).retryAfterS}`;
+  }
+};
+
+describe('tenant limits (item 31)', () => {
+  it('max_concurrency: the tenant over its limit is refused with Retry-After; another tenant is not', () => {
+    const { admission } = setup();
+    const limits = { max_concurrency: 2 };
+    const leases = [admission.admit(req({ limits })), admission.admit(req({ limits }))];
+    expect(codeOf(() => admission.admit(req({ limits })))).toBe('rate_limited:1');
+    expect(codeOf(() => admission.admit(req({ tenant: 'team-b', limits })))).toBe('admitted');
+    leases[0]!.tenantLease.end();
+    leases[0]!.tenantLease.end(); // idempotent: frees one place, not two
+    expect(codeOf(() => admission.admit(req({ limits })))).toBe('admitted');
+    expect(codeOf(() => admission.admit(req({ limits })))).toBe('rate_limited:1');
+  });
+
+  it('tokens_per_minute counts prompt + max_tokens admitted in the last minute, whatever has ended', () => {
+    const { admission, tick } = setup();
+    const limits = { tokens_per_minute: 3000 };
+    admission.admit(req({ limits, budgetTokens: 1100 })).tenantLease.end();
+    admission.admit(req({ limits, budgetTokens: 1100 })).tenantLease.end();
+    tick(30_000);
+    // 2200 used: 1100 more would pass 3000. Retry-After: when the first tokens leave the window.
+    const refused = codeOf(() => admission.admit(req({ limits, budgetTokens: 1100 })));
+    expect(refused).toMatch(/^rate_limited:(30|31)$/);
+    expect(codeOf(() => admission.admit(req({ limits, budgetTokens: 700 })))).toBe('admitted');
+    // A request larger than the whole budget can never pass: told so, with the longest wait.
+    expect(codeOf(() => admission.admit(req({ limits, budgetTokens: 5000 })))).toBe('rate_limited:60');
+    tick(31_000);
+    expect(codeOf(() => admission.admit(req({ limits, budgetTokens: 1100 })))).toBe('admitted');
+  });
+});
+
+describe('predicted TTFT', () => {
+  it('is null without a fit (admitted: nothing to refuse on), and per backend once the fits have samples', () => {
+    const { admission, teach } = setup();
+    const cold = admission.admit(req());
+    expect(cold.prediction.best).toBeNull();
+    expect(cold.prediction.complete).toBe(false);
+    teach();
+    const warm = admission.admit(req({ uncachedTokens: 1000 }));
+    // Nothing queued: no wait; 20 + 0.1 × 1000 on both backends (nothing pending on either).
+    expect(warm.prediction.waitMs).toBe(0);
+    expect(warm.prediction.complete).toBe(true);
+    expect(warm.prediction.best!.totalMs).toBeCloseTo(120, 0);
+    expect([...warm.prediction.byBackend.keys()].sort()).toEqual(['a', 'b']);
+    // The scheduler sees the same numbers: size and guard.
+    expect(warm.scheduled.bestBackendMs).toBeCloseTo(120, 0);
+    expect(warm.scheduled.prefillMs).toBeCloseTo(100, 0);
+  });
+
+  it('what cannot meet its class target on any backend is refused at once, with the prediction', () => {
+    const { admission, teach } = setup();
+    teach();
+    // 20 + 0.1 × 8000 = 820 ms > 500.
+    let caught: unknown;
+    try {
+      admission.admit(req({ uncachedTokens: 8000, promptTokens: 8000 }));
+    } catch (e) {
+      caught = e;
+    }
+    expect(caught).toMatchObject({ code: 'sla_unattainable', status: 429 });
+    expect((caught as { retryAfterS: number }).retryAfterS).toBeGreaterThanOrEqual(1);
+    expect((caught as { prediction: { best: { totalMs: number } } }).prediction.best.totalMs).toBeCloseTo(
+      820,
+      -1,
+    );
+    // The same request in a class with room in its target is admitted.
+    expect(codeOf(() => admission.admit(req({ uncachedTokens: 8000, ttftTargetMs: 30_000 })))).toBe(
+      'admitted',
+    );
+  });
+
+  it('sheddable classes are refused first: for a while after a protected refusal, every sheddable one is', () => {
+    const { admission, teach, tick } = setup();
+    teach();
+    const batch = { className: 'batch', sheddable: true, ttftTargetMs: 30_000 };
+    expect(codeOf(() => admission.admit(req(batch)))).toBe('admitted');
+    // A protected request is refused for capacity…
+    expect(codeOf(() => admission.admit(req({ uncachedTokens: 8000 })))).toMatch(/^sla_unattainable/);
+    // …so a sheddable one that could be served is refused now,
+    expect(codeOf(() => admission.admit(req(batch)))).toMatch(/^sla_unattainable/);
+    // while protected requests that can be served still are,
+    expect(codeOf(() => admission.admit(req()))).toBe('admitted');
+    // and the window closes.
+    tick(SHED_WINDOW_MS + 1);
+    expect(codeOf(() => admission.admit(req(batch)))).toBe('admitted');
+    // A scheduler refusal (queue_full, queue_timeout) of a protected class opens it too.
+    admission.noteRefused({ sheddable: false }, 'queue_timeout');
+    expect(codeOf(() => admission.admit(req(batch)))).toMatch(/^sla_unattainable/);
+  });
+
+  it("keeps the predictor's error: median and P90 of |predicted − actual| / actual, and the bias", () => {
+    const { admission } = setup();
+    expect(admission.predictionError()).toEqual({ samples: 0, median: null, p90: null, bias: null });
+    for (const [p, a] of [
+      [110, 100],
+      [90, 100],
+      [100, 100],
+      [150, 100],
+    ] as const)
+      admission.observe(p, a);
+    admission.observe(null, 100); // nothing predicted: not counted
+    const e = admission.predictionError();
+    expect(e.samples).toBe(4);
+    expect(e.median).toBeCloseTo(0.1, 9);
+    expect(e.p90).toBeCloseTo(0.5, 9);
+    expect(e.bias).toBeCloseTo(0.125, 9);
+  });
+});

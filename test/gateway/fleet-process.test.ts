@@ -1,0 +1,51 @@
+// `simulate:` runs the simulated fleet in a child process, off the gateway's event loop: the
+// gateway serves through it, and it never outlives the gateway (closed, or killed).
+import { afterEach, describe, expect, it } from 'vitest';
+import { startGateway } from '../../src/gateway.ts';
+import { alive, childPids } from '../helpers/processes.ts';
+import { chat, MODEL, post, type ServedGateway, serveChild, toConfig, waitFor } from './harness.ts';
+
+const cleanups: (() => Promise<void>)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+describe('the simulated fleet of simulate:', () => {
+  it('is a child process; the gateway serves through it and stops it on close', async () => {
+    const before = new Set(childPids());
+    const gw = await startGateway({
+      config: toConfig({
+        models: [MODEL],
+        simulate: { replicas: 2, time_scale: 0.1 },
+        server: { port: 0 },
+        logging: { level: 'silent' },
+      }),
+      watch: false,
+    });
+    const fleet = gw.fleet!;
+    expect(fleet.pid).not.toBe(process.pid);
+    expect(childPids().filter((p) => !before.has(p))).toContain(fleet.pid);
+    expect(fleet.urls).toHaveLength(2);
+    expect(gw.runtime.backends.list().map((b) => b.url)).toEqual(fleet.urls.map((u) => new URL(u).origin));
+    const res = await post(gw.url, '/v1/chat/completions', chat());
+    expect(res.status).toBe(200);
+    await gw.close();
+    expect(alive(fleet.pid)).toBe(false);
+  });
+
+  it('exits when the gateway process is killed without a chance to stop it', async () => {
+    let served: ServedGateway | null = await serveChild({
+      models: [MODEL],
+      simulate: { replicas: 1, time_scale: 0.1 },
+    });
+    cleanups.push(async () => served?.dispose());
+    const gatewayPid = served.child.pid!;
+    await waitFor(() => childPids(gatewayPid).length > 0, 5000, 'the fleet child');
+    const [fleetPid] = childPids(gatewayPid);
+    served.child.kill('SIGKILL');
+    await served.exited;
+    await waitFor(() => !alive(fleetPid!), 5000, 'the orphaned fleet exits');
+    await served.dispose();
+    served = null;
+  });
+});

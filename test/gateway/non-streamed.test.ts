@@ -1,0 +1,184 @@
+// A non-streamed request is streamed from the backend and its body assembled at the gateway, so it
+// is measured like a streamed one; the client gets exactly the body vLLM would have sent. Shapes
+// the assembler does not cover pass through as before (docs/architecture.md lists them).
+import { afterEach, describe, expect, it } from 'vitest';
+import { chat, MODEL, post, type Script, scripted, startTestGateway, type TestGateway } from './harness.ts';
+
+let t: TestGateway | null = null;
+afterEach(async () => {
+  await t?.close();
+  t = null;
+});
+
+const CHAT = '/v1/chat/completions';
+const COMPLETIONS = '/v1/completions';
+
+/** vLLM's bodies carry `created` (seconds): the one field two requests may not share. */
+const sansCreated = (text: string) => text.replace(/"created":\d+/, '"created":0');
+
+describe('assembled from a stream', () => {
+  it('chat: byte for byte the body the replica sends for the same request non-streamed', async () => {
+    t = await startTestGateway({ replicas: 1 });
+    const body = chat({ max_tokens: 24, seed: 7 });
+    const direct = await post(t.fleet!.urls[0]!, CHAT, body, { 'x-request-id': 'same-id' });
+    const via = await post(t.url, CHAT, body, { 'x-request-id': 'same-id' });
+    expect(direct.status).toBe(200);
+    expect(via.status).toBe(200);
+    expect(via.headers['content-type']).toBe('application/json');
+    expect(sansCreated(via.text)).toBe(sansCreated(direct.text));
+    const rec = await t.recordOf('same-id');
+    expect(rec).toMatchObject({ stream: false, outcome: 'ok', completion_tokens: 24 });
+    expect(rec.ttft_ms!).toBeLessThan(rec.e2e_ms!);
+    expect(rec.tpot_ms!).toBeGreaterThan(0);
+    expect(typeof rec.sla_met).toBe('boolean');
+  });
+
+  it('completions: byte for byte too, with its own key order and nulls', async () => {
+    t = await startTestGateway({ replicas: 1 });
+    const body = { model: MODEL, prompt: 'Once upon a time', max_tokens: 9, seed: 3 };
+    const direct = await post(t.fleet!.urls[0]!, COMPLETIONS, body, { 'x-request-id': 'cmpl-same' });
+    const via = await post(t.url, COMPLETIONS, body, { 'x-request-id': 'cmpl-same' });
+    expect(via.status).toBe(200);
+    expect(sansCreated(via.text)).toBe(sansCreated(direct.text));
+    expect((await t.recordOf('cmpl-same')).tpot_ms!).toBeGreaterThan(0);
+  });
+
+  it('asks the backend for a stream with usage; a failure before the first token is retried', async () => {
+    const seen: { stream: unknown; include_usage: unknown }[] = [];
+    let n = 0;
+    const script: Script = (_req, res, hit) => {
+      const b = JSON.parse(hit.body) as { stream?: unknown; stream_options?: { include_usage?: unknown } };
+      seen.push({ stream: b.stream, include_usage: b.stream_options?.include_usage });
+      if (n++ === 0) {
+        res.writeHead(503).end();
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const f = (o: unknown) => `data: ${JSON.stringify(o)}\n\n`;
+      const head = { id: 'chatcmpl-z', object: 'chat.completion.chunk', created: 5, model: MODEL };
+      res.end(
+        f({
+          ...head,
+          choices: [
+            { index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null },
+          ],
+        }) +
+          f({
+            ...head,
+            choices: [{ index: 0, delta: { content: 'Hel' }, logprobs: null, finish_reason: null }],
+          }) +
+          f({
+            ...head,
+            choices: [
+              {
+                index: 0,
+                delta: { content: 'lo' },
+                logprobs: null,
+                finish_reason: 'stop',
+                stop_reason: null,
+              },
+            ],
+          }) +
+          f({ ...head, choices: [], usage: { prompt_tokens: 4, total_tokens: 6, completion_tokens: 2 } }) +
+          'data: [DONE]\n\n',
+      );
+    };
+    const a = await scripted(script);
+    const b = await scripted(script);
+    t = await startTestGateway({
+      backends: [
+        { name: 'a', url: a.url },
+        { name: 'b', url: b.url },
+      ],
+    });
+    try {
+      const res = await post(t.url, CHAT, chat(), { 'x-request-id': 'asm' });
+      expect(res.status).toBe(200);
+      expect(JSON.parse(res.text)).toEqual({
+        id: 'chatcmpl-z',
+        object: 'chat.completion',
+        created: 5,
+        model: MODEL,
+        choices: [
+          {
+            index: 0,
+            message: {
+              role: 'assistant',
+              content: 'Hello',
+              refusal: null,
+              annotations: null,
+              audio: null,
+              function_call: null,
+              tool_calls: [],
+              reasoning_content: null,
+            },
+            logprobs: null,
+            finish_reason: 'stop',
+            stop_reason: null,
+          },
+        ],
+        service_tier: null,
+        system_fingerprint: null,
+        usage: { prompt_tokens: 4, total_tokens: 6, completion_tokens: 2, prompt_tokens_details: null },
+        prompt_logprobs: null,
+        kv_transfer_params: null,
+      });
+      expect(seen).toEqual([
+        { stream: true, include_usage: true },
+        { stream: true, include_usage: true },
+      ]);
+      expect(await t.recordOf('asm')).toMatchObject({ attempts: 2, outcome: 'ok', completion_tokens: 2 });
+    } finally {
+      await a.close();
+      await b.close();
+    }
+  });
+
+  it('a stream that fails after its first token ends in the error envelope (nothing was sent yet)', async () => {
+    t = await startTestGateway({ replicas: 1 });
+    await t.fleet!.replicas[0]!.fault({ mode: 'drop', afterTokens: 3 });
+    const res = await post(t.url, CHAT, chat({ max_tokens: 20 }), { 'x-request-id': 'asm-drop' });
+    expect(res.status).toBe(502);
+    expect(JSON.parse(res.text)).toMatchObject({ error: { code: 'upstream_error' } });
+    expect(await t.recordOf('asm-drop')).toMatchObject({ outcome: 'failed_after_commit', attempts: 1 });
+  });
+});
+
+describe('shapes the assembler does not cover pass through', () => {
+  it('logprobs: sent non-streamed, relayed as it came, no TTFT claimed', async () => {
+    const bodies: Record<string, unknown>[] = [];
+    const reply = JSON.stringify({
+      id: 'x',
+      object: 'chat.completion',
+      choices: [
+        {
+          index: 0,
+          message: { role: 'assistant', content: 'hi' },
+          logprobs: { content: [] },
+          finish_reason: 'stop',
+        },
+      ],
+      usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 },
+    });
+    const b = await scripted((_req, res, hit) => {
+      bodies.push(JSON.parse(hit.body) as Record<string, unknown>);
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(reply);
+    });
+    t = await startTestGateway({ backends: [{ name: 'b', url: b.url }] });
+    try {
+      const res = await post(t.url, CHAT, chat({ logprobs: true, top_logprobs: 2 }), {
+        'x-request-id': 'lp',
+      });
+      expect(res.status).toBe(200);
+      expect(res.text).toBe(reply);
+      expect(bodies[0]!.stream).toBeUndefined();
+      expect(bodies[0]!.stream_options).toBeUndefined();
+      const rec = await t.recordOf('lp');
+      // Nothing arrives before the end: no TTFT or TPOT is made up, and the SLA is not judged.
+      expect(rec).toMatchObject({ outcome: 'ok', ttft_ms: null, tpot_ms: null, sla_met: null });
+    } finally {
+      await b.close();
+    }
+  });
+});

@@ -1,0 +1,273 @@
+// Tenants: keys (item 28), limits (item 31) in one gateway and across two sharing one Redis, the
+// class a key may ask for, and fairness by work between tenants of one class under a burst.
+import { createHash } from 'node:crypto';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
+import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
+import {
+  chat,
+  MODEL,
+  openStream,
+  post,
+  readRecords,
+  type Script,
+  scripted,
+  serveChild,
+  startTestGateway,
+  type TestGateway,
+  waitFor,
+} from './harness.ts';
+
+const CHAT = '/v1/chat/completions';
+const sha = (k: string) => createHash('sha256').update(k).digest('hex');
+const bearer = (k: string) => ({ authorization: `Bearer ${k}` });
+
+let t: TestGateway | null = null;
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  await t?.close();
+  t = null;
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+/** Streams that send their first token at once and end when released. */
+async function gated() {
+  const pending: (() => void)[] = [];
+  const f = (o: unknown) => `data: ${JSON.stringify(o)}\n\n`;
+  const head = { id: 'c', object: 'chat.completion.chunk', created: 1, model: MODEL };
+  const script: Script = (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write(
+      f({ ...head, choices: [{ index: 0, delta: { role: 'assistant', content: '' }, finish_reason: null }] }),
+    );
+    pending.push(() =>
+      res.end(
+        `${f({ ...head, choices: [{ index: 0, delta: { content: 'x' }, finish_reason: 'stop' }] })}data: [DONE]\n\n`,
+      ),
+    );
+  };
+  const backend = await scripted(script);
+  cleanups.push(backend.close);
+  return { backend, releaseAll: () => pending.splice(0).forEach((r) => r()) };
+}
+
+const TENANTS = [
+  { name: 'team-a', api_key_sha256: sha('key-a'), class: 'interactive', max_concurrency: 2 },
+  {
+    name: 'team-b',
+    api_key_sha256: sha('key-b'),
+    class: 'interactive',
+    allowed_classes: ['interactive', 'batch'],
+  },
+];
+
+describe('keys and classes (item 28)', () => {
+  it('a bad key is 401; a key names its tenant; x-slagate-class only within the tenant’s allowed classes', async () => {
+    t = await startTestGateway({ replicas: 1, config: { tenants: TENANTS } });
+    const bad = await post(t.url, CHAT, chat(), { ...bearer('key-x'), 'x-request-id': 'bad-key' });
+    expect(bad.status).toBe(401);
+    expect(JSON.parse(bad.text)).toMatchObject({ error: { code: 'invalid_api_key' } });
+    expect((await post(t.url, CHAT, chat())).status).toBe(401);
+    // team-a may only use interactive: its request for batch runs as interactive.
+    const a = await post(t.url, CHAT, chat(), {
+      ...bearer('key-a'),
+      'x-slagate-class': 'batch',
+      'x-request-id': 'a-batch',
+    });
+    expect(a.status).toBe(200);
+    expect(a.headers['x-slagate-class']).toBe('interactive');
+    expect(await t.recordOf('a-batch')).toMatchObject({ tenant: 'team-a', class: 'interactive' });
+    const b = await post(t.url, CHAT, chat(), {
+      ...bearer('key-b'),
+      'x-slagate-class': 'batch',
+      'x-request-id': 'b-batch',
+    });
+    expect(b.headers['x-slagate-class']).toBe('batch');
+    expect(await t.recordOf('b-batch')).toMatchObject({ tenant: 'team-b', class: 'batch' });
+    expect(await t.recordOf('bad-key')).toMatchObject({
+      outcome: 'refused',
+      reason: 'invalid_api_key',
+      tenant: null,
+    });
+  });
+});
+
+describe('tenant limits (item 31)', () => {
+  it('tenant A over max_concurrency gets 429 rate_limited with Retry-After; tenant B is unaffected', async () => {
+    const g = await gated();
+    t = await startTestGateway({
+      backends: [{ name: 'g0', url: g.backend.url }],
+      config: { tenants: TENANTS },
+    });
+    const held = [
+      await openStream(t.url, CHAT, chat({ stream: true }), bearer('key-a')).response,
+      await openStream(t.url, CHAT, chat({ stream: true }), bearer('key-a')).response,
+    ];
+    for (const s of held) await s.until((x) => x.includes('"role"'));
+    const over = await post(t.url, CHAT, chat({ stream: true }), {
+      ...bearer('key-a'),
+      'x-request-id': 'a-over',
+    });
+    expect(over.status).toBe(429);
+    expect(Number(over.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+    expect(JSON.parse(over.text)).toMatchObject({
+      error: { code: 'rate_limited', type: 'rate_limit_error' },
+    });
+    // B, same class, same backend: served at once.
+    const other = openStream(t.url, CHAT, chat({ stream: true }), bearer('key-b'));
+    const b = await other.response;
+    await b.until((x) => x.includes('"role"'));
+    expect(b.status).toBe(200);
+    expect(await t.recordOf('a-over')).toMatchObject({
+      outcome: 'refused',
+      reason: 'rate_limited',
+      tenant: 'team-a',
+    });
+    // A's streams end: A may send again.
+    g.releaseAll();
+    for (const s of [...held, b]) await s.ended;
+    const again = post(t.url, CHAT, chat({ stream: true }), bearer('key-a'));
+    await waitFor(() => g.backend.hits.length === 4, 2000, "A's next request dispatched");
+    g.releaseAll();
+    expect((await again).status).toBe(200);
+  });
+
+  it('tokens_per_minute: prompt + max_tokens counted at admission; over it, 429 with the wait in Retry-After', async () => {
+    const tenants = [
+      { name: 'tpm', api_key_sha256: sha('key-t'), class: 'interactive', tokens_per_minute: 600 },
+    ];
+    t = await startTestGateway({ replicas: 1, config: { tenants } });
+    expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(200);
+    expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(200);
+    const over = await post(t.url, CHAT, chat({ max_tokens: 250 }), {
+      ...bearer('key-t'),
+      'x-request-id': 'tpm-over',
+    });
+    expect(over.status).toBe(429);
+    // The first tokens leave the minute window in about 60 s.
+    expect(Number(over.headers['retry-after'])).toBeGreaterThan(50);
+    expect(Number(over.headers['retry-after'])).toBeLessThanOrEqual(60);
+    expect(JSON.parse(over.text).error.message).toMatch(/tokens per minute/);
+  });
+});
+
+describe('fairness by work between tenants of one class', () => {
+  it('one tenant bursting at 5× the other’s rate does not push the other past its TTFT target', async () => {
+    // One replica, at most 4 requests at once: A alone sends more than it can serve.
+    const tenants = [
+      { name: 'bursty', api_key_sha256: sha('key-burst'), class: 'interactive' },
+      { name: 'steady', api_key_sha256: sha('key-steady'), class: 'interactive' },
+    ];
+    t = await startTestGateway({
+      replicas: 1,
+      timeScale: 0.5,
+      config: {
+        tenants,
+        sla: {
+          default_class: 'interactive',
+          classes: { interactive: { ttft_p99_ms: 600, tpot_p99_ms: 200, priority: 0 } },
+        },
+        scheduler: { concurrency: { min: 4, max: 4, initial: 4 } },
+      },
+    });
+    const send = (key: string, id: string) =>
+      post(t!.url, CHAT, chat({ stream: true, max_tokens: 24, ignore_eos: true }), {
+        ...bearer(key),
+        'x-request-id': id,
+      });
+    const all: Promise<unknown>[] = [];
+    // 2.5 s: the bursty tenant at 50/s, the steady one at 10/s (arrivals paced by the schedule).
+    for (let i = 0; i < 125; i++) {
+      all.push(new Promise((r) => setTimeout(r, i * 20)).then(() => send('key-burst', `burst-${i}`)));
+    }
+    for (let i = 0; i < 25; i++) {
+      all.push(new Promise((r) => setTimeout(r, 10 + i * 100)).then(() => send('key-steady', `steady-${i}`)));
+    }
+    await Promise.all(all);
+    const recs = await t.records();
+    const steady = recs.filter((r) => r.tenant === 'steady');
+    const bursty = recs.filter((r) => r.tenant === 'bursty');
+    expect(steady).toHaveLength(25);
+    // The steady tenant: every request served, every one within the target (its P99 is its max).
+    expect(steady.every((r) => r.outcome === 'ok')).toBe(true);
+    expect(Math.max(...steady.map((r) => r.ttft_ms!))).toBeLessThanOrEqual(600);
+    // The bursty one took the capacity that was left, and what could not meet its target was refused.
+    expect(bursty.some((r) => r.outcome === 'refused')).toBe(true);
+    expect(bursty.filter((r) => r.outcome === 'ok').length).toBeGreaterThan(25);
+  });
+});
+
+describe('tenant limits across gateway instances sharing one Redis (item 31)', () => {
+  let redis: RedisServer;
+  let fleet: Fleet;
+  beforeAll(async () => {
+    redis = await startRedisServer();
+    fleet = await startFleet({ replicas: 1, profile: 'llama3-8b-h100', timeScale: 0.5 });
+  });
+  afterAll(async () => {
+    await fleet.close();
+    await redis.stop();
+  });
+
+  it('A’s streams on one instance count against its limit on the other; B is unaffected', async () => {
+    const config = {
+      models: [MODEL],
+      backends: [{ name: 'r0', url: fleet.urls[0]! }],
+      tenants: TENANTS,
+      state: { store: 'redis', redis_url: redis.url, key_prefix: 'tenants', refresh_interval_ms: 100 },
+    };
+    const gw1 = await serveChild(config);
+    cleanups.push(gw1.dispose);
+    const gw2 = await serveChild(config);
+    cleanups.push(gw2.dispose);
+    const long = chat({ stream: true, max_tokens: 400, ignore_eos: true });
+    // A's limit is 2: one stream on each instance.
+    const s1 = await openStream(gw1.url, CHAT, long, bearer('key-a')).response;
+    const s2 = await openStream(gw2.url, CHAT, long, bearer('key-a')).response;
+    for (const s of [s1, s2]) await s.until((x) => x.includes('"role"'));
+    cleanups.push(
+      () => s1.close(),
+      () => s2.close(),
+    );
+    // Each instance sees the other's request within a refresh interval.
+    await waitFor(
+      async () => {
+        const r = await post(gw1.url, CHAT, chat({ max_tokens: 2 }), {
+          ...bearer('key-a'),
+          'x-request-id': 'probe-a',
+        });
+        return r.status === 429;
+      },
+      3000,
+      'the peer counted',
+    );
+    const over = await post(gw2.url, CHAT, chat({ max_tokens: 2 }), {
+      ...bearer('key-a'),
+      'x-request-id': 'over-2',
+    });
+    expect(over.status).toBe(429);
+    expect(over.headers['retry-after']).toBeDefined();
+    expect(JSON.parse(over.text)).toMatchObject({ error: { code: 'rate_limited' } });
+    for (const g of [gw1, gw2]) {
+      const b = await post(g.url, CHAT, chat({ max_tokens: 2 }), bearer('key-b'));
+      expect(b.status).toBe(200);
+    }
+    // A's streams end: both instances let A in again.
+    s1.close();
+    s2.close();
+    await waitFor(
+      async () => (await post(gw2.url, CHAT, chat({ max_tokens: 2 }), bearer('key-a'))).status === 200,
+      3000,
+      'A freed',
+    );
+    // The refusal's record (written within the log's 100 ms flush).
+    await waitFor(
+      () =>
+        readRecords(gw2.log).some(
+          (r) => r.req_id === 'over-2' && r.reason === 'rate_limited' && r.tenant === 'team-a',
+        ),
+      2000,
+      'the refusal recorded',
+    );
+  });
+});

@@ -1,0 +1,110 @@
+// The control law of the per-backend limits (src/scheduler/controller.ts), step by step.
+import { describe, expect, it } from 'vitest';
+import {
+  controlError,
+  nextLimit,
+  nextTpotShare,
+  quantile,
+  TPOT_SHARE_BOUNDS,
+} from '../../src/scheduler/controller.ts';
+
+const sp = { tpotShare: 0.8, ttftShare: 0.25 };
+const bounds = { min: 4, max: 512 };
+const signals = (over: Partial<Parameters<typeof nextLimit>[2]> = {}) => ({
+  meanItlMs: 40,
+  tpotTargetMs: 50,
+  ttftQueueShare: 0.1,
+  binding: true,
+  ...over,
+});
+
+describe('controlError', () => {
+  it('is the larger of the two ratios to their setpoints, null without any signal', () => {
+    expect(controlError(signals(), sp)).toBeCloseTo(1, 9); // 40 / (0.8 × 50)
+    expect(controlError(signals({ ttftQueueShare: 0.5 }), sp)).toBeCloseTo(2, 9);
+    expect(controlError(signals({ meanItlMs: null }), sp)).toBeCloseTo(0.4, 9);
+    expect(controlError(signals({ meanItlMs: null, ttftQueueShare: null }), sp)).toBeNull();
+    // No TPOT target running on the backend: only the TTFT signal is judged.
+    expect(controlError(signals({ tpotTargetMs: Number.POSITIVE_INFINITY }), sp)).toBeCloseTo(0.4, 9);
+  });
+});
+
+describe('nextLimit', () => {
+  it('above the setpoint: steps down from the running batch by the error, at most halving', () => {
+    // e = 1.25: 200 running → 160.
+    expect(nextLimit(300, 200, signals({ meanItlMs: 50 }), sp, bounds).limit).toBeCloseTo(160, 9);
+    // e = 4: halved, not quartered.
+    expect(nextLimit(300, 200, signals({ meanItlMs: 160 }), sp, bounds).limit).toBeCloseTo(100, 9);
+    // Never up on a decrease, even if the batch is above the limit already.
+    expect(nextLimit(100, 200, signals({ meanItlMs: 45 }), sp, bounds).limit).toBe(100);
+  });
+
+  it('the same evidence seen again asks for the same limit (decreases do not compound while draining)', () => {
+    const first = nextLimit(300, 200, signals({ meanItlMs: 50 }), sp, bounds).limit;
+    const second = nextLimit(first, 200, signals({ meanItlMs: 50 }), sp, bounds).limit;
+    expect(second).toBe(first);
+  });
+
+  it('below the setpoint and binding: grows by 1/√e, at most 1.5×, at least +1', () => {
+    // e = 0.25 → ×2 capped at ×1.5.
+    expect(nextLimit(100, 100, signals({ meanItlMs: 10, ttftQueueShare: 0 }), sp, bounds).limit).toBe(150);
+    // e = 0.81 → ×1/0.9.
+    const e081 = nextLimit(100, 100, signals({ meanItlMs: 32.4, ttftQueueShare: 0 }), sp, bounds).limit;
+    expect(e081).toBeCloseTo(100 / 0.9, 6);
+    // Right at the setpoint: the +1 floor.
+    expect(nextLimit(100, 100, signals({ meanItlMs: 40, ttftQueueShare: 0 }), sp, bounds).limit).toBe(101);
+  });
+
+  it('does not grow a limit nobody presses against, and holds without a signal', () => {
+    expect(nextLimit(100, 30, signals({ meanItlMs: 10, binding: false }), sp, bounds).limit).toBe(100);
+    expect(nextLimit(100, 100, signals({ meanItlMs: null, ttftQueueShare: null }), sp, bounds)).toEqual({
+      limit: 100,
+      error: null,
+    });
+  });
+
+  it('stays within [min, max]', () => {
+    expect(nextLimit(5, 5, signals({ meanItlMs: 200 }), sp, bounds).limit).toBe(4);
+    expect(nextLimit(500, 500, signals({ meanItlMs: 1 }), sp, bounds).limit).toBe(512);
+  });
+
+  it('converges without overshoot on a backend whose token gap is a + b·batch', () => {
+    // TPOT setpoint 0.8 × 50 = 40 ms; gap = 6 + 0.1·B reaches it at B = 340.
+    let limit = 16;
+    const seen: number[] = [];
+    for (let period = 0; period < 60; period++) {
+      const batch = limit; // demand is unlimited: the backend runs at its limit
+      const step = nextLimit(
+        limit,
+        batch,
+        signals({ meanItlMs: 6 + 0.1 * batch, ttftQueueShare: 0 }),
+        sp,
+        bounds,
+      );
+      limit = step.limit;
+      seen.push(limit);
+    }
+    expect(Math.max(...seen)).toBeLessThanOrEqual(345);
+    expect(limit).toBeGreaterThan(330);
+    // From 16 it gets within 10% of the setpoint in a few periods (1.5× a period from far below).
+    expect(seen.findIndex((l) => l > 306)).toBeLessThan(12);
+  });
+});
+
+describe('nextTpotShare (outer loop)', () => {
+  it('moves the share toward a P99 at 95% of the target, slowly and within its bounds', () => {
+    expect(nextTpotShare(0.8, 0.95)).toBeCloseTo(0.8, 9);
+    expect(nextTpotShare(0.8, 1.9)).toBeCloseTo(0.8 * (1 + 0.1 * (1 - 2)), 9);
+    expect(nextTpotShare(0.8, 0.475)).toBeCloseTo(0.8 * 1.05, 9);
+    expect(nextTpotShare(0.61, 10)).toBe(TPOT_SHARE_BOUNDS.min);
+    expect(nextTpotShare(0.99, 0.1)).toBe(TPOT_SHARE_BOUNDS.max);
+  });
+});
+
+describe('quantile', () => {
+  it('is the nearest rank', () => {
+    expect(quantile([5, 1, 4, 2, 3], 0.5)).toBe(3);
+    expect(quantile([5, 1, 4, 2, 3], 0.9)).toBe(5);
+    expect(quantile([7], 0.99)).toBe(7);
+  });
+});

@@ -1,0 +1,173 @@
+// The order requests leave the gateway's queue (src/scheduler/queue.ts).
+import { describe, expect, it } from 'vitest';
+import { FifoQueue, type QueueEntry, SlagateQueue } from '../../src/scheduler/queue.ts';
+import type { ScheduledRequest } from '../../src/scheduler/types.ts';
+
+const AGING = 1000;
+
+function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
+  return {
+    reqId: over.reqId ?? 'r',
+    className: 'interactive',
+    priority: 0,
+    sheddable: false,
+    tenant: 'anonymous',
+    arrivedAt: 0,
+    ttftTargetMs: 500,
+    tpotTargetMs: 50,
+    deadlineAt: 60_000,
+    uncachedTokens: 100,
+    promptTokens: 100,
+    expectedOutputTokens: 100,
+    streamedUpstream: true,
+    noQueue: false,
+    route: { reqId: 'r', promptTokensEst: 100 },
+    predictions: new Map(),
+    prefillMs: 10,
+    bestBackendMs: 50,
+    ...over,
+  };
+}
+
+function entry(q: SlagateQueue | FifoQueue, at: number, over: Partial<ScheduledRequest>): QueueEntry {
+  const r = req(over);
+  const e: QueueEntry = { req: r, queuedAt: at, key: q.keyFor(r, at), state: 'queued' };
+  q.push(e);
+  return e;
+}
+
+function drain(q: SlagateQueue | FifoQueue): string[] {
+  const out: string[] = [];
+  for (let e = q.pop(); e !== undefined; e = q.pop()) out.push(e.req.reqId);
+  return out;
+}
+
+describe('SlagateQueue', () => {
+  it('orders by class priority, then by predicted prefill among requests that arrived together', () => {
+    const q = new SlagateQueue(() => AGING);
+    entry(q, 0, { reqId: 'batch-short', priority: 2, prefillMs: 1 });
+    entry(q, 0, { reqId: 'long', prefillMs: 120 });
+    entry(q, 0, { reqId: 'short', prefillMs: 5 });
+    entry(q, 0, { reqId: 'medium', prefillMs: 40 });
+    expect(drain(q)).toEqual(['short', 'medium', 'long', 'batch-short']);
+  });
+
+  it('waiting is aging: a request is overtaken only by arrivals within its window', () => {
+    const q = new SlagateQueue(() => AGING);
+    // A long prompt (prefill 120 ms, slack 500 − 50 = 450 → size term min(120, 225) = 120 ms).
+    entry(q, 0, { reqId: 'long', prefillMs: 120 });
+    // Shorts arriving inside its window (< 120 − their own 5 ms) overtake it; later ones do not.
+    entry(q, 100, { reqId: 'short-at-100', prefillMs: 5 });
+    entry(q, 116, { reqId: 'short-at-116', prefillMs: 5 });
+    entry(q, 200, { reqId: 'short-at-200', prefillMs: 5 });
+    expect(drain(q)).toEqual(['short-at-100', 'long', 'short-at-116', 'short-at-200']);
+  });
+
+  it('a lower class catches up after aging_ms × the priority difference', () => {
+    const q = new SlagateQueue(() => AGING);
+    entry(q, 0, { reqId: 'batch', priority: 2, prefillMs: 0 });
+    entry(q, 1999, { reqId: 'interactive-early', prefillMs: 0 });
+    entry(q, 2001, { reqId: 'interactive-late', prefillMs: 0 });
+    expect(drain(q)).toEqual(['interactive-early', 'batch', 'interactive-late']);
+  });
+
+  it('size never costs a request more than half its slack', () => {
+    const q = new SlagateQueue(() => AGING);
+    // Slack 500 − 300 = 200: the size term is capped at 100 though its prefill is 250.
+    const e = entry(q, 0, { reqId: 'x', prefillMs: 250, bestBackendMs: 300 });
+    expect(e.key).toBe(100);
+    // No prediction at all: no size term.
+    expect(entry(q, 0, { reqId: 'y', prefillMs: null, bestBackendMs: null }).key).toBe(0);
+  });
+
+  it('between tenants of a class: the least-served tenant goes next, whatever the other queued', () => {
+    const q = new SlagateQueue(() => AGING);
+    // Tenant A bursts 6 requests; B queues 2, later and larger.
+    for (let i = 0; i < 6; i++)
+      entry(q, i, { reqId: `a${i}`, tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
+    entry(q, 10, { reqId: 'b0', tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0, prefillMs: 50 });
+    entry(q, 11, { reqId: 'b1', tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0, prefillMs: 50 });
+    // Equal work each: they take turns, so B's two requests do not wait behind A's burst.
+    expect(drain(q)).toEqual(['a0', 'b0', 'a1', 'b1', 'a2', 'a3', 'a4', 'a5']);
+  });
+
+  it("fairness is by work, not request count: a tenant's large requests use its share faster", () => {
+    const q = new SlagateQueue(() => AGING);
+    for (let i = 0; i < 4; i++)
+      entry(q, i, { reqId: `big${i}`, tenant: 'big', uncachedTokens: 300, expectedOutputTokens: 0 });
+    for (let i = 0; i < 6; i++)
+      entry(q, i, { reqId: `small${i}`, tenant: 'small', uncachedTokens: 100, expectedOutputTokens: 0 });
+    const order = drain(q);
+    // By the time big has had 2 requests (600 tokens), small has had its first 6 (600 tokens).
+    expect(order.indexOf('small5')).toBeLessThan(order.indexOf('big2'));
+  });
+
+  it('a tenant back from idle banks no credit: its counter is lifted to the waiting ones', () => {
+    const q = new SlagateQueue(() => AGING);
+    for (let i = 0; i < 3; i++)
+      entry(q, i, { reqId: `a${i}`, tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
+    entry(q, 0, { reqId: 'b0', tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0 });
+    expect(drain(q)).toEqual(['a0', 'b0', 'a1', 'a2']);
+    // A was served 300 tokens, B 100; B is idle now, then returns with four requests while A
+    // queues more: without the lift, B would be owed 200 tokens and go twice in a row.
+    for (let i = 3; i < 6; i++)
+      entry(q, 100 + i, { reqId: `a${i}`, tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
+    for (let i = 1; i < 4; i++)
+      entry(q, 200 + i, { reqId: `b${i}`, tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0 });
+    const order = drain(q);
+    expect(order.slice(0, 2).sort()).toEqual(['a3', 'b1']);
+  });
+
+  it('removed entries never leave; depth and size follow; the worst sheddable entry is found', () => {
+    const q = new SlagateQueue(() => AGING);
+    const a = entry(q, 0, { reqId: 'a' });
+    entry(q, 1, { reqId: 'b', className: 'batch', priority: 2, sheddable: true });
+    const c = entry(q, 2, { reqId: 'c', className: 'batch', priority: 2, sheddable: true, prefillMs: 100 });
+    expect(q.depthByClass()).toEqual(
+      new Map([
+        ['interactive', 1],
+        ['batch', 2],
+      ]),
+    );
+    expect(q.worstSheddable()).toBe(c);
+    q.remove(a);
+    expect(q.size).toBe(2);
+    expect(q.depthByClass().get('interactive')).toBe(0);
+    expect(drain(q)).toEqual(['b', 'c']);
+  });
+
+  it('many removals below the top are compacted away', () => {
+    const q = new SlagateQueue(() => AGING);
+    const keep = entry(q, 0, { reqId: 'keep', prefillMs: 0 });
+    const gone = Array.from({ length: 500 }, (_, i) => entry(q, 1 + i, { reqId: `g${i}` }));
+    for (const g of gone) q.remove(g);
+    expect(q.size).toBe(1);
+    expect(q.pop()).toBe(keep);
+    expect(q.pop()).toBeUndefined();
+  });
+
+  it('estimates how many queued entries would leave first', () => {
+    const q = new SlagateQueue(() => AGING);
+    for (let i = 0; i < 3; i++)
+      entry(q, 0, { reqId: `hi${i}`, className: 'urgent', priority: 0, prefillMs: 1 });
+    for (let i = 0; i < 4; i++) entry(q, 0, { reqId: `me${i}`, priority: 1, prefillMs: 10 });
+    for (let i = 0; i < 5; i++)
+      entry(q, 0, { reqId: `other${i}`, priority: 1, tenant: 'other', prefillMs: 10 });
+    const probe = req({ priority: 1, prefillMs: 20 });
+    // 3 of a more urgent class, my 4 smaller keys, and the other tenant's turns: min(5, 4 + 1).
+    expect(q.aheadOf(probe, q.keyFor(probe, 0))).toBe(3 + 4 + 5);
+  });
+});
+
+describe('FifoQueue', () => {
+  it('is arrival order whatever the class or size', () => {
+    const q = new FifoQueue();
+    entry(q, 0, { reqId: 'first', priority: 2, prefillMs: 500 });
+    entry(q, 1, { reqId: 'second', prefillMs: 1 });
+    const third = entry(q, 2, { reqId: 'third' });
+    q.remove(third);
+    expect(q.size).toBe(2);
+    expect(q.aheadOf()).toBe(2);
+    expect(drain(q)).toEqual(['first', 'second']);
+  });
+});

@@ -1,0 +1,310 @@
+// Late dispatch, the queue guard and the refusals of the scheduler (src/scheduler/scheduler.ts),
+// against a real memory live state and a real backend set (no request is ever sent: a slot is a
+// lease, and what happens on the wire is the upstream layer's).
+import { afterEach, describe, expect, it } from 'vitest';
+import { leastLoaded } from '../../src/router/policies/least-loaded.ts';
+import { Scheduler, type SchedulerSettings } from '../../src/scheduler/scheduler.ts';
+import type { ScheduledRequest } from '../../src/scheduler/types.ts';
+import { createLiveState, type LiveState } from '../../src/state/index.ts';
+import { BackendSet } from '../../src/upstream/backends.ts';
+import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
+import type { Slot } from '../../src/upstream/slot.ts';
+
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+function settings(over: Partial<SchedulerSettings> = {}): SchedulerSettings {
+  return {
+    policy: 'slagate',
+    maxQueue: 100,
+    agingMs: 1000,
+    concurrency: {
+      min: 1,
+      max: 64,
+      initial: 2,
+      prefillTokens: 0,
+      intervalMs: 60_000,
+      outerPeriods: 10,
+      ttftShare: 0.25,
+      tpotShare: 0.85,
+    },
+    firstTokenTimeoutFactor: 4,
+    firstTokenTimeoutMaxMs: 60_000,
+    ...over,
+  };
+}
+
+function setup(names: string[], s: SchedulerSettings = settings()) {
+  const backends = new BackendSet(
+    { ...DEFAULT_BACKEND_SET_OPTIONS, health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 0 } },
+    names.map((name, i) => ({ name, url: `http://127.0.0.1:${9 + i}` })),
+  );
+  const live: LiveState = createLiveState(
+    { store: 'memory' },
+    { backends: names.map((name) => ({ name, url: 'http://127.0.0.1:9' })), scrape: false },
+  );
+  const refused: string[] = [];
+  let current = s;
+  const scheduler = new Scheduler({
+    backends: () => backends.list(),
+    live,
+    router: () => leastLoaded(() => 0.5),
+    settings: () => current,
+    onRefused: (req, err) => refused.push(`${req.reqId}:${err.code}`),
+  });
+  cleanups.push(
+    () => backends.close(),
+    () => live.close(),
+    () => scheduler.close(),
+  );
+  return { backends, live, scheduler, refused, set: (next: SchedulerSettings) => (current = next) };
+}
+
+let n = 0;
+function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
+  const id = over.reqId ?? `r${n++}`;
+  return {
+    reqId: id,
+    className: 'interactive',
+    priority: 0,
+    sheddable: false,
+    tenant: 'anonymous',
+    arrivedAt: performance.now(),
+    ttftTargetMs: 60_000,
+    tpotTargetMs: 50,
+    deadlineAt: performance.now() + 60_000,
+    uncachedTokens: 100,
+    promptTokens: 100,
+    expectedOutputTokens: 10,
+    streamedUpstream: true,
+    noQueue: false,
+    route: { reqId: id, promptTokensEst: 100 },
+    predictions: new Map(),
+    prefillMs: null,
+    bestBackendMs: null,
+    ...over,
+  };
+}
+
+const first = (signal = new AbortController().signal) => ({
+  attempt: 0,
+  excluded: new Set<string>(),
+  signal,
+});
+
+/** Settles within the current turn of the event loop, or reports it is still waiting. */
+async function state(p: Promise<Slot | null>): Promise<Slot | null | 'waiting' | { error: unknown }> {
+  const waiting = Symbol('waiting');
+  const r = await Promise.race([
+    p.then(
+      (v) => v,
+      (error: unknown) => ({ error }),
+    ),
+    new Promise<typeof waiting>((resolve) => setImmediate(() => resolve(waiting))),
+  ]);
+  return r === waiting ? 'waiting' : r;
+}
+
+describe('late dispatch', () => {
+  it('grants up to each backend limit, queues the rest, and grants again when a slot is released', async () => {
+    const { scheduler, live } = setup(['a', 'b']);
+    const slots = await Promise.all([1, 2, 3, 4].map(() => scheduler.ticket(req()).acquire(first())));
+    // Two per backend (the limit is `initial`), spread by the router.
+    expect(slots.map((s) => s!.backend.name).sort()).toEqual(['a', 'a', 'b', 'b']);
+    expect(live.load('a') + live.load('b')).toBe(4);
+    const fifth = scheduler.ticket(req({ reqId: 'fifth' })).acquire(first());
+    expect(await state(fifth)).toBe('waiting');
+    expect(scheduler.view()).toMatchObject({ queued: 1 });
+    slots[0]!.release();
+    const granted = await fifth;
+    expect(granted!.backend.name).toBe(slots[0]!.backend.name);
+    // Released twice is released once: the lease subtracts exactly what it added.
+    slots[0]!.release();
+    expect(live.load('a') + live.load('b')).toBe(4);
+  });
+
+  it('a retry never goes back to a backend it tried, and is served before fresh requests', async () => {
+    const { scheduler } = setup(
+      ['a', 'b'],
+      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
+    );
+    const sa = await scheduler.ticket(req()).acquire(first());
+    const sb = await scheduler.ticket(req()).acquire(first());
+    const fresh = scheduler.ticket(req({ reqId: 'fresh' })).acquire(first());
+    const retry = scheduler
+      .ticket(req({ reqId: 'retry' }))
+      .acquire({ attempt: 1, excluded: new Set(['a']), signal: new AbortController().signal });
+    // a frees first: the retry may not use it, so the fresh request gets it.
+    const freed = sa!.backend.name === 'a' ? sa! : sb!;
+    const other = freed === sa ? sb! : sa!;
+    freed.release();
+    expect((await fresh)!.backend.name).toBe('a');
+    expect(await state(retry)).toBe('waiting');
+    // b frees: the retry takes it, although it was queued after `fresh`'s successors would be.
+    const later = scheduler.ticket(req({ reqId: 'later' })).acquire(first());
+    other.release();
+    expect((await retry)!.backend.name).toBe('b');
+    expect(await state(later)).toBe('waiting');
+  });
+
+  it('a retry that has no backend left gets null at once; a fresh request with no available backend too', async () => {
+    const { scheduler, backends } = setup(['a']);
+    const none = await scheduler
+      .ticket(req())
+      .acquire({ attempt: 1, excluded: new Set(['a']), signal: new AbortController().signal });
+    expect(none).toBeNull();
+    backends.get('a')!.breaker.open();
+    expect(await scheduler.ticket(req()).acquire(first())).toBeNull();
+  });
+
+  it('a request whose client leaves while queued is out of the queue at once and never granted', async () => {
+    const { scheduler } = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
+    const held = await scheduler.ticket(req()).acquire(first());
+    const ac = new AbortController();
+    const gone = scheduler.ticket(req({ reqId: 'gone' })).acquire(first(ac.signal));
+    const next = scheduler.ticket(req({ reqId: 'next' })).acquire(first());
+    expect(scheduler.view().queued).toBe(2);
+    ac.abort(new Error('client went away'));
+    expect(await state(gone)).toMatchObject({ error: new Error('client went away') });
+    expect(scheduler.view().queued).toBe(1);
+    held!.release();
+    expect((await next)!.backend.name).toBe('a');
+  });
+
+  it('with a prefill cap, the next request waits until the backend has prefill room (strict order)', async () => {
+    const s = settings({ concurrency: { ...settings().concurrency, initial: 8, prefillTokens: 1000 } });
+    const { scheduler, live } = setup(['a'], s);
+    const big = await scheduler.ticket(req({ uncachedTokens: 800, promptTokens: 800 })).acquire(first());
+    // 800 pending + 300 > 1000: waits, and the small one behind it waits too.
+    const second = scheduler
+      .ticket(req({ reqId: 'second', uncachedTokens: 300, promptTokens: 300 }))
+      .acquire(first());
+    const small = scheduler
+      .ticket(req({ reqId: 'small', uncachedTokens: 10, promptTokens: 10 }))
+      .acquire(first());
+    expect(await state(second)).toBe('waiting');
+    expect(await state(small)).toBe('waiting');
+    expect(live.inflight('a').pendingPrefillTokens).toBe(800);
+    // The first token of the big one: its prefill no longer waits, and both go.
+    big!.prefillDone();
+    const [s2, s3] = [(await second)!, (await small)!];
+    expect([s2.backend.name, s3.backend.name]).toEqual(['a', 'a']);
+    // A prompt larger than the cap still goes, once nothing else is pending on the backend.
+    const huge = scheduler.ticket(req({ reqId: 'huge', uncachedTokens: 5000 })).acquire(first());
+    expect(await state(huge)).toBe('waiting');
+    s2.prefillDone();
+    s3.prefillDone();
+    expect((await huge)!.backend.name).toBe('a');
+  });
+});
+
+describe('refusals while waiting', () => {
+  it('queue full: a protected request evicts the worst sheddable one; a sheddable one is refused', async () => {
+    const s = settings({ maxQueue: 2, concurrency: { ...settings().concurrency, initial: 1 } });
+    const { scheduler, refused } = setup(['a'], s);
+    await scheduler.ticket(req()).acquire(first());
+    const batch = scheduler
+      .ticket(req({ reqId: 'batch', className: 'batch', priority: 2, sheddable: true }))
+      .acquire(first());
+    const queued = scheduler.ticket(req({ reqId: 'queued' })).acquire(first());
+    // Full (2 waiting): another sheddable request is refused at once.
+    const more = await state(
+      scheduler
+        .ticket(req({ reqId: 'more', className: 'batch', priority: 2, sheddable: true }))
+        .acquire(first()),
+    );
+    expect(more).toMatchObject({ error: { code: 'queue_full', status: 429 } });
+    // A protected one takes the sheddable one's place.
+    const protectedReq = scheduler.ticket(req({ reqId: 'protected' })).acquire(first());
+    expect(await state(batch)).toMatchObject({ error: { code: 'queue_full' } });
+    expect(await state(protectedReq)).toBe('waiting');
+    expect(await state(queued)).toBe('waiting');
+    expect(refused).toEqual(['more:queue_full', 'batch:queue_full']);
+    // Now full of protected requests: the next protected one is refused.
+    expect(await state(scheduler.ticket(req({ reqId: 'late' })).acquire(first()))).toMatchObject({
+      error: { code: 'queue_full', retryAfterS: 1 },
+    });
+  });
+
+  it('x-slagate-no-queue (and max_queue 0) refuse what cannot be dispatched at once', async () => {
+    const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
+    const { scheduler, set } = setup(['a'], s);
+    expect(await scheduler.ticket(req({ noQueue: true })).acquire(first())).not.toBeNull();
+    expect(await state(scheduler.ticket(req({ noQueue: true })).acquire(first()))).toMatchObject({
+      error: { code: 'queue_full', message: expect.stringContaining('x-slagate-no-queue') },
+    });
+    set(settings({ maxQueue: 0, concurrency: { ...s.concurrency } }));
+    expect(await state(scheduler.ticket(req()).acquire(first()))).toMatchObject({
+      error: { code: 'queue_full', message: expect.stringContaining('max_queue is 0') },
+    });
+    expect(scheduler.view().queued).toBe(0);
+  });
+
+  it('a request still queued at its latest start is refused queue_timeout, not served late', async () => {
+    const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
+    const { scheduler } = setup(['a'], s);
+    const held = await scheduler.ticket(req()).acquire(first());
+    const t0 = performance.now();
+    // Target 300 ms, predicted 100 ms to first token once dispatched: it must start within 200 ms.
+    const late = scheduler
+      .ticket(req({ reqId: 'late', arrivedAt: t0, ttftTargetMs: 300, bestBackendMs: 100 }))
+      .acquire(first());
+    const result = await late.then(
+      () => 'granted',
+      (e: { code: string }) => e.code,
+    );
+    const waited = performance.now() - t0;
+    expect(result).toBe('queue_timeout');
+    expect(waited).toBeGreaterThanOrEqual(195);
+    expect(waited).toBeLessThan(400);
+    expect(scheduler.view().queued).toBe(0);
+    held!.release();
+  });
+
+  it('a retry still queued at the request deadline gets null (the attempt loop then gives up)', async () => {
+    const { scheduler } = setup(
+      ['a', 'b'],
+      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
+    );
+    await scheduler.ticket(req()).acquire(first());
+    await scheduler.ticket(req()).acquire(first());
+    const retry = scheduler
+      .ticket(req({ deadlineAt: performance.now() + 100 }))
+      .acquire({ attempt: 1, excluded: new Set(['a']), signal: new AbortController().signal });
+    expect(await retry).toBeNull();
+  });
+});
+
+describe('the control loop and the estimates', () => {
+  it('grows a binding limit while the backend decodes fast, and feeds the limit view', async () => {
+    const s = settings({ concurrency: { ...settings().concurrency, initial: 2, intervalMs: 50 } });
+    const { scheduler } = setup(['a'], s);
+    const slots = await Promise.all([1, 2].map(() => scheduler.ticket(req()).acquire(first())));
+    // Demand waits behind the limit; the running streams report 10 ms gaps (target 50 ms).
+    const waiting = [1, 2, 3].map(() => scheduler.ticket(req()).acquire(first()));
+    const feed = setInterval(() => {
+      const m = slots[0]!.meter!;
+      m.gaps += 20;
+      m.gapMs += 200;
+    }, 10);
+    try {
+      const granted = await Promise.all(waiting);
+      expect(granted.every((g) => g !== null)).toBe(true);
+      expect(scheduler.limit('a')).toBeGreaterThanOrEqual(5);
+      expect(scheduler.view().backends[0]).toMatchObject({ name: 'a', inflight: 5 });
+    } finally {
+      clearInterval(feed);
+    }
+  });
+
+  it('estimates no wait when a backend has room, and none it cannot measure', async () => {
+    const { scheduler } = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
+    expect(scheduler.estimateWaitMs(req())).toBe(0);
+    await scheduler.ticket(req()).acquire(first());
+    // Full, and no slot has been released yet: the drain rate is unknown, so is the wait.
+    expect(scheduler.estimateWaitMs(req())).toBeNull();
+    expect(scheduler.drainMs()).toBeNull();
+  });
+});
