@@ -17,11 +17,11 @@
 // and the two paths run at once, so they see the same machine. (Back-to-back runs on one replica
 // were no use: at 32 streams its median TTFT moves by ±7 ms between identical runs.)
 
-import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { startChildFleet, startChildGateway } from '../src/bench/processes.ts';
 import { type BenchResult, runBench } from '../src/bench/run.ts';
+import { spawnFixedBackend } from './lib/spawn-fixed-backend.ts';
 
 const { values } = parseArgs({
   options: {
@@ -79,22 +79,8 @@ const fixedRows = [
   '|---|---|---|---|---|---|---|',
 ];
 {
-  const backend = spawn(
-    process.execPath,
-    [
-      '--import',
-      'tsx',
-      new URL('./lib/fixed-backend.ts', import.meta.url).pathname,
-      '--ttft-ms',
-      '20',
-      '--itl-ms',
-      '10',
-    ],
-    { stdio: ['ignore', 'pipe', 'inherit'] },
-  );
-  const url = await new Promise<string>((resolve) =>
-    backend.stdout!.once('data', (d) => resolve(String(d).trim())),
-  );
+  const backend = await spawnFixedBackend(20, 10);
+  const url = backend.url;
   const gw = await startChildGateway(gatewayYaml([url]));
   const admissionLines = () => readFileSync(`${gw.dir}/admission.log`, 'utf8').split('\n').filter(Boolean);
   try {
@@ -133,7 +119,7 @@ const fixedRows = [
     }
   } finally {
     await gw.stop();
-    backend.kill('SIGTERM');
+    backend.stop();
   }
 }
 

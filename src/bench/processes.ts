@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { request } from 'undici';
-import { startFleetProcess } from '../sim/fleet-process.ts';
+import { startFleetProcess, stopProcess } from '../sim/fleet-process.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
 const START_TIMEOUT_MS = 30_000;
@@ -19,17 +19,9 @@ const STOP_TIMEOUT_MS = 30_000;
 /** Output kept from a child for error messages (the tail). */
 const OUTPUT_LIMIT = 8 * 1024;
 
-/** SIGTERM, then resolves when the process has exited (at once if it already has); SIGKILL after `killAfterMs`. */
+/** SIGTERM, then the exit; SIGKILL if it has not exited after `killAfterMs` (a benchmark's drain can be long). */
 export function stopChild(child: ChildProcess, killAfterMs = STOP_TIMEOUT_MS): Promise<void> {
-  return new Promise<void>((resolve) => {
-    if (child.exitCode !== null || child.signalCode !== null) return resolve();
-    const timer = setTimeout(() => child.kill('SIGKILL'), killAfterMs);
-    child.once('exit', () => {
-      clearTimeout(timer);
-      resolve();
-    });
-    child.kill('SIGTERM');
-  });
+  return stopProcess(child, killAfterMs);
 }
 
 /**

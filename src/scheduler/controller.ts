@@ -43,8 +43,13 @@
 
 // Outer loop, every `outer_periods` periods: the inner loop holds a mean, while the target is on
 // the P99 of per-request TPOT. tpot_share is servoed so that the measured P99 TPOT of the
-// requests the backend completed in that time sits at 95% of the target:
+// requests the backend completed over the last four outer periods (at least 50) sits at 95% of
+// the target:
 //   tpot_share ← clamp(tpot_share × (1 + 0.1·(1 − p99 / (0.95 × target))), 0.6, 1)
+// A step down is always taken; a step up only when the backend spent at least half the outer
+// period at its limit with e ≥ 0.8. A request completes a whole output after its decode began, so
+// while load ramps up the completions report the lighter batches before it: raising the share on
+// that evidence let the batch outgrow its target (TPOT misses at 1.25× capacity).
 // Slow (a tenth of the error per step, every few seconds) against the inner loop's quarter
 // second, so the two do not fight, and bounded below, so that a transient (a burst, a slow
 // backend) cannot wind it down to where the limit starves the backend. There is no outer loop on TTFT: a lower limit moves waiting from the

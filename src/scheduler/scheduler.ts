@@ -100,7 +100,15 @@ const MIN_FIRST_TOKENS = 8;
  * make them compound.
  */
 const SIGNAL_PERIODS = 4;
-const MIN_OUTER_SAMPLES = 20;
+/** Completed requests the outer loop needs in its window before it moves tpot_share. */
+const MIN_OUTER_SAMPLES = 50;
+/** Outer periods the TPOT window spans: a P99 of one period's completions is too noisy. */
+const OUTER_WINDOW = 4;
+/**
+ * A period counts as TPOT-bound when the backend was at its limit with an error of at least this:
+ * only then does the measured TPOT say anything about what a higher share would cost.
+ */
+const TPOT_BOUND_ERROR = 0.8;
 const SAMPLE_CAP = 4096;
 /** Smoothing of the release rate, per control period. */
 const RATE_ALPHA = 0.3;
@@ -121,7 +129,10 @@ interface Control {
   firstTokens: { waitMs: number; targetMs: number }[][];
   /** The last period's mean token gap, for periods with too few gaps of their own. */
   lastItlMs: number | null;
-  tpotRatios: number[];
+  /** TPOT ÷ target of completed requests, one array per outer period (the newest last). */
+  tpotRatios: number[][];
+  /** Inner periods of the current outer period in which the backend was bound by its limit near the setpoint. */
+  boundPeriods: number;
   /** TPOT targets of the slots held on the backend now, with their counts (the tightest is controlled). */
   readonly targets: Map<number, number>;
   blocked: boolean;
@@ -460,8 +471,8 @@ export class Scheduler {
   /** A finished request's TPOT, for the outer loop of the backend that served it. */
   observeTpot(backend: string, tpotMs: number, targetMs: number): void {
     const c = this.#controls.get(backend);
-    if (c !== undefined && c.tpotRatios.length < SAMPLE_CAP && targetMs > 0)
-      c.tpotRatios.push(tpotMs / targetMs);
+    const period = c?.tpotRatios.at(-1);
+    if (period !== undefined && period.length < SAMPLE_CAP && targetMs > 0) period.push(tpotMs / targetMs);
   }
 
   #dropRetry(w: Waiting): void {
@@ -551,6 +562,7 @@ export class Scheduler {
         const recent = c.firstTokens.flat().map((f) => Math.max(0, f.waitMs - steps) / f.targetMs);
         const ttftQueueShare = recent.length >= MIN_FIRST_TOKENS ? quantile(recent, 0.9) : null;
         const setpoints: Setpoints = { tpotShare: c.tpotShare, ttftShare: cc.ttftShare };
+        const binding = c.blocked || inflight >= Math.floor(c.limit);
         const step = nextLimit(
           c.limit,
           inflight,
@@ -558,19 +570,15 @@ export class Scheduler {
             meanItlMs,
             tpotTargetMs: tightest(c.targets),
             ttftQueueShare,
-            binding: c.blocked || inflight >= Math.floor(c.limit),
+            binding,
           },
           setpoints,
           cc,
         );
         c.limit = step.limit;
         c.error = step.error;
-        if (++c.periods >= cc.outerPeriods) {
-          c.periods = 0;
-          if (c.tpotRatios.length >= MIN_OUTER_SAMPLES)
-            c.tpotShare = nextTpotShare(c.tpotShare, quantile(c.tpotRatios, 0.99));
-          c.tpotRatios = [];
-        }
+        if (binding && step.error !== null && step.error >= TPOT_BOUND_ERROR) c.boundPeriods++;
+        if (++c.periods >= cc.outerPeriods) this.#outerStep(c);
       }
       c.meter.gaps = 0;
       c.meter.gapMs = 0;
@@ -582,6 +590,26 @@ export class Scheduler {
     for (const name of this.#controls.keys()) if (!names.has(name)) this.#controls.delete(name);
     // A limit may have grown, and queued entries may be waiting for exactly that.
     this.pump();
+  }
+
+  /**
+   * The outer loop: tpot_share moves toward the share at which the P99 TPOT of the requests the
+   * backend completed sits at the outer target. Invariant: the share rises only when the backend
+   * spent most of the outer period bound by its limit near the setpoint. Completions lag their
+   * decode by a whole output, so while load ramps up they report the lighter batches before it;
+   * a share raised on that evidence would let the batch grow past its TPOT target.
+   */
+  #outerStep(c: Control): void {
+    const period = this.#deps.settings().concurrency.outerPeriods;
+    const ratios = c.tpotRatios.flat();
+    if (ratios.length >= MIN_OUTER_SAMPLES) {
+      const next = nextTpotShare(c.tpotShare, quantile(ratios, 0.99));
+      if (next < c.tpotShare || 2 * c.boundPeriods >= period) c.tpotShare = next;
+    }
+    c.periods = 0;
+    c.boundPeriods = 0;
+    c.tpotRatios.push([]);
+    if (c.tpotRatios.length > OUTER_WINDOW) c.tpotRatios.shift();
   }
 
   // ---- helpers ----
@@ -597,7 +625,8 @@ export class Scheduler {
         gaps: [],
         firstTokens: [[]],
         lastItlMs: null,
-        tpotRatios: [],
+        tpotRatios: [[]],
+        boundPeriods: 0,
         targets: new Map(),
         blocked: false,
         error: null,

@@ -90,14 +90,15 @@ export async function startFleetProcess(opts: FleetProcessOptions): Promise<Flee
     urls: ready.urls,
     adminUrl: ready.adminUrl,
     pid: child.pid ?? -1,
-    close: () => stop(child),
+    close: () => stopProcess(child),
   };
 }
 
-function stop(child: ChildProcess): Promise<void> {
+/** SIGTERM, then resolves when the process has exited (at once if it already has); SIGKILL after `killAfterMs`. */
+export function stopProcess(child: ChildProcess, killAfterMs = STOP_TIMEOUT_MS): Promise<void> {
   return new Promise<void>((resolve) => {
     if (child.exitCode !== null || child.signalCode !== null) return resolve();
-    const timer = setTimeout(() => child.kill('SIGKILL'), STOP_TIMEOUT_MS);
+    const timer = setTimeout(() => child.kill('SIGKILL'), killAfterMs);
     child.once('exit', () => {
       clearTimeout(timer);
       resolve();

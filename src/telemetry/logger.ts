@@ -78,7 +78,8 @@ export function createLogger(opts: LoggerOptions): Logger {
   const logger = pino({ level: opts.level, redact }, dest);
   let closed = false;
   // After close() there is nothing left to flush (and sonic-boom throws on a closed destination).
-  const flush = () => (closed ? Promise.resolve() : ready.then(() => flushDestination(dest)));
+  const flushes = serialFlushes(() => flushDestination(dest));
+  const flush = () => (closed ? Promise.resolve() : ready.then(flushes));
   const close = async () => {
     if (closed) return;
     await flush();
@@ -89,6 +90,33 @@ export function createLogger(opts: LoggerOptions): Logger {
     });
   };
   return { logger, flush, close };
+}
+
+/**
+ * One flush at a time, and at most one more queued behind it that every later caller shares: that
+ * one starts after the call, so it covers every line logged before the call. Each sonic-boom
+ * flush adds listeners until it completes; callers flushing per request must not pile them up.
+ */
+function serialFlushes(run: () => Promise<void>): () => Promise<void> {
+  let running: Promise<void> | null = null;
+  let queued: Promise<void> | null = null;
+  const next = (): Promise<void> => {
+    if (running === null) {
+      running = run().finally(() => {
+        running = null;
+      });
+      return running;
+    }
+    if (queued === null) {
+      const again = (): Promise<void> => {
+        queued = null;
+        return next();
+      };
+      queued = running.then(again, again);
+    }
+    return queued;
+  };
+  return next;
 }
 
 /**

@@ -385,7 +385,23 @@ export class Attempt implements Dispatcher.DispatchHandler {
   #closeClient(last?: Buffer): void {
     this.#phase = 'closing';
     this.#endedAt = performance.now();
-    this.spec.res.end(last);
+    const { res } = this.spec;
+    res.end(last);
+    // Invariant: nothing more is written to the client, so the upstream is never held paused for
+    // it. An ended response emits no 'drain', so a pause taken on the last write would otherwise
+    // hold the upstream (and its slot) until the stall timeout and report the client as stalled.
+    if (this.#stallTimer === null) return;
+    clearTimeout(this.#stallTimer);
+    this.#stallTimer = null;
+    res.off('drain', this.#onDrain);
+    this.#armIdle();
+    this.#controller?.resume();
+    // The client still has to read what is buffered: one that never does loses its socket.
+    if (!res.writableFinished) {
+      const linger = setTimeout(() => res.destroy(), this.spec.clientStallTimeoutMs);
+      res.once('finish', () => clearTimeout(linger));
+      res.once('close', () => clearTimeout(linger));
+    }
   }
 
   /** The assembled stream ended: the client gets the one body vLLM would have sent. */

@@ -3,11 +3,7 @@
 // backend set and scheduler; the fits are taught by recording samples, as finished requests do.
 import { afterEach, describe, expect, it } from 'vitest';
 import { AdmissionController, type AdmissionRequest, SHED_WINDOW_MS } from '../../src/admission/index.ts';
-import { leastLoaded } from '../../src/router/policies/least-loaded.ts';
-import { Scheduler, type SchedulerSettings } from '../../src/scheduler/index.ts';
-import { createLiveState, type LiveState } from '../../src/state/index.ts';
-import { BackendSet } from '../../src/upstream/backends.ts';
-import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
+import { schedulerFixture, schedulerSettings } from '../scheduler/fixtures.ts';
 import { latencySample } from '../state/fixtures/sample.ts';
 
 const cleanups: (() => unknown)[] = [];
@@ -15,40 +11,13 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-const SETTINGS: SchedulerSettings = {
-  policy: 'slagate',
-  maxQueue: 100,
-  agingMs: 1000,
-  concurrency: {
-    min: 1,
-    max: 64,
-    initial: 4,
-    prefillTokens: 0,
-    intervalMs: 60_000,
-    outerPeriods: 10,
-    ttftShare: 0.25,
-    tpotShare: 0.85,
-  },
-  firstTokenTimeoutFactor: 4,
-  firstTokenTimeoutMaxMs: 60_000,
-};
-
 function setup(names = ['a', 'b']) {
-  let clock = 1_000_000;
-  const backends = new BackendSet(
-    { ...DEFAULT_BACKEND_SET_OPTIONS, health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 0 } },
-    names.map((name, i) => ({ name, url: `http://127.0.0.1:${9 + i}` })),
+  const f = schedulerFixture(
+    names,
+    schedulerSettings({ concurrency: { ...schedulerSettings().concurrency, initial: 4 } }),
   );
-  const live: LiveState = createLiveState(
-    { store: 'memory' },
-    { backends: names.map((name) => ({ name, url: 'http://127.0.0.1:9' })), scrape: false, now: () => clock },
-  );
-  const scheduler = new Scheduler({
-    backends: () => backends.list(),
-    live,
-    router: () => leastLoaded(),
-    settings: () => SETTINGS,
-  });
+  cleanups.push(() => f.close());
+  const { backends, live, scheduler } = f;
   let now = 0;
   const admission = new AdmissionController({
     backends: () => backends.list(),
@@ -56,16 +25,11 @@ function setup(names = ['a', 'b']) {
     scheduler,
     now: () => now,
   });
-  cleanups.push(
-    () => backends.close(),
-    () => live.close(),
-    () => scheduler.close(),
-  );
   /** Teaches every backend: dispatch→first token = 20 ms + 0.1 ms per prefill token. */
   const teach = () => {
     for (const backend of names) {
       for (let i = 0; i < 20; i++) {
-        clock += 10;
+        f.tick(10);
         const tokens = 100 + 200 * (i % 5);
         live.record(
           latencySample({
@@ -86,7 +50,7 @@ function setup(names = ['a', 'b']) {
     teach,
     tick: (ms: number) => {
       now += ms;
-      clock += ms;
+      f.tick(ms);
     },
   };
 }

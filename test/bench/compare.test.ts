@@ -218,7 +218,7 @@ describe('runCompare on real processes', () => {
       slo: SLO,
       onProgress: (line) => progress.push(line),
     });
-  }, 30_000);
+  }, 120_000); // four child processes start in turn; under a full parallel suite that is slow
 
   it('runs each policy once, labelled as written, and accounts for every request', () => {
     expect(result.ok).toBe(true);
@@ -293,7 +293,7 @@ describe('runCompare on real processes', () => {
     expect(run.ok).toBeNull();
     expect(run.attainment).toBeNull();
     expect(r.table).toMatch(/round_robin\s+10\s+error\s+–/);
-  }, 30_000);
+  }, 120_000);
 });
 
 function cli(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
@@ -395,7 +395,7 @@ describe('slagate bench compare', () => {
     expect((json.goodputRate as Record<string, unknown>).round_robin).toBe(
       passing.length > 0 ? Math.max(...passing) : null,
     );
-  }, 30_000);
+  }, 120_000);
 
   it('exits 2 with a one-line error and a pointer to --help on a bad policy item', async () => {
     const r = await cli(['--policies', 'round_robin,bogus/fcfs', '--requests', '4']);

@@ -110,7 +110,7 @@ describe('defaults', () => {
         interval_ms: 250,
         outer_periods: 20,
         ttft_share: 0.25,
-        tpot_share: 0.85,
+        tpot_share: 0.8,
         prefill_tokens: 2048,
       },
     });

@@ -48,7 +48,12 @@ async function gated() {
   };
   const backend = await scripted(script);
   cleanups.push(backend.close);
-  return { backend, releaseAll: () => pending.splice(0).forEach((r) => r()) };
+  return {
+    backend,
+    releaseAll: () => {
+      for (const r of pending.splice(0)) r();
+    },
+  };
 }
 
 const TENANTS = [

@@ -1,65 +1,21 @@
 // Late dispatch, the queue guard and the refusals of the scheduler (src/scheduler/scheduler.ts),
 // against a real memory live state and a real backend set (no request is ever sent: a slot is a
 // lease, and what happens on the wire is the upstream layer's).
-import { afterEach, describe, expect, it } from 'vitest';
-import { leastLoaded } from '../../src/router/policies/least-loaded.ts';
-import { Scheduler, type SchedulerSettings } from '../../src/scheduler/scheduler.ts';
+import { afterEach, describe, expect, it, vi } from 'vitest';
+import type { SchedulerSettings } from '../../src/scheduler/scheduler.ts';
 import type { ScheduledRequest } from '../../src/scheduler/types.ts';
-import { createLiveState, type LiveState } from '../../src/state/index.ts';
-import { BackendSet } from '../../src/upstream/backends.ts';
-import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
 import type { Slot } from '../../src/upstream/slot.ts';
+import { schedulerFixture, schedulerSettings as settings } from './fixtures.ts';
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-function settings(over: Partial<SchedulerSettings> = {}): SchedulerSettings {
-  return {
-    policy: 'slagate',
-    maxQueue: 100,
-    agingMs: 1000,
-    concurrency: {
-      min: 1,
-      max: 64,
-      initial: 2,
-      prefillTokens: 0,
-      intervalMs: 60_000,
-      outerPeriods: 10,
-      ttftShare: 0.25,
-      tpotShare: 0.85,
-    },
-    firstTokenTimeoutFactor: 4,
-    firstTokenTimeoutMaxMs: 60_000,
-    ...over,
-  };
-}
-
 function setup(names: string[], s: SchedulerSettings = settings()) {
-  const backends = new BackendSet(
-    { ...DEFAULT_BACKEND_SET_OPTIONS, health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 0 } },
-    names.map((name, i) => ({ name, url: `http://127.0.0.1:${9 + i}` })),
-  );
-  const live: LiveState = createLiveState(
-    { store: 'memory' },
-    { backends: names.map((name) => ({ name, url: 'http://127.0.0.1:9' })), scrape: false },
-  );
-  const refused: string[] = [];
-  let current = s;
-  const scheduler = new Scheduler({
-    backends: () => backends.list(),
-    live,
-    router: () => leastLoaded(() => 0.5),
-    settings: () => current,
-    onRefused: (req, err) => refused.push(`${req.reqId}:${err.code}`),
-  });
-  cleanups.push(
-    () => backends.close(),
-    () => live.close(),
-    () => scheduler.close(),
-  );
-  return { backends, live, scheduler, refused, set: (next: SchedulerSettings) => (current = next) };
+  const f = schedulerFixture(names, s);
+  cleanups.push(() => f.close());
+  return f;
 }
 
 let n = 0;
@@ -297,6 +253,65 @@ describe('the control loop and the estimates', () => {
     } finally {
       clearInterval(feed);
     }
+  });
+
+  describe('the outer loop (tpot_share)', () => {
+    // Two inner periods per outer step; the control timer is faked so each period is one call.
+    const outer = () =>
+      settings({ concurrency: { ...settings().concurrency, initial: 2, intervalMs: 100, outerPeriods: 2 } });
+    const period = () => vi.advanceTimersByTime(100);
+    const share = (f: ReturnType<typeof setup>) => f.scheduler.view().backends[0]!.tpotShare;
+    /** `n` completed requests on `a` with TPOT `ratio` × their 50 ms target. */
+    const complete = (f: ReturnType<typeof setup>, n: number, ratio: number) => {
+      for (let i = 0; i < n; i++) f.scheduler.ticket(req()).completed('a', 50 * ratio);
+    };
+    afterEach(() => {
+      vi.useRealTimers();
+    });
+
+    it('lowers the share when the P99 TPOT is above 95% of the target, bound or not', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const f = setup(['a'], outer());
+      await f.scheduler.ticket(req()).acquire(first()); // 1 of 2: the limit does not bind
+      complete(f, 60, 1.5);
+      period();
+      period();
+      expect(share(f)).toBeCloseTo(0.8 * (1 + 0.1 * (1 - 1.5 / 0.95)), 9);
+    });
+
+    it('does not raise the share on fast completions while the backend has room', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const f = setup(['a'], outer());
+      await f.scheduler.ticket(req()).acquire(first());
+      complete(f, 60, 0.4);
+      for (let i = 0; i < 6; i++) period();
+      expect(share(f)).toBe(0.8);
+    });
+
+    it('raises the share on fast completions while the backend is held at its limit near the setpoint', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const f = setup(['a'], outer());
+      const slots = await Promise.all([1, 2].map(() => f.scheduler.ticket(req()).acquire(first())));
+      // Demand waits behind the limit, and the decode pace is 90% of the setpoint (0.8 × 50 ms).
+      for (let i = 0; i < 30; i++) void f.scheduler.ticket(req()).acquire(first());
+      complete(f, 60, 0.4);
+      for (let i = 0; i < 2; i++) {
+        slots[0]!.meter!.gaps += 20;
+        slots[0]!.meter!.gapMs += 20 * 0.9 * 0.8 * 50;
+        period();
+      }
+      expect(share(f)).toBeCloseTo(0.8 * (1 + 0.1 * (1 - 0.4 / 0.95)), 9);
+    });
+
+    it('needs fifty completions in its window before it moves', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const f = setup(['a'], outer());
+      await f.scheduler.ticket(req()).acquire(first());
+      complete(f, 49, 1.5);
+      period();
+      period();
+      expect(share(f)).toBe(0.8);
+    });
   });
 
   it('estimates no wait when a backend has room, and none it cannot measure', async () => {

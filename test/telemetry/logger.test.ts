@@ -89,6 +89,33 @@ describe('createLogger', () => {
     }
   });
 
+  it('concurrent flushes each cover the lines logged before them, without piling up listeners', async () => {
+    const path = join(dir, 'concurrent.log');
+    const { logger, flush } = createLogger({ level: 'info', destination: path, flushIntervalMs: 60_000 });
+    const warnings: Error[] = [];
+    const onWarning = (w: Error) => warnings.push(w);
+    process.on('warning', onWarning);
+    try {
+      const pad = 'x'.repeat(700);
+      const checks: Promise<void>[] = [];
+      for (let i = 0; i < 40; i++) {
+        logger.info({ i, pad }, 'line');
+        // Flushed: at least lines 0..i are in the file.
+        checks.push(
+          flush().then(async () => {
+            const seen = (await lines(path)).map((r) => r.i);
+            expect(seen.slice(0, i + 1)).toEqual([...Array(i + 1).keys()]);
+          }),
+        );
+      }
+      await Promise.all(checks);
+      await new Promise((r) => setImmediate(r));
+      expect(warnings.filter((w) => w.name === 'MaxListenersExceededWarning')).toEqual([]);
+    } finally {
+      process.off('warning', onWarning);
+    }
+  });
+
   it('writes a quiet buffer by itself after the flush interval', async () => {
     const path = join(dir, 'periodic.log');
     const { logger } = createLogger({ level: 'info', destination: path, flushIntervalMs: 20 });

@@ -7,6 +7,7 @@ import type { BackendSet } from '../../src/upstream/backends.ts';
 import {
   chatBody,
   chatStream,
+  DONE,
   FAST,
   type Gateway,
   gateway,
@@ -180,5 +181,42 @@ describe('a client that never reads (item 20)', () => {
     // The upstream could hand over only what fits in socket buffers before the gateway paused it.
     // Measured: about 8 MB with backpressure, over 100 MB in the same time without it.
     expect(up.hits[0]!.bytesWritten).toBeLessThan(32 * 1024 * 1024);
+  });
+
+  it('a last write the client has not read yet does not hold the upstream once [DONE] is forwarded', async () => {
+    // One 4 MB event and [DONE] in a single upstream write: the write that carries [DONE] to the
+    // paused client returns false, and the response is ended right after it.
+    const big = tokenChunk('z'.repeat(4 * 1024 * 1024));
+    const { up, gw } = await setup(
+      async (_req, res) => {
+        sseHead(res);
+        res.write(roleChunk());
+        res.end(big + DONE);
+      },
+      { ...FAST, maxEventBytes: 8 * 1024 * 1024, clientStallTimeoutMs: 5_000, idleTimeoutMs: 5_000 },
+    );
+    const body = JSON.stringify(chatBody());
+    const sock = net.connect(Number(new URL(gw.url).port), '127.0.0.1');
+    cleanups.push(async () => void sock.destroy());
+    sock.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+        `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+    );
+    sock.pause();
+    // The attempt ends with the upstream's end, long before the 5 s stall timeout.
+    const startedAt = performance.now();
+    const result = await gw.nextResult();
+    expect(result).toMatchObject({ outcome: 'ok', committed: true });
+    expect(performance.now() - startedAt).toBeLessThan(2_000);
+    expect(up.hits[0]!.closedAt).not.toBeNull();
+    // The client then reads the whole answer.
+    const chunks: Buffer[] = [];
+    sock.on('data', (c: Buffer) => chunks.push(c));
+    sock.resume();
+    await new Promise((r) => sock.once('end', r));
+    const text = Buffer.concat(chunks).toString('latin1');
+    expect(text).toContain('z'.repeat(1024));
+    // [DONE], then the end of the chunked body: nothing was lost or cut.
+    expect(text).toMatch(/data: \[DONE\]\n\n\r\n0\r\n\r\n$/);
   });
 });

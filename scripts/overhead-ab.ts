@@ -1,0 +1,148 @@
+// What a change to the request path costs: the gateway at HEAD against the gateway of another
+// checkout (`--base DIR`, with its node_modules installed), in one run, in front of one fixed
+// backend (TTFT 20 ms, a token every 10 ms, no batching: scripts/lib/fixed-backend.ts), against a
+// direct connection to that backend.
+//
+//   git worktree add /tmp/slagate-base <commit> && (cd /tmp/slagate-base && npm ci)
+//   npx tsx scripts/overhead-ab.ts --base /tmp/slagate-base [--levels 1,32] [--rounds 6]
+//
+// The three paths take turns: each level runs `rounds` rounds, and in every round each path sends
+// requests/rounds requests, in an order that rotates from round to round, so that slow drift of the
+// machine (two cores shared by the client, the backend and the gateways) falls on every path alike.
+// Samples are pooled per path. Every gateway runs in its own process with the same YAML (keys both
+// versions know), the client (`slagate bench`, ShareGPT-like prompts, ~64-token outputs, closed
+// loop at fixed concurrency) in this one.
+import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { startChildGateway, stopChild } from '../src/bench/processes.ts';
+import { runBench } from '../src/bench/run.ts';
+import { spawnFixedBackend } from './lib/spawn-fixed-backend.ts';
+
+const { values } = parseArgs({
+  options: {
+    base: { type: 'string' },
+    levels: { type: 'string', default: '1,32' },
+    rounds: { type: 'string', default: '6' },
+    requests: { type: 'string', default: '0' },
+  },
+});
+if (values.base === undefined) throw new Error('--base DIR is required (a checkout with node_modules)');
+const levels = values.levels!.split(',').map(Number);
+const rounds = Number(values.rounds);
+const SHORT = { sharegpt: { outputMedian: 64, outputSigma: 0.5 } };
+
+function yaml(url: string, dir: string): string {
+  return [
+    'server: { host: 127.0.0.1, port: 0 }',
+    'models: [meta-llama/Llama-3.1-8B-Instruct]',
+    'backends:',
+    `  - { name: r0, url: "${url}" }`,
+    'router: { policy: least_loaded }',
+    'scheduler: { concurrency: { max: 512 } }',
+    'upstream: { max_connections_per_backend: 1024 }',
+    `logging: { level: warn, admission_log: ${dir}/admission.log }`,
+  ].join('\n');
+}
+
+/** `node DIR/bin/slagate.js serve` of another checkout, resolved at its "serving on" line. */
+async function startBase(dir: string, url: string): Promise<{ url: string; child: ChildProcess }> {
+  const tmp = mkdtempSync(join(tmpdir(), 'slagate-base-'));
+  const config = join(tmp, 'gateway.yaml');
+  writeFileSync(config, yaml(url, tmp));
+  const child = spawn(
+    process.execPath,
+    [join(dir, 'bin/slagate.js'), 'serve', '--config', config, '--port', '0'],
+    {
+      cwd: dir,
+      stdio: ['ignore', 'ignore', 'pipe'],
+    },
+  );
+  const served = await new Promise<string>((resolve, reject) => {
+    let err = '';
+    child.once('exit', (code) => reject(new Error(`base gateway exited with ${code}: ${err}`)));
+    child.stderr!.on('data', (d: Buffer) => {
+      err += d.toString();
+      const m = /serving on (http:\/\/[\d.]+:\d+)/.exec(err);
+      if (m) resolve(m[1]!);
+    });
+  });
+  return { url: served, child };
+}
+
+/** numpy's default (linear) percentile over sorted values. */
+function percentile(sorted: readonly number[], q: number): number {
+  if (sorted.length === 0) return Number.NaN;
+  const pos = (q / 100) * (sorted.length - 1);
+  const lo = Math.floor(pos);
+  const hi = Math.ceil(pos);
+  return (sorted[lo] as number) + ((sorted[hi] as number) - (sorted[lo] as number)) * (pos - lo);
+}
+
+const backend = await spawnFixedBackend(20, 10);
+const direct = backend.url;
+const head = await startChildGateway((dir) => yaml(direct, dir));
+const base = await startBase(values.base, direct);
+const paths: [string, string][] = [
+  ['direct', direct],
+  ['base', base.url],
+  ['head', head.url],
+];
+const rows = [
+  '| streams | requests per path | TTFT p50 direct / base / HEAD ms | added p50 base / HEAD (HEAD − base) ms | TTFT p99 direct / base / HEAD ms | added p99 base / HEAD ms | TPOT p50 direct / base / HEAD ms | failed |',
+  '|---|---|---|---|---|---|---|---|',
+];
+try {
+  for (const c of levels) {
+    const total = Number(values.requests) || (c === 1 ? 240 : Math.max(1536, c * 48));
+    const per = Math.ceil(total / rounds);
+    const ttft = new Map<string, number[]>(paths.map(([name]) => [name, []]));
+    const tpot = new Map<string, number[]>(paths.map(([name]) => [name, []]));
+    let failed = 0;
+    const bench = (target: string, k: number, seed: number) =>
+      runBench({
+        target,
+        workload: 'sharegpt',
+        workloadParams: SHORT,
+        concurrency: c,
+        requests: k,
+        seed,
+        progress: false,
+      });
+    for (const [, url] of paths) await bench(url, 4 * c, 99); // warm: connections, JIT, the limits' ramp
+    for (let r = 0; r < rounds; r++) {
+      for (let i = 0; i < paths.length; i++) {
+        const [name, url] = paths[(i + r) % paths.length]!;
+        const res = await bench(url, per, r + 1);
+        failed += res.metrics.failed;
+        for (const rec of res.records) {
+          if (!rec.success) continue;
+          ttft.get(name)!.push(rec.ttft * 1000);
+          if (rec.outputLen > 1)
+            tpot.get(name)!.push(((rec.latency - rec.ttft) / (rec.outputLen - 1)) * 1000);
+        }
+      }
+    }
+    const q = (m: Map<string, number[]>, name: string, p: number) =>
+      percentile(
+        [...m.get(name)!].sort((a, b) => a - b),
+        p,
+      );
+    const f = (x: number) => x.toFixed(2);
+    const sign = (x: number) => `${x >= 0 ? '+' : ''}${x.toFixed(2)}`;
+    const [d50, b50, h50] = ['direct', 'base', 'head'].map((n) => q(ttft, n, 50)) as [number, number, number];
+    const [d99, b99, h99] = ['direct', 'base', 'head'].map((n) => q(ttft, n, 99)) as [number, number, number];
+    const tp = ['direct', 'base', 'head'].map((n) => f(q(tpot, n, 50))).join(' / ');
+    rows.push(
+      `| ${c} | ${per * rounds} | ${f(d50)} / ${f(b50)} / ${f(h50)} | ${sign(b50 - d50)} / ${sign(h50 - d50)} (${sign(h50 - b50)}) | ${f(d99)} / ${f(b99)} / ${f(h99)} | ${sign(b99 - d99)} / ${sign(h99 - d99)} | ${tp} | ${failed} |`,
+    );
+    console.error(rows.at(-1));
+  }
+} finally {
+  await head.stop();
+  await stopChild(base.child);
+  backend.stop();
+}
+console.log(rows.join('\n'));

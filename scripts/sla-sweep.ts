@@ -1,0 +1,357 @@
+// The scheduler and admission controller against the simulated fleet: what they do to goodput and
+// tail latency from half to twice the fleet's capacity, how they order a mixed workload, and how
+// well the TTFT predictor predicts. Every run: a fresh fleet of 4 × llama3-8b-h100 and a fresh
+// gateway, each in its own process (`slagate bench compare` underneath), one after another.
+//
+//   npx tsx scripts/sla-sweep.ts [--time-scale 2] [--arrival-s 120] [--warmup-s 40] [--parts all]
+//
+// Time scale. The machine has 2 cores for the client, the gateway and the fleet; at time scale 1
+// twice the fleet's capacity is ~20k streamed events a second through each of them. At time scale
+// 2 every simulated duration is twice as long (a GPU half as fast) and the SLA targets are scaled
+// with it (interactive: TTFT 1000 ms, TPOT 100 ms), so the experiment is the same with half the
+// events per second. Latencies in the tables are at that scale: halve them for H100 figures.
+//
+// Capacity (1×). Measured, not assumed: the simulator's engine alone on a virtual clock, every
+// request admitted at once (no gateway, no cap), 900 simulated seconds per rate, attainment over
+// the requests arriving after 300 s; the capacity is 4 × the highest rate per replica at which at
+// least 90% meet both targets (DistServe's goodput rate). Short real-time runs cannot find it:
+// near capacity the batch keeps growing for minutes.
+//
+// Figures over the steady part of each run: requests that arrived between warmup-s and arrival-s.
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { parseArgs } from 'node:util';
+import type { RequestRecord } from '../src/bench/client.ts';
+import { type CompareRun, runCompare } from '../src/bench/compare.ts';
+import { createWorkload, type WorkloadName } from '../src/bench/workloads.ts';
+import { VirtualClock } from '../src/sim/engine/clock.ts';
+import { createEngine } from '../src/sim/engine/engine.ts';
+import { getProfile } from '../src/sim/profiles.ts';
+
+const { values } = parseArgs({
+  options: {
+    'time-scale': { type: 'string', default: '2' },
+    'arrival-s': { type: 'string', default: '120' },
+    'warmup-s': { type: 'string', default: '40' },
+    parts: { type: 'string', default: 'capacity,sweep,mixed,predictor' },
+    loads: { type: 'string', default: '0.5,0.75,1,1.25,1.5,2' },
+    out: { type: 'string', default: 'results/sla-sweep.json' },
+  },
+});
+const TS = Number(values['time-scale']);
+const ARRIVAL_S = Number(values['arrival-s']);
+const WARMUP_S = Number(values['warmup-s']);
+const PARTS = new Set(values.parts!.split(','));
+const LOADS = values.loads!.split(',').map(Number);
+const PROFILE = 'llama3-8b-h100';
+const REPLICAS = 4;
+const SEED = 1;
+// The shipped classes (config/gateway.yaml), every target × the time scale.
+const T = { interactive: { ttft: 500 * TS, tpot: 50 * TS }, batch: { ttft: 30_000 * TS, tpot: 200 * TS } };
+
+function gatewayYaml(extra: string): string {
+  const path = join(tmpdir(), `sla-sweep-${process.pid}-${Math.random().toString(36).slice(2)}.yaml`);
+  writeFileSync(
+    path,
+    [
+      'sla:',
+      '  default_class: interactive',
+      '  classes:',
+      `    interactive: { ttft_p99_ms: ${T.interactive.ttft}, tpot_p99_ms: ${T.interactive.tpot}, priority: 0 }`,
+      `    completion: { ttft_p99_ms: ${200 * TS}, tpot_p99_ms: ${30 * TS}, priority: 0 }`,
+      `    batch: { ttft_p99_ms: ${T.batch.ttft}, tpot_p99_ms: ${T.batch.tpot}, priority: 2, sheddable: true }`,
+      'upstream: { max_connections_per_backend: 1024 }',
+      extra,
+    ].join('\n'),
+  );
+  return path;
+}
+
+/** The policies compared: the scheduler's closed loop, and first-come order at fixed caps. */
+const VARIANTS = {
+  slagate: { item: 'least_loaded/slagate', yaml: 'scheduler: { concurrency: { max: 1024 } }' },
+  'fcfs@16': { item: 'least_loaded/fcfs', yaml: 'scheduler: { concurrency: { max: 1024 } }' },
+  'fcfs@256': { item: 'least_loaded/fcfs', yaml: 'scheduler: { concurrency: { max: 1024, initial: 256 } }' },
+} as const;
+type Variant = keyof typeof VARIANTS;
+
+const f = (x: number | null, d = 0) => (x === null ? '–' : x.toFixed(d));
+const p = (x: number) => `${(100 * x).toFixed(1)}%`;
+
+// ---- capacity: the engine alone, virtual time ----
+
+function engineAttainment(workload: WorkloadName, ratePerReplica: number): number {
+  const clock = new VirtualClock();
+  const engine = createEngine(getProfile(PROFILE), { timeScale: TS, clock });
+  const w = createWorkload(workload, SEED);
+  let seed = 12345;
+  const rand = () => {
+    seed = (seed * 1103515245 + 12345) % 2147483648;
+    return seed / 2147483648;
+  };
+  const DURATION = 900_000;
+  const WARM = 300_000;
+  let n = 0;
+  let good = 0;
+  let t = 0;
+  let id = 0;
+  while (t < DURATION) {
+    t += (-Math.log(1 - rand()) / ratePerReplica) * 1000;
+    clock.run(t);
+    const r = w.next();
+    const cls = r.classHint === 'batch' ? T.batch : T.interactive;
+    const tokens = Array.from({ length: r.promptTokens + 20 }, (_, i) => (id * 7919 + i * 13) % 100_000);
+    const arrived = clock.now();
+    const counted = arrived > WARM;
+    let first = -1;
+    let k = 0;
+    engine.add(
+      {
+        id: `r${id++}`,
+        promptTokens: tokens,
+        maxTokens: r.outputTokens,
+        naturalLength: r.outputTokens,
+        ignoreEos: true,
+        seed: id,
+      },
+      {
+        onToken: (_t, _i, finish) => {
+          k++;
+          if (first < 0) first = clock.now();
+          if (finish === null || !counted) return;
+          n++;
+          const tpot = k > 1 ? (clock.now() - first) / (k - 1) : 0;
+          if (first - arrived <= cls.ttft && tpot <= cls.tpot) good++;
+        },
+      },
+    );
+  }
+  clock.run(DURATION + 1_200_000);
+  return n === 0 ? 0 : good / n;
+}
+
+/** Bisection to 0.25 req/s per replica on "at least 90% attain both targets" (monotone in the rate). */
+function capacity(workload: WorkloadName): { perReplica: number; fleet: number; tried: [number, number][] } {
+  const tried: [number, number][] = [];
+  let lo = 0.5;
+  let hi = 40;
+  while (hi - lo > 0.25) {
+    const mid = Math.round(((lo + hi) / 2) * 4) / 4;
+    const a = engineAttainment(workload, mid);
+    tried.push([mid, a]);
+    if (a >= 0.9) lo = mid;
+    else hi = mid;
+  }
+  return { perReplica: lo, fleet: lo * REPLICAS, tried };
+}
+
+// ---- real-time runs ----
+
+interface Steady {
+  sent: number;
+  offeredPerS: number;
+  goodPerS: number;
+  attainment: number;
+  refusedShare: number;
+  failedShare: number;
+  ttftP50: number | null;
+  ttftP99: number | null;
+  tpotP99: number | null;
+}
+
+const tpotOf = (r: RequestRecord) =>
+  r.outputLen > 1 ? ((r.latency - r.ttft) / (r.outputLen - 1)) * 1000 : null;
+
+function pct(xs: number[], q: number): number | null {
+  if (xs.length === 0) return null;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil(q * s.length) - 1))] as number;
+}
+
+function steadyOf(
+  records: readonly RequestRecord[],
+  filter: (r: RequestRecord) => boolean = () => true,
+): Steady {
+  const steady = records.filter((r) => r.startTime >= WARMUP_S && r.startTime <= ARRIVAL_S && filter(r));
+  const window = ARRIVAL_S - WARMUP_S;
+  const target = (r: RequestRecord) => (r.classHint === 'batch' ? T.batch : T.interactive);
+  const ok = steady.filter((r) => r.success);
+  const good = ok.filter((r) => {
+    const tp = tpotOf(r);
+    return r.ttft * 1000 <= target(r).ttft && (tp === null || tp <= target(r).tpot);
+  });
+  return {
+    sent: steady.length,
+    offeredPerS: steady.length / window,
+    goodPerS: good.length / window,
+    attainment: steady.length === 0 ? 0 : good.length / steady.length,
+    refusedShare: steady.length === 0 ? 0 : steady.filter((r) => r.status === 429).length / steady.length,
+    failedShare:
+      steady.length === 0 ? 0 : steady.filter((r) => !r.success && r.status !== 429).length / steady.length,
+    ttftP50: pct(
+      ok.map((r) => r.ttft * 1000),
+      0.5,
+    ),
+    ttftP99: pct(
+      ok.map((r) => r.ttft * 1000),
+      0.99,
+    ),
+    tpotP99: pct(
+      ok.map(tpotOf).filter((x): x is number => x !== null),
+      0.99,
+    ),
+  };
+}
+
+async function run(
+  variant: Variant,
+  workload: WorkloadName,
+  rate: number,
+  classHints: boolean,
+): Promise<CompareRun> {
+  const v = VARIANTS[variant];
+  const yaml = gatewayYaml(v.yaml);
+  const result = await runCompare({
+    policies: [v.item],
+    workload,
+    rates: [rate],
+    requests: Math.round(rate * ARRIVAL_S),
+    seed: SEED,
+    replicas: REPLICAS,
+    profile: PROFILE,
+    timeScale: TS,
+    slo: { ttft: T.interactive.ttft, tpot: T.interactive.tpot },
+    classHints,
+    gatewayYaml: yaml,
+    readyTimeoutMs: 30_000,
+    onProgress: (line) => console.error(`  ${variant} ${workload} ${rate}: ${line}`),
+  });
+  const r = result.runs[0]!;
+  if (r.error !== null || r.bench === null) throw new Error(`${variant} at ${rate}: ${r.error}`);
+  return r;
+}
+
+const out: Record<string, unknown> = { timeScale: TS, arrivalS: ARRIVAL_S, warmupS: WARMUP_S, targets: T };
+const lines: string[] = [];
+const say = (s = '') => {
+  lines.push(s);
+  console.log(s);
+};
+
+let sharegptC: number | null = null;
+let mixedC: number | null = null;
+if (PARTS.has('capacity') || PARTS.has('sweep') || PARTS.has('mixed') || PARTS.has('predictor')) {
+  const cs = capacity('sharegpt');
+  const cm = capacity('mixed');
+  sharegptC = cs.fleet;
+  mixedC = cm.fleet;
+  out.capacity = { sharegpt: cs, mixed: cm };
+  say(`## Capacity (engine alone, virtual clock, time scale ${TS})`);
+  const tried = (c: typeof cs) => c.tried.map(([r, a]) => `${r}: ${p(a)}`).join(', ');
+  say(
+    `sharegpt: ${cs.perReplica} req/s per replica → C = ${cs.fleet} req/s for the fleet (tried ${tried(cs)})`,
+  );
+  say(
+    `mixed (docs as batch): ${cm.perReplica} req/s per replica → C = ${cm.fleet} req/s (tried ${tried(cm)})`,
+  );
+  say();
+}
+
+if (PARTS.has('sweep') && sharegptC !== null) {
+  say(`## sharegpt, 0.5× to 2× of C = ${sharegptC} req/s`);
+  say(
+    '| load | policy | offered/s | goodput/s | attainment | refused | failed | TTFT p50 / p99 ms | TPOT p99 ms |',
+  );
+  say('|---|---|---|---|---|---|---|---|---|');
+  const sweep: Record<string, unknown>[] = [];
+  const goodAt = new Map<string, number>();
+  for (const load of LOADS) {
+    for (const variant of ['slagate', 'fcfs@16', 'fcfs@256'] as Variant[]) {
+      if (variant === 'fcfs@16' && ![0.5, 1, 2].includes(load)) continue;
+      const rate = Math.round(load * sharegptC * 10) / 10;
+      const r = await run(variant, 'sharegpt', rate, false);
+      const s = steadyOf(r.bench!.records);
+      goodAt.set(`${variant}@${load}`, s.goodPerS);
+      sweep.push({ load, rate, variant, ...s });
+      say(
+        `| ${load}× | ${variant} | ${f(s.offeredPerS, 1)} | ${f(s.goodPerS, 1)} | ${p(s.attainment)} | ${p(s.refusedShare)} | ${p(s.failedShare)} | ${f(s.ttftP50)} / ${f(s.ttftP99)} | ${f(s.tpotP99)} |`,
+      );
+    }
+  }
+  out.sweep = sweep;
+  for (const variant of ['slagate', 'fcfs@16', 'fcfs@256']) {
+    const one = goodAt.get(`${variant}@1`);
+    const two = goodAt.get(`${variant}@2`);
+    if (one !== undefined && two !== undefined) {
+      say(`${variant}: goodput at 2× / goodput at 1× = ${f(two, 1)} / ${f(one, 1)} = ${p(two / one)}`);
+    }
+  }
+  say();
+}
+
+if (PARTS.has('mixed') && mixedC !== null) {
+  const rate = Math.round(0.9 * mixedC * 10) / 10;
+  say(`## mixed at 0.9× of its C = ${mixedC} req/s (${rate} req/s; documents as batch, class hints sent)`);
+  say(
+    '| policy | short prompts: n / TTFT p50 / p99 ms | documents: n / TTFT p50 / p99 ms | longest document wait ms | refused |',
+  );
+  say('|---|---|---|---|---|');
+  const mixed: Record<string, unknown>[] = [];
+  const shortP99 = new Map<string, number | null>();
+  for (const variant of ['slagate', 'fcfs@256'] as Variant[]) {
+    const r = await run(variant, 'mixed', rate, true);
+    const isDoc = (x: RequestRecord) => x.classHint === 'batch';
+    const short = steadyOf(r.bench!.records, (x) => !isDoc(x));
+    const docs = steadyOf(r.bench!.records, isDoc);
+    const adm = (r.admissionLog ?? []) as {
+      class: string | null;
+      queue_ms: number | null;
+      outcome: string;
+    }[];
+    const waits = adm
+      .filter((a) => a.class === 'batch' && a.queue_ms !== null)
+      .map((a) => a.queue_ms as number);
+    const longest = waits.length === 0 ? null : Math.max(...waits);
+    shortP99.set(variant, short.ttftP99);
+    mixed.push({ variant, rate, short, docs, longestDocumentWaitMs: longest });
+    say(
+      `| ${variant} | ${short.sent} / ${f(short.ttftP50)} / ${f(short.ttftP99)} | ${docs.sent} / ${f(docs.ttftP50)} / ${f(docs.ttftP99)} | ${f(longest)} | ${p(short.refusedShare)} / ${p(docs.refusedShare)} |`,
+    );
+  }
+  out.mixed = mixed;
+  const a = shortP99.get('slagate');
+  const b = shortP99.get('fcfs@256');
+  if (a && b) say(`short prompts' P99 TTFT, fcfs@256 / slagate = ${f(b)} / ${f(a)} = ${(b / a).toFixed(2)}×`);
+  say(
+    `bound on a document's wait (the queue guard): batch TTFT target ${T.batch.ttft} ms minus its predicted time to first token`,
+  );
+  say();
+}
+
+if (PARTS.has('predictor') && sharegptC !== null) {
+  const rate = Math.round(0.8 * sharegptC * 10) / 10;
+  const r = await run('slagate', 'sharegpt', rate, false);
+  const adm = (r.admissionLog ?? []) as {
+    outcome: string;
+    predicted_ttft_ms: number | null;
+    ttft_ms: number | null;
+  }[];
+  const ape = adm
+    .filter((a) => a.outcome === 'ok' && a.predicted_ttft_ms !== null && a.ttft_ms !== null && a.ttft_ms > 0)
+    .map((a) => Math.abs((a.predicted_ttft_ms as number) - (a.ttft_ms as number)) / (a.ttft_ms as number));
+  const signed = adm
+    .filter((a) => a.outcome === 'ok' && a.predicted_ttft_ms !== null && a.ttft_ms !== null && a.ttft_ms > 0)
+    .map((a) => ((a.predicted_ttft_ms as number) - (a.ttft_ms as number)) / (a.ttft_ms as number));
+  const bias = signed.reduce((x, y) => x + y, 0) / Math.max(1, signed.length);
+  out.predictor = { rate, n: ape.length, mdape: pct(ape, 0.5), p90: pct(ape, 0.9), bias };
+  say(`## TTFT predictor at 0.8× (${rate} req/s sharegpt)`);
+  say(
+    `requests with a prediction: ${ape.length} of ${adm.length}; median absolute percentage error ${f(100 * (pct(ape, 0.5) ?? Number.NaN), 1)}%, P90 ${f(100 * (pct(ape, 0.9) ?? Number.NaN), 1)}%, bias ${f(100 * bias, 1)}%`,
+  );
+  say();
+}
+
+mkdirSync(dirname(values.out!), { recursive: true });
+writeFileSync(values.out!, `${JSON.stringify(out, null, 2)}\n`);
+writeFileSync(values.out!.replace(/\.json$/, '.md'), `${lines.join('\n')}\n`);

@@ -1,0 +1,81 @@
+// One scheduler over a real memory live state and a real backend set (no probes, nothing sent on
+// the wire), for the scheduler's and the admission controller's unit tests.
+
+import type { GatewayError } from '../../src/errors/index.ts';
+import { leastLoaded } from '../../src/router/policies/least-loaded.ts';
+import { Scheduler, type SchedulerSettings } from '../../src/scheduler/scheduler.ts';
+import { createLiveState, type LiveState } from '../../src/state/index.ts';
+import { BackendSet } from '../../src/upstream/backends.ts';
+import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
+
+export function schedulerSettings(over: Partial<SchedulerSettings> = {}): SchedulerSettings {
+  return {
+    policy: 'slagate',
+    maxQueue: 100,
+    agingMs: 1000,
+    concurrency: {
+      min: 1,
+      max: 64,
+      initial: 2,
+      prefillTokens: 0,
+      intervalMs: 60_000,
+      outerPeriods: 10,
+      ttftShare: 0.25,
+      tpotShare: 0.8,
+    },
+    firstTokenTimeoutFactor: 4,
+    firstTokenTimeoutMaxMs: 60_000,
+    ...over,
+  };
+}
+
+export interface SchedulerFixture {
+  backends: BackendSet;
+  live: LiveState;
+  scheduler: Scheduler;
+  /** `req_id:code` of each refusal the scheduler reported. */
+  refused: string[];
+  /** Replaces the settings the scheduler reads (as a reload would). */
+  set(next: SchedulerSettings): void;
+  /** Moves the live state's clock (windows, fits, tenant usage). */
+  tick(ms: number): void;
+  close(): Promise<void>;
+}
+
+export function schedulerFixture(names: string[], settings = schedulerSettings()): SchedulerFixture {
+  let clock = 1_000_000;
+  const backends = new BackendSet(
+    { ...DEFAULT_BACKEND_SET_OPTIONS, health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 0 } },
+    names.map((name, i) => ({ name, url: `http://127.0.0.1:${9 + i}` })),
+  );
+  const live = createLiveState(
+    { store: 'memory' },
+    { backends: names.map((name) => ({ name, url: 'http://127.0.0.1:9' })), scrape: false, now: () => clock },
+  );
+  const refused: string[] = [];
+  let current = settings;
+  const scheduler = new Scheduler({
+    backends: () => backends.list(),
+    live,
+    router: () => leastLoaded(() => 0.5),
+    settings: () => current,
+    onRefused: (req, err: GatewayError) => refused.push(`${req.reqId}:${err.code}`),
+  });
+  return {
+    backends,
+    live,
+    scheduler,
+    refused,
+    set: (next) => {
+      current = next;
+    },
+    tick: (ms) => {
+      clock += ms;
+    },
+    async close() {
+      scheduler.close();
+      await live.close();
+      await backends.close();
+    },
+  };
+}
