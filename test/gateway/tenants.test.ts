@@ -225,7 +225,8 @@ describe('tenant limits across gateway instances sharing one Redis (item 31)', (
     cleanups.push(gw1.dispose);
     const gw2 = await serveChild(config);
     cleanups.push(gw2.dispose);
-    const long = chat({ stream: true, max_tokens: 400, ignore_eos: true });
+    // Long enough (about 7 s of decode) to outlast both instances' refreshes on a slow machine.
+    const long = chat({ stream: true, max_tokens: 2000, ignore_eos: true });
     // A's limit is 2: one stream on each instance.
     const s1 = await openStream(gw1.url, CHAT, long, bearer('key-a')).response;
     const s2 = await openStream(gw2.url, CHAT, long, bearer('key-a')).response;
@@ -234,25 +235,29 @@ describe('tenant limits across gateway instances sharing one Redis (item 31)', (
       () => s1.close(),
       () => s2.close(),
     );
-    // Each instance sees the other's request within a refresh interval.
-    await waitFor(
-      async () => {
-        const r = await post(gw1.url, CHAT, chat({ max_tokens: 2 }), {
-          ...bearer('key-a'),
-          'x-request-id': 'probe-a',
-        });
-        return r.status === 429;
-      },
-      3000,
-      'the peer counted',
-    );
-    const over = await post(gw2.url, CHAT, chat({ max_tokens: 2 }), {
-      ...bearer('key-a'),
-      'x-request-id': 'over-2',
-    });
-    expect(over.status).toBe(429);
-    expect(over.headers['retry-after']).toBeDefined();
-    expect(JSON.parse(over.text)).toMatchObject({ error: { code: 'rate_limited' } });
+    // Each instance sees the other's request within a refresh interval; until it does, a
+    // probe may still be admitted (and is short), so each instance is probed until it refuses.
+    let refused: { id: string; status: number; retryAfter: unknown; body: string } | undefined;
+    for (const [i, g] of [gw1, gw2].entries()) {
+      let n = 0;
+      await waitFor(
+        async () => {
+          const id = `over-${i + 1}-${n++}`;
+          const r = await post(g.url, CHAT, chat({ max_tokens: 2 }), {
+            ...bearer('key-a'),
+            'x-request-id': id,
+          });
+          if (r.status !== 429) return false;
+          refused = { id, status: r.status, retryAfter: r.headers['retry-after'], body: r.text };
+          return true;
+        },
+        5000,
+        `instance ${i + 1} counted its peer's stream`,
+      );
+    }
+    expect(refused!.id).toMatch(/^over-2-/);
+    expect(refused!.retryAfter).toBeDefined();
+    expect(JSON.parse(refused!.body)).toMatchObject({ error: { code: 'rate_limited' } });
     for (const g of [gw1, gw2]) {
       const b = await post(g.url, CHAT, chat({ max_tokens: 2 }), bearer('key-b'));
       expect(b.status).toBe(200);
@@ -269,7 +274,7 @@ describe('tenant limits across gateway instances sharing one Redis (item 31)', (
     await waitFor(
       () =>
         readRecords(gw2.log).some(
-          (r) => r.req_id === 'over-2' && r.reason === 'rate_limited' && r.tenant === 'team-a',
+          (r) => r.req_id === refused!.id && r.reason === 'rate_limited' && r.tenant === 'team-a',
         ),
       2000,
       'the refusal recorded',
