@@ -15,6 +15,7 @@ import {
   loadConfigFile,
   watchConfig,
 } from './config/index.ts';
+import { TokenEstimate } from './prompt/canonical.ts';
 import { createRoutingPolicy } from './router/index.ts';
 import { Scheduler, type SchedulerSettings } from './scheduler/index.ts';
 import { buildApp } from './server/app.ts';
@@ -26,7 +27,6 @@ import { createLiveState } from './state/index.ts';
 import { AdmissionLog } from './telemetry/admission-log.ts';
 import { createLogger, type Logger } from './telemetry/logger.ts';
 import { createMetrics } from './telemetry/metrics.ts';
-import { Tokenizer } from './tokenizer/tokenizer.ts';
 import {
   type BackendConfig,
   type BackendEvent,
@@ -201,8 +201,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   if (opts.config !== undefined) config = opts.config;
   else if (opts.configPath !== undefined) config = loadConfigFile(opts.configPath);
   else throw new Error('startGateway needs a config or a configPath');
-  // What can still refuse the configuration is built before anything starts.
-  const initialPolicy = createRoutingPolicy(config.router.policy);
+  // The router's ties follow the scheduler's measure of the predictor's error (it exists later).
+  let schedulerRef: Scheduler | null = null;
+  const policyFor = (c: Config) =>
+    createRoutingPolicy(c.router.policy, {
+      exploreRatio: c.router.explore_ratio,
+      tolerance: () => schedulerRef?.predictionSpread() ?? null,
+    });
+  const initialPolicy = policyFor(config);
 
   const log: Logger = createLogger({ level: config.logging.level, destination: 'stdout' });
   const admissionLogger: Logger =
@@ -264,6 +270,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       onRefused: (req, err) => admission.noteRefused(req, err.code),
     });
     undo.push(() => scheduler.close());
+    schedulerRef = scheduler;
     const admission = new AdmissionController({ backends: () => backends.list(), live, scheduler });
     onAvailabilityChange = () => scheduler.pump();
 
@@ -284,7 +291,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       admissionLog: new AdmissionLog(admissionLogger.logger),
       metrics,
       logger,
-      tokenizer: new Tokenizer(),
+      tokens: new TokenEstimate(),
       lifecycle,
     };
     rtRef = rt;
@@ -296,9 +303,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
     async function reload(next: Config): Promise<void> {
       const prev = rt.config;
-      // Build everything that can fail first, so a bad policy name leaves the running config intact.
-      const policy =
-        next.router.policy === prev.router.policy ? rt.policy : createRoutingPolicy(next.router.policy);
+      // A policy keeps its memory (round robin's position, sessions) unless its settings change.
+      const same =
+        next.router.policy === prev.router.policy && next.router.explore_ratio === prev.router.explore_ratio;
+      const policy = same ? rt.policy : policyFor(next);
       const frozen = restartOnlyChanges(prev, next);
       if (frozen.length > 0)
         logger.warn({ keys: frozen }, 'config reload: these settings apply only after a restart');
@@ -338,7 +346,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       watcher = watchConfig(
         opts.configPath,
         {
-          // A reload that fails (e.g. an unbuilt router policy) rejects: the watcher then keeps
+          // A reload that fails rejects: the watcher then keeps
           // the running configuration as its current one, and onError logs why.
           onChange: (next) => reload(next),
           onError: (err) => {

@@ -3,11 +3,14 @@
 //
 //   predicted = wait in the gateway queue (scheduler: entries ahead ÷ the rate slots free up)
 //             + dispatch-to-first-token on that backend (live state's fit at the backend's
-//               pending prefill work and load: base + a·(own uncached + pending) + b·in-flight)
+//               pending prefill work and load: base + a·(own uncached + pending) + b·in-flight),
+//               where "own uncached" is the prompt less what the prefix index says the backend
+//               holds (src/router/cached.ts, the same count the router weighs)
 //
 // Everything it reads is in memory; nothing is awaited. A part that cannot be predicted yet (no
 // fit, no drain rate) makes that backend's prediction null, never a guess.
 
+import { cachedOn } from '../router/cached.ts';
 import type { BackendPrediction, ScheduledRequest, Scheduler } from '../scheduler/index.ts';
 import type { LiveState } from '../state/index.ts';
 import type { Backend } from '../upstream/index.ts';
@@ -23,7 +26,10 @@ export interface Prediction {
   readonly complete: boolean;
 }
 
-export type PredictInput = Omit<ScheduledRequest, 'predictions' | 'prefillMs' | 'bestBackendMs'>;
+export type PredictInput = Omit<
+  ScheduledRequest,
+  'predictions' | 'prefillMs' | 'bestBackendMs' | 'uncachedTokens'
+>;
 
 /**
  * Predicts `req` on every available backend; returns the prediction and the request as the
@@ -38,21 +44,33 @@ export function predict(
   const backendMs = new Map<string, number | null>();
   let bestBackendMs: number | null = null;
   let prefillMs: number | null = null;
+  // Without a prediction anywhere, the size to order by is the least any backend must prefill.
+  let uncachedTokens = req.promptTokens;
   let complete = backends.length > 0;
+  const match = (backend: string, hashes: readonly number[]) => live.prefixMatch(backend, hashes);
   for (const b of backends) {
     if (!b.available) continue;
-    const ms = live.predictTtftMs(b.name, req.uncachedTokens);
+    const own = cachedOn(req.route, b.name, match).uncached;
+    const ms = live.predictTtftMs(b.name, own);
     backendMs.set(b.name, ms);
     if (ms === null) {
       complete = false;
+      if (bestBackendMs === null) uncachedTokens = Math.min(uncachedTokens, own);
       continue;
     }
     if (bestBackendMs === null || ms < bestBackendMs) {
       bestBackendMs = ms;
-      prefillMs = live.prefillMs(b.name, req.uncachedTokens);
+      prefillMs = live.prefillMs(b.name, own);
+      uncachedTokens = own;
     }
   }
-  const sized: ScheduledRequest = { ...req, predictions: new Map(), prefillMs, bestBackendMs };
+  const sized: ScheduledRequest = {
+    ...req,
+    uncachedTokens,
+    predictions: new Map(),
+    prefillMs,
+    bestBackendMs,
+  };
   const waitMs = scheduler.estimateWaitMs(sized);
   const byBackend = new Map<string, BackendPrediction>();
   let best: BackendPrediction | null = null;

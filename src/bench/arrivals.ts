@@ -3,7 +3,7 @@
 // Poisson process, below 1 burstier, above 1 more regular), accumulated, then rescaled so the
 // last arrival lands exactly at N / rate. The rescale removes the 1–2% run-to-run drift in
 // total send time, so throughput figures from different seeds compare.
-import type { Rng } from './rng.ts';
+import type { Rng } from '../sim/rng.ts';
 
 /**
  * Send offsets in seconds from the start of the run, one per request, non-decreasing.

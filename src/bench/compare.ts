@@ -95,7 +95,8 @@ export interface CompareResult extends CompareSettings {
   json: Record<string, unknown>;
 }
 
-async function readPrefixCounters(urls: readonly string[]): Promise<PrefixCounters> {
+/** The replicas' own prefix-cache counters (vllm:prefix_cache_hits_total, …_queries_total), summed. */
+export async function readPrefixCounters(urls: readonly string[]): Promise<PrefixCounters> {
   let hits = 0;
   let queries = 0;
   for (const url of urls) {

@@ -4,12 +4,12 @@
 import { setMaxListeners } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Agent, request } from 'undici';
+import { Rng } from '../sim/rng.ts';
 import { arrivalOffsets } from './arrivals.ts';
 import { type ClientContext, type EndpointKind, type RequestRecord, sendRequest } from './client.ts';
 import { type BenchMetrics, computeMetrics, type MetricName, type Slo } from './metrics.ts';
 import { createProgress } from './progress.ts';
 import { formatTable, type RunInfo, resultJson } from './report.ts';
-import { Rng } from './rng.ts';
 import {
   createWorkload,
   takeRequests,
@@ -22,6 +22,11 @@ import {
 export interface BenchOptions {
   /** Base URL of the server or gateway, without /v1 (e.g. http://127.0.0.1:8000). */
   target: string;
+  /**
+   * More instances of the same gateway: requests rotate over `target` and these, one each in
+   * turn, as a round-robin load balancer in front of them would send them.
+   */
+  moreTargets?: readonly string[];
   /** Default 'chat' (/v1/chat/completions). */
   endpoint?: EndpointKind;
   /** Default: the first id of GET /v1/models. */
@@ -204,7 +209,8 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
   if (o.signal?.aborted) onAbort();
   try {
     const model = o.model ?? (await fetchFirstModel(o.target, headers, dispatcher));
-    const url = `${baseUrl(o.target)}/v1/${endpoint === 'chat' ? 'chat/completions' : 'completions'}`;
+    const path = `/v1/${endpoint === 'chat' ? 'chat/completions' : 'completions'}`;
+    const url = `${baseUrl(o.target)}${path}`;
     const date = timestamp(new Date());
     const t0 = performance.now();
     const clock = () => (performance.now() - t0) / 1000;
@@ -222,6 +228,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
       signal: stop.signal,
     };
 
+    const contexts = [ctx, ...(o.moreTargets ?? []).map((t) => ({ ...ctx, url: `${baseUrl(t)}${path}` }))];
     const inflight: Promise<RequestRecord>[] = [];
     for (let i = 0; i < count; i++) {
       const arrival = offsets?.[i] ?? 0;
@@ -241,11 +248,13 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
       }
       const queueTime = Math.max(0, clock() - arrival);
       inflight.push(
-        sendRequest(ctx, nextRequest(i), queueTime).then((record) => {
-          slots?.release();
-          progress?.tick(record.success);
-          return record;
-        }),
+        sendRequest(contexts[i % contexts.length] as ClientContext, nextRequest(i), queueTime).then(
+          (record) => {
+            slots?.release();
+            progress?.tick(record.success);
+            return record;
+          },
+        ),
       );
     }
     const records = await Promise.all(inflight);

@@ -5,7 +5,7 @@
 // space, and "." is one token. cl100k's pre-tokenizer splits " word" and "." into separate
 // pieces before BPE, so a text of k words and p periods is exactly k + p tokens (the test
 // suite checks this with the real tokenizer).
-import type { Rng } from './rng.ts';
+import type { Rng } from '../sim/rng.ts';
 
 export const WORDS: readonly string[] = [
   'the of and to in is was for on that with as by at from his it an were are which this be has or',

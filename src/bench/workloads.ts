@@ -2,7 +2,7 @@
 // carries its chat messages, the content's cl100k token count, the output length to ask for,
 // and optional hints (SLA class, session, tenant). Parameters and their sources are in
 // docs/benchmark-tool.md; the numbers below are the defaults documented there.
-import { Rng } from './rng.ts';
+import { Rng } from '../sim/rng.ts';
 import { syntheticText } from './text.ts';
 
 export type WorkloadName = 'sharegpt' | 'prefix-shared' | 'mixed' | 'code';

@@ -163,11 +163,13 @@ export const ROUTER_POLICIES = [
   'least_loaded',
   'prefix_only',
   'cache_aware',
+  /** Benchmarks on the simulator only: asks each replica what it has cached. */
+  'oracle',
 ] as const;
 
 export const RouterSchema = Type.Object(
   {
-    policy: Type.Enum([...ROUTER_POLICIES], { default: 'least_loaded' }),
+    policy: Type.Enum([...ROUTER_POLICIES], { default: 'slagate' }),
     block_size_tokens: Type.Integer({ minimum: 1, maximum: 1024, default: 16 }),
     explore_ratio: Type.Number({ minimum: 0, maximum: 1, default: 0.01 }),
     session_header: Type.String({ pattern: HEADER_NAME, default: 'x-session-id' }),

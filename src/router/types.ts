@@ -1,31 +1,79 @@
-// The router's contract: given one request and the backends that may take it right now, rank
-// them best first. The upstream layer walks that ranking, skipping backends already tried, so a
-// retry lands on the next-best backend rather than a random one.
+// The router's contract: given one request and the backends that may take it right now (each with
+// room under its concurrency limit, at the moment the scheduler grants a slot), rank them best
+// first. The scheduler takes the first; a retry is ranked again without the backends it tried.
+// Policies are pure functions of these two views (plus their own small memory, such as a round
+// robin's position or a session's last backend): everything they read is computed for them from
+// the live state, so a policy never reads the clock, the network or another module.
 
-/** What a policy may read about a backend. Kept small so policies stay pure and testable. */
+/** What a policy may read about a backend, for this request. */
 export interface BackendView {
   readonly name: string;
-  /** Requests this gateway has dispatched to the backend and not yet finished. */
-  readonly inflight: number;
   /** Relative capacity from the config (default 1). */
   readonly weight: number;
+  /** Requests the backend runs now, every gateway instance. */
+  readonly inflight: number;
+  /** Leading blocks of this prompt the backend is believed to hold in its prefix cache. */
+  readonly cachedBlocks: number;
+  /** Tokens of this prompt believed cached there (blocks × tokens per block, below the prompt). */
+  readonly cachedTokens: number;
+  /** The prompt's tokens the backend would have to prefill: promptTokens − cachedTokens. */
+  readonly uncachedTokens: number;
+  /**
+   * Predicted dispatch-to-first-token time on this backend with `uncachedTokens` to prefill, ms:
+   * the base, the prefill already waiting there, this prompt's own prefill, the load term (the
+   * live state's fit). Null when the backend has no fit yet.
+   */
+  readonly predictedTtftMs: number | null;
+  /** The part of predictedTtftMs that is this prompt's own prefill, ms; null without a fit. */
+  readonly prefillMs: number | null;
+  /** Predicted TPOT on this backend with this request added, ms; null without a fit. */
+  readonly tpotMs: number | null;
+  /** KV cache usage, 0..1, as the backend last reported it; null when unknown. */
+  readonly kvUsage: number | null;
 }
 
 /** What a policy may read about the request. */
 export interface RouteRequest {
   readonly reqId: string;
-  readonly promptTokensEst: number;
+  /** Estimated prompt tokens (exact for token-id prompts). */
+  readonly promptTokens: number;
+  /** Chained hashes of the canonical prompt's blocks (src/prompt). */
+  readonly blocks: readonly number[];
+  /** Tokens one block stands for (estimated from characters for text prompts). */
+  readonly tokensPerBlock: number;
+  /** max_tokens, or the gateway's expectation without one. */
+  readonly expectedOutputTokens: number;
+  /** The request's class TPOT target, ms. */
+  readonly tpotTargetMs: number;
   readonly sessionId?: string | undefined;
+  /**
+   * Cached prompt tokens per backend as the backends themselves report them, when a policy
+   * asked them (the benchmark-only `oracle`); used instead of the prefix index.
+   */
+  readonly knownCachedTokens?: ReadonlyMap<string, number> | undefined;
 }
 
 export interface Candidate {
   readonly backend: string;
-  /** Lower is better; the unit is the policy's own (seconds for cost-based policies). */
+  /** Lower is better; the unit is the policy's own (seconds for the slagate cost). */
   readonly cost: number;
+  /** The cost's terms, for the debug log line (names → values). */
+  readonly terms?: Readonly<Record<string, number | string | null>>;
+}
+
+/** Where each backend of a `prepare` step can be reached. */
+export interface BackendAddress {
+  readonly name: string;
+  readonly url: string;
 }
 
 export interface RoutingPolicy {
   readonly name: string;
   /** Best first. Never empty when `backends` is not. Must not mutate its inputs. */
   rank(req: RouteRequest, backends: readonly BackendView[]): Candidate[];
+  /**
+   * Optional, asynchronous, before admission: what the policy needs that the live state does not
+   * have (the oracle asks each backend for its cached tokens). Never awaited by other policies.
+   */
+  prepare?(req: RouteRequest, backends: readonly BackendAddress[], body: unknown): Promise<RouteRequest>;
 }

@@ -24,7 +24,8 @@
 //   a client that leaves while queued is out of the queue at once and never dispatched;
 // - nothing here awaits anything: every path is synchronous, timers only re-run the pump or guard.
 import { GatewayError } from '../errors/index.ts';
-import type { BackendView, RoutingPolicy } from '../router/index.ts';
+import { cachedOn, type PrefixMatch } from '../router/cached.ts';
+import type { BackendView, Candidate, RoutingPolicy } from '../router/index.ts';
 import type { Lease, LiveState } from '../state/index.ts';
 import type { Backend, DecodeMeter, Slot, SlotRequest } from '../upstream/index.ts';
 import { type LimitBounds, nextLimit, nextTpotShare, quantile, type Setpoints } from './controller.ts';
@@ -70,6 +71,22 @@ export interface Grant {
   readonly loadAtDispatch: number;
   /** Uncached prefill tokens pending on the backend just before this one. */
   readonly prefillAheadTokens: number;
+  /** Leading prompt blocks, and tokens, the backend was believed to hold (the router's view). */
+  readonly cachedBlocks: number;
+  readonly cachedTokens: number;
+  /** Prompt tokens it was expected to prefill. */
+  readonly uncachedTokens: number;
+  /** The router's best few candidates, best first, with their cost terms (the debug log line). */
+  readonly candidates: readonly Candidate[];
+}
+
+/** How many of the router's candidates a grant keeps for the log. */
+const CANDIDATES_KEPT = 3;
+
+interface Choice {
+  backend: Backend;
+  view: BackendView;
+  ranked: Candidate[];
 }
 
 export interface BackendSchedule {
@@ -167,6 +184,9 @@ export class Scheduler {
   readonly #ratios: number[] = [];
   #ratioAt = 0;
   #ratioP99: number | null = null;
+  #spread: number | null = null;
+  /** The prefix index's match, bound once (the router's views call it per backend per grant). */
+  readonly #match: PrefixMatch;
   #lastTick: number;
   #pumping = false;
   #again = false;
@@ -174,6 +194,7 @@ export class Scheduler {
 
   constructor(deps: SchedulerDeps) {
     this.#deps = deps;
+    this.#match = (backend, hashes) => deps.live.prefixMatch(backend, hashes);
     this.#now = deps.now ?? (() => performance.now());
     this.#queue = this.#makeQueue(deps.settings().policy);
     this.#lastTick = this.#now();
@@ -212,6 +233,14 @@ export class Scheduler {
    */
   upperBackendMs(predictedMs: number): number {
     return predictedMs * Math.max(1, this.#ratioP99 ?? 1);
+  }
+
+  /**
+   * The predictor's typical relative error: the median of |actual ÷ predicted − 1| over recent
+   * dispatch-to-first-token times; null until enough samples. Costs closer than this are ties.
+   */
+  predictionSpread(): number | null {
+    return this.#spread;
   }
 
   /** Time for the queue as it stands to drain, for Retry-After; null when the drain rate is unknown. */
@@ -358,63 +387,90 @@ export class Scheduler {
     // Retries first: they have waited once already.
     for (let i = 0; i < this.#retries.length; ) {
       const w = this.#retries[i] as Waiting;
-      const b = this.#choose(w.req, available, room, w.excluded);
-      if (b === null) {
+      const choice = this.#choose(w.req, available, room, w.excluded);
+      if (choice === null) {
         i++;
         continue;
       }
       this.#retries.splice(i, 1);
       w.state = 'granted';
-      this.#grant(w, b, room);
+      this.#grant(w, choice, room);
     }
     while (this.#queue.size > 0) {
       if (![...room.values()].some((r) => r > 0)) return;
       const head = this.#queue.peek() as Waiting;
-      const b = this.#choose(head.req, available, room, null);
-      if (b === null) return; // no prefill room for it yet: it, and what is behind it, waits
+      const choice = this.#choose(head.req, available, room, null);
+      if (choice === null) return; // no prefill room for it yet: it, and what is behind it, waits
       this.#queue.pop();
-      this.#grant(head, b, room);
+      this.#grant(head, choice, room);
     }
   }
 
-  /** The router's first choice among the backends with room (and not excluded); null when none. */
+  /**
+   * The router's first choice among the backends with room (and not excluded), with what it read
+   * about it and the candidates it ranked; null when none has room.
+   */
   #choose(
     req: ScheduledRequest,
     available: readonly Backend[],
     room: ReadonlyMap<string, number>,
     excluded: ReadonlySet<string> | null,
-  ): Backend | null {
+  ): Choice | null {
     const views: BackendView[] = [];
     const byName = new Map<string, Backend>();
     const settings = this.#deps.settings();
     const cap = settings.policy === 'slagate' ? settings.concurrency.prefillTokens : 0;
     for (const b of available) {
       if ((room.get(b.name) ?? 0) <= 0 || excluded?.has(b.name)) continue;
+      const view = this.#view(req, b);
       if (cap > 0) {
         const pending = this.#deps.live.inflight(b.name).pendingPrefillTokens;
-        if (pending > 0 && pending + req.uncachedTokens > cap) continue;
+        if (pending > 0 && pending + view.uncachedTokens > cap) continue;
       }
-      views.push({ name: b.name, weight: b.weight, inflight: this.#deps.live.load(b.name) });
+      views.push(view);
       byName.set(b.name, b);
     }
     if (views.length === 0) return null;
     const ranked = this.#deps.router().rank(req.route, views);
     for (const c of ranked) {
       const b = byName.get(c.backend);
-      if (b !== undefined) return b;
+      if (b !== undefined) return { backend: b, view: views.find((v) => v.name === b.name)!, ranked };
     }
     return null;
   }
 
-  #grant(w: Waiting, b: Backend, room: Map<string, number>): void {
+  /** What the router reads about `b` for this request, from the live state now. */
+  #view(req: ScheduledRequest, b: Backend): BackendView {
     const { live } = this.#deps;
+    const cached = cachedOn(req.route, b.name, this.#match);
+    const inflight = live.load(b.name);
+    return {
+      name: b.name,
+      weight: b.weight,
+      inflight,
+      cachedBlocks: cached.blocks,
+      cachedTokens: cached.tokens,
+      uncachedTokens: cached.uncached,
+      predictedTtftMs: live.predictTtftMs(b.name, cached.uncached),
+      prefillMs: live.prefillMs(b.name, cached.uncached),
+      tpotMs: live.predictTpotMs(b.name, inflight + 1),
+      kvUsage: live.telemetry(b.name)?.kvCacheUsage ?? null,
+    };
+  }
+
+  #grant(w: Waiting, choice: Choice, room: Map<string, number>): void {
+    const { live } = this.#deps;
+    const { backend: b, view } = choice;
     const req = w.req;
     const before = live.inflight(b.name);
     const lease = live.lease(b.name, {
       promptTokens: req.promptTokens,
       expectedOutputTokens: req.expectedOutputTokens,
-      uncachedPromptTokens: req.uncachedTokens,
+      uncachedPromptTokens: view.uncachedTokens,
     });
+    // Sent there: its blocks are (about to be) in that backend's cache, so the next request with
+    // this prefix finds them even while this one is still prefilling.
+    live.prefixInsert(b.name, req.route.blocks);
     room.set(b.name, this.#room(b.name));
     const control = this.#controlOf(b.name);
     control.targets.set(req.tpotTargetMs, (control.targets.get(req.tpotTargetMs) ?? 0) + 1);
@@ -423,10 +479,14 @@ export class Scheduler {
       grantedAt: this.#now(),
       loadAtDispatch: before.requests,
       prefillAheadTokens: before.pendingPrefillTokens,
+      cachedBlocks: view.cachedBlocks,
+      cachedTokens: view.cachedTokens,
+      uncachedTokens: view.uncachedTokens,
+      candidates: choice.ranked.slice(0, CANDIDATES_KEPT),
     };
     w.ticket.grants.push(grant);
     const settings = this.#deps.settings();
-    const predicted = live.predictTtftMs(b.name, req.uncachedTokens);
+    const predicted = view.predictedTtftMs;
     const firstTokenTimeoutMs = Math.min(
       settings.firstTokenTimeoutMaxMs,
       Math.max(req.ttftTargetMs, settings.firstTokenTimeoutFactor * (predicted ?? req.ttftTargetMs)),
@@ -443,7 +503,7 @@ export class Scheduler {
       return;
     }
     const backendTtft = this.#now() - slot.grant.grantedAt;
-    const own = this.#deps.live.prefillMs(slot.backend.name, req.uncachedTokens) ?? 0;
+    const own = this.#deps.live.prefillMs(slot.backend.name, slot.grant.uncachedTokens) ?? 0;
     if (slot.predictedBackendMs !== null && slot.predictedBackendMs > 0) {
       const ratio = backendTtft / slot.predictedBackendMs;
       if (this.#ratios.length < RATIO_SAMPLES) this.#ratios.push(ratio);
@@ -538,7 +598,13 @@ export class Scheduler {
     this.#releases = 0;
     this.#releaseRate =
       this.#releaseRate === null ? rate : this.#releaseRate + RATE_ALPHA * (rate - this.#releaseRate);
-    if (this.#ratios.length >= MIN_RATIO_SAMPLES) this.#ratioP99 = quantile([...this.#ratios], 0.99);
+    if (this.#ratios.length >= MIN_RATIO_SAMPLES) {
+      this.#ratioP99 = quantile([...this.#ratios], 0.99);
+      this.#spread = quantile(
+        this.#ratios.map((r) => Math.abs(r - 1)),
+        0.5,
+      );
+    }
     const settings = this.#deps.settings();
     const cc = settings.concurrency;
     const names = new Set<string>();
@@ -703,6 +769,7 @@ export class Ticket {
 class GrantedSlot implements Slot {
   readonly backend: Backend;
   readonly predictedTtftMs: number | null;
+  readonly prefixHit: number | null;
   readonly firstTokenTimeoutMs: number;
   readonly meter: DecodeMeter;
   readonly grant: Grant;
@@ -735,6 +802,8 @@ class GrantedSlot implements Slot {
     this.meter = control.meter;
     this.firstTokenTimeoutMs = firstTokenTimeoutMs;
     this.predictedTtftMs = waiting.req.predictions.get(backend.name)?.totalMs ?? null;
+    const prompt = waiting.req.promptTokens;
+    this.prefixHit = prompt > 0 ? grant.cachedTokens / prompt : null;
   }
 
   prefillDone(): void {

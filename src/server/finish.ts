@@ -31,6 +31,11 @@ export function predictionFields(p: Prediction, backend: string | null): Admissi
   };
 }
 
+/** The cached share of the prompt, rounded to a thousandth. */
+function hitShare(cachedTokens: number, promptTokens: number): number | null {
+  return promptTokens > 0 ? Math.round((cachedTokens / promptTokens) * 1000) / 1000 : null;
+}
+
 export function finishProxied(
   rt: Runtime,
   record: RequestRecord,
@@ -57,6 +62,8 @@ export function finishProxied(
     failed_attempts: result.attemptLog
       .filter((a) => a.kind === 'failed' && a.reason !== null)
       .map((a) => ({ backend: a.backend, reason: a.reason as string })),
+    prefix_hit_est:
+      ticket.lastGrant === null ? null : hitShare(ticket.lastGrant.cachedTokens, got.promptTokens),
     queue_ms: result.queueMs,
     ttft_ms: result.ttftMs,
     tpot_ms: result.tpotMs,
@@ -65,7 +72,16 @@ export function finishProxied(
     completion_tokens: result.completionTokens,
     error,
   };
+  if (rt.admissionLog.withCandidates && ticket.lastGrant !== null) {
+    fields.candidates = ticket.lastGrant.candidates.map((c) => ({
+      backend: c.backend,
+      cost: c.cost,
+      ...c.terms,
+    }));
+  }
   const written = endRecord(rt, record, result.outcome, fields, result.itlMs);
+  // What the backend counted for the prompt the gateway rendered: the chars-per-token estimate.
+  if (result.promptTokens !== null) rt.tokens.learn(got.prompt, result.promptTokens);
   if (result.outcome !== 'ok' || result.backend === null || result.ttftMs === null) return;
 
   const cls = got.identity.class;
@@ -81,7 +97,7 @@ export function finishProxied(
     ttftMs: result.ttftMs,
     backendTtftMs,
     tpotMs: result.tpotMs,
-    uncachedPromptTokens: admitted.scheduled.uncachedTokens,
+    uncachedPromptTokens: grant?.uncachedTokens ?? admitted.scheduled.uncachedTokens,
     prefillAheadTokens: grant?.prefillAheadTokens ?? 0,
     promptTokens: result.promptTokens ?? got.promptTokens,
     completionTokens: result.completionTokens ?? 0,

@@ -13,6 +13,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { type Admitted, Refusal } from '../admission/index.ts';
 import { GatewayError, INTERNAL_MESSAGE, writeErrorResponse } from '../errors/index.ts';
+import type { RouteRequest } from '../router/index.ts';
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { requestLogger } from '../telemetry/logger.ts';
 import { proxyRequest } from '../upstream/index.ts';
@@ -34,7 +35,19 @@ export async function handleInference(
   const record = request.admission!;
   if (rt.lifecycle.shuttingDown) throw new GatewayError('shutting_down', 'The gateway is shutting down.');
   const got = intake(rt, endpoint, request, record);
-  const { identity, cls, ir, promptTokens } = got;
+  const { identity, cls, ir, promptTokens, prompt } = got;
+  let route: RouteRequest = {
+    reqId: request.id,
+    promptTokens,
+    blocks: prompt.hashes,
+    tokensPerBlock: rt.tokens.tokensPerBlock(prompt, rt.config.router.block_size_tokens),
+    expectedOutputTokens: got.expectedOutputTokens,
+    tpotTargetMs: cls.tpot_p99_ms,
+    sessionId: header(request, rt.config.router.session_header),
+  };
+  // Only the benchmark-only oracle has anything to ask before admission.
+  const policy = rt.policy;
+  if (policy.prepare !== undefined) route = await policy.prepare(route, rt.backends.list(), ir.body);
 
   let admitted: Admitted;
   try {
@@ -49,17 +62,12 @@ export async function handleInference(
       ttftTargetMs: cls.ttft_p99_ms,
       tpotTargetMs: cls.tpot_p99_ms,
       deadlineAt: record.startedAt + rt.config.upstream.first_token_timeout_ms,
-      uncachedTokens: promptTokens,
       promptTokens,
       expectedOutputTokens: got.expectedOutputTokens,
       budgetTokens: promptTokens + got.expectedOutputTokens,
       streamedUpstream: ir.mode !== 'passthrough',
       noQueue: header(request, 'x-slagate-no-queue') === '1',
-      route: {
-        reqId: request.id,
-        promptTokensEst: promptTokens,
-        sessionId: header(request, rt.config.router.session_header),
-      },
+      route,
     });
   } catch (err) {
     if (err instanceof Refusal && err.prediction !== null) record.set(predictionFields(err.prediction, null));

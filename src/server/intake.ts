@@ -5,6 +5,7 @@
 import type { FastifyRequest } from 'fastify';
 import type { SlaClass } from '../config/index.ts';
 import { GatewayError } from '../errors/index.ts';
+import { type PromptBlocks, type PromptSource, promptBlocks } from '../prompt/canonical.ts';
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import type { Identity } from './auth.ts';
 import { type Endpoint, type InferenceRequest, parseInferenceRequest } from './inference-request.ts';
@@ -20,7 +21,9 @@ export interface Intake {
   readonly identity: Identity;
   readonly cls: SlaClass;
   readonly ir: InferenceRequest;
-  /** Prompt tokens as the backend will count them (estimated). */
+  /** The canonical prompt's block hashes and size. */
+  readonly prompt: PromptBlocks;
+  /** Prompt tokens as the backend will count them (estimated, exact for token ids). */
   readonly promptTokens: number;
   /** max_tokens, or EXPECTED_OUTPUT_TOKENS without one. */
   readonly expectedOutputTokens: number;
@@ -53,32 +56,48 @@ export function intake(
       param: 'model',
     });
   }
-  const promptTokens = estimatePromptTokens(rt, ir);
-  record.set({ prompt_tokens_est: promptTokens });
-  const maxLen = rt.models.maxModelLen(ir.model);
-  if (promptTokens + (ir.maxTokens ?? 1) > maxLen) {
-    throw new GatewayError(
-      'invalid_request',
-      `This model's maximum context length is ${maxLen} tokens. However, you requested ` +
-        `${promptTokens + (ir.maxTokens ?? 0)} tokens (about ${promptTokens} in the messages, ` +
-        `${ir.maxTokens ?? 0} in the completion).`,
-      { param: ir.endpoint === 'chat' ? 'messages' : 'prompt' },
-    );
-  }
-  return { identity, cls, ir, promptTokens, expectedOutputTokens: ir.maxTokens ?? EXPECTED_OUTPUT_TOKENS };
+  const prompt = promptBlocks(promptSource(ir), rt.config.router.block_size_tokens);
+  const promptTokens = rt.tokens.tokens(prompt);
+  record.set({ prompt_tokens_est: promptTokens, prefix_blocks: prompt.hashes.length });
+  checkContext(ir, prompt, promptTokens, rt.models.maxModelLen(ir.model));
+  return {
+    identity,
+    cls,
+    ir,
+    prompt,
+    promptTokens,
+    expectedOutputTokens: ir.maxTokens ?? EXPECTED_OUTPUT_TOKENS,
+  };
 }
 
-/** Prompt tokens as the backend will count them (Llama 3 template, cl100k BPE), cached per text. */
-function estimatePromptTokens(rt: Runtime, ir: InferenceRequest): number {
-  if (ir.endpoint === 'completions') {
-    let n = 0;
-    // Token ids are used as given; text gets BOS, as vLLM's add_special_tokens default does.
-    for (const p of ir.promptParts) n += typeof p === 'string' ? 1 + rt.tokenizer.encode(p).length : p.length;
-    return n;
+/**
+ * How far over the context length an estimated prompt must be for the gateway to refuse it itself.
+ * Closer than that, the backend decides: it counts with the model's own tokenizer, and its 400
+ * reaches the client with vLLM's message. The estimate's error is a few percent on prose and
+ * larger on code or other scripts; a quarter keeps a prompt that fits from being refused here.
+ */
+export const CONTEXT_ESTIMATE_SLACK = 1.25;
+
+function checkContext(ir: InferenceRequest, prompt: PromptBlocks, tokens: number, maxLen: number): void {
+  const exact = prompt.exactTokens !== null;
+  const least = exact ? tokens : Math.floor(tokens / CONTEXT_ESTIMATE_SLACK);
+  if (least + (ir.maxTokens ?? 1) <= maxLen) return;
+  const about = exact ? '' : 'about ';
+  throw new GatewayError(
+    'invalid_request',
+    `This model's maximum context length is ${maxLen} tokens. However, you requested ` +
+      `${about}${tokens + (ir.maxTokens ?? 0)} tokens (${about}${tokens} in the messages, ` +
+      `${ir.maxTokens ?? 0} in the completion).`,
+    { param: ir.endpoint === 'chat' ? 'messages' : 'prompt' },
+  );
+}
+
+/** What the canonical prompt is rendered from (the body was validated by parseInferenceRequest). */
+function promptSource(ir: InferenceRequest): PromptSource {
+  if (ir.endpoint === 'chat') {
+    return { kind: 'chat', messages: ir.body.messages as unknown[], tools: ir.body.tools };
   }
-  const messages = (ir.body.messages as { role: string }[]).map((m, i) => ({
-    role: m.role,
-    content: (ir.promptParts[i] as string | undefined) ?? '',
-  }));
-  return rt.tokenizer.countChat(messages);
+  const first = ir.promptParts[0];
+  if (typeof first === 'string') return { kind: 'text', texts: ir.promptParts as string[] };
+  return { kind: 'ids', ids: ir.promptParts as (readonly number[])[] };
 }

@@ -53,7 +53,12 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
       instance: live.instanceId,
       shutting_down: rt.lifecycle.shuttingDown,
       in_flight: rt.lifecycle.active,
-      router: { policy: rt.policy.name },
+      router: {
+        policy: rt.policy.name,
+        chars_per_token: rt.tokens.charsPerToken,
+        chars_per_token_samples: rt.tokens.samples,
+        tie_tolerance: rt.scheduler.predictionSpread(),
+      },
       scheduler: {
         policy: schedule.policy,
         queued: schedule.queued,
@@ -80,6 +85,7 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
           concurrency_limit: limits.get(b.name)?.limit ?? null,
           control_error: limits.get(b.name)?.error ?? null,
           tpot_share: limits.get(b.name)?.tpotShare ?? null,
+          prefix_index: rt.live.prefixSize(b.name),
           latency: v?.latency ?? null,
           by_class: v?.byClass ?? null,
           rates: v?.rates ?? null,

@@ -6,12 +6,12 @@ import type { Logger } from 'pino';
 import type { AdmissionController } from '../admission/index.ts';
 import type { Config } from '../config/index.ts';
 import { GatewayError } from '../errors/index.ts';
+import type { TokenEstimate } from '../prompt/canonical.ts';
 import type { RoutingPolicy } from '../router/index.ts';
 import type { Scheduler } from '../scheduler/index.ts';
 import type { LiveState } from '../state/index.ts';
 import type { AdmissionLog } from '../telemetry/admission-log.ts';
 import type { GatewayMetrics } from '../telemetry/metrics.ts';
-import type { Tokenizer } from '../tokenizer/tokenizer.ts';
 import type { BackendSet, ProxyConfig, RetryBudget } from '../upstream/index.ts';
 import type { Authenticator } from './auth.ts';
 import type { ModelCatalog } from './model-catalog.ts';
@@ -31,7 +31,8 @@ export interface Runtime {
   admissionLog: AdmissionLog;
   metrics: GatewayMetrics;
   logger: Logger;
-  tokenizer: Tokenizer;
+  /** Characters per prompt token, learnt from what the backends count. */
+  tokens: TokenEstimate;
   lifecycle: Lifecycle;
 }
 

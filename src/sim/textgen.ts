@@ -16,8 +16,8 @@
 // spread), clamped to [4, 2048]. The last token of such a stop is the end-of-turn token, which
 // decodes to no text, as in vLLM's output.
 
-import { Rng } from '../bench/rng.ts';
 import { EOT, sharedTokenizer } from '../tokenizer/tokenizer.ts';
+import { Rng } from './rng.ts';
 
 const WORDS = (
   'the of and to in is that for it as was with be by on not he this are or his from at which ' +

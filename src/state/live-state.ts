@@ -23,6 +23,7 @@ import {
   type LeaseTokens,
   zeroCounts,
 } from './leases.ts';
+import { DEFAULT_CAPACITY, PrefixIndex } from './prefix-index.ts';
 import { RedisSync, type StateLogger, type StoreStatus } from './redis-sync.ts';
 import { type BackendTelemetry, type ScrapeTarget, TelemetryScraper } from './scraper.ts';
 import { encodeSnapshot, mergeSnapshots } from './snapshot.ts';
@@ -150,6 +151,12 @@ export interface LiveState {
   tenantTokensFreedInMs(tenant: string, needed: number): number;
   /** Called after every exchange with the store that changed the peers' part (e.g. to re-check room). */
   onPeersChanged(listener: () => void): void;
+  /** Leading blocks of `hashes` that `backend` is believed to hold in its prefix cache. */
+  prefixMatch(backend: string, hashes: readonly number[]): number;
+  /** The request with these blocks was just sent to `backend` (shared with peers at the next tick). */
+  prefixInsert(backend: string, hashes: readonly number[]): void;
+  /** Blocks the prefix index holds for `backend`, and its capacity. */
+  prefixSize(backend: string): { blocks: number; capacity: number };
   telemetry(backend: string): BackendTelemetry | null;
   backendView(name: string): BackendLiveView | undefined;
   view(): LiveStateView;
@@ -195,6 +202,7 @@ class LiveStateImpl implements LiveState {
   readonly #tenants = new TenantUsageTable();
   #remoteTenants = new Map<string, RemoteTenant>();
   readonly #peerListeners: (() => void)[] = [];
+  readonly #prefix: PrefixIndex;
   #closed: Promise<void> | null = null;
 
   constructor(config: StateConfig, opts: LiveStateOptions) {
@@ -206,6 +214,10 @@ class LiveStateImpl implements LiveState {
     for (const b of opts.backends) this.#add(b);
     this.#scraper =
       opts.scrape === false ? null : new TelemetryScraper({ ...opts.scrape, now: this.#now }, opts.backends);
+    // One prefix-index block per KV block: the canonical prompt's blocks stand for as many tokens.
+    this.#prefix = new PrefixIndex((b) => this.#scraper?.get(b)?.numGpuBlocks ?? DEFAULT_CAPACITY);
+    // Shared through the store's log: keep what this instance inserts until the next tick.
+    this.#prefix.record(config.store === 'redis');
     this.#sync =
       config.store === 'redis'
         ? new RedisSync(config, {
@@ -215,6 +227,14 @@ class LiveStateImpl implements LiveState {
             host: {
               snapshot: (now) => encodeSnapshot(this.#states(), this.#tenants.entries(now), now),
               applyPeers: (snaps, now) => this.#applyPeers(snaps, now),
+              logEntry: () => encodePrefixLog(this.#prefix.drainRecent()),
+              applyLog: (entries) => {
+                for (const e of entries) {
+                  decodePrefixLog(e, (b, h) => {
+                    if (this.#backends.has(b)) this.#prefix.insertPeer(b, h);
+                  });
+                }
+              },
             },
           })
         : null;
@@ -307,6 +327,21 @@ class LiveStateImpl implements LiveState {
     this.#peerListeners.push(listener);
   }
 
+  prefixMatch(backend: string, hashes: readonly number[]): number {
+    return this.#prefix.match(backend, hashes);
+  }
+
+  prefixInsert(backend: string, hashes: readonly number[]): void {
+    this.#prefix.insert(backend, hashes);
+  }
+
+  prefixSize(backend: string): { blocks: number; capacity: number } {
+    return {
+      blocks: this.#prefix.size(backend),
+      capacity: this.#scraper?.get(backend)?.numGpuBlocks ?? DEFAULT_CAPACITY,
+    };
+  }
+
   predictTpotMs(backend: string, load?: number): number | null {
     const be = this.#backends.get(backend)?.state;
     if (be === undefined) return null;
@@ -387,6 +422,7 @@ class LiveStateImpl implements LiveState {
     for (const name of this.#backends.keys()) {
       if (!wanted.has(name)) {
         this.#backends.delete(name);
+        this.#prefix.drop(name);
         this.#latencyCache.delete(name);
         this.#fitCache.delete(name);
       }
@@ -501,6 +537,29 @@ class LiveStateImpl implements LiveState {
     };
     this.#fitCache.set(name, { key, value });
     return value;
+  }
+}
+
+/** `backend:h,h,…;backend:h,…` with each 53-bit hash in base 36 ('' when there is nothing). */
+function encodePrefixLog(recent: Map<string, number[]>): string {
+  const parts: string[] = [];
+  for (const [backend, hashes] of recent) {
+    if (hashes.length > 0) parts.push(`${backend}:${hashes.map((h) => h.toString(36)).join(',')}`);
+  }
+  return parts.join(';');
+}
+
+/** The inverse of encodePrefixLog; a malformed part is skipped on its own. */
+function decodePrefixLog(text: string, insert: (backend: string, hashes: number[]) => void): void {
+  for (const part of text.split(';')) {
+    const colon = part.indexOf(':');
+    if (colon <= 0) continue;
+    const hashes = part
+      .slice(colon + 1)
+      .split(',')
+      .map((h) => Number.parseInt(h, 36))
+      .filter((h) => Number.isSafeInteger(h) && h >= 0);
+    if (hashes.length > 0) insert(part.slice(0, colon), hashes);
   }
 }
 

@@ -1,6 +1,9 @@
 // The background exchange with Redis: every refresh interval, ONE script call (one round trip)
 // publishes this instance's snapshot with a heartbeat, drops instances whose heartbeat is older
-// than the liveness TTL, and returns the live peers' snapshots.
+// than the liveness TTL, and returns the live peers' snapshots; in the same call it appends this
+// instance's new entries to the shared log (a capped stream: what each instance has inserted into
+// its prefix index since its last tick) and returns the log's entries it has not read yet, so
+// deltas travel, never the whole index, and an instance that joins late reads the log's history.
 //
 // Invariants:
 // - nothing on the request path waits for this: the tick runs on a timer and only ever replaces
@@ -19,6 +22,11 @@ const MAX_INSTANCES = 256;
 
 const SYNC_SCRIPT = `
 local t = redis.call('TIME')
+if ARGV[5] ~= '' then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'i', ARGV[1], 'p', ARGV[5])
+end
+local logged = redis.call('XRANGE', KEYS[3], ARGV[6], '+', 'COUNT', ARGV[8])
+redis.call('PEXPIRE', KEYS[3], ARGV[9])
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
 local max = tonumber(ARGV[4])
@@ -47,19 +55,34 @@ for i = 1, #live do
     end
   end
 end
-return out
+return {out, logged}
 `;
 
 interface SyncCommand {
   slagateSync(
     instances: string,
     snapshots: string,
+    log: string,
     id: string,
     snapshot: string,
     ttlMs: number,
     max: number,
+    logEntry: string,
+    logFrom: string,
+    logMaxLen: number,
+    logCount: number,
+    logTtlMs: number,
   ): Promise<unknown>;
 }
+
+/** An entry not sent while Redis is away is kept up to this size, then only the newest part. */
+const MAX_UNSENT_CHARS = 1 << 20;
+/** Entries the shared log keeps (about: Redis trims in whole nodes). */
+const LOG_MAX_LEN = 1_000;
+/** Entries read per tick at most: a late joiner catches up over several ticks. */
+const LOG_READ = 250;
+/** The log outlives its writers by this much (a restart within it relearns the index). */
+const LOG_TTL_MS = 10 * 60_000;
 
 export interface StateLogger {
   info(obj: object, msg: string): void;
@@ -84,6 +107,10 @@ export interface SyncHost {
   snapshot(now: number): string;
   /** Replaces the peers' part of the view with these snapshots. */
   applyPeers(snapshots: string[], now: number): void;
+  /** This instance's new log entry since the last tick, '' when it has none (called once per tick). */
+  logEntry(): string;
+  /** Entries other instances added to the log, oldest first. */
+  applyLog(entries: string[]): void;
 }
 
 export interface RedisSyncOptions {
@@ -111,7 +138,7 @@ export function livenessTtlMs(cfg: RedisStateConfig): number {
 
 export class RedisSync {
   readonly ttlMs: number;
-  readonly keys: { instances: string; snapshots: string };
+  readonly keys: { instances: string; snapshots: string; log: string };
   readonly client: StateRedisClient;
   readonly #cfg: RedisStateConfig;
   readonly #opts: RedisSyncOptions;
@@ -123,6 +150,10 @@ export class RedisSync {
   #lastOkAt: number | null = null;
   #lastDurationMs: number | null = null;
   #peers = 0;
+  /** The log position read up to: '-' reads its history on the first tick; then exclusive. */
+  #logFrom = '-';
+  /** An entry built for a tick that failed: sent again with the next one rather than lost. */
+  #unsent = '';
   #resolveReady!: () => void;
   readonly #ready = new Promise<void>((resolve) => {
     this.#resolveReady = resolve;
@@ -133,9 +164,9 @@ export class RedisSync {
     this.#opts = opts;
     this.ttlMs = livenessTtlMs(cfg);
     const tag = `{${cfg.key_prefix}}`;
-    this.keys = { instances: `${tag}:instances`, snapshots: `${tag}:snapshots` };
+    this.keys = { instances: `${tag}:instances`, snapshots: `${tag}:snapshots`, log: `${tag}:log` };
     this.client = createRedisClient(cfg);
-    this.client.defineCommand('slagateSync', { numberOfKeys: 2, lua: SYNC_SCRIPT });
+    this.client.defineCommand('slagateSync', { numberOfKeys: 3, lua: SYNC_SCRIPT });
     // Without a listener ioredis reports every failed reconnect as an unhandled error.
     this.client.on('error', (e: Error) => {
       this.#lastError = e.message;
@@ -191,20 +222,34 @@ export class RedisSync {
       }
       if (client.status !== 'ready') throw new Error(`redis connection ${client.status}`);
       const at = now();
+      const fresh = this.#opts.host.logEntry();
+      let entry = this.#unsent === '' ? fresh : fresh === '' ? this.#unsent : `${this.#unsent};${fresh}`;
+      if (entry.length > MAX_UNSENT_CHARS) entry = fresh.length > MAX_UNSENT_CHARS ? '' : fresh;
+      this.#unsent = entry;
       const reply = await bounded(
         (client as unknown as SyncCommand).slagateSync(
           this.keys.instances,
           this.keys.snapshots,
+          this.keys.log,
           this.#opts.instanceId,
           this.#opts.host.snapshot(at),
           this.ttlMs,
           MAX_INSTANCES,
+          entry,
+          this.#logFrom,
+          LOG_MAX_LEN,
+          LOG_READ,
+          LOG_TTL_MS,
         ),
         this.#cfg.command_timeout_ms,
         'sync',
       );
-      const peers = parseReply(reply);
+      this.#unsent = '';
+      const { peers, log, lastId } = parseReply(reply, this.#opts.instanceId);
+      if (lastId !== null) this.#logFrom = `(${lastId}`;
       if (this.#closed) return;
+      // The log first: applyPeers tells the listeners, who then see both.
+      if (log.length > 0) this.#opts.host.applyLog(log);
       this.#opts.host.applyPeers(peers, now());
       this.#peers = peers.length;
       this.#lastOkAt = now();
@@ -236,6 +281,7 @@ export class RedisSync {
         .zrem(this.keys.instances, this.#opts.instanceId)
         .hdel(this.keys.snapshots, this.#opts.instanceId)
         .exec();
+      // The log stays: what this instance routed is still in the backends' caches.
       await bounded(leave, this.#cfg.command_timeout_ms, 'leave').catch(() => {});
     }
     this.client.disconnect();
@@ -243,15 +289,35 @@ export class RedisSync {
   }
 }
 
-/** The script returns [id, snapshot, id, snapshot, ...]; only the snapshots are needed. */
-function parseReply(reply: unknown): string[] {
-  if (!Array.isArray(reply)) throw new Error('unexpected reply from the sync script');
-  const out: string[] = [];
-  for (let i = 1; i < reply.length; i += 2) {
-    const s = reply[i];
-    if (typeof s === 'string') out.push(s);
+/**
+ * The script returns [[id, snapshot, id, snapshot, ...], [[logId, [field, value, ...]], ...]]: the
+ * peers' snapshots, and the log entries read, of which this instance's own are dropped.
+ */
+function parseReply(reply: unknown, self: string): { peers: string[]; log: string[]; lastId: string | null } {
+  if (!Array.isArray(reply) || !Array.isArray(reply[0]) || !Array.isArray(reply[1])) {
+    throw new Error('unexpected reply from the sync script');
   }
-  return out;
+  const peers: string[] = [];
+  const snaps = reply[0] as unknown[];
+  for (let i = 1; i < snaps.length; i += 2) {
+    const s = snaps[i];
+    if (typeof s === 'string') peers.push(s);
+  }
+  const log: string[] = [];
+  let lastId: string | null = null;
+  for (const e of reply[1] as unknown[]) {
+    if (!Array.isArray(e) || typeof e[0] !== 'string' || !Array.isArray(e[1])) continue;
+    lastId = e[0];
+    const fields = e[1] as unknown[];
+    let who: unknown = null;
+    let payload: unknown = null;
+    for (let i = 0; i + 1 < fields.length; i += 2) {
+      if (fields[i] === 'i') who = fields[i + 1];
+      else if (fields[i] === 'p') payload = fields[i + 1];
+    }
+    if (who !== self && typeof payload === 'string') log.push(payload);
+  }
+  return { peers, log, lastId };
 }
 
 /** Rejects after `ms` whatever `p` does; a late rejection of `p` is swallowed. */

@@ -57,9 +57,9 @@ export interface FailedAttempt {
 
 export interface RouteCandidate {
   backend: string;
-  /** The router's cost in seconds (lower is better). */
-  cost_s: number;
-  /** Any cost terms the policy wants to show (wait_s, prefill_s, prefix_hit, ...). */
+  /** The router's cost (lower is better): seconds for slagate and oracle, the policy's own unit otherwise. */
+  cost: number;
+  /** Any cost terms the policy wants to show (ttft_s, prefill_s, decode_s, cached_tokens, ...). */
   readonly [term: string]: string | number | boolean | null;
 }
 
@@ -104,6 +104,11 @@ export class AdmissionLog {
         this.records++;
       },
     };
+  }
+
+  /** Lines carry the router's candidates (the log is at debug level): build them only then. */
+  get withCandidates(): boolean {
+    return this.sink.withCandidates();
   }
 
   /** Records made so far: one per ended request (written unless the logger is silent). */

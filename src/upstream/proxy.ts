@@ -204,7 +204,7 @@ async function attemptLoop(
       assembleKind: req.assembleKind,
       clientWantsUsage: req.clientWantsUsage,
       res: req.res,
-      commitHeaders: commitHeaders(req, backend.name, s.queueMs, slot.predictedTtftMs),
+      commitHeaders: commitHeaders(req, backend.name, s.queueMs, slot),
       errorHeaders: { ...req.responseHeaders, 'x-slagate-backend': backend.name },
       startedAt: req.startedAt,
       firstTokenMs: Math.min(firstTokenMs, remaining),
@@ -249,18 +249,15 @@ async function attemptLoop(
   return conclude(req, s, signal.aborted, cut);
 }
 
-function commitHeaders(
-  req: ProxyRequest,
-  backend: string,
-  queueMs: number,
-  predictedTtftMs: number | null,
-): OutgoingHttpHeaders {
+function commitHeaders(req: ProxyRequest, backend: string, queueMs: number, slot: Slot): OutgoingHttpHeaders {
   const h: OutgoingHttpHeaders = {
     ...req.responseHeaders,
     'x-slagate-backend': backend,
     'x-slagate-queue-ms': ms(queueMs),
   };
-  if (predictedTtftMs !== null) h['x-slagate-predicted-ttft-ms'] = ms(predictedTtftMs);
+  if (slot.predictedTtftMs !== null) h['x-slagate-predicted-ttft-ms'] = ms(slot.predictedTtftMs);
+  if (slot.prefixHit !== null)
+    h['x-slagate-prefix-hit'] = (Math.round(slot.prefixHit * 1000) / 1000).toString();
   return h;
 }
 

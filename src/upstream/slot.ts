@@ -17,6 +17,8 @@ export interface Slot {
   readonly backend: Backend;
   /** Predicted TTFT of the request on this backend (arrival to first token), ms; null when unknown. */
   readonly predictedTtftMs: number | null;
+  /** Estimated share of the prompt the backend holds in its prefix cache, 0..1; null when unknown. */
+  readonly prefixHit: number | null;
   /** This attempt's first-token budget, ms (the loop still caps it by the request's deadline). */
   readonly firstTokenTimeoutMs: number;
   /** Where the attempt adds its token gaps; null when nobody measures decode pace. */

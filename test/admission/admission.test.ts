@@ -3,8 +3,8 @@
 // backend set and scheduler; the fits are taught by recording samples, as finished requests do.
 import { afterEach, describe, expect, it } from 'vitest';
 import { AdmissionController, type AdmissionRequest, SHED_WINDOW_MS } from '../../src/admission/index.ts';
+import { route } from '../router/fixtures.ts';
 import { schedulerFixture, schedulerSettings } from '../scheduler/fixtures.ts';
-import { latencySample } from '../state/fixtures/sample.ts';
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
@@ -25,29 +25,11 @@ function setup(names = ['a', 'b']) {
     scheduler,
     now: () => now,
   });
-  /** Teaches every backend: dispatch→first token = 20 ms + 0.1 ms per prefill token. */
-  const teach = () => {
-    for (const backend of names) {
-      for (let i = 0; i < 20; i++) {
-        f.tick(10);
-        const tokens = 100 + 200 * (i % 5);
-        live.record(
-          latencySample({
-            backend,
-            uncachedPromptTokens: tokens,
-            queueMs: 0,
-            ttftMs: 20 + 0.1 * tokens,
-            loadAtDispatch: 0,
-          }),
-        );
-      }
-    }
-  };
   return {
     admission,
     live,
     scheduler,
-    teach,
+    teach: f.teach,
     tick: (ms: number) => {
       now += ms;
       f.tick(ms);
@@ -56,7 +38,7 @@ function setup(names = ['a', 'b']) {
 }
 
 function req(over: Partial<AdmissionRequest> = {}): AdmissionRequest {
-  return {
+  const base: Omit<AdmissionRequest, 'route'> = {
     reqId: 'r',
     className: 'interactive',
     priority: 0,
@@ -67,15 +49,14 @@ function req(over: Partial<AdmissionRequest> = {}): AdmissionRequest {
     ttftTargetMs: 500,
     tpotTargetMs: 50,
     deadlineAt: performance.now() + 60_000,
-    uncachedTokens: 1000,
     promptTokens: 1000,
     expectedOutputTokens: 100,
     budgetTokens: 1100,
     streamedUpstream: true,
     noQueue: false,
-    route: { reqId: 'r', promptTokensEst: 1000 },
     ...over,
   };
+  return { ...base, route: over.route ?? route({ promptTokens: base.promptTokens }) };
 }
 
 const codeOf = (fn: () => unknown): string => {
@@ -124,7 +105,7 @@ describe('predicted TTFT', () => {
     expect(cold.prediction.best).toBeNull();
     expect(cold.prediction.complete).toBe(false);
     teach();
-    const warm = admission.admit(req({ uncachedTokens: 1000 }));
+    const warm = admission.admit(req({ promptTokens: 1000 }));
     // Nothing queued: no wait; 20 + 0.1 × 1000 on both backends (nothing pending on either).
     expect(warm.prediction.waitMs).toBe(0);
     expect(warm.prediction.complete).toBe(true);
@@ -141,7 +122,7 @@ describe('predicted TTFT', () => {
     // 20 + 0.1 × 8000 = 820 ms > 500.
     let caught: unknown;
     try {
-      admission.admit(req({ uncachedTokens: 8000, promptTokens: 8000 }));
+      admission.admit(req({ promptTokens: 8000 }));
     } catch (e) {
       caught = e;
     }
@@ -152,9 +133,7 @@ describe('predicted TTFT', () => {
       -1,
     );
     // The same request in a class with room in its target is admitted.
-    expect(codeOf(() => admission.admit(req({ uncachedTokens: 8000, ttftTargetMs: 30_000 })))).toBe(
-      'admitted',
-    );
+    expect(codeOf(() => admission.admit(req({ promptTokens: 8000, ttftTargetMs: 30_000 })))).toBe('admitted');
   });
 
   it('sheddable classes are refused first: for a while after a protected refusal, every sheddable one is', () => {
@@ -163,7 +142,7 @@ describe('predicted TTFT', () => {
     const batch = { className: 'batch', sheddable: true, ttftTargetMs: 30_000 };
     expect(codeOf(() => admission.admit(req(batch)))).toBe('admitted');
     // A protected request is refused for capacity…
-    expect(codeOf(() => admission.admit(req({ uncachedTokens: 8000 })))).toMatch(/^sla_unattainable/);
+    expect(codeOf(() => admission.admit(req({ promptTokens: 8000 })))).toMatch(/^sla_unattainable/);
     // …so a sheddable one that could be served is refused now,
     expect(codeOf(() => admission.admit(req(batch)))).toMatch(/^sla_unattainable/);
     // while protected requests that can be served still are,

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { arrivalOffsets } from '../../src/bench/arrivals.ts';
-import { Rng } from '../../src/bench/rng.ts';
+import { Rng } from '../../src/sim/rng.ts';
 
 function gaps(offsets: number[]): number[] {
   return offsets.map((t, i) => t - (i === 0 ? 0 : (offsets[i - 1] as number)));

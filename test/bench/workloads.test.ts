@@ -1,6 +1,5 @@
 import { countTokens, encode } from 'gpt-tokenizer/encoding/cl100k_base';
 import { describe, expect, it } from 'vitest';
-import { Rng } from '../../src/bench/rng.ts';
 import { syntheticText, WORDS } from '../../src/bench/text.ts';
 import {
   CODE,
@@ -13,6 +12,7 @@ import {
   WORKLOAD_NAMES,
   type WorkloadRequest,
 } from '../../src/bench/workloads.ts';
+import { Rng } from '../../src/sim/rng.ts';
 
 const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
 const median = (xs: number[]) => {

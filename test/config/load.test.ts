@@ -115,7 +115,7 @@ describe('defaults', () => {
       },
     });
     expect(config.router).toEqual({
-      policy: 'least_loaded',
+      policy: 'slagate',
       block_size_tokens: 16,
       explore_ratio: 0.01,
       session_header: 'x-session-id',

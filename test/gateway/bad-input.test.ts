@@ -117,6 +117,33 @@ describe('27: context length', () => {
     // A request that fits is served.
     expect((await post(t.url, CHAT, chat({ max_tokens: 10 }))).status).toBe(200);
   });
+
+  it('a prompt near the limit is judged by the backend, which counts exactly, and its message reaches the client', async () => {
+    const replica = await SimReplica.start({
+      profile: { ...getProfile('llama3-8b-h100'), maxModelLen: 256 },
+      timeScale: 0.1,
+    });
+    cleanups.push(() => replica.close());
+    const t = await gateway({ backends: [{ name: 'small', url: replica.url }] });
+    // About 260 tokens with the template, against 256: within the estimate's slack (it estimates
+    // about 290 before it has learnt this text's ratio), so the gateway does not refuse it.
+    const nearPrompt = 'The quick brown fox jumps over the lazy dog. '.repeat(25);
+    const near = await post(t.url, CHAT, chat({ messages: [{ role: 'user', content: nearPrompt }] }), {
+      'x-request-id': 'ctx-near',
+    });
+    expect(near.status, near.text).toBe(400);
+    expect(errorOf(near.text).code).toBe('invalid_request');
+    // vLLM's own wording, with its exact count.
+    expect(near.text).toMatch(
+      /maximum context length is 256 tokens\. However, your request has \d+ input tokens/,
+    );
+    // It was sent, once: the backend's answer, not the gateway's estimate, refused it.
+    expect(await t.recordOf('ctx-near')).toMatchObject({
+      reason: 'invalid_request',
+      backend: 'small',
+      attempts: 1,
+    });
+  });
 });
 
 describe('28: keys and the route allowlist', () => {

@@ -1,53 +1,172 @@
+// The routing policies as pure functions of the request and the backend views.
 import { describe, expect, it } from 'vitest';
-import { createRoutingPolicy } from '../../src/router/index.ts';
+import { ROUTER_POLICIES } from '../../src/config/index.ts';
+import { createRoutingPolicy, ROUTER_POLICY_NAMES } from '../../src/router/index.ts';
+import { cacheAware } from '../../src/router/policies/cache-aware.ts';
 import { leastLoaded } from '../../src/router/policies/least-loaded.ts';
+import { prefixOnly } from '../../src/router/policies/prefix-only.ts';
+import { slagate } from '../../src/router/policies/slagate.ts';
 import type { BackendView } from '../../src/router/types.ts';
+import { rng as seededRandom } from '../helpers/rng.ts';
+import { route, view } from './fixtures.ts';
 
-const req = { reqId: 'r', promptTokensEst: 10 };
-const view = (name: string, inflight: number, weight = 1): BackendView => ({ name, inflight, weight });
+const req = route();
+const loaded = (name: string, inflight: number, weight = 1): BackendView => view(name, { inflight, weight });
+const opts = { exploreRatio: 0, tolerance: () => null };
+const firstOf = (ranked: { backend: string }[]) => ranked[0]!.backend;
 
 describe('round_robin', () => {
   it('cycles through backends and ranks every backend once', () => {
-    const rr = createRoutingPolicy('round_robin');
-    const backends = [view('a', 0), view('b', 0), view('c', 0)];
-    const firsts = Array.from({ length: 6 }, () => rr.rank(req, backends)[0]!.backend);
+    const rr = createRoutingPolicy('round_robin', opts);
+    const backends = [loaded('a', 0), loaded('b', 0), loaded('c', 0)];
+    const firsts = Array.from({ length: 6 }, () => firstOf(rr.rank(req, backends)));
     expect(firsts).toEqual(['a', 'b', 'c', 'a', 'b', 'c']);
     const ranked = rr.rank(req, backends).map((c) => c.backend);
     expect([...ranked].sort()).toEqual(['a', 'b', 'c']);
   });
 
   it('gives a backend of weight 2 twice the first picks', () => {
-    const rr = createRoutingPolicy('round_robin');
-    const backends = [view('a', 0, 2), view('b', 0, 1)];
+    const rr = createRoutingPolicy('round_robin', opts);
+    const backends = [loaded('a', 0, 2), loaded('b', 0, 1)];
     const counts: Record<string, number> = { a: 0, b: 0 };
-    for (let i = 0; i < 300; i++) counts[rr.rank(req, backends)[0]!.backend]! += 1;
+    for (let i = 0; i < 300; i++) counts[firstOf(rr.rank(req, backends))]! += 1;
     expect(counts.a).toBe(200);
     expect(counts.b).toBe(100);
   });
 
   it('returns nothing for no backends', () => {
-    expect(createRoutingPolicy('round_robin').rank(req, [])).toEqual([]);
+    expect(createRoutingPolicy('round_robin', opts).rank(req, [])).toEqual([]);
   });
 });
 
 describe('least_loaded', () => {
   it('ranks by in-flight per weight', () => {
-    const ll = createRoutingPolicy('least_loaded');
-    const ranked = ll.rank(req, [view('a', 5), view('b', 1), view('c', 3), view('d', 2, 4)]);
+    const ll = createRoutingPolicy('least_loaded', opts);
+    const ranked = ll.rank(req, [loaded('a', 5), loaded('b', 1), loaded('c', 3), loaded('d', 2, 4)]);
     expect(ranked.map((c) => c.backend)).toEqual(['d', 'b', 'c', 'a']);
   });
 
   it('breaks ties at random instead of herding onto the first backend', () => {
     const ll = leastLoaded();
-    const backends = [view('a', 2), view('b', 2), view('c', 2)];
+    const backends = [loaded('a', 2), loaded('b', 2), loaded('c', 2)];
     const firsts = new Set<string>();
-    for (let i = 0; i < 200; i++) firsts.add(ll.rank(req, backends)[0]!.backend);
+    for (let i = 0; i < 200; i++) firsts.add(firstOf(ll.rank(req, backends)));
     expect(firsts).toEqual(new Set(['a', 'b', 'c']));
   });
 });
 
+describe('prefix_only', () => {
+  it('takes the longest match whatever the load, and spreads at random where nothing matches', () => {
+    const po = prefixOnly(seededRandom(1));
+    const ranked = po.rank(req, [
+      view('a', { cachedBlocks: 2, inflight: 0 }),
+      view('b', { cachedBlocks: 9, inflight: 500 }),
+      view('c', { cachedBlocks: 5 }),
+    ]);
+    expect(ranked.map((c) => c.backend)).toEqual(['b', 'c', 'a']);
+    const firsts = new Set<string>();
+    for (let i = 0; i < 100; i++) firsts.add(firstOf(po.rank(req, [view('a'), view('b'), view('c')])));
+    expect(firsts).toEqual(new Set(['a', 'b', 'c']));
+  });
+});
+
+describe('cache_aware (SGLang)', () => {
+  const r = route({ promptTokens: 1000 });
+
+  it('takes the best match when it covers more than 30% of the prompt, else the least loaded', () => {
+    const ca = cacheAware(seededRandom(2));
+    const held = [view('a', { cachedTokens: 400, inflight: 10 }), view('b', { inflight: 2 })];
+    expect(firstOf(ca.rank(r, held))).toBe('a');
+    const little = [view('a', { cachedTokens: 250, inflight: 10 }), view('b', { inflight: 2 })];
+    expect(firstOf(ca.rank(r, little))).toBe('b');
+  });
+
+  it('goes to the shortest queue when the load is imbalanced (by more than 64 and 1.5×)', () => {
+    const ca = cacheAware(seededRandom(3));
+    const hot = [view('a', { cachedTokens: 900, inflight: 100 }), view('b', { inflight: 30 })];
+    expect(firstOf(ca.rank(r, hot))).toBe('b');
+    // 100 against 40: over 1.5× but only 60 apart: the match still wins.
+    const near = [view('a', { cachedTokens: 900, inflight: 100 }), view('b', { inflight: 40 })];
+    expect(firstOf(ca.rank(r, near))).toBe('a');
+  });
+});
+
+describe('slagate', () => {
+  const fitted = (name: string, ttftMs: number, over: Partial<BackendView> = {}) =>
+    view(name, { predictedTtftMs: ttftMs, prefillMs: ttftMs / 2, tpotMs: 20, ...over });
+
+  it('ranks by predicted TTFT in seconds, with the decode pressure the request would suffer', () => {
+    const p = slagate(opts);
+    const r = route({ expectedOutputTokens: 100, tpotTargetMs: 50 });
+    // c is fastest to a first token, but its TPOT with this request would be 60 ms against a
+    // 50 ms target: 100 tokens × 10 ms = 1 s more.
+    const ranked = p.rank(r, [fitted('a', 300), fitted('b', 200), fitted('c', 100, { tpotMs: 60 })]);
+    expect(ranked.map((c) => c.backend)).toEqual(['b', 'a', 'c']);
+    expect(ranked[0]!.cost).toBeCloseTo(0.2, 9);
+    expect(ranked[2]!.cost).toBeCloseTo(0.1 + 1, 9);
+    expect(ranked[2]!.terms).toMatchObject({ ttft_s: 0.1, decode_s: 1 });
+  });
+
+  it('before every backend has a fit, uses uncached tokens × (running + 1)', () => {
+    const p = slagate(opts);
+    const ranked = p.rank(req, [
+      view('a', { uncachedTokens: 1000, inflight: 0 }), // 1000
+      view('b', { uncachedTokens: 100, inflight: 4 }), // 500
+      fitted('c', 1), // a fit alone does not count until all have one: 100 × 1
+    ]);
+    expect(ranked.map((c) => c.backend)).toEqual(['c', 'b', 'a']);
+  });
+
+  it('within the predictor error of the best, prefers the backend holding more of the prompt', () => {
+    const tolerance = { value: 0.1 as number | null };
+    const p = slagate({ exploreRatio: 0, tolerance: () => tolerance.value, random: seededRandom(4) });
+    const backends = [fitted('a', 100), fitted('b', 105, { cachedBlocks: 40 })];
+    expect(firstOf(p.rank(req, backends))).toBe('b');
+    // Beyond the margin the cheaper one wins: affinity is broken.
+    tolerance.value = 0.01;
+    expect(firstOf(p.rank(req, backends))).toBe('a');
+    // Without a measured error, only equal costs are ties.
+    tolerance.value = null;
+    expect(firstOf(p.rank(req, backends))).toBe('a');
+  });
+
+  it('keeps a session on its backend while it is within the margin: a tie-breaker, not an override', () => {
+    const p = slagate({ exploreRatio: 0, tolerance: () => 0.2, random: seededRandom(5) });
+    const s = route({ sessionId: 'conv-1' });
+    expect(firstOf(p.rank(s, [fitted('a', 100), fitted('b', 300)]))).toBe('a');
+    // b is now slightly cheaper, but within 20%: the session stays on a.
+    expect(firstOf(p.rank(s, [fitted('a', 110), fitted('b', 100)]))).toBe('a');
+    // Far cheaper elsewhere: the session moves.
+    expect(firstOf(p.rank(s, [fitted('a', 500), fitted('b', 100)]))).toBe('b');
+    // And stays there from then on.
+    expect(firstOf(p.rank(s, [fitted('a', 100), fitted('b', 110)]))).toBe('b');
+  });
+
+  it('breaks exact ties at random', () => {
+    const p = slagate({ ...opts, random: seededRandom(6) });
+    const firsts = new Set<string>();
+    for (let i = 0; i < 100; i++)
+      firsts.add(firstOf(p.rank(req, [fitted('a', 100), fitted('b', 100), fitted('c', 100)])));
+    expect(firsts).toEqual(new Set(['a', 'b', 'c']));
+  });
+
+  it('sends the exploration share where the prefill would start soonest, whatever is cached', () => {
+    const p = slagate({ exploreRatio: 0.25, tolerance: () => 0, random: seededRandom(7) });
+    // a holds the prompt (cheap own prefill) behind 300 ms of work; b holds nothing, starts at once.
+    const backends = [
+      view('a', { predictedTtftMs: 310, prefillMs: 10, cachedBlocks: 50, tpotMs: 20 }),
+      view('b', { predictedTtftMs: 400, prefillMs: 400, tpotMs: 20 }),
+    ];
+    const counts: Record<string, number> = { a: 0, b: 0 };
+    for (let i = 0; i < 2000; i++) counts[firstOf(p.rank(req, backends))]! += 1;
+    expect(counts.b! / 2000).toBeGreaterThan(0.2);
+    expect(counts.b! / 2000).toBeLessThan(0.3);
+  });
+});
+
 describe('createRoutingPolicy', () => {
-  it('rejects an unknown policy with the list of available ones', () => {
-    expect(() => createRoutingPolicy('nope')).toThrow(/round_robin, least_loaded/);
+  it('builds every policy the config accepts, so check-config and serve accept the same ones', () => {
+    expect([...ROUTER_POLICY_NAMES].sort()).toEqual([...ROUTER_POLICIES].sort());
+    for (const name of ROUTER_POLICIES) expect(createRoutingPolicy(name, opts).name).toBe(name);
   });
 });

@@ -2,11 +2,13 @@
 // the wire), for the scheduler's and the admission controller's unit tests.
 
 import type { GatewayError } from '../../src/errors/index.ts';
+import type { RoutingPolicy } from '../../src/router/index.ts';
 import { leastLoaded } from '../../src/router/policies/least-loaded.ts';
 import { Scheduler, type SchedulerSettings } from '../../src/scheduler/scheduler.ts';
 import { createLiveState, type LiveState } from '../../src/state/index.ts';
 import { BackendSet } from '../../src/upstream/backends.ts';
 import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
+import { latencySample } from '../state/fixtures/sample.ts';
 
 export function schedulerSettings(over: Partial<SchedulerSettings> = {}): SchedulerSettings {
   return {
@@ -39,10 +41,16 @@ export interface SchedulerFixture {
   set(next: SchedulerSettings): void;
   /** Moves the live state's clock (windows, fits, tenant usage). */
   tick(ms: number): void;
+  /** Teaches every backend's fit: dispatch→first token = 20 ms + 0.1 ms per uncached prefill token. */
+  teach(): void;
   close(): Promise<void>;
 }
 
-export function schedulerFixture(names: string[], settings = schedulerSettings()): SchedulerFixture {
+export function schedulerFixture(
+  names: string[],
+  settings = schedulerSettings(),
+  router: RoutingPolicy = leastLoaded(() => 0.5),
+): SchedulerFixture {
   let clock = 1_000_000;
   const backends = new BackendSet(
     { ...DEFAULT_BACKEND_SET_OPTIONS, health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 0 } },
@@ -57,7 +65,7 @@ export function schedulerFixture(names: string[], settings = schedulerSettings()
   const scheduler = new Scheduler({
     backends: () => backends.list(),
     live,
-    router: () => leastLoaded(() => 0.5),
+    router: () => router,
     settings: () => current,
     onRefused: (req, err: GatewayError) => refused.push(`${req.reqId}:${err.code}`),
   });
@@ -71,6 +79,23 @@ export function schedulerFixture(names: string[], settings = schedulerSettings()
     },
     tick: (ms) => {
       clock += ms;
+    },
+    teach: () => {
+      for (const backend of names) {
+        for (let i = 0; i < 20; i++) {
+          clock += 10;
+          const tokens = 100 + 200 * (i % 5);
+          live.record(
+            latencySample({
+              backend,
+              uncachedPromptTokens: tokens,
+              queueMs: 0,
+              ttftMs: 20 + 0.1 * tokens,
+              loadAtDispatch: 0,
+            }),
+          );
+        }
+      }
     },
     async close() {
       scheduler.close();

@@ -2,6 +2,7 @@
 import { describe, expect, it } from 'vitest';
 import { FifoQueue, type QueueEntry, SlagateQueue } from '../../src/scheduler/queue.ts';
 import type { ScheduledRequest } from '../../src/scheduler/types.ts';
+import { route } from '../router/fixtures.ts';
 
 const AGING = 1000;
 
@@ -21,7 +22,7 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
     expectedOutputTokens: 100,
     streamedUpstream: true,
     noQueue: false,
-    route: { reqId: 'r', promptTokensEst: 100 },
+    route: route(),
     predictions: new Map(),
     prefillMs: 10,
     bestBackendMs: 50,

@@ -2,9 +2,11 @@
 // against a real memory live state and a real backend set (no request is ever sent: a slot is a
 // lease, and what happens on the wire is the upstream layer's).
 import { afterEach, describe, expect, it, vi } from 'vitest';
+import { slagate } from '../../src/router/policies/slagate.ts';
 import type { SchedulerSettings } from '../../src/scheduler/scheduler.ts';
 import type { ScheduledRequest } from '../../src/scheduler/types.ts';
 import type { Slot } from '../../src/upstream/slot.ts';
+import { route } from '../router/fixtures.ts';
 import { schedulerFixture, schedulerSettings as settings } from './fixtures.ts';
 
 const cleanups: (() => unknown)[] = [];
@@ -12,8 +14,12 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-function setup(names: string[], s: SchedulerSettings = settings()) {
-  const f = schedulerFixture(names, s);
+function setup(
+  names: string[],
+  s: SchedulerSettings = settings(),
+  router?: Parameters<typeof schedulerFixture>[2],
+) {
+  const f = schedulerFixture(names, s, router);
   cleanups.push(() => f.close());
   return f;
 }
@@ -36,11 +42,11 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
     expectedOutputTokens: 10,
     streamedUpstream: true,
     noQueue: false,
-    route: { reqId: id, promptTokensEst: 100 },
     predictions: new Map(),
     prefillMs: null,
     bestBackendMs: null,
     ...over,
+    route: over.route ?? route({ reqId: id, promptTokens: over.promptTokens ?? 100 }),
   };
 }
 
@@ -148,7 +154,9 @@ describe('late dispatch', () => {
     const [s2, s3] = [(await second)!, (await small)!];
     expect([s2.backend.name, s3.backend.name]).toEqual(['a', 'a']);
     // A prompt larger than the cap still goes, once nothing else is pending on the backend.
-    const huge = scheduler.ticket(req({ reqId: 'huge', uncachedTokens: 5000 })).acquire(first());
+    const huge = scheduler
+      .ticket(req({ reqId: 'huge', uncachedTokens: 5000, promptTokens: 5000 }))
+      .acquire(first());
     expect(await state(huge)).toBe('waiting');
     s2.prefillDone();
     s3.prefillDone();
@@ -321,5 +329,65 @@ describe('the control loop and the estimates', () => {
     // Full, and no slot has been released yet: the drain rate is unknown, so is the wait.
     expect(scheduler.estimateWaitMs(req())).toBeNull();
     expect(scheduler.drainMs()).toBeNull();
+  });
+});
+
+describe('routing at grant time: the prefix index and the slagate cost', () => {
+  const chain = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
+  // 100 blocks of 16 tokens: a 1,600-token shared prefix, then 100 tokens of question.
+  const prefix = chain(1, 100);
+  let question = 0;
+  /** The shared prefix and a question of its own (6 blocks no other request has). */
+  const ask = (id: string) => {
+    const blocks = [...prefix, ...chain(10_000 + 10 * question++, 6)];
+    return req({ reqId: id, promptTokens: 1700, route: route({ reqId: id, promptTokens: 1700, blocks }) });
+  };
+  const cost = slagate({ exploreRatio: 0, tolerance: () => null });
+  const grantOf = async (f: ReturnType<typeof setup>, r: ScheduledRequest) => {
+    const slot = await f.scheduler.ticket(r).acquire(first());
+    return slot!.backend.name;
+  };
+
+  it('sends a prompt where its prefix is held, counts only the uncached part, and inserts it where it went', async () => {
+    const f = setup(['a', 'b'], settings({ concurrency: { ...settings().concurrency, initial: 8 } }), cost);
+    f.teach();
+    f.live.prefixInsert('a', prefix);
+    const t = f.scheduler.ticket(ask('q1'));
+    const slot = await t.acquire(first());
+    expect(slot!.backend.name).toBe('a');
+    // 1,600 of 1,700 tokens held: prefix hit 1600/1700, predicted 20 + 0.1 × 100 ms.
+    expect(t.lastGrant).toMatchObject({ cachedBlocks: 100, cachedTokens: 1600, uncachedTokens: 100 });
+    expect(slot!.prefixHit).toBeCloseTo(1600 / 1700, 9);
+    expect(f.live.inflight('a').pendingPrefillTokens).toBe(100);
+    // The whole prompt is now in a's index.
+    expect(f.live.prefixMatch('a', t.req.route.blocks)).toBe(106);
+    expect(f.live.prefixMatch('b', t.req.route.blocks)).toBe(0);
+  });
+
+  it('spreads a hot prefix once its backend is predicted slower than a cold one', async () => {
+    const f = setup(['a', 'b'], settings({ concurrency: { ...settings().concurrency, initial: 8 } }), cost);
+    f.teach();
+    f.live.prefixInsert('a', prefix);
+    expect(await grantOf(f, ask('hot-1'))).toBe('a');
+    // Prefill piling up on a: 20 + 0.1 × (100 + 100 + 1600) = 200 ms there, 190 ms on b cold.
+    f.live.lease('a', { promptTokens: 1600, expectedOutputTokens: 1, uncachedPromptTokens: 1600 });
+    const hot2 = await f.scheduler.ticket(ask('hot-2')).acquire(first());
+    expect(hot2!.backend.name).toBe('b');
+    // b holds the prefix now too; once hot-2's prefill is done there, b is the cheaper warm one.
+    hot2!.prefillDone();
+    expect(await grantOf(f, ask('hot-3'))).toBe('b');
+  });
+
+  it('an aged-out prefix stops attracting requests', async () => {
+    const f = setup(['a', 'b'], settings({ concurrency: { ...settings().concurrency, initial: 8 } }), cost);
+    f.teach();
+    f.live.prefixInsert('a', prefix);
+    // a runs a little more than b: without the prefix, b is the cheaper.
+    f.live.lease('a', { promptTokens: 50, expectedOutputTokens: 1, uncachedPromptTokens: 50 });
+    expect(await grantOf(f, ask('before'))).toBe('a');
+    // More than a backend's worth of other prompts (16,384 blocks until its KV size is known).
+    for (let i = 0; i < 20; i++) f.live.prefixInsert('a', chain(100_000 + i * 1000, 1000));
+    expect(f.live.prefixMatch('a', prefix)).toBe(0);
+    expect(await grantOf(f, ask('after'))).toBe('b');
   });
 });

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { blockHashes, hashBlock, ROOT_HASH } from '../../src/sim/engine/block-hash.ts';
+import { blockHashes, hashBlock, ROOT_HASH } from '../../src/prompt/chain-hash.ts';
 import { BlockPool, NO_BLOCK } from '../../src/sim/engine/kv-cache.ts';
 
 describe('BlockPool', () => {

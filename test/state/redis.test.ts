@@ -138,6 +138,47 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     }
   });
 
+  /** Resolves after the next `n` completed exchanges of `s` with Redis. */
+  const exchanges = (s: LiveState, n: number) =>
+    new Promise<void>((resolve) => {
+      let left = n;
+      s.onPeersChanged(() => {
+        if (--left === 0) resolve();
+      });
+    });
+  const chain = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
+
+  it('the prefix index is shared: deltas reach a peer at its next exchange, and a late joiner reads the history', async () => {
+    const a = make('a');
+    const b = make('b');
+    await Promise.all([a.ready(), b.ready()]);
+    const system = chain(1, 40);
+    a.prefixInsert('gpu-0', [...system, ...chain(1000, 10)]);
+    a.prefixInsert('gpu-1', chain(5000, 8));
+    // a sends at its next exchange; b reads at the one after that.
+    await exchanges(a, 1);
+    await exchanges(b, 2);
+    expect(b.prefixMatch('gpu-0', [...system, ...chain(2000, 3)])).toBe(40);
+    expect(b.prefixMatch('gpu-1', chain(5000, 8))).toBe(8);
+    expect(b.prefixMatch('gpu-1', system)).toBe(0);
+    // Only new blocks travel: re-sending the same prefix adds nothing to the log.
+    const before = Number(await redis.cli('xlen', `{${cfg.key_prefix}}:log`));
+    a.prefixInsert('gpu-0', system);
+    await exchanges(a, 2);
+    expect(Number(await redis.cli('xlen', `{${cfg.key_prefix}}:log`))).toBe(before);
+    // b's own inserts reach a.
+    b.prefixInsert('gpu-1', chain(7000, 5));
+    await exchanges(b, 1);
+    await exchanges(a, 2);
+    expect(a.prefixMatch('gpu-1', chain(7000, 5))).toBe(5);
+    // An instance that joins now learns everything both have sent.
+    const late = make('late');
+    await late.ready();
+    await exchanges(late, 1);
+    expect(late.prefixMatch('gpu-0', [...system, ...chain(1000, 10)])).toBe(50);
+    expect(late.prefixMatch('gpu-1', chain(7000, 5))).toBe(5);
+  });
+
   it('an instance that closes withdraws at once; one that is SIGKILLed stops counting within 5 s', async () => {
     const a = make('a');
     const b = make('b');

@@ -183,8 +183,8 @@ describe('AdmissionLog', () => {
 
   it('writes router candidates only at debug level', async () => {
     const candidates = [
-      { backend: 'gpu-0', cost_s: 0.12, wait_s: 0.1, prefill_s: 0.02 },
-      { backend: 'gpu-1', cost_s: 0.3, wait_s: 0.0, prefill_s: 0.3 },
+      { backend: 'gpu-0', cost: 0.12, ttft_s: 0.1, prefill_s: 0.02 },
+      { backend: 'gpu-1', cost: 0.3, ttft_s: 0.0, prefill_s: 0.3 },
     ];
     const info = capture('info');
     const debug = capture('debug');

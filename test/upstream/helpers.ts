@@ -184,6 +184,7 @@ export function slotOn(b: Backend, firstTokenTimeoutMs = Number.POSITIVE_INFINIT
   return {
     backend: b,
     predictedTtftMs: null,
+    prefixHit: null,
     firstTokenTimeoutMs,
     meter: null,
     prefillDone() {},

@@ -2,7 +2,7 @@
 // prefill, a KV block pool with automatic prefix caching, recompute preemption, and step
 // durations from the profile's roofline. See README.md next to this file for what it leaves out.
 
-import { blockHashes, hashBlock } from './block-hash.ts';
+import { blockHashes, hashBlock } from '../../prompt/chain-hash.ts';
 import { type EngineClock, realClock } from './clock.ts';
 import { Deque } from './deque.ts';
 import { BlockPool } from './kv-cache.ts';

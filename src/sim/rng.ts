@@ -1,5 +1,6 @@
-// A small seeded PRNG so that every workload and arrival schedule is a pure function of the
-// seed: the same seed gives byte-identical prompts and send times on any machine.
+// A small seeded PRNG so that every simulated output, workload and arrival schedule is a pure
+// function of its seed: the same seed gives byte-identical text and send times on any machine.
+// Here in the simulator, the lowest layer that needs it; the benchmark imports it from here.
 // Core: sfc32 (Chris Doty-Humphrey's small fast counting generator), seeded through splitmix32.
 
 function splitmix32(state: number): () => number {

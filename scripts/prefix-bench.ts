@@ -1,0 +1,465 @@
+// The prefix-cache router against its baselines on the simulated fleet, shared prefix index across
+// gateway instances, and what routing costs on the request path.
+//
+//   npx tsx scripts/prefix-bench.ts [--parts routing,shared,micro] [--rate 8] [--duration-s 240]
+//                                   [--time-scale 1] [--out results/prefix-bench.json]
+//
+// Workload: `prefix-shared` shaped like llm-d's published benchmark (150 tenants, each a 6k-token
+// shared context and 5 users with 1.2k-token questions; KV demand 73% of the cluster's), scaled to
+// 8 × llama3-8b-a100 replicas (144k tokens of KV each, 1.15M for the fleet): 135 tenants with
+// 5,000-token system prompts and 5 users each, 600-token questions, 1–4 turns. The distinct prefix
+// demand is the system prompts (675k tokens) plus the conversations in flight (~100k): about 67%
+// of the fleet's KV, so the fleet can hold every prefix only if each replica holds its own part.
+//
+// Every router runs under the same scheduler: first come first served at a fixed cap of 512 per
+// backend (`ROUTER/fcfs`), and a class whose TTFT target (60 s) refuses nothing, so the requests
+// reach the replicas as they would without a gateway queue and the router is the only
+// difference (llm-d's comparison is the same: routers in front of vLLM). `slagate/slagate`, the
+// whole product, runs once more for reference.
+//
+// `shared`: three gateway instances with `state: { store: redis }` (a redis-server started here
+// on a free port) behind a round-robin spread of requests; the prefix hit rate is compared with
+// the one-instance run of the same policy in the same invocation.
+//
+// `micro`: the request-path cost of a prompt (canonical render + block hashes + token estimate,
+// against BPE-tokenizing the same prompt), and of one routing decision over 8 backends (prefix
+// match on each, their views, the slagate cost, the grant), each over many unique prompts.
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { parseArgs } from 'node:util';
+import type { RequestRecord } from '../src/bench/client.ts';
+import { type CompareRun, readPrefixCounters, runCompare } from '../src/bench/compare.ts';
+import { prefixHitRate } from '../src/bench/compare-report.ts';
+import { startChildFleet, startChildGateway, waitReady } from '../src/bench/processes.ts';
+import { runBench } from '../src/bench/run.ts';
+import { syntheticText } from '../src/bench/text.ts';
+import { PREFIX_SHARED } from '../src/bench/workloads.ts';
+import { promptBlocks, TokenEstimate } from '../src/prompt/canonical.ts';
+import { slagate } from '../src/router/policies/slagate.ts';
+import { Scheduler, type SchedulerSettings } from '../src/scheduler/scheduler.ts';
+import type { ScheduledRequest } from '../src/scheduler/types.ts';
+import { Rng } from '../src/sim/rng.ts';
+import { createLiveState } from '../src/state/index.ts';
+import { Tokenizer } from '../src/tokenizer/tokenizer.ts';
+import { BackendSet } from '../src/upstream/backends.ts';
+import { DEFAULT_BACKEND_SET_OPTIONS } from '../src/upstream/options.ts';
+import { startRedisServer } from '../test/helpers/redis-server.ts';
+
+const { values } = parseArgs({
+  options: {
+    parts: { type: 'string', default: 'routing,shared,micro' },
+    rate: { type: 'string', default: '8' },
+    'duration-s': { type: 'string', default: '240' },
+    'time-scale': { type: 'string', default: '1' },
+    out: { type: 'string', default: 'results/prefix-bench.json' },
+  },
+});
+const PARTS = new Set(values.parts!.split(','));
+const RATE = Number(values.rate);
+const DURATION_S = Number(values['duration-s']);
+const TS = Number(values['time-scale']);
+const REPLICAS = 8;
+const PROFILE = 'llama3-8b-a100';
+const SEED = 1;
+const SLO = { ttft: 500 * TS, tpot: 50 * TS };
+
+export const WORKLOAD = {
+  ...PREFIX_SHARED,
+  tenants: 135,
+  systemPromptTokens: 5000,
+  usersPerTenant: 5,
+  activeConversations: 64,
+  minTurns: 1,
+  maxTurns: 4,
+  questionMedian: 600,
+  questionSigma: 0.4,
+  questionMin: 200,
+  questionMax: 1200,
+  outputMin: 100,
+  outputMax: 300,
+};
+
+const GATEWAY_YAML = [
+  'sla:',
+  '  default_class: interactive',
+  '  classes:',
+  `    interactive: { ttft_p99_ms: 60000, tpot_p99_ms: ${50 * TS}, priority: 0 }`,
+  'scheduler: { max_queue: 8192, concurrency: { initial: 512, max: 1024 } }',
+  'upstream: { max_connections_per_backend: 1024 }',
+].join('\n');
+
+function yamlFile(text: string): string {
+  const path = join(tmpdir(), `prefix-bench-${process.pid}-${Math.random().toString(36).slice(2)}.yaml`);
+  writeFileSync(path, text);
+  return path;
+}
+
+const out: Record<string, unknown> = {
+  command: `npx tsx scripts/prefix-bench.ts ${process.argv.slice(2).join(' ')}`.trim(),
+  date: new Date().toISOString(),
+  fleet: { replicas: REPLICAS, profile: PROFILE, timeScale: TS },
+  workload: WORKLOAD,
+  rate: RATE,
+  durationS: DURATION_S,
+};
+const save = () => {
+  mkdirSync(dirname(values.out!), { recursive: true });
+  writeFileSync(values.out!, `${JSON.stringify(out, null, 2)}\n`);
+};
+
+function quantile(xs: number[], q: number): number | null {
+  if (xs.length === 0) return null;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil(q * s.length) - 1))] as number;
+}
+
+interface Row {
+  policy: string;
+  ok: number;
+  refused: number;
+  failed: number;
+  ttftP50Ms: number | null;
+  ttftP90Ms: number | null;
+  ttftP99Ms: number | null;
+  tpotP99Ms: number | null;
+  outputTokPerS: number;
+  goodput: number | null;
+  prefixHitRate: number | null;
+  maxBackendShare: number | null;
+}
+
+function rowOf(
+  policy: string,
+  records: readonly RequestRecord[],
+  figures: CompareRun['figures'],
+  outputTokPerS: number,
+): Row {
+  const ok = records.filter((r) => r.success);
+  const ttft = ok.map((r) => r.ttft * 1000);
+  const tpot = ok
+    .filter((r) => r.outputLen > 1)
+    .map((r) => ((r.latency - r.ttft) / (r.outputLen - 1)) * 1000);
+  return {
+    policy,
+    ok: ok.length,
+    refused: records.filter((r) => r.status === 429).length,
+    failed: records.length - ok.length - records.filter((r) => r.status === 429).length,
+    ttftP50Ms: quantile(ttft, 0.5),
+    ttftP90Ms: quantile(ttft, 0.9),
+    ttftP99Ms: quantile(ttft, 0.99),
+    tpotP99Ms: quantile(tpot, 0.99),
+    outputTokPerS,
+    goodput: figures?.goodput ?? null,
+    prefixHitRate: figures?.prefixHitRate ?? null,
+    maxBackendShare: figures?.maxBackendShare ?? null,
+  };
+}
+
+const f = (x: number | null | undefined, d = 0) => (x === null || x === undefined ? '–' : x.toFixed(d));
+const pct = (x: number | null | undefined) =>
+  x === null || x === undefined ? '–' : `${(100 * x).toFixed(1)}%`;
+
+function table(rows: readonly Row[]): string {
+  const lines = [
+    '| policy | ok | refused | failed | TTFT p50 / p90 / p99 ms | TPOT p99 ms | output tok/s | prefix hit | max backend share |',
+    '|---|---|---|---|---|---|---|---|---|',
+  ];
+  for (const r of rows) {
+    lines.push(
+      `| ${r.policy} | ${r.ok} | ${r.refused} | ${r.failed} | ${f(r.ttftP50Ms)} / ${f(r.ttftP90Ms)} / ${f(r.ttftP99Ms)} | ${f(r.tpotP99Ms)} | ${f(r.outputTokPerS)} | ${pct(r.prefixHitRate)} | ${f(r.maxBackendShare, 2)} |`,
+    );
+  }
+  return lines.join('\n');
+}
+
+// ---- routing: one instance, every policy ----
+
+const POLICIES = [
+  'round_robin/fcfs',
+  'least_loaded/fcfs',
+  'prefix_only/fcfs',
+  'cache_aware/fcfs',
+  'slagate/fcfs',
+  'oracle/fcfs',
+  'slagate/slagate',
+];
+
+async function routing(): Promise<Row[]> {
+  const yaml = yamlFile(GATEWAY_YAML);
+  const rows: Row[] = [];
+  for (const policy of POLICIES) {
+    const result = await runCompare({
+      policies: [policy],
+      workload: 'prefix-shared',
+      workloadParams: { 'prefix-shared': WORKLOAD },
+      rates: [RATE],
+      durationS: DURATION_S,
+      seed: SEED,
+      slo: SLO,
+      replicas: REPLICAS,
+      profile: PROFILE,
+      timeScale: TS,
+      gatewayYaml: yaml,
+      onProgress: (line) => console.error(`  ${line}`),
+    });
+    const run = result.runs[0]!;
+    if (run.error !== null || run.bench === null) throw new Error(`${policy}: ${run.error}`);
+    rows.push(rowOf(policy, run.bench.records, run.figures, run.bench.metrics.outputThroughput));
+    console.error(table(rows.slice(-1)).split('\n')[2]);
+  }
+  return rows;
+}
+
+// ---- shared: three instances through Redis ----
+
+async function shared(): Promise<Row> {
+  const redis = await startRedisServer();
+  const fleet = await startChildFleet({ replicas: REPLICAS, profile: PROFILE, timeScale: TS, seed: SEED });
+  const gateways: Awaited<ReturnType<typeof startChildGateway>>[] = [];
+  try {
+    const yaml = (i: number) =>
+      [
+        'server: { host: 127.0.0.1, port: 0 }',
+        'models: [meta-llama/Llama-3.1-8B-Instruct]',
+        'backends:',
+        ...fleet.urls.map((u, j) => `  - { name: r${j}, url: "${u}" }`),
+        'router: { policy: slagate }',
+        'scheduler: { policy: fcfs, max_queue: 8192, concurrency: { initial: 512, max: 1024 } }',
+        `state: { store: redis, redis_url: "${redis.url}", key_prefix: prefixbench }`,
+        GATEWAY_YAML.split('\n')
+          .filter((l) => !l.startsWith('scheduler:'))
+          .join('\n'),
+        `logging: { level: warn, admission_log: $DIR/admission-${i}.log }`,
+      ].join('\n');
+    for (let i = 0; i < 3; i++) gateways.push(await startChildGateway(yaml(i)));
+    for (const g of gateways) await waitReady(g.url);
+    const before = await readPrefixCounters(fleet.urls);
+    const r = await runBench({
+      target: gateways[0]!.url,
+      moreTargets: gateways.slice(1).map((g) => g.url),
+      workload: 'prefix-shared',
+      workloadParams: { 'prefix-shared': WORKLOAD },
+      rate: RATE,
+      durationS: DURATION_S,
+      seed: SEED,
+      slo: SLO,
+      progress: false,
+    });
+    const hit = prefixHitRate(before, await readPrefixCounters(fleet.urls));
+    const byBackend: Record<string, number> = {};
+    for (const rec of r.records) {
+      const b = rec.headers['x-slagate-backend'];
+      if (rec.success && b !== undefined) byBackend[b] = (byBackend[b] ?? 0) + 1;
+    }
+    const ok = r.records.filter((x) => x.success).length;
+    const share = ok > 0 ? Math.max(...Object.values(byBackend)) / (ok / REPLICAS) : null;
+    return rowOf(
+      'slagate/fcfs × 3 instances (Redis)',
+      r.records,
+      {
+        goodput: r.metrics.requestGoodput,
+        prefixHitRate: hit,
+        maxBackendShare: share,
+      } as CompareRun['figures'],
+      r.metrics.outputThroughput,
+    );
+  } finally {
+    for (const g of gateways) await g.stop();
+    await fleet.stop();
+    await redis.stop();
+  }
+}
+
+// ---- micro: the request-path cost of a prompt and of one routing decision ----
+
+function timings(n: number, fn: (i: number) => void): { p50: number; p99: number; max: number } {
+  const d: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const t = performance.now();
+    fn(i);
+    d.push(performance.now() - t);
+  }
+  d.sort((a, b) => a - b);
+  return {
+    p50: d[Math.floor(0.5 * (n - 1))] as number,
+    p99: d[Math.floor(0.99 * (n - 1))] as number,
+    max: d[n - 1] as number,
+  };
+}
+
+async function micro(): Promise<Record<string, unknown>> {
+  const rng = new Rng(77);
+  const prompt = (tokens: number) => [
+    { role: 'system', content: syntheticText(rng, Math.floor(tokens * 0.8)) },
+    { role: 'user', content: syntheticText(rng, Math.ceil(tokens * 0.2)) },
+  ];
+  const result: Record<string, unknown> = {};
+  for (const tokens of [8000, 32000]) {
+    const n = tokens === 8000 ? 200 : 50;
+    const prompts = Array.from({ length: n }, () => prompt(tokens));
+    const est = new TokenEstimate();
+    // Warm up the JIT on other prompts, then time unique ones.
+    for (let i = 0; i < 20; i++) est.tokens(promptBlocks({ kind: 'chat', messages: prompt(2000) }, 16));
+    const hashing = timings(n, (i) => {
+      est.tokens(promptBlocks({ kind: 'chat', messages: prompts[i]! }, 16));
+    });
+    const bpe = timings(n, (i) => {
+      new Tokenizer().countChat(prompts[i]!);
+    });
+    result[`prompt_${tokens}`] = { canonicalHashEstimateMs: hashing, bpeMs: bpe, prompts: n };
+  }
+  result.decision = decision();
+  return result;
+}
+
+/** One grant over 8 backends for an 8,000-token prompt: views (prefix match, predictions), slagate, lease. */
+function decision(): { p50: number; p99: number; max: number } {
+  const names = Array.from({ length: 8 }, (_, i) => `b${i}`);
+  let clock = 1_000_000;
+  const backends = new BackendSet(
+    { ...DEFAULT_BACKEND_SET_OPTIONS, health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 0 } },
+    names.map((name, i) => ({ name, url: `http://127.0.0.1:${9 + i}` })),
+  );
+  const live = createLiveState(
+    { store: 'memory' },
+    { backends: names.map((name) => ({ name, url: 'http://127.0.0.1:9' })), scrape: false, now: () => clock },
+  );
+  for (const b of names) {
+    for (let i = 0; i < 40; i++) {
+      clock += 10;
+      live.record({
+        backend: b,
+        class: 'interactive',
+        queueMs: 0,
+        ttftMs: 20 + 0.08 * (100 + 200 * (i % 5)),
+        backendTtftMs: 20 + 0.08 * (100 + 200 * (i % 5)),
+        tpotMs: 20 + (i % 7),
+        uncachedPromptTokens: 100 + 200 * (i % 5),
+        prefillAheadTokens: 0,
+        promptTokens: 1000,
+        completionTokens: 100,
+        loadAtDispatch: i % 9,
+      });
+    }
+  }
+  const settings: SchedulerSettings = {
+    policy: 'fcfs',
+    maxQueue: 100,
+    agingMs: 1000,
+    concurrency: {
+      min: 1,
+      max: 1_000_000,
+      initial: 1_000_000,
+      prefillTokens: 0,
+      intervalMs: 60_000,
+      outerPeriods: 20,
+      ttftShare: 0.25,
+      tpotShare: 0.8,
+    },
+    firstTokenTimeoutFactor: 4,
+    firstTokenTimeoutMaxMs: 60_000,
+  };
+  const policy = slagate({ exploreRatio: 0.01, tolerance: () => 0.1 });
+  const scheduler = new Scheduler({
+    backends: () => backends.list(),
+    live,
+    router: () => policy,
+    settings: () => settings,
+    onRefused: () => {},
+  });
+  // Each backend's index full (16,384 blocks) of other prompts; the timed prompts share a
+  // 6,000-token prefix held on two of them.
+  for (const b of names)
+    for (let k = 0; k < 16; k++)
+      live.prefixInsert(
+        b,
+        Array.from({ length: 1024 }, (_, i) => 1e9 + k * 1e6 + names.indexOf(b) * 1e5 + i),
+      );
+  const shared = Array.from({ length: 375 }, (_, i) => 5e8 + i);
+  live.prefixInsert('b2', shared);
+  live.prefixInsert('b5', shared);
+  const N = 5000;
+  const slots: { release(): void }[] = [];
+  const t = timings(N, (i) => {
+    const blocks = [...shared, ...Array.from({ length: 125 }, (_, j) => 7e8 + i * 1000 + j)];
+    const route = {
+      reqId: `r${i}`,
+      promptTokens: 8000,
+      blocks,
+      tokensPerBlock: 16,
+      expectedOutputTokens: 200,
+      tpotTargetMs: 50,
+    };
+    const req: ScheduledRequest = {
+      reqId: `r${i}`,
+      className: 'interactive',
+      priority: 0,
+      sheddable: false,
+      tenant: 'anonymous',
+      arrivedAt: performance.now(),
+      ttftTargetMs: 60_000,
+      tpotTargetMs: 50,
+      deadlineAt: performance.now() + 60_000,
+      uncachedTokens: 2000,
+      promptTokens: 8000,
+      expectedOutputTokens: 200,
+      streamedUpstream: true,
+      noQueue: false,
+      route,
+      predictions: new Map(),
+      prefillMs: null,
+      bestBackendMs: null,
+    };
+    void scheduler
+      .ticket(req)
+      .acquire({ attempt: 0, excluded: new Set(), signal: new AbortController().signal })
+      .then((s) => s && slots.push(s));
+    if (slots.length > 64) slots.shift()?.release();
+  });
+  scheduler.close();
+  void live.close();
+  void backends.close();
+  return t;
+}
+
+// ---- main ----
+
+if (PARTS.has('micro')) {
+  out.micro = await micro();
+  save();
+  console.log('## request path (ms, event-loop time)');
+  console.log(JSON.stringify(out.micro, null, 2));
+}
+let one: Row[] = [];
+if (PARTS.has('routing')) {
+  one = await routing();
+  out.routing = one;
+  save();
+  console.log(`\n## prefix-shared at ${RATE} req/s, ${REPLICAS} × ${PROFILE} (time scale ${TS})`);
+  console.log(table(one));
+  const by = (p: string) => one.find((r) => r.policy === p);
+  const s = by('slagate/fcfs');
+  const ratio = (a: number | null | undefined, b: number | null | undefined) =>
+    a === null || a === undefined || b === null || b === undefined || b === 0 ? null : a / b;
+  out.ratios = {
+    p90TtftRoundRobinOverSlagate: ratio(by('round_robin/fcfs')?.ttftP90Ms, s?.ttftP90Ms),
+    p90TtftPrefixOnlyOverSlagate: ratio(by('prefix_only/fcfs')?.ttftP90Ms, s?.ttftP90Ms),
+    p90TtftCacheAwareOverSlagate: ratio(by('cache_aware/fcfs')?.ttftP90Ms, s?.ttftP90Ms),
+    outputSlagateOverRoundRobin: ratio(s?.outputTokPerS, by('round_robin/fcfs')?.outputTokPerS),
+    hitSlagateOverOracle: ratio(s?.prefixHitRate, by('oracle/fcfs')?.prefixHitRate),
+  };
+  save();
+  console.log(JSON.stringify(out.ratios, null, 2));
+}
+if (PARTS.has('shared')) {
+  const row = await shared();
+  out.shared = row;
+  const single = one.find((r) => r.policy === 'slagate/fcfs');
+  out.sharedHitOverSingle =
+    single?.prefixHitRate && row.prefixHitRate !== null ? row.prefixHitRate / single.prefixHitRate : null;
+  save();
+  console.log('\n## three gateway instances sharing Redis');
+  console.log(table(single ? [single, row] : [row]));
+  console.log(`hit rate, 3 instances ÷ 1 instance: ${f(out.sharedHitOverSingle as number | null, 3)}`);
+}

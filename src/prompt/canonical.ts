@@ -1,0 +1,180 @@
+// The canonical prompt: a request's tool definitions and chat messages (role, name, content,
+// tool calls, in order), or its completion prompt, rendered the same way every time and cut into
+// chained blocks (chain-hash.ts), so that a block's hash names everything before it: the same
+// system prompt followed by different questions gives the same leading hashes, and a conversation
+// continued over several turns keeps the hashes of its earlier turns.
+//
+// Block geometry is fixed: `BLOCK_CHARS_PER_TOKEN` characters of canonical text per token of
+// `router.block_size_tokens`, so hashes never change with any estimate. Turning blocks and
+// characters into tokens is the calibrated estimate's job (`TokenEstimate`). Nothing here runs a
+// tokenizer: the whole pass is one read of the prompt's characters.
+//
+// Rendering, for chat: `tools\n<JSON of tools>\n\n` when there are tools, then per message
+// `<role>[:<name>]\n<content>\n\n`, where a content array is its text parts joined by '\n' (as
+// vLLM renders them) and any other part (an image) is its JSON, and an assistant's tool calls
+// follow as their JSON. For completions: the prompt texts as they are. Token-id prompts are
+// hashed as ids, vLLM's own way.
+import { blockHashes, TextBlocks } from './chain-hash.ts';
+
+/** Characters of canonical text per token of a block (the endpoint picker's approximation: 4). */
+export const BLOCK_CHARS_PER_TOKEN = 4;
+
+export type PromptSource =
+  | { kind: 'chat'; messages: readonly unknown[]; tools?: unknown }
+  | { kind: 'text'; texts: readonly string[] }
+  | { kind: 'ids'; ids: readonly (readonly number[])[] };
+
+export interface PromptBlocks {
+  /** Chained hashes of the full blocks, in order. */
+  readonly hashes: readonly number[];
+  /** Characters of text the model reads as tokens (content, roles, tool JSON; not image data). */
+  readonly textChars: number;
+  /** Tokens of the prompt, exactly, when the client sent token ids; else null. */
+  readonly exactTokens: number | null;
+  /** Chat messages (for the template's tokens per message); 0 for completions. */
+  readonly messages: number;
+  /** Completion prompts given as text (each gets a BOS token). */
+  readonly texts: number;
+  /** Tokens one block stands for is exact (`block_size_tokens`), not estimated from characters. */
+  readonly blockIsTokens: boolean;
+}
+
+const isRecord = (v: unknown): v is Record<string, unknown> =>
+  typeof v === 'object' && v !== null && !Array.isArray(v);
+
+/** Renders and hashes one prompt; `blockSizeTokens` is `router.block_size_tokens`. */
+export function promptBlocks(source: PromptSource, blockSizeTokens: number): PromptBlocks {
+  if (source.kind === 'ids') {
+    // Several id prompts are separate prompts to vLLM; the first one's blocks stand for them all.
+    let total = 0;
+    for (const p of source.ids) total += p.length;
+    return {
+      hashes: blockHashes(source.ids[0] ?? [], blockSizeTokens),
+      textChars: 0,
+      exactTokens: total,
+      messages: 0,
+      texts: 0,
+      blockIsTokens: true,
+    };
+  }
+  const out = new CanonicalText(blockSizeTokens * BLOCK_CHARS_PER_TOKEN);
+  if (source.kind === 'chat') {
+    if (source.tools !== undefined && source.tools !== null) {
+      out.text('tools\n');
+      out.text(JSON.stringify(source.tools));
+      out.text('\n\n');
+    }
+    for (const m of source.messages) out.message(m);
+  } else {
+    for (const t of source.texts) out.text(t);
+  }
+  return {
+    hashes: out.blocks.hashes,
+    textChars: out.textChars,
+    exactTokens: null,
+    messages: source.kind === 'chat' ? source.messages.length : 0,
+    texts: source.kind === 'text' ? source.texts.length : 0,
+    blockIsTokens: false,
+  };
+}
+
+class CanonicalText {
+  readonly blocks: TextBlocks;
+  textChars = 0;
+
+  constructor(blockChars: number) {
+    this.blocks = new TextBlocks(blockChars);
+  }
+
+  /** Text the model reads: hashed and counted. */
+  text(s: string): void {
+    this.blocks.add(s);
+    this.textChars += s.length;
+  }
+
+  /** Bytes that name the prompt but are not read as text tokens (an image): hashed only. */
+  opaque(s: string): void {
+    this.blocks.add(s);
+  }
+
+  message(m: unknown): void {
+    if (!isRecord(m)) return;
+    this.text(typeof m.role === 'string' ? m.role : '');
+    if (typeof m.name === 'string') this.text(`:${m.name}`);
+    this.text('\n');
+    const c = m.content;
+    if (typeof c === 'string') {
+      this.text(c);
+    } else if (Array.isArray(c)) {
+      let first = true;
+      for (const part of c) {
+        if (!first) this.text('\n');
+        first = false;
+        if (isRecord(part) && part.type === 'text' && typeof part.text === 'string') this.text(part.text);
+        else this.opaque(JSON.stringify(part) ?? '');
+      }
+    }
+    if (m.tool_calls !== undefined && m.tool_calls !== null) this.text(JSON.stringify(m.tool_calls));
+    if (typeof m.tool_call_id === 'string') this.text(`\n${m.tool_call_id}`);
+    this.text('\n\n');
+  }
+}
+
+/**
+ * Characters per token, learnt from what the backends count (usage.prompt_tokens against the
+ * characters the gateway rendered): a running mean over the first 1/alpha prompts, then an
+ * exponentially weighted one, so it follows a change of traffic. Until it has learnt anything it
+ * assumes `initial` (English prose in Llama 3's and cl100k's BPE: about 4).
+ */
+export class TokenEstimate {
+  #charsPerToken: number;
+  #samples = 0;
+  readonly #alpha: number;
+
+  constructor(initial = BLOCK_CHARS_PER_TOKEN, alpha = 0.02) {
+    this.#charsPerToken = initial;
+    this.#alpha = alpha;
+  }
+
+  get charsPerToken(): number {
+    return this.#charsPerToken;
+  }
+
+  /** Prompts learnt from so far. */
+  get samples(): number {
+    return this.#samples;
+  }
+
+  /** Prompt tokens of a rendered prompt: characters over the learnt ratio, plus the template's. */
+  tokens(p: PromptBlocks): number {
+    if (p.exactTokens !== null) return p.exactTokens;
+    return Math.ceil(p.textChars / this.#charsPerToken) + templateTokens(p);
+  }
+
+  /** Tokens that one block of `p` stands for. */
+  tokensPerBlock(p: PromptBlocks, blockSizeTokens: number): number {
+    if (p.blockIsTokens) return blockSizeTokens;
+    return (blockSizeTokens * BLOCK_CHARS_PER_TOKEN) / this.#charsPerToken;
+  }
+
+  /** A backend counted `promptTokens` for this rendering. */
+  learn(p: PromptBlocks, promptTokens: number): void {
+    // Short prompts are mostly template: their ratio says little about the text.
+    if (p.exactTokens !== null || p.textChars < 256) return;
+    const content = promptTokens - templateTokens(p);
+    if (!(content > 0)) return;
+    const ratio = p.textChars / content;
+    if (!(ratio > 0.5 && ratio < 20)) return;
+    this.#samples++;
+    const weight = Math.max(this.#alpha, 1 / this.#samples);
+    this.#charsPerToken += weight * (ratio - this.#charsPerToken);
+  }
+}
+
+/**
+ * Llama 3's chat template: BOS, a header and an end-of-turn per message (the role is in the text),
+ * and the assistant header that opens the answer; each text completion prompt gets a BOS.
+ */
+function templateTokens(p: PromptBlocks): number {
+  return p.messages > 0 ? 1 + 3 * p.messages + 3 : p.texts;
+}

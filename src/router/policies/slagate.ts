@@ -1,0 +1,132 @@
+import { byCost, promote, type Random } from '../pick.ts';
+import type { BackendView, Candidate, RouteRequest, RoutingPolicy } from '../types.ts';
+
+export interface SlagateOptions {
+  /** Share of requests sent where this prompt's prefill would start soonest, cache ignored. */
+  exploreRatio: number;
+  /**
+   * The TTFT predictor's typical relative error (its median |actual ÷ predicted − 1|), or null
+   * before it has one: costs closer than that to the lowest are ties.
+   */
+  tolerance: () => number | null;
+  random?: Random;
+  /** Sessions remembered for affinity (least recently routed forgotten first). */
+  sessions?: number;
+}
+
+const SESSIONS = 65_536;
+
+/**
+ * The default policy: the lowest predicted cost in seconds.
+ *
+ *   cost = predicted TTFT on the backend with its own uncached tokens to prefill (the live
+ *          state's fit: base + prefill waiting there + this prefill + load term)
+ *        + decode pressure: how much the request's output would take longer than its class allows
+ *          there, max(0, TPOT with it added − TPOT target) × expected output tokens
+ *
+ * Costs within the predictor's typical error of the lowest are ties: among them the backend this
+ * request's session last went to wins, then the one holding more of the prompt, then chance. So
+ * affinity holds only while it costs no more than the predictor can tell apart, and a hot prefix
+ * spreads once its backend is predicted slower by more than that. A share of `exploreRatio` goes
+ * where the prefill would start soonest whatever is cached, which copies busy prefixes to more
+ * backends over time. Before every backend has a fit (a cold start) the cost is LMetric's
+ * uncached tokens × (requests running + 1), in token-requests rather than seconds.
+ *
+ * Reads: predictedTtftMs, prefillMs, tpotMs, cachedBlocks, uncachedTokens, inflight, weight.
+ */
+export function slagate(opts: SlagateOptions, name = 'slagate'): RoutingPolicy {
+  const random = opts.random ?? Math.random;
+  const sessions = new Map<string, string>();
+  const cap = opts.sessions ?? SESSIONS;
+  return {
+    name,
+    rank(req: RouteRequest, backends: readonly BackendView[]): Candidate[] {
+      if (backends.length === 0) return [];
+      const fitted = backends.every((b) => b.predictedTtftMs !== null);
+      const ranked = byCost(
+        backends.map((b) => (fitted ? seconds(req, b) : lmetric(b))),
+        random,
+      );
+      let chosen: string;
+      if (opts.exploreRatio > 0 && random() < opts.exploreRatio) {
+        chosen = soonestStart(backends, random);
+      } else {
+        chosen = tieBreak(ranked, backends, fitted ? (opts.tolerance() ?? 0) : 0, sessionOf(req, sessions));
+      }
+      if (req.sessionId !== undefined) remember(sessions, cap, req.sessionId, chosen);
+      return promote(ranked, chosen);
+    },
+  };
+}
+
+function seconds(req: RouteRequest, b: BackendView): Candidate {
+  const ttftMs = b.predictedTtftMs as number;
+  const decodeMs =
+    b.tpotMs === null ? 0 : Math.max(0, b.tpotMs - req.tpotTargetMs) * Math.max(0, req.expectedOutputTokens);
+  return {
+    backend: b.name,
+    cost: (ttftMs + decodeMs) / 1000,
+    terms: {
+      ttft_s: round(ttftMs / 1000),
+      prefill_s: b.prefillMs === null ? null : round(b.prefillMs / 1000),
+      decode_s: round(decodeMs / 1000),
+      cached_tokens: Math.round(b.cachedTokens),
+      inflight: b.inflight,
+    },
+  };
+}
+
+function lmetric(b: BackendView): Candidate {
+  return {
+    backend: b.name,
+    cost: (Math.max(1, b.uncachedTokens) * (b.inflight + 1)) / Math.max(b.weight, 1e-9),
+    terms: {
+      lmetric: 'uncached×(inflight+1)',
+      cached_tokens: Math.round(b.cachedTokens),
+      inflight: b.inflight,
+    },
+  };
+}
+
+/** Among the costs within `tolerance` of the lowest: the session's backend, then more cached blocks. */
+function tieBreak(
+  ranked: readonly Candidate[],
+  backends: readonly BackendView[],
+  tolerance: number,
+  session: string | undefined,
+): string {
+  const best = ranked[0] as Candidate;
+  const limit = best.cost + Math.abs(best.cost) * tolerance;
+  const cached = new Map(backends.map((b) => [b.name, b.cachedBlocks]));
+  let pick = best;
+  for (const c of ranked) {
+    if (c.cost > limit) break;
+    if (c.backend === session) return c.backend;
+    if ((cached.get(c.backend) ?? 0) > (cached.get(pick.backend) ?? 0)) pick = c;
+  }
+  return pick.backend;
+}
+
+/** Where this request's own prefill would start soonest: the least predicted work ahead of it. */
+function soonestStart(backends: readonly BackendView[], random: Random): string {
+  const ahead = backends.map((b) => ({
+    backend: b.name,
+    cost:
+      b.predictedTtftMs === null || b.prefillMs === null
+        ? b.inflight / Math.max(b.weight, 1e-9)
+        : b.predictedTtftMs - b.prefillMs,
+  }));
+  return (byCost(ahead, random)[0] as Candidate).backend;
+}
+
+function sessionOf(req: RouteRequest, sessions: Map<string, string>): string | undefined {
+  return req.sessionId === undefined ? undefined : sessions.get(req.sessionId);
+}
+
+function remember(sessions: Map<string, string>, cap: number, id: string, backend: string): void {
+  sessions.delete(id);
+  sessions.set(id, backend);
+  if (sessions.size > cap) sessions.delete(sessions.keys().next().value as string);
+}
+
+const round = (x: number): number => Math.round(x * 1e4) / 1e4;

@@ -1,0 +1,103 @@
+// Prefix-cache routing seen from outside, on simulated replicas whose prefix caches are real
+// (vLLM's block hashing and LRU): conversations stay where their history is cached, the headers
+// and the record say what the router believed, and the oracle asks the replicas themselves.
+import { afterEach, describe, expect, it } from 'vitest';
+import { syntheticText } from '../../src/bench/text.ts';
+import { Rng } from '../../src/sim/rng.ts';
+import { get, MODEL, post, startTestGateway, type TestGateway } from './harness.ts';
+
+const CHAT = '/v1/chat/completions';
+let t: TestGateway | null = null;
+afterEach(async () => {
+  await t?.close();
+  t = null;
+});
+
+/** vllm:prefix_cache_hits_total of each replica. */
+async function cacheHits(urls: readonly string[]): Promise<number[]> {
+  return Promise.all(
+    urls.map(async (u) => {
+      const m = /^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$/m.exec((await get(u, '/metrics')).text);
+      return m ? Number(m[1]) : 0;
+    }),
+  );
+}
+
+interface Message {
+  role: string;
+  content: string;
+}
+
+async function turn(gw: TestGateway, messages: Message[], id: string, session?: string) {
+  const res = await post(
+    gw.url,
+    CHAT,
+    { model: MODEL, messages, max_tokens: 16 },
+    { 'x-request-id': id, ...(session === undefined ? {} : { 'x-session-id': session }) },
+  );
+  expect(res.status, res.text).toBe(200);
+  const answer = (JSON.parse(res.text) as { choices: { message: { content: string } }[] }).choices[0]!.message
+    .content;
+  return {
+    backend: res.headers['x-slagate-backend'] as string,
+    hit: Number(res.headers['x-slagate-prefix-hit']),
+    answer,
+  };
+}
+
+describe('prefix-cache routing (router.policy: slagate)', () => {
+  const rng = new Rng(5);
+  const system: Message = { role: 'system', content: syntheticText(rng, 1500) };
+
+  it('a conversation continued over several turns keeps its backend, which serves it from its cache', async () => {
+    t = await startTestGateway({ replicas: 4, config: { router: { policy: 'slagate' } } });
+    const messages: Message[] = [system];
+    const seen: { backend: string; hit: number }[] = [];
+    for (let i = 0; i < 5; i++) {
+      messages.push({ role: 'user', content: syntheticText(rng, 40) });
+      const r = await turn(t, messages, `conv-${i}`, 'conv');
+      seen.push(r);
+      messages.push({ role: 'assistant', content: r.answer });
+    }
+    const first = seen[0]!.backend;
+    expect(seen.map((s) => s.backend)).toEqual(Array(5).fill(first));
+    expect(seen[0]!.hit).toBe(0);
+    // From the second turn on, nearly the whole prompt is the history already sent there.
+    for (const s of seen.slice(1)) expect(s.hit).toBeGreaterThan(0.8);
+    // The replica agrees: only the one that served the conversation has cache hits.
+    const hits = await cacheHits(t.fleet!.urls);
+    const served = Number(first.slice(1));
+    expect(hits[served]).toBeGreaterThan(4 * 1500);
+    expect(hits.filter((_, i) => i !== served).every((h) => h === 0)).toBe(true);
+    // The record says what the router believed: the prompt's blocks and the hit it estimated.
+    const rec = await t.recordOf('conv-3');
+    expect(rec.prefix_blocks).toBeGreaterThan(1500 / 16);
+    expect(rec.prefix_hit_est).toBeCloseTo(seen[3]!.hit, 3);
+  });
+
+  it('different users after the same system prompt go to the backend that holds it', async () => {
+    t = await startTestGateway({ replicas: 4, config: { router: { policy: 'slagate' } } });
+    const backends = new Set<string>();
+    for (let u = 0; u < 6; u++) {
+      const r = await turn(t, [system, { role: 'user', content: syntheticText(rng, 30) }], `user-${u}`);
+      backends.add(r.backend);
+      if (u > 0) expect(r.hit).toBeGreaterThan(0.8);
+    }
+    expect(backends.size).toBe(1);
+  });
+});
+
+describe('router.policy: oracle (benchmarks only)', () => {
+  it("routes on the replicas' own cached-token counts", async () => {
+    t = await startTestGateway({ replicas: 3, config: { router: { policy: 'oracle' } } });
+    const rng = new Rng(9);
+    const system: Message = { role: 'system', content: syntheticText(rng, 1000) };
+    const a = await turn(t, [system, { role: 'user', content: 'first question here' }], 'o-1');
+    const b = await turn(t, [system, { role: 'user', content: 'another question now' }], 'o-2');
+    expect(b.backend).toBe(a.backend);
+    // The hit is what the replica reported: the system prompt's full 16-token blocks.
+    expect(b.hit).toBeGreaterThan(0.9);
+    const hits = await cacheHits(t.fleet!.urls);
+    expect(hits[Number(a.backend.slice(1))]).toBeGreaterThan(900);
+  });
+});

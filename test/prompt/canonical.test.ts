@@ -1,0 +1,138 @@
+// The canonical prompt (src/prompt): the same prefix gives the same leading block hashes, and the
+// token estimate learns its ratio from what the backend counts.
+import { describe, expect, it } from 'vitest';
+import { syntheticText } from '../../src/bench/text.ts';
+import {
+  BLOCK_CHARS_PER_TOKEN,
+  type PromptSource,
+  promptBlocks,
+  TokenEstimate,
+} from '../../src/prompt/canonical.ts';
+import { blockHashes, TextBlocks } from '../../src/prompt/chain-hash.ts';
+import { Rng } from '../../src/sim/rng.ts';
+import { Tokenizer } from '../../src/tokenizer/tokenizer.ts';
+
+const BLOCK = 16;
+const CHARS = BLOCK * BLOCK_CHARS_PER_TOKEN;
+const chat = (messages: unknown[], tools?: unknown): PromptSource => ({ kind: 'chat', messages, tools });
+const common = (a: readonly number[], b: readonly number[]) => {
+  let i = 0;
+  while (i < a.length && i < b.length && a[i] === b[i]) i++;
+  return i;
+};
+
+describe('promptBlocks', () => {
+  const system = { role: 'system', content: 'You are a careful assistant for ACME. '.repeat(60) };
+
+  it('a shared system prompt followed by different questions maps to the same leading blocks', () => {
+    const a = promptBlocks(chat([system, { role: 'user', content: 'What is the refund policy?' }]), BLOCK);
+    const b = promptBlocks(chat([system, { role: 'user', content: 'How do I reset my password?' }]), BLOCK);
+    const systemBlocks = Math.floor(('system\n'.length + system.content.length) / CHARS);
+    expect(systemBlocks).toBeGreaterThan(30);
+    expect(common(a.hashes, b.hashes)).toBeGreaterThanOrEqual(systemBlocks);
+    expect(common(a.hashes, b.hashes)).toBeLessThan(Math.min(a.hashes.length, b.hashes.length) + 1);
+    // A different system prompt shares nothing from its first block on.
+    const c = promptBlocks(
+      chat([
+        { ...system, content: `X${system.content}` },
+        { role: 'user', content: 'hi' },
+      ]),
+      BLOCK,
+    );
+    expect(common(a.hashes, c.hashes)).toBe(0);
+  });
+
+  it('a conversation continued over several turns keeps the hashes of its earlier turns', () => {
+    const turns: unknown[] = [system];
+    let previous = promptBlocks(chat(turns), BLOCK);
+    for (let t = 0; t < 5; t++) {
+      turns.push({ role: 'user', content: `question ${t} `.repeat(20) });
+      const now = promptBlocks(chat(turns), BLOCK);
+      // Every full block of the previous turn's prompt is a prefix of this one's.
+      expect(now.hashes.slice(0, previous.hashes.length)).toEqual(previous.hashes);
+      expect(now.hashes.length).toBeGreaterThan(previous.hashes.length);
+      turns.push({ role: 'assistant', content: `answer ${t} `.repeat(30) });
+      previous = promptBlocks(chat(turns), BLOCK);
+    }
+  });
+
+  it('role, name, tools, tool calls and images are part of the prompt', () => {
+    const base = promptBlocks(chat([{ role: 'user', content: 'a'.repeat(CHARS * 3) }]), BLOCK);
+    const variants = [
+      chat([{ role: 'system', content: 'a'.repeat(CHARS * 3) }]),
+      chat([{ role: 'user', name: 'bob', content: 'a'.repeat(CHARS * 3) }]),
+      chat(
+        [{ role: 'user', content: 'a'.repeat(CHARS * 3) }],
+        [{ type: 'function', function: { name: 'f' } }],
+      ),
+    ];
+    for (const v of variants) expect(promptBlocks(v, BLOCK).hashes[0]).not.toBe(base.hashes[0]);
+    const img = (url: string) =>
+      chat([
+        {
+          role: 'user',
+          content: [
+            { type: 'image_url', image_url: { url } },
+            { type: 'text', text: 'a'.repeat(CHARS * 3) },
+          ],
+        },
+      ]);
+    const i1 = promptBlocks(img('http://x/1.png'), BLOCK);
+    expect(i1.hashes[0]).not.toBe(promptBlocks(img('http://x/2.png'), BLOCK).hashes[0]);
+    // The image's JSON names the prompt but is not counted as text tokens.
+    expect(i1.textChars).toBe('user\n'.length + 1 + CHARS * 3 + 2);
+  });
+
+  it('text prompts hash their characters wherever they were split; id prompts hash ids as the simulator does', () => {
+    const text = 'lorem ipsum dolor sit amet '.repeat(40);
+    const whole = new TextBlocks(CHARS);
+    whole.add(text);
+    const pieces = new TextBlocks(CHARS);
+    for (let i = 0; i < text.length; i += 7) pieces.add(text.slice(i, i + 7));
+    expect(pieces.hashes).toEqual(whole.hashes);
+    expect(promptBlocks({ kind: 'text', texts: [text] }, BLOCK).hashes).toEqual(whole.hashes);
+    const ids = Array.from({ length: 100 }, (_, i) => i * 7);
+    const p = promptBlocks({ kind: 'ids', ids: [ids] }, BLOCK);
+    expect(p.hashes).toEqual(blockHashes(ids, BLOCK));
+    expect(p.exactTokens).toBe(100);
+  });
+});
+
+describe('TokenEstimate', () => {
+  it('learns the ratio from what the backend counts and then estimates within a few percent', () => {
+    const tok = new Tokenizer();
+    const r = new Rng(11);
+    const est = new TokenEstimate();
+    const prompts = Array.from({ length: 60 }, () => [
+      { role: 'system', content: syntheticText(r, r.int(300, 600)) },
+      { role: 'user', content: syntheticText(r, r.int(20, 220)) },
+    ]);
+    const truth = (m: { role: string; content: string }[]) => tok.countChat(m);
+    for (const m of prompts.slice(0, 40)) est.learn(promptBlocks(chat(m), BLOCK), truth(m));
+    expect(est.samples).toBe(40);
+    const errors = prompts.slice(40).map((m) => {
+      const p = promptBlocks(chat(m), BLOCK);
+      return Math.abs(est.tokens(p) - truth(m)) / truth(m);
+    });
+    expect(Math.max(...errors)).toBeLessThan(0.05);
+  });
+
+  it('uses exact counts for token ids, and ignores short prompts and nonsense when learning', () => {
+    const est = new TokenEstimate();
+    const ids = promptBlocks(
+      {
+        kind: 'ids',
+        ids: [
+          [1, 2, 3],
+          [4, 5],
+        ],
+      },
+      BLOCK,
+    );
+    expect(est.tokens(ids)).toBe(5);
+    est.learn(promptBlocks(chat([{ role: 'user', content: 'hi' }]), BLOCK), 9);
+    est.learn(promptBlocks(chat([{ role: 'user', content: 'x'.repeat(1000) }]), BLOCK), 1);
+    expect(est.samples).toBe(0);
+    expect(est.charsPerToken).toBe(BLOCK_CHARS_PER_TOKEN);
+  });
+});

@@ -1,0 +1,31 @@
+// Requests and backend views for the router's, the scheduler's and admission's unit tests.
+import type { BackendView, RouteRequest } from '../../src/router/types.ts';
+
+export function route(over: Partial<RouteRequest> = {}): RouteRequest {
+  return {
+    reqId: 'r',
+    promptTokens: 100,
+    blocks: [],
+    tokensPerBlock: 16,
+    expectedOutputTokens: 100,
+    tpotTargetMs: 50,
+    ...over,
+  };
+}
+
+/** A backend with no fit yet (no prediction) unless `over` gives one. */
+export function view(name: string, over: Partial<BackendView> = {}): BackendView {
+  return {
+    name,
+    weight: 1,
+    inflight: 0,
+    cachedBlocks: 0,
+    cachedTokens: 0,
+    uncachedTokens: 100,
+    predictedTtftMs: null,
+    prefillMs: null,
+    tpotMs: null,
+    kvUsage: null,
+    ...over,
+  };
+}

@@ -1,0 +1,82 @@
+// The prefix index (src/state/prefix-index.ts): what a backend is believed to hold, learnt from
+// dispatch, bounded and aged out least-recently-used.
+import { describe, expect, it } from 'vitest';
+import { PrefixIndex } from '../../src/state/prefix-index.ts';
+
+/** A chain of `n` distinct hashes starting at `from` (the values are opaque to the index). */
+const chain = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
+
+describe('PrefixIndex', () => {
+  it('matches the leading blocks a backend was sent, per backend', () => {
+    const idx = new PrefixIndex();
+    const system = chain(1, 30);
+    idx.insert('a', [...system, ...chain(1000, 5)]);
+    // Another question after the same system prompt: its 30 leading blocks are held on a only.
+    const other = [...system, ...chain(2000, 5)];
+    expect(idx.match('a', other)).toBe(30);
+    expect(idx.match('b', other)).toBe(0);
+    expect(idx.match('a', [...system, ...chain(1000, 5)])).toBe(35);
+    expect(idx.match('a', chain(9000, 3))).toBe(0);
+    expect(idx.match('a', [])).toBe(0);
+  });
+
+  it('stays within its capacity under a stream of unique prompts', () => {
+    const idx = new PrefixIndex(() => 500);
+    for (let i = 0; i < 2000; i++) {
+      idx.insert('a', chain(i * 1000, 40));
+      expect(idx.size('a')).toBeLessThanOrEqual(500);
+    }
+    expect(idx.size('a')).toBe(500);
+  });
+
+  it('ages out a prefix nobody sends any more: it stops matching', () => {
+    const idx = new PrefixIndex(() => 200);
+    const hot = chain(1, 50);
+    idx.insert('a', hot);
+    // Re-sent regularly, the hot prefix stays while others churn past it.
+    for (let i = 0; i < 30; i++) {
+      idx.insert('a', chain(10_000 + i * 100, 40));
+      if (i % 3 === 0) idx.insert('a', hot);
+    }
+    expect(idx.match('a', hot)).toBe(50);
+    // Not sent again: gone once more than the capacity has been inserted after it.
+    for (let i = 0; i < 10; i++) idx.insert('a', chain(50_000 + i * 100, 40));
+    expect(idx.match('a', hot)).toBe(0);
+  });
+
+  it('evicts a chain from its tail first, so what is left of it is still its prefix', () => {
+    const idx = new PrefixIndex(() => 60);
+    const conv = chain(1, 50);
+    idx.insert('a', conv);
+    idx.insert('a', chain(5000, 20)); // 10 over: the 10 least recent go, conv's last 10
+    expect(idx.match('a', conv)).toBe(40);
+  });
+
+  it('records for its peers only the blocks new on a backend, in chain order', () => {
+    const idx = new PrefixIndex();
+    idx.record(true);
+    const system = chain(1, 10);
+    idx.insert('a', [...system, 100, 101]);
+    idx.insert('a', [...system, 200]);
+    idx.insert('b', system);
+    expect(idx.drainRecent()).toEqual(
+      new Map([
+        ['a', [...system, 100, 101, 200]],
+        ['b', system],
+      ]),
+    );
+    expect(idx.drainRecent().size).toBe(0);
+    // What a peer sent is learnt but not told on.
+    idx.insertPeer('c', chain(300, 4));
+    expect(idx.match('c', chain(300, 4))).toBe(4);
+    expect(idx.drainRecent().size).toBe(0);
+  });
+
+  it('forgets a removed backend', () => {
+    const idx = new PrefixIndex();
+    idx.insert('a', chain(1, 5));
+    idx.drop('a');
+    expect(idx.match('a', chain(1, 5))).toBe(0);
+    expect(idx.size('a')).toBe(0);
+  });
+});
