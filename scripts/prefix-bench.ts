@@ -2,7 +2,7 @@
 // gateway instances, and what routing costs on the request path.
 //
 //   npx tsx scripts/prefix-bench.ts [--parts routing,shared,micro] [--rate 8] [--duration-s 240]
-//                                   [--time-scale 1] [--out results/prefix-bench.json]
+//                                   [--time-scale 1] [--policies LIST] [--out results/prefix-bench.json]
 //
 // Workload: `prefix-shared` shaped like llm-d's published benchmark (150 tenants, each a 6k-token
 // shared context and 5 users with 1.2k-token questions; KV demand 73% of the cluster's), scaled to
@@ -49,6 +49,7 @@ import { startRedisServer } from '../test/helpers/redis-server.ts';
 const { values } = parseArgs({
   options: {
     parts: { type: 'string', default: 'routing,shared,micro' },
+    policies: { type: 'string' },
     rate: { type: 'string', default: '8' },
     'duration-s': { type: 'string', default: '240' },
     'time-scale': { type: 'string', default: '1' },
@@ -175,7 +176,7 @@ function table(rows: readonly Row[]): string {
 
 // ---- routing: one instance, every policy ----
 
-const POLICIES = [
+const ALL_POLICIES = [
   'round_robin/fcfs',
   'least_loaded/fcfs',
   'prefix_only/fcfs',
@@ -184,6 +185,7 @@ const POLICIES = [
   'oracle/fcfs',
   'slagate/slagate',
 ];
+const POLICIES = values.policies === undefined ? ALL_POLICIES : values.policies.split(',');
 
 async function routing(): Promise<Row[]> {
   const yaml = yamlFile(GATEWAY_YAML);

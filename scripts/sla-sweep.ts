@@ -4,6 +4,8 @@
 // gateway, each in its own process (`slagate bench compare` underneath), one after another.
 //
 //   npx tsx scripts/sla-sweep.ts [--time-scale 2] [--arrival-s 120] [--warmup-s 40] [--parts all]
+//                                [--loads 0.5,1,1.5,2] [--variants slagate,fcfs@256]
+//                                [--capacity sharegpt=49,mixed=22]
 //
 // Time scale. The machine has 2 cores for the client, the gateway and the fleet; at time scale 1
 // twice the fleet's capacity is ~20k streamed events a second through each of them. At time scale
@@ -36,6 +38,9 @@ const { values } = parseArgs({
     'warmup-s': { type: 'string', default: '40' },
     parts: { type: 'string', default: 'capacity,sweep,mixed,predictor' },
     loads: { type: 'string', default: '0.5,0.75,1,1.25,1.5,2' },
+    variants: { type: 'string', default: 'slagate,fcfs@16,fcfs@256' },
+    // Known capacities (req/s for the fleet), to skip the bisection: sharegpt=49,mixed=22
+    capacity: { type: 'string' },
     out: { type: 'string', default: 'results/sla-sweep.json' },
   },
 });
@@ -44,6 +49,13 @@ const ARRIVAL_S = Number(values['arrival-s']);
 const WARMUP_S = Number(values['warmup-s']);
 const PARTS = new Set(values.parts!.split(','));
 const LOADS = values.loads!.split(',').map(Number);
+const VARIANT_LIST = values.variants!.split(',');
+const KNOWN_CAPACITY = new Map(
+  (values.capacity ?? '')
+    .split(',')
+    .filter((x) => x.includes('='))
+    .map((x) => [x.split('=')[0]!, Number(x.split('=')[1])] as const),
+);
 const PROFILE = 'llama3-8b-h100';
 const REPLICAS = 4;
 const SEED = 1;
@@ -148,6 +160,25 @@ function capacity(workload: WorkloadName): { perReplica: number; fleet: number; 
 
 // ---- real-time runs ----
 
+/**
+ * P99 of the TTFT the gateway recorded (arrival at the gateway to the first token it forwarded)
+ * for the steady requests it served. The client's figure adds the client↔gateway hop, which on
+ * this machine includes the load generator's own event-loop delay under load.
+ */
+function gatewayTtftP99(r: CompareRun): number | null {
+  const byId = new Map<string, number>();
+  for (const a of (r.admissionLog ?? []) as { req_id: string; outcome: string; ttft_ms: number | null }[])
+    if (a.outcome === 'ok' && a.ttft_ms !== null) byId.set(a.req_id, a.ttft_ms);
+  const xs: number[] = [];
+  for (const x of r.bench!.records) {
+    if (!x.success || x.startTime < WARMUP_S || x.startTime > ARRIVAL_S) continue;
+    const id = x.headers['x-request-id'];
+    const v = id === undefined ? undefined : byId.get(id);
+    if (v !== undefined) xs.push(v);
+  }
+  return pct(xs, 0.99);
+}
+
 interface Steady {
   sent: number;
   offeredPerS: number;
@@ -242,8 +273,14 @@ const say = (s = '') => {
 let sharegptC: number | null = null;
 let mixedC: number | null = null;
 if (PARTS.has('capacity') || PARTS.has('sweep') || PARTS.has('mixed') || PARTS.has('predictor')) {
-  const cs = capacity('sharegpt');
-  const cm = capacity('mixed');
+  const known = (w: WorkloadName) => {
+    const c = KNOWN_CAPACITY.get(w);
+    return c === undefined
+      ? capacity(w)
+      : { perReplica: c / REPLICAS, fleet: c, tried: [] as [number, number][] };
+  };
+  const cs = known('sharegpt');
+  const cm = known('mixed');
   sharegptC = cs.fleet;
   mixedC = cm.fleet;
   out.capacity = { sharegpt: cs, mixed: cm };
@@ -261,26 +298,27 @@ if (PARTS.has('capacity') || PARTS.has('sweep') || PARTS.has('mixed') || PARTS.h
 if (PARTS.has('sweep') && sharegptC !== null) {
   say(`## sharegpt, 0.5× to 2× of C = ${sharegptC} req/s`);
   say(
-    '| load | policy | offered/s | goodput/s | attainment | refused | failed | TTFT p50 / p99 ms | TPOT p99 ms |',
+    '| load | policy | offered/s | goodput/s | attainment | refused | failed | TTFT p50 / p99 ms | gateway-measured TTFT p99 ms | TPOT p99 ms |',
   );
-  say('|---|---|---|---|---|---|---|---|---|');
+  say('|---|---|---|---|---|---|---|---|---|---|');
   const sweep: Record<string, unknown>[] = [];
   const goodAt = new Map<string, number>();
   for (const load of LOADS) {
-    for (const variant of ['slagate', 'fcfs@16', 'fcfs@256'] as Variant[]) {
+    for (const variant of VARIANT_LIST as Variant[]) {
       if (variant === 'fcfs@16' && ![0.5, 1, 2].includes(load)) continue;
       const rate = Math.round(load * sharegptC * 10) / 10;
       const r = await run(variant, 'sharegpt', rate, false);
       const s = steadyOf(r.bench!.records);
+      const gw = gatewayTtftP99(r);
       goodAt.set(`${variant}@${load}`, s.goodPerS);
-      sweep.push({ load, rate, variant, ...s });
+      sweep.push({ load, rate, variant, ...s, gatewayTtftP99: gw });
       say(
-        `| ${load}× | ${variant} | ${f(s.offeredPerS, 1)} | ${f(s.goodPerS, 1)} | ${p(s.attainment)} | ${p(s.refusedShare)} | ${p(s.failedShare)} | ${f(s.ttftP50)} / ${f(s.ttftP99)} | ${f(s.tpotP99)} |`,
+        `| ${load}× | ${variant} | ${f(s.offeredPerS, 1)} | ${f(s.goodPerS, 1)} | ${p(s.attainment)} | ${p(s.refusedShare)} | ${p(s.failedShare)} | ${f(s.ttftP50)} / ${f(s.ttftP99)} | ${f(gw)} | ${f(s.tpotP99)} |`,
       );
     }
   }
   out.sweep = sweep;
-  for (const variant of ['slagate', 'fcfs@16', 'fcfs@256']) {
+  for (const variant of VARIANT_LIST) {
     const one = goodAt.get(`${variant}@1`);
     const two = goodAt.get(`${variant}@2`);
     if (one !== undefined && two !== undefined) {
@@ -299,7 +337,7 @@ if (PARTS.has('mixed') && mixedC !== null) {
   say('|---|---|---|---|---|');
   const mixed: Record<string, unknown>[] = [];
   const shortP99 = new Map<string, number | null>();
-  for (const variant of ['slagate', 'fcfs@256'] as Variant[]) {
+  for (const variant of VARIANT_LIST.filter((v) => v !== 'fcfs@16') as Variant[]) {
     const r = await run(variant, 'mixed', rate, true);
     const isDoc = (x: RequestRecord) => x.classHint === 'batch';
     const short = steadyOf(r.bench!.records, (x) => !isDoc(x));

@@ -13,8 +13,10 @@
 //              prefill room frees within a step, and passing it would undo the aging bound)
 //     guard ─▶ a fresh entry still queued at its latest start (arrival + TTFT target − its
 //              predicted time to first token, taken at the P99 of how predictions have turned out)
-//              is refused now, 429 queue_timeout, not served late; a retry still queued at the
-//              request's deadline gets no slot (the loop then gives up)
+//              is refused now, 429 queue_timeout, not served late; so is one that reaches the
+//              head of the queue when the backend it would get predicts a first token past its
+//              target; a retry still queued at the request's deadline gets no slot (the loop
+//              then gives up)
 //     control ─▶ every interval: each backend's limit from its measured pace (controller.ts)
 //
 // Invariants:
@@ -402,6 +404,11 @@ export class Scheduler {
       const choice = this.#choose(head.req, available, room, null);
       if (choice === null) return; // no prefill room for it yet: it, and what is behind it, waits
       this.#queue.pop();
+      if (this.#tooLate(head, choice.view)) {
+        head.state = 'removed';
+        head.settle(null, this.#refusal(head.req, 'queue_timeout'));
+        continue;
+      }
       this.#grant(head, choice, room);
     }
   }
@@ -533,6 +540,17 @@ export class Scheduler {
     const c = this.#controls.get(backend);
     const period = c?.tpotRatios.at(-1);
     if (period !== undefined && period.length < SAMPLE_CAP && targetMs > 0) period.push(tpotMs / targetMs);
+  }
+
+  /**
+   * The last check before a queued request is sent: with the chosen backend's state now, its first
+   * token (taken at the P99 of how predictions turned out) would come after its target. The guard
+   * timer judged it on the prediction made at arrival; the backend it gets may be slower than that
+   * one was, and a request sent now would only miss and take a slot from one that can meet it.
+   */
+  #tooLate(w: Waiting, view: BackendView): boolean {
+    if (view.predictedTtftMs === null) return false;
+    return this.#now() + this.upperBackendMs(view.predictedTtftMs) > w.req.arrivedAt + w.req.ttftTargetMs;
   }
 
   #dropRetry(w: Waiting): void {

@@ -227,6 +227,32 @@ describe('refusals while waiting', () => {
     held!.release();
   });
 
+  it('at the head of the queue, a request its backend would now serve past its target is refused, not sent', async () => {
+    const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
+    const f = setup(['a'], s);
+    f.teach(); // dispatch → first token = 20 ms + 0.1 ms per uncached token
+    const held = await f.scheduler.ticket(req()).acquire(first());
+    const t0 = performance.now();
+    // Predicted fast at arrival (the guard timer would let it wait up to its target), but on the
+    // backend it gets, 5,000 uncached tokens take about 520 ms against a 300 ms target.
+    const long = f.scheduler
+      .ticket(req({ reqId: 'long', arrivedAt: t0, ttftTargetMs: 300, bestBackendMs: 0, promptTokens: 5000 }))
+      .acquire(first());
+    const short = f.scheduler
+      .ticket(req({ reqId: 'short', arrivedAt: t0, ttftTargetMs: 300, bestBackendMs: 0, promptTokens: 100 }))
+      .acquire(first());
+    expect(f.scheduler.view().queued).toBe(2);
+    held!.release();
+    expect(await state(long)).toMatchObject({ error: { code: 'queue_timeout' } });
+    // Refused at once, not when its guard timer would have fired.
+    expect(performance.now() - t0).toBeLessThan(250);
+    // The slot went to the one that can still make it.
+    const slot = await short;
+    expect(slot).not.toBeNull();
+    expect(f.refused).toContain('long:queue_timeout');
+    slot!.release();
+  });
+
   it('a retry still queued at the request deadline gets null (the attempt loop then gives up)', async () => {
     const { scheduler } = setup(
       ['a', 'b'],
