@@ -307,7 +307,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       const same =
         next.router.policy === prev.router.policy && next.router.explore_ratio === prev.router.explore_ratio;
       const policy = same ? rt.policy : policyFor(next);
-      const frozen = restartOnlyChanges(prev, next);
+      // Restart-only settings are compared with the ones the process started with (still in
+      // force), not with the last reload's: changing the port and changing it back is no change.
+      const frozen = restartOnlyChanges(config, next);
       if (frozen.length > 0)
         logger.warn({ keys: frozen }, 'config reload: these settings apply only after a restart');
       rt.policy = policy;
@@ -349,6 +351,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           // A reload that fails rejects: the watcher then keeps
           // the running configuration as its current one, and onError logs why.
           onChange: (next) => reload(next),
+          onUnchanged: () =>
+            logger.info({ path: opts.configPath }, 'config reload: file read, nothing changed'),
           onError: (err) => {
             const issues = isConfigError(err)
               ? err.issues.map((i) => formatIssue(i, err.source))

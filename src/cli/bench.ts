@@ -193,7 +193,8 @@ export async function benchCommand(argv: string[]): Promise<number> {
     args = parseBenchArgs(argv);
   } catch (err) {
     if (!(err instanceof UsageError)) throw err;
-    process.stderr.write(`slagate bench: ${err.message}\n\n${BENCH_USAGE}`);
+    // One line and a pointer: the whole usage would scroll the error away.
+    process.stderr.write(`slagate bench: ${err.message}\nsee: slagate bench --help\n`);
     return 2;
   }
   if (args === null) {

@@ -120,9 +120,10 @@ export function prettyLine(r: LogRecord): string {
     parts.push(`tpot ${vsTarget(r.tpot_ms, r.tpot_target_ms)}`.padEnd(18));
     parts.push(verdict.padEnd(4));
     if (r.queue_ms !== null && r.queue_ms > 0) parts.push(`queue ${num(r.queue_ms)}ms`);
-    if (r.reason !== 'ok') parts.push(r.reason);
+    // The reason only when it adds to the outcome (`client_cancelled` says it once).
+    if (r.reason !== 'ok' && r.reason !== r.outcome) parts.push(r.reason);
   }
-  if (r.error) parts.push(`(${r.error})`);
+  if (r.error && r.error !== r.reason && r.error !== r.outcome) parts.push(`(${r.error})`);
   return parts.join(' ').trimEnd();
 }
 

@@ -30,7 +30,17 @@ const COMMANDS: Record<string, { summary: string; load: () => Promise<Command> }
 function usage(): string {
   const lines = ['usage: slagate <command> [options]', '', 'commands:'];
   for (const [name, c] of Object.entries(COMMANDS)) lines.push(`  ${name.padEnd(14)}${c.summary}`);
+  lines.push('', "slagate --version prints the version; slagate COMMAND --help, a command's options.");
   return lines.join('\n');
+}
+
+/** The version in package.json (read on demand: only `--version` needs it). */
+async function version(): Promise<string> {
+  const { readFile } = await import('node:fs/promises');
+  const pkg = JSON.parse(await readFile(new URL('../../package.json', import.meta.url), 'utf8')) as {
+    version: string;
+  };
+  return pkg.version;
 }
 
 async function main(argv: string[]): Promise<number> {
@@ -38,6 +48,10 @@ async function main(argv: string[]): Promise<number> {
   if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
     process.stdout.write(`${usage()}\n`);
     return name === undefined ? 1 : 0;
+  }
+  if (name === '--version' || name === '-v' || name === 'version') {
+    process.stdout.write(`slagate ${await version()}\n`);
+    return 0;
   }
   const command = COMMANDS[name];
   if (command === undefined) {

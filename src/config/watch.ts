@@ -21,6 +21,8 @@ export interface ConfigWatchHandlers {
   /** A ConfigError for an invalid or unreadable file (the previous configuration is kept), a
    *  watcher failure, or the failure of onChange. */
   onError(err: Error): void;
+  /** A SIGHUP read the file and found the configuration in force (nothing to apply). */
+  onUnchanged?(): void;
 }
 
 export interface ConfigWatchOptions {
@@ -65,7 +67,10 @@ export function watchConfig(
       handlers.onError(err as Error);
       return;
     }
-    if (isDeepStrictEqual(next, current)) return;
+    if (isDeepStrictEqual(next, current)) {
+      if (force) handlers.onUnchanged?.();
+      return;
+    }
     const previous = current;
     current = next;
     // Invariant: current() names the configuration that is running. A change the gateway could

@@ -7,6 +7,7 @@ export type ErrorCode =
   | 'invalid_api_key' // 401
   | 'model_not_found' // 404: unknown model
   | 'route_not_found' // 404: not an allowlisted route
+  | 'method_not_allowed' // 405: a known route with another method (sent with Allow)
   | 'body_too_large' // 413
   | 'sla_unattainable' // 429: predicted TTFT cannot meet the class target
   | 'rate_limited' // 429: tenant concurrency or token budget
@@ -30,6 +31,7 @@ const SPECS: Readonly<Record<ErrorCode, ErrorSpec>> = Object.freeze({
   invalid_api_key: { status: 401, type: 'authentication_error' },
   model_not_found: { status: 404, type: 'not_found_error' },
   route_not_found: { status: 404, type: 'not_found_error' },
+  method_not_allowed: { status: 405, type: 'invalid_request_error' },
   body_too_large: { status: 413, type: 'invalid_request_error' },
   sla_unattainable: { status: 429, type: 'rate_limit_error', retryAfterS: 1 },
   rate_limited: { status: 429, type: 'rate_limit_error', retryAfterS: 1 },

@@ -5,6 +5,7 @@
 //       │
 //   body parse ──── 413 body_too_large, 400 bad JSON / __proto__ ──▶ error handler ─┐
 //       │           (unknown route: 404 route_not_found, not-found handler) ─────▶─┤
+//       │           (known path, other method: 405 method_not_allowed + Allow) ──▶─┤
 //   handler: shutting_down? → auth (401) → parse (400) → model (404) → context (400)│
 //       │       any refusal here throws a GatewayError ──────────────────────────▶─┤
 //       ▼                                                                          │
@@ -73,6 +74,19 @@ export function sendError(reply: FastifyReply, err: GatewayError): FastifyReply 
   return reply.send(err.toJSON());
 }
 
+const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'] as const;
+
+const pathOf = (url: string): string => {
+  const q = url.indexOf('?');
+  return q < 0 ? url : url.slice(0, q);
+};
+
+/** The methods a path has routes for (none: the path itself is unknown). */
+function allowedMethods(app: FastifyInstance, url: string): string[] {
+  const path = pathOf(url);
+  return METHODS.filter((method) => app.hasRoute({ method, url: path }));
+}
+
 export function buildApp(rt: Runtime): FastifyInstance {
   const app = Fastify({
     loggerInstance: rt.logger as FastifyBaseLogger,
@@ -114,7 +128,15 @@ export function buildApp(rt: Runtime): FastifyInstance {
   });
 
   app.setNotFoundHandler((request, reply) => {
-    const err = new GatewayError('route_not_found', `Route ${request.method} ${request.url} not found.`);
+    const allow = allowedMethods(app, request.url);
+    const err =
+      allow.length > 0
+        ? new GatewayError(
+            'method_not_allowed',
+            `Method ${request.method} is not allowed on ${pathOf(request.url)}; use ${allow.join(' or ')}.`,
+          )
+        : new GatewayError('route_not_found', `Route ${request.method} ${request.url} not found.`);
+    if (allow.length > 0) reply.header('allow', allow.join(', '));
     if (request.admission) endRefused(rt, request.admission, err);
     return sendError(reply, err);
   });

@@ -99,6 +99,59 @@ function promptParts(endpoint: Endpoint, body: Record<string, unknown>): PromptP
   );
 }
 
+type FieldType = 'number' | 'integer' | 'boolean' | 'stop';
+
+// Sampling parameters by the JSON type vLLM's schema gives them. Only the type is checked here
+// (a wrong type is the gateway's own 400, with the field named); ranges are the engine's to
+// judge, and its 4xx message reaches the client (DESIGN section 4).
+const SAMPLING: Readonly<Record<string, FieldType>> = Object.freeze({
+  temperature: 'number',
+  top_p: 'number',
+  min_p: 'number',
+  top_k: 'integer',
+  frequency_penalty: 'number',
+  presence_penalty: 'number',
+  repetition_penalty: 'number',
+  seed: 'integer',
+  min_tokens: 'integer',
+  top_logprobs: 'integer',
+  ignore_eos: 'boolean',
+  stop: 'stop',
+});
+
+const TYPE_TEXT: Readonly<Record<FieldType, string>> = {
+  number: 'a number',
+  integer: 'an integer',
+  boolean: 'a boolean',
+  stop: 'a string or a list of strings',
+};
+
+function hasType(v: unknown, t: FieldType): boolean {
+  switch (t) {
+    case 'number':
+      return typeof v === 'number' && Number.isFinite(v);
+    case 'integer':
+      return Number.isInteger(v);
+    case 'boolean':
+      return typeof v === 'boolean';
+    case 'stop':
+      return typeof v === 'string' || (Array.isArray(v) && v.every((x) => typeof x === 'string'));
+  }
+}
+
+function checkSamplingTypes(endpoint: Endpoint, body: Record<string, unknown>): void {
+  for (const [field, t] of Object.entries(SAMPLING)) {
+    const v = body[field];
+    if (v !== undefined && v !== null && !hasType(v, t))
+      throw invalid(`'${field}' must be ${TYPE_TEXT[t]}`, field);
+  }
+  // `logprobs`: a boolean in chat, a count in completions.
+  const lp = body.logprobs;
+  const lpType: FieldType = endpoint === 'chat' ? 'boolean' : 'integer';
+  if (lp !== undefined && lp !== null && !hasType(lp, lpType))
+    throw invalid(`'logprobs' must be ${TYPE_TEXT[lpType]}`, 'logprobs');
+}
+
 /** Throws GatewayError('invalid_request') with the offending field as `param`. */
 export function parseInferenceRequest(endpoint: Endpoint, body: unknown): InferenceRequest {
   if (!isRecord(body)) throw invalid('the request body must be a JSON object', 'body');
@@ -115,6 +168,7 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
   const n = body.n;
   if (n !== undefined && n !== null && n !== 1) throw invalid("only 'n': 1 is supported", 'n');
   const maxTokens = positiveInt(body, 'max_completion_tokens') ?? positiveInt(body, 'max_tokens');
+  checkSamplingTypes(endpoint, body);
   const parts = promptParts(endpoint, body);
   const stream = body.stream === true;
   const assembleKind: AssembleKind = endpoint === 'chat' ? 'chat' : 'completion';

@@ -110,6 +110,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
   #bodyBytes = 0;
   #promptTokens: number | null = null;
   #completionTokens: number | null = null;
+  /** Relayed events that carried output: the count of a stream cut before its usage chunk. */
+  #outputEvents = 0;
   #endedAt: number | null = null;
   #firstTokenTimer: NodeJS.Timeout | null = null;
   #idleTimer: NodeJS.Timeout | null = null;
@@ -302,6 +304,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
       if (usage != null && typeof usage === 'object') this.#takeUsage(usage);
       if (assembler !== null && msg !== null) assembler.add(msg);
       if (Array.isArray(msg?.choices) && msg.choices.length > 0) {
+        if (carriesOutput(msg.choices)) this.#outputEvents++;
         if (committed) {
           this.#clock.token(now);
         } else {
@@ -534,6 +537,11 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.#parser.end();
     this.#settleCommit(committed || kind === 'rejected' ? null : failure);
     const endedAt = this.#endedAt ?? performance.now();
+    // Usage is the backend's own count. A committed stream that ended without it (cut at
+    // shutdown, dropped upstream) reports what it relayed: vLLM sends one output token per event
+    // (more only under speculative decoding, so this can undercount, never overcount).
+    if (this.#completionTokens === null && committed && this.spec.mode !== 'passthrough')
+      this.#completionTokens = this.#outputEvents;
     this.#resolveDone({
       kind,
       committed,
@@ -549,6 +557,22 @@ export class Attempt implements Dispatcher.DispatchHandler {
         : null,
     });
   }
+}
+
+/** A chunk choice with generated output: text, content, reasoning or a tool call (not the role chunk). */
+function carriesOutput(choices: unknown[]): boolean {
+  for (const c of choices) {
+    if (c === null || typeof c !== 'object') continue;
+    const { text, delta } = c as { text?: unknown; delta?: Record<string, unknown> | null };
+    if (typeof text === 'string' && text.length > 0) return true;
+    if (delta != null && typeof delta === 'object') {
+      const { content, reasoning_content: reasoning, tool_calls: calls } = delta;
+      if (typeof content === 'string' && content.length > 0) return true;
+      if (typeof reasoning === 'string' && reasoning.length > 0) return true;
+      if (Array.isArray(calls) && calls.length > 0) return true;
+    }
+  }
+  return false;
 }
 
 /** vLLM's in-band error: `{"error":{...}}`, or the flat `{"object":"error",...}` of older versions. */

@@ -14,7 +14,10 @@ const valid = (port: number) => `models: [m]\nsimulate: { replicas: 2 }\nserver:
 const INVALID = 'models: [m]\nsimulate: { replicas: 0 }\nserver: { prot: 1 }\n';
 const WAIT_MS = 5000;
 
-type Event = { kind: 'change'; next: Config; previous: Config } | { kind: 'error'; err: Error };
+type Event =
+  | { kind: 'change'; next: Config; previous: Config }
+  | { kind: 'error'; err: Error }
+  | { kind: 'unchanged' };
 
 /** Collects watcher callbacks; `next()` resolves with the next one (or fails after WAIT_MS). */
 class Recorder {
@@ -23,6 +26,7 @@ class Recorder {
   readonly handlers = {
     onChange: (next: Config, previous: Config) => this.push({ kind: 'change', next, previous }),
     onError: (err: Error) => this.push({ kind: 'error', err }),
+    onUnchanged: () => this.push({ kind: 'unchanged' }),
   };
   private push(event: Event) {
     this.events.push(event);
@@ -173,6 +177,19 @@ describe('watchConfig on SIGHUP', () => {
     const e = await event;
     expect(e.kind === 'change' && e.next.server.port).toBe(9100);
     expect(w.current().server.port).toBe(9100);
+  });
+
+  it('SIGHUP with the configuration in force says so, and changes nothing', async () => {
+    const recorder = new Recorder();
+    const w = start(recorder, { watchFile: false });
+    const initial = w.current();
+    // Same configuration, different text (a comment): still nothing to apply.
+    writeFileSync(file, `# touched\n${valid(8080)}`);
+    const event = recorder.next();
+    process.kill(process.pid, 'SIGHUP');
+    expect(await event).toEqual({ kind: 'unchanged' });
+    expect(w.current()).toBe(initial);
+    expect(recorder.events).toHaveLength(1);
   });
 
   it('SIGHUP on a still-invalid file reports its errors again and keeps the configuration', async () => {

@@ -48,7 +48,8 @@ const healthyStream: Script = (_req, res) => {
   res.end(chatStreamText(3));
 };
 
-const errorOf = (text: string) => (JSON.parse(text) as { error: { code: string; type: string } }).error;
+const errorOf = (text: string) =>
+  (JSON.parse(text) as { error: { code: string; type: string; message: string } }).error;
 
 describe('26: body limits and prototype poisoning', () => {
   it('an oversized body → 413 body_too_large, refused, never proxied', async () => {
@@ -196,7 +197,6 @@ describe('28: keys and the route allowlist', () => {
       ['POST', '/v1/foo'],
       ['GET', '/health'],
       ['GET', '/version'],
-      ['GET', '/v1/chat/completions'],
       ['POST', '/v1/chat/completions/../../tokenize'],
     ];
     for (const [method, path] of probes) {
@@ -204,11 +204,26 @@ describe('28: keys and the route allowlist', () => {
       expect(res.status, `${method} ${path}`).toBe(404);
       expect(errorOf(res.text).code).toBe('route_not_found');
     }
+    // A known path with another method: 405 with Allow, as vLLM answers.
+    const wrong: [string, string, string][] = [
+      ['GET', '/v1/chat/completions', 'POST'],
+      ['DELETE', '/v1/completions?x=1', 'POST'],
+      ['POST', '/v1/models', 'GET, HEAD'],
+    ];
+    for (const [method, path, allow] of wrong) {
+      const res = await send(t.url, method, path, method === 'POST' ? {} : undefined);
+      expect(res.status, `${method} ${path}`).toBe(405);
+      expect(res.headers.allow).toBe(allow);
+      expect(errorOf(res.text)).toMatchObject({ code: 'method_not_allowed', type: 'invalid_request_error' });
+      expect(errorOf(res.text).message).toContain(allow.split(', ')[0]);
+    }
     // Only the gateway's own probes reached the backend.
     expect(b.hits).toHaveLength(0);
-    const v1 = (await t.records()).filter((r) => r.reason === 'route_not_found');
+    const recs = await t.records();
+    const v1 = recs.filter((r) => r.reason === 'route_not_found');
     // Paths under /v1 are inference-shaped, so they get an admission record; the others do not.
     expect(v1.length).toBe(probes.filter(([, p]) => p.startsWith('/v1/')).length);
+    expect(recs.filter((r) => r.reason === 'method_not_allowed')).toHaveLength(wrong.length);
   });
 });
 

@@ -2,10 +2,10 @@
 // path, a failed start leaves nothing running, a bad reload keeps the running configuration, and
 // a good one changes backends and models without touching a stream in flight. Checklist item 33.
 import { createHash } from 'node:crypto';
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { stringify } from 'yaml';
+import { parse, stringify } from 'yaml';
 import { isConfigError } from '../../src/config/index.ts';
 import { startGateway } from '../../src/gateway.ts';
 import { startFleet } from '../../src/sim/fleet.ts';
@@ -18,6 +18,7 @@ import {
   merge,
   openStream,
   post,
+  serveChild,
   sleep,
   sseData,
   startTestGateway,
@@ -176,5 +177,43 @@ describe('on reload', () => {
     const ok = await post(t.url, CHAT, chat(), { authorization: 'Bearer new-key', 'x-request-id': 'keyed' });
     expect(ok.status).toBe(200);
     expect(await t.recordOf('keyed')).toMatchObject({ tenant: 'newcomer', outcome: 'ok' });
+  });
+
+  it('a restart-only key changed and changed back warns once; a SIGHUP with nothing new logs one line', async () => {
+    const base = {
+      models: [MODEL],
+      simulate: { replicas: 1, time_scale: 0.2 },
+      server: { host: '127.0.0.1', port: 0 },
+      logging: { level: 'info' },
+    };
+    const s = await serveChild(base);
+    cleanups.push(s.dispose);
+    const rewrite = (over: Record<string, unknown>) => {
+      const text = readFileSync(s.configPath, 'utf8');
+      writeFileSync(s.configPath, stringify(merge(parse(text) as Record<string, unknown>, over)));
+    };
+    const lines = () =>
+      s
+        .stdout()
+        .split('\n')
+        .filter((l) => l.startsWith('{'))
+        .map((l) => JSON.parse(l) as { msg: string; keys?: string[] });
+    const count = (msg: string) => lines().filter((l) => l.msg === msg).length;
+    const WARN = 'config reload: these settings apply only after a restart';
+
+    rewrite({ server: { port: 18_999 }, upstream: { retries: 1 } });
+    await waitFor(() => count('config reloaded') === 1, 5000, 'first reload');
+    expect(lines().filter((l) => l.msg === WARN)).toMatchObject([
+      { keys: ['server (host, port, body_limit_bytes)'] },
+    ]);
+    // Back to the port the process listens on: the restart-only keys match what is in force.
+    rewrite({ server: { port: 0 }, upstream: { retries: 2 } });
+    await waitFor(() => count('config reloaded') === 2, 5000, 'second reload');
+    expect(count(WARN)).toBe(1);
+    // SIGHUP, file unchanged: one line saying so, and no reload.
+    s.child.kill('SIGHUP');
+    await waitFor(() => count('config reload: file read, nothing changed') === 1, 5000, 'unchanged line');
+    expect(count('config reloaded')).toBe(2);
+    expect((await post(s.url, CHAT, chat())).status).toBe(200);
   });
 });

@@ -275,7 +275,11 @@ export interface ServedGateway {
   url: string;
   /** The admission log file. */
   log: string;
+  /** The config file it was started with (and watches). */
+  configPath: string;
   stderr(): string;
+  /** The gateway's own log lines (pino JSON on stdout). */
+  stdout(): string;
   exited: Promise<number | null>;
   /** SIGKILL unless it has exited; removes its temporary directory. */
   dispose(): Promise<void>;
@@ -300,13 +304,18 @@ export async function serveChild(config: Json): Promise<ServedGateway> {
     ),
   );
   const child = spawn(process.execPath, [BIN, 'serve', '--config', path], {
-    stdio: ['ignore', 'ignore', 'pipe'],
+    stdio: ['ignore', 'pipe', 'pipe'],
   });
   const exited = once(child, 'exit').then(([code]) => code as number | null);
   let stderr = '';
+  let stdout = '';
   child.stderr!.setEncoding('utf8');
   child.stderr!.on('data', (c: string) => {
     stderr += c;
+  });
+  child.stdout!.setEncoding('utf8');
+  child.stdout!.on('data', (c: string) => {
+    stdout += c;
   });
   const dispose = async () => {
     if (child.exitCode === null && child.signalCode === null) {
@@ -330,5 +339,5 @@ export async function serveChild(config: Json): Promise<ServedGateway> {
     await dispose();
     throw new Error(`slagate serve did not start:\n${stderr}`);
   }
-  return { child, url, log, stderr: () => stderr, exited, dispose };
+  return { child, url, log, configPath: path, stderr: () => stderr, stdout: () => stdout, exited, dispose };
 }

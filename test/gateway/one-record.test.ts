@@ -155,11 +155,11 @@ it('35: a gateway bug after the hand-off still answers the client and writes one
   expect((await post(t.url, CHAT, chat())).status).toBe(200);
 });
 
-it('35: POST /v1/models is a /v1 route that does not exist: 404 and one record', async () => {
+it('35: POST /v1/models is a /v1 route with the wrong method: 405 and one record', async () => {
   t = await startTestGateway({ replicas: 1 });
   const res = await post(t.url, '/v1/models', {}, { 'x-request-id': 'post-models' });
-  expect(res.status).toBe(404);
-  expect(await t.recordOf('post-models')).toMatchObject({ outcome: 'refused', reason: 'route_not_found' });
+  expect(res.status).toBe(405);
+  expect(await t.recordOf('post-models')).toMatchObject({ outcome: 'refused', reason: 'method_not_allowed' });
 });
 
 it('35: a concurrent batch (streams, whole bodies, cancels, refusals) gets one record per request', async () => {

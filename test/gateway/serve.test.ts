@@ -90,4 +90,8 @@ it('SIGTERM with a short grace period: a longer stream is cut, recorded, and the
     outcome: 'failed_after_commit',
     reason: 'shutting_down',
   });
+  // No usage chunk came: the record counts the output the client was sent, not null.
+  const relayed = cutEvents.filter((e) => e.includes('"delta":{"content"')).length;
+  expect(relayed).toBeGreaterThan(1);
+  expect(records[0]!.completion_tokens).toBe(relayed);
 });

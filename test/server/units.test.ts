@@ -71,6 +71,46 @@ describe('parseInferenceRequest', () => {
   });
 });
 
+describe('parseInferenceRequest: sampling parameters of the wrong type', () => {
+  const msg = [{ role: 'user', content: 'hi' }];
+  const chat = (extra: Record<string, unknown>) => () =>
+    parseInferenceRequest('chat', { model: 'm', messages: msg, ...extra });
+
+  it("are the gateway's own 400, naming the field and the type wanted", () => {
+    const cases: [Record<string, unknown>, string][] = [
+      [{ temperature: 'hot' }, 'temperature'],
+      [{ top_p: [0.9] }, 'top_p'],
+      [{ top_k: 2.5 }, 'top_k'],
+      [{ seed: '42' }, 'seed'],
+      [{ ignore_eos: 'yes' }, 'ignore_eos'],
+      [{ stop: ['a', 3] }, 'stop'],
+      [{ logprobs: 5 }, 'logprobs'],
+    ];
+    for (const [extra, field] of cases) expect(codeOf(chat(extra)), field).toBe(`invalid_request:${field}`);
+    try {
+      chat({ temperature: 'hot' })();
+    } catch (e) {
+      expect((e as Error).message).toBe("'temperature' must be a number");
+    }
+    // In completions, logprobs is a count.
+    expect(
+      codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt: 'a', logprobs: true })),
+    ).toBe('invalid_request:logprobs');
+  });
+
+  it('values of the right type pass, whatever their range: the engine judges those', () => {
+    for (const extra of [
+      { temperature: -1 },
+      { temperature: 0, top_p: 1, top_k: -1, seed: 7, ignore_eos: true, stop: 'x' },
+      { stop: ['a', 'b'], logprobs: true, top_logprobs: 3, temperature: null },
+    ])
+      expect(codeOf(chat(extra))).toBeUndefined();
+    expect(
+      codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt: 'a', logprobs: 2 })),
+    ).toBeUndefined();
+  });
+});
+
 describe('createAuthenticator', () => {
   const sha = (k: string) => createHash('sha256').update(k).digest('hex');
   const classes = new Set(['interactive', 'batch']);

@@ -255,6 +255,43 @@ describe('slagate logs', () => {
     );
   });
 
+  it('says a cancellation once in the pretty view', () => {
+    const base = {
+      req_id: 'req-d',
+      tenant: null,
+      class: 'interactive',
+      model: null,
+      stream: true,
+      prompt_tokens_est: 10,
+      prompt_tokens: null,
+      completion_tokens: null,
+      max_tokens: 10,
+      prefix_blocks: 0,
+      prefix_hit_est: null,
+      decision: 'admitted',
+      reason: 'client_cancelled',
+      outcome: 'client_cancelled',
+      backend: null,
+      attempts: 0,
+      predicted_ttft_ms: null,
+      runner_up: null,
+      runner_up_predicted_ttft_ms: null,
+      failed_attempts: [],
+      queue_ms: 12,
+      ttft_ms: null,
+      tpot_ms: null,
+      e2e_ms: 15,
+      ttft_target_ms: 500,
+      tpot_target_ms: 50,
+      sla_met: null,
+    } as const;
+    for (const error of [null, 'client_cancelled']) {
+      const line = prettyLine({ ...base, error });
+      expect(line.match(/client_cancelled/g)).toHaveLength(1);
+      expect(line).toMatch(/client_cancelled\s+-\s+ttft -\/500ms\s+tpot -\/50ms\s+-\s+queue 12ms$/);
+    }
+  });
+
   it('--pretty stops quietly when its reader goes away', async () => {
     const path = join(dir, 'admission.log');
     await writeMix(path);

@@ -1,0 +1,74 @@
+// The command line as a new user meets it: the real bin/slagate.js in a child process, its exact
+// stdout, stderr and exit code.
+import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+
+const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
+const PKG = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as {
+  version: string;
+};
+
+function run(args: string[]): Promise<{ code: number | null; out: string; err: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (c: Buffer) => {
+      out += c.toString();
+    });
+    child.stderr.on('data', (c: Buffer) => {
+      err += c.toString();
+    });
+    child.once('error', reject);
+    child.once('close', (code) => resolve({ code, out, err }));
+  });
+}
+
+describe('slagate command line', () => {
+  it('--version prints the package version and exits 0', async () => {
+    for (const flag of ['--version', '-v']) {
+      const r = await run([flag]);
+      expect(r).toEqual({ code: 0, out: `slagate ${PKG.version}\n`, err: '' });
+    }
+  });
+
+  it('--help and every COMMAND --help print their usage, ending in a newline, and exit 0', async () => {
+    const results = await Promise.all(
+      [[], ['serve'], ['sim'], ['bench'], ['bench', 'compare'], ['logs'], ['check-config']].map(
+        async (cmd) => [cmd.join(' '), await run([...cmd, '--help'])] as const,
+      ),
+    );
+    for (const [cmd, r] of results) {
+      expect(r.code, cmd).toBe(0);
+      expect(r.err, cmd).toBe('');
+      expect(r.out, cmd).toMatch(/usage/i);
+      expect(r.out.endsWith('\n'), `${cmd} ends with a newline`).toBe(true);
+    }
+    const top = results[0]![1].out;
+    for (const c of ['serve', 'sim', 'bench', 'logs', 'check-config', '--version']) expect(top).toContain(c);
+  });
+
+  it('a bad bench option is one line of error and a pointer to --help, exit 2', async () => {
+    for (const args of [
+      ['bench', '--bogus'],
+      ['bench', '--target', 'http://127.0.0.1:1', '--rate', 'fast'],
+    ]) {
+      const r = await run(args);
+      expect(r.code).toBe(2);
+      expect(r.out).toBe('');
+      const lines = r.err.trimEnd().split('\n');
+      expect(lines).toHaveLength(2);
+      expect(lines[0]).toMatch(/^slagate bench: /);
+      expect(lines[1]).toBe('see: slagate bench --help');
+    }
+    expect((await run(['bench', '--bogus'])).err).toContain("'--bogus'");
+  });
+
+  it('an unknown command names itself and exits 2', async () => {
+    const r = await run(['frobnicate']);
+    expect(r.code).toBe(2);
+    expect(r.err.split('\n')[0]).toBe("slagate: unknown command 'frobnicate'");
+  });
+});
