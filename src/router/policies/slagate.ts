@@ -21,8 +21,10 @@ const SESSIONS = 65_536;
  *
  *   cost = predicted TTFT on the backend with its own uncached tokens to prefill (the live
  *          state's fit: base + prefill waiting there + this prefill + load term)
- *        + decode pressure: how much the request's output would take longer than its class allows
- *          there, max(0, TPOT with it added − TPOT target) × expected output tokens
+ *        + decode pressure suffered: how much the request's output would take longer than its
+ *          class allows there, max(0, TPOT with it added − TPOT target) × expected output tokens
+ *        + decode pressure caused: its prefill time there × the requests running there, each of
+ *          which waits about that long in the steps that carry the prefill
  *
  * Costs within the predictor's typical error of the lowest are ties: among them the backend this
  * request's session last went to wins, then the one holding more of the prompt, then chance. So
@@ -61,15 +63,22 @@ export function slagate(opts: SlagateOptions, name = 'slagate'): RoutingPolicy {
 
 function seconds(req: RouteRequest, b: BackendView): Candidate {
   const ttftMs = b.predictedTtftMs as number;
-  const decodeMs =
+  // Suffered: its own output decoded slower than its class allows there.
+  const sufferMs =
     b.tpotMs === null ? 0 : Math.max(0, b.tpotMs - req.tpotTargetMs) * Math.max(0, req.expectedOutputTokens);
+  // Caused: its prefill runs in the steps of every sequence decoding there, each delayed by about
+  // that prefill's time. This is what makes a miss expensive for the replica as well as for the
+  // request, and what keeps a prefix where it is cached until the load says otherwise.
+  const causeMs = (b.prefillMs ?? 0) * b.inflight;
+  const decodeMs = sufferMs + causeMs;
   return {
     backend: b.name,
     cost: (ttftMs + decodeMs) / 1000,
     terms: {
       ttft_s: round(ttftMs / 1000),
       prefill_s: b.prefillMs === null ? null : round(b.prefillMs / 1000),
-      decode_s: round(decodeMs / 1000),
+      decode_s: round(sufferMs / 1000),
+      stall_s: round(causeMs / 1000),
       cached_tokens: Math.round(b.cachedTokens),
       inflight: b.inflight,
     },
