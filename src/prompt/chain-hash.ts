@@ -1,9 +1,10 @@
 // Chained hashes of full blocks, as vLLM's automatic prefix caching keys its KV blocks:
 // hash_i = H(hash_{i-1}, values of block i), so a block's hash names its whole prefix. Two
 // murmur3-style 32-bit lanes give a 53-bit value (a safe JS integer), so collisions among a few
-// million cached blocks are negligible. One hash, two users: the simulator hashes token ids (as
-// vLLM does), the router hashes the canonical prompt's text (two UTF-16 units per value,
-// `TextBlocks`), which needs no tokenizer on the request path.
+// million cached blocks are negligible. Two users: the simulator hashes token ids (as vLLM
+// does, `hashBlock`), the router hashes the canonical prompt's text character by character
+// (`TextBlocks`, a cheaper per-character step with the same chaining and finish), which needs no
+// tokenizer on the request path.
 // The root parent is a fixed constant (vLLM uses a random NONE_HASH unless PYTHONHASHSEED is set).
 
 /** Parent hash of block 0. */
@@ -61,38 +62,61 @@ export function blockHashes(tokens: ArrayLike<number>, blockSize: number, out: n
 }
 
 /**
- * Chained hashes of a text fed piece by piece, one per full block of `blockChars` UTF-16 units
- * (two units per hashed value). Invariant: the hashes depend only on the concatenation of the
- * pieces, never on where they were split, and only full blocks are hashed.
+ * Chained hashes of a text fed piece by piece, one per full block of `blockChars` UTF-16 units.
+ * Invariant: the hashes depend only on the concatenation of the pieces, never on where they were
+ * split, and only full blocks are hashed.
+ *
+ * This is the request path's one pass over a prompt's characters, so each character costs two
+ * multiply-xor steps (two FNV-1a-style lanes seeded from the parent hash) and nothing else; each
+ * full block is finished with murmur3's mixer into 53 bits, as `hashBlock` finishes token blocks.
+ * Not cryptographic: a collision only makes the router believe a block is cached that is not.
  */
 export class TextBlocks {
   readonly blockChars: number;
   readonly hashes: number[] = [];
   /** UTF-16 units fed so far. */
   chars = 0;
-  readonly #units: Int32Array;
-  /** Units of the current block so far. */
+  /** Units of the current block so far, and its two lanes. */
   #fill = 0;
+  #h1: number;
+  #h2: number;
 
   constructor(blockChars: number) {
-    if (!(blockChars >= 2 && blockChars % 2 === 0)) throw new RangeError('blockChars must be even and >= 2');
+    if (!(blockChars >= 1 && Number.isInteger(blockChars)))
+      throw new RangeError('blockChars must be an integer >= 1');
     this.blockChars = blockChars;
-    this.#units = new Int32Array(blockChars / 2);
+    this.#h1 = seed1(ROOT_HASH);
+    this.#h2 = seed2(ROOT_HASH);
   }
 
   add(text: string): void {
-    const units = this.#units;
-    const half = units.length;
-    for (let i = 0; i < text.length; i++) {
+    // Locals, not fields, in the per-character loop.
+    const blockChars = this.blockChars;
+    const hashes = this.hashes;
+    let fill = this.#fill;
+    let h1 = this.#h1;
+    let h2 = this.#h2;
+    const n = text.length;
+    for (let i = 0; i < n; i++) {
       const c = text.charCodeAt(i);
-      const slot = this.#fill >> 1;
-      units[slot] = this.#fill & 1 ? units[slot]! | (c << 16) : c;
-      if (++this.#fill === this.blockChars) {
-        const parent = this.hashes.length > 0 ? this.hashes[this.hashes.length - 1]! : ROOT_HASH;
-        this.hashes.push(hashBlock(parent, units, 0, half));
-        this.#fill = 0;
+      h1 = Math.imul(h1 ^ c, 0x01000193);
+      h2 = Math.imul(h2 ^ c, 0x5bd1e995);
+      if (++fill === blockChars) {
+        const lo = fmix32(h1 ^ blockChars);
+        const hi = fmix32(h2 ^ lo);
+        const hash = (hi >>> 11) * TWO_32 + lo;
+        hashes.push(hash);
+        h1 = seed1(hash);
+        h2 = seed2(hash);
+        fill = 0;
       }
     }
-    this.chars += text.length;
+    this.#fill = fill;
+    this.#h1 = h1;
+    this.#h2 = h2;
+    this.chars += n;
   }
 }
+
+const seed1 = (parent: number): number => ((parent >>> 0) ^ 0x811c9dc5) | 0;
+const seed2 = (parent: number): number => (Math.floor(parent / TWO_32) ^ 0x9e3779b9) | 0;
