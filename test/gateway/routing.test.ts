@@ -1,6 +1,7 @@
 // Prefix-cache routing seen from outside, on simulated replicas whose prefix caches are real
 // (vLLM's block hashing and LRU): conversations stay where their history is cached, the headers
 // and the record say what the router believed, and the oracle asks the replicas themselves.
+// Exploration is off (explore_ratio: 0): its random share would send a request away at random.
 import { afterEach, describe, expect, it } from 'vitest';
 import { syntheticText } from '../../src/bench/text.ts';
 import { Rng } from '../../src/sim/rng.ts';
@@ -50,7 +51,7 @@ describe('prefix-cache routing (router.policy: slagate)', () => {
   const system: Message = { role: 'system', content: syntheticText(rng, 1500) };
 
   it('a conversation continued over several turns keeps its backend, which serves it from its cache', async () => {
-    t = await startTestGateway({ replicas: 4, config: { router: { policy: 'slagate' } } });
+    t = await startTestGateway({ replicas: 4, config: { router: { policy: 'slagate', explore_ratio: 0 } } });
     const messages: Message[] = [system];
     const seen: { backend: string; hit: number }[] = [];
     for (let i = 0; i < 5; i++) {
@@ -76,7 +77,7 @@ describe('prefix-cache routing (router.policy: slagate)', () => {
   });
 
   it('different users after the same system prompt go to the backend that holds it', async () => {
-    t = await startTestGateway({ replicas: 4, config: { router: { policy: 'slagate' } } });
+    t = await startTestGateway({ replicas: 4, config: { router: { policy: 'slagate', explore_ratio: 0 } } });
     const backends = new Set<string>();
     for (let u = 0; u < 6; u++) {
       const r = await turn(t, [system, { role: 'user', content: syntheticText(rng, 30) }], `user-${u}`);
@@ -89,7 +90,7 @@ describe('prefix-cache routing (router.policy: slagate)', () => {
 
 describe('router.policy: oracle (benchmarks only)', () => {
   it("routes on the replicas' own cached-token counts", async () => {
-    t = await startTestGateway({ replicas: 3, config: { router: { policy: 'oracle' } } });
+    t = await startTestGateway({ replicas: 3, config: { router: { policy: 'oracle', explore_ratio: 0 } } });
     const rng = new Rng(9);
     const system: Message = { role: 'system', content: syntheticText(rng, 1000) };
     const a = await turn(t, [system, { role: 'user', content: 'first question here' }], 'o-1');

@@ -241,7 +241,9 @@ describe('LiveState with the Redis store (real redis-server)', () => {
       a.predictTtftMs('gpu-1', 1000);
       l.end();
     });
-    expect(ops.p99).toBeLessThan(1);
+    // No call waits for Redis: one that did would take the command timeout. (A tenth of it leaves
+    // room for a loaded machine's scheduling and GC pauses; the calls themselves are microseconds.)
+    expect(ops.p99).toBeLessThan(COMMAND_TIMEOUT_MS / 10);
     await until(() => a.status().degraded && b.status().degraded, 3_000, 'degraded');
     expect(performance.now() - killedAt).toBeLessThan(COMMAND_TIMEOUT_MS + REFRESH_MS + 1_000);
     expect(a.status().lastError).not.toBeNull();
@@ -283,7 +285,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
         a.lease('gpu-0', { promptTokens: 1, expectedOutputTokens: 1 }).end();
         a.record(sample());
       });
-      expect(ops.p99).toBeLessThan(1);
+      expect(ops.p99).toBeLessThan(COMMAND_TIMEOUT_MS / 10);
       await until(() => a.status().degraded, 3_000, 'degraded on timeout');
       expect(performance.now() - stalledAt).toBeLessThan(COMMAND_TIMEOUT_MS + REFRESH_MS + 1_000);
       expect(a.status().lastError).toMatch(/timed out/);
