@@ -285,13 +285,12 @@ if (PARTS.has('capacity') || PARTS.has('sweep') || PARTS.has('mixed') || PARTS.h
   mixedC = cm.fleet;
   out.capacity = { sharegpt: cs, mixed: cm };
   say(`## Capacity (engine alone, virtual clock, time scale ${TS})`);
-  const tried = (c: typeof cs) => c.tried.map(([r, a]) => `${r}: ${p(a)}`).join(', ');
-  say(
-    `sharegpt: ${cs.perReplica} req/s per replica → C = ${cs.fleet} req/s for the fleet (tried ${tried(cs)})`,
-  );
-  say(
-    `mixed (docs as batch): ${cm.perReplica} req/s per replica → C = ${cm.fleet} req/s (tried ${tried(cm)})`,
-  );
+  const tried = (c: typeof cs) =>
+    c.tried.length === 0
+      ? 'given with --capacity'
+      : `tried ${c.tried.map(([r, a]) => `${r}: ${p(a)}`).join(', ')}`;
+  say(`sharegpt: ${cs.perReplica} req/s per replica → C = ${cs.fleet} req/s for the fleet (${tried(cs)})`);
+  say(`mixed (docs as batch): ${cm.perReplica} req/s per replica → C = ${cm.fleet} req/s (${tried(cm)})`);
   say();
 }
 
