@@ -37,14 +37,11 @@ import { syntheticText } from '../src/bench/text.ts';
 import { PREFIX_SHARED } from '../src/bench/workloads.ts';
 import { promptBlocks, TokenEstimate } from '../src/prompt/canonical.ts';
 import { slagate } from '../src/router/policies/slagate.ts';
-import { Scheduler, type SchedulerSettings } from '../src/scheduler/scheduler.ts';
 import type { ScheduledRequest } from '../src/scheduler/types.ts';
 import { Rng } from '../src/sim/rng.ts';
-import { createLiveState } from '../src/state/index.ts';
 import { Tokenizer } from '../src/tokenizer/tokenizer.ts';
-import { BackendSet } from '../src/upstream/backends.ts';
-import { DEFAULT_BACKEND_SET_OPTIONS } from '../src/upstream/options.ts';
 import { startRedisServer } from '../test/helpers/redis-server.ts';
+import { schedulerFixture, schedulerSettings } from '../test/scheduler/fixtures.ts';
 
 const { values } = parseArgs({
   options: {
@@ -328,18 +325,23 @@ async function micro(): Promise<Record<string, unknown>> {
 /** One grant over 8 backends for an 8,000-token prompt: views (prefix match, predictions), slagate, lease. */
 async function decision(): Promise<{ p50: number; p99: number; max: number; refused: number }> {
   const names = Array.from({ length: 8 }, (_, i) => `b${i}`);
-  let clock = 1_000_000;
-  const backends = new BackendSet(
-    { ...DEFAULT_BACKEND_SET_OPTIONS, health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 0 } },
-    names.map((name, i) => ({ name, url: `http://127.0.0.1:${9 + i}` })),
-  );
-  const live = createLiveState(
-    { store: 'memory' },
-    { backends: names.map((name) => ({ name, url: 'http://127.0.0.1:9' })), scrape: false, now: () => clock },
-  );
+  const settings = schedulerSettings({
+    policy: 'fcfs',
+    concurrency: {
+      ...schedulerSettings().concurrency,
+      min: 1,
+      max: 1_000_000,
+      initial: 1_000_000,
+      outerPeriods: 20,
+    },
+  });
+  const policy = slagate({ exploreRatio: 0.01, tolerance: () => 0.1 });
+  // The scheduler's unit-test fixture: a real memory live state and backend set, nothing on the wire.
+  const fixture = schedulerFixture(names, settings, policy);
+  const { live, scheduler } = fixture;
   for (const b of names) {
     for (let i = 0; i < 40; i++) {
-      clock += 10;
+      fixture.tick(10);
       live.record({
         backend: b,
         class: 'interactive',
@@ -355,31 +357,6 @@ async function decision(): Promise<{ p50: number; p99: number; max: number; refu
       });
     }
   }
-  const settings: SchedulerSettings = {
-    policy: 'fcfs',
-    maxQueue: 100,
-    agingMs: 1000,
-    concurrency: {
-      min: 1,
-      max: 1_000_000,
-      initial: 1_000_000,
-      prefillTokens: 0,
-      intervalMs: 60_000,
-      outerPeriods: 20,
-      ttftShare: 0.25,
-      tpotShare: 0.8,
-    },
-    firstTokenTimeoutFactor: 4,
-    firstTokenTimeoutMaxMs: 60_000,
-  };
-  const policy = slagate({ exploreRatio: 0.01, tolerance: () => 0.1 });
-  const scheduler = new Scheduler({
-    backends: () => backends.list(),
-    live,
-    router: () => policy,
-    settings: () => settings,
-    onRefused: () => {},
-  });
   // Each backend's index full (16,384 blocks) of other prompts; the timed prompts share a
   // 6,000-token prefix held on two of them.
   for (const b of names)
@@ -444,9 +421,7 @@ async function decision(): Promise<{ p50: number; p99: number; max: number; refu
     max: d[N - 1] as number,
     refused,
   };
-  scheduler.close();
-  void live.close();
-  void backends.close();
+  await fixture.close();
   return t;
 }
 
