@@ -1,6 +1,10 @@
 // The gateway's TTFT and TPOT (admission log) agree with what a client measures around the same
-// requests: per request, same definitions (first token event; (last − first) / (tokens − 1)),
-// median of the differences under 2 ms. Time scale 1: tokens are several ms apart.
+// requests: same definitions (first token event; (last − first) / (tokens − 1)). Client and
+// gateway share this process and its clock, so the gateway's window lies inside the client's: its
+// TTFT is never longer. The client's extra is the hop both ways (about 1.5 ms here, more when the
+// machine is busy), so the bound is half a token interval: a gateway that stamped the wrong event
+// (one token early or late) or started its clock anywhere but at arrival would miss it, while a
+// busy machine does not. Time scale 1: tokens are several ms apart.
 import http from 'node:http';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { chat, startTestGateway, type TestGateway } from './harness.ts';
@@ -71,7 +75,7 @@ function median(xs: number[]): number {
   return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
 }
 
-it('gateway-measured TTFT and TPOT match the client-measured ones (median |diff| < 2 ms)', async () => {
+it('gateway-measured TTFT lies inside the client-measured one, within half a token interval; TPOT within 2 ms', async () => {
   // A kept-alive connection, as the openai client uses: the client's clock then starts where the
   // gateway's can (the connection set-up is not part of either request).
   const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
@@ -87,17 +91,20 @@ it('gateway-measured TTFT and TPOT match the client-measured ones (median |diff|
     timings.push(await timedStream(agent, t.url, `timing-${i}`, body));
   }
   agent.destroy();
-  const ttftDiffs: number[] = [];
+  const ttftGaps: number[] = [];
   const tpotDiffs: number[] = [];
   for (const c of timings) {
     const rec = await t.recordOf(c.reqId);
     expect(rec.outcome).toBe('ok');
     expect(rec.completion_tokens).toBe(c.tokens);
-    ttftDiffs.push(Math.abs(rec.ttft_ms! - c.ttftMs));
+    // Nested windows: the record's figure is rounded to the microsecond, hence the allowance.
+    expect(rec.ttft_ms!).toBeLessThanOrEqual(c.ttftMs + 0.01);
+    ttftGaps.push(c.ttftMs - rec.ttft_ms!);
     tpotDiffs.push(Math.abs(rec.tpot_ms! - c.tpotMs));
   }
   // Sanity: the figures are real (several ms per token), so agreeing within 2 ms means something.
-  expect(median(timings.map((c) => c.tpotMs))).toBeGreaterThan(3);
-  expect(median(ttftDiffs)).toBeLessThan(2);
+  const tokenInterval = median(timings.map((c) => c.tpotMs));
+  expect(tokenInterval).toBeGreaterThan(3);
+  expect(median(ttftGaps)).toBeLessThan(tokenInterval / 2);
   expect(median(tpotDiffs)).toBeLessThan(2);
 });
