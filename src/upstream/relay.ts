@@ -18,6 +18,11 @@
 //   them caps a healthy stream's total length.
 // - Events are forwarded as their original bytes; only the usage chunk is dropped when the
 //   client did not ask for usage (the gateway always asks the backend for it).
+// - After the commit point a relayed stream parses only what it must: an event whose bytes show a
+//   plain output chunk (isPlainOutput: a `"choices":[{`, non-empty `content` or `text`, no
+//   `"usage"`, no `"error"`, braces at both ends) is timed and forwarded undecoded; anything else
+//   (the usage chunk, an error, an empty delta, an unusual serialisation) takes the full JSON path.
+//   Inside a JSON string every quote is escaped, so these quoted keys only match real keys.
 // - A committed stream ends with the upstream's [DONE], or with one error event + [DONE] (the
 //   backend failed, or the caller cut it: then the cut's own error), or with a destroyed socket
 //   when the client is gone or stalled: nothing else can reach it then. A committed assembly that
@@ -28,6 +33,7 @@ import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import { GatewayError, sseErrorFrames, writeErrorResponse } from '../errors/index.ts';
 import { type AssembleKind, Assembler, type StreamChunk } from './assemble.ts';
+import { carriesOutput, DONE, isErrorPayload, isPlainOutput } from './chunk.ts';
 import { AttemptFailure, abortFailure, failureFromError } from './failure.ts';
 import { type Latencies, TokenClock } from './measure.ts';
 import type { DecodeMeter } from './slot.ts';
@@ -268,12 +274,19 @@ export class Attempt implements Dispatcher.DispatchHandler {
     let sawData = false;
     for (const ev of events) {
       const committed = this.#phase === 'committed';
-      if (ev.data === null) {
+      const bytes = ev.dataBytes;
+      if (bytes === null) {
         if (committed && assembler === null) out.push(ev.raw);
         continue;
       }
       sawData = true;
-      if (ev.data === '[DONE]') {
+      if (committed && assembler === null && isPlainOutput(bytes)) {
+        this.#outputEvents++;
+        this.#clock.token(now);
+        out.push(ev.raw);
+        continue;
+      }
+      if (bytes.length === DONE.length && bytes.equals(DONE)) {
         if (!committed) {
           this.#fail(new AttemptFailure('protocol_error', '[DONE] before the first token'));
           return;
@@ -289,7 +302,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
       }
       let msg: StreamChunk | null;
       try {
-        msg = JSON.parse(ev.data) as StreamChunk | null;
+        msg = JSON.parse(ev.data as string) as StreamChunk | null;
       } catch (err) {
         this.#write(out);
         this.#fail(new AttemptFailure('protocol_error', 'upstream event is not JSON', { cause: err }));
@@ -557,27 +570,6 @@ export class Attempt implements Dispatcher.DispatchHandler {
         : null,
     });
   }
-}
-
-/** A chunk choice with generated output: text, content, reasoning or a tool call (not the role chunk). */
-function carriesOutput(choices: unknown[]): boolean {
-  for (const c of choices) {
-    if (c === null || typeof c !== 'object') continue;
-    const { text, delta } = c as { text?: unknown; delta?: Record<string, unknown> | null };
-    if (typeof text === 'string' && text.length > 0) return true;
-    if (delta != null && typeof delta === 'object') {
-      const { content, reasoning_content: reasoning, tool_calls: calls } = delta;
-      if (typeof content === 'string' && content.length > 0) return true;
-      if (typeof reasoning === 'string' && reasoning.length > 0) return true;
-      if (Array.isArray(calls) && calls.length > 0) return true;
-    }
-  }
-  return false;
-}
-
-/** vLLM's in-band error: `{"error":{...}}`, or the flat `{"object":"error",...}` of older versions. */
-function isErrorPayload(msg: StreamChunk | null): boolean {
-  return msg !== null && typeof msg === 'object' && (msg.error != null || msg.object === 'error');
 }
 
 /** Longest upstream 4xx message passed on to the client (DESIGN section 4). */

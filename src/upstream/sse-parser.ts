@@ -15,13 +15,35 @@ const BOM = Buffer.from([0xef, 0xbb, 0xbf]);
 const DATA = Buffer.from('data');
 
 export interface SseEvent {
-  /** The `data` field lines joined by '\n'; null when the event had no data field (a comment or keep-alive). */
+  /**
+   * The `data` field lines joined by '\n', decoded on first read (a relay that only forwards the
+   * event never pays for it); null when the event had no data field (a comment or keep-alive).
+   */
   readonly data: string | null;
+  /** The same value as bytes, undecoded: the relay classifies an event by these. */
+  readonly dataBytes: Buffer | null;
   /**
    * The event's bytes as received, through its terminating blank line (it may start with the LF
    * of a CRLF split across chunks). All raws concatenated equal the stream, minus a BOM.
    */
   readonly raw: Buffer;
+}
+
+const NEWLINE = Buffer.from([LF]);
+
+class Event implements SseEvent {
+  readonly dataBytes: Buffer | null;
+  readonly raw: Buffer;
+  #data: string | null | undefined = undefined;
+  constructor(dataBytes: Buffer | null, raw: Buffer) {
+    this.dataBytes = dataBytes;
+    this.raw = raw;
+  }
+  get data(): string | null {
+    if (this.#data === undefined)
+      this.#data = this.dataBytes === null ? null : this.dataBytes.toString('utf8');
+    return this.#data;
+  }
 }
 
 /** An event (or one line) grew past the configured maximum before it ended. */
@@ -44,8 +66,8 @@ export class SseParser {
   /** Bytes of the current, unfinished event from earlier chunks (they include #lineParts' bytes). */
   #eventParts: Buffer[] = [];
   #eventBytes = 0;
-  #dataLines: string[] = [];
-  #hasData = false;
+  /** Values of the current event's data lines, as bytes (whole lines only: see the invariant). */
+  #dataLines: Buffer[] = [];
 
   constructor(opts: { maxEventBytes: number }) {
     this.#maxEventBytes = opts.maxEventBytes;
@@ -72,7 +94,6 @@ export class SseParser {
     this.#eventParts = [];
     this.#eventBytes = 0;
     this.#dataLines = [];
-    this.#hasData = false;
   }
 
   #scan(chunk: Buffer): SseEvent[] {
@@ -146,19 +167,20 @@ export class SseParser {
     if (nameEnd !== DATA.length || !line.subarray(0, nameEnd).equals(DATA)) return;
     let valueStart = colon === -1 ? line.length : colon + 1;
     if (line[valueStart] === SPACE) valueStart++;
-    this.#dataLines.push(line.toString('utf8', valueStart));
-    this.#hasData = true;
+    this.#dataLines.push(line.subarray(valueStart));
   }
 
   #dispatch(): SseEvent | null {
     const raw = this.#eventParts.length === 1 ? this.#eventParts[0]! : Buffer.concat(this.#eventParts);
     this.#eventParts = [];
     this.#eventBytes = 0;
-    const data = this.#hasData ? this.#dataLines.join('\n') : null;
-    this.#dataLines = [];
-    this.#hasData = false;
+    const lines = this.#dataLines;
+    let data: Buffer | null = null;
+    if (lines.length === 1) data = lines[0]!;
+    else if (lines.length > 1) data = Buffer.concat(lines.flatMap((l, i) => (i === 0 ? [l] : [NEWLINE, l])));
+    if (lines.length > 0) this.#dataLines = [];
     // Blank lines with nothing before them carry no event.
     if (data === null && raw.every((b) => b === CR || b === LF)) return null;
-    return { data, raw };
+    return new Event(data, raw);
   }
 }
