@@ -1,7 +1,8 @@
-// The gateway's own routes: liveness, readiness, Prometheus metrics and a JSON view of its state.
-// None of them is proxied and none writes an admission record.
+// The gateway's own routes: liveness, readiness, Prometheus metrics, a JSON view of its state and
+// the live page over it (dashboard.ts). None of them is proxied and none writes an admission record.
 
 import type { FastifyInstance } from 'fastify';
+import { registerDashboard } from './dashboard.ts';
 import type { Runtime } from './runtime.ts';
 
 /**
@@ -28,6 +29,7 @@ function refreshGauges(rt: Runtime): void {
 }
 
 export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
+  registerDashboard(app);
   app.get('/healthz', async () => ({ status: 'alive' }));
 
   app.get('/readyz', async (_request, reply) => {
@@ -66,7 +68,11 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
         queue_by_class: schedule.byClass,
         releases_per_s: schedule.releasesPerS,
       },
-      admission: { prediction_error: rt.admission.predictionError() },
+      admission: {
+        prediction_error: rt.admission.predictionError(),
+        requests: rt.metrics.decisionCounts(),
+        prefix_hit_ratio: rt.metrics.prefixHit(),
+      },
       store: live.store,
       window_ms: live.windowMs,
       models: rt.models.list().data.map((m) => ({ id: m.id, max_model_len: m.max_model_len })),

@@ -94,6 +94,11 @@ export class GatewayMetrics {
   private readonly series = new Map<string, ClassSeries>();
   private prefixHitTokens = 0;
   private prefixPromptTokens = 0;
+  /** Requests by decision and reason since start, for the dashboard (the counter's own values are async). */
+  private readonly decisions: Record<'admitted' | 'refused', Record<string, number>> = {
+    admitted: {},
+    refused: {},
+  };
 
   constructor(classes: Readonly<Record<string, ClassTargets>>, opts: MetricsOptions = {}) {
     const reg = this.registry;
@@ -237,6 +242,8 @@ export class GatewayMetrics {
       byReason.set(r.reason, adm);
     }
     adm.inc();
+    const counts = this.decisions[r.decision];
+    counts[r.reason] = (counts[r.reason] ?? 0) + 1;
     if (r.sla_met === true) c.slaMet.inc();
     if (r.queue_ms !== null && r.outcome !== 'client_cancelled') s.queue.observe(r.queue_ms / 1000);
     if (r.decision === 'refused') return;
@@ -253,6 +260,16 @@ export class GatewayMetrics {
       if (this.prefixPromptTokens > 0)
         this.prefixHitRatio.set(this.prefixHitTokens / this.prefixPromptTokens);
     }
+  }
+
+  /** Requests counted so far by decision and reason (the admission counter's values). */
+  decisionCounts(): Readonly<Record<'admitted' | 'refused', Readonly<Record<string, number>>>> {
+    return this.decisions;
+  }
+
+  /** The prefix hit ratio gauge's value; null until a request carried an estimate. */
+  prefixHit(): number | null {
+    return this.prefixPromptTokens > 0 ? this.prefixHitTokens / this.prefixPromptTokens : null;
   }
 
   /** Sets the given gauges of one backend; absent or null fields keep their last value. */

@@ -1,0 +1,259 @@
+// The live dashboard: polls GET /admin/state once a second, keeps the last five minutes in the
+// page, and redraws six uPlot charts and the backend table. No build step, nothing from the
+// internet: uPlot is served by the gateway from its installed package (/dashboard/uplot.js).
+//
+// A figure the gateway did not measure (a null in /admin/state) is a gap in a chart and "–" in
+// the table, never a 0. Rates (requests per second by decision) come from the difference of two
+// polls' counters, so the first poll draws none.
+//
+// For tests and the curious: window.slagateDashboard holds the charts, the poll count and the
+// last state.
+/* global uPlot */
+'use strict';
+
+const POLL_MS = 1000;
+const KEEP = 300;
+const PALETTE = [
+  '#3b6fd8', '#d84b3b', '#2f9e44', '#b06000', '#7b3fd8', '#0b8a8a', '#c2255c', '#5c7cfa',
+  '#868e96', '#e8590c', '#1098ad', '#8ce99a', '#845ef7', '#f08c00', '#364fc7', '#a61e4d',
+];
+const TARGET_COLOR = '#1d2330';
+
+const history = { t: [], rows: [] };
+let prevCounts = null;
+let prevT = null;
+const charts = {};
+const dash = { polls: 0, charts, state: null, errors: 0 };
+window.slagateDashboard = dash;
+
+const $ = (id) => document.getElementById(id);
+const fmt = (v, digits = 0) => (v === null || v === undefined || Number.isNaN(v) ? '–' : v.toFixed(digits));
+
+/** One row of history from one state: every series value keyed by chart and series name. */
+function sample(s, t) {
+  const row = { ttft: {}, tpot: {}, queue: {}, decisions: {}, inflight: {}, kv: {} };
+  let inflight = 0;
+  let limit = 0;
+  let anyLimit = false;
+  for (const b of s.backends) {
+    row.ttft[b.name] = b.latency?.ttft.p99 ?? null;
+    row.tpot[b.name] = b.latency?.tpot.p99 ?? null;
+    const kv = b.telemetry?.kvCacheUsage;
+    row.kv[b.name] = kv === null || kv === undefined ? null : 100 * kv;
+    inflight += b.inflight?.requests ?? b.local_inflight;
+    if (b.concurrency_limit !== null && b.available) {
+      limit += b.concurrency_limit;
+      anyLimit = true;
+    }
+  }
+  row.inflight['in flight'] = inflight;
+  row.inflight['limit (available backends)'] = anyLimit ? limit : null;
+  const hit = s.admission.prefix_hit_ratio;
+  row.kv['prefix hit (fleet)'] = hit === null ? null : 100 * hit;
+  for (const [cls, target] of Object.entries(s.sla.classes)) {
+    row.ttft[`${cls} target`] = target.ttft_p99_ms;
+    row.tpot[`${cls} target`] = target.tpot_p99_ms;
+    row.queue[cls] = s.scheduler.queue_by_class[cls] ?? 0;
+  }
+  const counts = s.admission.requests;
+  if (prevCounts !== null && t > prevT) {
+    const dt = t - prevT;
+    for (const decision of ['admitted', 'refused']) {
+      const now = counts[decision];
+      const before = prevCounts[decision];
+      const reasons = new Set([...Object.keys(now), ...Object.keys(before)]);
+      if (decision === 'admitted') {
+        let sum = 0;
+        for (const r of reasons) sum += (now[r] ?? 0) - (before[r] ?? 0);
+        row.decisions.admitted = sum / dt;
+      } else {
+        for (const r of reasons) row.decisions[`refused: ${r}`] = ((now[r] ?? 0) - (before[r] ?? 0)) / dt;
+      }
+    }
+  }
+  prevCounts = structuredClone(counts);
+  prevT = t;
+  return row;
+}
+
+/** Series names of one chart over the whole history, in first-seen order. */
+function seriesNames(key) {
+  const names = [];
+  const seen = new Set();
+  for (const row of history.rows) {
+    for (const name of Object.keys(row[key])) {
+      if (!seen.has(name)) {
+        seen.add(name);
+        names.push(name);
+      }
+    }
+  }
+  return names;
+}
+
+function chartWidth(el) {
+  return Math.max(320, el.parentElement.clientWidth - 16);
+}
+
+/** `log`: a log y axis, so targets seconds apart and latencies of milliseconds share one chart. */
+function draw(key, elId, log = false) {
+  const el = $(elId);
+  const names = seriesNames(key);
+  const data = [history.t, ...names.map((n) => history.rows.map((r) => r[key][n] ?? null))];
+  const chart = charts[key];
+  const sameSeries = chart && chart.names.join('\n') === names.join('\n');
+  if (sameSeries) {
+    chart.plot.setData(data);
+    return;
+  }
+  if (chart) chart.plot.destroy();
+  let colour = 0;
+  const series = [
+    {},
+    ...names.map((n) => {
+      const target = n.endsWith(' target');
+      return {
+        label: n,
+        stroke: target ? TARGET_COLOR : PALETTE[colour++ % PALETTE.length],
+        dash: target ? [6, 4] : undefined,
+        width: target ? 1 : 1.5,
+        spanGaps: false,
+        points: { show: false },
+        value: (_u, v) => fmt(v, 1),
+      };
+    }),
+  ];
+  const plot = new uPlot(
+    {
+      width: chartWidth(el),
+      height: 220,
+      series,
+      scales: {
+        x: { time: true },
+        y: log ? { distr: 3 } : { range: (_u, _min, max) => [0, max > 0 ? max * 1.1 : 1] },
+      },
+      legend: { live: true },
+      axes: [{}, { size: 70 }],
+    },
+    data,
+    el,
+  );
+  charts[key] = { plot, names };
+}
+
+function stateCell(b) {
+  const td = document.createElement('td');
+  td.textContent = b.state;
+  td.className = `state-${b.state}`;
+  return td;
+}
+
+function barCell(value, max, text) {
+  const td = document.createElement('td');
+  td.className = 'num';
+  if (value !== null && max !== null && max > 0) {
+    const bar = document.createElement('span');
+    bar.className = value >= max ? 'bar full' : 'bar';
+    const fill = document.createElement('span');
+    fill.style.width = `${Math.min(100, (100 * value) / max)}%`;
+    bar.append(fill);
+    td.append(bar);
+  }
+  td.append(text);
+  return td;
+}
+
+function textCell(text, over = false) {
+  const td = document.createElement('td');
+  td.className = over ? 'num over' : 'num';
+  td.textContent = text;
+  return td;
+}
+
+/** The tightest target over the classes: a backend's P99 above it is marked. */
+function tightest(s, key) {
+  const vs = Object.values(s.sla.classes).map((c) => c[key]);
+  return vs.length === 0 ? null : Math.min(...vs);
+}
+
+function renderTable(s) {
+  const tbody = $('backends').tBodies[0];
+  const ttftTarget = tightest(s, 'ttft_p99_ms');
+  const tpotTarget = tightest(s, 'tpot_p99_ms');
+  const rows = s.backends.map((b) => {
+    const tr = document.createElement('tr');
+    tr.dataset.backend = b.name;
+    const name = document.createElement('td');
+    name.textContent = b.name;
+    name.title = b.url;
+    const inflight = b.inflight?.requests ?? b.local_inflight;
+    const kv = b.telemetry?.kvCacheUsage ?? null;
+    const lat = b.latency;
+    const ttft99 = lat?.ttft.p99 ?? null;
+    const tpot99 = lat?.tpot.p99 ?? null;
+    tr.append(
+      name,
+      stateCell(b),
+      barCell(inflight, b.concurrency_limit, `${inflight} / ${fmt(b.concurrency_limit)}`),
+      barCell(kv === null ? null : 100 * kv, 100, kv === null ? '–' : `${fmt(100 * kv)}%`),
+      textCell(`${fmt(lat?.ttft.p50 ?? null)} / ${fmt(ttft99)}`, ttft99 !== null && ttftTarget !== null && ttft99 > ttftTarget),
+      textCell(`${fmt(lat?.tpot.p50 ?? null, 1)} / ${fmt(tpot99, 1)}`, tpot99 !== null && tpotTarget !== null && tpot99 > tpotTarget),
+      textCell(String(lat?.requests ?? '–')),
+      textCell(fmt(b.rates?.prefillTokensPerS ?? null)),
+    );
+    return tr;
+  });
+  tbody.replaceChildren(...rows);
+}
+
+function renderStatus(s) {
+  $('s-instance').textContent = s.instance;
+  $('s-router').textContent = s.router.policy;
+  $('s-scheduler').textContent = s.scheduler.policy;
+  $('s-queued').textContent = String(s.scheduler.queued + s.scheduler.retries);
+  $('s-inflight').textContent = String(s.in_flight);
+  const st = s.store;
+  $('s-store').textContent = st.store === 'memory' ? 'memory' : `redis, ${st.degraded ? 'DEGRADED' : 'ok'}, ${st.peers} peers`;
+  $('s-store').className = st.degraded ? 'over' : '';
+  const hit = s.admission.prefix_hit_ratio;
+  $('s-prefix').textContent = hit === null ? '–' : `${(100 * hit).toFixed(1)}%`;
+  $('s-updated').textContent = new Date().toLocaleTimeString();
+}
+
+async function poll() {
+  try {
+    const res = await fetch('/admin/state', { cache: 'no-store' });
+    if (!res.ok) throw new Error(`GET /admin/state: ${res.status}`);
+    const s = await res.json();
+    const t = Date.now() / 1000;
+    history.t.push(t);
+    history.rows.push(sample(s, t));
+    if (history.t.length > KEEP) {
+      history.t.shift();
+      history.rows.shift();
+    }
+    renderStatus(s);
+    renderTable(s);
+    draw('ttft', 'c-ttft', true);
+    draw('tpot', 'c-tpot', true);
+    draw('decisions', 'c-decisions');
+    draw('queue', 'c-queue');
+    draw('inflight', 'c-inflight');
+    draw('kv', 'c-kv');
+    $('error').hidden = true;
+    dash.state = s;
+    dash.polls++;
+  } catch (err) {
+    dash.errors++;
+    $('error').hidden = false;
+    $('error').textContent = `gateway unreachable: ${err.message}`;
+  } finally {
+    setTimeout(poll, POLL_MS);
+  }
+}
+
+window.addEventListener('resize', () => {
+  for (const { plot } of Object.values(charts)) plot.setSize({ width: chartWidth(plot.root.parentElement), height: 220 });
+});
+
+poll();

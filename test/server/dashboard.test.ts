@@ -1,0 +1,135 @@
+// /dashboard in a real browser (Debian's headless Chromium driven by playwright-core) in front of
+// a running simulated fleet: the page loads without errors, its backend table lists every backend,
+// and its charts gain data while a bench run sends load. A screenshot is kept in test-results/.
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { type BrowserContext, chromium, type Page } from 'playwright-core';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import { runBench } from '../../src/bench/run.ts';
+import { startTestGateway, type TestGateway } from '../gateway/harness.ts';
+
+const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
+const ARTIFACTS = join(import.meta.dirname, '..', '..', 'test-results');
+
+let t: TestGateway;
+let profile: string;
+let browser: BrowserContext;
+beforeAll(async () => {
+  t = await startTestGateway({ replicas: 3, timeScale: 0.2 });
+  profile = mkdtempSync(join(tmpdir(), 'slagate-chromium-'));
+  browser = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    viewport: { width: 1400, height: 1100 },
+    args: [
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+      '--no-first-run',
+    ],
+  });
+});
+afterAll(async () => {
+  await browser?.close();
+  if (profile) rmSync(profile, { recursive: true, force: true });
+  await t?.close();
+});
+
+/** Non-null values of one chart's series whose names do not end in " target". */
+function measured(page: Page, chart: string): Promise<number> {
+  return page.evaluate((key) => {
+    const c = (
+      globalThis as unknown as {
+        slagateDashboard: {
+          charts: Record<string, { plot: { data: (number | null)[][] }; names: string[] }>;
+        };
+      }
+    ).slagateDashboard.charts[key];
+    if (c === undefined) return 0;
+    let n = 0;
+    c.names.forEach((name, i) => {
+      if (name.endsWith(' target')) return;
+      for (const v of c.plot.data[i + 1] ?? []) if (v !== null && v > 0) n++;
+    });
+    return n;
+  }, chart);
+}
+
+it('loads, lists every backend, and its charts change under load', async () => {
+  const page = await browser.newPage();
+  const errors: string[] = [];
+  page.on('pageerror', (err) => errors.push(err.message));
+  page.on('console', (msg) => {
+    if (msg.type() === 'error') errors.push(msg.text());
+  });
+  const res = await page.goto(`${t.url}/dashboard`);
+  expect(res?.status()).toBe(200);
+  await page.waitForFunction(
+    () =>
+      ((globalThis as unknown as { slagateDashboard?: { polls: number } }).slagateDashboard?.polls ?? 0) >= 1,
+  );
+
+  const rows = await page.$$eval('#backends tbody tr', (trs) =>
+    trs.map((tr) => (tr as unknown as { dataset: Record<string, string> }).dataset.backend),
+  );
+  expect(rows).toEqual(['r0', 'r1', 'r2']);
+  expect(
+    await page.$$eval('#backends tbody tr td:nth-child(2)', (tds) => tds.map((td) => td.textContent)),
+  ).toEqual(['healthy', 'healthy', 'healthy']);
+  // Six charts drawn, and before any request no backend has a latency to show.
+  expect(await page.locator('.uplot').count()).toBe(6);
+  expect(await measured(page, 'ttft')).toBe(0);
+  expect(await measured(page, 'decisions')).toBe(0);
+
+  const stop = new AbortController();
+  const bench = runBench({
+    target: t.url,
+    workload: 'sharegpt',
+    rate: 20,
+    durationS: 60,
+    seed: 5,
+    progress: false,
+    signal: stop.signal,
+  });
+  try {
+    // The page's own polls pick up what the gateway measured: latencies per backend, and the
+    // admitted rate from the difference of two polls' counters.
+    await page.waitForFunction(
+      () => {
+        const d = (
+          globalThis as unknown as {
+            slagateDashboard: {
+              charts: Record<string, { plot: { data: (number | null)[][] }; names: string[] }>;
+            };
+          }
+        ).slagateDashboard;
+        // At least three polls' worth of points: a line, not one dot.
+        const some = (key: string) =>
+          d.charts[key]?.names.some(
+            (n, i) =>
+              !n.endsWith(' target') &&
+              (d.charts[key]!.plot.data[i + 1] ?? []).filter((v) => v !== null && v > 0).length >= 3,
+          );
+        return some('ttft') && some('tpot') && some('decisions') && some('inflight');
+      },
+      undefined,
+      { timeout: 20_000 },
+    );
+  } finally {
+    stop.abort();
+    await bench;
+  }
+  expect(await measured(page, 'ttft')).toBeGreaterThanOrEqual(3);
+  expect(await measured(page, 'decisions')).toBeGreaterThanOrEqual(3);
+  const served = await page.$$eval('#backends tbody tr td:nth-child(7)', (tds) =>
+    tds.map((td) => Number(td.textContent)),
+  );
+  expect(served.reduce((a, b) => a + b, 0)).toBeGreaterThan(0);
+
+  mkdirSync(ARTIFACTS, { recursive: true });
+  await page.screenshot({ path: join(ARTIFACTS, 'dashboard.png'), fullPage: true });
+  expect(errors).toEqual([]);
+});
