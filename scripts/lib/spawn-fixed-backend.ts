@@ -1,25 +1,30 @@
-// Starts scripts/lib/fixed-backend.ts in its own process and resolves with its URL.
+// Starts a helper script of scripts/lib in its own process and resolves with the URL it prints.
 import { type ChildProcess, spawn } from 'node:child_process';
 
-export async function spawnFixedBackend(
-  ttftMs = 20,
-  itlMs = 10,
-): Promise<{ url: string; child: ChildProcess; stop(): void }> {
+export interface Spawned {
+  url: string;
+  child: ChildProcess;
+  stop(): void;
+}
+
+export async function spawnLibScript(script: string, args: string[]): Promise<Spawned> {
   const child = spawn(
     process.execPath,
-    [
-      '--import',
-      'tsx',
-      new URL('./fixed-backend.ts', import.meta.url).pathname,
-      '--ttft-ms',
-      String(ttftMs),
-      '--itl-ms',
-      String(itlMs),
-    ],
+    ['--import', 'tsx', new URL(`./${script}`, import.meta.url).pathname, ...args],
     { stdio: ['ignore', 'pipe', 'inherit'] },
   );
   const url = await new Promise<string>((resolve) =>
     child.stdout!.once('data', (d) => resolve(String(d).trim())),
   );
   return { url, child, stop: () => child.kill('SIGTERM') };
+}
+
+/** scripts/lib/fixed-backend.ts: first token after `ttftMs`, then one every `itlMs`. */
+export function spawnFixedBackend(ttftMs = 20, itlMs = 10): Promise<Spawned> {
+  return spawnLibScript('fixed-backend.ts', ['--ttft-ms', String(ttftMs), '--itl-ms', String(itlMs)]);
+}
+
+/** scripts/lib/floor-proxy.ts: a TCP pass-through or a minimal node:http proxy to `target`. */
+export function spawnFloor(kind: 'tcp' | 'http', target: string): Promise<Spawned> {
+  return spawnLibScript('floor-proxy.ts', ['--kind', kind, '--target', target]);
 }

@@ -104,6 +104,8 @@ export interface ChildGateway {
 export interface ChildGatewayOptions {
   /** Default 30 s. */
   startTimeoutMs?: number;
+  /** Node options before the script (e.g. --cpu-prof). */
+  nodeArgs?: readonly string[];
 }
 
 /**
@@ -121,7 +123,8 @@ export async function startChildGateway(
   const configPath = join(dir, 'gateway.yaml');
   writeFileSync(configPath, typeof yaml === 'string' ? yaml.replaceAll('$DIR', dir) : yaml(dir));
   // With an IPC channel the gateway exits when this process goes away (src/cli/serve.ts).
-  const child = spawn(process.execPath, [BIN, 'serve', '--config', configPath, '--port', '0'], {
+  const args = [...(opts.nodeArgs ?? []), BIN, 'serve', '--config', configPath, '--port', '0'];
+  const child = spawn(process.execPath, args, {
     stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
   });
   (child.channel as { unref?: () => void } | undefined)?.unref?.();

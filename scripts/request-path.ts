@@ -1,0 +1,232 @@
+// What each proxy in front of one fixed backend adds, side by side in one run: a direct
+// connection, a TCP pass-through and a minimal node:http proxy (the floors, scripts/lib/
+// floor-proxy.ts) and slagate (least_loaded), each in its own process.
+//
+//   npx tsx scripts/request-path.ts [--levels 1,32,256] [--prompts short,long] [--rounds 2]
+//                                   [--profile DIR]
+//
+// The backend (scripts/lib/fixed-backend.ts) sends the first token after 20 ms and then one every
+// 5 ms, with no batching, so a request's timing depends on nothing but the path in front of it.
+// Prompts are unique per request (no two share a first block): `short` 512 characters, `long`
+// about 8,000 tokens (32,000 characters). Outputs are 32 tokens at 1 and 32 streams and 64 at 256
+// (the 4,000-request closed loop of the request-path issue). The paths take turns round by round
+// in an order that rotates, so the machine's drift falls on all of them alike; samples are pooled.
+// Per path: added TTFT p50 / p99 over direct, the total time of its requests (the sum of its
+// rounds' wall times) and the proxy process's CPU per request (utime + stime from /proc).
+//
+// slagate runs with targets no load here reaches and concurrency limits above 256, so nothing is
+// queued or refused: what is measured is the per-request work of every stage, not a decision.
+// `--profile DIR` also runs slagate alone under --cpu-prof at the highest level of --levels (short
+// prompts) and prints the top functions by self time (scripts/lib/cpu-profile.ts).
+import { mkdirSync, readdirSync, readFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { parseArgs } from 'node:util';
+import { startChildGateway } from '../src/bench/processes.ts';
+import { runBench } from '../src/bench/run.ts';
+import { syntheticText } from '../src/bench/text.ts';
+import type { Workload, WorkloadRequest } from '../src/bench/workloads.ts';
+import { Rng } from '../src/sim/rng.ts';
+import { summarizeProfile } from './lib/cpu-profile.ts';
+import { type Spawned, spawnFixedBackend, spawnFloor } from './lib/spawn-fixed-backend.ts';
+
+const { values } = parseArgs({
+  options: {
+    levels: { type: 'string', default: '1,32,256' },
+    prompts: { type: 'string', default: 'short,long' },
+    rounds: { type: 'string', default: '2' },
+    profile: { type: 'string' },
+  },
+});
+const levels = values.levels!.split(',').map(Number);
+const kinds = values.prompts!.split(',') as ('short' | 'long')[];
+const rounds = Number(values.rounds);
+const TTFT_MS = 20;
+const ITL_MS = 5;
+
+/** Requests per path at one level and prompt kind. */
+function requestsFor(streams: number, kind: 'short' | 'long'): number {
+  if (streams === 1) return 60;
+  if (streams <= 32) return 1024;
+  return kind === 'short' ? 4000 : 1024;
+}
+const outputFor = (streams: number) => (streams >= 256 ? 64 : 32);
+
+/** Unique prompts, made before any clock starts; each begins with its own nonce. */
+function uniqueWorkload(kind: 'short' | 'long', n: number, outputTokens: number, seed: number): Workload {
+  const rng = new Rng(seed);
+  const prompts: string[] = [];
+  for (let i = 0; i < n; i++) {
+    const nonce = `Request ${seed}-${i}-${rng.int(0, 1e9)}. `;
+    prompts.push(
+      kind === 'short' ? (nonce + syntheticText(rng, 140)).slice(0, 512) : nonce + syntheticText(rng, 8000),
+    );
+  }
+  let i = 0;
+  return {
+    name: 'sharegpt',
+    ignoreEos: true,
+    next(): WorkloadRequest {
+      const content = prompts[i % n]!;
+      const req = {
+        index: i,
+        messages: [{ role: 'user' as const, content }],
+        promptTokens: Math.round(content.length / 4),
+        outputTokens,
+      };
+      i++;
+      return req;
+    },
+  };
+}
+
+function cpuSeconds(pid: number): number {
+  const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+  return (Number(f[11]) + Number(f[12])) / 100;
+}
+
+/** numpy's default (linear) percentile over sorted values. */
+function percentile(sorted: readonly number[], q: number): number {
+  if (sorted.length === 0) return Number.NaN;
+  const pos = (q / 100) * (sorted.length - 1);
+  const lo = Math.floor(pos);
+  const hi = Math.ceil(pos);
+  return sorted[lo]! + (sorted[hi]! - sorted[lo]!) * (pos - lo);
+}
+
+function gatewayYaml(url: string, dir: string): string {
+  return [
+    'server: { host: 127.0.0.1, port: 0, body_limit_bytes: 4194304 }',
+    'models: [meta-llama/Llama-3.1-8B-Instruct]',
+    'backends:',
+    `  - { name: r0, url: "${url}" }`,
+    'router: { policy: least_loaded }',
+    'sla:',
+    '  default_class: bench',
+    '  classes:',
+    '    bench: { ttft_p99_ms: 600000, tpot_p99_ms: 60000, priority: 0, sheddable: false }',
+    'scheduler: { max_queue: 4096, concurrency: { max: 1024, initial: 1024, prefill_tokens: 0 } }',
+    'upstream: { max_connections_per_backend: 1024 }',
+    `logging: { level: warn, admission_log: ${dir}/admission.log }`,
+  ].join('\n');
+}
+
+// The helpers have no IPC channel: whatever way this script ends, they go with it.
+const helpers: Spawned[] = [];
+process.on('exit', () => {
+  for (const h of helpers) h.stop();
+});
+const backend = await spawnFixedBackend(TTFT_MS, ITL_MS);
+helpers.push(backend);
+const tcp = await spawnFloor('tcp', backend.url);
+helpers.push(tcp);
+const httpFloor = await spawnFloor('http', backend.url);
+helpers.push(httpFloor);
+const gw = await startChildGateway((dir) => gatewayYaml(backend.url, dir));
+const paths = [
+  { name: 'direct', url: backend.url, pid: null as number | null },
+  { name: 'tcp pass-through', url: tcp.url, pid: tcp.child.pid! },
+  { name: 'node:http proxy', url: httpFloor.url, pid: httpFloor.child.pid! },
+  { name: 'slagate', url: gw.url, pid: gw.child.pid! },
+];
+
+const bench = (url: string, streams: number, workload: Workload, n: number, seed: number) =>
+  runBench({ target: url, workload, concurrency: streams, requests: n, seed, progress: false });
+
+const lines: string[] = [];
+const out = (s: string) => {
+  lines.push(s);
+  process.stdout.write(`${s}\n`);
+};
+out(
+  '| prompts | streams | requests per path | path | TTFT p50 / p99 ms | added p50 / p99 ms | TPOT p50 ms | total s | proxy CPU ms per request | failed |',
+);
+out('|---|---|---|---|---|---|---|---|---|---|');
+try {
+  for (const kind of kinds) {
+    for (const streams of levels) {
+      const total = requestsFor(streams, kind);
+      const per = Math.ceil(total / rounds);
+      const outputTokens = outputFor(streams);
+      const stats = paths.map(() => ({
+        ttft: [] as number[],
+        tpot: [] as number[],
+        wallS: 0,
+        cpuS: 0,
+        failed: 0,
+        n: 0,
+      }));
+      for (const p of paths)
+        await bench(p.url, streams, uniqueWorkload(kind, 2 * streams, outputTokens, 7), 2 * streams, 7);
+      for (let r = 0; r < rounds; r++) {
+        for (let i = 0; i < paths.length; i++) {
+          const k = (i + r) % paths.length;
+          const p = paths[k]!;
+          const s = stats[k]!;
+          const wl = uniqueWorkload(kind, per, outputTokens, 1000 * (r + 1) + k);
+          const cpu0 = p.pid === null ? 0 : cpuSeconds(p.pid);
+          const t0 = performance.now();
+          const res = await bench(p.url, streams, wl, per, r + 1);
+          s.wallS += (performance.now() - t0) / 1000;
+          if (p.pid !== null) s.cpuS += cpuSeconds(p.pid) - cpu0;
+          s.failed += res.metrics.failed;
+          s.n += per;
+          for (const rec of res.records) {
+            if (!rec.success) continue;
+            s.ttft.push(rec.ttft * 1000);
+            if (rec.outputLen > 1) s.tpot.push(((rec.latency - rec.ttft) / (rec.outputLen - 1)) * 1000);
+          }
+        }
+      }
+      for (const s of stats) {
+        s.ttft.sort((a, b) => a - b);
+        s.tpot.sort((a, b) => a - b);
+      }
+      const d50 = percentile(stats[0]!.ttft, 50);
+      const d99 = percentile(stats[0]!.ttft, 99);
+      const f = (x: number) => x.toFixed(2);
+      const sign = (x: number) => `${x >= 0 ? '+' : ''}${x.toFixed(2)}`;
+      paths.forEach((p, k) => {
+        const s = stats[k]!;
+        const p50 = percentile(s.ttft, 50);
+        const p99 = percentile(s.ttft, 99);
+        const added = k === 0 ? '—' : `${sign(p50 - d50)} / ${sign(p99 - d99)}`;
+        const cpu = p.pid === null ? '—' : ((s.cpuS * 1000) / s.n).toFixed(2);
+        out(
+          `| ${kind} | ${streams} | ${s.n} | ${p.name} | ${f(p50)} / ${f(p99)} | ${added} | ${f(percentile(s.tpot, 50))} | ${s.wallS.toFixed(2)} | ${cpu} | ${s.failed} |`,
+        );
+      });
+    }
+  }
+} finally {
+  await gw.stop();
+}
+
+if (values.profile !== undefined) {
+  const dir = resolve(values.profile);
+  mkdirSync(dir, { recursive: true });
+  const before = new Set(readdirSync(dir));
+  const prof = await startChildGateway((d) => gatewayYaml(backend.url, d), {
+    nodeArgs: ['--cpu-prof', '--cpu-prof-dir', dir],
+  });
+  const streams = Math.max(...levels);
+  const n = requestsFor(streams, 'short');
+  try {
+    await bench(
+      prof.url,
+      streams,
+      uniqueWorkload('short', 2 * streams, outputFor(streams), 3),
+      2 * streams,
+      3,
+    );
+    await bench(prof.url, streams, uniqueWorkload('short', n, outputFor(streams), 4), n, 4);
+  } finally {
+    await prof.stop();
+  }
+  const file = readdirSync(dir).find((f) => f.endsWith('.cpuprofile') && !before.has(f));
+  if (file === undefined) throw new Error(`no .cpuprofile written in ${dir}`);
+  out('');
+  out(
+    `CPU profile of slagate at ${streams} streams, ${n + 2 * streams} requests of short prompts, ${outputFor(streams)}-token outputs: ${join(dir, file)}`,
+  );
+  for (const l of summarizeProfile(join(dir, file), 25)) out(l);
+}
