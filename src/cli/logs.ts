@@ -8,12 +8,16 @@ import { OUTCOMES } from '../telemetry/outcome.ts';
 // `slagate logs [FILE]`: reads an admission log (a file, or stdin) and explains it. Lines that are
 // not admission records (other log lines, partial writes, anything not JSON) are skipped and counted.
 
-const USAGE = `usage: slagate logs [FILE|-] [--pretty] [--json]
+const USAGE = `usage: slagate logs [FILE|-] [--pretty] [--json] [--since T] [--class C] [--tenant T]
   Reads admission-log lines (from FILE, or stdin when FILE is absent or -).
-  default   summary: outcomes, decisions and reasons, latency percentiles per class and backend,
-            SLA attainment per class, SLA misses explained
-  --pretty  one human line per request, printed as lines arrive
-  --json    the summary as JSON
+  default        summary: outcomes, decisions and reasons, latency percentiles per class and
+                 backend, SLA attainment per class and target set, SLA misses explained, the
+                 slowest requests
+  --pretty       one human line per request, printed as lines arrive
+  --json         the summary as JSON
+  --since T      only records from T on: an ISO time (2026-12-01T10:00:00Z) or an age (90s, 15m, 2h)
+  --class C      only requests of class C
+  --tenant T     only requests of tenant T
 `;
 
 export interface LogsIo {
@@ -40,6 +44,13 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
     io.stderr.write(USAGE);
     return 2;
   }
+  let keep: (r: LogRecord) => boolean;
+  try {
+    keep = recordFilter(args.values, Date.now());
+  } catch (err) {
+    io.stderr.write(`slagate logs: ${(err as Error).message}\n`);
+    return 2;
+  }
   const file = args.positionals[0];
   const input = file === undefined || file === '-' ? io.stdin : createReadStream(file);
   const lines = createInterface({ input, crlfDelay: Number.POSITIVE_INFINITY });
@@ -54,6 +65,7 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
         if (line.trim() !== '') summary.skipped++;
         continue;
       }
+      if (!keep(record)) continue;
       if (!args.values.pretty) summary.add(record);
       else if (!io.stdout.write(`${prettyLine(record)}\n`)) await once(io.stdout, 'drain');
     }
@@ -77,9 +89,33 @@ function parse(argv: string[]) {
     options: {
       pretty: { type: 'boolean', default: false },
       json: { type: 'boolean', default: false },
+      since: { type: 'string' },
+      class: { type: 'string' },
+      tenant: { type: 'string' },
       help: { type: 'boolean', short: 'h', default: false },
     },
   });
+}
+
+const AGE = /^(\d+(?:\.\d+)?)(ms|s|m|h|d)$/;
+const AGE_MS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
+
+/** The records the filters keep; `now` anchors an age such as --since 15m. Throws on a bad value. */
+export function recordFilter(
+  opts: { since?: string | undefined; class?: string | undefined; tenant?: string | undefined },
+  now: number,
+): (r: LogRecord) => boolean {
+  let from: number | null = null;
+  if (opts.since !== undefined) {
+    const age = AGE.exec(opts.since);
+    from = age !== null ? now - Number(age[1]) * AGE_MS[age[2]!]! : Date.parse(opts.since);
+    if (Number.isNaN(from)) throw new Error(`--since ${opts.since}: not an ISO time or an age like 15m`);
+  }
+  const { class: cls, tenant } = opts;
+  return (r) =>
+    (from === null || (typeof r.time === 'number' && r.time >= from)) &&
+    (cls === undefined || r.class === cls) &&
+    (tenant === undefined || r.tenant === tenant);
 }
 
 /** The record on this line, or null when the line is not an admission record. */
@@ -162,20 +198,51 @@ export interface LogsReport {
   reasons: { decision: string; reason: string; count: number }[];
   by_class: Record<string, GroupReport>;
   by_backend: Record<string, GroupReport>;
-  sla: Record<
-    string,
-    {
-      judged: number;
-      met: number;
-      attainment: number | null;
-      ttft_target_ms: number | null;
-      tpot_target_ms: number | null;
-    }
-  >;
+  sla: Record<string, ClassSla>;
+  /** Per class: misses of judged requests and refusals, by cause. */
   misses: Record<string, MissCause[]>;
+  /** The served requests with the longest TTFT, longest first. */
+  slowest: SlowRequest[];
+}
+
+export interface TargetSet {
+  ttft_target_ms: number | null;
+  tpot_target_ms: number | null;
+  judged: number;
+  met: number;
+  attainment: number | null;
+  /** P99 of the judged requests' TTFT and TPOT under these targets. */
+  ttft_p99_ms: number | null;
+  tpot_p99_ms: number | null;
+}
+
+export interface ClassSla {
+  judged: number;
+  met: number;
+  attainment: number | null;
+  /** The targets of the class's last judged record. */
+  ttft_target_ms: number | null;
+  tpot_target_ms: number | null;
+  /** One entry per set of targets the records carry (more than one when the file spans a reload). */
+  by_targets: TargetSet[];
+}
+
+export interface SlowRequest {
+  req_id: string;
+  class: string | null;
+  tenant: string | null;
+  backend: string | null;
+  ttft_ms: number;
+  ttft_target_ms: number | null;
+  queue_ms: number | null;
+  attempts: number | null;
+  outcome: string;
+  /** Why it missed, when it did (the same words as the misses). */
+  cause: string | null;
 }
 
 const EXAMPLES = 3;
+const SLOWEST = 5;
 // A miss whose queue wait is at least this share of its TTFT is blamed on queueing.
 const QUEUE_SHARE = 0.5;
 
@@ -212,8 +279,11 @@ class Summary {
   private readonly reasons = new Map<string, { decision: string; reason: string; count: number }>();
   private readonly classes = new Map<string, Group>();
   private readonly backends = new Map<string, Group>();
-  private readonly sla = new Map<string, LogsReport['sla'][string]>();
+  private readonly sla = new Map<string, ClassSla>();
+  /** Per class, per target set: the judged requests' TTFT and TPOT samples. */
+  private readonly targetSamples = new Map<TargetSet, { ttft: number[]; tpot: number[] }>();
   private readonly misses = new Map<string, Map<string, MissCause>>();
+  private readonly slowest: SlowRequest[] = [];
 
   add(r: LogRecord): void {
     this.requests++;
@@ -225,29 +295,90 @@ class Summary {
     const cls = r.class ?? 'none';
     groupOf(this.classes, cls).add(r);
     if (r.backend !== null && r.backend !== undefined) groupOf(this.backends, r.backend).add(r);
-    if (r.sla_met === null || r.sla_met === undefined) return;
+    if (r.decision === 'refused') {
+      this.miss(cls, `refused: ${r.reason}`, r.req_id);
+      return;
+    }
+    const judged = r.sla_met !== null && r.sla_met !== undefined;
+    const cause = judged && !r.sla_met ? missCause(r) : null;
+    this.noteSlow(r, cause);
+    if (!judged) return;
     let sla = this.sla.get(cls);
     if (sla === undefined) {
-      sla = { judged: 0, met: 0, attainment: null, ttft_target_ms: null, tpot_target_ms: null };
+      sla = {
+        judged: 0,
+        met: 0,
+        attainment: null,
+        ttft_target_ms: null,
+        tpot_target_ms: null,
+        by_targets: [],
+      };
       this.sla.set(cls, sla);
     }
     sla.judged++;
     sla.ttft_target_ms = r.ttft_target_ms;
     sla.tpot_target_ms = r.tpot_target_ms;
+    let set = sla.by_targets.find(
+      (t) => t.ttft_target_ms === r.ttft_target_ms && t.tpot_target_ms === r.tpot_target_ms,
+    );
+    if (set === undefined) {
+      set = {
+        ttft_target_ms: r.ttft_target_ms,
+        tpot_target_ms: r.tpot_target_ms,
+        judged: 0,
+        met: 0,
+        attainment: null,
+        ttft_p99_ms: null,
+        tpot_p99_ms: null,
+      };
+      sla.by_targets.push(set);
+      this.targetSamples.set(set, { ttft: [], tpot: [] });
+    }
+    set.judged++;
+    const samples = this.targetSamples.get(set)!;
+    if (r.ttft_ms !== null) samples.ttft.push(r.ttft_ms);
+    if (r.tpot_ms !== null) samples.tpot.push(r.tpot_ms);
     if (r.sla_met) {
       sla.met++;
+      set.met++;
       return;
     }
+    this.miss(cls, cause!, r.req_id);
+  }
+
+  private miss(cls: string, why: string, reqId: string): void {
     let causes = this.misses.get(cls);
     if (causes === undefined) {
       causes = new Map();
       this.misses.set(cls, causes);
     }
-    const why = missCause(r);
     const entry = causes.get(why) ?? { cause: why, count: 0, examples: [] };
     entry.count++;
-    if (entry.examples.length < EXAMPLES) entry.examples.push(r.req_id);
+    if (entry.examples.length < EXAMPLES) entry.examples.push(reqId);
     causes.set(why, entry);
+  }
+
+  /** Keeps the SLOWEST served requests by TTFT (a short sorted list: one insert per record). */
+  private noteSlow(r: LogRecord, cause: string | null): void {
+    if (r.ttft_ms === null || r.ttft_ms === undefined) return;
+    const list = this.slowest;
+    if (list.length === SLOWEST && list[SLOWEST - 1]!.ttft_ms >= r.ttft_ms) return;
+    const entry: SlowRequest = {
+      req_id: r.req_id,
+      class: r.class ?? null,
+      tenant: r.tenant ?? null,
+      backend: r.backend ?? null,
+      ttft_ms: r.ttft_ms,
+      ttft_target_ms: r.ttft_target_ms ?? null,
+      queue_ms: r.queue_ms ?? null,
+      attempts: r.attempts ?? null,
+      outcome: r.outcome,
+      cause,
+    };
+    const at = list.findIndex((e) => e.ttft_ms < r.ttft_ms!);
+    if (at < 0) list.push(entry);
+    else list.splice(at, 0, entry);
+    if (list.length > SLOWEST) list.pop();
   }
 
   report(): LogsReport {
@@ -258,7 +389,25 @@ class Summary {
       if (n !== undefined) outcomes[o] = n;
     }
     const sla: LogsReport['sla'] = {};
-    for (const [cls, s] of this.sla) sla[cls] = { ...s, attainment: s.judged > 0 ? s.met / s.judged : null };
+    const p99 = (xs: number[]) =>
+      xs.length === 0
+        ? null
+        : percentile(
+            [...xs].sort((a, b) => a - b),
+            99,
+          );
+    for (const [cls, s] of this.sla) {
+      const byTargets = s.by_targets.map((t) => {
+        const samples = this.targetSamples.get(t)!;
+        return {
+          ...t,
+          attainment: t.judged > 0 ? t.met / t.judged : null,
+          ttft_p99_ms: p99(samples.ttft),
+          tpot_p99_ms: p99(samples.tpot),
+        };
+      });
+      sla[cls] = { ...s, attainment: s.judged > 0 ? s.met / s.judged : null, by_targets: byTargets };
+    }
     const misses: LogsReport['misses'] = {};
     for (const [cls, causes] of this.misses) {
       misses[cls] = [...causes.values()].sort((a, b) => b.count - a.count);
@@ -272,6 +421,7 @@ class Summary {
       by_backend: reportGroups(this.backends),
       sla,
       misses,
+      slowest: this.slowest,
     };
   }
 }
@@ -291,17 +441,26 @@ function reportGroups(groups: Map<string, Group>): Record<string, GroupReport> {
   return out;
 }
 
-/** Why a judged request missed its SLA, in the first terms an operator would check. */
+/**
+ * Why a judged request missed its SLA, in the first terms an operator would check. A cause is only
+ * named when the record holds the evidence for it: no queue wait recorded, no queueing blamed; no
+ * prediction recorded, no "slower than predicted".
+ */
 export function missCause(r: LogRecord): string {
   if (r.outcome !== 'ok') return `failed: ${r.outcome} (${r.reason})`;
   const ttftTarget = r.ttft_target_ms ?? Number.POSITIVE_INFINITY;
   if (r.ttft_ms === null) return 'no TTFT recorded';
   if (r.ttft_ms > ttftTarget) {
-    const queue = r.queue_ms ?? 0;
-    if (queue >= QUEUE_SHARE * r.ttft_ms) return 'TTFT over target: queued too long (queue >= half of TTFT)';
-    if (r.predicted_ttft_ms !== null && r.predicted_ttft_ms <= ttftTarget) {
-      return 'TTFT over target: prefill slower than predicted';
+    if (r.attempts !== null && r.attempts !== undefined && r.attempts > 1) {
+      return 'TTFT over target: retried (more than one attempt)';
     }
+    if (r.queue_ms === null || r.queue_ms === undefined) return 'TTFT over target: no queue wait recorded';
+    if (r.queue_ms >= QUEUE_SHARE * r.ttft_ms)
+      return 'TTFT over target: queued too long (queue >= half of TTFT)';
+    if (r.predicted_ttft_ms === null || r.predicted_ttft_ms === undefined) {
+      return 'TTFT over target: slow after dispatch (no prediction recorded)';
+    }
+    if (r.predicted_ttft_ms <= ttftTarget) return 'TTFT over target: prefill slower than predicted';
     return 'TTFT over target: prefill slow (predicted over target too)';
   }
   if (r.tpot_ms === null) return 'TPOT missing with more than one output token';
@@ -347,19 +506,40 @@ function formatReport(rep: LogsReport): string {
   out.push(...latencyTable('Latency per backend', rep.by_backend));
 
   out.push('', 'SLA attainment per class (both TTFT and TPOT targets met; refused and cancelled not judged)');
+  const pct = (a: number | null) => (a === null ? '-' : `${(100 * a).toFixed(1)}%`);
   for (const [cls, s] of Object.entries(rep.sla)) {
-    const att = s.attainment === null ? '-' : `${(100 * s.attainment).toFixed(1)}%`;
-    const targets = `targets ttft ${s.ttft_target_ms ?? '-'}ms tpot ${s.tpot_target_ms ?? '-'}ms`;
-    out.push(`  ${cls.padEnd(14)} ${att.padStart(6)}  ${s.met}/${s.judged} met  ${targets}`);
+    for (const t of s.by_targets) {
+      const targets = `targets ttft ${t.ttft_target_ms ?? '-'}ms tpot ${t.tpot_target_ms ?? '-'}ms`;
+      const p99 = `p99 ttft ${t.ttft_p99_ms === null ? '-' : num(t.ttft_p99_ms)} tpot ${t.tpot_p99_ms === null ? '-' : num(t.tpot_p99_ms)}`;
+      out.push(
+        `  ${cls.padEnd(14)} ${pct(t.attainment).padStart(6)}  ${t.met}/${t.judged} met  ${targets}  ${p99}`,
+      );
+    }
+    if (s.by_targets.length > 1)
+      out.push(`  ${cls.padEnd(14)} ${pct(s.attainment).padStart(6)}  ${s.met}/${s.judged} met  all targets`);
   }
-  out.push('', 'SLA misses explained');
+  out.push('', 'SLA misses explained (judged requests that missed, and refusals)');
   const missed = Object.entries(rep.misses);
   if (missed.length === 0) out.push('  none');
   for (const [cls, causes] of missed) {
-    const total = causes.reduce((sum, c) => sum + c.count, 0);
-    out.push(`  ${cls}: ${total} missed`);
+    const refused = causes
+      .filter((c) => c.cause.startsWith('refused: '))
+      .reduce((sum, c) => sum + c.count, 0);
+    const total = causes.reduce((sum, c) => sum + c.count, 0) - refused;
+    out.push(`  ${cls}: ${total} missed, ${refused} refused`);
     for (const c of causes) {
       out.push(`    ${String(c.count).padStart(6)}  ${c.cause}  e.g. ${c.examples.join(', ')}`);
+    }
+  }
+  if (rep.slowest.length > 0) {
+    out.push('', 'Slowest requests by TTFT');
+    for (const r of rep.slowest) {
+      const target = r.ttft_target_ms === null ? '' : `/${r.ttft_target_ms}ms`;
+      const queue = r.queue_ms === null ? '' : `  queue ${num(r.queue_ms)}ms`;
+      const why = r.cause === null ? '' : `  ${r.cause}`;
+      out.push(
+        `  ${r.req_id.padEnd(24)} ${(r.class ?? '-').padEnd(12)} ${(r.backend ?? '-').padEnd(10)} ttft ${num(r.ttft_ms)}${target}${queue}  attempts ${r.attempts ?? '-'}  ${r.outcome}${why}`,
+      );
     }
   }
   return `${out.join('\n')}\n`;

@@ -123,11 +123,157 @@ describe('slagate logs', () => {
       'TTFT over target: prefill slower than predicted': 25,
     });
     expect(causes('batch')).toEqual({
+      'refused: sla_unattainable': 20,
       'TPOT over target: decode slow': 10,
       'failed: failed_after_commit (upstream_error)': 5,
     });
+    // The five longest TTFTs: interactive 1000, 990, ..., 960 ms come after the batch ones at 1000
+    // only if longer; ties keep the first seen (i-100 was written before t-1..t-10).
+    expect(rep.slowest.map((r) => [r.req_id, r.ttft_ms])).toEqual([
+      ['i-100', 1000],
+      ['t-1', 1000],
+      ['t-2', 1000],
+      ['t-3', 1000],
+      ['t-4', 1000],
+    ]);
+    expect(rep.slowest[0]).toMatchObject({
+      class: 'interactive',
+      queue_ms: 800,
+      cause: 'TTFT over target: queued too long (queue >= half of TTFT)',
+    });
     const queued = rep.misses.interactive!.find((c) => c.cause.includes('queued'))!;
     expect(queued.examples).toEqual(['i-76', 'i-77', 'i-78']);
+  });
+
+  it('names a cause only from the evidence a record holds', async () => {
+    const path = join(dir, 'admission.log');
+    const lines = [
+      // queue wait not recorded: nothing is blamed on queueing
+      { req_id: 'no-queue', queue_ms: null, predicted_ttft_ms: 100 },
+      // no prediction: not "slower than predicted", not "predicted over target"
+      { req_id: 'no-pred', queue_ms: 5, predicted_ttft_ms: null },
+      // a retry explains a late first token before anything else
+      { req_id: 'retried', queue_ms: 500, predicted_ttft_ms: 100, attempts: 2 },
+      { req_id: 'pred-over', queue_ms: 5, predicted_ttft_ms: 900 },
+    ].map((f) =>
+      JSON.stringify({
+        kind: 'admission',
+        class: 'interactive',
+        decision: 'admitted',
+        reason: 'ok',
+        outcome: 'ok',
+        attempts: 1,
+        ttft_ms: 800,
+        tpot_ms: 10,
+        ttft_target_ms: 500,
+        tpot_target_ms: 50,
+        sla_met: false,
+        ...f,
+      }),
+    );
+    await appendFile(path, `${lines.join('\n')}\n`);
+    const t = io();
+    expect(await logsCommand([path, '--json'], t.io)).toBe(0);
+    const rep = JSON.parse(t.out()) as LogsReport;
+    const byReq = Object.fromEntries(rep.slowest.map((r) => [r.req_id, r.cause]));
+    expect(byReq).toEqual({
+      'no-queue': 'TTFT over target: no queue wait recorded',
+      'no-pred': 'TTFT over target: slow after dispatch (no prediction recorded)',
+      retried: 'TTFT over target: retried (more than one attempt)',
+      'pred-over': 'TTFT over target: prefill slow (predicted over target too)',
+    });
+  });
+
+  it('judges each record against its own targets in a file that spans a change of targets', async () => {
+    const path = join(dir, 'admission.log');
+    // 10 records under ttft 500 / tpot 50, then 10 under ttft 1000 / tpot 50 (a reload); TTFT
+    // 100, 200, ..., 1000 ms in both halves, TPOT 20 ms.
+    const lines: string[] = [];
+    for (const target of [500, 1000]) {
+      for (let i = 1; i <= 10; i++) {
+        const ttft = 100 * i;
+        lines.push(
+          JSON.stringify({
+            kind: 'admission',
+            req_id: `t${target}-${i}`,
+            class: 'interactive',
+            decision: 'admitted',
+            reason: 'ok',
+            outcome: 'ok',
+            attempts: 1,
+            queue_ms: 1,
+            predicted_ttft_ms: 50,
+            ttft_ms: ttft,
+            tpot_ms: 20,
+            ttft_target_ms: target,
+            tpot_target_ms: 50,
+            sla_met: ttft <= target,
+          }),
+        );
+      }
+    }
+    await appendFile(path, `${lines.join('\n')}\n`);
+    const t = io();
+    expect(await logsCommand([path, '--json'], t.io)).toBe(0);
+    const sla = (JSON.parse(t.out()) as LogsReport).sla.interactive!;
+    expect(sla).toMatchObject({ judged: 20, met: 15, attainment: 0.75, ttft_target_ms: 1000 });
+    // p99 of 100..1000: 991 by linear interpolation, in each half.
+    expect(sla.by_targets).toEqual([
+      {
+        ttft_target_ms: 500,
+        tpot_target_ms: 50,
+        judged: 10,
+        met: 5,
+        attainment: 0.5,
+        ttft_p99_ms: 991,
+        tpot_p99_ms: 20,
+      },
+      {
+        ttft_target_ms: 1000,
+        tpot_target_ms: 50,
+        judged: 10,
+        met: 10,
+        attainment: 1,
+        ttft_p99_ms: 991,
+        tpot_p99_ms: 20,
+      },
+    ]);
+    const text = io();
+    expect(await logsCommand([path], text.io)).toBe(0);
+    expect(text.out()).toMatch(
+      /interactive\s+50\.0%\s+5\/10 met\s+targets ttft 500ms tpot 50ms\s+p99 ttft 991 tpot 20/,
+    );
+    expect(text.out()).toMatch(/interactive\s+100\.0%\s+10\/10 met\s+targets ttft 1000ms/);
+    expect(text.out()).toMatch(/interactive\s+75\.0%\s+15\/20 met\s+all targets/);
+  });
+
+  it('--since, --class and --tenant keep only the matching records', async () => {
+    const path = join(dir, 'admission.log');
+    const base = Date.parse('2026-12-01T10:00:00Z');
+    const lines = [
+      { req_id: 'old-a', time: base - 60_000, class: 'interactive', tenant: 'a' },
+      { req_id: 'new-a', time: base + 1_000, class: 'interactive', tenant: 'a' },
+      { req_id: 'new-b', time: base + 2_000, class: 'batch', tenant: 'b' },
+      { req_id: 'new-b2', time: base + 3_000, class: 'interactive', tenant: 'b' },
+    ].map((f) =>
+      JSON.stringify({ kind: 'admission', decision: 'admitted', reason: 'ok', outcome: 'ok', ...f }),
+    );
+    await appendFile(path, `${lines.join('\n')}\n`);
+    const run = async (...args: string[]) => {
+      const t = io();
+      expect(await logsCommand([path, '--json', ...args], t.io)).toBe(0);
+      return (JSON.parse(t.out()) as LogsReport).requests;
+    };
+    expect(await run()).toBe(4);
+    expect(await run('--since', '2026-12-01T10:00:00Z')).toBe(3);
+    expect(await run('--since', '2026-12-01T10:00:00Z', '--class', 'interactive')).toBe(2);
+    expect(await run('--tenant', 'b')).toBe(2);
+    expect(await run('--tenant', 'b', '--class', 'batch')).toBe(1);
+    // An age counts back from now: these records are long past.
+    expect(await run('--since', '15m')).toBe(0);
+    const bad = io();
+    expect(await logsCommand([path, '--since', 'yesterday-ish'], bad.io)).toBe(2);
+    expect(bad.err()).toContain('--since yesterday-ish');
   });
 
   it('prints the same summary as text', async () => {
