@@ -131,7 +131,7 @@ export interface ReportedRun {
 const DASH = '–';
 const fixed = (v: number | null | undefined, digits: number) => (v == null ? DASH : v.toFixed(digits));
 const pct = (v: number | null | undefined) => (v == null ? DASH : `${(v * 100).toFixed(1)}%`);
-const rateText = (r: number) => (r === Number.POSITIVE_INFINITY ? 'inf' : String(r));
+export const rateText = (r: number) => (r === Number.POSITIVE_INFINITY ? 'inf' : String(r));
 
 const COLUMNS = [
   'policy',

@@ -4,11 +4,19 @@
 import { writeFile } from 'node:fs/promises';
 import { parseArgs } from 'node:util';
 import type { EndpointKind } from '../bench/client.ts';
-import { type CompareOptions, runCompare } from '../bench/compare.ts';
+import { type CompareOptions, type CompareResult, runCompare } from '../bench/compare.ts';
 import { parsePolicies, readGatewayYaml } from '../bench/compare-config.ts';
+import { rateText, runFigures } from '../bench/compare-report.ts';
+import { htmlReport } from '../bench/html-report.ts';
 import { METRIC_NAMES, type MetricName, type Slo } from '../bench/metrics.ts';
 import { pyFloat } from '../bench/report.ts';
-import { type BenchOptions, checkOptions, DEFAULT_METRICS, runBench } from '../bench/run.ts';
+import {
+  type BenchOptions,
+  type BenchResult,
+  checkOptions,
+  DEFAULT_METRICS,
+  runBench,
+} from '../bench/run.ts';
 import { WORKLOAD_NAMES, type WorkloadName } from '../bench/workloads.ts';
 import { getProfile } from '../sim/profiles.ts';
 
@@ -35,6 +43,7 @@ Open-loop load generator with vLLM's benchmark metrics (see docs/benchmark-tool.
   --no-session-id           do not send conversation ids as x-session-id
   --label NAME              label stored in the JSON
   --save-result FILE        write the result JSON (vLLM's keys) to FILE
+  --report FILE.html        write a self-contained HTML page with charts of the run
   --save-detailed           include per-request arrays in the JSON
   --timeout S               per-request wait limit for headers / between chunks (default 21600)
   -h, --help                this text
@@ -86,6 +95,8 @@ function list<T extends string>(flag: string, raw: string, allowed: readonly T[]
 export interface BenchArgs {
   options: BenchOptions;
   saveResult?: string;
+  /** --report FILE.html */
+  report?: string;
 }
 
 /** The run described by command-line flags; null means --help. */
@@ -152,7 +163,12 @@ export function parseBenchArgs(argv: string[]): BenchArgs | null {
     throw new UsageError((err as Error).message);
   }
   const saveResult = values['save-result'];
-  return saveResult === undefined ? { options: opts } : { options: opts, saveResult };
+  const report = values.report;
+  return {
+    options: opts,
+    ...(saveResult === undefined ? {} : { saveResult }),
+    ...(report === undefined ? {} : { report }),
+  };
 }
 
 function parse(argv: string[]) {
@@ -179,6 +195,7 @@ function parse(argv: string[]) {
       'no-session-id': { type: 'boolean' },
       label: { type: 'string' },
       'save-result': { type: 'string' },
+      report: { type: 'string' },
       'save-detailed': { type: 'boolean' },
       timeout: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
@@ -201,7 +218,7 @@ export async function benchCommand(argv: string[]): Promise<number> {
     process.stdout.write(BENCH_USAGE);
     return 0;
   }
-  const { options: opts, saveResult: saveTo } = args;
+  const { options: opts, saveResult: saveTo, report } = args;
 
   const rate = opts.rate ?? Number.POSITIVE_INFINITY;
   const burstiness = opts.burstiness ?? 1;
@@ -228,6 +245,10 @@ export async function benchCommand(argv: string[]): Promise<number> {
     if (saveTo !== undefined) {
       await writeFile(saveTo, `${JSON.stringify(result.json)}\n`);
       process.stderr.write(`Result saved to ${saveTo}\n`);
+    }
+    if (report !== undefined) {
+      await writeFile(report, benchReport(opts, result));
+      process.stderr.write(`Report written to ${report}\n`);
     }
     return result.metrics.completed > 0 ? 0 : 1;
   } catch (err) {
@@ -262,6 +283,7 @@ stops both before the next run. Prints one table (see docs/benchmark-tool.md).
                             server, models, backends and the two policies)
   --class-hints             send each request's workload class as x-slagate-class
   --save-result FILE        write the comparison JSON (each run's bench JSON inside) to FILE
+  --report FILE.html        write a self-contained HTML page with charts per policy and across rates
   --quiet                   no progress lines on stderr
   -h, --help                this text
 `;
@@ -269,6 +291,8 @@ stops both before the next run. Prints one table (see docs/benchmark-tool.md).
 export interface CompareArgs {
   options: CompareOptions;
   saveResult?: string;
+  /** --report FILE.html */
+  report?: string;
   quiet: boolean;
 }
 
@@ -359,7 +383,13 @@ export function parseCompareArgs(argv: string[]): CompareArgs | null {
   }
   const quiet = values.quiet ?? false;
   const saveResult = values['save-result'];
-  return saveResult === undefined ? { options: opts, quiet } : { options: opts, saveResult, quiet };
+  const report = values.report;
+  return {
+    options: opts,
+    quiet,
+    ...(saveResult === undefined ? {} : { saveResult }),
+    ...(report === undefined ? {} : { report }),
+  };
 }
 
 function parseCompare(argv: string[]) {
@@ -383,13 +413,12 @@ function parseCompare(argv: string[]) {
       'gateway-yaml': { type: 'string' },
       'class-hints': { type: 'boolean' },
       'save-result': { type: 'string' },
+      report: { type: 'string' },
       quiet: { type: 'boolean', short: 'q' },
       help: { type: 'boolean', short: 'h' },
     },
   });
 }
-
-const rateText = (r: number) => (r === Number.POSITIVE_INFINITY ? 'inf' : String(r));
 
 /**
  * `slagate bench compare`: the table on stdout and nothing else; progress and errors on stderr.
@@ -419,7 +448,7 @@ export async function compareCommand(argv: string[]): Promise<number> {
     process.stdout.write(COMPARE_USAGE);
     return 0;
   }
-  const { options, saveResult, quiet } = args;
+  const { options, saveResult, report, quiet } = args;
   // Ctrl-C stops the current run and skips the rest; its processes are still stopped.
   const abort = new AbortController();
   const onSigint = () => abort.abort();
@@ -443,6 +472,10 @@ export async function compareCommand(argv: string[]): Promise<number> {
       await writeFile(saveResult, `${JSON.stringify(result.json)}\n`);
       if (!quiet) process.stderr.write(`Result saved to ${saveResult}\n`);
     }
+    if (report !== undefined) {
+      await writeFile(report, compareReport(result));
+      if (!quiet) process.stderr.write(`Report written to ${report}\n`);
+    }
     return result.ok ? 0 : 1;
   } catch (err) {
     process.stderr.write(`slagate bench compare: ${(err as Error).message}\n`);
@@ -450,4 +483,46 @@ export async function compareCommand(argv: string[]): Promise<number> {
   } finally {
     process.off('SIGINT', onSigint);
   }
+}
+
+/** The HTML page of one bench run: the target is its one "policy". */
+function benchReport(opts: BenchOptions, result: BenchResult): string {
+  const backends = new Set(
+    result.records.map((r) => r.headers['x-slagate-backend']).filter((b) => b !== undefined),
+  );
+  const figures = runFigures(result.records, result.metrics, Math.max(1, backends.size), opts.slo, null);
+  const rate = opts.rate ?? Number.POSITIVE_INFINITY;
+  return htmlReport({
+    title: `slagate bench: ${opts.target}`,
+    subtitle: `workload ${typeof opts.workload === 'object' ? opts.workload.name : (opts.workload ?? 'sharegpt')}, rate ${rateText(rate)}, ${result.records.length} requests, seed ${opts.seed ?? 0}`,
+    slo: opts.slo ?? null,
+    runs: [
+      {
+        policy: opts.target,
+        rate,
+        records: result.records,
+        figures,
+        throughput: result.metrics.requestThroughput,
+        error: null,
+      },
+    ],
+  });
+}
+
+/** The HTML page of a comparison: every run, by policy and rate. */
+function compareReport(result: CompareResult): string {
+  const f = result.fleet;
+  return htmlReport({
+    title: `slagate bench compare: ${result.workload}`,
+    subtitle: `${result.date}; workload ${result.workload}, seed ${result.seed}, rates ${result.rates.map(rateText).join(', ')}; fleet ${f.replicas} × ${f.profile} at time scale ${f.timeScale}`,
+    slo: result.slo,
+    runs: result.runs.map((r) => ({
+      policy: r.policy,
+      rate: r.rate,
+      records: r.bench?.records ?? null,
+      figures: r.figures,
+      throughput: r.bench?.metrics.requestThroughput ?? null,
+      error: r.error,
+    })),
+  });
 }

@@ -1,0 +1,127 @@
+// The HTML report of `bench compare --report`: a real comparison (two policies, two rates, on
+// simulated fleets and gateways in child processes) written by the CLI, opened in Debian's
+// headless Chromium with playwright-core: no page errors, and one chart per policy for each
+// latency distribution plus the charts across rates.
+import { spawn } from 'node:child_process';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { type BrowserContext, chromium } from 'playwright-core';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import { byPercentile } from '../../src/bench/html-report.ts';
+
+const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
+const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
+
+let dir: string;
+let browser: BrowserContext;
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'slagate-report-'));
+  browser = await chromium.launchPersistentContext(join(dir, 'profile'), {
+    executablePath: CHROMIUM,
+    headless: true,
+    args: [
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+      '--no-first-run',
+    ],
+  });
+});
+afterAll(async () => {
+  await browser?.close();
+  await rm(dir, { recursive: true, force: true });
+});
+
+function compare(args: string[]): Promise<{ code: number | null; stderr: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [BIN, 'bench', 'compare', ...args], {
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    let stderr = '';
+    child.stderr.on('data', (d: Buffer) => {
+      stderr += d.toString();
+    });
+    child.once('close', (code) => resolve({ code, stderr }));
+  });
+}
+
+it('byPercentile takes the nearest rank at each percentile', () => {
+  expect(byPercentile([])).toBeNull();
+  const xs = byPercentile([5, 1, 4, 2, 3])!;
+  expect(xs).toHaveLength(100);
+  // nearest rank: p ≤ 20 → 1st value, p ≤ 40 → 2nd, ..., p = 100 → 5th
+  expect([xs[0], xs[19], xs[20], xs[59], xs[60], xs[99]]).toEqual([1, 1, 2, 3, 4, 5]);
+});
+
+it('bench compare --report writes a page that opens without errors, one chart per policy', async () => {
+  const file = join(dir, 'report.html');
+  const r = await compare([
+    '--policies',
+    'round_robin,least_loaded/fcfs',
+    '--replicas',
+    '2',
+    '--time-scale',
+    '0.05',
+    '--requests',
+    '12',
+    '--rates',
+    '20,40',
+    '--slo',
+    'ttft=500,tpot=50',
+    '--quiet',
+    '--report',
+    file,
+  ]);
+  expect(r.code, r.stderr).toBe(0);
+  const html = await readFile(file, 'utf8');
+  // Self-contained: no script or stylesheet from anywhere.
+  expect(html).not.toMatch(/<script[^>]+src=|<link[^>]+stylesheet/);
+
+  const page = await browser.newPage();
+  const errors: string[] = [];
+  page.on('pageerror', (err) => errors.push(err.message));
+  page.on('console', (msg) => {
+    if (msg.type() === 'error') errors.push(msg.text());
+  });
+  page.on('request', (req) => {
+    if (!req.url().startsWith('file:') && !req.url().startsWith('data:')) errors.push(`fetched ${req.url()}`);
+  });
+  await page.goto(pathToFileURL(file).href);
+  await page.waitForFunction(
+    () => (globalThis as unknown as { slagateReport?: unknown }).slagateReport !== undefined,
+  );
+  const charts = await page.evaluate(() =>
+    (
+      globalThis as unknown as {
+        slagateReport: {
+          charts: { title: string; policy: string | null; plot: { data: (number | null)[][] } }[];
+        };
+      }
+    ).slagateReport.charts.map((c) => ({
+      title: c.title,
+      policy: c.policy,
+      // series with at least one measured point
+      measured: c.plot.data.slice(1).filter((s) => s.some((v) => v !== null)).length,
+    })),
+  );
+  const perPolicy = (p: string) => charts.filter((c) => c.policy === p).map((c) => c.title);
+  expect(perPolicy('round_robin')).toEqual([
+    'round_robin: TTFT by percentile (ms, log scale)',
+    'round_robin: TPOT by percentile (ms)',
+  ]);
+  expect(perPolicy('least_loaded/fcfs')).toHaveLength(2);
+  // Each distribution chart: both rates measured, plus the target line.
+  for (const c of charts.filter((c) => c.policy !== null)) expect(c.measured).toBe(3);
+  expect(charts.filter((c) => c.policy === null).map((c) => c.title)).toEqual([
+    'P99 TTFT against offered rate (ms, log scale)',
+    'Throughput and goodput against offered rate (req/s)',
+    'Refused share against offered rate (%)',
+  ]);
+  expect(await page.locator('.uplot').count()).toBe(7);
+  expect(await page.locator('table.runs tbody tr').count()).toBe(4);
+  expect(errors).toEqual([]);
+}, 120_000);
