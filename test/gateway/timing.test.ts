@@ -1,17 +1,18 @@
 // The gateway's TTFT and TPOT (admission log) agree with what a client measures around the same
 // requests: same definitions (first token event; (last − first) / (tokens − 1)). Client and
 // gateway share this process and its clock, so the gateway's window lies inside the client's: its
-// TTFT is never longer. The client's extra is the hop both ways (about 1.5 ms here, more when the
-// machine is busy), so the bound is half a token interval: a gateway that stamped the wrong event
-// (one token early or late) or started its clock anywhere but at arrival would miss it, while a
-// busy machine does not. Time scale 1: tokens are several ms apart.
+// TTFT is never longer. The client's extra is the hop both ways: about 1.5 ms on an idle machine,
+// but a process on an oversubscribed one (the whole suite on two cores) waits several ms for a
+// core at random moments. So the fleet runs 4× slower than real time (tokens ~25 ms apart) and
+// the bound is half a token interval: a gateway that stamped the wrong event (a token early or
+// late) or started its clock anywhere but at arrival misses it; scheduling noise does not.
 import http from 'node:http';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { chat, startTestGateway, type TestGateway } from './harness.ts';
 
 let t: TestGateway;
 beforeAll(async () => {
-  t = await startTestGateway({ replicas: 2, timeScale: 1 });
+  t = await startTestGateway({ replicas: 2, timeScale: 4 });
 });
 afterAll(async () => {
   await t.close();
@@ -102,9 +103,9 @@ it('gateway-measured TTFT lies inside the client-measured one, within half a tok
     ttftGaps.push(c.ttftMs - rec.ttft_ms!);
     tpotDiffs.push(Math.abs(rec.tpot_ms! - c.tpotMs));
   }
-  // Sanity: the figures are real (several ms per token), so agreeing within 2 ms means something.
+  // Sanity: the figures are real (tens of ms per token), so agreeing within 2 ms means something.
   const tokenInterval = median(timings.map((c) => c.tpotMs));
-  expect(tokenInterval).toBeGreaterThan(3);
+  expect(tokenInterval).toBeGreaterThan(12);
   expect(median(ttftGaps)).toBeLessThan(tokenInterval / 2);
   expect(median(tpotDiffs)).toBeLessThan(2);
 });
