@@ -170,16 +170,17 @@ function textCell(text, over = false) {
   return td;
 }
 
-/** The tightest target over the classes: a backend's P99 above it is marked. */
-function tightest(s, key) {
-  const vs = Object.values(s.sla.classes).map((c) => c[key]);
-  return vs.length === 0 ? null : Math.min(...vs);
+/** True when some class's P99 on this backend is over that class's own target. */
+function overTarget(s, b, metric, targetKey) {
+  return Object.entries(b.by_class ?? {}).some(([cls, lat]) => {
+    const target = s.sla.classes[cls]?.[targetKey];
+    const p99 = lat?.[metric]?.p99 ?? null;
+    return target !== undefined && p99 !== null && p99 > target;
+  });
 }
 
 function renderTable(s) {
   const tbody = $('backends').tBodies[0];
-  const ttftTarget = tightest(s, 'ttft_p99_ms');
-  const tpotTarget = tightest(s, 'tpot_p99_ms');
   const rows = s.backends.map((b) => {
     const tr = document.createElement('tr');
     tr.dataset.backend = b.name;
@@ -196,8 +197,8 @@ function renderTable(s) {
       stateCell(b),
       barCell(inflight, b.concurrency_limit, `${inflight} / ${fmt(b.concurrency_limit)}`),
       barCell(kv === null ? null : 100 * kv, 100, kv === null ? '–' : `${fmt(100 * kv)}%`),
-      textCell(`${fmt(lat?.ttft.p50 ?? null)} / ${fmt(ttft99)}`, ttft99 !== null && ttftTarget !== null && ttft99 > ttftTarget),
-      textCell(`${fmt(lat?.tpot.p50 ?? null, 1)} / ${fmt(tpot99, 1)}`, tpot99 !== null && tpotTarget !== null && tpot99 > tpotTarget),
+      textCell(`${fmt(lat?.ttft.p50 ?? null)} / ${fmt(ttft99)}`, overTarget(s, b, 'ttft', 'ttft_p99_ms')),
+      textCell(`${fmt(lat?.tpot.p50 ?? null, 1)} / ${fmt(tpot99, 1)}`, overTarget(s, b, 'tpot', 'tpot_p99_ms')),
       textCell(String(lat?.requests ?? '–')),
       textCell(fmt(b.rates?.prefillTokensPerS ?? null)),
     );
