@@ -1,6 +1,7 @@
 // What a streamed chunk is, decided two ways that agree: from its parsed JSON (carriesOutput,
 // isErrorPayload) and, for the relay's hot path, from its bytes alone (isPlainOutput), which says
-// yes only when the parse would find a chunk with choices carrying output and no usage or error.
+// yes only when the parse would find a chunk with choices carrying output and no usage (a null
+// usage counts as none) or error.
 // Inside a JSON string every quote is escaped, so a quoted key searched for in the bytes can only
 // match a real key; a serialisation these byte patterns do not know simply takes the parse.
 
@@ -9,6 +10,7 @@ import type { StreamChunk } from './assemble.ts';
 export const DONE = Buffer.from('[DONE]');
 const CHOICES = Buffer.from('"choices":[{');
 const USAGE = Buffer.from('"usage"');
+const USAGE_NULL = Buffer.from('"usage":null');
 const ERROR = Buffer.from('"error"');
 const CONTENT = Buffer.from('"content":"');
 const TEXT = Buffer.from('"text":"');
@@ -23,8 +25,15 @@ const CLOSE = 0x7d;
 export function isPlainOutput(data: Buffer): boolean {
   if (data[0] !== OPEN || data[data.length - 1] !== CLOSE) return false;
   const choices = data.indexOf(CHOICES);
-  if (choices < 0 || data.indexOf(USAGE) >= 0 || data.indexOf(ERROR) >= 0) return false;
+  if (choices < 0 || data.indexOf(ERROR) >= 0 || !noUsage(data)) return false;
   return nonEmptyString(data, CONTENT, choices) || nonEmptyString(data, TEXT, choices);
+}
+
+/** No usage key, or only `"usage":null` (vLLM's completion chunks carry it on every token). */
+function noUsage(data: Buffer): boolean {
+  const at = data.indexOf(USAGE);
+  if (at < 0) return true;
+  return data.indexOf(USAGE_NULL) === at && data.indexOf(USAGE, at + 1) < 0;
 }
 
 function nonEmptyString(data: Buffer, key: Buffer, from: number): boolean {
