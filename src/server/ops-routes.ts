@@ -84,6 +84,8 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
           url: b.url,
           weight: b.weight,
           state: b.state,
+          // Ejected by outlier detection, whatever `state` shows first (a failing probe says 'down').
+          ejected: b.outlier.ejected(),
           available: b.available,
           // This instance's attempts in flight, and the shared counts over every instance.
           local_inflight: v?.localInflight.requests ?? 0,

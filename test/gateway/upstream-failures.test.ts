@@ -28,6 +28,7 @@ const CHAT = '/v1/chat/completions';
 interface AdminBackend {
   name: string;
   state: string;
+  ejected: boolean;
   available: boolean;
   local_inflight: number;
   inflight: { requests: number };
@@ -355,8 +356,9 @@ describe('failures that never reached the engine, and coming back (found when tr
     const r0 = t.fleet!.replicas[0]!;
     await r0.fault({ mode: 'refuse' });
     for (let i = 0; i < 8; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    // Ejected (its state may say 'down' first: the active probe fails too).
     await waitFor(
-      async () => (await adminBackends(t!.url)).find((b) => b.name === 'r0')!.state === 'ejected',
+      async () => (await adminBackends(t!.url)).find((b) => b.name === 'r0')!.ejected,
       2000,
       'r0 ejected',
     );
@@ -364,7 +366,10 @@ describe('failures that never reached the engine, and coming back (found when tr
     const back = performance.now();
     await r0.reset();
     await waitFor(
-      async () => (await adminBackends(t!.url)).find((b) => b.name === 'r0')!.available,
+      async () => {
+        const r = (await adminBackends(t!.url)).find((b) => b.name === 'r0')!;
+        return r.available && !r.ejected;
+      },
       2000,
       'r0 back',
     );
