@@ -20,6 +20,7 @@ import { parseArgs } from 'node:util';
 import { startChildGateway, stopChild } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
 import { spawnFixedBackend } from './lib/spawn-fixed-backend.ts';
+import { percentile } from './lib/stats.ts';
 
 const { values } = parseArgs({
   options: {
@@ -73,15 +74,6 @@ async function startBase(dir: string, url: string): Promise<{ url: string; child
     });
   });
   return { url: served, child };
-}
-
-/** numpy's default (linear) percentile over sorted values. */
-function percentile(sorted: readonly number[], q: number): number {
-  if (sorted.length === 0) return Number.NaN;
-  const pos = (q / 100) * (sorted.length - 1);
-  const lo = Math.floor(pos);
-  const hi = Math.ceil(pos);
-  return (sorted[lo] as number) + ((sorted[hi] as number) - (sorted[lo] as number)) * (pos - lo);
 }
 
 const backend = await spawnFixedBackend(20, 10);

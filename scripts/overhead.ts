@@ -22,6 +22,7 @@ import { parseArgs } from 'node:util';
 import { startChildFleet, startChildGateway } from '../src/bench/processes.ts';
 import { type BenchResult, runBench } from '../src/bench/run.ts';
 import { spawnFixedBackend } from './lib/spawn-fixed-backend.ts';
+import { cpuSeconds } from './lib/stats.ts';
 
 const { values } = parseArgs({
   options: {
@@ -186,9 +187,9 @@ const rows = [
       seed: 2,
       progress: false,
     });
-    const cpu0 = await cpuSeconds(gw.child.pid!);
+    const cpu0 = cpuSeconds(gw.child.pid!);
     const via = await peak(gw.url);
-    const cpu1 = await cpuSeconds(gw.child.pid!);
+    const cpu1 = cpuSeconds(gw.child.pid!);
     console.log('Fixed backend (TTFT 20 ms, a token every 10 ms), direct then through the gateway:\n');
     console.log(fixedRows.join('\n'));
     console.log('\nSimulated H100 replicas, A/A and A/B at the same time:\n');
@@ -208,10 +209,4 @@ const rows = [
     await gw.stop();
     await fleet.stop();
   }
-}
-
-async function cpuSeconds(pid: number): Promise<number> {
-  const { readFileSync } = await import('node:fs');
-  const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
-  return (Number(f[11]) + Number(f[12])) / 100;
 }

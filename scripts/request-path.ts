@@ -18,7 +18,7 @@
 // queued or refused: what is measured is the per-request work of every stage, not a decision.
 // `--profile DIR` also runs slagate alone under --cpu-prof at the highest level of --levels (short
 // prompts) and prints the top functions by self time (scripts/lib/cpu-profile.ts).
-import { mkdirSync, readdirSync, readFileSync } from 'node:fs';
+import { mkdirSync, readdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { startChildGateway } from '../src/bench/processes.ts';
@@ -28,6 +28,7 @@ import type { Workload, WorkloadRequest } from '../src/bench/workloads.ts';
 import { Rng } from '../src/sim/rng.ts';
 import { summarizeProfile } from './lib/cpu-profile.ts';
 import { type Spawned, spawnFixedBackend, spawnFloor } from './lib/spawn-fixed-backend.ts';
+import { cpuSeconds, percentile } from './lib/stats.ts';
 
 const { values } = parseArgs({
   options: {
@@ -77,20 +78,6 @@ function uniqueWorkload(kind: 'short' | 'long', n: number, outputTokens: number,
       return req;
     },
   };
-}
-
-function cpuSeconds(pid: number): number {
-  const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
-  return (Number(f[11]) + Number(f[12])) / 100;
-}
-
-/** numpy's default (linear) percentile over sorted values. */
-function percentile(sorted: readonly number[], q: number): number {
-  if (sorted.length === 0) return Number.NaN;
-  const pos = (q / 100) * (sorted.length - 1);
-  const lo = Math.floor(pos);
-  const hi = Math.ceil(pos);
-  return sorted[lo]! + (sorted[hi]! - sorted[lo]!) * (pos - lo);
 }
 
 function gatewayYaml(url: string, dir: string): string {

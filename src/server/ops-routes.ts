@@ -70,7 +70,7 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
       },
       admission: {
         prediction_error: rt.admission.predictionError(),
-        requests: rt.metrics.decisionCounts(),
+        requests: await rt.metrics.decisionCounts(),
         prefix_hit_ratio: rt.metrics.prefixHit(),
       },
       store: live.store,

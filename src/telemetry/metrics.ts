@@ -94,11 +94,6 @@ export class GatewayMetrics {
   private readonly series = new Map<string, ClassSeries>();
   private prefixHitTokens = 0;
   private prefixPromptTokens = 0;
-  /** Requests by decision and reason since start, for the dashboard (the counter's own values are async). */
-  private readonly decisions: Record<'admitted' | 'refused', Record<string, number>> = {
-    admitted: {},
-    refused: {},
-  };
 
   constructor(classes: Readonly<Record<string, ClassTargets>>, opts: MetricsOptions = {}) {
     const reg = this.registry;
@@ -242,8 +237,6 @@ export class GatewayMetrics {
       byReason.set(r.reason, adm);
     }
     adm.inc();
-    const counts = this.decisions[r.decision];
-    counts[r.reason] = (counts[r.reason] ?? 0) + 1;
     if (r.sla_met === true) c.slaMet.inc();
     if (r.queue_ms !== null && r.outcome !== 'client_cancelled') s.queue.observe(r.queue_ms / 1000);
     if (r.decision === 'refused') return;
@@ -257,14 +250,21 @@ export class GatewayMetrics {
     if (r.prefix_hit_est !== null && r.prompt_tokens_est !== null) {
       this.prefixHitTokens = this.prefixHitTokens * PREFIX_DECAY + r.prefix_hit_est * r.prompt_tokens_est;
       this.prefixPromptTokens = this.prefixPromptTokens * PREFIX_DECAY + r.prompt_tokens_est;
-      if (this.prefixPromptTokens > 0)
-        this.prefixHitRatio.set(this.prefixHitTokens / this.prefixPromptTokens);
+      const hit = this.prefixHit();
+      if (hit !== null) this.prefixHitRatio.set(hit);
     }
   }
 
-  /** Requests counted so far by decision and reason (the admission counter's values). */
-  decisionCounts(): Readonly<Record<'admitted' | 'refused', Readonly<Record<string, number>>>> {
-    return this.decisions;
+  /** Requests counted so far by decision and reason: slagate_admission_total summed over classes. */
+  async decisionCounts(): Promise<Record<'admitted' | 'refused', Record<string, number>>> {
+    const counts: Record<'admitted' | 'refused', Record<string, number>> = { admitted: {}, refused: {} };
+    for (const { value, labels } of (await this.admission.get()).values) {
+      const by = counts[labels.decision as 'admitted' | 'refused'];
+      if (by === undefined) continue;
+      const reason = String(labels.reason);
+      by[reason] = (by[reason] ?? 0) + value;
+    }
+    return counts;
   }
 
   /** The prefix hit ratio gauge's value; null until a request carried an estimate. */

@@ -1,10 +1,8 @@
 // `bench compare`: the pure parts on hand-made data, then real runs (simulated fleets and
 // gateways as child processes on 127.0.0.1, no mocks) through runCompare and through the CLI.
-import { spawn } from 'node:child_process';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { RequestRecord } from '../../src/bench/client.ts';
 import { type CompareResult, runCompare } from '../../src/bench/compare.ts';
@@ -12,8 +10,8 @@ import { gatewayConfig, parsePolicies, parsePolicyItem } from '../../src/bench/c
 import { goodputRate, prefixHitRate, runFigures, sumCounter } from '../../src/bench/compare-report.ts';
 import { computeMetrics } from '../../src/bench/metrics.ts';
 import { ROUTER_POLICIES } from '../../src/config/schema.ts';
+import { runSlagate } from '../helpers/cli.ts';
 
-const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
 const SLO = { ttft: 500, tpot: 50 };
 
 let dir: string;
@@ -296,22 +294,7 @@ describe('runCompare on real processes', () => {
   }, 120_000);
 });
 
-function cli(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const child = spawn(process.execPath, [BIN, 'bench', 'compare', ...args], {
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d: Buffer) => {
-      stdout += d.toString();
-    });
-    child.stderr.on('data', (d: Buffer) => {
-      stderr += d.toString();
-    });
-    child.once('close', (code) => resolve({ code, stdout, stderr }));
-  });
-}
+const cli = (args: string[]) => runSlagate(['bench', 'compare', ...args]);
 
 describe('slagate bench compare', () => {
   it('prints only the table on stdout and saves the JSON of a sweep', async () => {
@@ -332,11 +315,11 @@ describe('slagate bench compare', () => {
       '--save-result',
       file,
     ]);
-    expect(r.code, r.stderr).toBe(0);
+    expect(r.code, r.err).toBe(0);
     // Progress on stderr, one line as each run starts and ends.
-    expect(r.stderr).toContain('[1/2] round_robin at 20 req/s');
-    expect(r.stderr).toContain('[2/2] round_robin at 40 req/s');
-    const lines = r.stdout.trimEnd().split('\n');
+    expect(r.err).toContain('[1/2] round_robin at 20 req/s');
+    expect(r.err).toContain('[2/2] round_robin at 40 req/s');
+    const lines = r.out.trimEnd().split('\n');
     expect(lines[0]).toMatch(/^policy\s+rate\s+ok\/sent\s+goodput\/s\s+attain\s+P50 TTFT ms/);
     expect(lines[1]).toMatch(/^round_robin\s+20\s+\d+\/12\s/);
     expect(lines[2]).toMatch(/^round_robin\s+40\s+\d+\/12\s/);
@@ -400,8 +383,8 @@ describe('slagate bench compare', () => {
   it('exits 2 with a one-line error and a pointer to --help on a bad policy item', async () => {
     const r = await cli(['--policies', 'round_robin,bogus/fcfs', '--requests', '4']);
     expect(r.code).toBe(2);
-    expect(r.stdout).toBe('');
-    expect(r.stderr.trimEnd().split('\n')).toEqual([
+    expect(r.out).toBe('');
+    expect(r.err.trimEnd().split('\n')).toEqual([
       expect.stringMatching(/^slagate bench compare: --policies: unknown router "bogus"/),
       'see: slagate bench compare --help',
     ]);

@@ -2,52 +2,28 @@
 // simulated fleets and gateways in child processes) written by the CLI, opened in Debian's
 // headless Chromium with playwright-core: no page errors, and one chart per policy for each
 // latency distribution plus the charts across rates.
-import { spawn } from 'node:child_process';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath, pathToFileURL } from 'node:url';
-import { type BrowserContext, chromium } from 'playwright-core';
+import { pathToFileURL } from 'node:url';
+import type { BrowserContext } from 'playwright-core';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { byPercentile } from '../../src/bench/html-report.ts';
-
-const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
-const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
+import { launchChromium } from '../helpers/chromium.ts';
+import { runSlagate } from '../helpers/cli.ts';
 
 let dir: string;
 let browser: BrowserContext;
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'slagate-report-'));
-  browser = await chromium.launchPersistentContext(join(dir, 'profile'), {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: [
-      '--no-sandbox',
-      '--disable-gpu',
-      '--disable-background-networking',
-      '--disable-component-update',
-      '--disable-sync',
-      '--no-first-run',
-    ],
-  });
+  browser = await launchChromium(join(dir, 'profile'));
 });
 afterAll(async () => {
   await browser?.close();
   await rm(dir, { recursive: true, force: true });
 });
 
-function compare(args: string[]): Promise<{ code: number | null; stderr: string }> {
-  return new Promise((resolve) => {
-    const child = spawn(process.execPath, [BIN, 'bench', 'compare', ...args], {
-      stdio: ['ignore', 'ignore', 'pipe'],
-    });
-    let stderr = '';
-    child.stderr.on('data', (d: Buffer) => {
-      stderr += d.toString();
-    });
-    child.once('close', (code) => resolve({ code, stderr }));
-  });
-}
+const compare = (args: string[]) => runSlagate(['bench', 'compare', ...args]);
 
 it('byPercentile takes the nearest rank at each percentile', () => {
   expect(byPercentile([])).toBeNull();
@@ -76,7 +52,7 @@ it('bench compare --report writes a page that opens without errors, one chart pe
     '--report',
     file,
   ]);
-  expect(r.code, r.stderr).toBe(0);
+  expect(r.code, r.err).toBe(0);
   const html = await readFile(file, 'utf8');
   // Self-contained: no script or stylesheet from anywhere.
   expect(html).not.toMatch(/<script[^>]+src=|<link[^>]+stylesheet/);

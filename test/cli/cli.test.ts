@@ -1,30 +1,14 @@
 // The command line as a new user meets it: the real bin/slagate.js in a child process, its exact
 // stdout, stderr and exit code.
-import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
+import { runSlagate } from '../helpers/cli.ts';
 
-const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
 const PKG = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as {
   version: string;
 };
 
-function run(args: string[]): Promise<{ code: number | null; out: string; err: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let out = '';
-    let err = '';
-    child.stdout.on('data', (c: Buffer) => {
-      out += c.toString();
-    });
-    child.stderr.on('data', (c: Buffer) => {
-      err += c.toString();
-    });
-    child.once('error', reject);
-    child.once('close', (code) => resolve({ code, out, err }));
-  });
-}
+const run = runSlagate;
 
 describe('slagate command line', () => {
   it('--version prints the package version and exits 0', async () => {

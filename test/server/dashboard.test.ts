@@ -4,12 +4,12 @@
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { type BrowserContext, chromium, type Page } from 'playwright-core';
+import type { BrowserContext, Page } from 'playwright-core';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { runBench } from '../../src/bench/run.ts';
 import { startTestGateway, type TestGateway } from '../gateway/harness.ts';
+import { launchChromium } from '../helpers/chromium.ts';
 
-const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
 const ARTIFACTS = join(import.meta.dirname, '..', '..', 'test-results');
 
 let t: TestGateway;
@@ -18,19 +18,7 @@ let browser: BrowserContext;
 beforeAll(async () => {
   t = await startTestGateway({ replicas: 3, timeScale: 0.2 });
   profile = mkdtempSync(join(tmpdir(), 'slagate-chromium-'));
-  browser = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    viewport: { width: 1400, height: 1100 },
-    args: [
-      '--no-sandbox',
-      '--disable-gpu',
-      '--disable-background-networking',
-      '--disable-component-update',
-      '--disable-sync',
-      '--no-first-run',
-    ],
-  });
+  browser = await launchChromium(profile, { width: 1400, height: 1100 });
 });
 afterAll(async () => {
   await browser?.close();

@@ -1,0 +1,17 @@
+// Small measurements the benchmark scripts share.
+import { readFileSync } from 'node:fs';
+
+/** numpy's default (linear) percentile over sorted values; NaN (printed "NaN", never 0) when empty. */
+export function percentile(sorted: readonly number[], q: number): number {
+  if (sorted.length === 0) return Number.NaN;
+  const pos = (q / 100) * (sorted.length - 1);
+  const lo = Math.floor(pos);
+  const hi = Math.ceil(pos);
+  return sorted[lo]! + (sorted[hi]! - sorted[lo]!) * (pos - lo);
+}
+
+/** A process's CPU time so far (utime + stime from /proc, 10 ms ticks), in seconds. Linux only. */
+export function cpuSeconds(pid: number): number {
+  const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+  return (Number(f[11]) + Number(f[12])) / 100;
+}
