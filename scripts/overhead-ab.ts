@@ -9,7 +9,8 @@
 // The three paths take turns: each level runs `rounds` rounds, and in every round each path sends
 // requests/rounds requests, in an order that rotates from round to round, so that slow drift of the
 // machine (two cores shared by the client, the backend and the gateways) falls on every path alike.
-// Samples are pooled per path. Every gateway runs in its own process with the same YAML (keys both
+// Samples are pooled per path, and each gateway process's CPU time (utime + stime) over its own
+// rounds is divided by its requests. Every gateway runs in its own process with the same YAML (keys both
 // versions know), the client (`slagate bench`, ShareGPT-like prompts, ~64-token outputs, closed
 // loop at fixed concurrency) in this one.
 import { type ChildProcess, spawn } from 'node:child_process';
@@ -20,7 +21,7 @@ import { parseArgs } from 'node:util';
 import { startChildGateway, stopChild } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
 import { spawnFixedBackend } from './lib/spawn-fixed-backend.ts';
-import { percentile } from './lib/stats.ts';
+import { cpuSeconds, percentile } from './lib/stats.ts';
 
 const { values } = parseArgs({
   options: {
@@ -85,9 +86,14 @@ const paths: [string, string][] = [
   ['base', base.url],
   ['head', head.url],
 ];
+/** The gateway processes, whose CPU time over their own rounds is counted per request. */
+const pids = new Map<string, number>([
+  ['base', base.child.pid!],
+  ['head', head.child.pid!],
+]);
 const rows = [
-  '| streams | requests per path | TTFT p50 direct / base / HEAD ms | added p50 base / HEAD (HEAD − base) ms | TTFT p99 direct / base / HEAD ms | added p99 base / HEAD ms | TPOT p50 direct / base / HEAD ms | failed |',
-  '|---|---|---|---|---|---|---|---|',
+  '| streams | requests per path | TTFT p50 direct / base / HEAD ms | added p50 base / HEAD (HEAD − base) ms | TTFT p99 direct / base / HEAD ms | added p99 base / HEAD ms | TPOT p50 direct / base / HEAD ms | gateway CPU ms per request base / HEAD | failed |',
+  '|---|---|---|---|---|---|---|---|---|',
 ];
 try {
   for (const c of levels) {
@@ -95,6 +101,10 @@ try {
     const per = Math.ceil(total / rounds);
     const ttft = new Map<string, number[]>(paths.map(([name]) => [name, []]));
     const tpot = new Map<string, number[]>(paths.map(([name]) => [name, []]));
+    const cpu = new Map<string, number>([
+      ['base', 0],
+      ['head', 0],
+    ]);
     let failed = 0;
     const bench = (target: string, k: number, seed: number) =>
       runBench({
@@ -110,7 +120,10 @@ try {
     for (let r = 0; r < rounds; r++) {
       for (let i = 0; i < paths.length; i++) {
         const [name, url] = paths[(i + r) % paths.length]!;
+        const pid = pids.get(name);
+        const cpuBefore = pid === undefined ? 0 : cpuSeconds(pid);
         const res = await bench(url, per, r + 1);
+        if (pid !== undefined) cpu.set(name, cpu.get(name)! + cpuSeconds(pid) - cpuBefore);
         failed += res.metrics.failed;
         for (const rec of res.records) {
           if (!rec.success) continue;
@@ -130,8 +143,9 @@ try {
     const [d50, b50, h50] = ['direct', 'base', 'head'].map((n) => q(ttft, n, 50)) as [number, number, number];
     const [d99, b99, h99] = ['direct', 'base', 'head'].map((n) => q(ttft, n, 99)) as [number, number, number];
     const tp = ['direct', 'base', 'head'].map((n) => f(q(tpot, n, 50))).join(' / ');
+    const cpuMs = ['base', 'head'].map((n) => f((cpu.get(n)! * 1000) / (per * rounds))).join(' / ');
     rows.push(
-      `| ${c} | ${per * rounds} | ${f(d50)} / ${f(b50)} / ${f(h50)} | ${sign(b50 - d50)} / ${sign(h50 - d50)} (${sign(h50 - b50)}) | ${f(d99)} / ${f(b99)} / ${f(h99)} | ${sign(b99 - d99)} / ${sign(h99 - d99)} | ${tp} | ${failed} |`,
+      `| ${c} | ${per * rounds} | ${f(d50)} / ${f(b50)} / ${f(h50)} | ${sign(b50 - d50)} / ${sign(h50 - d50)} (${sign(h50 - b50)}) | ${f(d99)} / ${f(b99)} / ${f(h99)} | ${sign(b99 - d99)} / ${sign(h99 - d99)} | ${tp} | ${cpuMs} | ${failed} |`,
     );
     console.error(rows.at(-1));
   }

@@ -41,6 +41,8 @@ import type { Runtime } from './runtime.ts';
 declare module 'fastify' {
   interface FastifyRequest {
     admission: RequestRecord | null;
+    /** A JSON body's bytes as received: the upstream body is built from them (upstream/payload.ts). */
+    rawBody: Buffer | null;
   }
 }
 
@@ -100,6 +102,14 @@ export function buildApp(rt: Runtime): FastifyInstance {
   });
 
   app.decorateRequest('admission', null);
+  app.decorateRequest('rawBody', null);
+  // fastify's own JSON parser (its errors, its poisoning checks), keeping the bytes it parsed.
+  const parseJson = app.getDefaultJsonParser('error', 'error');
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body, done) => {
+    request.rawBody = body as Buffer;
+    parseJson(request, (body as Buffer).toString('utf8'), done);
+  });
 
   app.addHook('onRequest', async (request, reply) => {
     // Every request under /v1 is inference-shaped (a 404 there included) except listing models.

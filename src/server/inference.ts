@@ -85,6 +85,7 @@ export async function handleInference(
       {
         res: reply.raw,
         body: ir.body,
+        rawBody: request.rawBody,
         path: ENDPOINT_PATHS[endpoint] as '/v1/chat/completions' | '/v1/completions',
         mode: ir.mode,
         assembleKind: ir.assembleKind,

@@ -1,5 +1,6 @@
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
 import type { AdmissionRecord } from './admission-log.ts';
+import { BatchHistogram, type BatchHistogramChild } from './batch-histogram.ts';
 import type { Outcome } from './outcome.ts';
 
 export interface ClassTargets {
@@ -68,7 +69,7 @@ interface ClassSeries {
 interface SeriesBundle {
   ttft: HistogramChild;
   tpot: HistogramChild;
-  itl: HistogramChild;
+  itl: BatchHistogramChild;
   e2e: HistogramChild;
   queue: HistogramChild;
   requests: Map<Outcome, CounterChild>;
@@ -78,7 +79,7 @@ export class GatewayMetrics {
   readonly registry = new Registry();
   private readonly ttft: Histogram<'class' | 'backend'>;
   private readonly tpot: Histogram<'class' | 'backend'>;
-  private readonly itl: Histogram<'class' | 'backend'>;
+  private readonly itl: BatchHistogram<'class' | 'backend'>;
   private readonly e2e: Histogram<'class' | 'backend'>;
   private readonly queueWait: Histogram<'class' | 'backend'>;
   private readonly overhead: Histogram<string>;
@@ -124,7 +125,14 @@ export class GatewayMetrics {
       'Time per output token after the first, per request.',
       tpotBuckets,
     );
-    this.itl = perRequest('itl_seconds', 'Gap between successive streamed chunks.', tpotBuckets);
+    // One request's gaps are counted in one call when it ends (batch-histogram.ts).
+    this.itl = new BatchHistogram({
+      name: `${PREFIX}itl_seconds`,
+      help: 'Gap between successive streamed chunks.',
+      labelNames: ['class', 'backend'] as const,
+      buckets: tpotBuckets,
+      registers: [reg],
+    });
     this.e2e = perRequest(
       'e2e_seconds',
       'Arrival at the gateway to the last byte, requests that completed (outcome ok).',
@@ -245,7 +253,7 @@ export class GatewayMetrics {
     if (r.outcome === 'ok') {
       if (r.tpot_ms !== null) s.tpot.observe(r.tpot_ms / 1000);
       if (r.e2e_ms !== null) s.e2e.observe(r.e2e_ms / 1000);
-      if (itlMs) for (let i = 0; i < itlMs.length; i++) s.itl.observe(itlMs[i]! / 1000);
+      if (itlMs) s.itl.observeMany(itlMs, 1000);
     }
     if (r.prefix_hit_est !== null && r.prompt_tokens_est !== null) {
       this.prefixHitTokens = this.prefixHitTokens * PREFIX_DECAY + r.prefix_hit_est * r.prompt_tokens_est;

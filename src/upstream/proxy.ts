@@ -18,6 +18,7 @@ import type { Outcome } from '../telemetry/outcome.ts';
 import type { AssembleKind } from './assemble.ts';
 import type { Backend } from './backend.ts';
 import type { FailureReason } from './failure.ts';
+import { upstreamPayload } from './payload.ts';
 import { Attempt, type AttemptEnd, type ClientMode } from './relay.ts';
 import type { RetryBudget } from './retry-budget.ts';
 import type { AcquireSlot, Slot } from './slot.ts';
@@ -29,6 +30,8 @@ export interface ProxyRequest {
   res: ServerResponse;
   /** The parsed, validated JSON body. */
   body: Record<string, unknown>;
+  /** The same body's bytes as the client sent them, or null (then it is re-serialised). */
+  rawBody: Buffer | null;
   path: UpstreamPath;
   /** How the client is answered: relayed stream, a body assembled from a stream, or passed through. */
   mode: ClientMode;
@@ -139,7 +142,12 @@ async function attemptLoop(
   budget: RetryBudget,
   signal: AbortSignal,
 ): Promise<ProxyResult> {
-  const payload = Buffer.from(JSON.stringify(upstreamBody(req)));
+  const payload = upstreamPayload({
+    raw: req.rawBody,
+    body: req.body,
+    streamed: req.mode !== 'passthrough',
+    priority: req.priority,
+  });
   const excluded = new Set<string>();
   const s: LoopState = {
     log: [],
@@ -264,24 +272,6 @@ function commitHeaders(req: ProxyRequest, backend: string, queueMs: number, slot
 /** Milliseconds for a header: a tenth of a millisecond is plenty. */
 function ms(v: number): string {
   return (Math.round(v * 10) / 10).toString();
-}
-
-/**
- * The body the backend gets: the client's, streamed with usage unless it passes through (the
- * client's own stream_options are kept apart, in `clientWantsUsage`), and the class priority when
- * forwarding it is on.
- */
-function upstreamBody(req: ProxyRequest): Record<string, unknown> {
-  const priority = req.priority === null ? {} : { priority: req.priority };
-  if (req.mode === 'passthrough') return { ...req.body, ...priority };
-  const opts = req.body.stream_options;
-  const streamOptions = opts !== null && typeof opts === 'object' ? opts : {};
-  return {
-    ...req.body,
-    ...priority,
-    stream: true,
-    stream_options: { ...streamOptions, include_usage: true },
-  };
 }
 
 function conclude(req: ProxyRequest, s: LoopState, aborted: boolean, cut: GatewayError | null): ProxyResult {

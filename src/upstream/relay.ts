@@ -121,6 +121,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
   #endedAt: number | null = null;
   #firstTokenTimer: NodeJS.Timeout | null = null;
   #idleTimer: NodeJS.Timeout | null = null;
+  /** When the idle period began: the last data event, or the arming of the idle timer. */
+  #lastDataAt = 0;
   #stallTimer: NodeJS.Timeout | null = null;
   #resolveDone!: (end: AttemptEnd) => void;
   #resolveCommit!: () => void;
@@ -335,7 +337,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
       }
     }
     if (this.#phase !== 'committed') return;
-    if (sawData) this.#idleTimer?.refresh();
+    if (sawData) this.#lastDataAt = now;
     if (assembler === null) this.#write(out);
   }
 
@@ -370,7 +372,11 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.#settleCommit(null);
   }
 
+  // The idle timer is not moved on every data event (a timer-list update per token): an event only
+  // notes its time, and the timer, when it fires, waits again for whatever is left of the period
+  // since the last one.
   #armIdle(): void {
+    this.#lastDataAt = performance.now();
     this.#idleTimer = setTimeout(this.#onIdleTimeout, this.spec.idleTimeoutMs);
   }
 
@@ -473,6 +479,12 @@ export class Attempt implements Dispatcher.DispatchHandler {
   };
 
   #onIdleTimeout = (): void => {
+    const left = this.spec.idleTimeoutMs - (performance.now() - this.#lastDataAt);
+    if (left >= 1) {
+      this.#idleTimer = setTimeout(this.#onIdleTimeout, left);
+      return;
+    }
+    this.#idleTimer = null;
     if (this.#phase === 'closing') {
       // The client has its whole answer; only the upstream's end is missing.
       const committed = this.#isCommitted();

@@ -97,6 +97,8 @@ export class SseParser {
   }
 
   #scan(chunk: Buffer): SseEvent[] {
+    const one = this.#wholeDataEvent(chunk);
+    if (one !== null) return [one];
     const events: SseEvent[] = [];
     let pos = 0;
     if (this.#skipLf && chunk.length > 0) {
@@ -144,6 +146,21 @@ export class SseParser {
     // Held parts are views: undici hands each socket read over in a fresh buffer it never reuses.
     if (eventStart < chunk.length) this.#eventParts.push(chunk.subarray(eventStart));
     return events;
+  }
+
+  /**
+   * The common case, read without the line machinery: nothing is pending and the chunk is exactly
+   * one event of one data line (`data: …` LF LF, no CR anywhere), as vLLM writes each token. The
+   * event is what #scan would make of the same bytes; anything else returns null and takes #scan.
+   */
+  #wholeDataEvent(chunk: Buffer): SseEvent | null {
+    const n = chunk.length;
+    if (this.#skipLf || this.#eventParts.length > 0 || this.#lineParts.length > 0) return null;
+    if (n < 7 || chunk[n - 1] !== LF || chunk[n - 2] !== LF) return null;
+    if (!(chunk[4] === COLON && chunk.subarray(0, 4).equals(DATA))) return null;
+    if (n - 2 > this.#maxEventBytes || chunk.indexOf(LF, 5) !== n - 2 || chunk.indexOf(CR) !== -1) return null;
+    const valueStart = chunk[5] === SPACE ? 6 : 5;
+    return new Event(chunk.subarray(valueStart, n - 2), chunk);
   }
 
   /** Guards memory: the unfinished event (and its current line) must stay under the limit. */

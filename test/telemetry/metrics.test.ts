@@ -1,6 +1,12 @@
+import { Histogram } from 'prom-client';
 import { describe, expect, it } from 'vitest';
 import type { AdmissionRecord } from '../../src/telemetry/admission-log.ts';
-import { bucketsWithTargets, createMetrics, TTFT_BUCKETS_S } from '../../src/telemetry/metrics.ts';
+import {
+  bucketsWithTargets,
+  createMetrics,
+  TPOT_BUCKETS_S,
+  TTFT_BUCKETS_S,
+} from '../../src/telemetry/metrics.ts';
 
 // The classes of DESIGN section 3.
 const CLASSES = {
@@ -146,6 +152,32 @@ describe('GatewayMetrics', () => {
     m.observeRequest(record({ ttft_ms: 200, class: 'completion' }));
     const after = parseSamples(await m.render());
     expect(value(after, 'slagate_ttft_seconds_bucket', { class: 'completion', le: '0.2' })).toBe(1);
+  });
+
+  it("counts a request's gaps into the ITL histogram as prom-client would, one by one", async () => {
+    const gaps = [1, 5, 5.0001, 30, 49.9, 50, 3000];
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    m.observeRequest(record({}), gaps);
+    m.observeRequest(record({ backend: 'gpu-1' }), [7]);
+    const ref = new Histogram({
+      name: 'ref_itl',
+      help: 'reference',
+      buckets: bucketsWithTargets(TPOT_BUCKETS_S, [50, 30, 200]),
+      registers: [],
+    });
+    for (const g of gaps) ref.observe(g / 1000);
+    const want = (await ref.get()).values;
+    const s = parseSamples(await m.render());
+    const cb = { class: 'interactive', backend: 'gpu-0' };
+    for (const v of want) {
+      const name = v.metricName!.replace('ref_itl', 'slagate_itl_seconds');
+      const labels = v.labels.le === undefined ? cb : { ...cb, le: String(v.labels.le) };
+      expect(value(s, name, labels), `${name} ${JSON.stringify(labels)}`).toBeCloseTo(v.value, 9);
+    }
+    expect(value(s, 'slagate_itl_seconds_count', { class: 'interactive', backend: 'gpu-1' })).toBe(1);
+    // A removed backend's series go with it.
+    m.removeBackend('gpu-0');
+    expect(value(parseSamples(await m.render()), 'slagate_itl_seconds_count', cb)).toBeUndefined();
   });
 
   it('counts SLA met only for records that met it, and refusals without latency samples', async () => {

@@ -235,7 +235,8 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
     const startedAt = performance.now();
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
-    const body = JSON.parse(Buffer.concat(chunks).toString('utf8')) as Record<string, unknown>;
+    const rawBody = Buffer.concat(chunks);
+    const body = JSON.parse(rawBody.toString('utf8')) as Record<string, unknown>;
     const so = body.stream_options as { include_usage?: boolean } | undefined;
     const path = (req.url ?? '/v1/chat/completions') as '/v1/chat/completions' | '/v1/completions';
     active++;
@@ -245,6 +246,7 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
         {
           res,
           body,
+          rawBody,
           path,
           mode: body.stream === true ? 'stream' : (opts.nonStreamMode ?? 'passthrough'),
           assembleKind: path === '/v1/completions' ? 'completion' : 'chat',

@@ -43,6 +43,36 @@ describe('SseParser', () => {
     expect(view(parseChunks(bytes))).toEqual(view(parseChunks([stream])));
   });
 
+  it('reads a stream sent one event per chunk (its fast path) as the same bytes whole', () => {
+    const events = [
+      'data: {"a":1}\n\n',
+      'data:{"b":2}\n\n',
+      'data: \n\n',
+      'data: cr\r\n\r\n',
+      'event: x\ndata: y\n\n',
+      'data: two\ndata: lines\n\n',
+      ': comment\n\n',
+      'data: [DONE]\n\n',
+    ];
+    const whole = parseChunks([Buffer.from(events.join(''))]);
+    const each = parseChunks(events.map((e) => Buffer.from(e)));
+    expect(each.map((e) => [e.data, e.raw.toString()])).toEqual(whole.map((e) => [e.data, e.raw.toString()]));
+    expect(each.map((e) => e.data)).toEqual([
+      '{"a":1}',
+      '{"b":2}',
+      '',
+      'cr',
+      'y',
+      'two\nlines',
+      null,
+      '[DONE]',
+    ]);
+    // A whole event right after an unfinished line belongs to that line's event.
+    const p = new SseParser({ maxEventBytes: 1024 });
+    expect(p.push(Buffer.from('data: par'))).toHaveLength(0);
+    expect(p.push(Buffer.from('data: x\n\n')).map((e) => e.data)).toEqual(['pardata: x']);
+  });
+
   it('keeps each event as its original bytes, without the BOM', () => {
     const evs = parseChunks([stream]).map((e) => e.raw.toString('utf8'));
     expect(evs[0]).toBe(': keep-alive\r\n\r\n');

@@ -1,0 +1,112 @@
+// A Prometheus histogram that takes many observations in one call: a request's inter-token gaps
+// (one per streamed chunk, dozens to thousands) are counted into its label set's buckets in one
+// tight loop when the request ends, instead of one prom-client observe() (a label lookup and a
+// bucket search) per gap. Registered in a prom-client Registry like any metric; the exposition is
+// prom-client's own (cumulative `_bucket` with `le`, `_sum`, `_count`).
+import type { Registry } from 'prom-client';
+
+/** One label set's counts: non-cumulative per bucket, +Inf last. */
+export class BatchHistogramChild {
+  readonly counts: Float64Array;
+  sum = 0;
+  count = 0;
+  readonly #upper: Float64Array;
+
+  constructor(upper: Float64Array) {
+    this.#upper = upper;
+    this.counts = new Float64Array(upper.length + 1);
+  }
+
+  /** Observes every value / `divisor` (e.g. milliseconds / 1000 for seconds). */
+  observeMany(values: ArrayLike<number>, divisor = 1): void {
+    const upper = this.#upper;
+    const n = upper.length;
+    let sum = 0;
+    for (let i = 0; i < values.length; i++) {
+      const v = (values[i] as number) / divisor;
+      sum += v;
+      // Buckets are few (about 15): a linear scan beats a binary search at this size.
+      let b = 0;
+      while (b < n && v > (upper[b] as number)) b++;
+      this.counts[b] = (this.counts[b] as number) + 1;
+    }
+    this.sum += sum;
+    this.count += values.length;
+  }
+}
+
+interface MetricValue {
+  value: number;
+  labels: Record<string, string | number>;
+  metricName: string;
+}
+
+export class BatchHistogram<L extends string> {
+  readonly name: string;
+  readonly help: string;
+  readonly type = 'histogram';
+  readonly aggregator = 'sum';
+  readonly #labelNames: readonly L[];
+  readonly #upper: Float64Array;
+  readonly #children = new Map<string, { labels: string[]; child: BatchHistogramChild }>();
+
+  constructor(opts: {
+    name: string;
+    help: string;
+    labelNames: readonly L[];
+    buckets: readonly number[];
+    registers: Registry[];
+  }) {
+    this.name = opts.name;
+    this.help = opts.help;
+    this.#labelNames = opts.labelNames;
+    this.#upper = Float64Array.from([...opts.buckets].sort((a, b) => a - b));
+    // The registry only reads name, help, type and get(); its type names prom-client's own classes.
+    for (const r of opts.registers)
+      r.registerMetric(this as unknown as Parameters<Registry['registerMetric']>[0]);
+  }
+
+  /** The child of one label set (made once; keep it). */
+  labels(...values: string[]): BatchHistogramChild {
+    const key = values.join('\u0000');
+    let entry = this.#children.get(key);
+    if (entry === undefined) {
+      entry = { labels: values, child: new BatchHistogramChild(this.#upper) };
+      this.#children.set(key, entry);
+    }
+    return entry.child;
+  }
+
+  remove(...values: string[]): void {
+    this.#children.delete(values.join('\u0000'));
+  }
+
+  reset(): void {
+    this.#children.clear();
+  }
+
+  async get(): Promise<{
+    name: string;
+    help: string;
+    type: string;
+    values: MetricValue[];
+    aggregator: string;
+  }> {
+    const values: MetricValue[] = [];
+    for (const { labels, child } of this.#children.values()) {
+      const base: Record<string, string | number> = {};
+      this.#labelNames.forEach((n, i) => {
+        base[n] = labels[i] as string;
+      });
+      let cumulative = 0;
+      for (let b = 0; b <= this.#upper.length; b++) {
+        cumulative += child.counts[b] as number;
+        const le = b < this.#upper.length ? (this.#upper[b] as number) : '+Inf';
+        values.push({ value: cumulative, labels: { ...base, le }, metricName: `${this.name}_bucket` });
+      }
+      values.push({ value: child.sum, labels: base, metricName: `${this.name}_sum` });
+      values.push({ value: child.count, labels: base, metricName: `${this.name}_count` });
+    }
+    return { name: this.name, help: this.help, type: this.type, values, aggregator: this.aggregator };
+  }
+}

@@ -1,0 +1,75 @@
+// The body the backend gets, built from the client's own bytes. Streamed upstream (every mode but
+// a pass-through), it must say `"stream": true` and ask for the usage chunk; with
+// `upstream.forward_priority` it carries the class priority. Those few members are appended to
+// the client's JSON object just before its closing brace instead of re-serialising the whole body:
+// a prompt of 32,000 characters is then copied once, never walked by JSON.stringify.
+//
+// Invariant: JSON.parse(payload) equals the client's body with the appended members set (JSON
+// parsers, Python's json that vLLM reads requests with among them, keep the last of duplicate
+// keys, so an appended `stream` overrides the client's). The parsed `stream_options` is merged,
+// not replaced: the client's other options (continuous_usage_stats, ...) go through.
+// When the raw bytes are not a plain object text (absent, a byte-order mark, trailing bytes after
+// the object), the body is re-serialised instead: same result, slower.
+
+const CLOSE_BRACE = 0x7d;
+const OPEN_BRACE = 0x7b;
+
+/** JSON whitespace (RFC 8259): space, tab, line feed, carriage return. */
+function isJsonSpace(b: number): boolean {
+  return b === 0x20 || b === 0x09 || b === 0x0a || b === 0x0d;
+}
+
+export interface PayloadSpec {
+  /** The client's body bytes as received, or null when only the parsed body is at hand. */
+  raw: Buffer | null;
+  /** The parsed, validated body (an object). */
+  body: Record<string, unknown>;
+  /** Ask the backend for a stream with usage (every mode but a pass-through). */
+  streamed: boolean;
+  /** vLLM's `priority` field, or null to leave the client's body as it is. */
+  priority: number | null;
+}
+
+/** The members the gateway sets on the upstream body, in the order they are appended. */
+function overrides(spec: PayloadSpec): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  if (spec.priority !== null) out.priority = spec.priority;
+  if (spec.streamed) {
+    const opts = spec.body.stream_options;
+    const streamOptions = opts !== null && typeof opts === 'object' ? opts : {};
+    out.stream = true;
+    out.stream_options = { ...streamOptions, include_usage: true };
+  }
+  return out;
+}
+
+export function upstreamPayload(spec: PayloadSpec): Buffer {
+  const set = overrides(spec);
+  const keys = Object.keys(set);
+  const { raw } = spec;
+  if (keys.length === 0 && raw !== null) return raw;
+  const close = raw === null ? -1 : closingBrace(raw);
+  if (raw === null || close < 0) return Buffer.from(JSON.stringify({ ...spec.body, ...set }));
+  let tail = '';
+  for (const k of keys) tail += `,${JSON.stringify(k)}:${JSON.stringify(set[k])}`;
+  // An empty object gets no leading comma (the validated body never is one; kept correct anyway).
+  if (Object.keys(spec.body).length === 0) tail = tail.slice(1);
+  const out = Buffer.allocUnsafe(close + Buffer.byteLength(tail) + 1);
+  raw.copy(out, 0, 0, close);
+  const end = close + out.write(tail, close);
+  out[end] = CLOSE_BRACE;
+  return out;
+}
+
+/**
+ * The offset of the object's closing brace, or -1 when the bytes are not `{ ... }` with nothing
+ * but whitespace around it.
+ */
+function closingBrace(raw: Buffer): number {
+  let start = 0;
+  while (start < raw.length && isJsonSpace(raw[start]!)) start++;
+  if (raw[start] !== OPEN_BRACE) return -1;
+  let end = raw.length - 1;
+  while (end > start && isJsonSpace(raw[end]!)) end--;
+  return end > start && raw[end] === CLOSE_BRACE ? end : -1;
+}

@@ -1,0 +1,67 @@
+// The upstream body built from the client's bytes parses to the same object a re-serialisation
+// would have produced, and the client's own bytes are kept (a re-serialised body would turn the
+// `\u00e9` escape below into the character itself).
+import { describe, expect, it } from 'vitest';
+import { upstreamPayload } from '../../src/upstream/payload.ts';
+
+const ESCAPED = '{"model":"m","messages":[{"role":"user","content":"caf\\u00e9"}]';
+
+function spec(rawText: string | null, extra: { streamed?: boolean; priority?: number | null } = {}) {
+  const raw = rawText === null ? null : Buffer.from(rawText);
+  const body = JSON.parse(rawText ?? '{"model":"m","messages":[]}') as Record<string, unknown>;
+  return { raw, body, streamed: extra.streamed ?? true, priority: extra.priority ?? null };
+}
+
+describe('upstreamPayload', () => {
+  it('asks for a stream with usage, keeping the client bytes', () => {
+    const s = spec(`${ESCAPED},"stream":false,"max_tokens":5}`);
+    const out = upstreamPayload(s).toString();
+    expect(JSON.parse(out)).toEqual({ ...s.body, stream: true, stream_options: { include_usage: true } });
+    expect(out.startsWith(`${ESCAPED},"stream":false,"max_tokens":5,`)).toBe(true);
+  });
+
+  it("merges the client's stream_options and overrides its include_usage", () => {
+    const s = spec(
+      `${ESCAPED},"stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true}}`,
+    );
+    expect(JSON.parse(upstreamPayload(s).toString())).toMatchObject({
+      stream: true,
+      stream_options: { include_usage: true, continuous_usage_stats: true },
+    });
+  });
+
+  it('adds the priority, and nothing else to a pass-through body', () => {
+    const s = spec(`${ESCAPED},"stream":false}`, { streamed: false, priority: 3 });
+    expect(JSON.parse(upstreamPayload(s).toString())).toEqual({ ...s.body, priority: 3 });
+  });
+
+  it('sends a pass-through body without priority as received', () => {
+    const s = spec(`${ESCAPED}}`, { streamed: false });
+    expect(upstreamPayload(s)).toBe(s.raw);
+  });
+
+  it('accepts whitespace around the object', () => {
+    const s = spec(` \n${ESCAPED} }\r\n\t`);
+    const out = upstreamPayload(s).toString();
+    expect(JSON.parse(out)).toEqual({ ...s.body, stream: true, stream_options: { include_usage: true } });
+    expect(out).toContain('caf\\u00e9');
+  });
+
+  it('re-serialises what it cannot splice: a byte-order mark, no bytes', () => {
+    for (const s of [spec(`${ESCAPED}}`), spec(null)]) {
+      if (s.raw !== null) s.raw = Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), s.raw]);
+      const out = upstreamPayload(s).toString();
+      expect(JSON.parse(out)).toEqual({ ...s.body, stream: true, stream_options: { include_usage: true } });
+      expect(out).not.toContain('\\u00e9');
+    }
+  });
+
+  it('gives an empty object no stray comma', () => {
+    const s = spec('{ }', { priority: 1 });
+    expect(JSON.parse(upstreamPayload(s).toString())).toEqual({
+      priority: 1,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+  });
+});
