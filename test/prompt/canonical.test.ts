@@ -84,12 +84,16 @@ describe('promptBlocks', () => {
   });
 
   it('text prompts hash their characters wherever they were split; id prompts hash ids as the simulator does', () => {
-    const text = 'lorem ipsum dolor sit amet '.repeat(40);
+    // Long pieces are read through a scratch array, short ones with charCodeAt: the same units.
+    // Non-Latin-1 and astral characters; longer than the first scratch array; after a longer text.
+    const text = 'lorem ipsum dolor sit amet é€𝄞 '.repeat(200);
+    new TextBlocks(CHARS).add('z'.repeat(20_000));
     const whole = new TextBlocks(CHARS);
     whole.add(text);
     const pieces = new TextBlocks(CHARS);
     for (let i = 0; i < text.length; i += 7) pieces.add(text.slice(i, i + 7));
     expect(pieces.hashes).toEqual(whole.hashes);
+    expect(whole.hashes.length).toBe(Math.floor(text.length / CHARS));
     expect(promptBlocks({ kind: 'text', texts: [text] }, BLOCK).hashes).toEqual(whole.hashes);
     const ids = Array.from({ length: 100 }, (_, i) => i * 7);
     const p = promptBlocks({ kind: 'ids', ids: [ids] }, BLOCK);
