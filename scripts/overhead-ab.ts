@@ -5,6 +5,7 @@
 //
 //   git worktree add /tmp/slagate-base <commit> && (cd /tmp/slagate-base && npm ci)
 //   npx tsx scripts/overhead-ab.ts --base /tmp/slagate-base [--levels 1,32] [--rounds 6]
+//                                  [--workload sharegpt|unique]
 //
 // The three paths take turns: each level runs `rounds` rounds, and in every round each path sends
 // requests/rounds requests, in an order that rotates from round to round, so that slow drift of the
@@ -12,7 +13,8 @@
 // Samples are pooled per path, and each gateway process's CPU time (utime + stime) over its own
 // rounds is divided by its requests. Every gateway runs in its own process with the same YAML (keys both
 // versions know), the client (`slagate bench`, ShareGPT-like prompts, ~64-token outputs, closed
-// loop at fixed concurrency) in this one.
+// loop at fixed concurrency; or with `--workload unique` unique 512-character prompts and 32-token
+// outputs, the request-path benchmark's short requests) in this one.
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -22,6 +24,7 @@ import { startChildGateway, stopChild } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
 import { spawnFixedBackend } from './lib/spawn-fixed-backend.ts';
 import { cpuSeconds, percentile } from './lib/stats.ts';
+import { uniqueWorkload } from './lib/unique-workload.ts';
 
 const { values } = parseArgs({
   options: {
@@ -29,12 +32,17 @@ const { values } = parseArgs({
     levels: { type: 'string', default: '1,32' },
     rounds: { type: 'string', default: '6' },
     requests: { type: 'string', default: '0' },
+    workload: { type: 'string', default: 'sharegpt' },
   },
 });
 if (values.base === undefined) throw new Error('--base DIR is required (a checkout with node_modules)');
 const levels = values.levels!.split(',').map(Number);
 const rounds = Number(values.rounds);
 const SHORT = { sharegpt: { outputMedian: 64, outputSigma: 0.5 } };
+if (values.workload !== 'sharegpt' && values.workload !== 'unique')
+  throw new Error('--workload is sharegpt or unique');
+/** `unique`: 512-character prompts no two requests share and 32-token outputs (scripts/lib/unique-workload.ts). */
+const UNIQUE = values.workload === 'unique';
 
 function yaml(url: string, dir: string): string {
   return [
@@ -109,8 +117,9 @@ try {
     const bench = (target: string, k: number, seed: number) =>
       runBench({
         target,
-        workload: 'sharegpt',
-        workloadParams: SHORT,
+        ...(UNIQUE
+          ? { workload: uniqueWorkload('short', k, 32, seed) }
+          : { workload: 'sharegpt' as const, workloadParams: SHORT }),
         concurrency: c,
         requests: k,
         seed,

@@ -17,18 +17,18 @@
 // slagate runs with targets no load here reaches and concurrency limits above 256, so nothing is
 // queued or refused: what is measured is the per-request work of every stage, not a decision.
 // `--profile DIR` also runs slagate alone under --cpu-prof at the highest level of --levels (short
-// prompts) and prints the top functions by self time (scripts/lib/cpu-profile.ts).
+// prompts) and prints the top functions by self time and the CPU per request by the gateway's own
+// module (scripts/lib/cpu-profile.ts).
 import { mkdirSync, readdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { startChildGateway } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
-import { syntheticText } from '../src/bench/text.ts';
-import type { Workload, WorkloadRequest } from '../src/bench/workloads.ts';
-import { Rng } from '../src/sim/rng.ts';
-import { summarizeProfile } from './lib/cpu-profile.ts';
+import type { Workload } from '../src/bench/workloads.ts';
+import { summarizeByModule, summarizeProfile } from './lib/cpu-profile.ts';
 import { type Spawned, spawnFixedBackend, spawnFloor } from './lib/spawn-fixed-backend.ts';
 import { cpuSeconds, percentile } from './lib/stats.ts';
+import { uniqueWorkload } from './lib/unique-workload.ts';
 
 const { values } = parseArgs({
   options: {
@@ -51,34 +51,6 @@ function requestsFor(streams: number, kind: 'short' | 'long'): number {
   return kind === 'short' ? 4000 : 1024;
 }
 const outputFor = (streams: number) => (streams >= 256 ? 64 : 32);
-
-/** Unique prompts, made before any clock starts; each begins with its own nonce. */
-function uniqueWorkload(kind: 'short' | 'long', n: number, outputTokens: number, seed: number): Workload {
-  const rng = new Rng(seed);
-  const prompts: string[] = [];
-  for (let i = 0; i < n; i++) {
-    const nonce = `Request ${seed}-${i}-${rng.int(0, 1e9)}. `;
-    prompts.push(
-      kind === 'short' ? (nonce + syntheticText(rng, 140)).slice(0, 512) : nonce + syntheticText(rng, 8000),
-    );
-  }
-  let i = 0;
-  return {
-    name: 'sharegpt',
-    ignoreEos: true,
-    next(): WorkloadRequest {
-      const content = prompts[i % n]!;
-      const req = {
-        index: i,
-        messages: [{ role: 'user' as const, content }],
-        promptTokens: Math.round(content.length / 4),
-        outputTokens,
-      };
-      i++;
-      return req;
-    },
-  };
-}
 
 function gatewayYaml(url: string, dir: string): string {
   return [
@@ -216,4 +188,6 @@ if (values.profile !== undefined) {
     `CPU profile of slagate at ${streams} streams, ${n + 2 * streams} requests of short prompts, ${outputFor(streams)}-token outputs: ${join(dir, file)}`,
   );
   for (const l of summarizeProfile(join(dir, file), 25)) out(l);
+  out('');
+  for (const l of summarizeByModule(join(dir, file), n + 2 * streams)) out(l);
 }

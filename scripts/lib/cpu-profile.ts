@@ -49,3 +49,72 @@ function shorten(url: string): string {
   if (nm >= 0) return path.slice(nm + 'node_modules/'.length);
   return path.startsWith('/') ? relative(process.cwd(), path) : path;
 }
+
+/**
+ * CPU per request by the gateway's own module: each sample goes to the deepest `src/` file on its
+ * stack (so Node's and the libraries' work counts for the gateway code that called it; samples
+ * with none of it on the stack go to the library, or to the V8/Node entry, they ran in). Only
+ * samples from the first one inside `startAt` on are counted (start-up excluded).
+ */
+export function summarizeByModule(file: string, requests: number, startAt = 'handleInference'): string[] {
+  const prof = JSON.parse(readFileSync(file, 'utf8')) as Profile & {
+    nodes: (ProfileNode & { children?: number[] })[];
+  };
+  const byId = new Map(prof.nodes.map((n) => [n.id, n]));
+  const parent = new Map<number, number>();
+  for (const n of prof.nodes) for (const c of n.children ?? []) parent.set(c, n.id);
+  const sums = new Map<string, number>();
+  let started = false;
+  let busy = 0;
+  for (let i = 0; i < prof.samples.length - 1; i++) {
+    const us = prof.timeDeltas[i + 1] ?? 0;
+    const stack: ProfileNode[] = [];
+    for (let id: number | undefined = prof.samples[i]; id !== undefined; id = parent.get(id)) {
+      stack.push(byId.get(id)!);
+    }
+    if (!started) {
+      if (!stack.some((n) => n.callFrame.functionName === startAt)) continue;
+      started = true;
+    }
+    const leaf = stack[0]!.callFrame;
+    if (leaf.functionName === '(idle)') continue;
+    busy += us;
+    const own = stack.find(
+      (n) => n.callFrame.url.includes('/src/') && !n.callFrame.url.includes('node_modules'),
+    );
+    let key: string;
+    if (own !== undefined) key = shorten(own.callFrame.url);
+    else {
+      const lib = stack.find((n) => n.callFrame.url.includes('node_modules/'));
+      key =
+        lib === undefined ? entryName(leaf.functionName) : `[${shorten(lib.callFrame.url).split('/')[0]}]`;
+    }
+    sums.set(key, (sums.get(key) ?? 0) + us);
+  }
+  const lines = [
+    `steady state: busy ${(busy / 1e6).toFixed(2)} s, ${(busy / 1000 / requests).toFixed(2)} ms per request over ${requests} requests`,
+    '',
+    '| µs per request | share of busy | where (deepest gateway file on the stack, else library or entry) |',
+    '|---|---|---|',
+  ];
+  const rows = [...sums.entries()].sort((a, b) => b[1] - a[1]);
+  for (const [k, us] of rows.slice(0, 30)) {
+    lines.push(`| ${(us / requests).toFixed(0)} | ${((100 * us) / busy).toFixed(1)}% | \`${k}\` |`);
+  }
+  return lines;
+}
+
+/** V8's own entries are already parenthesised: `(garbage collector)`, `(program)`. */
+function entryName(name: string): string {
+  if (name === '') return '(anonymous)';
+  return name.startsWith('(') ? name : `(${name})`;
+}
+
+// `npx tsx scripts/lib/cpu-profile.ts FILE.cpuprofile REQUESTS`: both summaries of a saved profile.
+if (import.meta.url === `file://${process.argv[1]}`) {
+  const [file, requests] = process.argv.slice(2);
+  if (file === undefined || requests === undefined) throw new Error('usage: cpu-profile.ts FILE REQUESTS');
+  for (const l of summarizeProfile(file, 25)) console.log(l);
+  console.log('');
+  for (const l of summarizeByModule(file, Number(requests))) console.log(l);
+}
