@@ -163,14 +163,16 @@ describe('fairness by work between tenants of one class', () => {
       { name: 'bursty', api_key_sha256: sha('key-burst'), class: 'interactive' },
       { name: 'steady', api_key_sha256: sha('key-steady'), class: 'interactive' },
     ];
+    // The fleet runs in real time (time scale 1) so that a few milliseconds of a busy machine's
+    // scheduling noise are small against the target; every figure below scales with it.
     t = await startTestGateway({
       replicas: 1,
-      timeScale: 0.5,
+      timeScale: 1,
       config: {
         tenants,
         sla: {
           default_class: 'interactive',
-          classes: { interactive: { ttft_p99_ms: 600, tpot_p99_ms: 200, priority: 0 } },
+          classes: { interactive: { ttft_p99_ms: 1200, tpot_p99_ms: 400, priority: 0 } },
         },
         scheduler: { concurrency: { min: 4, max: 4, initial: 4 } },
       },
@@ -181,12 +183,12 @@ describe('fairness by work between tenants of one class', () => {
         'x-request-id': id,
       });
     const all: Promise<unknown>[] = [];
-    // 2.5 s: the bursty tenant at 50/s, the steady one at 10/s (arrivals paced by the schedule).
+    // 5 s: the bursty tenant at 25/s, the steady one at 5/s (arrivals paced by the schedule).
     for (let i = 0; i < 125; i++) {
-      all.push(new Promise((r) => setTimeout(r, i * 20)).then(() => send('key-burst', `burst-${i}`)));
+      all.push(new Promise((r) => setTimeout(r, i * 40)).then(() => send('key-burst', `burst-${i}`)));
     }
     for (let i = 0; i < 25; i++) {
-      all.push(new Promise((r) => setTimeout(r, 10 + i * 100)).then(() => send('key-steady', `steady-${i}`)));
+      all.push(new Promise((r) => setTimeout(r, 20 + i * 200)).then(() => send('key-steady', `steady-${i}`)));
     }
     await Promise.all(all);
     const recs = await t.records();
@@ -195,7 +197,7 @@ describe('fairness by work between tenants of one class', () => {
     expect(steady).toHaveLength(25);
     // The steady tenant: every request served, every one within the target (its P99 is its max).
     expect(steady.every((r) => r.outcome === 'ok')).toBe(true);
-    expect(Math.max(...steady.map((r) => r.ttft_ms!))).toBeLessThanOrEqual(600);
+    expect(Math.max(...steady.map((r) => r.ttft_ms!))).toBeLessThanOrEqual(1200);
     // The bursty one took the capacity that was left, and what could not meet its target was refused.
     expect(bursty.some((r) => r.outcome === 'refused')).toBe(true);
     expect(bursty.filter((r) => r.outcome === 'ok').length).toBeGreaterThan(25);
