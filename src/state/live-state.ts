@@ -523,7 +523,9 @@ class LiveStateImpl implements LiveState {
     const now = this.#now();
     const cached = this.#fitCache.get(name);
     const key = `${be.version}:${this.#remoteVersion}`;
-    if (cached !== undefined && (cached.key === key || now - cached.at < REFIT_MS)) return cached.value;
+    // A clock stepped back (the wall clock may be) counts as time passed, not as a fresh solve.
+    const fresh = cached !== undefined && now >= cached.at && now - cached.at < REFIT_MS;
+    if (cached !== undefined && (cached.key === key || fresh)) return cached.value;
     const remote = this.#remoteFor(name);
     const combine = (local: BackendState['ttftFit'], peers: FitStats | undefined, k: number) => {
       local.decayTo(now);

@@ -22,16 +22,27 @@ export class BatchHistogramChild {
     const upper = this.#upper;
     const n = upper.length;
     let sum = 0;
+    let seen = 0;
     for (let i = 0; i < values.length; i++) {
       const v = (values[i] as number) / divisor;
+      // prom-client's observe() throws on these; a gap is never one, and one must not poison _sum.
+      if (!Number.isFinite(v)) continue;
       sum += v;
+      seen++;
       // Buckets are few (about 15): a linear scan beats a binary search at this size.
       let b = 0;
       while (b < n && v > (upper[b] as number)) b++;
       this.counts[b] = (this.counts[b] as number) + 1;
     }
     this.sum += sum;
-    this.count += values.length;
+    this.count += seen;
+  }
+
+  /** Back to no observations (the child stays valid: whoever holds it keeps observing). */
+  clear(): void {
+    this.counts.fill(0);
+    this.sum = 0;
+    this.count = 0;
   }
 }
 
@@ -81,8 +92,9 @@ export class BatchHistogram<L extends string> {
     this.#children.delete(values.join('\u0000'));
   }
 
+  /** Registry.resetMetrics(): every series back to none; children handed out stay in use. */
   reset(): void {
-    this.#children.clear();
+    for (const { child } of this.#children.values()) child.clear();
   }
 
   async get(): Promise<{
@@ -94,6 +106,8 @@ export class BatchHistogram<L extends string> {
   }> {
     const values: MetricValue[] = [];
     for (const { labels, child } of this.#children.values()) {
+      // Like prom-client, a label set is exported from its first observation on, not when made.
+      if (child.count === 0) continue;
       const base: Record<string, string | number> = {};
       this.#labelNames.forEach((n, i) => {
         base[n] = labels[i] as string;

@@ -9,7 +9,9 @@
 // keys, so an appended `stream` overrides the client's). The parsed `stream_options` is merged,
 // not replaced: the client's other options (continuous_usage_stats, ...) go through.
 // When the raw bytes are not a plain object text (absent, a byte-order mark, trailing bytes after
-// the object), the body is re-serialised instead: same result, slower.
+// the object) or not valid UTF-8 (fastify decodes any body as UTF-8, replacing what is not; vLLM's
+// parser would refuse the bytes), the body is re-serialised instead: same result, slower.
+import { isUtf8 } from 'node:buffer';
 
 const CLOSE_BRACE = 0x7d;
 const OPEN_BRACE = 0x7b;
@@ -46,7 +48,7 @@ function overrides(spec: PayloadSpec): Record<string, unknown> {
 export function upstreamPayload(spec: PayloadSpec): Buffer {
   const set = overrides(spec);
   const keys = Object.keys(set);
-  const { raw } = spec;
+  const raw = spec.raw !== null && isUtf8(spec.raw) ? spec.raw : null;
   if (keys.length === 0 && raw !== null) return raw;
   const close = raw === null ? -1 : closingBrace(raw);
   if (raw === null || close < 0) return Buffer.from(JSON.stringify({ ...spec.body, ...set }));

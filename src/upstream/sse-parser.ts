@@ -158,7 +158,8 @@ export class SseParser {
     if (this.#skipLf || this.#eventParts.length > 0 || this.#lineParts.length > 0) return null;
     if (n < 7 || chunk[n - 1] !== LF || chunk[n - 2] !== LF) return null;
     if (!(chunk[4] === COLON && chunk.subarray(0, 4).equals(DATA))) return null;
-    if (n - 2 > this.#maxEventBytes || chunk.indexOf(LF, 5) !== n - 2 || chunk.indexOf(CR) !== -1)
+    // The general path counts the data line and its LF against the limit: so does this one.
+    if (n - 1 > this.#maxEventBytes || chunk.indexOf(LF, 5) !== n - 2 || chunk.indexOf(CR) !== -1)
       return null;
     const valueStart = chunk[5] === SPACE ? 6 : 5;
     return new Event(chunk.subarray(valueStart, n - 2), chunk);

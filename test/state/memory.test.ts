@@ -181,6 +181,21 @@ describe('LiveState with the memory store', () => {
     expect(after.bias!).toBeLessThan(0); // predictions ran low
   });
 
+  it('a clock stepped back does not freeze the fits', () => {
+    const s = make();
+    for (let i = 0; i < 50; i++) {
+      clock += 100;
+      s.record(sample({ tpotMs: 10 + (i % 10), loadAtDispatch: i % 10 }));
+    }
+    const before = s.predictTpotMs('gpu-0', 5)!;
+    clock -= 3_600_000;
+    for (let i = 0; i < 50; i++) {
+      clock += 100;
+      s.record(sample({ tpotMs: 10 * (10 + (i % 10)), loadAtDispatch: i % 10 }));
+    }
+    expect(s.predictTpotMs('gpu-0', 5)!).toBeGreaterThan(2 * before);
+  });
+
   it('no prediction before enough samples', () => {
     const s = make();
     expect(s.predictTtftMs('gpu-0', 100)).toBeNull();

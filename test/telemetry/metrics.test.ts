@@ -180,6 +180,27 @@ describe('GatewayMetrics', () => {
     expect(value(parseSamples(await m.render()), 'slagate_itl_seconds_count', cb)).toBeUndefined();
   });
 
+  it('exports an ITL series from its first gap on, and again after a reset', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    m.observeRequest(
+      record({ decision: 'refused', outcome: 'refused', reason: 'queue_full', backend: null }),
+    );
+    m.observeRequest(
+      record({ backend: 'gpu-1', outcome: 'failed_after_commit', reason: 'upstream_error' }),
+      [5],
+    );
+    const itl = (text: string) => parseSamples(text).filter((x) => x.name.startsWith('slagate_itl_seconds'));
+    // Neither request completed: no gap was observed, so no series (prom-client's behaviour).
+    expect(itl(await m.render())).toEqual([]);
+    m.observeRequest(record({}), [5, Number.NaN]);
+    m.registry.resetMetrics();
+    expect(itl(await m.render())).toEqual([]);
+    m.observeRequest(record({}), [7]);
+    const cb = { class: 'interactive', backend: 'gpu-0' };
+    expect(value(parseSamples(await m.render()), 'slagate_itl_seconds_count', cb)).toBe(1);
+    expect(value(parseSamples(await m.render()), 'slagate_itl_seconds_sum', cb)).toBeCloseTo(0.007, 9);
+  });
+
   it('counts SLA met only for records that met it, and refusals without latency samples', async () => {
     const m = createMetrics(CLASSES, { processMetrics: false });
     m.observeRequest(record({ sla_met: true }));

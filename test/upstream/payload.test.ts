@@ -56,6 +56,21 @@ describe('upstreamPayload', () => {
     }
   });
 
+  it('re-serialises bytes that are not UTF-8, which the backend could not parse', () => {
+    // fastify decodes the Latin-1 é (0xe9) as U+FFFD; the backend gets what the gateway validated.
+    const raw = Buffer.concat([
+      Buffer.from('{"model":"m","messages":[{"role":"user","content":"caf'),
+      Buffer.from([0xe9]),
+      Buffer.from('"}]}'),
+    ]);
+    const body = JSON.parse(raw.toString('utf8')) as Record<string, unknown>;
+    for (const streamed of [true, false]) {
+      const out = upstreamPayload({ raw, body, streamed, priority: null });
+      expect(out.includes(0xe9)).toBe(false);
+      expect(JSON.parse(out.toString()).messages).toEqual(body.messages);
+    }
+  });
+
   it('gives an empty object no stray comma', () => {
     const s = spec('{ }', { priority: 1 });
     expect(JSON.parse(upstreamPayload(s).toString())).toEqual({

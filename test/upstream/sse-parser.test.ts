@@ -67,6 +67,11 @@ describe('SseParser', () => {
       null,
       '[DONE]',
     ]);
+    // The size limit is the same on both paths: the data line and its LF count.
+    expect(() => new SseParser({ maxEventBytes: 6 }).push(Buffer.from('data: \n\n'))).toThrow(
+      SseEventTooLargeError,
+    );
+    expect(new SseParser({ maxEventBytes: 7 }).push(Buffer.from('data: \n\n'))).toHaveLength(1);
     // A whole event right after an unfinished line belongs to that line's event.
     const p = new SseParser({ maxEventBytes: 1024 });
     expect(p.push(Buffer.from('data: par'))).toHaveLength(0);
