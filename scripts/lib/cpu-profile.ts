@@ -6,6 +6,7 @@ import { relative } from 'node:path';
 interface ProfileNode {
   id: number;
   callFrame: { functionName: string; url: string; lineNumber: number };
+  children?: number[];
 }
 interface Profile {
   nodes: ProfileNode[];
@@ -13,9 +14,17 @@ interface Profile {
   timeDeltas: number[];
 }
 
-export function summarizeProfile(file: string, top: number): string[] {
+/** A profile with its nodes by id (and, for walking a sample's stack, each node's parent). */
+function loadProfile(file: string) {
   const prof = JSON.parse(readFileSync(file, 'utf8')) as Profile;
   const byId = new Map(prof.nodes.map((n) => [n.id, n]));
+  const parent = new Map<number, number>();
+  for (const n of prof.nodes) for (const c of n.children ?? []) parent.set(c, n.id);
+  return { prof, byId, parent };
+}
+
+export function summarizeProfile(file: string, top: number): string[] {
+  const { prof, byId } = loadProfile(file);
   const self = new Map<string, number>();
   let total = 0;
   // timeDeltas[i] is the gap before sample i: it belongs to the sample before it.
@@ -57,12 +66,7 @@ function shorten(url: string): string {
  * samples from the first one inside `startAt` on are counted (start-up excluded).
  */
 export function summarizeByModule(file: string, requests: number, startAt = 'handleInference'): string[] {
-  const prof = JSON.parse(readFileSync(file, 'utf8')) as Profile & {
-    nodes: (ProfileNode & { children?: number[] })[];
-  };
-  const byId = new Map(prof.nodes.map((n) => [n.id, n]));
-  const parent = new Map<number, number>();
-  for (const n of prof.nodes) for (const c of n.children ?? []) parent.set(c, n.id);
+  const { prof, byId, parent } = loadProfile(file);
   const sums = new Map<string, number>();
   let started = false;
   let busy = 0;

@@ -55,7 +55,7 @@ export function upstreamPayload(spec: PayloadSpec): Buffer {
   let tail = '';
   for (const k of keys) tail += `,${JSON.stringify(k)}:${JSON.stringify(set[k])}`;
   // An empty object gets no leading comma (the validated body never is one; kept correct anyway).
-  if (Object.keys(spec.body).length === 0) tail = tail.slice(1);
+  if (isEmptyObject(raw, close)) tail = tail.slice(1);
   const out = Buffer.allocUnsafe(close + Buffer.byteLength(tail) + 1);
   raw.copy(out, 0, 0, close);
   const end = close + out.write(tail, close);
@@ -74,4 +74,11 @@ function closingBrace(raw: Buffer): number {
   let end = raw.length - 1;
   while (end > start && isJsonSpace(raw[end]!)) end--;
   return end > start && raw[end] === CLOSE_BRACE ? end : -1;
+}
+
+/** Only whitespace between the opening brace and the closing one at `close`. */
+function isEmptyObject(raw: Buffer, close: number): boolean {
+  let i = close - 1;
+  while (i >= 0 && isJsonSpace(raw[i]!)) i--;
+  return raw[i] === OPEN_BRACE;
 }

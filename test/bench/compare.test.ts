@@ -10,7 +10,7 @@ import { gatewayConfig, parsePolicies, parsePolicyItem } from '../../src/bench/c
 import { goodputRate, prefixHitRate, runFigures, sumCounter } from '../../src/bench/compare-report.ts';
 import { computeMetrics } from '../../src/bench/metrics.ts';
 import { ROUTER_POLICIES } from '../../src/config/schema.ts';
-import { runSlagate } from '../helpers/cli.ts';
+import { runSlagate, SMALL_SWEEP } from '../helpers/cli.ts';
 
 const SLO = { ttft: 500, tpot: 50 };
 
@@ -299,22 +299,7 @@ const cli = (args: string[]) => runSlagate(['bench', 'compare', ...args]);
 describe('slagate bench compare', () => {
   it('prints only the table on stdout and saves the JSON of a sweep', async () => {
     const file = join(dir, 'compare.json');
-    const r = await cli([
-      '--policies',
-      'round_robin',
-      '--replicas',
-      '2',
-      '--time-scale',
-      '0.05',
-      '--requests',
-      '12',
-      '--rates',
-      '20,40',
-      '--slo',
-      'ttft=500,tpot=50',
-      '--save-result',
-      file,
-    ]);
+    const r = await cli(['--policies', 'round_robin', ...SMALL_SWEEP, '--save-result', file]);
     expect(r.code, r.err).toBe(0);
     // Progress on stderr, one line as each run starts and ends.
     expect(r.err).toContain('[1/2] round_robin at 20 req/s');

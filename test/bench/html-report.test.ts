@@ -10,7 +10,7 @@ import type { BrowserContext } from 'playwright-core';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { byPercentile } from '../../src/bench/html-report.ts';
 import { launchChromium } from '../helpers/chromium.ts';
-import { runSlagate } from '../helpers/cli.ts';
+import { runSlagate, SMALL_SWEEP } from '../helpers/cli.ts';
 
 let dir: string;
 let browser: BrowserContext;
@@ -38,16 +38,7 @@ it('bench compare --report writes a page that opens without errors, one chart pe
   const r = await compare([
     '--policies',
     'round_robin,least_loaded/fcfs',
-    '--replicas',
-    '2',
-    '--time-scale',
-    '0.05',
-    '--requests',
-    '12',
-    '--rates',
-    '20,40',
-    '--slo',
-    'ttft=500,tpot=50',
+    ...SMALL_SWEEP,
     '--quiet',
     '--report',
     file,

@@ -19,3 +19,17 @@ export function runSlagate(args: string[]): Promise<{ code: number | null; out: 
     child.once('close', (code) => resolve({ code, out, err }));
   });
 }
+
+/** A `bench compare` sweep small enough for a test: two replicas at 20× speed, 12 requests, two rates. */
+export const SMALL_SWEEP: readonly string[] = [
+  '--replicas',
+  '2',
+  '--time-scale',
+  '0.05',
+  '--requests',
+  '12',
+  '--rates',
+  '20,40',
+  '--slo',
+  'ttft=500,tpot=50',
+];
