@@ -3,7 +3,7 @@
 // floor-proxy.ts) and slagate (least_loaded), each in its own process.
 //
 //   npx tsx scripts/request-path.ts [--levels 1,32,256] [--prompts short,long] [--rounds 2]
-//                                   [--profile DIR]
+//                                   [--profile DIR] [--profile-interval-us 1000]
 //
 // The backend (scripts/lib/fixed-backend.ts) sends the first token after 20 ms and then one every
 // 5 ms, with no batching, so a request's timing depends on nothing but the path in front of it.
@@ -18,7 +18,8 @@
 // queued or refused: what is measured is the per-request work of every stage, not a decision.
 // `--profile DIR` also runs slagate alone under --cpu-prof at the highest level of --levels (short
 // prompts) and prints the top functions by self time and the CPU per request by the gateway's own
-// module (scripts/lib/cpu-profile.ts).
+// module (scripts/lib/cpu-profile.ts); `--profile-interval-us` sets V8's sampling interval (a
+// finer one attributes small per-request items better, at more overhead).
 import { mkdirSync, readdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -36,6 +37,7 @@ const { values } = parseArgs({
     prompts: { type: 'string', default: 'short,long' },
     rounds: { type: 'string', default: '2' },
     profile: { type: 'string' },
+    'profile-interval-us': { type: 'string', default: '1000' },
   },
 });
 const levels = values.levels!.split(',').map(Number);
@@ -165,7 +167,7 @@ if (values.profile !== undefined) {
   mkdirSync(dir, { recursive: true });
   const before = new Set(readdirSync(dir));
   const prof = await startChildGateway((d) => gatewayYaml(backend.url, d), {
-    nodeArgs: ['--cpu-prof', '--cpu-prof-dir', dir],
+    nodeArgs: ['--cpu-prof', '--cpu-prof-dir', dir, '--cpu-prof-interval', values['profile-interval-us']!],
   });
   const streams = Math.max(...levels);
   const n = requestsFor(streams, 'short');
