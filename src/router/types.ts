@@ -30,6 +30,8 @@ export interface BackendView {
   readonly tpotMs: number | null;
   /** KV cache usage, 0..1, as the backend last reported it; null when unknown. */
   readonly kvUsage: number | null;
+  /** How full the prefix index believes this backend's cache is: blocks held ÷ capacity, 0..1. */
+  readonly cacheFill: number;
 }
 
 /** What a policy may read about the request. */

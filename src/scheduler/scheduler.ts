@@ -183,8 +183,11 @@ export class Scheduler {
   readonly #controlTimer: NodeJS.Timeout;
   #releases = 0;
   #releaseRate: number | null = null;
-  readonly #ratios: number[] = [];
+  // Recent dispatch-to-first-token times, predicted and actual, side by side (a ring).
+  readonly #predicted: number[] = [];
+  readonly #actual: number[] = [];
   #ratioAt = 0;
+  #floorMs: number | null = null;
   #ratioP99: number | null = null;
   #spread: number | null = null;
   /** The prefix index's match, bound once (the router's views call it per backend per grant). */
@@ -232,9 +235,16 @@ export class Scheduler {
    * A predicted dispatch-to-first-token time taken at the P99 of how recent predictions turned out
    * (actual ÷ predicted): what the queue guard and admission plan with, so that the P99, not just
    * the median, of admitted requests meets the target. The prediction itself until enough samples.
+   *
+   * Invariant: a prediction counts as at least the floor, the 5th percentile of recent actual
+   * times, both here and in the ratios. A linear fit can predict next to nothing for a small
+   * request (its intercept may be below zero); no first token comes that fast, and a ratio over a
+   * near-zero prediction (80 ms ÷ 0.5 ms) would otherwise become the P99 that every other
+   * prediction is multiplied by, and the guard would refuse requests predicted at a fraction of
+   * their target.
    */
   upperBackendMs(predictedMs: number): number {
-    return predictedMs * Math.max(1, this.#ratioP99 ?? 1);
+    return Math.max(predictedMs, this.#floorMs ?? 0) * Math.max(1, this.#ratioP99 ?? 1);
   }
 
   /**
@@ -451,6 +461,7 @@ export class Scheduler {
     const { live } = this.#deps;
     const cached = cachedOn(req.route, b.name, this.#match);
     const inflight = live.load(b.name);
+    const size = live.prefixSize(b.name);
     return {
       name: b.name,
       weight: b.weight,
@@ -462,6 +473,7 @@ export class Scheduler {
       prefillMs: live.prefillMs(b.name, cached.uncached),
       tpotMs: live.predictTpotMs(b.name, inflight + 1),
       kvUsage: live.telemetry(b.name)?.kvCacheUsage ?? null,
+      cacheFill: size.capacity > 0 ? Math.min(1, size.blocks / size.capacity) : 0,
     };
   }
 
@@ -511,10 +523,9 @@ export class Scheduler {
     }
     const backendTtft = this.#now() - slot.grant.grantedAt;
     const own = this.#deps.live.prefillMs(slot.backend.name, slot.grant.uncachedTokens) ?? 0;
-    if (slot.predictedBackendMs !== null && slot.predictedBackendMs > 0) {
-      const ratio = backendTtft / slot.predictedBackendMs;
-      if (this.#ratios.length < RATIO_SAMPLES) this.#ratios.push(ratio);
-      else this.#ratios[this.#ratioAt] = ratio;
+    if (slot.predictedBackendMs !== null) {
+      this.#predicted[this.#ratioAt] = slot.predictedBackendMs;
+      this.#actual[this.#ratioAt] = backendTtft;
       this.#ratioAt = (this.#ratioAt + 1) % RATIO_SAMPLES;
     }
     const current = slot.control.firstTokens.at(-1);
@@ -616,10 +627,13 @@ export class Scheduler {
     this.#releases = 0;
     this.#releaseRate =
       this.#releaseRate === null ? rate : this.#releaseRate + RATE_ALPHA * (rate - this.#releaseRate);
-    if (this.#ratios.length >= MIN_RATIO_SAMPLES) {
-      this.#ratioP99 = quantile([...this.#ratios], 0.99);
+    if (this.#actual.length >= MIN_RATIO_SAMPLES) {
+      const floor = quantile([...this.#actual], 0.05);
+      const ratios = this.#actual.map((a, i) => a / Math.max(this.#predicted[i] as number, floor, 1e-3));
+      this.#floorMs = floor;
+      this.#ratioP99 = quantile([...ratios], 0.99);
       this.#spread = quantile(
-        this.#ratios.map((r) => Math.abs(r - 1)),
+        ratios.map((r) => Math.abs(r - 1)),
         0.5,
       );
     }

@@ -26,6 +26,7 @@ export function view(name: string, over: Partial<BackendView> = {}): BackendView
     prefillMs: null,
     tpotMs: null,
     kvUsage: null,
+    cacheFill: 0,
     ...over,
   };
 }

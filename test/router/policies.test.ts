@@ -107,6 +107,24 @@ describe('slagate', () => {
     expect(ranked[2]!.terms).toMatchObject({ ttft_s: 0.1, decode_s: 1 });
   });
 
+  it('charges a prefill on a full cache for the cached work it displaces, so a miss there costs more', () => {
+    const p = slagate(opts);
+    // b holds the prompt (prefill 40 ms) and is predicted 150 ms slower to a first token than a,
+    // where the whole prompt would be prefilled (400 ms). Both caches are full: the miss on a
+    // displaces 400 ms of someone's cached prefix, the hit on b 40 ms; that outweighs the 150 ms.
+    const backends = [
+      fitted('a', 500, { prefillMs: 400, cacheFill: 1 }),
+      fitted('b', 650, { prefillMs: 40, cachedBlocks: 90, cacheFill: 1 }),
+    ];
+    const ranked = p.rank(req, backends);
+    expect(ranked.map((c) => c.backend)).toEqual(['b', 'a']);
+    expect(ranked[1]!.cost).toBeCloseTo(0.5 + 0.4, 9);
+    expect(ranked[1]!.terms).toMatchObject({ evict_s: 0.4 });
+    // With room in a's cache nothing is displaced and the faster first token wins.
+    const roomy = [{ ...backends[0]!, cacheFill: 0 }, backends[1]!];
+    expect(p.rank(req, roomy).map((c) => c.backend)).toEqual(['a', 'b']);
+  });
+
   it('before every backend has a fit, uses uncached tokens × (running + 1)', () => {
     const p = slagate(opts);
     const ranked = p.rank(req, [

@@ -41,15 +41,19 @@ export interface SchedulerFixture {
   set(next: SchedulerSettings): void;
   /** Moves the live state's clock (windows, fits, tenant usage). */
   tick(ms: number): void;
+  /** That clock's reading. */
+  now(): number;
   /** Teaches every backend's fit: dispatch→first token = 20 ms + 0.1 ms per uncached prefill token. */
   teach(): void;
   close(): Promise<void>;
 }
 
+/** `sharedClock`: the scheduler reads the same clock as the live state (moved only by `tick`). */
 export function schedulerFixture(
   names: string[],
   settings = schedulerSettings(),
   router: RoutingPolicy = leastLoaded(() => 0.5),
+  opts: { sharedClock?: boolean } = {},
 ): SchedulerFixture {
   let clock = 1_000_000;
   const backends = new BackendSet(
@@ -68,6 +72,7 @@ export function schedulerFixture(
     router: () => router,
     settings: () => current,
     onRefused: (req, err: GatewayError) => refused.push(`${req.reqId}:${err.code}`),
+    ...(opts.sharedClock ? { now: () => clock } : {}),
   });
   return {
     backends,
@@ -80,6 +85,7 @@ export function schedulerFixture(
     tick: (ms) => {
       clock += ms;
     },
+    now: () => clock,
     teach: () => {
       for (const backend of names) {
         for (let i = 0; i < 20; i++) {

@@ -2,11 +2,15 @@
 // against a real memory live state and a real backend set (no request is ever sent: a slot is a
 // lease, and what happens on the wire is the upstream layer's).
 import { afterEach, describe, expect, it, vi } from 'vitest';
+import type { RoutingPolicy } from '../../src/router/index.ts';
 import { slagate } from '../../src/router/policies/slagate.ts';
+import type { BackendView } from '../../src/router/types.ts';
 import type { SchedulerSettings } from '../../src/scheduler/scheduler.ts';
 import type { ScheduledRequest } from '../../src/scheduler/types.ts';
+import { DEFAULT_CAPACITY } from '../../src/state/prefix-index.ts';
 import type { Slot } from '../../src/upstream/slot.ts';
 import { route } from '../router/fixtures.ts';
+import { latencySample } from '../state/fixtures/sample.ts';
 import { schedulerFixture, schedulerSettings as settings } from './fixtures.ts';
 
 const cleanups: (() => unknown)[] = [];
@@ -18,8 +22,9 @@ function setup(
   names: string[],
   s: SchedulerSettings = settings(),
   router?: Parameters<typeof schedulerFixture>[2],
+  opts?: Parameters<typeof schedulerFixture>[3],
 ) {
-  const f = schedulerFixture(names, s, router);
+  const f = schedulerFixture(names, s, router, opts);
   cleanups.push(() => f.close());
   return f;
 }
@@ -253,6 +258,49 @@ describe('refusals while waiting', () => {
     slot!.release();
   });
 
+  describe('the P99 of how predictions turned out', () => {
+    afterEach(() => {
+      vi.useRealTimers();
+    });
+
+    it('counts a near-zero prediction as the fastest first tokens, so it cannot inflate every other', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const s = settings({ concurrency: { ...settings().concurrency, initial: 64, intervalMs: 100 } });
+      const f = setup(['a'], s, undefined, { sharedClock: true });
+      // A fit with a negative intercept: dispatch → first token = 0.1 ms per uncached token − 10 ms.
+      for (let i = 0; i < 20; i++) {
+        f.tick(10);
+        const tokens = 200 + 200 * (i % 5);
+        f.live.record(
+          latencySample({
+            backend: 'a',
+            uncachedPromptTokens: tokens,
+            queueMs: 0,
+            ttftMs: 0.1 * tokens - 10,
+            loadAtDispatch: 0,
+          }),
+        );
+      }
+      // 95 requests of 1,000 tokens predicted (90 ms) and served exactly; 5 of 110 tokens predicted
+      // at 1 ms that take 60 ms, as no first token comes faster.
+      for (let i = 0; i < 100; i++) {
+        const small = i % 20 === 0;
+        const at = { arrivedAt: f.now(), deadlineAt: f.now() + 60_000 };
+        const slot = await f.scheduler
+          .ticket(req({ ...at, promptTokens: small ? 110 : 1000 }))
+          .acquire(first());
+        f.tick(small ? 60 : 90);
+        slot!.prefillDone();
+        slot!.release();
+      }
+      vi.advanceTimersByTime(100);
+      // Taken as 60 / 1 = 60×, the five would make every 90 ms prediction plan for 5.4 s.
+      expect(f.scheduler.upperBackendMs(90)).toBeCloseTo(90, 6);
+      expect(f.scheduler.upperBackendMs(1)).toBeCloseTo(60, 6);
+      expect(f.scheduler.predictionSpread()).toBeCloseTo(0, 6);
+    });
+  });
+
   it('a retry still queued at the request deadline gets null (the attempt loop then gives up)', async () => {
     const { scheduler } = setup(
       ['a', 'b'],
@@ -373,6 +421,22 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
     const slot = await f.scheduler.ticket(r).acquire(first());
     return slot!.backend.name;
   };
+
+  it('tells the router how full the index believes each cache is', async () => {
+    const seen: BackendView[] = [];
+    const recorder: RoutingPolicy = {
+      name: 'recorder',
+      rank: (_r, views) => {
+        seen.push(...views);
+        return views.map((v) => ({ backend: v.name, cost: 0 }));
+      },
+    };
+    const f = setup(['a', 'b'], settings(), recorder);
+    f.live.prefixInsert('a', prefix);
+    await grantOf(f, ask('fill'));
+    const fill = Object.fromEntries(seen.map((v) => [v.name, v.cacheFill]));
+    expect(fill).toEqual({ a: 100 / DEFAULT_CAPACITY, b: 0 });
+  });
 
   it('sends a prompt where its prefix is held, counts only the uncached part, and inserts it where it went', async () => {
     const f = setup(['a', 'b'], settings({ concurrency: { ...settings().concurrency, initial: 8 } }), cost);

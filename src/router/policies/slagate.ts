@@ -25,6 +25,8 @@ const SESSIONS = 65_536;
  *          class allows there, max(0, TPOT with it added − TPOT target) × expected output tokens
  *        + decode pressure caused: its prefill time there × the requests running there, each of
  *          which waits about that long in the steps that carry the prefill
+ *        + cache displaced: its prefill time there × how full that backend's cache is (the prefix
+ *          index's blocks ÷ its capacity): what a miss on a full cache evicts, someone prefills again
  *
  * Costs within the predictor's typical error of the lowest are ties: among them the backend this
  * request's session last went to wins, then the one holding more of the prompt, then chance. So
@@ -34,7 +36,8 @@ const SESSIONS = 65_536;
  * backends over time. Before every backend has a fit (a cold start) the cost is LMetric's
  * uncached tokens × (requests running + 1), in token-requests rather than seconds.
  *
- * Reads: predictedTtftMs, prefillMs, tpotMs, cachedBlocks, uncachedTokens, inflight, weight.
+ * Reads: predictedTtftMs, prefillMs, tpotMs, cacheFill, cachedBlocks, uncachedTokens, inflight,
+ * weight.
  */
 export function slagate(opts: SlagateOptions, name = 'slagate'): RoutingPolicy {
   const random = opts.random ?? Math.random;
@@ -70,15 +73,21 @@ function seconds(req: RouteRequest, b: BackendView): Candidate {
   // that prefill's time. This is what makes a miss expensive for the replica as well as for the
   // request, and what keeps a prefix where it is cached until the load says otherwise.
   const causeMs = (b.prefillMs ?? 0) * b.inflight;
+  // Displaced: on a full cache the blocks this prefill writes evict as many cached ones, which
+  // someone prefills again when they come back. Charged at this backend's rate, in full (as if
+  // every evicted block would be asked for again): the bound that keeps a fleet whose caches are
+  // full from trading one tenant's hit for another's miss.
+  const evictMs = (b.prefillMs ?? 0) * b.cacheFill;
   const decodeMs = sufferMs + causeMs;
   return {
     backend: b.name,
-    cost: (ttftMs + decodeMs) / 1000,
+    cost: (ttftMs + decodeMs + evictMs) / 1000,
     terms: {
       ttft_s: round(ttftMs / 1000),
       prefill_s: b.prefillMs === null ? null : round(b.prefillMs / 1000),
       decode_s: round(sufferMs / 1000),
       stall_s: round(causeMs / 1000),
+      evict_s: round(evictMs / 1000),
       cached_tokens: Math.round(b.cachedTokens),
       inflight: b.inflight,
     },
