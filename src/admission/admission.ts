@@ -103,19 +103,24 @@ export class AdmissionController {
     }
     const best = prediction.best;
     // Planned at the P99 of how predictions turn out, so that the tail of what is admitted, not
-    // its median, meets the target; the record keeps the point prediction.
+    // its median, meets the target; the record keeps the point prediction. The budget is the class
+    // target, or for a request late by its own size its unavoidable time plus the target
+    // (predict.ts): what the load adds is refused, not what the prompt itself must take.
     const bound =
       best === null || best.backendMs === null || prediction.waitMs === null
         ? null
         : prediction.waitMs + scheduler.upperBackendMs(best.backendMs);
-    if (prediction.complete && bound !== null && bound > req.ttftTargetMs) {
+    const budget = scheduled.ttftBudgetMs;
+    if (prediction.complete && bound !== null && bound > budget) {
       throw this.#refuse(
         req,
         new GatewayError(
           'sla_unattainable',
           `Predicted time to first token ${Math.round(bound)} ms (at its P99) exceeds the ` +
-            `'${req.className}' target of ${req.ttftTargetMs} ms on every backend.`,
-          { retryAfterS: this.#retryAfterS(bound, req.ttftTargetMs) },
+            (budget === req.ttftTargetMs
+              ? `'${req.className}' target of ${req.ttftTargetMs} ms on every backend.`
+              : `${Math.round(budget)} ms it is allowed on every backend (its own prefill unloaded, plus the '${req.className}' target of ${req.ttftTargetMs} ms).`),
+          { retryAfterS: this.#retryAfterS(bound, budget) },
         ),
         prediction,
       );

@@ -7,6 +7,15 @@
 //               where "own uncached" is the prompt less what the prefix index says the backend
 //               holds (src/router/cached.ts, the same count the router weighs)
 //
+// and the least the request's first token can take anywhere: dispatch to first token on a backend
+// with nothing else on it (its own uncached prefill there and the fit's base), the best backend's.
+// When even that, taken at the P99 of how predictions turn out, is over the class target, the
+// request is late by its own size, not by the load: no wait makes it attainable, and refusing it
+// with a Retry-After would promise what no retry can keep (and would keep its prefix out of every
+// cache, so the next request with that prefix is as late). Its budget (ttftBudgetMs) is that
+// unavoidable time plus the class target: the load may delay it by as much as the class allows
+// any request, and admission and the queue guard refuse it past that, as any other.
+//
 // Everything it reads is in memory; nothing is awaited. A part that cannot be predicted yet (no
 // fit, no drain rate) makes that backend's prediction null, never a guess.
 
@@ -24,11 +33,18 @@ export interface Prediction {
   readonly best: BackendPrediction | null;
   /** Every available backend has a prediction. */
   readonly complete: boolean;
+  /**
+   * The least dispatch to first token can take on any available backend with nothing else on it,
+   * ms (null when no backend has a fit).
+   */
+  readonly unloadedMs: number | null;
+  /** Its first token is over the class target on every backend even unloaded (at the P99 multiplier). */
+  readonly lateBySize: boolean;
 }
 
 export type PredictInput = Omit<
   ScheduledRequest,
-  'predictions' | 'prefillMs' | 'bestBackendMs' | 'uncachedTokens'
+  'predictions' | 'prefillMs' | 'bestBackendMs' | 'uncachedTokens' | 'ttftBudgetMs'
 >;
 
 /**
@@ -47,10 +63,13 @@ export function predict(
   // Without a prediction anywhere, the size to order by is the least any backend must prefill.
   let uncachedTokens = req.promptTokens;
   let complete = backends.length > 0;
+  let unloadedMs: number | null = null;
   const match = (backend: string, hashes: readonly number[]) => live.prefixMatch(backend, hashes);
   for (const b of backends) {
     if (!b.available) continue;
     const own = cachedOn(req.route, b.name, match).uncached;
+    const alone = live.unloadedTtftMs(b.name, own);
+    if (alone !== null && (unloadedMs === null || alone < unloadedMs)) unloadedMs = alone;
     const ms = live.predictTtftMs(b.name, own);
     backendMs.set(b.name, ms);
     if (ms === null) {
@@ -64,8 +83,12 @@ export function predict(
       uncachedTokens = own;
     }
   }
+  const lateBySize = unloadedMs !== null && scheduler.upperBackendMs(unloadedMs) > req.ttftTargetMs;
   const sized: ScheduledRequest = {
     ...req,
+    ttftBudgetMs: lateBySize
+      ? scheduler.upperBackendMs(unloadedMs as number) + req.ttftTargetMs
+      : req.ttftTargetMs,
     uncachedTokens,
     predictions: new Map(),
     prefillMs,
@@ -85,7 +108,7 @@ export function predict(
   }
   if (waitMs === null) complete = false;
   return {
-    prediction: { byBackend, waitMs, best, complete },
+    prediction: { byBackend, waitMs, best, complete, unloadedMs, lateBySize },
     scheduled: { ...sized, predictions: byBackend },
   };
 }

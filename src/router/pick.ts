@@ -16,6 +16,15 @@ export function byCost(
   return keyed.map((k) => k.s);
 }
 
+/**
+ * The backends that can start the request now, or all of them when none can. The baselines rank
+ * only these: the peers they copy dispatch at once and never hold a request back for a backend.
+ */
+export function withRoom<T extends { readonly hasRoom: boolean }>(backends: readonly T[]): readonly T[] {
+  const open = backends.filter((b) => b.hasRoom);
+  return open.length > 0 ? open : backends;
+}
+
 /** `first` moved to the front of `ranked` (which is otherwise kept in order). */
 export function promote(ranked: Candidate[], first: string): Candidate[] {
   const i = ranked.findIndex((c) => c.backend === first);

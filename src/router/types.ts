@@ -1,15 +1,28 @@
-// The router's contract: given one request and the backends that may take it right now (each with
-// room under its concurrency limit, at the moment the scheduler grants a slot), rank them best
-// first. The scheduler takes the first; a retry is ranked again without the backends it tried.
-// Policies are pure functions of these two views (plus their own small memory, such as a round
-// robin's position or a session's last backend): everything they read is computed for them from
-// the live state, so a policy never reads the clock, the network or another module.
+// The router's contract: given one request and every available backend it may use (a retry's
+// tried backends left out), each saying whether it can start the request now and how long a slot
+// there would take, rank them best first. The scheduler starts the request on the first when it
+// has room; when it has none, the request waits for that backend (and later requests do not take
+// it meanwhile), so a policy that ranks a busy backend first is choosing to wait for it. Policies
+// are pure functions of these two views (plus their own small memory, such as a round robin's
+// position or a session's last backend): everything they read is computed for them from the live
+// state, so a policy never reads the clock, the network or another module.
 
 /** What a policy may read about a backend, for this request. */
 export interface BackendView {
   readonly name: string;
   /** Relative capacity from the config (default 1). */
   readonly weight: number;
+  /**
+   * It can start this request now: a slot under its concurrency limit that no earlier waiting
+   * request is owed, and room for this prompt's prefill (`scheduler.concurrency.prefill_tokens`).
+   */
+  readonly hasRoom: boolean;
+  /**
+   * Predicted wait for a slot there, ms: 0 with room (or with only its prefill waiting, which
+   * predictedTtftMs counts); else the requests waiting for it, this one included, over the rate it
+   * frees slots. Null when that rate is not measured yet.
+   */
+  readonly slotWaitMs: number | null;
   /** Requests the backend runs now, every gateway instance. */
   readonly inflight: number;
   /** Leading blocks of this prompt the backend is believed to hold in its prefix cache. */
@@ -71,7 +84,10 @@ export interface BackendAddress {
 
 export interface RoutingPolicy {
   readonly name: string;
-  /** Best first. Never empty when `backends` is not. Must not mutate its inputs. */
+  /**
+   * Best first. Never empty when `backends` is not. Must not mutate its inputs. A first backend
+   * without room means the request waits for it.
+   */
   rank(req: RouteRequest, backends: readonly BackendView[]): Candidate[];
   /**
    * Optional, asynchronous, before admission: what the policy needs that the live state does not

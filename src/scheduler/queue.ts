@@ -27,6 +27,9 @@ import type { ScheduledRequest } from './types.ts';
 
 export type EntryState = 'queued' | 'granted' | 'removed';
 
+/** What a scan does with the entry it is shown: it leaves now, it stays in its place, or the scan ends. */
+export type Verdict = 'take' | 'pass' | 'stop';
+
 export interface QueueEntry {
   readonly req: ScheduledRequest;
   /** performance.now() when it was queued. */
@@ -41,10 +44,16 @@ export interface QueueDiscipline {
   /** Live entries. */
   readonly size: number;
   push(e: QueueEntry): void;
-  /** The entry that would leave next, left in place. */
-  peek(): QueueEntry | undefined;
   /** Takes the next entry out (marks it granted). */
   pop(): QueueEntry | undefined;
+  /**
+   * Shows the entries in the order they would leave, one at a time. 'take' takes the entry out
+   * as pop() would (the next one shown is the one that would leave next after it); 'pass' leaves
+   * it queued with its key and place, and shows the one after it; 'stop' ends the scan. The
+   * callback may settle the entry it is shown (and mark it 'removed' before taking it), but must
+   * not push or remove entries.
+   */
+  scan(visit: (e: QueueEntry) => Verdict): void;
   /** The entry is leaving without a slot (refused, cancelled): forget it. */
   remove(e: QueueEntry): void;
   /** The key a new entry of `req` would get now. */
@@ -68,6 +77,8 @@ interface TenantQueue {
   readonly heap: Heap<QueueEntry>;
   size: number;
   counter: number;
+  /** Entries a scan in progress has passed over, lifted out of the heap until the scan ends. */
+  lifted: number;
 }
 
 interface ClassQueue {
@@ -94,7 +105,7 @@ export class SlagateQueue implements QueueDiscipline {
 
   keyFor(req: ScheduledRequest, now: number): number {
     const slack =
-      req.bestBackendMs === null ? req.ttftTargetMs : Math.max(0, req.ttftTargetMs - req.bestBackendMs);
+      req.bestBackendMs === null ? req.ttftBudgetMs : Math.max(0, req.ttftBudgetMs - req.bestBackendMs);
     const size = req.prefillMs === null ? 0 : Math.min(Math.max(0, req.prefillMs), slack / 2);
     return now + this.#agingMs() * req.priority + size;
   }
@@ -103,7 +114,7 @@ export class SlagateQueue implements QueueDiscipline {
     const c = this.#classQueue(e.req);
     let t = c.tenants.get(e.req.tenant);
     if (t === undefined) {
-      t = { heap: new Heap(byKey, alive), size: 0, counter: 0 };
+      t = { heap: new Heap(byKey, alive), size: 0, counter: 0, lifted: 0 };
       c.tenants.set(e.req.tenant, t);
     }
     if (t.size === 0) {
@@ -117,20 +128,49 @@ export class SlagateQueue implements QueueDiscipline {
     this.#size++;
   }
 
-  peek(): QueueEntry | undefined {
-    return this.#select()?.e;
-  }
-
   pop(): QueueEntry | undefined {
     const best = this.#select();
     if (best === null) return undefined;
     best.t.heap.pop();
-    best.e.state = 'granted';
+    this.#take(best);
+    return best.e;
+  }
+
+  // A passed entry is lifted out of its tenant's heap, so that the tenant's next entry competes
+  // in its place (charged nothing: only a dispatch is work served), and is pushed back with the
+  // same key when the scan ends, whatever way it ends.
+  scan(visit: (e: QueueEntry) => Verdict): void {
+    const lifted: { e: QueueEntry; t: TenantQueue }[] = [];
+    try {
+      for (let next = this.#select(); next !== null; next = this.#select()) {
+        // Out of its heap while it is visited, whatever the visit does to its state.
+        next.t.heap.pop();
+        const verdict = visit(next.e);
+        if (verdict === 'stop') {
+          next.t.heap.push(next.e);
+          return;
+        }
+        if (verdict === 'take') {
+          this.#take(next);
+        } else {
+          next.t.lifted++;
+          lifted.push(next);
+        }
+      }
+    } finally {
+      for (const { e, t } of lifted) {
+        t.lifted--;
+        if (e.state === 'queued') t.heap.push(e);
+      }
+    }
+  }
+
+  #take(best: { e: QueueEntry; t: TenantQueue; c: ClassQueue }): void {
+    if (best.e.state === 'queued') best.e.state = 'granted';
     best.t.size--;
     best.c.size--;
     this.#size--;
     best.t.counter += work(best.e.req);
-    return best.e;
   }
 
   /** The next entry: per class the least-served tenant's smallest key, then the smallest across classes. */
@@ -140,7 +180,7 @@ export class SlagateQueue implements QueueDiscipline {
       if (c.size === 0) continue;
       let chosen: TenantQueue | null = null;
       for (const t of c.tenants.values()) {
-        if (t.size > 0 && (chosen === null || t.counter < chosen.counter)) chosen = t;
+        if (t.size - t.lifted > 0 && (chosen === null || t.counter < chosen.counter)) chosen = t;
       }
       const head = chosen?.heap.peek();
       if (chosen === null || head === undefined) continue;
@@ -248,16 +288,34 @@ export class FifoQueue implements QueueDiscipline {
     this.#depth.set(e.req.className, (this.#depth.get(e.req.className) ?? 0) + 1);
   }
 
-  peek(): QueueEntry | undefined {
-    return this.#heap.peek();
-  }
-
   pop(): QueueEntry | undefined {
     const e = this.#heap.pop();
     if (e === undefined) return undefined;
     e.state = 'granted';
     this.#forget(e);
     return e;
+  }
+
+  scan(visit: (e: QueueEntry) => Verdict): void {
+    const lifted: QueueEntry[] = [];
+    try {
+      for (let e = this.#heap.pop(); e !== undefined; e = this.#heap.pop()) {
+        // Out of the heap while it is visited, whatever the visit does to its state.
+        const verdict = visit(e);
+        if (verdict === 'stop') {
+          this.#heap.push(e);
+          return;
+        }
+        if (verdict === 'take') {
+          if (e.state === 'queued') e.state = 'granted';
+          this.#forget(e);
+        } else {
+          lifted.push(e);
+        }
+      }
+    } finally {
+      for (const e of lifted) if (e.state === 'queued') this.#heap.push(e);
+    }
   }
 
   remove(e: QueueEntry): void {

@@ -1,17 +1,20 @@
-// Late dispatch: a request leaves the gateway's queue only when some backend has room under its
-// concurrency limit, and only then is its backend chosen (by the router, with the state of that
-// moment). Every attempt, first or retry, gets its slot here, so retries obey the same limits.
+// Late dispatch: a request leaves the gateway's queue only when the backend the router ranks first
+// for it has room under its concurrency limit, and its backend is chosen then (with the state of
+// that moment). Every attempt, first or retry, gets its slot here, so retries obey the same limits.
 //
 //   acquire(attempt) ─▶ retry? ─▶ retry list (served before every fresh request)
 //        │               fresh ─▶ queue full? evict a sheddable entry, or 429 queue_full
 //        │                        x-slagate-no-queue and no room now? 429 queue_full
 //        ▼                        otherwise the queue discipline (queue.ts)
-//     pump ─▶ while a backend has room (limit − in-flight over every gateway instance, and
-//              prefill room: at most `prefill_tokens` of prefill waiting on it, unless none is):
-//              take the next entry, rank the backends with room (router), lease one ─▶ Slot.
-//              The next entry that fits nowhere waits, and everything behind it (strict order:
-//              prefill room frees within a step, and passing it would undo the aging bound)
-//     guard ─▶ a fresh entry still queued at its latest start (arrival + TTFT target − its
+//     pump ─▶ while some backend is open, the entries in order: the router ranks every available
+//              backend, each with whether it can start the entry now (room under its limit over
+//              every instance, prefill room: at most `prefill_tokens` waiting on it unless none
+//              is, and no earlier entry waiting for it) and the predicted wait for a slot there.
+//              First one open: lease it ─▶ Slot. First one busy: the entry waits for it, and
+//              that backend is closed to the entries behind it until the next pump (nobody
+//              passes a waiting entry on the backend it waits for: the aging bound holds per
+//              backend); the pump goes on with the next entry, for the backends still open
+//     guard ─▶ a fresh entry still queued at its latest start (arrival + TTFT budget − its
 //              predicted time to first token, taken at the P99 of how predictions have turned out)
 //              is refused now, 429 queue_timeout, not served late; so is one that reaches the
 //              head of the queue when the backend it would get predicts a first token past its
@@ -91,6 +94,22 @@ interface Choice {
   ranked: Candidate[];
 }
 
+/** One pump's view of the backends, updated as it grants and as entries wait. */
+interface Round {
+  /** Slots free under each backend's limit (every instance's leases counted). */
+  readonly room: Map<string, number>;
+  /** Entries of this round that wait for each backend (they ranked it first and it had no room for them). */
+  readonly ahead: Map<string, number>;
+  /** Backends an earlier entry of this round waits for: no later entry may take them now. */
+  readonly closed: Set<string>;
+}
+
+/**
+ * Entries a pump passes over (each waiting for a backend without room) per available backend
+ * before it stops: bounds a pump's work when the head of a long queue waits for busy backends.
+ */
+const PASSES_PER_BACKEND = 16;
+
 export interface BackendSchedule {
   name: string;
   limit: number;
@@ -157,6 +176,9 @@ interface Control {
   blocked: boolean;
   error: number | null;
   periods: number;
+  /** Slots this instance freed on the backend since the last period, and their rate (smoothed, per second). */
+  releases: number;
+  releaseRate: number | null;
 }
 
 interface Waiting extends QueueEntry {
@@ -349,7 +371,7 @@ export class Scheduler {
         ticket,
         expiresAt: retry
           ? req.deadlineAt
-          : req.arrivedAt + req.ttftTargetMs - this.upperBackendMs(req.bestBackendMs ?? 0),
+          : req.arrivedAt + req.ttftBudgetMs - this.upperBackendMs(req.bestBackendMs ?? 0),
         settle: (slot, err) => {
           sr.signal.removeEventListener('abort', onAbort);
           if (err !== undefined) reject(err);
@@ -391,59 +413,80 @@ export class Scheduler {
       for (let e = this.#queue.pop(); e !== undefined; e = this.#queue.pop()) (e as Waiting).settle(null);
       return;
     }
-    const room = new Map<string, number>();
-    for (const b of available) room.set(b.name, this.#room(b.name));
+    const round: Round = { room: new Map(), ahead: new Map(), closed: new Set() };
+    for (const b of available) round.room.set(b.name, this.#room(b.name));
     const waiting = this.#queue.size + this.#retries.length > 0;
     if (waiting)
-      for (const b of available) if ((room.get(b.name) ?? 0) <= 0) this.#controlOf(b.name).blocked = true;
+      for (const b of available)
+        if ((round.room.get(b.name) ?? 0) <= 0) this.#controlOf(b.name).blocked = true;
     // Retries first: they have waited once already.
     for (let i = 0; i < this.#retries.length; ) {
       const w = this.#retries[i] as Waiting;
-      const choice = this.#choose(w.req, available, room, w.excluded);
-      if (choice === null) {
+      const choice = this.#choose(w.req, available, round, w.excluded);
+      if (choice === null || !choice.view.hasRoom) {
+        if (choice !== null) this.#waitFor(choice.backend.name, round);
         i++;
         continue;
       }
       this.#retries.splice(i, 1);
       w.state = 'granted';
-      this.#grant(w, choice, room);
+      this.#grant(w, choice, round);
     }
-    while (this.#queue.size > 0) {
-      if (![...room.values()].some((r) => r > 0)) return;
-      const head = this.#queue.peek() as Waiting;
-      const choice = this.#choose(head.req, available, room, null);
-      if (choice === null) return; // no prefill room for it yet: it, and what is behind it, waits
-      this.#queue.pop();
-      if (this.#tooLate(head, choice.view)) {
-        head.state = 'removed';
-        head.settle(null, this.#refusal(head.req, 'queue_timeout'));
-        continue;
+    let passes = 0;
+    const maxPasses = PASSES_PER_BACKEND * available.length;
+    this.#queue.scan((e) => {
+      if (!this.#anyOpen(available, round) || passes >= maxPasses) return 'stop';
+      const w = e as Waiting;
+      const choice = this.#choose(w.req, available, round, null);
+      if (choice === null || !choice.view.hasRoom) {
+        // It waits for the backend it ranked first; that backend takes nobody behind it now.
+        if (choice !== null) this.#waitFor(choice.backend.name, round);
+        passes++;
+        return 'pass';
       }
-      this.#grant(head, choice, room);
-    }
+      if (this.#tooLate(w, choice.view)) {
+        w.settle(null, this.#refusal(w.req, 'queue_timeout'));
+        w.state = 'removed';
+        return 'take';
+      }
+      this.#grant(w, choice, round);
+      return 'take';
+    });
+  }
+
+  /** An entry of this round waits for `backend`: it is closed to the entries after it. */
+  #waitFor(backend: string, round: Round): void {
+    round.ahead.set(backend, (round.ahead.get(backend) ?? 0) + 1);
+    round.closed.add(backend);
+    this.#controlOf(backend).blocked = true;
+  }
+
+  #anyOpen(available: readonly Backend[], round: Round): boolean {
+    for (const b of available)
+      if ((round.room.get(b.name) ?? 0) > 0 && !round.closed.has(b.name)) return true;
+    return false;
   }
 
   /**
-   * The router's first choice among the backends with room (and not excluded), with what it read
-   * about it and the candidates it ranked; null when none has room.
+   * The router's first choice among every available backend the attempt may use (not excluded),
+   * each with whether it can start the request now and how long a slot there would take; with
+   * what it read about it and the candidates it ranked. Null when there is no such backend.
    */
   #choose(
     req: ScheduledRequest,
     available: readonly Backend[],
-    room: ReadonlyMap<string, number>,
+    round: Round,
     excluded: ReadonlySet<string> | null,
   ): Choice | null {
     const views: BackendView[] = [];
     const byName = new Map<string, Backend>();
-    const settings = this.#deps.settings();
-    const cap = settings.policy === 'slagate' ? settings.concurrency.prefillTokens : 0;
+    // A request that may not wait (x-slagate-no-queue, or no queue at all) is offered only the
+    // backends that can start it now: waiting for a busy one would be refusing it.
+    const mayWait = !req.noQueue && this.#deps.settings().maxQueue > 0;
     for (const b of available) {
-      if ((room.get(b.name) ?? 0) <= 0 || excluded?.has(b.name)) continue;
-      const view = this.#view(req, b);
-      if (cap > 0) {
-        const pending = this.#deps.live.inflight(b.name).pendingPrefillTokens;
-        if (pending > 0 && pending + view.uncachedTokens > cap) continue;
-      }
+      if (excluded?.has(b.name)) continue;
+      const view = this.#view(req, b, round);
+      if (!mayWait && !view.hasRoom) continue;
       views.push(view);
       byName.set(b.name, b);
     }
@@ -456,15 +499,37 @@ export class Scheduler {
     return null;
   }
 
+  /**
+   * Can `b` start this request now: a slot under its limit, no earlier entry of this round
+   * waiting for it, and (slagate) prefill room. If not, the predicted wait for a slot there: the
+   * entries of this round waiting for it, plus this one, less the slots free, over the rate the
+   * backend frees slots (its prefill already waiting there is in predictedTtftMs, not here).
+   */
+  #slot(b: Backend, round: Round, uncached: number): { open: boolean; waitMs: number | null } {
+    const free = round.room.get(b.name) ?? 0;
+    const settings = this.#deps.settings();
+    const cap = settings.policy === 'slagate' ? settings.concurrency.prefillTokens : 0;
+    const pending = cap > 0 ? this.#deps.live.inflight(b.name).pendingPrefillTokens : 0;
+    const prefillRoom = cap <= 0 || pending === 0 || pending + uncached <= cap;
+    if (free > 0 && prefillRoom && !round.closed.has(b.name)) return { open: true, waitMs: 0 };
+    const needed = (round.ahead.get(b.name) ?? 0) + 1 - Math.max(0, free);
+    if (needed <= 0) return { open: false, waitMs: 0 };
+    const rate = this.#controlOf(b.name).releaseRate;
+    return { open: false, waitMs: rate === null || rate <= 0 ? null : (needed / rate) * 1000 };
+  }
+
   /** What the router reads about `b` for this request, from the live state now. */
-  #view(req: ScheduledRequest, b: Backend): BackendView {
+  #view(req: ScheduledRequest, b: Backend, round: Round): BackendView {
     const { live } = this.#deps;
     const cached = cachedOn(req.route, b.name, this.#match);
     const inflight = live.load(b.name);
     const size = live.prefixSize(b.name);
+    const slot = this.#slot(b, round, cached.uncached);
     return {
       name: b.name,
       weight: b.weight,
+      hasRoom: slot.open,
+      slotWaitMs: slot.waitMs,
       inflight,
       cachedBlocks: cached.blocks,
       cachedTokens: cached.tokens,
@@ -477,7 +542,7 @@ export class Scheduler {
     };
   }
 
-  #grant(w: Waiting, choice: Choice, room: Map<string, number>): void {
+  #grant(w: Waiting, choice: Choice, round: Round): void {
     const { live } = this.#deps;
     const { backend: b, view } = choice;
     const req = w.req;
@@ -490,7 +555,7 @@ export class Scheduler {
     // Sent there: its blocks are (about to be) in that backend's cache, so the next request with
     // this prefix finds them even while this one is still prefilling.
     live.prefixInsert(b.name, req.route.blocks);
-    room.set(b.name, this.#room(b.name));
+    round.room.set(b.name, this.#room(b.name));
     const control = this.#controlOf(b.name);
     control.targets.set(req.tpotTargetMs, (control.targets.get(req.tpotTargetMs) ?? 0) + 1);
     const grant: Grant = {
@@ -543,6 +608,7 @@ export class Scheduler {
     if (n > 0) slot.control.targets.set(t, n);
     else slot.control.targets.delete(t);
     this.#releases++;
+    slot.control.releases++;
     this.pump();
   }
 
@@ -561,7 +627,7 @@ export class Scheduler {
    */
   #tooLate(w: Waiting, view: BackendView): boolean {
     if (view.predictedTtftMs === null) return false;
-    return this.#now() + this.upperBackendMs(view.predictedTtftMs) > w.req.arrivedAt + w.req.ttftTargetMs;
+    return this.#now() + this.upperBackendMs(view.predictedTtftMs) > w.req.arrivedAt + w.req.ttftBudgetMs;
   }
 
   #dropRetry(w: Waiting): void {
@@ -577,7 +643,9 @@ export class Scheduler {
       message ??
       (code === 'queue_full'
         ? 'The gateway queue is full.'
-        : `The request could not be started within its class's TTFT target (${req.ttftTargetMs} ms).`);
+        : req.ttftBudgetMs === req.ttftTargetMs
+          ? `The request could not be started within its class's TTFT target (${req.ttftTargetMs} ms).`
+          : `The request could not be started within the ${Math.round(req.ttftBudgetMs)} ms it is allowed (its own prefill unloaded, plus its class's TTFT target of ${req.ttftTargetMs} ms).`);
     const err = new GatewayError(code, text, { retryAfterS });
     this.#deps.onRefused?.(req, err);
     return err;
@@ -644,6 +712,9 @@ export class Scheduler {
       names.add(b.name);
       const c = this.#controlOf(b.name);
       const inflight = this.#deps.live.load(b.name);
+      const freed = c.releases / elapsedS;
+      c.releaseRate = c.releaseRate === null ? freed : c.releaseRate + RATE_ALPHA * (freed - c.releaseRate);
+      c.releases = 0;
       if (settings.policy === 'fcfs') {
         c.limit = cc.initial;
       } else {
@@ -729,6 +800,8 @@ export class Scheduler {
         blocked: false,
         error: null,
         periods: 0,
+        releases: 0,
+        releaseRate: null,
       };
       this.#controls.set(name, c);
     }

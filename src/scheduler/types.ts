@@ -21,6 +21,12 @@ export interface ScheduledRequest {
   /** performance.now() at arrival. */
   readonly arrivedAt: number;
   readonly ttftTargetMs: number;
+  /**
+   * The TTFT the gateway plans this request for (queue order, queue guard): its class target; for
+   * a request whose own prefill cannot meet that target on any backend even with nothing else
+   * there (admitted best effort, see admission), that unavoidable time plus the class target.
+   */
+  readonly ttftBudgetMs: number;
   readonly tpotTargetMs: number;
   /** performance.now() by which its first token must have arrived (arrival + first_token_timeout_ms). */
   readonly deadlineAt: number;

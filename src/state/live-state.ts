@@ -142,6 +142,11 @@ export interface LiveState {
   predictTtftMs(backend: string, uncachedTokens: number): number | null;
   /** The prefill-work part alone (ms per prefill token × tokens); null without a fit. */
   prefillMs(backend: string, tokens: number): number | null;
+  /**
+   * Dispatch to first token on the backend with nothing else on it (no prefill waiting, no load):
+   * the least this prompt's first token can take there. Null without a fit.
+   */
+  unloadedTtftMs(backend: string, uncachedTokens: number): number | null;
   predictTpotMs(backend: string, load?: number): number | null;
   /** Counts one admitted request of `tenant` (and its tokens) until the lease ends. */
   tenantLease(tenant: string, tokens: number): TenantLease;
@@ -299,6 +304,13 @@ class LiveStateImpl implements LiveState {
     if (fit === null) return null;
     const now = this.inflight(backend);
     return predict(fit, [nonNegative(uncachedTokens) + now.pendingPrefillTokens, now.requests]);
+  }
+
+  unloadedTtftMs(backend: string, uncachedTokens: number): number | null {
+    const be = this.#backends.get(backend)?.state;
+    if (be === undefined) return null;
+    const fit = this.#fits(backend, be).ttft;
+    return fit === null ? null : predict(fit, [nonNegative(uncachedTokens), 0]);
   }
 
   prefillMs(backend: string, tokens: number): number | null {

@@ -59,6 +59,16 @@ function req(over: Partial<AdmissionRequest> = {}): AdmissionRequest {
   return { ...base, route: over.route ?? route({ promptTokens: base.promptTokens }) };
 }
 
+/** Prefill waiting on every backend (a lease each, until its first token), as dispatched requests make. */
+function pendingPrefill(live: ReturnType<typeof setup>['live'], names: string[], tokens: number) {
+  const leases = names.map((b) =>
+    live.lease(b, { promptTokens: tokens, expectedOutputTokens: 10, uncachedPromptTokens: tokens }),
+  );
+  return () => {
+    for (const l of leases) l.end();
+  };
+}
+
 const codeOf = (fn: () => unknown): string => {
   try {
     fn();
@@ -116,33 +126,69 @@ describe('predicted TTFT', () => {
     expect(warm.scheduled.prefillMs).toBeCloseTo(100, 0);
   });
 
-  it('what cannot meet its class target on any backend is refused at once, with the prediction', () => {
-    const { admission, teach } = setup();
+  it('what the load makes miss its class target on every backend is refused at once, with the prediction', () => {
+    const { admission, teach, live } = setup();
     teach();
-    // 20 + 0.1 × 8000 = 820 ms > 500.
+    // Unloaded 20 + 0.1 × 1000 = 120 ms; with 4,000 tokens of prefill waiting on each backend,
+    // 20 + 0.1 × 5000 = 520 ms > 500.
+    const release = pendingPrefill(live, ['a', 'b'], 4000);
     let caught: unknown;
     try {
-      admission.admit(req({ promptTokens: 8000 }));
+      admission.admit(req({ promptTokens: 1000 }));
     } catch (e) {
       caught = e;
     }
     expect(caught).toMatchObject({ code: 'sla_unattainable', status: 429 });
     expect((caught as { retryAfterS: number }).retryAfterS).toBeGreaterThanOrEqual(1);
     expect((caught as { prediction: { best: { totalMs: number } } }).prediction.best.totalMs).toBeCloseTo(
-      820,
+      520,
       -1,
     );
-    // The same request in a class with room in its target is admitted.
-    expect(codeOf(() => admission.admit(req({ promptTokens: 8000, ttftTargetMs: 30_000 })))).toBe('admitted');
+    // The same request in a class with room in its target is admitted, and so is it once the
+    // prefill ahead of it is done.
+    expect(codeOf(() => admission.admit(req({ promptTokens: 1000, ttftTargetMs: 30_000 })))).toBe('admitted');
+    release();
+    expect(codeOf(() => admission.admit(req({ promptTokens: 1000 })))).toBe('admitted');
+  });
+
+  it('a request late by its own size is admitted: its budget is that time plus the target', () => {
+    const { admission, teach, live } = setup();
+    teach();
+    // 20 + 0.1 × 8000 = 820 ms on either backend with nothing else there: over 500 however long
+    // it waits, so a 429 with Retry-After would promise what no retry keeps.
+    const late = admission.admit(req({ promptTokens: 8000 }));
+    expect(late.prediction.lateBySize).toBe(true);
+    expect(late.prediction.unloadedMs).toBeCloseTo(820, -1);
+    expect(late.scheduled.ttftBudgetMs).toBeCloseTo(820 + 500, -1);
+    // Within its budget the load may delay it; past it, it is refused like any other request.
+    const some = pendingPrefill(live, ['a', 'b'], 3000);
+    expect(codeOf(() => admission.admit(req({ promptTokens: 8000 })))).toBe('admitted'); // 1,120 ms
+    const more = pendingPrefill(live, ['a', 'b'], 3000);
+    let caught: unknown;
+    try {
+      admission.admit(req({ promptTokens: 8000 })); // 1,420 ms > 1,320
+    } catch (e) {
+      caught = e;
+    }
+    expect(caught).toMatchObject({ code: 'sla_unattainable' });
+    expect((caught as Error).message).toMatch(/it is allowed/);
+    more();
+    some();
+    // A request that meets its target unloaded keeps the class target as its budget.
+    const fits = admission.admit(req({ promptTokens: 1000 }));
+    expect(fits.prediction.lateBySize).toBe(false);
+    expect(fits.scheduled.ttftBudgetMs).toBe(500);
   });
 
   it('sheddable classes are refused first: for a while after a protected refusal, every sheddable one is', () => {
-    const { admission, teach, tick } = setup();
+    const { admission, teach, tick, live } = setup();
     teach();
     const batch = { className: 'batch', sheddable: true, ttftTargetMs: 30_000 };
     expect(codeOf(() => admission.admit(req(batch)))).toBe('admitted');
     // A protected request is refused for capacity…
-    expect(codeOf(() => admission.admit(req({ promptTokens: 8000 })))).toMatch(/^sla_unattainable/);
+    const release = pendingPrefill(live, ['a', 'b'], 4000);
+    expect(codeOf(() => admission.admit(req({ promptTokens: 1000 })))).toMatch(/^sla_unattainable/);
+    release();
     // …so a sheddable one that could be served is refused now,
     expect(codeOf(() => admission.admit(req(batch)))).toMatch(/^sla_unattainable/);
     // while protected requests that can be served still are,

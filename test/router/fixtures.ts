@@ -18,6 +18,8 @@ export function view(name: string, over: Partial<BackendView> = {}): BackendView
   return {
     name,
     weight: 1,
+    hasRoom: true,
+    slotWaitMs: 0,
     inflight: 0,
     cachedBlocks: 0,
     cachedTokens: 0,

@@ -27,6 +27,7 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
     prefillMs: 10,
     bestBackendMs: 50,
     ...over,
+    ttftBudgetMs: over.ttftBudgetMs ?? over.ttftTargetMs ?? 500,
   };
 }
 
@@ -158,6 +159,43 @@ describe('SlagateQueue', () => {
     // 3 of a more urgent class, my 4 smaller keys, and the other tenant's turns: min(5, 4 + 1).
     expect(q.aheadOf(probe, q.keyFor(probe, 0))).toBe(3 + 4 + 5);
   });
+
+  it('a scan shows entries in leaving order; a passed one keeps its place, and is not charged to its tenant', () => {
+    const q = new SlagateQueue(() => AGING);
+    // Tenant a: two entries; tenant b: one. Equal counters: the smallest key leaves first.
+    entry(q, 0, { reqId: 'a1', tenant: 'a', prefillMs: 1 });
+    entry(q, 0, { reqId: 'a2', tenant: 'a', prefillMs: 2 });
+    entry(q, 0, { reqId: 'b1', tenant: 'b', prefillMs: 3 });
+    const seen: string[] = [];
+    q.scan((e) => {
+      seen.push(e.req.reqId);
+      // a1 waits (for a busy backend, say); a2 behind it of the same tenant goes.
+      return e.req.reqId === 'a1' ? 'pass' : e.req.reqId === 'a2' ? 'take' : 'stop';
+    });
+    // a1 passed without a charge, so tenant a (a2 taken: charged) is now behind b by work.
+    expect(seen).toEqual(['a1', 'a2', 'b1']);
+    expect(q.size).toBe(2);
+    expect(drain(q)).toEqual(['b1', 'a1']);
+  });
+
+  it('a scan that passes everything leaves the queue as it was', () => {
+    const q = new SlagateQueue(() => AGING);
+    for (const [id, t, p] of [
+      ['x', 'a', 5],
+      ['y', 'b', 1],
+      ['z', 'a', 3],
+    ] as const)
+      entry(q, 0, { reqId: id, tenant: t, prefillMs: p });
+    const seen: string[] = [];
+    q.scan((e) => {
+      seen.push(e.req.reqId);
+      return 'pass';
+    });
+    // Tenant a first (equal counters), its smallest key first; nothing charged by passing.
+    expect(seen).toEqual(['z', 'x', 'y']);
+    expect(q.size).toBe(3);
+    expect(drain(q)).toEqual(['z', 'y', 'x']);
+  });
 });
 
 describe('FifoQueue', () => {
@@ -170,5 +208,13 @@ describe('FifoQueue', () => {
     expect(q.size).toBe(2);
     expect(q.aheadOf()).toBe(2);
     expect(drain(q)).toEqual(['first', 'second']);
+  });
+
+  it('a scan passes over entries without moving them, and takes in arrival order', () => {
+    const q = new FifoQueue();
+    for (const [i, id] of ['first', 'second', 'third'].entries()) entry(q, i, { reqId: id });
+    q.scan((e) => (e.req.reqId === 'first' ? 'pass' : e.req.reqId === 'second' ? 'take' : 'stop'));
+    expect(q.size).toBe(2);
+    expect(drain(q)).toEqual(['first', 'third']);
   });
 });

@@ -3,6 +3,7 @@
 // lease, and what happens on the wire is the upstream layer's).
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import type { RoutingPolicy } from '../../src/router/index.ts';
+import { leastLoaded } from '../../src/router/policies/least-loaded.ts';
 import { slagate } from '../../src/router/policies/slagate.ts';
 import type { BackendView } from '../../src/router/types.ts';
 import type { SchedulerSettings } from '../../src/scheduler/scheduler.ts';
@@ -51,6 +52,7 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
     prefillMs: null,
     bestBackendMs: null,
     ...over,
+    ttftBudgetMs: over.ttftBudgetMs ?? over.ttftTargetMs ?? 60_000,
     route: over.route ?? route({ reqId: id, promptTokens: over.promptTokens ?? 100 }),
   };
 }
@@ -140,7 +142,7 @@ describe('late dispatch', () => {
     expect((await next)!.backend.name).toBe('a');
   });
 
-  it('with a prefill cap, the next request waits until the backend has prefill room (strict order)', async () => {
+  it('with a prefill cap, the next request waits until the backend has prefill room, and nobody passes it there', async () => {
     const s = settings({ concurrency: { ...settings().concurrency, initial: 8, prefillTokens: 1000 } });
     const { scheduler, live } = setup(['a'], s);
     const big = await scheduler.ticket(req({ uncachedTokens: 800, promptTokens: 800 })).acquire(first());
@@ -301,6 +303,21 @@ describe('refusals while waiting', () => {
     });
   });
 
+  it('a request late by its own size may wait until its budget (its unavoidable time + the target), not its target', async () => {
+    const { scheduler } = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
+    await scheduler.ticket(req()).acquire(first());
+    // Both arrived a second ago with a 300 ms target; one was admitted late by its own size.
+    const arrivedAt = performance.now() - 1000;
+    const normal = scheduler
+      .ticket(req({ reqId: 'normal', arrivedAt, ttftTargetMs: 300, bestBackendMs: 0 }))
+      .acquire(first());
+    const late = scheduler
+      .ticket(req({ reqId: 'late', arrivedAt, ttftTargetMs: 300, ttftBudgetMs: 60_000, bestBackendMs: 0 }))
+      .acquire(first());
+    await expect(normal).rejects.toMatchObject({ code: 'queue_timeout' });
+    expect(await state(late)).toBe('waiting');
+  });
+
   it('a retry still queued at the request deadline gets null (the attempt loop then gives up)', async () => {
     const { scheduler } = setup(
       ['a', 'b'],
@@ -412,9 +429,14 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
   const prefix = chain(1, 100);
   let question = 0;
   /** The shared prefix and a question of its own (6 blocks no other request has). */
-  const ask = (id: string) => {
+  const ask = (id: string, over: Partial<ScheduledRequest> = {}) => {
     const blocks = [...prefix, ...chain(10_000 + 10 * question++, 6)];
-    return req({ reqId: id, promptTokens: 1700, route: route({ reqId: id, promptTokens: 1700, blocks }) });
+    return req({
+      reqId: id,
+      promptTokens: 1700,
+      route: route({ reqId: id, promptTokens: 1700, blocks }),
+      ...over,
+    });
   };
   const cost = slagate({ exploreRatio: 0, tolerance: () => null });
   const grantOf = async (f: ReturnType<typeof setup>, r: ScheduledRequest) => {
@@ -466,6 +488,74 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
     // b holds the prefix now too; once hot-2's prefill is done there, b is the cheaper warm one.
     hot2!.prefillDone();
     expect(await grantOf(f, ask('hot-3'))).toBe('b');
+  });
+
+  describe('busy backends: the wait for a slot is part of the cost', () => {
+    afterEach(() => {
+      vi.useRealTimers();
+    });
+
+    /**
+     * Two backends with one slot each, fits taught, the shared prefix held on a, a release rate of
+     * 10 slots in 0.9 s measured there (a control period), and a's one slot taken.
+     */
+    async function busy(router: RoutingPolicy) {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const s = settings({ concurrency: { ...settings().concurrency, initial: 1, max: 1, intervalMs: 100 } });
+      const f = setup(['a', 'b'], s, router, { sharedClock: true });
+      // Arrived now on the scheduler's clock (the fixture's, moved by tick).
+      const at = () => ({ arrivedAt: f.now(), deadlineAt: f.now() + 60_000 });
+      f.teach(); // 0.4 s of the clock
+      f.live.prefixInsert('a', prefix);
+      for (let i = 0; i < 10; i++) {
+        const slot = await f.scheduler.ticket(ask(`r${i}`, at())).acquire(first());
+        f.tick(50);
+        slot!.release();
+      }
+      vi.advanceTimersByTime(100);
+      const held = await f.scheduler.ticket(ask('held', at())).acquire(first());
+      if (held!.backend.name !== 'a') throw new Error('the fixture wants a busy');
+      return { f, held: held!, at };
+    }
+
+    it('a request waits for the busy backend holding its prefix, while one with nothing cached goes where a slot is free', async () => {
+      const { f, held, at } = await busy(cost);
+      // On a: a slot in 0.9 s / 10 = 90 ms, then 20 + 0.1 × (100 + 100 waiting) = 40 ms, and its
+      // prefill's stall of the one running there, 10 ms; on b now: a cold 1,700-token prefill,
+      // 190 ms. It waits for a.
+      const warm = f.scheduler.ticket(ask('warm', at())).acquire(first());
+      expect(await state(warm)).toBe('waiting');
+      // A prompt held nowhere is cheaper on b at once than behind `warm` on a: it passes `warm`.
+      const blocks = chain(50_000, 106);
+      const cold = await f.scheduler
+        .ticket(
+          req({
+            reqId: 'cold',
+            promptTokens: 1700,
+            route: route({ reqId: 'cold', promptTokens: 1700, blocks }),
+            ...at(),
+          }),
+        )
+        .acquire(first());
+      expect(cold!.backend.name).toBe('b');
+      expect(await state(warm)).toBe('waiting');
+      held.release();
+      const slot = await warm;
+      expect(slot!.backend.name).toBe('a');
+      expect(slot!.prefixHit).toBeCloseTo(1600 / 1700, 9);
+    });
+
+    it('a request that may not wait (x-slagate-no-queue) takes the free slot rather than be refused', async () => {
+      const { f, at } = await busy(cost);
+      const slot = await f.scheduler.ticket(ask('hurry', { ...at(), noQueue: true })).acquire(first());
+      expect(slot!.backend.name).toBe('b');
+    });
+
+    it('the baselines dispatch at once where a slot is free, as the routers they copy do', async () => {
+      const { f, at } = await busy(leastLoaded(() => 0.5));
+      const warm = await f.scheduler.ticket(ask('warm', at())).acquire(first());
+      expect(warm!.backend.name).toBe('b');
+    });
   });
 
   it('an aged-out prefix stops attracting requests', async () => {

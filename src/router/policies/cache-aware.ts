@@ -1,4 +1,4 @@
-import { byCost, promote, type Random } from '../pick.ts';
+import { byCost, promote, type Random, withRoom } from '../pick.ts';
 import type { BackendView, Candidate, RouteRequest, RoutingPolicy } from '../types.ts';
 
 /** SGLang Model Gateway's documented defaults (research/peers.md section 4). */
@@ -8,12 +8,14 @@ export const CACHE_AWARE_DEFAULTS = { cacheThreshold: 0.3, balanceAbs: 64, balan
  * A baseline after SGLang's cache-aware load balancer. When the load is imbalanced (the busiest
  * backend runs more than `balanceAbs` requests over the idlest and more than `balanceRel` times
  * it), the shortest queue wins. Otherwise the best prefix match wins if it covers more than
- * `cacheThreshold` of the prompt, else the least loaded backend. Reads: inflight, cachedTokens.
+ * `cacheThreshold` of the prompt, else the least loaded backend; among the backends with room now.
+ * Reads: hasRoom, inflight, cachedTokens.
  */
 export function cacheAware(random: Random = Math.random, p = CACHE_AWARE_DEFAULTS): RoutingPolicy {
   return {
     name: 'cache_aware',
-    rank(req: RouteRequest, backends: readonly BackendView[]): Candidate[] {
+    rank(req: RouteRequest, all: readonly BackendView[]): Candidate[] {
+      const backends = withRoom(all);
       const byLoad = byCost(
         backends.map((b) => ({ backend: b.name, cost: b.inflight })),
         random,

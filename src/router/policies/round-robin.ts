@@ -1,15 +1,17 @@
+import { withRoom } from '../pick.ts';
 import type { BackendView, Candidate, RouteRequest, RoutingPolicy } from '../types.ts';
 
 /**
- * Weighted round robin over the available backends. The cursor advances once per request, so
- * the i-th request starts at the i-th slot of a ring where a backend of weight w holds w slots;
- * backends that are out (ejected, unhealthy) are simply absent from the list it is given.
+ * Weighted round robin over the available backends with room now. The cursor advances once per
+ * request, so the i-th request starts at the i-th slot of a ring where a backend of weight w holds
+ * w slots; backends that are out (ejected, unhealthy) are simply absent from the list it is given.
  */
 export function roundRobin(): RoutingPolicy {
   let cursor = 0;
   return {
     name: 'round_robin',
-    rank(_req: RouteRequest, backends: readonly BackendView[]): Candidate[] {
+    rank(_req: RouteRequest, all: readonly BackendView[]): Candidate[] {
+      const backends = withRoom(all);
       if (backends.length === 0) return [];
       const ring: string[] = [];
       for (const b of backends) for (let i = 0; i < Math.max(1, Math.round(b.weight)); i++) ring.push(b.name);

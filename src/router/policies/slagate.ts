@@ -1,4 +1,4 @@
-import { byCost, promote, type Random } from '../pick.ts';
+import { byCost, promote, type Random, withRoom } from '../pick.ts';
 import type { BackendView, Candidate, RouteRequest, RoutingPolicy } from '../types.ts';
 
 export interface SlagateOptions {
@@ -19,7 +19,10 @@ const SESSIONS = 65_536;
 /**
  * The default policy: the lowest predicted cost in seconds.
  *
- *   cost = predicted TTFT on the backend with its own uncached tokens to prefill (the live
+ *   cost = the wait for a slot there (0 with room now; else the requests waiting for it over
+ *          the rate it frees slots: every backend is ranked, busy ones too, and a request whose
+ *          best backend is busy waits for it rather than go cold elsewhere)
+ *        + predicted TTFT on the backend with its own uncached tokens to prefill (the live
  *          state's fit: base + prefill waiting there + this prefill + load term)
  *        + decode pressure suffered: how much the request's output would take longer than its
  *          class allows there, max(0, TPOT with it added − TPOT target) × expected output tokens
@@ -28,16 +31,18 @@ const SESSIONS = 65_536;
  *        + cache displaced: its prefill time there × how full that backend's cache is (the prefix
  *          index's blocks ÷ its capacity): what a miss on a full cache evicts, someone prefills again
  *
- * Costs within the predictor's typical error of the lowest are ties: among them the backend this
- * request's session last went to wins, then the one holding more of the prompt, then chance. So
- * affinity holds only while it costs no more than the predictor can tell apart, and a hot prefix
- * spreads once its backend is predicted slower by more than that. A share of `exploreRatio` goes
- * where the prefill would start soonest whatever is cached, which copies busy prefixes to more
- * backends over time. Before every backend has a fit (a cold start) the cost is LMetric's
- * uncached tokens × (requests running + 1), in token-requests rather than seconds.
+ * Costs within the predictor's typical error of the lowest are ties: among them one that can start
+ * the request now wins, then the backend this request's session last went to, then the one
+ * holding more of the prompt, then the lowest. So affinity holds only while it costs no more than
+ * the predictor can tell apart, and a hot prefix spreads once its backend is predicted slower by
+ * more than that. A share of `exploreRatio` goes where the prefill would start soonest whatever is
+ * cached (among the backends with room), which copies busy prefixes to more backends over time.
+ * Before every backend has a fit (a cold start) the cost is LMetric's uncached tokens × (requests
+ * running + 1), in token-requests rather than seconds, over the backends with room: no wait is
+ * planned on without a fit.
  *
- * Reads: predictedTtftMs, prefillMs, tpotMs, cacheFill, cachedBlocks, uncachedTokens, inflight,
- * weight.
+ * Reads: hasRoom, slotWaitMs, predictedTtftMs, prefillMs, tpotMs, cacheFill, cachedBlocks,
+ * uncachedTokens, inflight, weight.
  */
 export function slagate(opts: SlagateOptions, name = 'slagate'): RoutingPolicy {
   const random = opts.random ?? Math.random;
@@ -65,6 +70,8 @@ export function slagate(opts: SlagateOptions, name = 'slagate'): RoutingPolicy {
 }
 
 function seconds(req: RouteRequest, b: BackendView): Candidate {
+  // A wait nobody can predict yet (the backend has freed no slot so far) is not planned on.
+  const waitMs = b.slotWaitMs ?? Number.POSITIVE_INFINITY;
   const ttftMs = b.predictedTtftMs as number;
   // Suffered: its own output decoded slower than its class allows there.
   const sufferMs =
@@ -81,8 +88,9 @@ function seconds(req: RouteRequest, b: BackendView): Candidate {
   const decodeMs = sufferMs + causeMs;
   return {
     backend: b.name,
-    cost: (ttftMs + decodeMs + evictMs) / 1000,
+    cost: (waitMs + ttftMs + decodeMs + evictMs) / 1000,
     terms: {
+      wait_s: Number.isFinite(waitMs) ? round(waitMs / 1000) : null,
       ttft_s: round(ttftMs / 1000),
       prefill_s: b.prefillMs === null ? null : round(b.prefillMs / 1000),
       decode_s: round(sufferMs / 1000),
@@ -97,7 +105,9 @@ function seconds(req: RouteRequest, b: BackendView): Candidate {
 function lmetric(b: BackendView): Candidate {
   return {
     backend: b.name,
-    cost: (Math.max(1, b.uncachedTokens) * (b.inflight + 1)) / Math.max(b.weight, 1e-9),
+    cost: b.hasRoom
+      ? (Math.max(1, b.uncachedTokens) * (b.inflight + 1)) / Math.max(b.weight, 1e-9)
+      : Number.POSITIVE_INFINITY,
     terms: {
       lmetric: 'uncached×(inflight+1)',
       cached_tokens: Math.round(b.cachedTokens),
@@ -106,7 +116,10 @@ function lmetric(b: BackendView): Candidate {
   };
 }
 
-/** Among the costs within `tolerance` of the lowest: the session's backend, then more cached blocks. */
+/**
+ * Among the costs within `tolerance` of the lowest: one with room now, then the session's backend,
+ * then more cached blocks, then the lowest (compared in that order).
+ */
 function tieBreak(
   ranked: readonly Candidate[],
   backends: readonly BackendView[],
@@ -115,19 +128,28 @@ function tieBreak(
 ): string {
   const best = ranked[0] as Candidate;
   const limit = best.cost + Math.abs(best.cost) * tolerance;
-  const cached = new Map(backends.map((b) => [b.name, b.cachedBlocks]));
+  const byName = new Map(backends.map((b) => [b.name, b]));
+  const preference = (c: Candidate): number[] => {
+    const b = byName.get(c.backend);
+    return [b?.hasRoom ? 1 : 0, c.backend === session ? 1 : 0, b?.cachedBlocks ?? 0];
+  };
   let pick = best;
+  let pickPref = preference(best);
   for (const c of ranked) {
     if (c.cost > limit) break;
-    if (c.backend === session) return c.backend;
-    if ((cached.get(c.backend) ?? 0) > (cached.get(pick.backend) ?? 0)) pick = c;
+    const pref = preference(c);
+    const i = pref.findIndex((x, k) => x !== pickPref[k]);
+    if (i >= 0 && (pref[i] as number) > (pickPref[i] as number)) {
+      pick = c;
+      pickPref = pref;
+    }
   }
   return pick.backend;
 }
 
-/** Where this request's own prefill would start soonest: the least predicted work ahead of it. */
+/** Where this request's own prefill would start soonest (with room now): the least predicted work ahead of it. */
 function soonestStart(backends: readonly BackendView[], random: Random): string {
-  const ahead = backends.map((b) => ({
+  const ahead = withRoom(backends).map((b) => ({
     backend: b.name,
     cost:
       b.predictedTtftMs === null || b.prefillMs === null
