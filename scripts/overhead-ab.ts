@@ -5,11 +5,15 @@
 //
 //   git worktree add /tmp/slagate-base <commit> && (cd /tmp/slagate-base && npm ci)
 //   npx tsx scripts/overhead-ab.ts --base /tmp/slagate-base [--levels 1,32] [--rounds 6]
-//                                  [--workload sharegpt|unique]
+//                                  [--workload sharegpt|unique] [--warmup 2000]
 //
 // The three paths take turns: each level runs `rounds` rounds, and in every round each path sends
 // requests/rounds requests, in an order that rotates from round to round, so that slow drift of the
 // machine (two cores shared by the client, the backend and the gateways) falls on every path alike.
+// Before the first level each gateway serves `--warmup` requests at 32 streams, so that both run
+// their request path compiled, as a gateway does after its first minute of traffic: at one stream
+// a few hundred requests leave most of it interpreted, and the path with more code then pays for
+// its size in the interpreter rather than in what it does.
 // Samples are pooled per path, and each gateway process's CPU time (utime + stime) over its own
 // rounds is divided by its requests. Every gateway runs in its own process with the same YAML (keys both
 // versions know), the client (`slagate bench`, ShareGPT-like prompts, ~64-token outputs, closed
@@ -33,6 +37,7 @@ const { values } = parseArgs({
     rounds: { type: 'string', default: '6' },
     requests: { type: 'string', default: '0' },
     workload: { type: 'string', default: 'sharegpt' },
+    warmup: { type: 'string', default: '2000' },
   },
 });
 if (values.base === undefined) throw new Error('--base DIR is required (a checkout with node_modules)');
@@ -104,6 +109,18 @@ const rows = [
   '|---|---|---|---|---|---|---|---|---|',
 ];
 try {
+  const warmup = Number(values.warmup);
+  for (const [name, url] of paths) {
+    if (name === 'direct' || warmup <= 0) continue;
+    await runBench({
+      target: url,
+      workload: uniqueWorkload('short', warmup, 32, 98),
+      concurrency: 32,
+      requests: warmup,
+      seed: 98,
+      progress: false,
+    });
+  }
   for (const c of levels) {
     const total = Number(values.requests) || (c === 1 ? 240 : Math.max(1536, c * 48));
     const per = Math.ceil(total / rounds);

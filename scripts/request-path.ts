@@ -3,7 +3,7 @@
 // floor-proxy.ts) and slagate (least_loaded), each in its own process.
 //
 //   npx tsx scripts/request-path.ts [--levels 1,32,256] [--prompts short,long] [--rounds 2]
-//                                   [--profile DIR] [--profile-interval-us 1000]
+//                                   [--profile DIR] [--profile-interval-us 1000] [--warmup 2000]
 //
 // The backend (scripts/lib/fixed-backend.ts) sends the first token after 20 ms and then one every
 // 5 ms, with no batching, so a request's timing depends on nothing but the path in front of it.
@@ -11,6 +11,9 @@
 // about 8,000 tokens (32,000 characters). Outputs are 32 tokens at 1 and 32 streams and 64 at 256
 // (the 4,000-request closed loop of the request-path issue). The paths take turns round by round
 // in an order that rotates, so the machine's drift falls on all of them alike; samples are pooled.
+// Before the first level every proxy serves `--warmup` short requests at 32 streams, so that its
+// request path runs compiled, as after a first minute of traffic (a few hundred requests at one
+// stream leave most of it interpreted, which charges a proxy for the size of its code).
 // Per path: added TTFT p50 / p99 over direct, the total time of its requests (the sum of its
 // rounds' wall times) and the proxy process's CPU per request (utime + stime from /proc).
 //
@@ -38,6 +41,7 @@ const { values } = parseArgs({
     rounds: { type: 'string', default: '2' },
     profile: { type: 'string' },
     'profile-interval-us': { type: 'string', default: '1000' },
+    warmup: { type: 'string', default: '2000' },
   },
 });
 const levels = values.levels!.split(',').map(Number);
@@ -103,6 +107,10 @@ out(
 );
 out('|---|---|---|---|---|---|---|---|---|---|');
 try {
+  const warmup = Number(values.warmup);
+  for (const p of paths)
+    if (p.pid !== null && warmup > 0)
+      await bench(p.url, 32, uniqueWorkload('short', warmup, 32, 5), warmup, 5);
   for (const kind of kinds) {
     for (const streams of levels) {
       const total = requestsFor(streams, kind);

@@ -104,8 +104,8 @@ export class AdmissionController {
     const best = prediction.best;
     // Planned at the P99 of how predictions turn out, so that the tail of what is admitted, not
     // its median, meets the target; the record keeps the point prediction. The budget is the class
-    // target, or for a request late by its own size its unavoidable time plus the target
-    // (predict.ts): what the load adds is refused, not what the prompt itself must take.
+    // target, or for a request large for its class twice its unavoidable time (predict.ts): what
+    // the load adds past that is refused, not what the prompt itself must take.
     const bound =
       best === null || best.backendMs === null || prediction.waitMs === null
         ? null
@@ -119,7 +119,7 @@ export class AdmissionController {
           `Predicted time to first token ${Math.round(bound)} ms (at its P99) exceeds the ` +
             (budget === req.ttftTargetMs
               ? `'${req.className}' target of ${req.ttftTargetMs} ms on every backend.`
-              : `${Math.round(budget)} ms it is allowed on every backend (its own prefill unloaded, plus the '${req.className}' target of ${req.ttftTargetMs} ms).`),
+              : `${Math.round(budget)} ms it is allowed on every backend (twice its own first token unloaded, which takes most of the '${req.className}' target of ${req.ttftTargetMs} ms).`),
           { retryAfterS: this.#retryAfterS(bound, budget) },
         ),
         prediction,

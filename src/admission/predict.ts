@@ -7,14 +7,21 @@
 //               where "own uncached" is the prompt less what the prefix index says the backend
 //               holds (src/router/cached.ts, the same count the router weighs)
 //
-// and the least the request's first token can take anywhere: dispatch to first token on a backend
-// with nothing else on it (its own uncached prefill there and the fit's base), the best backend's.
-// When even that, taken at the P99 of how predictions turn out, is over the class target, the
-// request is late by its own size, not by the load: no wait makes it attainable, and refusing it
-// with a Retry-After would promise what no retry can keep (and would keep its prefix out of every
-// cache, so the next request with that prefix is as late). Its budget (ttftBudgetMs) is that
-// unavoidable time plus the class target: the load may delay it by as much as the class allows
-// any request, and admission and the queue guard refuse it past that, as any other.
+// and the least the request's first token can take anywhere, u: dispatch to first token on a
+// backend with nothing else on it (its own uncached prefill there and the fit's base), the best
+// backend's, taken at the P99 of how predictions turn out. The request's budget (ttftBudgetMs,
+// what admission and the queue guard plan with) is
+//
+//   budget = max(class target, 2u)
+//
+// that is, the load may delay a request by what is left of its target, or by its own unavoidable
+// time when that is more. A request with u over half its target is large for its class: most of
+// its target goes to its own prefill, so a little load (or the P99 multiplier alone) puts it over,
+// and with u over the target no wait makes it attainable at all. Refusing it with a Retry-After
+// would promise what no retry keeps, and a refused request prefills nothing: its prefix stays out
+// of every cache, so the next request with that prefix is as large, and is refused in turn. The
+// budget is continuous in u (at u = target/2 both terms are the target), so no request is cut off
+// at a cliff in its size.
 //
 // Everything it reads is in memory; nothing is awaited. A part that cannot be predicted yet (no
 // fit, no drain rate) makes that backend's prediction null, never a guess.
@@ -38,8 +45,8 @@ export interface Prediction {
    * ms (null when no backend has a fit).
    */
   readonly unloadedMs: number | null;
-  /** Its first token is over the class target on every backend even unloaded (at the P99 multiplier). */
-  readonly lateBySize: boolean;
+  /** u above: unloadedMs at the P99 multiplier is over half the class target (its budget is 2u). */
+  readonly largeForClass: boolean;
 }
 
 export type PredictInput = Omit<
@@ -83,12 +90,11 @@ export function predict(
       uncachedTokens = own;
     }
   }
-  const lateBySize = unloadedMs !== null && scheduler.upperBackendMs(unloadedMs) > req.ttftTargetMs;
+  const u = unloadedMs === null ? 0 : scheduler.upperBackendMs(unloadedMs);
+  const largeForClass = 2 * u > req.ttftTargetMs;
   const sized: ScheduledRequest = {
     ...req,
-    ttftBudgetMs: lateBySize
-      ? scheduler.upperBackendMs(unloadedMs as number) + req.ttftTargetMs
-      : req.ttftTargetMs,
+    ttftBudgetMs: Math.max(req.ttftTargetMs, 2 * u),
     uncachedTokens,
     predictions: new Map(),
     prefillMs,
@@ -108,7 +114,7 @@ export function predict(
   }
   if (waitMs === null) complete = false;
   return {
-    prediction: { byBackend, waitMs, best, complete, unloadedMs, lateBySize },
+    prediction: { byBackend, waitMs, best, complete, unloadedMs, largeForClass },
     scheduled: { ...sized, predictions: byBackend },
   };
 }

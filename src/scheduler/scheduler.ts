@@ -645,7 +645,7 @@ export class Scheduler {
         ? 'The gateway queue is full.'
         : req.ttftBudgetMs === req.ttftTargetMs
           ? `The request could not be started within its class's TTFT target (${req.ttftTargetMs} ms).`
-          : `The request could not be started within the ${Math.round(req.ttftBudgetMs)} ms it is allowed (its own prefill unloaded, plus its class's TTFT target of ${req.ttftTargetMs} ms).`);
+          : `The request could not be started within the ${Math.round(req.ttftBudgetMs)} ms it is allowed (twice its own first token unloaded, more than its class's TTFT target of ${req.ttftTargetMs} ms).`);
     const err = new GatewayError(code, text, { retryAfterS });
     this.#deps.onRefused?.(req, err);
     return err;

@@ -22,9 +22,9 @@ export interface ScheduledRequest {
   readonly arrivedAt: number;
   readonly ttftTargetMs: number;
   /**
-   * The TTFT the gateway plans this request for (queue order, queue guard): its class target; for
-   * a request whose own prefill cannot meet that target on any backend even with nothing else
-   * there (admitted best effort, see admission), that unavoidable time plus the class target.
+   * The TTFT the gateway plans this request for (queue order, queue guard): its class target, or
+   * twice its own first token on an unloaded backend when that is more (a request large for its
+   * class; src/admission/predict.ts).
    */
   readonly ttftBudgetMs: number;
   readonly tpotTargetMs: number;

@@ -151,22 +151,23 @@ describe('predicted TTFT', () => {
     expect(codeOf(() => admission.admit(req({ promptTokens: 1000 })))).toBe('admitted');
   });
 
-  it('a request late by its own size is admitted: its budget is that time plus the target', () => {
+  it('the budget is the class target, or twice the first token on an unloaded backend when that is more', () => {
     const { admission, teach, live } = setup();
     teach();
     // 20 + 0.1 × 8000 = 820 ms on either backend with nothing else there: over 500 however long
-    // it waits, so a 429 with Retry-After would promise what no retry keeps.
-    const late = admission.admit(req({ promptTokens: 8000 }));
-    expect(late.prediction.lateBySize).toBe(true);
-    expect(late.prediction.unloadedMs).toBeCloseTo(820, -1);
-    expect(late.scheduled.ttftBudgetMs).toBeCloseTo(820 + 500, -1);
-    // Within its budget the load may delay it; past it, it is refused like any other request.
+    // it waits, so a 429 with Retry-After would promise what no retry keeps. Budget 2 × 820.
+    const large = admission.admit(req({ promptTokens: 8000 }));
+    expect(large.prediction.largeForClass).toBe(true);
+    expect(large.prediction.unloadedMs).toBeCloseTo(820, -1);
+    expect(large.scheduled.ttftBudgetMs).toBeCloseTo(1640, -1);
+    // Within its budget the load may delay it (3,000 tokens ahead on each: 1,120 ms);
     const some = pendingPrefill(live, ['a', 'b'], 3000);
-    expect(codeOf(() => admission.admit(req({ promptTokens: 8000 })))).toBe('admitted'); // 1,120 ms
-    const more = pendingPrefill(live, ['a', 'b'], 3000);
+    expect(codeOf(() => admission.admit(req({ promptTokens: 8000 })))).toBe('admitted');
+    // past it, it is refused like any other request (9,000 ahead: 1,720 ms).
+    const more = pendingPrefill(live, ['a', 'b'], 6000);
     let caught: unknown;
     try {
-      admission.admit(req({ promptTokens: 8000 })); // 1,420 ms > 1,320
+      admission.admit(req({ promptTokens: 8000 }));
     } catch (e) {
       caught = e;
     }
@@ -174,9 +175,11 @@ describe('predicted TTFT', () => {
     expect((caught as Error).message).toMatch(/it is allowed/);
     more();
     some();
-    // A request that meets its target unloaded keeps the class target as its budget.
+    // Continuous in its size: 3,000 tokens (320 ms unloaded, over half the target) get 640 ms, so
+    // a little load does not refuse them; 1,000 tokens (120 ms) keep the class target.
+    expect(admission.admit(req({ promptTokens: 3000 })).scheduled.ttftBudgetMs).toBeCloseTo(640, -1);
     const fits = admission.admit(req({ promptTokens: 1000 }));
-    expect(fits.prediction.lateBySize).toBe(false);
+    expect(fits.prediction.largeForClass).toBe(false);
     expect(fits.scheduled.ttftBudgetMs).toBe(500);
   });
 

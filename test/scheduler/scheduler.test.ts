@@ -303,10 +303,10 @@ describe('refusals while waiting', () => {
     });
   });
 
-  it('a request late by its own size may wait until its budget (its unavoidable time + the target), not its target', async () => {
+  it('a request large for its class may wait until its budget, not its class target', async () => {
     const { scheduler } = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
     await scheduler.ticket(req()).acquire(first());
-    // Both arrived a second ago with a 300 ms target; one was admitted late by its own size.
+    // Both arrived a second ago with a 300 ms target; one is large for its class (budget 60 s).
     const arrivedAt = performance.now() - 1000;
     const normal = scheduler
       .ticket(req({ reqId: 'normal', arrivedAt, ttftTargetMs: 300, bestBackendMs: 0 }))
