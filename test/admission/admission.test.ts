@@ -69,6 +69,16 @@ function pendingPrefill(live: ReturnType<typeof setup>['live'], names: string[],
   };
 }
 
+/** What `fn` throws (undefined when it returns). */
+function thrownBy(fn: () => unknown): unknown {
+  try {
+    fn();
+  } catch (e) {
+    return e;
+  }
+  return undefined;
+}
+
 const codeOf = (fn: () => unknown): string => {
   try {
     fn();
@@ -132,12 +142,7 @@ describe('predicted TTFT', () => {
     // Unloaded 20 + 0.1 × 1000 = 120 ms; with 4,000 tokens of prefill waiting on each backend,
     // 20 + 0.1 × 5000 = 520 ms > 500.
     const release = pendingPrefill(live, ['a', 'b'], 4000);
-    let caught: unknown;
-    try {
-      admission.admit(req({ promptTokens: 1000 }));
-    } catch (e) {
-      caught = e;
-    }
+    const caught = thrownBy(() => admission.admit(req({ promptTokens: 1000 })));
     expect(caught).toMatchObject({ code: 'sla_unattainable', status: 429 });
     expect((caught as { retryAfterS: number }).retryAfterS).toBeGreaterThanOrEqual(1);
     expect((caught as { prediction: { best: { totalMs: number } } }).prediction.best.totalMs).toBeCloseTo(
@@ -165,12 +170,7 @@ describe('predicted TTFT', () => {
     expect(codeOf(() => admission.admit(req({ promptTokens: 8000 })))).toBe('admitted');
     // past it, it is refused like any other request (9,000 ahead: 1,720 ms).
     const more = pendingPrefill(live, ['a', 'b'], 6000);
-    let caught: unknown;
-    try {
-      admission.admit(req({ promptTokens: 8000 }));
-    } catch (e) {
-      caught = e;
-    }
+    const caught = thrownBy(() => admission.admit(req({ promptTokens: 8000 })));
     expect(caught).toMatchObject({ code: 'sla_unattainable' });
     expect((caught as Error).message).toMatch(/it is allowed/);
     more();
