@@ -425,6 +425,7 @@ async function decision(): Promise<{ p50: number; p99: number; max: number; refu
       arrivedAt: performance.now(),
       ttftTargetMs: 60_000,
       ttftBudgetMs: 60_000,
+      loopDelayMs: 0,
       tpotTargetMs: 50,
       deadlineAt: performance.now() + 60_000,
       uncachedTokens: 2000,

@@ -23,6 +23,7 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import type { RequestRecord } from '../src/bench/client.ts';
 import { type CompareRun, runCompare } from '../src/bench/compare.ts';
@@ -161,22 +162,26 @@ function capacity(workload: WorkloadName): { perReplica: number; fleet: number; 
 // ---- real-time runs ----
 
 /**
- * P99 of the TTFT the gateway recorded (arrival at the gateway to the first token it forwarded)
- * for the steady requests it served. The client's figure adds the client↔gateway hop, which on
- * this machine includes the load generator's own event-loop delay under load.
+ * The TTFT the gateway recorded (arrival at the gateway to the first token it forwarded) for the
+ * steady requests it served: its P99, and the P99 of what the client measured on top of it for the
+ * same request (the client↔gateway hop both ways, which on this machine includes the load
+ * generator's own event-loop delay under load).
  */
-function gatewayTtftP99(r: CompareRun): number | null {
+function gatewayTtft(r: CompareRun): { p99: number | null; gapP99: number | null } {
   const byId = new Map<string, number>();
   for (const a of (r.admissionLog ?? []) as { req_id: string; outcome: string; ttft_ms: number | null }[])
     if (a.outcome === 'ok' && a.ttft_ms !== null) byId.set(a.req_id, a.ttft_ms);
   const xs: number[] = [];
+  const gaps: number[] = [];
   for (const x of r.bench!.records) {
     if (!x.success || x.startTime < WARMUP_S || x.startTime > ARRIVAL_S) continue;
     const id = x.headers['x-request-id'];
     const v = id === undefined ? undefined : byId.get(id);
-    if (v !== undefined) xs.push(v);
+    if (v === undefined) continue;
+    xs.push(v);
+    gaps.push(x.ttft * 1000 - v);
   }
-  return pct(xs, 0.99);
+  return { p99: pct(xs, 0.99), gapP99: pct(gaps, 0.99) };
 }
 
 interface Steady {
@@ -240,9 +245,13 @@ async function run(
   workload: WorkloadName,
   rate: number,
   classHints: boolean,
-): Promise<CompareRun> {
+): Promise<CompareRun & { clientLoopDelayP99Ms: number }> {
   const v = VARIANTS[variant];
   const yaml = gatewayYaml(v.yaml);
+  // The load generator's own event-loop delay over the run: every streamed event it reads late
+  // adds to the TTFT and TPOT it measures, and none of that is the gateway's.
+  const loop = monitorEventLoopDelay({ resolution: 10 });
+  loop.enable();
   const result = await runCompare({
     policies: [v.item],
     workload,
@@ -258,9 +267,10 @@ async function run(
     readyTimeoutMs: 30_000,
     onProgress: (line) => console.error(`  ${variant} ${workload} ${rate}: ${line}`),
   });
+  loop.disable();
   const r = result.runs[0]!;
   if (r.error !== null || r.bench === null) throw new Error(`${variant} at ${rate}: ${r.error}`);
-  return r;
+  return { ...r, clientLoopDelayP99Ms: loop.percentile(99) / 1e6 };
 }
 
 const out: Record<string, unknown> = { timeScale: TS, arrivalS: ARRIVAL_S, warmupS: WARMUP_S, targets: T };
@@ -297,9 +307,9 @@ if (PARTS.has('capacity') || PARTS.has('sweep') || PARTS.has('mixed') || PARTS.h
 if (PARTS.has('sweep') && sharegptC !== null) {
   say(`## sharegpt, 0.5× to 2× of C = ${sharegptC} req/s`);
   say(
-    '| load | policy | offered/s | goodput/s | attainment | refused | failed | TTFT p50 / p99 ms | gateway-measured TTFT p99 ms | TPOT p99 ms |',
+    '| load | policy | offered/s | goodput/s | attainment | refused | failed | TTFT p50 / p99 ms | gateway-measured TTFT p99 ms | client − gateway TTFT p99 ms | client loop delay p99 ms | TPOT p99 ms |',
   );
-  say('|---|---|---|---|---|---|---|---|---|---|');
+  say('|---|---|---|---|---|---|---|---|---|---|---|---|');
   const sweep: Record<string, unknown>[] = [];
   const goodAt = new Map<string, number>();
   for (const load of LOADS) {
@@ -308,11 +318,19 @@ if (PARTS.has('sweep') && sharegptC !== null) {
       const rate = Math.round(load * sharegptC * 10) / 10;
       const r = await run(variant, 'sharegpt', rate, false);
       const s = steadyOf(r.bench!.records);
-      const gw = gatewayTtftP99(r);
+      const gw = gatewayTtft(r);
       goodAt.set(`${variant}@${load}`, s.goodPerS);
-      sweep.push({ load, rate, variant, ...s, gatewayTtftP99: gw });
+      sweep.push({
+        load,
+        rate,
+        variant,
+        ...s,
+        gatewayTtftP99: gw.p99,
+        hopP99: gw.gapP99,
+        clientLoopDelayP99Ms: r.clientLoopDelayP99Ms,
+      });
       say(
-        `| ${load}× | ${variant} | ${f(s.offeredPerS, 1)} | ${f(s.goodPerS, 1)} | ${p(s.attainment)} | ${p(s.refusedShare)} | ${p(s.failedShare)} | ${f(s.ttftP50)} / ${f(s.ttftP99)} | ${f(gw)} | ${f(s.tpotP99)} |`,
+        `| ${load}× | ${variant} | ${f(s.offeredPerS, 1)} | ${f(s.goodPerS, 1)} | ${p(s.attainment)} | ${p(s.refusedShare)} | ${p(s.failedShare)} | ${f(s.ttftP50)} / ${f(s.ttftP99)} | ${f(gw.p99)} | ${f(gw.gapP99)} | ${f(r.clientLoopDelayP99Ms)} | ${f(s.tpotP99)} |`,
       );
     }
   }

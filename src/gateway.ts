@@ -26,6 +26,7 @@ import { type FleetProcess, startFleetProcess } from './sim/fleet-process.ts';
 import { createLiveState } from './state/index.ts';
 import { AdmissionLog } from './telemetry/admission-log.ts';
 import { createLogger, type Logger } from './telemetry/logger.ts';
+import { LoopDelay } from './telemetry/loop-delay.ts';
 import { createMetrics } from './telemetry/metrics.ts';
 import {
   type BackendConfig,
@@ -271,7 +272,15 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     });
     undo.push(() => scheduler.close());
     schedulerRef = scheduler;
-    const admission = new AdmissionController({ backends: () => backends.list(), live, scheduler });
+    // Time requests wait for this process's busy loop before it sees them: out of their budgets.
+    const loopDelay = new LoopDelay();
+    undo.push(() => loopDelay.close());
+    const admission = new AdmissionController({
+      backends: () => backends.list(),
+      live,
+      scheduler,
+      loopDelayMs: () => loopDelay.ms(),
+    });
     onAvailabilityChange = () => scheduler.pump();
 
     const rt: Runtime = {

@@ -3,7 +3,7 @@
 //
 //   tenant over max_concurrency or tokens_per_minute (all instances) ── 429 rate_limited
 //   sheddable class while a protected class is being refused ───────── 429 sla_unattainable
-//   predicted TTFT over the class target on every backend ──────────── 429 sla_unattainable
+//   predicted TTFT over its budget on every backend ─────────────────── 429 sla_unattainable
 //   otherwise admitted: the tenant's usage lease starts, the request goes to the scheduler
 //
 // Refusing early what cannot meet its target (Mooncake's early rejection) keeps the queue to
@@ -19,7 +19,7 @@
 // Invariants: one tenant's limit is checked against that tenant's usage only, in O(1), so a tenant
 // over its limit never slows another; nothing here awaits anything.
 import { GatewayError } from '../errors/index.ts';
-import type { ScheduledRequest, Scheduler } from '../scheduler/index.ts';
+import { budgetWords, type ScheduledRequest, type Scheduler } from '../scheduler/index.ts';
 import type { LiveState, TenantLease } from '../state/index.ts';
 import type { Backend } from '../upstream/index.ts';
 import { type PredictInput, type Prediction, predict } from './predict.ts';
@@ -60,6 +60,8 @@ export interface AdmissionDeps {
   backends: () => readonly Backend[];
   live: LiveState;
   scheduler: Scheduler;
+  /** This instance's event-loop delay now, ms (src/telemetry/loop-delay.ts); none counted without it. */
+  loopDelayMs?: () => number;
   now?: () => number;
 }
 
@@ -89,7 +91,13 @@ export class AdmissionController {
   admit(req: AdmissionRequest): Admitted {
     const { live, scheduler } = this.#deps;
     this.#checkTenant(req);
-    const { prediction, scheduled } = predict(req, this.#deps.backends(), live, scheduler);
+    const { prediction, scheduled } = predict(
+      req,
+      this.#deps.backends(),
+      live,
+      scheduler,
+      this.#deps.loopDelayMs?.() ?? 0,
+    );
     if (req.sheddable && this.#now() - this.#protectedRefusedAt < SHED_WINDOW_MS) {
       throw this.#refuse(
         req,
@@ -116,10 +124,7 @@ export class AdmissionController {
         req,
         new GatewayError(
           'sla_unattainable',
-          `Predicted time to first token ${Math.round(bound)} ms (at its P99) exceeds the ` +
-            (budget === req.ttftTargetMs
-              ? `'${req.className}' target of ${req.ttftTargetMs} ms on every backend.`
-              : `${Math.round(budget)} ms it is allowed on every backend (twice its own first token unloaded, which takes most of the '${req.className}' target of ${req.ttftTargetMs} ms).`),
+          `Predicted time to first token ${Math.round(bound)} ms (at its P99) exceeds ${budgetWords(scheduled)} on every backend.`,
           { retryAfterS: this.#retryAfterS(bound, budget) },
         ),
         prediction,
@@ -146,6 +151,11 @@ export class AdmissionController {
     if (this.#errors.length < ERROR_SAMPLES) this.#errors.push(e);
     else this.#errors[this.#errorsAt] = e;
     this.#errorsAt = (this.#errorsAt + 1) % ERROR_SAMPLES;
+  }
+
+  /** The event-loop delay each request's budget is reduced by now, ms; null when none is measured. */
+  loopDelayMs(): number | null {
+    return this.#deps.loopDelayMs?.() ?? null;
   }
 
   predictionError(): PredictionErrorView {

@@ -12,10 +12,12 @@
 // backend's, taken at the P99 of how predictions turn out. The request's budget (ttftBudgetMs,
 // what admission and the queue guard plan with) is
 //
-//   budget = max(class target, 2u)
+//   budget = max(class target, 2u) − the gateway's own event-loop delay
 //
 // that is, the load may delay a request by what is left of its target, or by its own unavoidable
-// time when that is more. A request with u over half its target is large for its class: most of
+// time when that is more. The last term is time the client waits that no gateway clock sees: the
+// request's bytes wait for a busy loop before its arrival is stamped (src/telemetry/loop-delay.ts).
+// An idle gateway's is under a millisecond; one short of CPU counts it against every request. A request with u over half its target is large for its class: most of
 // its target goes to its own prefill, so a little load (or the P99 multiplier alone) puts it over,
 // and with u over the target no wait makes it attainable at all. Refusing it with a Retry-After
 // would promise what no retry keeps, and a refused request prefills nothing: its prefix stays out
@@ -51,7 +53,7 @@ export interface Prediction {
 
 export type PredictInput = Omit<
   ScheduledRequest,
-  'predictions' | 'prefillMs' | 'bestBackendMs' | 'uncachedTokens' | 'ttftBudgetMs'
+  'predictions' | 'prefillMs' | 'bestBackendMs' | 'uncachedTokens' | 'ttftBudgetMs' | 'loopDelayMs'
 >;
 
 /**
@@ -63,6 +65,7 @@ export function predict(
   backends: readonly Backend[],
   live: LiveState,
   scheduler: Scheduler,
+  loopDelayMs = 0,
 ): { prediction: Prediction; scheduled: ScheduledRequest } {
   const backendMs = new Map<string, number | null>();
   let bestBackendMs: number | null = null;
@@ -94,7 +97,8 @@ export function predict(
   const largeForClass = 2 * u > req.ttftTargetMs;
   const sized: ScheduledRequest = {
     ...req,
-    ttftBudgetMs: Math.max(req.ttftTargetMs, 2 * u),
+    ttftBudgetMs: Math.max(req.ttftTargetMs, 2 * u) - loopDelayMs,
+    loopDelayMs,
     uncachedTokens,
     predictions: new Map(),
     prefillMs,

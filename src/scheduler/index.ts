@@ -8,4 +8,4 @@ export type {
   SchedulerView,
 } from './scheduler.ts';
 export { Scheduler, Ticket } from './scheduler.ts';
-export type { BackendPrediction, ScheduledRequest } from './types.ts';
+export { type BackendPrediction, budgetWords, type ScheduledRequest } from './types.ts';

@@ -36,7 +36,7 @@ import type { Backend, DecodeMeter, Slot, SlotRequest } from '../upstream/index.
 import { type LimitBounds, nextLimit, nextTpotShare, quantile, type Setpoints } from './controller.ts';
 import { Heap } from './heap.ts';
 import { FifoQueue, type QueueDiscipline, type QueueEntry, SlagateQueue } from './queue.ts';
-import type { ScheduledRequest } from './types.ts';
+import { budgetWords, type ScheduledRequest } from './types.ts';
 
 export interface SchedulerSettings {
   policy: 'slagate' | 'fcfs';
@@ -643,9 +643,7 @@ export class Scheduler {
       message ??
       (code === 'queue_full'
         ? 'The gateway queue is full.'
-        : req.ttftBudgetMs === req.ttftTargetMs
-          ? `The request could not be started within its class's TTFT target (${req.ttftTargetMs} ms).`
-          : `The request could not be started within the ${Math.round(req.ttftBudgetMs)} ms it is allowed (twice its own first token unloaded, more than its class's TTFT target of ${req.ttftTargetMs} ms).`);
+        : `The request could not be started within ${budgetWords(req)}.`);
     const err = new GatewayError(code, text, { retryAfterS });
     this.#deps.onRefused?.(req, err);
     return err;

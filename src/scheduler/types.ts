@@ -24,9 +24,11 @@ export interface ScheduledRequest {
   /**
    * The TTFT the gateway plans this request for (queue order, queue guard): its class target, or
    * twice its own first token on an unloaded backend when that is more (a request large for its
-   * class; src/admission/predict.ts).
+   * class), less loopDelayMs (src/admission/predict.ts).
    */
   readonly ttftBudgetMs: number;
+  /** The gateway's own event-loop delay at arrival, taken out of the budget (unseen by its clocks). */
+  readonly loopDelayMs: number;
   readonly tpotTargetMs: number;
   /** performance.now() by which its first token must have arrived (arrival + first_token_timeout_ms). */
   readonly deadlineAt: number;
@@ -46,4 +48,18 @@ export interface ScheduledRequest {
   readonly prefillMs: number | null;
   /** The best backend's predicted dispatch-to-first-token time, ms (the queue guard); null when unknown. */
   readonly bestBackendMs: number | null;
+}
+
+/** How a request's TTFT budget was set, for refusal messages: "the 'x' target of N ms", and why not. */
+export function budgetWords(
+  req: Pick<ScheduledRequest, 'className' | 'ttftTargetMs' | 'ttftBudgetMs' | 'loopDelayMs'>,
+): string {
+  const planned = req.ttftBudgetMs + req.loopDelayMs;
+  const base =
+    Math.abs(planned - req.ttftTargetMs) < 1e-6
+      ? `the '${req.className}' target of ${req.ttftTargetMs} ms`
+      : `the ${Math.round(planned)} ms it is allowed (twice its own first token unloaded, which takes most of the '${req.className}' target of ${req.ttftTargetMs} ms)`;
+  return req.loopDelayMs >= 0.5
+    ? `${base}, less the ${Math.round(req.loopDelayMs)} ms the gateway's own event loop is delaying requests`
+    : base;
 }

@@ -70,6 +70,7 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
       },
       admission: {
         prediction_error: rt.admission.predictionError(),
+        loop_delay_ms: rt.admission.loopDelayMs(),
         requests: await rt.metrics.decisionCounts(),
         prefix_hit_ratio: rt.metrics.prefixHit(),
       },

@@ -19,14 +19,17 @@ function setup(names = ['a', 'b']) {
   cleanups.push(() => f.close());
   const { backends, live, scheduler } = f;
   let now = 0;
+  const loop = { delayMs: 0 };
   const admission = new AdmissionController({
     backends: () => backends.list(),
     live,
     scheduler,
+    loopDelayMs: () => loop.delayMs,
     now: () => now,
   });
   return {
     admission,
+    loop,
     live,
     scheduler,
     teach: f.teach,
@@ -181,6 +184,29 @@ describe('predicted TTFT', () => {
     const fits = admission.admit(req({ promptTokens: 1000 }));
     expect(fits.prediction.largeForClass).toBe(false);
     expect(fits.scheduled.ttftBudgetMs).toBe(500);
+  });
+
+  it("the gateway's own event-loop delay comes out of every budget, and a refusal says so", () => {
+    const { admission, teach, live, loop } = setup();
+    teach();
+    // 3,000 tokens of prefill ahead on each backend: 20 + 0.1 × 4000 = 420 ms, under 500.
+    const release = pendingPrefill(live, ['a', 'b'], 3000);
+    expect(codeOf(() => admission.admit(req({ promptTokens: 1000 })))).toBe('admitted');
+    expect(admission.loopDelayMs()).toBe(0);
+    // The loop is 100 ms late: the client waits that before the gateway sees its request, so
+    // 420 ms here would be 520 ms to the client.
+    loop.delayMs = 100;
+    expect(admission.loopDelayMs()).toBe(100);
+    const caught = thrownBy(() => admission.admit(req({ promptTokens: 1000 })));
+    expect(caught).toMatchObject({ code: 'sla_unattainable', status: 429 });
+    expect((caught as Error).message).toMatch(
+      /target of 500 ms, less the 100 ms the gateway's own event loop/,
+    );
+    release();
+    // With nothing ahead (120 ms) it fits the 400 ms left, and the queue guard plans with 400.
+    const fits = admission.admit(req({ promptTokens: 1000 }));
+    expect(fits.scheduled.ttftBudgetMs).toBe(400);
+    expect(fits.scheduled.loopDelayMs).toBe(100);
   });
 
   it('sheddable classes are refused first: for a while after a protected refusal, every sheddable one is', () => {

@@ -80,6 +80,10 @@ describe('ops routes', () => {
       models: [{ id: 'meta-llama/Llama-3.1-8B-Instruct', max_model_len: 131072 }],
       sla: { default_class: 'interactive' },
     });
+    // The event-loop delay taken out of every request's budget: measured, so a number, not null.
+    const loopDelay = (s.admission as { loop_delay_ms: unknown }).loop_delay_ms;
+    expect(typeof loopDelay).toBe('number');
+    expect(loopDelay as number).toBeGreaterThanOrEqual(0);
     const backends = s.backends as Record<string, unknown>[];
     expect(
       backends.map(({ name, url, weight, state, available, local_inflight }) => ({

@@ -28,6 +28,7 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
     bestBackendMs: 50,
     ...over,
     ttftBudgetMs: over.ttftBudgetMs ?? over.ttftTargetMs ?? 500,
+    loopDelayMs: over.loopDelayMs ?? 0,
   };
 }
 

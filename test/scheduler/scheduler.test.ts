@@ -53,6 +53,7 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
     bestBackendMs: null,
     ...over,
     ttftBudgetMs: over.ttftBudgetMs ?? over.ttftTargetMs ?? 60_000,
+    loopDelayMs: over.loopDelayMs ?? 0,
     route: over.route ?? route({ reqId: id, promptTokens: over.promptTokens ?? 100 }),
   };
 }
