@@ -16,11 +16,13 @@
 //
 // that is, the load may delay a request by what is left of its target, or by its own unavoidable
 // time when that is more. The last term is time the client waits that no gateway clock sees: the
-// request's bytes wait for a busy loop before its arrival is stamped (src/telemetry/loop-delay.ts).
-// An idle gateway's is under a millisecond; one short of CPU counts it against every request. A request with u over half its target is large for its class: most of
-// its target goes to its own prefill, so a little load (or the P99 multiplier alone) puts it over,
-// and with u over the target no wait makes it attainable at all. Refusing it with a Retry-After
-// would promise what no retry keeps, and a refused request prefills nothing: its prefix stays out
+// request's bytes wait for a busy loop before its arrival is stamped (src/telemetry/loop-delay.ts);
+// a gateway short of CPU counts it against every request.
+//
+// A request with u over half its target is large for its class: most of its target goes to its
+// own prefill, so a little load (or the P99 multiplier alone) puts it over, and with u over the
+// target no wait makes it attainable at all. Refusing it with a Retry-After would promise what no
+// retry keeps, and a refused request prefills nothing: its prefix stays out
 // of every cache, so the next request with that prefix is as large, and is refused in turn. The
 // budget is continuous in u (at u = target/2 both terms are the target), so no request is cut off
 // at a cliff in its size.
