@@ -13,36 +13,64 @@
 // - lookups never allocate per block, and never touch (matching is not use: only dispatch is);
 // - every operation is O(1) per block: recency is an intrusive list over slot arrays, so touching
 //   a held block never deletes and re-adds a map entry, and eviction never iterates a map (a
-//   map's iteration walks the holes its deletions leave: hundreds of microseconds per grant).
+//   map's iteration walks the holes its deletions leave: hundreds of microseconds per grant);
+// - shared with peers (several gateway instances): every block this instance sends to a backend,
+//   new there or already held, is told to the peers, at most once per SHARE_EVERY_MS per block
+//   (a block a peer told of counts as told). Peers must see uses, not only inserts: an instance
+//   that saw only the first dispatch of a prefix every instance keeps using would age it out of
+//   its index while the backend, whose LRU every use refreshes, still holds it, and send that
+//   prefix's next request elsewhere, cold;
+// - insert() only keeps a reference to the request's hash list (O(1) on the request path); the
+//   per-block work of telling happens in drainRecent(), on the sync timer, and what waits for it is
+//   bounded by MAX_RECENT_BLOCKS (past it, peers are told less, the local index is as exact).
 
 /** Hashes a backend's LRU holds when vLLM has not told us its KV size yet (~16k blocks). */
 export const DEFAULT_CAPACITY = 16_384;
+/** A block in use is told to peers again after this long: well within an LRU's lifetime. */
+export const SHARE_EVERY_MS = 2_000;
+/** Blocks kept for telling between two drains, at most (a Redis outage must not grow it). */
+export const MAX_RECENT_BLOCKS = 1 << 18;
 
 export class PrefixIndex {
   readonly #backends = new Map<string, Lru>();
   readonly #capacity: (backend: string) => number;
-  /** Hashes inserted since the last drain, per backend (what this instance tells its peers). */
-  readonly #recent = new Map<string, number[]>();
+  readonly #now: () => number;
+  /** The hash lists sent to each backend since the last drain (what this instance tells its peers). */
+  readonly #recent = new Map<string, (readonly number[])[]>();
+  #recentBlocks = 0;
   #recording = false;
 
-  constructor(capacity: (backend: string) => number = () => DEFAULT_CAPACITY) {
+  constructor(
+    capacity: (backend: string) => number = () => DEFAULT_CAPACITY,
+    now: () => number = () => performance.now(),
+  ) {
     this.#capacity = capacity;
+    this.#now = now;
   }
 
-  /** Keep a copy of what this instance inserts until drainRecent() (for sharing with peers). */
+  /** Keep what this instance sends until drainRecent() (for sharing with peers). */
   record(on: boolean): void {
     this.#recording = on;
-    if (!on) this.#recent.clear();
+    if (!on) {
+      this.#recent.clear();
+      this.#recentBlocks = 0;
+    }
   }
 
-  /** The request's blocks are on `backend` now (it was just sent there). */
+  /** The request's blocks are on `backend` now (it was just sent there). `hashes` is kept as given. */
   insert(backend: string, hashes: readonly number[]): void {
-    this.#insert(backend, hashes, this.#recording);
+    this.#lru(backend).touchAll(hashes, Math.max(1, this.#capacity(backend)), null);
+    if (!this.#recording || hashes.length === 0) return;
+    if (this.#recentBlocks + hashes.length > MAX_RECENT_BLOCKS) return;
+    this.#recentBlocks += hashes.length;
+    const lists = this.#recent.get(backend);
+    if (lists === undefined) this.#recent.set(backend, [hashes]);
+    else lists.push(hashes);
   }
 
-  /** A peer sent these blocks to `backend`. */
+  /** A peer sent these blocks to `backend` (and told of them: not to be told again for a while). */
   insertPeer(backend: string, hashes: readonly number[]): void {
-    this.#insert(backend, hashes, false);
+    this.#lru(backend).touchAll(hashes, Math.max(1, this.#capacity(backend)), this.#now());
   }
 
   /** Leading blocks of `hashes` that `backend` holds. */
@@ -72,31 +100,33 @@ export class PrefixIndex {
     this.#recent.delete(backend);
   }
 
-  /** What was inserted here since the last call, per backend; empties it. */
+  /**
+   * What to tell peers: per backend, the blocks sent there since the last call that are still
+   * held and were not told (by this instance or a peer) in the last SHARE_EVERY_MS, each once, in
+   * chain order (a peer touches them last to first, as insert() does). Empties what was kept.
+   */
   drainRecent(): Map<string, number[]> {
-    const out = new Map(this.#recent);
+    const now = this.#now();
+    const out = new Map<string, number[]>();
+    for (const [backend, lists] of this.#recent) {
+      const lru = this.#backends.get(backend);
+      if (lru === undefined) continue;
+      const tell: number[] = [];
+      for (const hashes of lists) for (const h of hashes) if (lru.markTold(h, now)) tell.push(h);
+      if (tell.length > 0) out.set(backend, tell);
+    }
     this.#recent.clear();
+    this.#recentBlocks = 0;
     return out;
   }
 
-  #insert(backend: string, hashes: readonly number[], record: boolean): void {
-    if (hashes.length === 0) return;
+  #lru(backend: string): Lru {
     let lru = this.#backends.get(backend);
     if (lru === undefined) {
       lru = new Lru();
       this.#backends.set(backend, lru);
     }
-    let firstNew = -1;
-    for (let i = hashes.length - 1; i >= 0; i--) if (lru.touch(hashes[i]!)) firstNew = i;
-    if (record && firstNew >= 0) {
-      let fresh = this.#recent.get(backend);
-      if (fresh === undefined) {
-        fresh = [];
-        this.#recent.set(backend, fresh);
-      }
-      for (let i = firstNew; i < hashes.length; i++) fresh.push(hashes[i]!);
-    }
-    lru.trim(Math.max(1, this.#capacity(backend)));
+    return lru;
   }
 }
 
@@ -107,6 +137,8 @@ export class PrefixIndex {
 class Lru {
   readonly #slot = new Map<number, number>();
   #keys = new Float64Array(64);
+  /** When each slot's hash was last told to (or by) a peer; −Infinity: never. */
+  #told = new Float64Array(64).fill(Number.NEGATIVE_INFINITY);
   #prev = new Int32Array(64);
   #next = new Int32Array(64);
   #head = -1;
@@ -122,21 +154,42 @@ class Lru {
     return this.#slot.has(hash);
   }
 
-  /** Makes `hash` the most recent; true when it was not held. */
-  touch(hash: number): boolean {
+  /**
+   * Touches `hashes` from the last to the first (the leading blocks end most recent), marks them
+   * told at `toldAt` unless null, and trims to `cap`.
+   */
+  touchAll(hashes: readonly number[], cap: number, toldAt: number | null): void {
+    for (let i = hashes.length - 1; i >= 0; i--) {
+      const s = this.touch(hashes[i]!);
+      if (toldAt !== null) this.#told[s] = toldAt;
+    }
+    this.trim(cap);
+  }
+
+  /** Marks `hash` told at `now` and returns true, unless it is not held or was told within SHARE_EVERY_MS. */
+  markTold(hash: number, now: number): boolean {
+    const s = this.#slot.get(hash);
+    if (s === undefined || now - this.#told[s]! < SHARE_EVERY_MS) return false;
+    this.#told[s] = now;
+    return true;
+  }
+
+  /** Makes `hash` the most recent; returns its slot. */
+  touch(hash: number): number {
     const s = this.#slot.get(hash);
     if (s !== undefined) {
       if (s !== this.#head) {
         this.#unlink(s);
         this.#pushHead(s);
       }
-      return false;
+      return s;
     }
     const n = this.#alloc();
     this.#keys[n] = hash;
+    this.#told[n] = Number.NEGATIVE_INFINITY;
     this.#slot.set(hash, n);
     this.#pushHead(n);
-    return true;
+    return n;
   }
 
   /** Drops the least recent hashes until at most `cap` are held. */
@@ -159,6 +212,7 @@ class Lru {
         return b;
       };
       this.#keys = grow(this.#keys, (n) => new Float64Array(n));
+      this.#told = grow(this.#told, (n) => new Float64Array(n));
       this.#prev = grow(this.#prev, (n) => new Int32Array(n));
       this.#next = grow(this.#next, (n) => new Int32Array(n));
     }

@@ -1,9 +1,10 @@
 // The background exchange with Redis: every refresh interval, ONE script call (one round trip)
 // publishes this instance's snapshot with a heartbeat, drops instances whose heartbeat is older
 // than the liveness TTL, and returns the live peers' snapshots; in the same call it appends this
-// instance's new entries to the shared log (a capped stream: what each instance has inserted into
-// its prefix index since its last tick) and returns the log's entries it has not read yet, so
-// deltas travel, never the whole index, and an instance that joins late reads the log's history.
+// instance's new entries to the shared log (a capped stream: the prefix blocks each instance has
+// sent to backends since its last tick, src/state/prefix-index.ts) and returns the log's entries
+// it has not read yet, so deltas travel, never the whole index, and an instance that joins late
+// reads the log's history.
 //
 // Invariants:
 // - nothing on the request path waits for this: the tick runs on a timer and only ever replaces

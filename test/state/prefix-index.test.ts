@@ -1,7 +1,7 @@
 // The prefix index (src/state/prefix-index.ts): what a backend is believed to hold, learnt from
 // dispatch, bounded and aged out least-recently-used.
 import { describe, expect, it } from 'vitest';
-import { PrefixIndex } from '../../src/state/prefix-index.ts';
+import { MAX_RECENT_BLOCKS, PrefixIndex, SHARE_EVERY_MS } from '../../src/state/prefix-index.ts';
 
 /** A chain of `n` distinct hashes starting at `from` (the values are opaque to the index). */
 const chain = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
@@ -52,8 +52,9 @@ describe('PrefixIndex', () => {
     expect(idx.match('a', conv)).toBe(40);
   });
 
-  it('records for its peers only the blocks new on a backend, in chain order', () => {
-    const idx = new PrefixIndex();
+  it('tells its peers every block it sends, once per SHARE_EVERY_MS, in chain order', () => {
+    let now = 0;
+    const idx = new PrefixIndex(undefined, () => now);
     idx.record(true);
     const system = chain(1, 10);
     idx.insert('a', [...system, 100, 101]);
@@ -66,10 +67,51 @@ describe('PrefixIndex', () => {
       ]),
     );
     expect(idx.drainRecent().size).toBe(0);
-    // What a peer sent is learnt but not told on.
+    // Sent again soon after: only what was not told yet goes.
+    now += SHARE_EVERY_MS - 1;
+    idx.insert('a', [...system, 300]);
+    expect(idx.drainRecent()).toEqual(new Map([['a', [300]]]));
+    // A use later than that is told again, although nothing in it is new on the backend: a peer
+    // that heard only of the first use would age the prefix out while the backend keeps it warm.
+    now += 1;
+    idx.insert('a', [...system, 300]);
+    expect(idx.drainRecent()).toEqual(new Map([['a', system]]));
+  });
+
+  it('what a peer told of is learnt and not told on until it is due again', () => {
+    let now = 0;
+    const idx = new PrefixIndex(undefined, () => now);
+    idx.record(true);
     idx.insertPeer('c', chain(300, 4));
     expect(idx.match('c', chain(300, 4))).toBe(4);
     expect(idx.drainRecent().size).toBe(0);
+    // Sent from here as well: the peer has just told everyone, so nothing goes yet;
+    idx.insert('c', chain(300, 4));
+    expect(idx.drainRecent().size).toBe(0);
+    // later, this instance's use is news.
+    now += SHARE_EVERY_MS;
+    idx.insert('c', chain(300, 4));
+    expect(idx.drainRecent()).toEqual(new Map([['c', chain(300, 4)]]));
+  });
+
+  it('tells nothing of blocks evicted before the drain, and keeps a bounded backlog', () => {
+    const idx = new PrefixIndex(() => 10);
+    idx.record(true);
+    idx.insert('a', chain(1, 10));
+    idx.insert('a', chain(100, 10)); // evicts the first chain from the index
+    expect(idx.drainRecent()).toEqual(new Map([['a', chain(100, 10)]]));
+    // With no drain (the store unreachable), what waits stays bounded: past MAX_RECENT_BLOCKS,
+    // requests are not kept for telling (the local index still learns them).
+    const big = new PrefixIndex(() => 64);
+    big.record(true);
+    big.insert('a', chain(0, MAX_RECENT_BLOCKS));
+    big.insert('a', chain(10_000_000, 5));
+    expect(big.match('a', chain(10_000_000, 5))).toBe(5);
+    // The first request filled the backlog and was kept (of it, what the index still holds: its
+    // leading 59 blocks); the second was not kept.
+    expect(big.drainRecent()).toEqual(new Map([['a', chain(0, 59)]]));
+    big.insert('a', chain(20_000_000, 5));
+    expect(big.drainRecent()).toEqual(new Map([['a', chain(20_000_000, 5)]]));
   });
 
   it('forgets a removed backend', () => {

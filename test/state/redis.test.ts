@@ -3,6 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { RedisStateConfig } from '../../src/config/index.ts';
 import { createLiveState, type LiveState, livenessTtlMs } from '../../src/state/index.ts';
+import { SHARE_EVERY_MS } from '../../src/state/prefix-index.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
 import { latencySample } from './fixtures/sample.ts';
 
@@ -161,7 +162,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     expect(b.prefixMatch('gpu-0', [...system, ...chain(2000, 3)])).toBe(40);
     expect(b.prefixMatch('gpu-1', chain(5000, 8))).toBe(8);
     expect(b.prefixMatch('gpu-1', system)).toBe(0);
-    // Only new blocks travel: re-sending the same prefix adds nothing to the log.
+    // A prefix re-sent within SHARE_EVERY_MS of being told adds nothing to the log.
     const before = Number(await redis.cli('xlen', `{${cfg.key_prefix}}:log`));
     a.prefixInsert('gpu-0', system);
     await exchanges(a, 2);
@@ -177,6 +178,30 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     await exchanges(late, 1);
     expect(late.prefixMatch('gpu-0', [...system, ...chain(1000, 10)])).toBe(50);
     expect(late.prefixMatch('gpu-1', chain(7000, 5))).toBe(5);
+  });
+
+  it("a prefix one instance keeps using stays in the other's index while the other's own traffic churns past it", async () => {
+    const a = make('a');
+    const b = make('b');
+    await Promise.all([a.ready(), b.ready()]);
+    const hot = chain(1, 40);
+    a.prefixInsert('gpu-0', hot);
+    await exchanges(a, 1);
+    await exchanges(b, 2);
+    expect(b.prefixMatch('gpu-0', hot)).toBe(40);
+    // b sends 18,000 blocks of its own to gpu-0 (more than the 16,384 its index holds per backend
+    // without a KV size), in three parts; before each part a has used the hot prefix again, which
+    // the backend's own LRU would count, and a tells b of that use.
+    for (let part = 0; part < 3; part++) {
+      await sleep(SHARE_EVERY_MS + 20);
+      a.prefixInsert('gpu-0', hot);
+      await exchanges(a, 1);
+      await exchanges(b, 2);
+      for (let i = 0; i < 6; i++) b.prefixInsert('gpu-0', chain(1_000_000 + (part * 6 + i) * 1000, 1000));
+    }
+    expect(b.prefixMatch('gpu-0', hot)).toBe(40);
+    // The first of b's own parts, not used since, has aged out.
+    expect(b.prefixMatch('gpu-0', chain(1_000_000, 1000))).toBe(0);
   });
 
   it('an instance that closes withdraws at once; one that is SIGKILLed stops counting within 5 s', async () => {
