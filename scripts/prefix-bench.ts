@@ -171,17 +171,39 @@ const f = (x: number | null | undefined, d = 0) => (x === null || x === undefine
 const pct = (x: number | null | undefined) =>
   x === null || x === undefined ? '–' : `${(100 * x).toFixed(1)}%`;
 
+/** A markdown table: the header's cells, then one line per row. */
+function markdown(header: readonly string[], rows: readonly (readonly string[])[]): string {
+  const line = (cells: readonly string[]) => `| ${cells.join(' | ')} |`;
+  return [line(header), line(header.map(() => '---')), ...rows.map(line)].join('\n');
+}
+
+const ttfts = (r: Row) => `${f(r.ttftP50Ms)} / ${f(r.ttftP90Ms)} / ${f(r.ttftP99Ms)}`;
+
 function table(rows: readonly Row[]): string {
-  const lines = [
-    '| policy | ok | refused | failed | TTFT p50 / p90 / p99 ms | TPOT p99 ms | output tok/s | prefix hit | max backend share |',
-    '|---|---|---|---|---|---|---|---|---|',
-  ];
-  for (const r of rows) {
-    lines.push(
-      `| ${r.policy} | ${r.ok} | ${r.refused} | ${r.failed} | ${f(r.ttftP50Ms)} / ${f(r.ttftP90Ms)} / ${f(r.ttftP99Ms)} | ${f(r.tpotP99Ms)} | ${f(r.outputTokPerS)} | ${pct(r.prefixHitRate)} | ${f(r.maxBackendShare, 2)} |`,
-    );
-  }
-  return lines.join('\n');
+  return markdown(
+    [
+      'policy',
+      'ok',
+      'refused',
+      'failed',
+      'TTFT p50 / p90 / p99 ms',
+      'TPOT p99 ms',
+      'output tok/s',
+      'prefix hit',
+      'max backend share',
+    ],
+    rows.map((r) => [
+      r.policy,
+      `${r.ok}`,
+      `${r.refused}`,
+      `${r.failed}`,
+      ttfts(r),
+      f(r.tpotP99Ms),
+      f(r.outputTokPerS),
+      pct(r.prefixHitRate),
+      f(r.maxBackendShare, 2),
+    ]),
+  );
 }
 
 // ---- routing: one instance, every policy ----
@@ -229,16 +251,30 @@ async function routing(policies = POLICIES, yamlOf = (_policy: string) => GATEWA
 // ---- product: the whole product with its real targets, the baselines as deployed ----
 
 function productTable(rows: readonly Row[]): string {
-  const lines = [
-    '| policy | ok | refused | TTFT p50 / p90 / p99 ms (served) | TPOT p99 ms | goodput req/s | attainment | output tok/s | prefix hit |',
-    '|---|---|---|---|---|---|---|---|---|',
-  ];
-  for (const r of rows) {
-    lines.push(
-      `| ${r.policy} | ${r.ok} | ${r.refused} | ${f(r.ttftP50Ms)} / ${f(r.ttftP90Ms)} / ${f(r.ttftP99Ms)} | ${f(r.tpotP99Ms)} | ${f(r.goodput, 2)} | ${pct(r.attainment)} | ${f(r.outputTokPerS)} | ${pct(r.prefixHitRate)} |`,
-    );
-  }
-  return lines.join('\n');
+  return markdown(
+    [
+      'policy',
+      'ok',
+      'refused',
+      'TTFT p50 / p90 / p99 ms (served)',
+      'TPOT p99 ms',
+      'goodput req/s',
+      'attainment',
+      'output tok/s',
+      'prefix hit',
+    ],
+    rows.map((r) => [
+      r.policy,
+      `${r.ok}`,
+      `${r.refused}`,
+      ttfts(r),
+      f(r.tpotP99Ms),
+      f(r.goodput, 2),
+      pct(r.attainment),
+      f(r.outputTokPerS),
+      pct(r.prefixHitRate),
+    ]),
+  );
 }
 
 // ---- shared: three instances through Redis ----

@@ -263,11 +263,17 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     // The scheduler reads the swappable parts through rt (once it exists), so a reload reaches it.
     let rtRef: Runtime | null = null;
     const lifecycle = new Lifecycle();
+    let settingsOf = { config, settings: schedulerSettings(config) };
     const scheduler = new Scheduler({
       backends: () => backends.list(),
       live,
       router: () => rtRef?.policy ?? initialPolicy,
-      settings: () => schedulerSettings(rtRef?.config ?? config),
+      settings: () => {
+        // Built once per config (a reload swaps the frozen config object), not on every read.
+        const c = rtRef?.config ?? config;
+        if (settingsOf.config !== c) settingsOf = { config: c, settings: schedulerSettings(c) };
+        return settingsOf.settings;
+      },
       onRefused: (req, err) => admission.noteRefused(req, err.code),
     });
     undo.push(() => scheduler.close());

@@ -102,6 +102,10 @@ interface Round {
   readonly ahead: Map<string, number>;
   /** Backends an earlier entry of this round waits for: no later entry may take them now. */
   readonly closed: Set<string>;
+  /** Prefill tokens that may wait on a backend (slagate's `prefill_tokens`; 0: no cap). */
+  readonly prefillCap: number;
+  /** The gateway queues at all (`max_queue` > 0). */
+  readonly queues: boolean;
 }
 
 /**
@@ -413,7 +417,14 @@ export class Scheduler {
       for (let e = this.#queue.pop(); e !== undefined; e = this.#queue.pop()) (e as Waiting).settle(null);
       return;
     }
-    const round: Round = { room: new Map(), ahead: new Map(), closed: new Set() };
+    const settings = this.#deps.settings();
+    const round: Round = {
+      room: new Map(),
+      ahead: new Map(),
+      closed: new Set(),
+      prefillCap: settings.policy === 'slagate' ? settings.concurrency.prefillTokens : 0,
+      queues: settings.maxQueue > 0,
+    };
     for (const b of available) round.room.set(b.name, this.#room(b.name));
     const waiting = this.#queue.size + this.#retries.length > 0;
     if (waiting)
@@ -422,9 +433,8 @@ export class Scheduler {
     // Retries first: they have waited once already.
     for (let i = 0; i < this.#retries.length; ) {
       const w = this.#retries[i] as Waiting;
-      const choice = this.#choose(w.req, available, round, w.excluded);
-      if (choice === null || !choice.view.hasRoom) {
-        if (choice !== null) this.#waitFor(choice.backend.name, round);
+      const choice = this.#startable(w.req, available, round, w.excluded);
+      if (choice === null) {
         i++;
         continue;
       }
@@ -437,10 +447,8 @@ export class Scheduler {
     this.#queue.scan((e) => {
       if (!this.#anyOpen(available, round) || passes >= maxPasses) return 'stop';
       const w = e as Waiting;
-      const choice = this.#choose(w.req, available, round, null);
-      if (choice === null || !choice.view.hasRoom) {
-        // It waits for the backend it ranked first; that backend takes nobody behind it now.
-        if (choice !== null) this.#waitFor(choice.backend.name, round);
+      const choice = this.#startable(w.req, available, round, null);
+      if (choice === null) {
         passes++;
         return 'pass';
       }
@@ -454,11 +462,24 @@ export class Scheduler {
     });
   }
 
-  /** An entry of this round waits for `backend`: it is closed to the entries after it. */
-  #waitFor(backend: string, round: Round): void {
+  /**
+   * The router's first choice for `req` when it can start there now; otherwise null, and when
+   * that first choice is a busy backend the request waits for it: it is closed to the entries
+   * after this one in the round.
+   */
+  #startable(
+    req: ScheduledRequest,
+    available: readonly Backend[],
+    round: Round,
+    excluded: ReadonlySet<string> | null,
+  ): Choice | null {
+    const choice = this.#choose(req, available, round, excluded);
+    if (choice === null || choice.view.hasRoom) return choice;
+    const backend = choice.backend.name;
     round.ahead.set(backend, (round.ahead.get(backend) ?? 0) + 1);
     round.closed.add(backend);
     this.#controlOf(backend).blocked = true;
+    return null;
   }
 
   #anyOpen(available: readonly Backend[], round: Round): boolean {
@@ -482,7 +503,7 @@ export class Scheduler {
     const byName = new Map<string, Backend>();
     // A request that may not wait (x-slagate-no-queue, or no queue at all) is offered only the
     // backends that can start it now: waiting for a busy one would be refusing it.
-    const mayWait = !req.noQueue && this.#deps.settings().maxQueue > 0;
+    const mayWait = !req.noQueue && round.queues;
     for (const b of available) {
       if (excluded?.has(b.name)) continue;
       const view = this.#view(req, b, round);
@@ -507,8 +528,7 @@ export class Scheduler {
    */
   #slot(b: Backend, round: Round, uncached: number): { open: boolean; waitMs: number | null } {
     const free = round.room.get(b.name) ?? 0;
-    const settings = this.#deps.settings();
-    const cap = settings.policy === 'slagate' ? settings.concurrency.prefillTokens : 0;
+    const cap = round.prefillCap;
     const pending = cap > 0 ? this.#deps.live.inflight(b.name).pendingPrefillTokens : 0;
     const prefillRoom = cap <= 0 || pending === 0 || pending + uncached <= cap;
     if (free > 0 && prefillRoom && !round.closed.has(b.name)) return { open: true, waitMs: 0 };

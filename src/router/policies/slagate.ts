@@ -129,20 +129,20 @@ function tieBreak(
   const best = ranked[0] as Candidate;
   const limit = best.cost + Math.abs(best.cost) * tolerance;
   const byName = new Map(backends.map((b) => [b.name, b]));
-  const preference = (c: Candidate): number[] => {
-    const b = byName.get(c.backend);
-    return [b?.hasRoom ? 1 : 0, c.backend === session ? 1 : 0, b?.cachedBlocks ?? 0];
+  // c is preferred to p: room now, else the session's backend, else more cached blocks.
+  const preferred = (c: Candidate, p: Candidate): boolean => {
+    const cb = byName.get(c.backend);
+    const pb = byName.get(p.backend);
+    const cRoom = cb?.hasRoom === true;
+    if (cRoom !== (pb?.hasRoom === true)) return cRoom;
+    const cSession = c.backend === session;
+    if (cSession !== (p.backend === session)) return cSession;
+    return (cb?.cachedBlocks ?? 0) > (pb?.cachedBlocks ?? 0);
   };
   let pick = best;
-  let pickPref = preference(best);
   for (const c of ranked) {
     if (c.cost > limit) break;
-    const pref = preference(c);
-    const i = pref.findIndex((x, k) => x !== pickPref[k]);
-    if (i >= 0 && (pref[i] as number) > (pickPref[i] as number)) {
-      pick = c;
-      pickPref = pref;
-    }
+    if (preferred(c, pick)) pick = c;
   }
   return pick.backend;
 }
