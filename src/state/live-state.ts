@@ -223,7 +223,7 @@ class LiveStateImpl implements LiveState {
       opts.scrape === false ? null : new TelemetryScraper({ ...opts.scrape, now: this.#now }, opts.backends);
     // One prefix-index block per KV block: the canonical prompt's blocks stand for as many tokens.
     this.#prefix = new PrefixIndex((b) => this.#scraper?.get(b)?.numGpuBlocks ?? DEFAULT_CAPACITY, this.#now);
-    // Shared through the store's log: keep what this instance inserts until the next tick.
+    // Shared through the store's log: keep what this instance sends until the next tick.
     this.#prefix.record(config.store === 'redis');
     this.#sync =
       config.store === 'redis'
