@@ -201,3 +201,5 @@ if (values.profile !== undefined) {
   out('');
   for (const l of summarizeByModule(join(dir, file), n + 2 * streams)) out(l);
 }
+// The helpers' pipes keep this process alive: stop them, so that a finished run exits.
+for (const h of helpers) h.stop();
