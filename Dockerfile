@@ -3,9 +3,10 @@
 #   docker build -t slagate .
 #   docker run --rm -p 8080:8080 slagate                      # default config: a simulated fleet
 #   docker run --rm -p 8080:8080 -v $PWD/my-config:/etc/slagate:ro slagate   # my-config/gateway.yaml
-#   docker run --rm --read-only --tmpfs /tmp -p 8080:8080 slagate          # tsx needs a writable /tmp
+#   docker run --rm --read-only -p 8080:8080 slagate                        # writes nothing to disk
 #
-# The sources are TypeScript run through tsx (a runtime dependency), so there is no build step:
+# The sources are TypeScript, loaded by bin/ts-loader.js (esbuild, a runtime dependency, strips
+# the types as each file is imported), so there is no build step:
 # the image holds the production node_modules, bin/, src/, config/ and the package files.
 # `node` is PID 1 (exec form, no npm, no shell), so `docker stop` / Kubernetes' SIGTERM reaches the
 # gateway itself, which then drains for server.shutdown_grace_ms (default 30 s) and exits.
@@ -16,7 +17,7 @@ ARG NODE_IMAGE=node:20.20.2-bookworm-slim
 FROM ${NODE_IMAGE} AS deps
 WORKDIR /app
 COPY package.json package-lock.json ./
-# Runtime dependencies only (tsx and its esbuild included).
+# Runtime dependencies only (esbuild included: the entry's TypeScript loader uses it).
 RUN npm ci --omit=dev --no-audit --no-fund \
  && npm cache clean --force
 

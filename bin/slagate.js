@@ -1,7 +1,7 @@
 #!/usr/bin/env node
-// The command-line entry. The sources are TypeScript run through tsx's loader, so a clean
-// checkout needs no build step: `npm ci && npx slagate ...` works as is.
-import { register } from 'tsx/esm/api';
+// The command-line entry. The sources are TypeScript, loaded through ./ts-loader.js (esbuild strips
+// the types as each file is imported), so a clean checkout needs no build step:
+// `npm ci && npx slagate ...` works as is.
+import './register.js';
 
-register();
 await import('../src/cli/main.ts');

@@ -65,7 +65,7 @@ for f in deploy/compose/gateway.yaml deploy/compose/gateway-gpu.yaml deploy/comp
     status=1
   fi
 done
-if command -v node >/dev/null 2>&1 && [ -d "$root/node_modules/tsx" ]; then
+if command -v node >/dev/null 2>&1 && [ -d "$root/node_modules/esbuild" ]; then
   for f in deploy/compose/gateway.yaml deploy/compose/gateway-gpu.yaml; do
     [ -f "$dir/$f" ] || continue
     if out=$(cd "$root" && node bin/slagate.js check-config "$dir/$f" 2>&1 >/dev/null); then
