@@ -124,9 +124,14 @@ export function nextTpotShare(share: number, p99Ratio: number): number {
   return Math.min(TPOT_SHARE_BOUNDS.max, Math.max(TPOT_SHARE_BOUNDS.min, next));
 }
 
-/** The q-th quantile (0..1) of `xs` by nearest rank; sorts `xs` in place. */
-export function quantile(xs: number[], q: number): number {
-  xs.sort((a, b) => a - b);
-  const i = Math.min(xs.length - 1, Math.max(0, Math.ceil(q * xs.length) - 1));
-  return xs[i] as number;
+/**
+ * The q-th quantile (0..1) of `xs` by nearest rank; `xs` is left as it is. Sorted as a typed
+ * array: a numeric sort in native code, where a comparator over an array of doubles boxes a number
+ * for every comparison (a 1,024-sample window sorted a few times a period was a steady stream of
+ * garbage, and four times slower).
+ */
+export function quantile(xs: ArrayLike<number>, q: number): number {
+  const sorted = Float64Array.from(xs).sort();
+  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1));
+  return sorted[i] as number;
 }

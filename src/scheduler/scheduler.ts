@@ -714,10 +714,10 @@ export class Scheduler {
     this.#releaseRate =
       this.#releaseRate === null ? rate : this.#releaseRate + RATE_ALPHA * (rate - this.#releaseRate);
     if (this.#actual.length >= MIN_RATIO_SAMPLES) {
-      const floor = quantile([...this.#actual], 0.05);
+      const floor = quantile(this.#actual, 0.05);
       const ratios = this.#actual.map((a, i) => a / Math.max(this.#predicted[i] as number, floor, 1e-3));
       this.#floorMs = floor;
-      this.#ratioP99 = quantile([...ratios], 0.99);
+      this.#ratioP99 = quantile(ratios, 0.99);
       this.#spread = quantile(
         ratios.map((r) => Math.abs(r - 1)),
         0.5,

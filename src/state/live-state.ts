@@ -205,7 +205,10 @@ class LiveStateImpl implements LiveState {
     string,
     { key: string; value: Pick<BackendLiveView, 'latency' | 'byClass'> }
   >();
-  readonly #fitCache = new Map<string, { key: string; at: number; value: FitCache }>();
+  readonly #fitCache = new Map<
+    string,
+    { version: number; remoteVersion: number; at: number; value: FitCache }
+  >();
   readonly #tenants = new TenantUsageTable();
   #remoteTenants = new Map<string, RemoteTenant>();
   readonly #peerListeners: (() => void)[] = [];
@@ -534,10 +537,11 @@ class LiveStateImpl implements LiveState {
   #fits(name: string, be: BackendState): FitCache {
     const now = this.#now();
     const cached = this.#fitCache.get(name);
-    const key = `${be.version}:${this.#remoteVersion}`;
     // A clock stepped back (the wall clock may be) counts as time passed, not as a fresh solve.
-    const fresh = cached !== undefined && now >= cached.at && now - cached.at < REFIT_MS;
-    if (cached !== undefined && (cached.key === key || fresh)) return cached.value;
+    if (cached !== undefined) {
+      const same = cached.version === be.version && cached.remoteVersion === this.#remoteVersion;
+      if (same || (now >= cached.at && now - cached.at < REFIT_MS)) return cached.value;
+    }
     const remote = this.#remoteFor(name);
     const combine = (local: BackendState['ttftFit'], peers: FitStats | undefined, k: number) => {
       local.decayTo(now);
@@ -556,7 +560,7 @@ class LiveStateImpl implements LiveState {
       ttftError: errorOf(ttft),
       tpotError: errorOf(tpot),
     };
-    this.#fitCache.set(name, { key, at: now, value });
+    this.#fitCache.set(name, { version: be.version, remoteVersion: this.#remoteVersion, at: now, value });
     return value;
   }
 }

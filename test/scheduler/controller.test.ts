@@ -107,4 +107,12 @@ describe('quantile', () => {
     expect(quantile([5, 1, 4, 2, 3], 0.9)).toBe(5);
     expect(quantile([7], 0.99)).toBe(7);
   });
+
+  it('orders numerically, fractions and negatives included, and leaves its input as it was', () => {
+    const xs = [10, -2.5, 9, 0.25, 100, 1e-3];
+    expect(quantile(xs, 0)).toBe(-2.5);
+    expect(quantile(xs, 0.5)).toBe(0.25);
+    expect(quantile(xs, 0.99)).toBe(100);
+    expect(xs).toEqual([10, -2.5, 9, 0.25, 100, 1e-3]);
+  });
 });
