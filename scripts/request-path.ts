@@ -1,6 +1,6 @@
 // What each proxy in front of one fixed backend adds, side by side in one run: a direct
-// connection, a TCP pass-through and a minimal node:http proxy (the floors, scripts/lib/
-// floor-proxy.ts) and slagate (least_loaded), each in its own process.
+// connection, a TCP pass-through, a minimal node:http proxy and the same with undici underneath
+// (the floors, scripts/lib/floor-proxy.ts) and slagate (least_loaded), each in its own process.
 //
 //   npx tsx scripts/request-path.ts [--levels 1,32,256] [--prompts short,long] [--rounds 2]
 //                                   [--profile DIR] [--profile-interval-us 1000] [--warmup 2000]
@@ -86,11 +86,14 @@ const tcp = await spawnFloor('tcp', backend.url);
 helpers.push(tcp);
 const httpFloor = await spawnFloor('http', backend.url);
 helpers.push(httpFloor);
+const undiciFloor = await spawnFloor('undici', backend.url);
+helpers.push(undiciFloor);
 const gw = await startChildGateway((dir) => gatewayYaml(backend.url, dir));
 const paths = [
   { name: 'direct', url: backend.url, pid: null as number | null },
   { name: 'tcp pass-through', url: tcp.url, pid: tcp.child.pid! },
   { name: 'node:http proxy', url: httpFloor.url, pid: httpFloor.child.pid! },
+  { name: 'undici proxy', url: undiciFloor.url, pid: undiciFloor.child.pid! },
   { name: 'slagate', url: gw.url, pid: gw.child.pid! },
 ];
 

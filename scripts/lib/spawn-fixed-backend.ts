@@ -24,7 +24,7 @@ export function spawnFixedBackend(ttftMs = 20, itlMs = 10): Promise<Spawned> {
   return spawnLibScript('fixed-backend.ts', ['--ttft-ms', String(ttftMs), '--itl-ms', String(itlMs)]);
 }
 
-/** scripts/lib/floor-proxy.ts: a TCP pass-through or a minimal node:http proxy to `target`. */
-export function spawnFloor(kind: 'tcp' | 'http', target: string): Promise<Spawned> {
+/** scripts/lib/floor-proxy.ts: a TCP pass-through or a minimal node:http (or undici) proxy to `target`. */
+export function spawnFloor(kind: 'tcp' | 'http' | 'undici', target: string): Promise<Spawned> {
   return spawnLibScript('floor-proxy.ts', ['--kind', kind, '--target', target]);
 }
