@@ -1,34 +1,16 @@
 // The entry's TypeScript loader (bin/register.js + bin/ts-loader.js), in a child process on real
 // files: what tsc would keep is kept (a side-effect import, class fields, private fields), types
 // are stripped, and a stack trace names the .ts file, line and function.
-import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
+import { runNode } from '../helpers/cli.ts';
 
 const REGISTER = fileURLToPath(new URL('../../bin/register.js', import.meta.url));
 const dir = mkdtempSync(join(tmpdir(), 'slagate-loader-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
-
-function run(file: string): Promise<{ code: number | null; out: string; err: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', REGISTER, file], {
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let out = '';
-    let err = '';
-    child.stdout.on('data', (c: Buffer) => {
-      out += c.toString();
-    });
-    child.stderr.on('data', (c: Buffer) => {
-      err += c.toString();
-    });
-    child.once('error', reject);
-    child.once('close', (code) => resolve({ code, out, err }));
-  });
-}
 
 describe('bin/ts-loader.js', () => {
   it('keeps side-effect imports and class fields, and maps stack traces to .ts lines', async () => {
@@ -55,7 +37,7 @@ describe('bin/ts-loader.js', () => {
         '',
       ].join('\n'),
     );
-    const { code, out, err } = await run(join(dir, 'main.ts'));
+    const { code, out, err } = await runNode(['--import', REGISTER, join(dir, 'main.ts')]);
     expect(out).toBe('3 true \n');
     expect(code).toBe(1);
     expect(err).toContain('Error: boom 3');

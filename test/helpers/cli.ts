@@ -5,8 +5,13 @@ import { fileURLToPath } from 'node:url';
 export const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
 
 export function runSlagate(args: string[]): Promise<{ code: number | null; out: string; err: string }> {
+  return runNode([BIN, ...args]);
+}
+
+/** `node ARGS` (this Node) in a child process: its exit code, stdout and stderr, whole. */
+export function runNode(args: string[]): Promise<{ code: number | null; out: string; err: string }> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     let err = '';
     child.stdout.on('data', (c: Buffer) => {
