@@ -31,7 +31,7 @@
 //   when a 4xx is to be relayed, rejects with the AttemptFailure of a pre-commit failure).
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
-import { GatewayError, sseErrorFrames, writeErrorResponse } from '../errors/index.ts';
+import { GatewayError, headersWith, sseErrorFrames, writeErrorResponse } from '../errors/index.ts';
 import { type AssembleKind, Assembler, type StreamChunk } from './assemble.ts';
 import { carriesOutput, DONE, isErrorPayload, isPlainOutput } from './chunk.ts';
 import { AttemptFailure, abortFailure, failureFromError } from './failure.ts';
@@ -362,11 +362,13 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.#phase = 'committed';
     this.#clock.token(now);
     if (this.#assembler === null) {
-      this.spec.res.writeHead(200, {
-        ...this.spec.commitHeaders,
-        'content-type': 'text/event-stream; charset=utf-8',
-        'cache-control': 'no-cache',
-      });
+      this.spec.res.writeHead(
+        200,
+        headersWith(this.spec.commitHeaders, {
+          'content-type': 'text/event-stream; charset=utf-8',
+          'cache-control': 'no-cache',
+        }),
+      );
     }
     this.#armIdle();
     this.#settleCommit(null);
@@ -429,11 +431,13 @@ export class Attempt implements Dispatcher.DispatchHandler {
   /** The assembled stream ended: the client gets the one body vLLM would have sent. */
   #writeAssembled(assembler: Assembler): void {
     const body = assembler.body();
-    this.spec.res.writeHead(200, {
-      ...this.spec.commitHeaders,
-      'content-type': 'application/json',
-      'content-length': body.length,
-    });
+    this.spec.res.writeHead(
+      200,
+      headersWith(this.spec.commitHeaders, {
+        'content-type': 'application/json',
+        'content-length': body.length,
+      }),
+    );
     this.#closeClient(body);
   }
 
@@ -460,11 +464,13 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.#clearFirstTokenTimer();
     this.#phase = 'committed';
     this.#settleCommit(null);
-    this.spec.res.writeHead(200, {
-      ...this.spec.commitHeaders,
-      'content-type': 'application/json',
-      'content-length': body.length,
-    });
+    this.spec.res.writeHead(
+      200,
+      headersWith(this.spec.commitHeaders, {
+        'content-type': 'application/json',
+        'content-length': body.length,
+      }),
+    );
     this.spec.res.end(body);
     this.#endedAt = performance.now();
     this.#finish('ok', null, true);
