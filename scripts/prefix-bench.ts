@@ -171,40 +171,49 @@ const f = (x: number | null | undefined, d = 0) => (x === null || x === undefine
 const pct = (x: number | null | undefined) =>
   x === null || x === undefined ? '–' : `${(100 * x).toFixed(1)}%`;
 
-/** A markdown table: the header's cells, then one line per row. */
-function markdown(header: readonly string[], rows: readonly (readonly string[])[]): string {
+/** One column of a table: its header and how a row fills it. */
+type Column = readonly [header: string, cell: (r: Row) => string];
+
+/** A markdown table of `columns`, one line per row. */
+function markdown(columns: readonly Column[], rows: readonly Row[]): string {
   const line = (cells: readonly string[]) => `| ${cells.join(' | ')} |`;
-  return [line(header), line(header.map(() => '---')), ...rows.map(line)].join('\n');
+  const header = columns.map(([h]) => h);
+  return [
+    line(header),
+    line(header.map(() => '---')),
+    ...rows.map((r) => line(columns.map(([, cell]) => cell(r)))),
+  ].join('\n');
 }
 
 const ttfts = (r: Row) => `${f(r.ttftP50Ms)} / ${f(r.ttftP90Ms)} / ${f(r.ttftP99Ms)}`;
 
-function table(rows: readonly Row[]): string {
-  return markdown(
-    [
-      'policy',
-      'ok',
-      'refused',
-      'failed',
-      'TTFT p50 / p90 / p99 ms',
-      'TPOT p99 ms',
-      'output tok/s',
-      'prefix hit',
-      'max backend share',
-    ],
-    rows.map((r) => [
-      r.policy,
-      `${r.ok}`,
-      `${r.refused}`,
-      `${r.failed}`,
-      ttfts(r),
-      f(r.tpotP99Ms),
-      f(r.outputTokPerS),
-      pct(r.prefixHitRate),
-      f(r.maxBackendShare, 2),
-    ]),
-  );
-}
+const ROUTING_COLUMNS: readonly Column[] = [
+  ['policy', (r) => r.policy],
+  ['ok', (r) => `${r.ok}`],
+  ['refused', (r) => `${r.refused}`],
+  ['failed', (r) => `${r.failed}`],
+  ['TTFT p50 / p90 / p99 ms', ttfts],
+  ['TPOT p99 ms', (r) => f(r.tpotP99Ms)],
+  ['output tok/s', (r) => f(r.outputTokPerS)],
+  ['prefix hit', (r) => pct(r.prefixHitRate)],
+  ['max backend share', (r) => f(r.maxBackendShare, 2)],
+];
+
+/** The product part: the whole product with its real targets, the baselines as deployed. */
+const PRODUCT_COLUMNS: readonly Column[] = [
+  ['policy', (r) => r.policy],
+  ['ok', (r) => `${r.ok}`],
+  ['refused', (r) => `${r.refused}`],
+  ['TTFT p50 / p90 / p99 ms (served)', ttfts],
+  ['TPOT p99 ms', (r) => f(r.tpotP99Ms)],
+  ['goodput req/s', (r) => f(r.goodput, 2)],
+  ['attainment', (r) => pct(r.attainment)],
+  ['output tok/s', (r) => f(r.outputTokPerS)],
+  ['prefix hit', (r) => pct(r.prefixHitRate)],
+];
+
+const table = (rows: readonly Row[]) => markdown(ROUTING_COLUMNS, rows);
+const productTable = (rows: readonly Row[]) => markdown(PRODUCT_COLUMNS, rows);
 
 // ---- routing: one instance, every policy ----
 
@@ -246,35 +255,6 @@ async function routing(policies = POLICIES, yamlOf = (_policy: string) => GATEWA
     console.error(table(rows.slice(-1)).split('\n')[2]);
   }
   return rows;
-}
-
-// ---- product: the whole product with its real targets, the baselines as deployed ----
-
-function productTable(rows: readonly Row[]): string {
-  return markdown(
-    [
-      'policy',
-      'ok',
-      'refused',
-      'TTFT p50 / p90 / p99 ms (served)',
-      'TPOT p99 ms',
-      'goodput req/s',
-      'attainment',
-      'output tok/s',
-      'prefix hit',
-    ],
-    rows.map((r) => [
-      r.policy,
-      `${r.ok}`,
-      `${r.refused}`,
-      ttfts(r),
-      f(r.tpotP99Ms),
-      f(r.goodput, 2),
-      pct(r.attainment),
-      f(r.outputTokPerS),
-      pct(r.prefixHitRate),
-    ]),
-  );
 }
 
 // ---- shared: three instances through Redis ----

@@ -97,9 +97,9 @@ export function predict(
   }
   const u = unloadedMs === null ? 0 : scheduler.upperBackendMs(unloadedMs);
   const largeForClass = 2 * u > req.ttftTargetMs;
-  // Spelled out, not `{ ...req, … }`: in this V8 (Node 20) a spread followed by more properties
-  // takes a slow path, about 20 µs for an object this size. The map is filled below, after the
-  // wait estimate has read the request (as an empty map, as before).
+  // Spelled out, not `{ ...req, … }` (a spread followed by more properties is slow in Node 20's
+  // V8: src/errors/respond.ts, headersWith). The map is filled below, after the wait estimate has
+  // read the request (as an empty map, as before).
   const byBackend = new Map<string, BackendPrediction>();
   const scheduled: ScheduledRequest = {
     reqId: req.reqId,

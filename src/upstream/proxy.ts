@@ -332,10 +332,7 @@ function conclude(req: ProxyRequest, s: LoopState, aborted: boolean, cut: Gatewa
   return result(s, ending, null, e2eMs);
 }
 
-/**
- * The result, every field spelled out: in this V8 (Node 20) `{ ...base, more }` takes a slow path
- * (about 20 µs at this size, on every request).
- */
+/** The result, every field spelled out (not `{ ...base, more }`: see headersWith). */
 function result(s: LoopState, e: Ending, lat: Latencies | null, e2eMs: number): ProxyResult {
   const { last } = s;
   return {

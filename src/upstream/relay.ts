@@ -431,14 +431,16 @@ export class Attempt implements Dispatcher.DispatchHandler {
   /** The assembled stream ended: the client gets the one body vLLM would have sent. */
   #writeAssembled(assembler: Assembler): void {
     const body = assembler.body();
+    this.#writeJsonHead(body.length);
+    this.#closeClient(body);
+  }
+
+  /** The 200 head of a whole JSON body (an assembled or passed-through non-streamed answer). */
+  #writeJsonHead(length: number): void {
     this.spec.res.writeHead(
       200,
-      headersWith(this.spec.commitHeaders, {
-        'content-type': 'application/json',
-        'content-length': body.length,
-      }),
+      headersWith(this.spec.commitHeaders, { 'content-type': 'application/json', 'content-length': length }),
     );
-    this.#closeClient(body);
   }
 
   // ---- non-streamed pass-through ----
@@ -464,13 +466,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.#clearFirstTokenTimer();
     this.#phase = 'committed';
     this.#settleCommit(null);
-    this.spec.res.writeHead(
-      200,
-      headersWith(this.spec.commitHeaders, {
-        'content-type': 'application/json',
-        'content-length': body.length,
-      }),
-    );
+    this.#writeJsonHead(body.length);
     this.spec.res.end(body);
     this.#endedAt = performance.now();
     this.#finish('ok', null, true);
