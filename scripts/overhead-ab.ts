@@ -1,11 +1,11 @@
 // What a change to the request path costs: the gateway at HEAD against the gateway of another
 // checkout (`--base DIR`, with its node_modules installed), in one run, in front of one fixed
-// backend (TTFT 20 ms, a token every 10 ms, no batching: scripts/lib/fixed-backend.ts), against a
+// backend (TTFT 20 ms, a token every `--itl-ms` (10) ms, no batching: scripts/lib/fixed-backend.ts), against a
 // direct connection to that backend.
 //
 //   git worktree add /tmp/slagate-base <commit> && (cd /tmp/slagate-base && npm ci)
 //   npx tsx scripts/overhead-ab.ts --base /tmp/slagate-base [--levels 1,32] [--rounds 6]
-//                                  [--workload sharegpt|unique] [--warmup 2000]
+//                                  [--workload sharegpt|unique] [--tokens 32] [--itl-ms 10] [--warmup 2000]
 //
 // The three paths take turns: each level runs `rounds` rounds, and in every round each path sends
 // requests/rounds requests, in an order that rotates from round to round, so that slow drift of the
@@ -17,8 +17,8 @@
 // Samples are pooled per path, and each gateway process's CPU time (utime + stime) over its own
 // rounds is divided by its requests. Every gateway runs in its own process with the same YAML (keys both
 // versions know), the client (`slagate bench`, ShareGPT-like prompts, ~64-token outputs, closed
-// loop at fixed concurrency; or with `--workload unique` unique 512-character prompts and 32-token
-// outputs, the request-path benchmark's short requests) in this one.
+// loop at fixed concurrency; or with `--workload unique` unique 512-character prompts and `--tokens`
+// (32) outputs, the request-path benchmark's short requests) in this one.
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -38,6 +38,8 @@ const { values } = parseArgs({
     requests: { type: 'string', default: '0' },
     workload: { type: 'string', default: 'sharegpt' },
     warmup: { type: 'string', default: '2000' },
+    'itl-ms': { type: 'string', default: '10' },
+    tokens: { type: 'string', default: '32' },
   },
 });
 if (values.base === undefined) throw new Error('--base DIR is required (a checkout with node_modules)');
@@ -90,7 +92,7 @@ async function startBase(dir: string, url: string): Promise<{ url: string; child
   return { url: served, child };
 }
 
-const backend = await spawnFixedBackend(20, 10);
+const backend = await spawnFixedBackend(20, Number(values['itl-ms']));
 const direct = backend.url;
 const head = await startChildGateway((dir) => yaml(direct, dir));
 const base = await startBase(values.base, direct);
@@ -105,7 +107,7 @@ const pids = new Map<string, number>([
   ['head', head.child.pid!],
 ]);
 const rows = [
-  '| streams | requests per path | TTFT p50 direct / base / HEAD ms | added p50 base / HEAD (HEAD − base) ms | TTFT p99 direct / base / HEAD ms | added p99 base / HEAD ms | TPOT p50 direct / base / HEAD ms | gateway CPU ms per request base / HEAD | failed |',
+  '| streams | requests per path | TTFT p50 direct / base / HEAD ms | added p50 base / HEAD (HEAD − base) ms | TTFT p99 direct / base / HEAD ms | added p99 base / HEAD ms | TPOT p50 direct / base / HEAD ms | gateway CPU ms per request base / HEAD | failed direct / base / HEAD |',
   '|---|---|---|---|---|---|---|---|---|',
 ];
 try {
@@ -130,12 +132,12 @@ try {
       ['base', 0],
       ['head', 0],
     ]);
-    let failed = 0;
+    const failed = new Map<string, number>(paths.map(([name]) => [name, 0]));
     const bench = (target: string, k: number, seed: number) =>
       runBench({
         target,
         ...(UNIQUE
-          ? { workload: uniqueWorkload('short', k, 32, seed) }
+          ? { workload: uniqueWorkload('short', k, Number(values.tokens), seed) }
           : { workload: 'sharegpt' as const, workloadParams: SHORT }),
         concurrency: c,
         requests: k,
@@ -150,9 +152,13 @@ try {
         const cpuBefore = pid === undefined ? 0 : cpuSeconds(pid);
         const res = await bench(url, per, r + 1);
         if (pid !== undefined) cpu.set(name, cpu.get(name)! + cpuSeconds(pid) - cpuBefore);
-        failed += res.metrics.failed;
+        failed.set(name, failed.get(name)! + res.metrics.failed);
         for (const rec of res.records) {
-          if (!rec.success) continue;
+          if (!rec.success) {
+            if (failed.get(name)! <= 3)
+              console.error(`  ${name} failed: ${rec.status ?? 'no response'} ${rec.error}`);
+            continue;
+          }
           ttft.get(name)!.push(rec.ttft * 1000);
           if (rec.outputLen > 1)
             tpot.get(name)!.push(((rec.latency - rec.ttft) / (rec.outputLen - 1)) * 1000);
@@ -171,7 +177,7 @@ try {
     const tp = ['direct', 'base', 'head'].map((n) => f(q(tpot, n, 50))).join(' / ');
     const cpuMs = ['base', 'head'].map((n) => f((cpu.get(n)! * 1000) / (per * rounds))).join(' / ');
     rows.push(
-      `| ${c} | ${per * rounds} | ${f(d50)} / ${f(b50)} / ${f(h50)} | ${sign(b50 - d50)} / ${sign(h50 - d50)} (${sign(h50 - b50)}) | ${f(d99)} / ${f(b99)} / ${f(h99)} | ${sign(b99 - d99)} / ${sign(h99 - d99)} | ${tp} | ${cpuMs} | ${failed} |`,
+      `| ${c} | ${per * rounds} | ${f(d50)} / ${f(b50)} / ${f(h50)} | ${sign(b50 - d50)} / ${sign(h50 - d50)} (${sign(h50 - b50)}) | ${f(d99)} / ${f(b99)} / ${f(h99)} | ${sign(b99 - d99)} / ${sign(h99 - d99)} | ${tp} | ${cpuMs} | ${['direct', 'base', 'head'].map((n) => failed.get(n)).join(' / ')} |`,
     );
     console.error(rows.at(-1));
   }
