@@ -15,6 +15,7 @@ const ERROR = Buffer.from('"error"');
 const CONTENT = Buffer.from('"content":"');
 const TEXT = Buffer.from('"text":"');
 const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
 const OPEN = 0x7b;
 const CLOSE = 0x7d;
 
@@ -39,6 +40,77 @@ function noUsage(data: Buffer): boolean {
 function nonEmptyString(data: Buffer, key: Buffer, from: number): boolean {
   const at = data.indexOf(key, from);
   return at >= 0 && data[at + key.length] !== QUOTE;
+}
+
+/**
+ * The byte shape of one stream's plain output chunks: a backend serialises every token chunk of a
+ * stream the same way, so they differ only inside the output string (the id, the model, the
+ * keys around it are the stream's own). test() is isPlainOutput, and a cheaper way to the same
+ * yes: the bytes before and after the output string of the last chunk it accepted in full are
+ * compared with this chunk's, and what lies between them must be a non-empty string body without
+ * a quote or a backslash. Such a chunk is that chunk with other output text: it parses to the same
+ * structure, with output. (isPlainOutput, which matches its keys anywhere in the bytes, leaves a
+ * chunk whose text is `usage` or `error` to the parse; this accepts it, rightly.) Anything else
+ * (another shape, an escape in the text, no text) takes isPlainOutput.
+ */
+export class OutputShape {
+  #head: Buffer | null = null;
+  #tail: Buffer | null = null;
+
+  test(data: Buffer): boolean {
+    const head = this.#head;
+    const tail = this.#tail;
+    if (head !== null && tail !== null) {
+      const end = data.length - tail.length;
+      if (
+        end > head.length &&
+        data.compare(head, 0, head.length, 0, head.length) === 0 &&
+        data.compare(tail, 0, tail.length, end, data.length) === 0 &&
+        plainText(data, head.length, end)
+      ) {
+        return true;
+      }
+    }
+    if (!isPlainOutput(data)) return false;
+    this.#learn(data);
+    return true;
+  }
+
+  /** Keeps the bytes around the output string isPlainOutput found non-empty (content, else text). */
+  #learn(data: Buffer): void {
+    const choices = data.indexOf(CHOICES);
+    let start = data.indexOf(CONTENT, choices);
+    if (start >= 0 && data[start + CONTENT.length] !== QUOTE) start += CONTENT.length;
+    else start = data.indexOf(TEXT, choices) + TEXT.length;
+    let end = start;
+    while (end < data.length && data[end] !== QUOTE) {
+      if (data[end] === BACKSLASH) return; // an escape: the end of the string is not this quote
+      end++;
+    }
+    if (end === data.length) return;
+    // isPlainOutput reads keys, not the JSON: it accepts some broken JSON (an unescaped quote in
+    // the text). A shape is learned only from a chunk that parses, once per shape: then the bytes
+    // around the text are a real key's string and the structure around it.
+    let msg: StreamChunk | null;
+    try {
+      msg = JSON.parse(data.toString('utf8')) as StreamChunk | null;
+    } catch {
+      return;
+    }
+    if (isErrorPayload(msg) || msg?.usage != null || !Array.isArray(msg?.choices)) return;
+    if (!carriesOutput(msg.choices)) return;
+    this.#head = Buffer.from(data.subarray(0, start));
+    this.#tail = Buffer.from(data.subarray(end));
+  }
+}
+
+/** No quote and no backslash in data[from, to): a string body with no escape and no end. */
+function plainText(data: Buffer, from: number, to: number): boolean {
+  for (let i = from; i < to; i++) {
+    const c = data[i];
+    if (c === QUOTE || c === BACKSLASH) return false;
+  }
+  return true;
 }
 
 /** A chunk choice with generated output: text, content, reasoning or a tool call (not the role chunk). */

@@ -19,7 +19,8 @@
 // - Events are forwarded as their original bytes; only the usage chunk is dropped when the
 //   client did not ask for usage (the gateway always asks the backend for it).
 // - After the commit point a relayed stream parses only what it must: an event whose bytes show a
-//   plain output chunk (isPlainOutput: a `"choices":[{`, non-empty `content` or `text`, no
+//   plain output chunk (OutputShape: the bytes around the text are those of the stream's last
+//   plain chunk, else isPlainOutput: a `"choices":[{`, non-empty `content` or `text`, no
 //   `"usage"`, no `"error"`, braces at both ends) is timed and forwarded undecoded; anything else
 //   (the usage chunk, an error, an empty delta, an unusual serialisation) takes the full JSON path.
 //   Inside a JSON string every quote is escaped, so these quoted keys only match real keys.
@@ -33,7 +34,7 @@ import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import { GatewayError, headersWith, sseErrorFrames, writeErrorResponse } from '../errors/index.ts';
 import { type AssembleKind, Assembler, type StreamChunk } from './assemble.ts';
-import { carriesOutput, DONE, isErrorPayload, isPlainOutput } from './chunk.ts';
+import { carriesOutput, DONE, isErrorPayload, OutputShape } from './chunk.ts';
 import { AttemptFailure, abortFailure, failureFromError } from './failure.ts';
 import { type Latencies, TokenClock } from './measure.ts';
 import type { DecodeMeter } from './slot.ts';
@@ -108,6 +109,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
   #controller: Dispatcher.DispatchController | null = null;
   #pendingAbort: Error | null = null;
   #parser: SseParser;
+  /** Tells a plain output chunk by its bytes (chunk.ts). */
+  readonly #shape = new OutputShape();
   #clock: TokenClock;
   #assembler: Assembler | null;
   #held: Buffer[] = [];
@@ -282,7 +285,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
         continue;
       }
       sawData = true;
-      if (committed && assembler === null && isPlainOutput(bytes)) {
+      if (committed && assembler === null && this.#shape.test(bytes)) {
         this.#outputEvents++;
         this.#clock.token(now);
         out.push(ev.raw);

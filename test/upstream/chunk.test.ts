@@ -2,7 +2,7 @@
 // accepts, the parse would also find to be a chunk with choices carrying output, without usage or
 // an error; and vLLM's ordinary token chunks are accepted (else the hot path never runs).
 import { describe, expect, it } from 'vitest';
-import { carriesOutput, isErrorPayload, isPlainOutput } from '../../src/upstream/chunk.ts';
+import { carriesOutput, isErrorPayload, isPlainOutput, OutputShape } from '../../src/upstream/chunk.ts';
 
 const head = '"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m"';
 const choice = (delta: string, finish = 'null') =>
@@ -51,4 +51,64 @@ describe('isPlainOutput', () => {
       expect(isPlainOutput(Buffer.from(data))).toBe(false);
     });
   }
+});
+
+describe('OutputShape', () => {
+  const token = (text: string) => `{${head},"choices":[${choice(`{"content":"${text}"}`)}]}`;
+
+  it('accepts the token chunks that follow the first, and every answer agrees with the parse', () => {
+    const shape = new OutputShape();
+    for (const text of [' The', ' word', '.', 'x', ' \\"quoted\\"', ' \\n', ' usage', 'error']) {
+      const data = token(text);
+      expect(parsedPlainOutput(data)).toBe(true);
+      expect(shape.test(Buffer.from(data))).toBe(true);
+    }
+  });
+
+  it('leaves to isPlainOutput what does not have the shape it learned', () => {
+    const shape = new OutputShape();
+    expect(shape.test(Buffer.from(token(' first')))).toBe(true);
+    for (const [name, data] of Object.entries(refused)) {
+      expect(shape.test(Buffer.from(data)), name).toBe(false);
+    }
+    // The same stream's role chunk: its shape, with an empty string.
+    expect(shape.test(Buffer.from(token('')))).toBe(false);
+    // The same start, a long text, and a shorter end that carries an error: the bytes after the
+    // text differ, whatever lies where the learned end would be.
+    const withError = `{${head},"choices":[{"index":0,"delta":{"content":"${'x'.repeat(80)}"}}],"error":1}`;
+    expect(shape.test(Buffer.from(withError))).toBe(false);
+  });
+
+  it('accepts what isPlainOutput accepts, and beyond it only chunks the parse finds plain', () => {
+    // Bytes spliced raw into the learned shape, unescaped: quotes, backslashes and braces that
+    // change the structure or break the JSON. isPlainOutput accepts some broken JSON (an
+    // unescaped quote inside the text): the shape may agree with it there, never go further.
+    const alphabet = ['a', ' ', '"', '\\', '{', '}', ':', ',', 'usage', 'error', 'null', '"usage":null'];
+    let seed = 7;
+    const next = () => {
+      seed = (seed * 1103515245 + 12345) % 2 ** 31;
+      return seed >>> 16; // the low bits of this generator repeat with a short period
+    };
+    const shape = new OutputShape();
+    expect(shape.test(Buffer.from(token(' first')))).toBe(true);
+    let accepted = 0;
+    for (let i = 0; i < 5000; i++) {
+      let text = '';
+      const n = next() % 6;
+      for (let k = 0; k < n; k++) text += alphabet[next() % alphabet.length];
+      const data = Buffer.from(token(text));
+      const bytes = isPlainOutput(data);
+      const yes = shape.test(data);
+      if (bytes) expect(yes, token(text)).toBe(true);
+      if (!yes || bytes) continue;
+      accepted++;
+      let plain = false;
+      try {
+        plain = parsedPlainOutput(token(text));
+      } catch {}
+      expect(plain, token(text)).toBe(true);
+    }
+    // Texts such as `usage` or `error`, which isPlainOutput leaves to the parse.
+    expect(accepted).toBeGreaterThan(10);
+  });
 });
