@@ -35,6 +35,7 @@ import type { Dispatcher } from 'undici';
 import { GatewayError, headersWith, sseErrorFrames, writeErrorResponse } from '../errors/index.ts';
 import { type AssembleKind, Assembler, type StreamChunk } from './assemble.ts';
 import { carriesOutput, DONE, isErrorPayload, OutputShape } from './chunk.ts';
+import { ChunkedWriter } from './chunked-writer.ts';
 import { AttemptFailure, abortFailure, failureFromError } from './failure.ts';
 import { type Latencies, TokenClock } from './measure.ts';
 import type { DecodeMeter } from './slot.ts';
@@ -127,6 +128,10 @@ export class Attempt implements Dispatcher.DispatchHandler {
   /** When the idle period began: the last data event, or the arming of the idle timer. */
   #lastDataAt = 0;
   #stallTimer: NodeJS.Timeout | null = null;
+  /** After the first write of a chunked stream: frames and writes its events (chunked-writer.ts). */
+  #chunks: ChunkedWriter | null = null;
+  /** What emits the 'drain' the relay waits for: the response, or the socket the writer uses. */
+  #drainFrom: NodeJS.EventEmitter | null = null;
   #resolveDone!: (end: AttemptEnd) => void;
   #resolveCommit!: () => void;
   #rejectCommit!: (f: AttemptFailure) => void;
@@ -385,21 +390,45 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.#idleTimer = setTimeout(this.#onIdleTimeout, this.spec.idleTimeoutMs);
   }
 
-  /** Writes to the client; when its buffer is full, pauses the upstream until 'drain'. */
+  /**
+   * Writes to the client. The first write (it carries the head) goes through res.write; a chunked
+   * stream's later ones through its ChunkedWriter, at the end of the tick.
+   */
   #write(out: Buffer[]): void {
     const { res } = this.spec;
     if (out.length === 0 || res.destroyed) return;
+    if (this.#chunks !== null) {
+      this.#chunks.push(out);
+      return;
+    }
     const ok = res.write(out.length === 1 ? out[0] : Buffer.concat(out));
-    if (ok || this.#stallTimer !== null) return;
+    if (this.spec.mode === 'stream') this.#chunks = ChunkedWriter.of(res, this.#onChunkWritten);
+    this.#wrote(ok, res);
+  }
+
+  #onChunkWritten = (ok: boolean): void => {
+    this.#wrote(ok, this.#chunks!.socket);
+  };
+
+  /** When the client's buffer is full, pauses the upstream until `from` emits 'drain'. */
+  #wrote(ok: boolean, from: NodeJS.EventEmitter): void {
+    if (ok || this.#stallTimer !== null || this.#phase === 'done') return;
     this.#controller?.pause();
     // The upstream is silent because we paused it, not because it stalled.
     if (this.#idleTimer !== null) clearTimeout(this.#idleTimer);
     this.#idleTimer = null;
     this.#stallTimer = setTimeout(this.#onStall, this.spec.clientStallTimeoutMs);
-    res.once('drain', this.#onDrain);
+    this.#drainFrom = from;
+    from.once('drain', this.#onDrain);
+  }
+
+  #offDrain(): void {
+    this.#drainFrom?.off('drain', this.#onDrain);
+    this.#drainFrom = null;
   }
 
   #onDrain = (): void => {
+    this.#drainFrom = null;
     if (this.#stallTimer === null) return;
     clearTimeout(this.#stallTimer);
     this.#stallTimer = null;
@@ -413,14 +442,22 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.#phase = 'closing';
     this.#endedAt = performance.now();
     const { res } = this.spec;
-    res.end(last);
+    // The events still queued and the last chunk leave in one write.
+    const chunks = this.#chunks;
+    if (chunks === null) res.end(last);
+    else {
+      chunks.socket.cork();
+      chunks.flush();
+      res.end(last);
+      chunks.socket.uncork();
+    }
     // Invariant: nothing more is written to the client, so the upstream is never held paused for
     // it. An ended response emits no 'drain', so a pause taken on the last write would otherwise
     // hold the upstream (and its slot) until the stall timeout and report the client as stalled.
     if (this.#stallTimer === null) return;
     clearTimeout(this.#stallTimer);
     this.#stallTimer = null;
-    res.off('drain', this.#onDrain);
+    this.#offDrain();
     this.#armIdle();
     this.#controller?.resume();
     // The client still has to read what is buffered: one that never does loses its socket.
@@ -537,8 +574,10 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (committed) {
       const { res } = this.spec;
       if (failure.byClient) {
+        this.#chunks?.discard();
         res.destroy();
       } else if (!res.destroyed && !res.writableEnded) {
+        this.#chunks?.flush();
         const err =
           failure.clientError ?? new GatewayError('upstream_error', 'The backend failed during the stream');
         if (res.headersSent) res.end(sseErrorFrames(err));
@@ -563,7 +602,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (this.#stallTimer !== null) clearTimeout(this.#stallTimer);
     this.#idleTimer = this.#stallTimer = null;
     this.spec.signal.removeEventListener('abort', this.#onClientAbort);
-    this.spec.res.off('drain', this.#onDrain);
+    this.#offDrain();
     this.#parser.end();
     this.#settleCommit(committed || kind === 'rejected' ? null : failure);
     const endedAt = this.#endedAt ?? performance.now();
