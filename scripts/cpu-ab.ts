@@ -15,16 +15,16 @@
 //
 // The backend is scripts/lib/fixed-backend.ts (first token after 20 ms, then one every --itl-ms,
 // no batching); prompts are unique 512-character ones (scripts/lib/unique-workload.ts); the
-// gateway is configured as in scripts/request-path.ts, so that nothing queues or is refused.
+// gateway is configured as in scripts/request-path.ts (undecidingGatewayYaml), so that nothing
+// queues or is refused.
 // CPU is the gateway process's utime + stime (/proc, 10 ms ticks) over the measured load only.
 
-import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { stopChild } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
+import { startCheckoutGateway, undecidingGatewayYaml } from './lib/checkout-gateway.ts';
 import { spawnFixedBackend } from './lib/spawn-fixed-backend.ts';
 import { cpuSeconds } from './lib/stats.ts';
 import { uniqueWorkload } from './lib/unique-workload.ts';
@@ -48,52 +48,6 @@ const RUNS = Number(values.runs);
 const WARMUP = Number(values.warmup);
 const SIDES = { base: values.base, head: join(import.meta.dirname, '..') };
 
-function yaml(url: string, dir: string): string {
-  return [
-    'server: { host: 127.0.0.1, port: 0 }',
-    'models: [meta-llama/Llama-3.1-8B-Instruct]',
-    'backends:',
-    `  - { name: r0, url: "${url}" }`,
-    'router: { policy: least_loaded }',
-    'sla:',
-    '  default_class: bench',
-    '  classes:',
-    '    bench: { ttft_p99_ms: 600000, tpot_p99_ms: 60000, priority: 0, sheddable: false }',
-    'scheduler: { max_queue: 4096, concurrency: { max: 1024, initial: 1024, prefill_tokens: 0 } }',
-    'upstream: { max_connections_per_backend: 1024 }',
-    `logging: { level: warn, admission_log: ${dir}/admission.log }`,
-  ].join('\n');
-}
-
-/** `node DIR/bin/slagate.js serve`, resolved at its "serving on" line. */
-async function startGateway(dir: string, backendUrl: string) {
-  const tmp = mkdtempSync(join(tmpdir(), 'slagate-cpu-ab-'));
-  const config = join(tmp, 'gateway.yaml');
-  writeFileSync(config, yaml(backendUrl, tmp));
-  const child: ChildProcess = spawn(
-    process.execPath,
-    [join(dir, 'bin/slagate.js'), 'serve', '--config', config, '--port', '0'],
-    { cwd: dir, stdio: ['ignore', 'ignore', 'pipe'] },
-  );
-  const url = await new Promise<string>((resolve, reject) => {
-    let err = '';
-    child.once('exit', (code) => reject(new Error(`gateway in ${dir} exited with ${code}: ${err}`)));
-    child.stderr!.on('data', (d: Buffer) => {
-      err += d.toString();
-      const m = /serving on (http:\/\/[\d.]+:\d+)/.exec(err);
-      if (m) resolve(m[1]!);
-    });
-  });
-  return {
-    url,
-    child,
-    stop: async () => {
-      await stopChild(child);
-      rmSync(tmp, { recursive: true, force: true });
-    },
-  };
-}
-
 const median = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b);
   const m = Math.floor(s.length / 2);
@@ -107,7 +61,7 @@ try {
   for (let r = 0; r < RUNS; r++) {
     const order: (keyof typeof SIDES)[] = r % 2 === 0 ? ['base', 'head'] : ['head', 'base'];
     for (const side of order) {
-      const g = await startGateway(SIDES[side], backend.url);
+      const g = await startCheckoutGateway(SIDES[side], (dir) => undecidingGatewayYaml(backend.url, dir));
       try {
         const warm = uniqueWorkload('short', WARMUP, TOKENS, 7);
         await runBench({
@@ -135,7 +89,8 @@ try {
           `  run ${r + 1} ${side}: ${ms.toFixed(3)} ms per request, ${res.metrics.failed} failed`,
         );
       } finally {
-        await g.stop();
+        await stopChild(g.child);
+        rmSync(g.dir, { recursive: true, force: true });
       }
     }
   }

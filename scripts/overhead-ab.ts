@@ -19,13 +19,10 @@
 // versions know), the client (`slagate bench`, ShareGPT-like prompts, ~64-token outputs, closed
 // loop at fixed concurrency; or with `--workload unique` unique 512-character prompts and `--tokens`
 // (32) outputs, the request-path benchmark's short requests) in this one.
-import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { startChildGateway, stopChild } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
+import { startCheckoutGateway } from './lib/checkout-gateway.ts';
 import { spawnFixedBackend } from './lib/spawn-fixed-backend.ts';
 import { cpuSeconds, percentile } from './lib/stats.ts';
 import { uniqueWorkload } from './lib/unique-workload.ts';
@@ -67,35 +64,10 @@ function yaml(url: string, dir: string): string {
   ].join('\n');
 }
 
-/** `node DIR/bin/slagate.js serve` of another checkout, resolved at its "serving on" line. */
-async function startBase(dir: string, url: string): Promise<{ url: string; child: ChildProcess }> {
-  const tmp = mkdtempSync(join(tmpdir(), 'slagate-base-'));
-  const config = join(tmp, 'gateway.yaml');
-  writeFileSync(config, yaml(url, tmp));
-  const child = spawn(
-    process.execPath,
-    [join(dir, 'bin/slagate.js'), 'serve', '--config', config, '--port', '0'],
-    {
-      cwd: dir,
-      stdio: ['ignore', 'ignore', 'pipe'],
-    },
-  );
-  const served = await new Promise<string>((resolve, reject) => {
-    let err = '';
-    child.once('exit', (code) => reject(new Error(`base gateway exited with ${code}: ${err}`)));
-    child.stderr!.on('data', (d: Buffer) => {
-      err += d.toString();
-      const m = /serving on (http:\/\/[\d.]+:\d+)/.exec(err);
-      if (m) resolve(m[1]!);
-    });
-  });
-  return { url: served, child };
-}
-
 const backend = await spawnFixedBackend(20, Number(values['itl-ms']));
 const direct = backend.url;
 const head = await startChildGateway((dir) => yaml(direct, dir));
-const base = await startBase(values.base, direct);
+const base = await startCheckoutGateway(values.base, (dir) => yaml(direct, dir));
 const paths: [string, string][] = [
   ['direct', direct],
   ['base', base.url],

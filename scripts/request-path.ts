@@ -29,6 +29,7 @@ import { parseArgs } from 'node:util';
 import { startChildGateway } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
 import type { Workload } from '../src/bench/workloads.ts';
+import { undecidingGatewayYaml } from './lib/checkout-gateway.ts';
 import { summarizeByModule, summarizeProfile } from './lib/cpu-profile.ts';
 import { type Spawned, spawnFixedBackend, spawnFloor } from './lib/spawn-fixed-backend.ts';
 import { cpuSeconds, percentile } from './lib/stats.ts';
@@ -58,23 +59,6 @@ function requestsFor(streams: number, kind: 'short' | 'long'): number {
 }
 const outputFor = (streams: number) => (streams >= 256 ? 64 : 32);
 
-function gatewayYaml(url: string, dir: string): string {
-  return [
-    'server: { host: 127.0.0.1, port: 0, body_limit_bytes: 4194304 }',
-    'models: [meta-llama/Llama-3.1-8B-Instruct]',
-    'backends:',
-    `  - { name: r0, url: "${url}" }`,
-    'router: { policy: least_loaded }',
-    'sla:',
-    '  default_class: bench',
-    '  classes:',
-    '    bench: { ttft_p99_ms: 600000, tpot_p99_ms: 60000, priority: 0, sheddable: false }',
-    'scheduler: { max_queue: 4096, concurrency: { max: 1024, initial: 1024, prefill_tokens: 0 } }',
-    'upstream: { max_connections_per_backend: 1024 }',
-    `logging: { level: warn, admission_log: ${dir}/admission.log }`,
-  ].join('\n');
-}
-
 // The helpers have no IPC channel: whatever way this script ends, they go with it.
 const helpers: Spawned[] = [];
 process.on('exit', () => {
@@ -88,7 +72,7 @@ const httpFloor = await spawnFloor('http', backend.url);
 helpers.push(httpFloor);
 const undiciFloor = await spawnFloor('undici', backend.url);
 helpers.push(undiciFloor);
-const gw = await startChildGateway((dir) => gatewayYaml(backend.url, dir));
+const gw = await startChildGateway((dir) => undecidingGatewayYaml(backend.url, dir));
 const paths = [
   { name: 'direct', url: backend.url, pid: null as number | null },
   { name: 'tcp pass-through', url: tcp.url, pid: tcp.child.pid! },
@@ -177,7 +161,7 @@ if (values.profile !== undefined) {
   const dir = resolve(values.profile);
   mkdirSync(dir, { recursive: true });
   const before = new Set(readdirSync(dir));
-  const prof = await startChildGateway((d) => gatewayYaml(backend.url, d), {
+  const prof = await startChildGateway((d) => undecidingGatewayYaml(backend.url, d), {
     nodeArgs: ['--cpu-prof', '--cpu-prof-dir', dir, '--cpu-prof-interval', values['profile-interval-us']!],
   });
   const streams = Math.max(...levels);

@@ -130,8 +130,6 @@ export class Attempt implements Dispatcher.DispatchHandler {
   #stallTimer: NodeJS.Timeout | null = null;
   /** After the first write of a chunked stream: frames and writes its events (chunked-writer.ts). */
   #chunks: ChunkedWriter | null = null;
-  /** What emits the 'drain' the relay waits for: the response, or the socket the writer uses. */
-  #drainFrom: NodeJS.EventEmitter | null = null;
   #resolveDone!: (end: AttemptEnd) => void;
   #resolveCommit!: () => void;
   #rejectCommit!: (f: AttemptFailure) => void;
@@ -402,33 +400,34 @@ export class Attempt implements Dispatcher.DispatchHandler {
       return;
     }
     const ok = res.write(out.length === 1 ? out[0] : Buffer.concat(out));
-    if (this.spec.mode === 'stream') this.#chunks = ChunkedWriter.of(res, this.#onChunkWritten);
-    this.#wrote(ok, res);
+    if (this.spec.mode === 'stream') this.#chunks = ChunkedWriter.of(res, this.#wrote);
+    this.#wrote(ok);
   }
 
-  #onChunkWritten = (ok: boolean): void => {
-    this.#wrote(ok, this.#chunks!.socket);
-  };
+  /**
+   * What emits the 'drain' the relay waits for: the socket once a writer writes to it (its drain
+   * is also what makes the response emit one), else the response. Set before the first wait.
+   */
+  get #drainSource(): NodeJS.EventEmitter {
+    return this.#chunks?.socket ?? this.spec.res;
+  }
 
-  /** When the client's buffer is full, pauses the upstream until `from` emits 'drain'. */
-  #wrote(ok: boolean, from: NodeJS.EventEmitter): void {
+  /** When the client's buffer is full, pauses the upstream until 'drain'. */
+  #wrote = (ok: boolean): void => {
     if (ok || this.#stallTimer !== null || this.#phase === 'done') return;
     this.#controller?.pause();
     // The upstream is silent because we paused it, not because it stalled.
     if (this.#idleTimer !== null) clearTimeout(this.#idleTimer);
     this.#idleTimer = null;
     this.#stallTimer = setTimeout(this.#onStall, this.spec.clientStallTimeoutMs);
-    this.#drainFrom = from;
-    from.once('drain', this.#onDrain);
-  }
+    this.#drainSource.once('drain', this.#onDrain);
+  };
 
   #offDrain(): void {
-    this.#drainFrom?.off('drain', this.#onDrain);
-    this.#drainFrom = null;
+    this.#drainSource.off('drain', this.#onDrain);
   }
 
   #onDrain = (): void => {
-    this.#drainFrom = null;
     if (this.#stallTimer === null) return;
     clearTimeout(this.#stallTimer);
     this.#stallTimer = null;
