@@ -1,8 +1,9 @@
-// A Prometheus histogram that takes many observations in one call: a request's inter-token gaps
-// (one per streamed chunk, dozens to thousands) are counted into its label set's buckets in one
-// tight loop when the request ends, instead of one prom-client observe() (a label lookup and a
-// bucket search) per gap. Registered in a prom-client Registry like any metric; the exposition is
-// prom-client's own (cumulative `_bucket` with `le`, `_sum`, `_count`).
+// The gateway's Prometheus histogram. Whoever observes holds the child of its label set (made once)
+// and counts straight into its buckets: one value, or a request's inter-token gaps (dozens to
+// thousands) in one tight loop when the request ends. prom-client's own Histogram hashes the label
+// object and looks the bucket up by its string key on every observe(). Registered in a prom-client
+// Registry like any metric; the exposition is prom-client's own (cumulative `_bucket` with `le`,
+// `_sum`, `_count`).
 import type { Registry } from 'prom-client';
 
 /** One label set's counts: non-cumulative per bucket, +Inf last. */
@@ -15,6 +16,18 @@ export class BatchHistogramChild {
   constructor(upper: Float64Array) {
     this.#upper = upper;
     this.counts = new Float64Array(upper.length + 1);
+  }
+
+  /** Observes one value; a value that is not finite is not counted (it would poison _sum). */
+  observe(v: number): void {
+    if (!Number.isFinite(v)) return;
+    const upper = this.#upper;
+    const n = upper.length;
+    let b = 0;
+    while (b < n && v > (upper[b] as number)) b++;
+    this.counts[b] = (this.counts[b] as number) + 1;
+    this.sum += v;
+    this.count++;
   }
 
   /** Observes every value / `divisor` (e.g. milliseconds / 1000 for seconds). */
@@ -106,8 +119,9 @@ export class BatchHistogram<L extends string> {
   }> {
     const values: MetricValue[] = [];
     for (const { labels, child } of this.#children.values()) {
-      // Like prom-client, a label set is exported from its first observation on, not when made.
-      if (child.count === 0) continue;
+      // Like prom-client, a label set is exported from its first observation on, not when made;
+      // a histogram without labels from the start.
+      if (child.count === 0 && this.#labelNames.length > 0) continue;
       const base: Record<string, string | number> = {};
       this.#labelNames.forEach((n, i) => {
         base[n] = labels[i] as string;

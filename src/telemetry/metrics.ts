@@ -1,4 +1,4 @@
-import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
+import { Counter, collectDefaultMetrics, Gauge, Registry } from 'prom-client';
 import type { AdmissionRecord } from './admission-log.ts';
 import { BatchHistogram, type BatchHistogramChild } from './batch-histogram.ts';
 import type { Outcome } from './outcome.ts';
@@ -53,7 +53,6 @@ const PREFIX = 'slagate_';
 // roughly the last hundred requests.
 const PREFIX_DECAY = 0.99;
 
-type HistogramChild = ReturnType<Histogram<string>['labels']>;
 type CounterChild = ReturnType<Counter<string>['labels']>;
 
 // Label children are made once per label set and kept, so the per-request path does no label
@@ -67,24 +66,24 @@ interface ClassSeries {
 
 /** The children of one (class, backend) pair. */
 interface SeriesBundle {
-  ttft: HistogramChild;
-  tpot: HistogramChild;
+  ttft: BatchHistogramChild;
+  tpot: BatchHistogramChild;
   itl: BatchHistogramChild;
-  e2e: HistogramChild;
-  queue: HistogramChild;
+  e2e: BatchHistogramChild;
+  queue: BatchHistogramChild;
   requests: Map<Outcome, CounterChild>;
 }
 
 export class GatewayMetrics {
   readonly registry = new Registry();
-  private readonly ttft: Histogram<'class' | 'backend'>;
-  private readonly tpot: Histogram<'class' | 'backend'>;
+  private readonly ttft: BatchHistogram<'class' | 'backend'>;
+  private readonly tpot: BatchHistogram<'class' | 'backend'>;
   private readonly itl: BatchHistogram<'class' | 'backend'>;
-  private readonly e2e: Histogram<'class' | 'backend'>;
-  private readonly queueWait: Histogram<'class' | 'backend'>;
-  private readonly overhead: Histogram<string>;
-  private readonly predictionError: Histogram<'class'>;
-  private readonly predictionErrorByClass = new Map<string, HistogramChild>();
+  private readonly e2e: BatchHistogram<'class' | 'backend'>;
+  private readonly queueWait: BatchHistogram<'class' | 'backend'>;
+  private readonly overhead: BatchHistogramChild;
+  private readonly predictionError: BatchHistogram<'class'>;
+  private readonly predictionErrorByClass = new Map<string, BatchHistogramChild>();
   private readonly requests: Counter<'class' | 'backend' | 'outcome'>;
   private readonly admission: Counter<'class' | 'decision' | 'reason'>;
   private readonly slaMet: Counter<'class'>;
@@ -107,12 +106,14 @@ export class GatewayMetrics {
       TPOT_BUCKETS_S,
       targets.map((t) => t.tpot_p99_ms),
     );
+    // Every histogram is a BatchHistogram (batch-histogram.ts): its children count straight into
+    // their buckets, without prom-client's label hashing on each observation.
     const perRequest = (name: string, help: string, buckets: readonly number[]) =>
-      new Histogram({
+      new BatchHistogram({
         name: PREFIX + name,
         help,
         labelNames: ['class', 'backend'] as const,
-        buckets: [...buckets],
+        buckets,
         registers: [reg],
       });
     this.ttft = perRequest(
@@ -125,31 +126,26 @@ export class GatewayMetrics {
       'Time per output token after the first, per request.',
       tpotBuckets,
     );
-    // One request's gaps are counted in one call when it ends (batch-histogram.ts).
-    this.itl = new BatchHistogram({
-      name: `${PREFIX}itl_seconds`,
-      help: 'Gap between successive streamed chunks.',
-      labelNames: ['class', 'backend'] as const,
-      buckets: tpotBuckets,
-      registers: [reg],
-    });
+    // One request's gaps are counted in one call when it ends.
+    this.itl = perRequest('itl_seconds', 'Gap between successive streamed chunks.', tpotBuckets);
     this.e2e = perRequest(
       'e2e_seconds',
       'Arrival at the gateway to the last byte, requests that completed (outcome ok).',
       E2E_BUCKETS_S,
     );
     this.queueWait = perRequest('queue_wait_seconds', 'Time spent in the gateway queue.', ttftBuckets);
-    this.overhead = new Histogram({
+    this.overhead = new BatchHistogram({
       name: `${PREFIX}overhead_seconds`,
       help: 'Time the gateway itself adds to a request (parsing, admission, routing, relay).',
-      buckets: [...OVERHEAD_BUCKETS_S],
+      labelNames: [],
+      buckets: OVERHEAD_BUCKETS_S,
       registers: [reg],
-    });
-    this.predictionError = new Histogram({
+    }).labels();
+    this.predictionError = new BatchHistogram({
       name: `${PREFIX}ttft_prediction_error_ratio`,
       help: "The admission controller's TTFT prediction error, |predicted − measured| / measured, completed requests.",
       labelNames: ['class'] as const,
-      buckets: [...PREDICTION_ERROR_BUCKETS],
+      buckets: PREDICTION_ERROR_BUCKETS,
       registers: [reg],
     });
     this.requests = new Counter({

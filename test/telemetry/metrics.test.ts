@@ -4,6 +4,8 @@ import type { AdmissionRecord } from '../../src/telemetry/admission-log.ts';
 import {
   bucketsWithTargets,
   createMetrics,
+  E2E_BUCKETS_S,
+  OVERHEAD_BUCKETS_S,
   TPOT_BUCKETS_S,
   TTFT_BUCKETS_S,
 } from '../../src/telemetry/metrics.ts';
@@ -178,6 +180,54 @@ describe('GatewayMetrics', () => {
     // A removed backend's series go with it.
     m.removeBackend('gpu-0');
     expect(value(parseSamples(await m.render()), 'slagate_itl_seconds_count', cb)).toBeUndefined();
+  });
+
+  it('counts TTFT, TPOT, E2E, queue wait and overhead as prom-client would', async () => {
+    // Values on and either side of bucket bounds (0.1 s and 0.5 s are TTFT bounds, 0.05 a TPOT one).
+    const recs = [
+      record({ ttft_ms: 100, tpot_ms: 50, e2e_ms: 280, queue_ms: 0 }),
+      record({ ttft_ms: 100.0001, tpot_ms: 49.999, e2e_ms: 9000, queue_ms: 500 }),
+      record({ ttft_ms: 500, tpot_ms: 20, e2e_ms: 1e6, queue_ms: 12.5 }),
+    ];
+    const overheadMs = [0.05, 0.1, 0.25, 40];
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    // A histogram without labels is exported, at zero, before its first observation.
+    expect(value(parseSamples(await m.render()), 'slagate_overhead_seconds_count', {})).toBe(0);
+    for (const r of recs) m.observeRequest(r);
+    for (const ms of overheadMs) m.observeOverheadMs(ms);
+    const s = parseSamples(await m.render());
+    const cb = { class: 'interactive', backend: 'gpu-0' };
+    const series: [string, keyof AdmissionRecord, readonly number[]][] = [
+      ['slagate_ttft_seconds', 'ttft_ms', bucketsWithTargets(TTFT_BUCKETS_S, [500, 200, 30000])],
+      ['slagate_tpot_seconds', 'tpot_ms', bucketsWithTargets(TPOT_BUCKETS_S, [50, 30, 200])],
+      ['slagate_e2e_seconds', 'e2e_ms', E2E_BUCKETS_S],
+      ['slagate_queue_wait_seconds', 'queue_ms', bucketsWithTargets(TTFT_BUCKETS_S, [500, 200, 30000])],
+    ];
+    const check = async (
+      name: string,
+      buckets: readonly number[],
+      ms: number[],
+      labels: Record<string, string>,
+    ) => {
+      const ref = new Histogram({ name: 'ref', help: 'reference', buckets: [...buckets], registers: [] });
+      for (const v of ms) ref.observe(v / 1000);
+      const want = (await ref.get()).values;
+      expect(want.length).toBe(buckets.length + 3);
+      for (const v of want) {
+        const n = v.metricName!.replace('ref', name);
+        const l = v.labels.le === undefined ? labels : { ...labels, le: String(v.labels.le) };
+        expect(value(s, n, l), `${n} ${JSON.stringify(l)}`).toBeCloseTo(v.value, 9);
+      }
+    };
+    for (const [name, field, buckets] of series) {
+      await check(
+        name,
+        buckets,
+        recs.map((r) => r[field] as number),
+        cb,
+      );
+    }
+    await check('slagate_overhead_seconds', OVERHEAD_BUCKETS_S, overheadMs, {});
   });
 
   it('exports an ITL series from its first gap on, and again after a reset', async () => {
