@@ -45,6 +45,7 @@ import { slagate } from '../src/router/policies/slagate.ts';
 import type { ScheduledRequest } from '../src/scheduler/types.ts';
 import { Rng } from '../src/sim/rng.ts';
 import { Tokenizer } from '../src/tokenizer/tokenizer.ts';
+import { Cancel } from '../src/upstream/cancel.ts';
 import { startRedisServer } from '../test/helpers/redis-server.ts';
 import { schedulerFixture, schedulerSettings } from '../test/scheduler/fixtures.ts';
 
@@ -455,9 +456,7 @@ async function decision(): Promise<{ p50: number; p99: number; max: number; refu
       bestBackendMs: null,
     };
     const started = performance.now();
-    const pending = scheduler
-      .ticket(req)
-      .acquire({ attempt: 0, excluded: new Set(), signal: new AbortController().signal });
+    const pending = scheduler.ticket(req).acquire({ attempt: 0, excluded: new Set(), signal: new Cancel() });
     d.push(performance.now() - started);
     const slot = await pending.catch(() => null);
     if (slot === null) refused++;

@@ -377,12 +377,12 @@ export class Scheduler {
           ? req.deadlineAt
           : req.arrivedAt + req.ttftBudgetMs - this.upperBackendMs(req.bestBackendMs ?? 0),
         settle: (slot, err) => {
-          sr.signal.removeEventListener('abort', onAbort);
+          sr.signal.offAbort(onAbort);
           if (err !== undefined) reject(err);
           else resolve(slot);
         },
       };
-      sr.signal.addEventListener('abort', onAbort, { once: true });
+      sr.signal.onAbort(onAbort);
       if (retry) this.#retries.push(w);
       else queue.push(w);
       this.pump();

@@ -95,7 +95,7 @@ export async function handleInference(
         startedAt: record.startedAt,
         deadlineAt: admitted.scheduled.deadlineAt,
         priority: rt.config.upstream.forward_priority ? cls.priority : null,
-        signal: shutdown.signal,
+        signal: shutdown,
         acquire: ticket.acquire,
       },
       rt.proxy,

@@ -12,7 +12,7 @@ import type { Scheduler } from '../scheduler/index.ts';
 import type { LiveState } from '../state/index.ts';
 import type { AdmissionLog } from '../telemetry/admission-log.ts';
 import type { GatewayMetrics } from '../telemetry/metrics.ts';
-import type { BackendSet, ProxyConfig, RetryBudget } from '../upstream/index.ts';
+import { type BackendSet, Cancel, type ProxyConfig, type RetryBudget } from '../upstream/index.ts';
 import type { Authenticator } from './auth.ts';
 import type { ModelCatalog } from './model-catalog.ts';
 
@@ -44,21 +44,24 @@ export class Lifecycle {
   shuttingDown = false;
   /** Set when the grace period is over and the server closes the connections still open itself. */
   connectionsCut = false;
-  readonly #active = new Set<AbortController>();
+  readonly #active = new Set<Cancel>();
   #idle: (() => void) | null = null;
 
   get active(): number {
     return this.#active.size;
   }
 
-  /** Registers one proxied request; the controller aborts it when the grace period runs out. */
-  enter(): AbortController {
-    const c = new AbortController();
+  /**
+   * Registers one proxied request; its cancellation (the proxy's `signal`) is aborted with a
+   * shutting_down GatewayError when the grace period runs out.
+   */
+  enter(): Cancel {
+    const c = new Cancel();
     this.#active.add(c);
     return c;
   }
 
-  leave(c: AbortController): void {
+  leave(c: Cancel): void {
     this.#active.delete(c);
     if (this.#active.size === 0) this.#idle?.();
   }

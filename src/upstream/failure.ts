@@ -2,6 +2,7 @@
 // backend is to blame (outlier ejection and breaker count it) and, before the commit point,
 // whether another backend may be tried.
 import { type GatewayError, isGatewayError } from '../errors/index.ts';
+import type { Cancel } from './cancel.ts';
 
 export type FailureReason =
   | 'connect_error' // refused, unreachable, DNS
@@ -76,7 +77,7 @@ export class AttemptFailure extends Error {
  * Why the request's signal aborted: a cut when its reason is a GatewayError (the client is told
  * that error), otherwise the client went away.
  */
-export function abortFailure(signal: AbortSignal): AttemptFailure {
+export function abortFailure(signal: Cancel): AttemptFailure {
   const reason: unknown = signal.reason;
   if (isGatewayError(reason)) return new AttemptFailure('cut', reason.message, { clientError: reason });
   return new AttemptFailure('client_cancelled', 'client went away');

@@ -23,6 +23,7 @@ import {
 import type { Outcome } from '../telemetry/outcome.ts';
 import type { AssembleKind } from './assemble.ts';
 import type { Backend } from './backend.ts';
+import { Cancel } from './cancel.ts';
 import type { FailureReason } from './failure.ts';
 import type { Latencies } from './measure.ts';
 import { upstreamPayload } from './payload.ts';
@@ -62,8 +63,10 @@ export interface ProxyRequest {
    * envelope and Retry-After; outcome failed_before_commit), after it as one SSE error event then
    * [DONE] and a normal end (failed_after_commit); reason 'cut', errorCode the error's code.
    * Aborted with any other reason it is treated like a client disconnect (client_cancelled).
+   * The proxy also aborts it itself, without a reason, when the client leaves; without one, the
+   * proxy makes its own.
    */
-  signal?: AbortSignal;
+  signal?: Cancel;
   /** Where every attempt's backend comes from (the scheduler). */
   acquire: AcquireSlot;
 }
@@ -125,11 +128,12 @@ export async function proxyRequest(
   cfg: ProxyConfig,
   budget: RetryBudget,
 ): Promise<ProxyResult> {
-  const client = watchClient(req.res, req.signal);
+  const signal = req.signal ?? new Cancel();
+  const dispose = watchClient(req.res, signal);
   try {
-    return await attemptLoop(req, cfg, budget, client.signal);
+    return await attemptLoop(req, cfg, budget, signal);
   } finally {
-    client.dispose();
+    dispose();
   }
 }
 
@@ -147,7 +151,7 @@ async function attemptLoop(
   req: ProxyRequest,
   cfg: ProxyConfig,
   budget: RetryBudget,
-  signal: AbortSignal,
+  signal: Cancel,
 ): Promise<ProxyResult> {
   const payload = upstreamPayload({
     raw: req.rawBody,
@@ -407,29 +411,16 @@ function rejectedError(status: number, message: string | null): GatewayError {
 
 /**
  * Client disconnect, as res 'close' before the response ended (not request.signal: fastify #4690
- * aborts that once a POST body is read), or the caller's signal. The listener stays for the whole
- * call, streaming included. Whichever comes first sets the reason, so a cut after the client left
- * stays a cancel, and a client leaving after a cut does not undo it.
+ * aborts that once a POST body is read), aborts the request's `signal`. The listener stays for the
+ * whole call, streaming included; the returned function removes it. Abort is one-shot, so
+ * whichever comes first sets the reason: a cut after the client left stays a cancel, and a client
+ * leaving after a cut does not undo it.
  */
-function watchClient(
-  res: ServerResponse,
-  extra: AbortSignal | undefined,
-): { signal: AbortSignal; dispose(): void } {
-  const ac = new AbortController();
+function watchClient(res: ServerResponse, signal: Cancel): () => void {
   const onClose = (): void => {
-    if (!res.writableEnded) ac.abort();
+    if (!res.writableEnded) signal.abort();
   };
-  // The extra signal's reason is passed on: a GatewayError reason marks a cut (see ProxyRequest).
-  const onExtra = (): void => ac.abort(extra?.reason);
   res.on('close', onClose);
-  extra?.addEventListener('abort', onExtra);
-  if (res.destroyed || res.socket?.destroyed === true) ac.abort();
-  else if (extra?.aborted) ac.abort(extra.reason);
-  return {
-    signal: ac.signal,
-    dispose: () => {
-      res.off('close', onClose);
-      extra?.removeEventListener('abort', onExtra);
-    },
-  };
+  if (res.destroyed || res.socket?.destroyed === true) signal.abort();
+  return () => res.off('close', onClose);
 }

@@ -34,6 +34,7 @@ import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import { GatewayError, headersWith, sseErrorFrames, writeErrorResponse } from '../errors/index.ts';
 import { type AssembleKind, Assembler, type StreamChunk } from './assemble.ts';
+import type { Cancel } from './cancel.ts';
 import { carriesOutput, DONE, isErrorPayload, OutputShape } from './chunk.ts';
 import { ChunkedWriter } from './chunked-writer.ts';
 import { AttemptFailure, abortFailure, failureFromError } from './failure.ts';
@@ -75,7 +76,7 @@ export interface AttemptSpec {
   maxEventBytes: number;
   maxBodyBytes: number;
   /** Aborts when the client goes away, or with a GatewayError reason when the caller cuts the request. */
-  signal: AbortSignal;
+  signal: Cancel;
   /** The backend's decode-pace meter (token gaps), or null. */
   meter: DecodeMeter | null;
 }
@@ -165,7 +166,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
       this.#fail(abortFailure(spec.signal));
       return this.committed;
     }
-    spec.signal.addEventListener('abort', this.#onClientAbort);
+    spec.signal.onAbort(this.#onClientAbort);
     this.#firstTokenTimer = setTimeout(this.#onFirstTokenTimeout, spec.firstTokenMs);
     try {
       dispatcher.dispatch(
@@ -600,7 +601,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (this.#idleTimer !== null) clearTimeout(this.#idleTimer);
     if (this.#stallTimer !== null) clearTimeout(this.#stallTimer);
     this.#idleTimer = this.#stallTimer = null;
-    this.spec.signal.removeEventListener('abort', this.#onClientAbort);
+    this.spec.signal.offAbort(this.#onClientAbort);
     this.#offDrain();
     this.#parser.end();
     this.#settleCommit(committed || kind === 'rejected' ? null : failure);

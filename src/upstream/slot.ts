@@ -3,6 +3,7 @@
 // The upstream layer defines it and never implements it: the scheduler does (src/scheduler), so
 // that a retry waits under the same per-backend caps as a first attempt.
 import type { Backend } from './backend.ts';
+import type { Cancel } from './cancel.ts';
 
 /** Decode pace of one backend, summed by every stream on it (the scheduler reads and resets it). */
 export interface DecodeMeter {
@@ -35,7 +36,7 @@ export interface SlotRequest {
   /** Backends this request has already been tried on: never granted again. */
   excluded: ReadonlySet<string>;
   /** Aborts when the client leaves or the request is cut: the wait ends at once. */
-  signal: AbortSignal;
+  signal: Cancel;
 }
 
 /**

@@ -9,6 +9,7 @@ import type { BackendView } from '../../src/router/types.ts';
 import type { SchedulerSettings } from '../../src/scheduler/scheduler.ts';
 import type { ScheduledRequest } from '../../src/scheduler/types.ts';
 import { DEFAULT_CAPACITY } from '../../src/state/prefix-index.ts';
+import { Cancel } from '../../src/upstream/cancel.ts';
 import type { Slot } from '../../src/upstream/slot.ts';
 import { route } from '../router/fixtures.ts';
 import { latencySample } from '../state/fixtures/sample.ts';
@@ -58,7 +59,7 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
   };
 }
 
-const first = (signal = new AbortController().signal) => ({
+const first = (signal = new Cancel()) => ({
   attempt: 0,
   excluded: new Set<string>(),
   signal,
@@ -105,7 +106,7 @@ describe('late dispatch', () => {
     const fresh = scheduler.ticket(req({ reqId: 'fresh' })).acquire(first());
     const retry = scheduler
       .ticket(req({ reqId: 'retry' }))
-      .acquire({ attempt: 1, excluded: new Set(['a']), signal: new AbortController().signal });
+      .acquire({ attempt: 1, excluded: new Set(['a']), signal: new Cancel() });
     // a frees first: the retry may not use it, so the fresh request gets it.
     const freed = sa!.backend.name === 'a' ? sa! : sb!;
     const other = freed === sa ? sb! : sa!;
@@ -123,7 +124,7 @@ describe('late dispatch', () => {
     const { scheduler, backends } = setup(['a']);
     const none = await scheduler
       .ticket(req())
-      .acquire({ attempt: 1, excluded: new Set(['a']), signal: new AbortController().signal });
+      .acquire({ attempt: 1, excluded: new Set(['a']), signal: new Cancel() });
     expect(none).toBeNull();
     backends.get('a')!.breaker.open();
     expect(await scheduler.ticket(req()).acquire(first())).toBeNull();
@@ -132,8 +133,8 @@ describe('late dispatch', () => {
   it('a request whose client leaves while queued is out of the queue at once and never granted', async () => {
     const { scheduler } = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
     const held = await scheduler.ticket(req()).acquire(first());
-    const ac = new AbortController();
-    const gone = scheduler.ticket(req({ reqId: 'gone' })).acquire(first(ac.signal));
+    const ac = new Cancel();
+    const gone = scheduler.ticket(req({ reqId: 'gone' })).acquire(first(ac));
     const next = scheduler.ticket(req({ reqId: 'next' })).acquire(first());
     expect(scheduler.view().queued).toBe(2);
     ac.abort(new Error('client went away'));
@@ -328,7 +329,7 @@ describe('refusals while waiting', () => {
     await scheduler.ticket(req()).acquire(first());
     const retry = scheduler
       .ticket(req({ deadlineAt: performance.now() + 100 }))
-      .acquire({ attempt: 1, excluded: new Set(['a']), signal: new AbortController().signal });
+      .acquire({ attempt: 1, excluded: new Set(['a']), signal: new Cancel() });
     expect(await retry).toBeNull();
   });
 });

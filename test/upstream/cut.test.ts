@@ -5,6 +5,7 @@ import http from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
 import { GatewayError } from '../../src/errors/index.ts';
 import type { BackendSet } from '../../src/upstream/backends.ts';
+import { Cancel } from '../../src/upstream/cancel.ts';
 import {
   chatBody,
   dataEvents,
@@ -32,11 +33,11 @@ const CFG = { ...FAST, firstTokenTimeoutMs: 5_000, idleTimeoutMs: 5_000 };
 
 async function setup(
   script: Script,
-): Promise<{ up: Upstream; set: BackendSet; gw: Gateway; shutdown: AbortController }> {
+): Promise<{ up: Upstream; set: BackendSet; gw: Gateway; shutdown: Cancel }> {
   const up = await upstream(script);
   const set = makeSet([up.url]);
-  const shutdown = new AbortController();
-  const gw = await gateway({ set, cfg: CFG, signal: shutdown.signal });
+  const shutdown = new Cancel();
+  const gw = await gateway({ set, cfg: CFG, signal: shutdown });
   cleanups.push(up.close, () => set.close(), gw.close);
   return { up, set, gw, shutdown };
 }

@@ -5,6 +5,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Backend } from '../../src/upstream/backend.ts';
 import { BackendSet, type BackendSetOptions } from '../../src/upstream/backends.ts';
+import { Cancel } from '../../src/upstream/cancel.ts';
 import { DEFAULT_BACKEND_SET_OPTIONS, DEFAULT_RETRY_BUDGET } from '../../src/upstream/options.ts';
 import { type ProxyConfig, type ProxyResult, proxyRequest } from '../../src/upstream/proxy.ts';
 import type { ClientMode } from '../../src/upstream/relay.ts';
@@ -208,8 +209,11 @@ export interface GatewayOpts {
   /** How a non-streamed request is answered (streamed ones are always 'stream'); default passthrough. */
   nonStreamMode?: Exclude<ClientMode, 'stream'>;
   responseHeaders?: http.OutgoingHttpHeaders;
-  /** Passed as every request's ProxyRequest.signal (a shutdown switch). */
-  signal?: AbortSignal;
+  /**
+   * A shutdown switch: aborting it aborts every request's own ProxyRequest.signal with its reason,
+   * as the gateway's Lifecycle does.
+   */
+  signal?: Cancel;
 }
 
 export interface Gateway {
@@ -240,6 +244,11 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
     const so = body.stream_options as { include_usage?: boolean } | undefined;
     const path = (req.url ?? '/v1/chat/completions') as '/v1/chat/completions' | '/v1/completions';
     active++;
+    const signal = new Cancel();
+    const shutdown = opts.signal;
+    const onCut = (): void => signal.abort(shutdown?.reason);
+    if (shutdown?.aborted) onCut();
+    else shutdown?.onAbort(onCut);
     let result: ProxyResult;
     try {
       result = await proxyRequest(
@@ -256,7 +265,7 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
           startedAt,
           deadlineAt: startedAt + (opts.deadlineMs ?? 60_000),
           priority: null,
-          signal: opts.signal,
+          signal,
           acquire: opts.acquire ?? inOrder(opts.set),
         },
         opts.cfg ?? FAST,
@@ -264,6 +273,7 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
       );
     } finally {
       active--;
+      shutdown?.offAbort(onCut);
     }
     results.push(result);
     waiters.shift()?.(result);
