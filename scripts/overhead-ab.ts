@@ -6,6 +6,7 @@
 //   git worktree add /tmp/slagate-base <commit> && (cd /tmp/slagate-base && npm ci)
 //   npx tsx scripts/overhead-ab.ts --base /tmp/slagate-base [--levels 1,32] [--rounds 6]
 //                                  [--workload sharegpt|unique] [--tokens 32] [--itl-ms 10] [--warmup 2000]
+//                                  [--arrivals closed|poisson]
 //
 // The three paths take turns: each level runs `rounds` rounds, and in every round each path sends
 // requests/rounds requests, in an order that rotates from round to round, so that slow drift of the
@@ -19,6 +20,12 @@
 // versions know), the client (`slagate bench`, ShareGPT-like prompts, ~64-token outputs, closed
 // loop at fixed concurrency; or with `--workload unique` unique 512-character prompts and `--tokens`
 // (32) outputs, the request-path benchmark's short requests) in this one.
+//
+// `--arrivals poisson` sends each level's requests as Poisson arrivals at the rate that holds that
+// many requests in flight on average (streams ÷ the direct path's mean request time, measured in
+// the level's warm-up), with no cap that binds. A closed loop of equal-length requests keeps its
+// streams in step: they end together and their next requests arrive together, so every request
+// waits behind the whole burst's intake (docs/benchmarks.md, "Bursts at 32 streams").
 import { parseArgs } from 'node:util';
 import { startChildGateway, stopChild } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
@@ -36,6 +43,7 @@ const { values } = parseArgs({
     workload: { type: 'string', default: 'sharegpt' },
     warmup: { type: 'string', default: '2000' },
     'itl-ms': { type: 'string', default: '10' },
+    arrivals: { type: 'string', default: 'closed' },
     tokens: { type: 'string', default: '32' },
   },
 });
@@ -47,6 +55,9 @@ if (values.workload !== 'sharegpt' && values.workload !== 'unique')
   throw new Error('--workload is sharegpt or unique');
 /** `unique`: 512-character prompts no two requests share and 32-token outputs (scripts/lib/unique-workload.ts). */
 const UNIQUE = values.workload === 'unique';
+if (values.arrivals !== 'closed' && values.arrivals !== 'poisson')
+  throw new Error('--arrivals is closed or poisson');
+const POISSON = values.arrivals === 'poisson';
 
 function yaml(url: string, dir: string): string {
   return [
@@ -105,18 +116,25 @@ try {
       ['head', 0],
     ]);
     const failed = new Map<string, number>(paths.map(([name]) => [name, 0]));
+    // Poisson: set from the direct path's warm-up below; the cap is there only to bound a stall.
+    let rate: number | undefined;
     const bench = (target: string, k: number, seed: number) =>
       runBench({
         target,
         ...(UNIQUE
           ? { workload: uniqueWorkload('short', k, Number(values.tokens), seed) }
           : { workload: 'sharegpt' as const, workloadParams: SHORT }),
-        concurrency: c,
+        ...(rate === undefined ? { concurrency: c } : { rate, concurrency: 8 * c }),
         requests: k,
         seed,
         progress: false,
       });
-    for (const [, url] of paths) await bench(url, 4 * c, 99); // warm: connections, JIT, the limits' ramp
+    for (const [name, url] of paths) {
+      const warm = await bench(url, 4 * c, 99); // warm: connections, JIT, the limits' ramp
+      if (name !== 'direct' || !POISSON) continue;
+      const ok = warm.records.filter((rec) => rec.success);
+      rate = c / (ok.reduce((sum, rec) => sum + rec.latency, 0) / ok.length);
+    }
     for (let r = 0; r < rounds; r++) {
       for (let i = 0; i < paths.length; i++) {
         const [name, url] = paths[(i + r) % paths.length]!;
@@ -148,8 +166,9 @@ try {
     const [d99, b99, h99] = ['direct', 'base', 'head'].map((n) => q(ttft, n, 99)) as [number, number, number];
     const tp = ['direct', 'base', 'head'].map((n) => f(q(tpot, n, 50))).join(' / ');
     const cpuMs = ['base', 'head'].map((n) => f((cpu.get(n)! * 1000) / (per * rounds))).join(' / ');
+    const level = rate === undefined ? String(c) : `${c} (Poisson, ${rate.toFixed(1)}/s)`;
     rows.push(
-      `| ${c} | ${per * rounds} | ${f(d50)} / ${f(b50)} / ${f(h50)} | ${sign(b50 - d50)} / ${sign(h50 - d50)} (${sign(h50 - b50)}) | ${f(d99)} / ${f(b99)} / ${f(h99)} | ${sign(b99 - d99)} / ${sign(h99 - d99)} | ${tp} | ${cpuMs} | ${['direct', 'base', 'head'].map((n) => failed.get(n)).join(' / ')} |`,
+      `| ${level} | ${per * rounds} | ${f(d50)} / ${f(b50)} / ${f(h50)} | ${sign(b50 - d50)} / ${sign(h50 - d50)} (${sign(h50 - b50)}) | ${f(d99)} / ${f(b99)} / ${f(h99)} | ${sign(b99 - d99)} / ${sign(h99 - d99)} | ${tp} | ${cpuMs} | ${['direct', 'base', 'head'].map((n) => failed.get(n)).join(' / ')} |`,
     );
     console.error(rows.at(-1));
   }

@@ -3,7 +3,8 @@
 // (the floors, scripts/lib/floor-proxy.ts) and slagate (least_loaded), each in its own process.
 //
 //   npx tsx scripts/request-path.ts [--levels 1,32,256] [--prompts short,long] [--rounds 2]
-//                                   [--profile DIR] [--profile-interval-us 1000] [--warmup 2000]
+//                                   [--poisson-levels 32] [--profile DIR] [--profile-interval-us 1000]
+//                                   [--warmup 2000]
 //
 // The backend (scripts/lib/fixed-backend.ts) sends the first token after 20 ms and then one every
 // 5 ms, with no batching, so a request's timing depends on nothing but the path in front of it.
@@ -14,6 +15,14 @@
 // Before the first level every proxy serves `--warmup` short requests at 32 streams, so that its
 // request path runs compiled, as after a first minute of traffic (a few hundred requests at one
 // stream leave most of it interpreted, which charges a proxy for the size of its code).
+// Each level runs as a closed loop (each stream sends its next request when the last one ends).
+// A level also in `--poisson-levels` runs a second time with Poisson arrivals at the rate that
+// holds that many requests in flight on average (streams ÷ the direct path's mean request time in
+// the level's warm-up; the cap, 8 × streams, never binds). Its rows read "32 (Poisson)". A closed
+// loop of equal-length requests keeps its streams in step: they end together and the next
+// requests arrive together, so each waits behind the whole burst's intake, and undici sends a
+// request on a reused connection only after the event loop's poll phase (docs/benchmarks.md,
+// "Bursts at 32 streams").
 // Per path: added TTFT p50 / p99 over direct, the total time of its requests (the sum of its
 // rounds' wall times) and the proxy process's CPU per request (utime + stime from /proc).
 //
@@ -43,9 +52,11 @@ const { values } = parseArgs({
     profile: { type: 'string' },
     'profile-interval-us': { type: 'string', default: '1000' },
     warmup: { type: 'string', default: '2000' },
+    'poisson-levels': { type: 'string', default: '32' },
   },
 });
 const levels = values.levels!.split(',').map(Number);
+const poissonLevels = new Set(values['poisson-levels']!.split(',').filter(Boolean).map(Number));
 const kinds = values.prompts!.split(',') as ('short' | 'long')[];
 const rounds = Number(values.rounds);
 const TTFT_MS = 20;
@@ -81,8 +92,16 @@ const paths = [
   { name: 'slagate', url: gw.url, pid: gw.child.pid! },
 ];
 
-const bench = (url: string, streams: number, workload: Workload, n: number, seed: number) =>
-  runBench({ target: url, workload, concurrency: streams, requests: n, seed, progress: false });
+/** A closed loop of `streams`, or with `rate` Poisson arrivals (capped at 8 × streams in flight). */
+const bench = (url: string, streams: number, workload: Workload, n: number, seed: number, rate?: number) =>
+  runBench({
+    target: url,
+    workload,
+    ...(rate === undefined ? { concurrency: streams } : { rate, concurrency: 8 * streams }),
+    requests: n,
+    seed,
+    progress: false,
+  });
 
 const lines: string[] = [];
 const out = (s: string) => {
@@ -98,8 +117,16 @@ try {
   for (const p of paths)
     if (p.pid !== null && warmup > 0)
       await bench(p.url, 32, uniqueWorkload('short', warmup, 32, 5), warmup, 5);
+  const cells = levels.flatMap((streams) =>
+    poissonLevels.has(streams)
+      ? [
+          { streams, poisson: false },
+          { streams, poisson: true },
+        ]
+      : [{ streams, poisson: false }],
+  );
   for (const kind of kinds) {
-    for (const streams of levels) {
+    for (const { streams, poisson } of cells) {
       const total = requestsFor(streams, kind);
       const per = Math.ceil(total / rounds);
       const outputTokens = outputFor(streams);
@@ -111,8 +138,19 @@ try {
         failed: 0,
         n: 0,
       }));
-      for (const p of paths)
-        await bench(p.url, streams, uniqueWorkload(kind, 2 * streams, outputTokens, 7), 2 * streams, 7);
+      let rate: number | undefined;
+      for (const p of paths) {
+        const warm = await bench(
+          p.url,
+          streams,
+          uniqueWorkload(kind, 2 * streams, outputTokens, 7),
+          2 * streams,
+          7,
+        );
+        if (!poisson || p.pid !== null) continue;
+        const ok = warm.records.filter((rec) => rec.success);
+        rate = streams / (ok.reduce((sum, rec) => sum + rec.latency, 0) / ok.length);
+      }
       for (let r = 0; r < rounds; r++) {
         for (let i = 0; i < paths.length; i++) {
           const k = (i + r) % paths.length;
@@ -121,7 +159,7 @@ try {
           const wl = uniqueWorkload(kind, per, outputTokens, 1000 * (r + 1) + k);
           const cpu0 = p.pid === null ? 0 : cpuSeconds(p.pid);
           const t0 = performance.now();
-          const res = await bench(p.url, streams, wl, per, r + 1);
+          const res = await bench(p.url, streams, wl, per, r + 1, rate);
           s.wallS += (performance.now() - t0) / 1000;
           if (p.pid !== null) s.cpuS += cpuSeconds(p.pid) - cpu0;
           s.failed += res.metrics.failed;
@@ -148,7 +186,7 @@ try {
         const added = k === 0 ? '—' : `${sign(p50 - d50)} / ${sign(p99 - d99)}`;
         const cpu = p.pid === null ? '—' : ((s.cpuS * 1000) / s.n).toFixed(2);
         out(
-          `| ${kind} | ${streams} | ${s.n} | ${p.name} | ${f(p50)} / ${f(p99)} | ${added} | ${f(percentile(s.tpot, 50))} | ${s.wallS.toFixed(2)} | ${cpu} | ${s.failed} |`,
+          `| ${kind} | ${poisson ? `${streams} (Poisson)` : streams} | ${s.n} | ${p.name} | ${f(p50)} / ${f(p99)} | ${added} | ${f(percentile(s.tpot, 50))} | ${s.wallS.toFixed(2)} | ${cpu} | ${s.failed} |`,
         );
       });
     }
