@@ -11,9 +11,11 @@
 //   always at least as recent as its later ones: what a backend holds of one chain is (nearly
 //   always) a prefix of it, and the longest match is found by bisection, O(log n) lookups;
 // - lookups never allocate per block, and never touch (matching is not use: only dispatch is);
-// - every operation is O(1) per block: recency is an intrusive list over slot arrays, so touching
-//   a held block never deletes and re-adds a map entry, and eviction never iterates a map (a
-//   map's iteration walks the holes its deletions leave: hundreds of microseconds per grant);
+// - every operation is O(1) per block and allocates nothing: recency is an intrusive list over
+//   slot arrays, so touching a held block never deletes and re-adds a table entry, and eviction
+//   never iterates a map (a map's iteration walks the holes its deletions leave: hundreds of
+//   microseconds per grant); hash to slot is an open-addressing table of typed arrays
+//   (hash-slots.ts), which never boxes a 53-bit hash as a Map<number, number> does;
 // - shared with peers (several gateway instances): every block this instance sends to a backend,
 //   new there or already held, is told to the peers, at most once per SHARE_EVERY_MS per block
 //   (a block a peer told of counts as told). Peers must see uses, not only inserts: an instance
@@ -23,6 +25,8 @@
 // - insert() only keeps a reference to the request's hash list (O(1) on the request path); the
 //   per-block work of telling happens in drainRecent(), on the sync timer, and what waits for it is
 //   bounded by MAX_RECENT_BLOCKS (past it, peers are told less, the local index is as exact).
+
+import { HashSlots } from './hash-slots.ts';
 
 /** Hashes a backend's LRU holds when vLLM has not told us its KV size yet (~16k blocks). */
 export const DEFAULT_CAPACITY = 16_384;
@@ -131,11 +135,11 @@ export class PrefixIndex {
 }
 
 /**
- * Hashes in recency order: a map from hash to slot, and a doubly linked list through the slots
- * (most recent at `head`). Freed slots are reused; the arrays grow by doubling.
+ * Hashes in recency order: a table from hash to slot (hash-slots.ts), and a doubly linked list
+ * through the slots (most recent at `head`). Freed slots are reused; the arrays grow by doubling.
  */
 class Lru {
-  readonly #slot = new Map<number, number>();
+  readonly #slot = new HashSlots();
   #keys = new Float64Array(64);
   /** When each slot's hash was last told to (or by) a peer; −Infinity: never. */
   #told = new Float64Array(64).fill(Number.NEGATIVE_INFINITY);
@@ -169,7 +173,7 @@ class Lru {
   /** Marks `hash` told at `now` and returns true, unless it is not held or was told within SHARE_EVERY_MS. */
   markTold(hash: number, now: number): boolean {
     const s = this.#slot.get(hash);
-    if (s === undefined || now - this.#told[s]! < SHARE_EVERY_MS) return false;
+    if (s < 0 || now - this.#told[s]! < SHARE_EVERY_MS) return false;
     this.#told[s] = now;
     return true;
   }
@@ -177,7 +181,7 @@ class Lru {
   /** Makes `hash` the most recent; returns its slot. */
   touch(hash: number): number {
     const s = this.#slot.get(hash);
-    if (s !== undefined) {
+    if (s >= 0) {
       if (s !== this.#head) {
         this.#unlink(s);
         this.#pushHead(s);
