@@ -5,7 +5,7 @@
 //
 //   git worktree add /tmp/slagate-base <commit> && (cd /tmp/slagate-base && npm ci)
 //   npx tsx scripts/cpu-ab.ts --base /tmp/slagate-base [--streams 256] [--tokens 64] [--itl-ms 5]
-//                             [--requests 4000] [--runs 6]
+//                             [--requests 4000] [--runs 6] [--prompts short|long]
 //
 // Why not overhead-ab.ts for CPU: it keeps one process per side for the whole run, and a process
 // keeps whatever its start gave it (JIT decisions, heap layout). Run against itself at 256
@@ -14,7 +14,8 @@
 // over the runs of both sides; the order alternates run by run.
 //
 // The backend is scripts/lib/fixed-backend.ts (first token after 20 ms, then one every --itl-ms,
-// no batching); prompts are unique 512-character ones (scripts/lib/unique-workload.ts); the
+// no batching); prompts are unique 512-character ones, or with `--prompts long` unique 8,000-token
+// ones (scripts/lib/unique-workload.ts; the warm-up is always short prompts); the
 // gateway is configured as in scripts/request-path.ts (undecidingGatewayYaml), so that nothing
 // queues or is refused.
 // CPU is the gateway process's utime + stime (/proc, 10 ms ticks) over the measured load only.
@@ -38,6 +39,7 @@ const { values } = parseArgs({
     requests: { type: 'string', default: '4000' },
     runs: { type: 'string', default: '6' },
     warmup: { type: 'string', default: '2000' },
+    prompts: { type: 'string', default: 'short' },
   },
 });
 if (values.base === undefined) throw new Error('--base DIR is required (a checkout with node_modules)');
@@ -46,6 +48,8 @@ const TOKENS = Number(values.tokens);
 const REQUESTS = Number(values.requests);
 const RUNS = Number(values.runs);
 const WARMUP = Number(values.warmup);
+if (values.prompts !== 'short' && values.prompts !== 'long') throw new Error('--prompts is short or long');
+const PROMPTS = values.prompts;
 const SIDES = { base: values.base, head: join(import.meta.dirname, '..') };
 
 const median = (xs: number[]) => {
@@ -73,7 +77,7 @@ try {
           progress: false,
         });
         const before = cpuSeconds(g.child.pid!);
-        const load = uniqueWorkload('short', REQUESTS, TOKENS, 100 + r);
+        const load = uniqueWorkload(PROMPTS, REQUESTS, TOKENS, 100 + r);
         const res = await runBench({
           target: g.url,
           workload: load,
@@ -101,7 +105,7 @@ const b = median(cpu.base);
 const h = median(cpu.head);
 const runs = (xs: number[]) => xs.map((x) => x.toFixed(2)).join(', ');
 console.log(
-  `| streams | tokens | runs | gateway CPU ms per request, median base / HEAD (HEAD ÷ base) | base runs | HEAD runs | failed |\n` +
-    `|---|---|---|---|---|---|---|\n` +
-    `| ${STREAMS} | ${TOKENS} every ${values['itl-ms']} ms | ${RUNS} | ${b.toFixed(3)} / ${h.toFixed(3)} (${(h / b).toFixed(3)}) | ${runs(cpu.base)} | ${runs(cpu.head)} | ${failed} |`,
+  `| prompts | streams | tokens | runs | gateway CPU ms per request, median base / HEAD (HEAD ÷ base) | base runs | HEAD runs | failed |\n` +
+    `|---|---|---|---|---|---|---|---|\n` +
+    `| ${PROMPTS} | ${STREAMS} | ${TOKENS} every ${values['itl-ms']} ms | ${RUNS} | ${b.toFixed(3)} / ${h.toFixed(3)} (${(h / b).toFixed(3)}) | ${runs(cpu.base)} | ${runs(cpu.head)} | ${failed} |`,
 );
