@@ -63,8 +63,8 @@ export interface ProxyRequest {
    * envelope and Retry-After; outcome failed_before_commit), after it as one SSE error event then
    * [DONE] and a normal end (failed_after_commit); reason 'cut', errorCode the error's code.
    * Aborted with any other reason it is treated like a client disconnect (client_cancelled).
-   * The proxy also aborts it itself, without a reason, when the client leaves; without one, the
-   * proxy makes its own.
+   * The proxy also aborts it itself, without a reason, when the client leaves, so it is this
+   * request's alone: never share one between requests. Without one, the proxy makes its own.
    */
   signal?: Cancel;
   /** Where every attempt's backend comes from (the scheduler). */
