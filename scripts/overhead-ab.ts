@@ -31,7 +31,7 @@ import { startChildGateway, stopChild } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
 import { startCheckoutGateway } from './lib/checkout-gateway.ts';
 import { spawnFixedBackend } from './lib/spawn-fixed-backend.ts';
-import { cpuSeconds, percentile } from './lib/stats.ts';
+import { arrivals, cpuSeconds, percentile, poissonRate } from './lib/stats.ts';
 import { uniqueWorkload } from './lib/unique-workload.ts';
 
 const { values } = parseArgs({
@@ -124,16 +124,14 @@ try {
         ...(UNIQUE
           ? { workload: uniqueWorkload('short', k, Number(values.tokens), seed) }
           : { workload: 'sharegpt' as const, workloadParams: SHORT }),
-        ...(rate === undefined ? { concurrency: c } : { rate, concurrency: 8 * c }),
+        ...arrivals(c, rate),
         requests: k,
         seed,
         progress: false,
       });
     for (const [name, url] of paths) {
       const warm = await bench(url, 4 * c, 99); // warm: connections, JIT, the limits' ramp
-      if (name !== 'direct' || !POISSON) continue;
-      const ok = warm.records.filter((rec) => rec.success);
-      rate = c / (ok.reduce((sum, rec) => sum + rec.latency, 0) / ok.length);
+      if (name === 'direct' && POISSON) rate = poissonRate(warm.records, c);
     }
     for (let r = 0; r < rounds; r++) {
       for (let i = 0; i < paths.length; i++) {

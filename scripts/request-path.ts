@@ -41,7 +41,7 @@ import type { Workload } from '../src/bench/workloads.ts';
 import { undecidingGatewayYaml } from './lib/checkout-gateway.ts';
 import { summarizeByModule, summarizeProfile } from './lib/cpu-profile.ts';
 import { type Spawned, spawnFixedBackend, spawnFloor } from './lib/spawn-fixed-backend.ts';
-import { cpuSeconds, percentile } from './lib/stats.ts';
+import { arrivals, cpuSeconds, percentile, poissonRate } from './lib/stats.ts';
 import { uniqueWorkload } from './lib/unique-workload.ts';
 
 const { values } = parseArgs({
@@ -97,7 +97,7 @@ const bench = (url: string, streams: number, workload: Workload, n: number, seed
   runBench({
     target: url,
     workload,
-    ...(rate === undefined ? { concurrency: streams } : { rate, concurrency: 8 * streams }),
+    ...arrivals(streams, rate),
     requests: n,
     seed,
     progress: false,
@@ -147,9 +147,7 @@ try {
           2 * streams,
           7,
         );
-        if (!poisson || p.pid !== null) continue;
-        const ok = warm.records.filter((rec) => rec.success);
-        rate = streams / (ok.reduce((sum, rec) => sum + rec.latency, 0) / ok.length);
+        if (poisson && p.pid === null) rate = poissonRate(warm.records, streams);
       }
       for (let r = 0; r < rounds; r++) {
         for (let i = 0; i < paths.length; i++) {

@@ -15,3 +15,20 @@ export function cpuSeconds(pid: number): number {
   const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
   return (Number(f[11]) + Number(f[12])) / 100;
 }
+
+/**
+ * The Poisson rate that holds `streams` requests in flight on average (Little's law): streams ÷
+ * the mean request time of `records` (a warm-up's successful requests, times in seconds).
+ */
+export function poissonRate(
+  records: readonly { success: boolean; latency: number }[],
+  streams: number,
+): number {
+  const ok = records.filter((r) => r.success);
+  return streams / (ok.reduce((sum, r) => sum + r.latency, 0) / ok.length);
+}
+
+/** runBench's load options: a closed loop of `streams`, or Poisson at `rate` (capped at 8 × streams). */
+export function arrivals(streams: number, rate: number | undefined): { concurrency: number; rate?: number } {
+  return rate === undefined ? { concurrency: streams } : { rate, concurrency: 8 * streams };
+}

@@ -40,15 +40,19 @@ export class HashSlots {
     return Math.imul((hash >>> 0) ^ ((hash / 4294967296) | 0), 0x9e3779b1) >>> this.#shift;
   }
 
-  /** The value held for `hash`, or −1. */
-  get(hash: number): number {
+  /** Where `hash` is held, or else the EMPTY slot that ends its probe run (where it would go). */
+  #find(hash: number): number {
     const keys = this.#keys;
     const mask = this.#mask;
-    for (let i = this.#home(hash); ; i = (i + 1) & mask) {
-      const k = keys[i]!;
-      if (k === EMPTY) return -1;
-      if (k === hash) return this.#vals[i]!;
-    }
+    let i = this.#home(hash);
+    for (let k = keys[i]!; k !== hash && k !== EMPTY; k = keys[i]!) i = (i + 1) & mask;
+    return i;
+  }
+
+  /** The value held for `hash`, or −1. */
+  get(hash: number): number {
+    const i = this.#find(hash);
+    return this.#keys[i] === EMPTY ? -1 : this.#vals[i]!;
   }
 
   has(hash: number): boolean {
@@ -59,18 +63,10 @@ export class HashSlots {
   set(hash: number, value: number): void {
     if (!(hash >= 0)) return;
     if ((this.#size + 1) * 2 > this.#keys.length) this.#grow();
-    const keys = this.#keys;
-    const mask = this.#mask;
-    let i = this.#home(hash);
-    for (;;) {
-      const k = keys[i]!;
-      if (k === hash) break;
-      if (k === EMPTY) {
-        keys[i] = hash;
-        this.#size++;
-        break;
-      }
-      i = (i + 1) & mask;
+    const i = this.#find(hash);
+    if (this.#keys[i] === EMPTY) {
+      this.#keys[i] = hash;
+      this.#size++;
     }
     this.#vals[i] = value;
   }
@@ -79,13 +75,8 @@ export class HashSlots {
   delete(hash: number): boolean {
     const keys = this.#keys;
     const mask = this.#mask;
-    let i = this.#home(hash);
-    for (;;) {
-      const k = keys[i]!;
-      if (k === hash) break;
-      if (k === EMPTY) return false;
-      i = (i + 1) & mask;
-    }
+    let i = this.#find(hash);
+    if (keys[i] === EMPTY) return false;
     // Backward shift: move up each entry of the run after `i` that may not sit after the hole.
     for (let j = (i + 1) & mask; ; j = (j + 1) & mask) {
       const k = keys[j]!;

@@ -18,11 +18,15 @@ export class BatchHistogramChild {
     this.counts = new Float64Array(upper.length + 1);
   }
 
-  /** Observes one value; a value that is not finite is not counted (it would poison _sum). */
+  /**
+   * Observes one value. A value that is not finite is not counted: prom-client's observe() throws
+   * on it, and it would poison _sum (a gap or a latency is never one).
+   */
   observe(v: number): void {
     if (!Number.isFinite(v)) return;
     const upper = this.#upper;
     const n = upper.length;
+    // Buckets are few (about 15): a linear scan beats a binary search at this size.
     let b = 0;
     while (b < n && v > (upper[b] as number)) b++;
     this.counts[b] = (this.counts[b] as number) + 1;
@@ -32,23 +36,7 @@ export class BatchHistogramChild {
 
   /** Observes every value / `divisor` (e.g. milliseconds / 1000 for seconds). */
   observeMany(values: ArrayLike<number>, divisor = 1): void {
-    const upper = this.#upper;
-    const n = upper.length;
-    let sum = 0;
-    let seen = 0;
-    for (let i = 0; i < values.length; i++) {
-      const v = (values[i] as number) / divisor;
-      // prom-client's observe() throws on these; a gap is never one, and one must not poison _sum.
-      if (!Number.isFinite(v)) continue;
-      sum += v;
-      seen++;
-      // Buckets are few (about 15): a linear scan beats a binary search at this size.
-      let b = 0;
-      while (b < n && v > (upper[b] as number)) b++;
-      this.counts[b] = (this.counts[b] as number) + 1;
-    }
-    this.sum += sum;
-    this.count += seen;
+    for (let i = 0; i < values.length; i++) this.observe((values[i] as number) / divisor);
   }
 
   /** Back to no observations (the child stays valid: whoever holds it keeps observing). */
