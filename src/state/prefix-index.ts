@@ -22,9 +22,12 @@
 //   that saw only the first dispatch of a prefix every instance keeps using would age it out of
 //   its index while the backend, whose LRU every use refreshes, still holds it, and send that
 //   prefix's next request elsewhere, cold;
-// - insert() only keeps a reference to the request's hash list (O(1) on the request path); the
-//   per-block work of telling happens in drainRecent(), on the sync timer, and what waits for it is
-//   bounded by MAX_RECENT_BLOCKS (past it, peers are told less, the local index is as exact).
+// - insert() only keeps a reference to the request's hash list (O(1) on the request path): the
+//   request is sent before its blocks are touched. Every read (match, size, drainRecent) and every
+//   other write applies what insert() kept first, so none ever sees the index without a block
+//   already sent; a timer applies it otherwise, after this turn's sends. The per-block work of
+//   telling peers happens in drainRecent(), on the sync timer, and what waits for it is bounded by
+//   MAX_RECENT_BLOCKS (past it, peers are told less, the local index is as exact).
 
 import { HashSlots } from './hash-slots.ts';
 
@@ -43,6 +46,9 @@ export class PrefixIndex {
   readonly #recent = new Map<string, (readonly number[])[]>();
   #recentBlocks = 0;
   #recording = false;
+  /** Inserts not yet applied (see settle()), in order. */
+  readonly #pending: { backend: string; hashes: readonly number[] }[] = [];
+  #settleTimer: NodeJS.Timeout | null = null;
 
   constructor(
     capacity: (backend: string) => number = () => DEFAULT_CAPACITY,
@@ -54,6 +60,7 @@ export class PrefixIndex {
 
   /** Keep what this instance sends until drainRecent() (for sharing with peers). */
   record(on: boolean): void {
+    this.settle();
     this.#recording = on;
     if (!on) {
       this.#recent.clear();
@@ -61,24 +68,48 @@ export class PrefixIndex {
     }
   }
 
-  /** The request's blocks are on `backend` now (it was just sent there). `hashes` is kept as given. */
+  /**
+   * The request's blocks are on `backend` now (it is being sent there). `hashes` is kept as given;
+   * the index holds them for every later read, and touches them after this turn's sends.
+   */
   insert(backend: string, hashes: readonly number[]): void {
-    this.#lru(backend).touchAll(hashes, Math.max(1, this.#capacity(backend)), null);
-    if (!this.#recording || hashes.length === 0) return;
-    if (this.#recentBlocks + hashes.length > MAX_RECENT_BLOCKS) return;
-    this.#recentBlocks += hashes.length;
-    const lists = this.#recent.get(backend);
-    if (lists === undefined) this.#recent.set(backend, [hashes]);
-    else lists.push(hashes);
+    if (hashes.length === 0) return;
+    this.#pending.push({ backend, hashes });
+    if (this.#settleTimer === null) {
+      this.#settleTimer = setTimeout(this.#onSettleTimer, 0);
+      this.#settleTimer.unref();
+    }
   }
+
+  /** Applies every insert kept so far (reads call it first; so does a timer). */
+  settle(): void {
+    const pending = this.#pending;
+    for (let i = 0; i < pending.length; i++) {
+      const { backend, hashes } = pending[i]!;
+      this.#lru(backend).touchAll(hashes, Math.max(1, this.#capacity(backend)), null);
+      if (!this.#recording || this.#recentBlocks + hashes.length > MAX_RECENT_BLOCKS) continue;
+      this.#recentBlocks += hashes.length;
+      const lists = this.#recent.get(backend);
+      if (lists === undefined) this.#recent.set(backend, [hashes]);
+      else lists.push(hashes);
+    }
+    pending.length = 0;
+  }
+
+  readonly #onSettleTimer = (): void => {
+    this.#settleTimer = null;
+    this.settle();
+  };
 
   /** A peer sent these blocks to `backend` (and told of them: not to be told again for a while). */
   insertPeer(backend: string, hashes: readonly number[]): void {
+    this.settle();
     this.#lru(backend).touchAll(hashes, Math.max(1, this.#capacity(backend)), this.#now());
   }
 
   /** Leading blocks of `hashes` that `backend` holds. */
   match(backend: string, hashes: readonly number[]): number {
+    if (this.#pending.length > 0) this.settle();
     const lru = this.#backends.get(backend);
     if (lru === undefined || hashes.length === 0 || !lru.has(hashes[0]!)) return 0;
     // Bisection on the prefix property: `lo` blocks are held, `hi` is not.
@@ -95,11 +126,13 @@ export class PrefixIndex {
   }
 
   size(backend: string): number {
+    if (this.#pending.length > 0) this.settle();
     return this.#backends.get(backend)?.size ?? 0;
   }
 
   /** Forget a backend (removed on reload). */
   drop(backend: string): void {
+    this.settle();
     this.#backends.delete(backend);
     this.#recent.delete(backend);
   }
@@ -110,6 +143,7 @@ export class PrefixIndex {
    * chain order (a peer touches them last to first, as insert() does). Empties what was kept.
    */
   drainRecent(): Map<string, number[]> {
+    this.settle();
     const now = this.#now();
     const out = new Map<string, number[]>();
     for (const [backend, lists] of this.#recent) {

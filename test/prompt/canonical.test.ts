@@ -84,7 +84,7 @@ describe('promptBlocks', () => {
   });
 
   it('text prompts hash their characters wherever they were split; id prompts hash ids as the simulator does', () => {
-    // Long pieces are read through a scratch array, short ones with charCodeAt: the same units.
+    // Long pieces are copied into the scratch array whole, short ones with charCodeAt: the same units.
     // Non-Latin-1 and astral characters; longer than the first scratch array; after a longer text.
     const text = 'lorem ipsum dolor sit amet é€𝄞 '.repeat(200);
     new TextBlocks(CHARS).add('z'.repeat(20_000));
@@ -93,6 +93,16 @@ describe('promptBlocks', () => {
     const pieces = new TextBlocks(CHARS);
     for (let i = 0; i < text.length; i += 7) pieces.add(text.slice(i, i + 7));
     expect(pieces.hashes).toEqual(whole.hashes);
+    // Pieces of every length, long ones (copied whole) after an odd total (a unit carried over).
+    const rng = new Rng(3);
+    const mixed = new TextBlocks(CHARS);
+    for (let i = 0; i < text.length; ) {
+      const len = rng.int(1, 120);
+      mixed.add(text.slice(i, i + len));
+      i += len;
+    }
+    expect(mixed.hashes).toEqual(whole.hashes);
+    expect(mixed.chars).toBe(text.length);
     expect(whole.hashes.length).toBe(Math.floor(text.length / CHARS));
     expect(promptBlocks({ kind: 'text', texts: [text] }, BLOCK).hashes).toEqual(whole.hashes);
     const ids = Array.from({ length: 100 }, (_, i) => i * 7);
