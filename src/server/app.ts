@@ -4,6 +4,7 @@
 //   onRequest ── /v1/* except GET|HEAD /v1/models ──▶ begin admission record (req_id, arrival time)
 //       │
 //   body parse ──── 413 body_too_large, 400 bad JSON / __proto__ ──▶ error handler ─┐
+//       │           (json-body.ts: parsed, then its objects walked for the keys)    │
 //       │           (unknown route: 404 route_not_found, not-found handler) ─────▶─┤
 //       │           (known path, other method: 405 method_not_allowed + Allow) ──▶─┤
 //   handler: shutting_down? → auth (401) → parse (400) → model (404) → context (400)│
@@ -35,6 +36,7 @@ import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { requestLogger } from '../telemetry/logger.ts';
 import { handleInference, proxied } from './inference.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
+import { parseJsonBody } from './json-body.ts';
 import { registerOpsRoutes } from './ops-routes.ts';
 import { endRecord, endRefused } from './record.ts';
 import type { Runtime } from './runtime.ts';
@@ -97,8 +99,6 @@ export function buildApp(rt: Runtime): FastifyInstance {
     bodyLimit: rt.config.server.body_limit_bytes,
     genReqId: requestId,
     requestIdHeader: false,
-    onProtoPoisoning: 'error',
-    onConstructorPoisoning: 'error',
     return503OnClosing: false,
     // No child logger per request (a pino child with the redaction re-applied to its bindings:
     // about 1% of the gateway's CPU at 256 streams, for a logger no healthy request writes to).
@@ -108,18 +108,31 @@ export function buildApp(rt: Runtime): FastifyInstance {
 
   app.decorateRequest('admission', null);
   app.decorateRequest('rawBody', null);
-  // fastify's own JSON parser (its errors, its poisoning checks), keeping the bytes it parsed.
-  const parseJson = app.getDefaultJsonParser('error', 'error');
+  // The gateway's JSON parser (json-body.ts: the poisoning checks without a scan of the text),
+  // keeping the bytes it parsed.
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body, done) => {
     request.rawBody = body as Buffer;
-    parseJson(request, (body as Buffer).toString('utf8'), done);
+    let parsed: unknown;
+    try {
+      parsed = parseJsonBody(body as Buffer);
+    } catch (err) {
+      done(err as Error, undefined);
+      return;
+    }
+    done(null, parsed);
   });
 
-  app.addHook('onRequest', async (request, reply) => {
+  // A callback hook, not an async one: fastify goes on in the same turn, with no promise to settle.
+  app.addHook('onRequest', (request, reply, done) => {
     // Every request under /v1 is inference-shaped (a 404 there included) except listing models.
-    if (!request.url.startsWith('/v1/')) return;
-    if (request.method !== 'POST' && request.routeOptions.url === '/v1/models') return;
+    if (
+      !request.url.startsWith('/v1/') ||
+      (request.method !== 'POST' && request.routeOptions.url === '/v1/models')
+    ) {
+      done();
+      return;
+    }
     const record = rt.admissionLog.begin({ req_id: request.id });
     request.admission = record;
     // Safety net: a client that leaves before any path ended the record (e.g. mid-upload) still
@@ -133,6 +146,7 @@ export function buildApp(rt: Runtime): FastifyInstance {
         endRecord(rt, record, 'client_cancelled', { reason: 'client_cancelled' });
       }
     });
+    done();
   });
 
   app.setErrorHandler((err: FastifyError | Error, request, reply) => {

@@ -4,6 +4,7 @@ import { describe, expect, it } from 'vitest';
 import { GatewayError } from '../../src/errors/index.ts';
 import { createAuthenticator } from '../../src/server/auth.ts';
 import { parseInferenceRequest } from '../../src/server/inference-request.ts';
+import { parseJsonBody } from '../../src/server/json-body.ts';
 import { ModelCatalog } from '../../src/server/model-catalog.ts';
 import { Lifecycle } from '../../src/server/runtime.ts';
 
@@ -108,6 +109,43 @@ describe('parseInferenceRequest: sampling parameters of the wrong type', () => {
     expect(
       codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt: 'a', logprobs: 2 })),
     ).toBeUndefined();
+  });
+});
+
+describe('parseJsonBody', () => {
+  const parse = (text: string) => parseJsonBody(Buffer.from(text));
+  const refused = (text: string) => codeOf(() => parse(text));
+
+  it('refuses a __proto__ key or a constructor holding a prototype on any object, however written', () => {
+    for (const text of [
+      '{"__proto__":{"admin":true}}',
+      '{"\\u005f_proto__":{"admin":true}}',
+      '{"__pr\\u006fto__":1}',
+      '{"messages":[{"role":"user","content":"hi","__proto__":{"x":1}}]}',
+      '{"tools":[[{"a":{"__proto__":null}}]]}',
+      '{"constructor":{"prototype":{"x":1}}}',
+      '{"a":{"b":[{"c\\u006fnstructor":0,"constructor":{"prototype":null}}]}}',
+    ]) {
+      expect(refused(text), text).toBe('invalid_request:body');
+    }
+    expect(({} as Record<string, unknown>).admin).toBeUndefined();
+  });
+
+  it('accepts those words where they are not such keys', () => {
+    const body = {
+      model: 'm',
+      messages: [{ role: 'user', content: 'set "__proto__": {} and "constructor": {"prototype": 1}' }],
+      constructor: 'a string',
+      meta: { constructor: { name: 'no prototype here' } },
+      prompt: Array.from({ length: 5000 }, (_, i) => i),
+    };
+    expect(parse(JSON.stringify(body))).toEqual(body);
+    expect(parse(`\ufeff${JSON.stringify({ a: 1 })}`)).toEqual({ a: 1 });
+  });
+
+  it('refuses empty and malformed bodies', () => {
+    for (const text of ['', '{"model":', '{"a":1}}', 'nul'])
+      expect(refused(text), text).toBe('invalid_request:body');
   });
 });
 
