@@ -5,7 +5,7 @@
 //
 //   git worktree add /tmp/slagate-base <commit> && (cd /tmp/slagate-base && npm ci)
 //   npx tsx scripts/overhead-ab.ts --base /tmp/slagate-base [--levels 1,32] [--rounds 6]
-//                                  [--workload sharegpt|unique] [--tokens 32] [--itl-ms 10] [--warmup 2000]
+//                                  [--workload sharegpt|unique|unique-long] [--tokens 32] [--itl-ms 10] [--warmup 2000]
 //                                  [--arrivals closed|poisson]
 //
 // The three paths take turns: each level runs `rounds` rounds, and in every round each path sends
@@ -16,10 +16,13 @@
 // a few hundred requests leave most of it interpreted, and the path with more code then pays for
 // its size in the interpreter rather than in what it does.
 // Samples are pooled per path, and each gateway process's CPU time (utime + stime) over its own
-// rounds is divided by its requests. Every gateway runs in its own process with the same YAML (keys both
-// versions know), the client (`slagate bench`, ShareGPT-like prompts, ~64-token outputs, closed
-// loop at fixed concurrency; or with `--workload unique` unique 512-character prompts and `--tokens`
-// (32) outputs, the request-path benchmark's short requests) in this one.
+// rounds is divided by its requests. Every gateway runs in its own process with the same YAML
+// (scripts/lib/checkout-gateway.ts: keys both versions know, targets no load here reaches and
+// limits above 256 streams, so nothing queues or is refused: the per-request work is measured, not
+// a decision), the client (`slagate bench`, ShareGPT-like prompts, ~64-token outputs, closed loop
+// at fixed concurrency; or with `--workload unique` unique 512-character prompts and `--tokens`
+// (32) outputs, the request-path benchmark's short requests; `unique-long`: its unique prompts of
+// about 8,000 tokens) in this one.
 //
 // `--arrivals poisson` sends each level's requests as Poisson arrivals at the rate that holds that
 // many requests in flight on average (streams ÷ the direct path's mean request time, measured in
@@ -29,7 +32,7 @@
 import { parseArgs } from 'node:util';
 import { startChildGateway, stopChild } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
-import { startCheckoutGateway } from './lib/checkout-gateway.ts';
+import { startCheckoutGateway, undecidingGatewayYaml } from './lib/checkout-gateway.ts';
 import { spawnFixedBackend } from './lib/spawn-fixed-backend.ts';
 import { arrivals, cpuSeconds, percentile, poissonRate } from './lib/stats.ts';
 import { uniqueWorkload } from './lib/unique-workload.ts';
@@ -51,34 +54,20 @@ if (values.base === undefined) throw new Error('--base DIR is required (a checko
 const levels = values.levels!.split(',').map(Number);
 const rounds = Number(values.rounds);
 const SHORT = { sharegpt: { outputMedian: 64, outputSigma: 0.5 } };
-if (values.workload !== 'sharegpt' && values.workload !== 'unique')
-  throw new Error('--workload is sharegpt or unique');
+if (values.workload !== 'sharegpt' && values.workload !== 'unique' && values.workload !== 'unique-long')
+  throw new Error('--workload is sharegpt, unique or unique-long');
 /** `unique`: 512-character prompts no two requests share and 32-token outputs (scripts/lib/unique-workload.ts). */
-const UNIQUE = values.workload === 'unique';
+const UNIQUE = values.workload !== 'sharegpt';
+const PROMPTS = values.workload === 'unique-long' ? 'long' : 'short';
 if (values.arrivals !== 'closed' && values.arrivals !== 'poisson')
   throw new Error('--arrivals is closed or poisson');
 const POISSON = values.arrivals === 'poisson';
 
-function yaml(url: string, dir: string): string {
-  return [
-    'server: { host: 127.0.0.1, port: 0 }',
-    'models: [meta-llama/Llama-3.1-8B-Instruct]',
-    'backends:',
-    `  - { name: r0, url: "${url}" }`,
-    'router: { policy: least_loaded }',
-    // Started above the 32 streams: the closed loop's cold start (16 per backend, growing 1.5× per
-    // quarter second) would otherwise queue and refuse the first burst, a controller effect, not
-    // the per-request cost this script measures.
-    'scheduler: { concurrency: { max: 512, initial: 64 } }',
-    'upstream: { max_connections_per_backend: 1024 }',
-    `logging: { level: warn, admission_log: ${dir}/admission.log }`,
-  ].join('\n');
-}
 
 const backend = await spawnFixedBackend(20, Number(values['itl-ms']));
 const direct = backend.url;
-const head = await startChildGateway((dir) => yaml(direct, dir));
-const base = await startCheckoutGateway(values.base, (dir) => yaml(direct, dir));
+const head = await startChildGateway((dir) => undecidingGatewayYaml(direct, dir));
+const base = await startCheckoutGateway(values.base, (dir) => undecidingGatewayYaml(direct, dir));
 const paths: [string, string][] = [
   ['direct', direct],
   ['base', base.url],
@@ -122,7 +111,7 @@ try {
       runBench({
         target,
         ...(UNIQUE
-          ? { workload: uniqueWorkload('short', k, Number(values.tokens), seed) }
+          ? { workload: uniqueWorkload(PROMPTS, k, Number(values.tokens), seed) }
           : { workload: 'sharegpt' as const, workloadParams: SHORT }),
         ...arrivals(c, rate),
         requests: k,
@@ -140,11 +129,11 @@ try {
         const cpuBefore = pid === undefined ? 0 : cpuSeconds(pid);
         const res = await bench(url, per, r + 1);
         if (pid !== undefined) cpu.set(name, cpu.get(name)! + cpuSeconds(pid) - cpuBefore);
-        failed.set(name, failed.get(name)! + res.metrics.failed);
         for (const rec of res.records) {
           if (!rec.success) {
-            if (failed.get(name)! <= 3)
-              console.error(`  ${name} failed: ${rec.status ?? 'no response'} ${rec.error}`);
+            const n = failed.get(name)! + 1;
+            failed.set(name, n);
+            if (n <= 3) console.error(`  ${name} failed: ${rec.status ?? 'no response'} ${rec.error}`);
             continue;
           }
           ttft.get(name)!.push(rec.ttft * 1000);
