@@ -402,6 +402,8 @@ export class Scheduler {
   }
 
   #pumpOnce(): void {
+    // Nothing waits: nothing to grant (a release or a first token with an empty queue, the usual case).
+    if (this.#queue.size === 0 && this.#retries.length === 0) return;
     const backends = this.#deps.backends();
     const available = backends.filter((b) => b.available);
     // Entries that can no longer be placed anywhere get null now (the loop decides what follows).
