@@ -63,7 +63,6 @@ if (values.arrivals !== 'closed' && values.arrivals !== 'poisson')
   throw new Error('--arrivals is closed or poisson');
 const POISSON = values.arrivals === 'poisson';
 
-
 const backend = await spawnFixedBackend(20, Number(values['itl-ms']));
 const direct = backend.url;
 const head = await startChildGateway((dir) => undecidingGatewayYaml(direct, dir));
