@@ -69,10 +69,10 @@ export function blockHashes(tokens: ArrayLike<number>, blockSize: number, out: n
  * where they were split, and only full blocks are hashed.
  *
  * This is the request path's one pass over a prompt's characters, so it reads them two at a time:
- * a 32-bit word of two units (the first the low half) costs two multiply-xor steps (two
- * FNV-1a-style lanes seeded from the parent hash), and each full block is finished with murmur3's
- * mixer into 53 bits, as `hashBlock` finishes token blocks. Not cryptographic: a collision only
- * makes the router believe a block is cached that is not.
+ * a 32-bit word of two units (the first the low half) is mixed once and taken by two murmur3-style
+ * lanes seeded from the parent hash, and each full block is finished with murmur3's mixer into 53
+ * bits, as `hashBlock` finishes token blocks. Not cryptographic: a collision only makes the router
+ * believe a block is cached that is not.
  */
 export class TextBlocks {
   readonly blockChars: number;
@@ -113,9 +113,15 @@ export class TextBlocks {
     for (let w = 0; w < words; ) {
       const end = Math.min(words, w + perBlock - filled);
       for (let i = w; i < end; i++) {
-        const c = (units[2 * i] as number) | ((units[2 * i + 1] as number) << 16);
-        h1 = Math.imul(h1 ^ c, 0x01000193);
-        h2 = Math.imul(h2 ^ c, 0x5bd1e995);
+        // murmur3's word step. The word is mixed before either lane takes it, and each lane
+        // rotates: a multiply alone carries a difference only upwards, so two words differing
+        // only in their top bit would cancel each other out of a multiply-xor lane.
+        let k = Math.imul((units[2 * i] as number) | ((units[2 * i + 1] as number) << 16), 0xcc9e2d51);
+        k = Math.imul((k << 15) | (k >>> 17), 0x1b873593);
+        h1 ^= k;
+        h1 = (Math.imul((h1 << 13) | (h1 >>> 19), 5) + 0xe6546b64) | 0;
+        h2 ^= k;
+        h2 = (Math.imul((h2 << 17) | (h2 >>> 15), 9) + 0x38495ab5) | 0;
       }
       filled += end - w;
       w = end;

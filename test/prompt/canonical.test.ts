@@ -110,6 +110,39 @@ describe('promptBlocks', () => {
     expect(p.hashes).toEqual(blockHashes(ids, BLOCK));
     expect(p.exactTokens).toBe(100);
   });
+
+  it('texts that differ in one bit, or in the same bit of two units, never share a block hash', () => {
+    const hashOf = (units: number[]) => {
+      const b = new TextBlocks(CHARS);
+      b.add(String.fromCharCode(...units));
+      return b.hashes[0];
+    };
+    const rng = new Rng(11);
+    const seen = new Set<number>();
+    for (let trial = 0; trial < 300; trial++) {
+      // Latin text and CJK (whose units have the top bit set), each unit flipped in one bit, and
+      // two units flipped in the same bit (a difference a plain multiply-xor lane cancels).
+      const base = Array.from({ length: CHARS }, () =>
+        trial % 2 === 0 ? rng.int(0x61, 0x7a) : rng.int(0x8000, 0x9fff),
+      );
+      const bit = 1 << rng.int(0, 15);
+      const i = rng.int(0, CHARS - 1);
+      const j = (i + 2 * rng.int(1, CHARS / 2 - 1)) % CHARS;
+      const one = [...base];
+      one[i]! ^= bit;
+      const two = [...one];
+      two[j]! ^= bit;
+      const hashes = [hashOf(base), hashOf(one), hashOf(two)];
+      expect(new Set(hashes).size, `trial ${trial}`).toBe(3);
+      for (const h of hashes) seen.add(h!);
+    }
+    // The case that broke an unmixed word lane: bit 15 of units 1 and 3.
+    const x = Array.from({ length: CHARS }, () => 0x78);
+    const y = [...x];
+    y[1] = 0x78 ^ 0x8000;
+    y[3] = 0x78 ^ 0x8000;
+    expect(hashOf(y)).not.toBe(hashOf(x));
+  });
 });
 
 describe('TokenEstimate', () => {
