@@ -56,7 +56,7 @@ const rounds = Number(values.rounds);
 const SHORT = { sharegpt: { outputMedian: 64, outputSigma: 0.5 } };
 if (values.workload !== 'sharegpt' && values.workload !== 'unique' && values.workload !== 'unique-long')
   throw new Error('--workload is sharegpt, unique or unique-long');
-/** `unique`: 512-character prompts no two requests share and 32-token outputs (scripts/lib/unique-workload.ts). */
+/** `unique` and `unique-long`: prompts no two requests share (scripts/lib/unique-workload.ts), 512 characters or about 8,000 tokens. */
 const UNIQUE = values.workload !== 'sharegpt';
 const PROMPTS = values.workload === 'unique-long' ? 'long' : 'short';
 if (values.arrivals !== 'closed' && values.arrivals !== 'poisson')

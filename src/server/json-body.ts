@@ -9,8 +9,6 @@
 // twice: about 35 µs on the event loop, more than parsing it.)
 import { GatewayError } from '../errors/index.ts';
 
-const own = (o: object, key: string): boolean => Object.hasOwn(o, key);
-
 /** The parsed body; throws GatewayError('invalid_request') for empty or malformed JSON and for a forbidden key. */
 export function parseJsonBody(bytes: Buffer): unknown {
   let text = bytes.toString('utf8');
@@ -48,9 +46,11 @@ export function hasForbiddenKey(value: unknown): boolean {
       }
       continue;
     }
-    if (own(node, '__proto__')) return true;
-    const ctor = own(node, 'constructor') ? (node as { constructor: unknown }).constructor : undefined;
-    if (ctor !== null && typeof ctor === 'object' && own(ctor, 'prototype')) return true;
+    if (Object.hasOwn(node, '__proto__')) return true;
+    const ctor = Object.hasOwn(node, 'constructor')
+      ? (node as { constructor: unknown }).constructor
+      : undefined;
+    if (ctor !== null && typeof ctor === 'object' && Object.hasOwn(ctor, 'prototype')) return true;
     for (const key of Object.keys(node)) {
       const v: unknown = (node as Record<string, unknown>)[key];
       if (v !== null && typeof v === 'object') stack.push(v);

@@ -84,6 +84,7 @@ export class PrefixIndex {
   /** Applies every insert kept so far (reads call it first; so does a timer). */
   settle(): void {
     const pending = this.#pending;
+    if (pending.length === 0) return;
     for (let i = 0; i < pending.length; i++) {
       const { backend, hashes } = pending[i]!;
       this.#lru(backend).touchAll(hashes, Math.max(1, this.#capacity(backend)), null);
@@ -109,7 +110,7 @@ export class PrefixIndex {
 
   /** Leading blocks of `hashes` that `backend` holds. */
   match(backend: string, hashes: readonly number[]): number {
-    if (this.#pending.length > 0) this.settle();
+    this.settle();
     const lru = this.#backends.get(backend);
     if (lru === undefined || hashes.length === 0 || !lru.has(hashes[0]!)) return 0;
     // Bisection on the prefix property: `lo` blocks are held, `hi` is not.
@@ -126,7 +127,7 @@ export class PrefixIndex {
   }
 
   size(backend: string): number {
-    if (this.#pending.length > 0) this.settle();
+    this.settle();
     return this.#backends.get(backend)?.size ?? 0;
   }
 
