@@ -34,6 +34,7 @@ import Fastify, {
 import { GatewayError, INTERNAL_MESSAGE, isGatewayError } from '../errors/index.ts';
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { requestLogger } from '../telemetry/logger.ts';
+import { markStage } from '../telemetry/stages.ts';
 import { handleInference, proxied } from './inference.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
 import { parseJsonBody } from './json-body.ts';
@@ -135,6 +136,7 @@ export function buildApp(rt: Runtime): FastifyInstance {
     }
     const record = rt.admissionLog.begin({ req_id: request.id });
     request.admission = record;
+    markStage(request.id, 'received');
     // Safety net: a client that leaves before any path ended the record (e.g. mid-upload) still
     // gets its one line, and so does one whose connection the shutdown cut. A record handed to the
     // proxy is the proxy's to end, even after 'close'.

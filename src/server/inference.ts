@@ -16,6 +16,7 @@ import { GatewayError, INTERNAL_MESSAGE, writeErrorResponse } from '../errors/in
 import type { RouteRequest } from '../router/index.ts';
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { requestLogger } from '../telemetry/logger.ts';
+import { markStage } from '../telemetry/stages.ts';
 import { proxyRequest } from '../upstream/index.ts';
 import { finishProxied, predictionFields } from './finish.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
@@ -33,6 +34,7 @@ export async function handleInference(
   reply: FastifyReply,
 ): Promise<void> {
   const record = request.admission!;
+  markStage(request.id, 'parsed');
   if (rt.lifecycle.shuttingDown) throw new GatewayError('shutting_down', 'The gateway is shutting down.');
   const got = intake(rt, endpoint, request, record);
   const { identity, cls, ir, promptTokens, prompt } = got;
@@ -75,6 +77,7 @@ export async function handleInference(
   }
 
   rt.metrics.observeOverheadMs(record.elapsedMs());
+  markStage(request.id, 'admitted');
   reply.hijack();
   proxied.add(record);
   const shutdown = rt.lifecycle.enter();

@@ -21,6 +21,7 @@ import {
   writeErrorResponse,
 } from '../errors/index.ts';
 import type { Outcome } from '../telemetry/outcome.ts';
+import { markStage } from '../telemetry/stages.ts';
 import type { AssembleKind } from './assemble.ts';
 import type { Backend } from './backend.ts';
 import { Cancel } from './cancel.ts';
@@ -208,6 +209,7 @@ async function attemptLoop(
       else if (s.log.length === 0) s.stop = 'no_healthy_backend';
       break;
     }
+    markStage(req.requestId, 'granted');
     const backend = slot.backend;
     excluded.add(backend.name);
     const firstTokenMs =

@@ -33,6 +33,7 @@
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import { GatewayError, headersWith, sseErrorFrames, writeErrorResponse } from '../errors/index.ts';
+import { markStage } from '../telemetry/stages.ts';
 import { type AssembleKind, Assembler, type StreamChunk } from './assemble.ts';
 import type { Cancel } from './cancel.ts';
 import { carriesOutput, DONE, isErrorPayload, OutputShape } from './chunk.ts';
@@ -168,6 +169,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     }
     spec.signal.onAbort(this.#onClientAbort);
     this.#firstTokenTimer = setTimeout(this.#onFirstTokenTimeout, spec.firstTokenMs);
+    markStage(spec.requestId, 'dispatched');
     try {
       dispatcher.dispatch(
         {
@@ -377,6 +379,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
         }),
       );
     }
+    markStage(this.spec.requestId, 'committed');
     this.#armIdle();
     this.#settleCommit(null);
   }
