@@ -40,6 +40,7 @@ export interface CheckoutGateway {
 export async function startCheckoutGateway(
   checkout: string,
   yaml: (dir: string) => string,
+  env: NodeJS.ProcessEnv = process.env,
 ): Promise<CheckoutGateway> {
   const dir = mkdtempSync(join(tmpdir(), 'slagate-checkout-'));
   const config = join(dir, 'gateway.yaml');
@@ -47,7 +48,7 @@ export async function startCheckoutGateway(
   const child = spawn(
     process.execPath,
     [join(checkout, 'bin/slagate.js'), 'serve', '--config', config, '--port', '0'],
-    { cwd: checkout, stdio: ['ignore', 'ignore', 'pipe'] },
+    { cwd: checkout, env, stdio: ['ignore', 'ignore', 'pipe'] },
   );
   const url = await new Promise<string>((resolve, reject) => {
     let err = '';

@@ -7,11 +7,15 @@ export interface Spawned {
   stop(): void;
 }
 
-export async function spawnLibScript(script: string, args: string[]): Promise<Spawned> {
+export async function spawnLibScript(
+  script: string,
+  args: string[],
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<Spawned> {
   const child = spawn(
     process.execPath,
     ['--import', 'tsx', new URL(`./${script}`, import.meta.url).pathname, ...args],
-    { stdio: ['ignore', 'pipe', 'inherit'] },
+    { env, stdio: ['ignore', 'pipe', 'inherit'] },
   );
   const url = await new Promise<string>((resolve) =>
     child.stdout!.once('data', (d) => resolve(String(d).trim())),
@@ -25,6 +29,10 @@ export function spawnFixedBackend(ttftMs = 20, itlMs = 10): Promise<Spawned> {
 }
 
 /** scripts/lib/floor-proxy.ts: a TCP pass-through or a minimal node:http (or undici) proxy to `target`. */
-export function spawnFloor(kind: 'tcp' | 'http' | 'undici', target: string): Promise<Spawned> {
-  return spawnLibScript('floor-proxy.ts', ['--kind', kind, '--target', target]);
+export function spawnFloor(
+  kind: 'tcp' | 'http' | 'undici',
+  target: string,
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<Spawned> {
+  return spawnLibScript('floor-proxy.ts', ['--kind', kind, '--target', target], env);
 }
