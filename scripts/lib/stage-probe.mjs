@@ -18,7 +18,7 @@ const once = (key) => {
 };
 
 subscribe('http.server.request.start', ({ request }) => {
-  if (!request.url.startsWith('/v1/')) return;
+  if (request.method !== 'POST' || !request.url.startsWith('/v1/')) return;
   const at = performance.now();
   if (cur !== null && cur.finish !== undefined) cur.nextArrival = at;
   cur = { arrival: at };
