@@ -1,22 +1,28 @@
-// Where the gateway's added TTFT goes, stage by stage, at one stream (nothing queues): the gateway
-// of this checkout, optionally the gateway of another (`--base DIR`), and the undici floor
-// (scripts/lib/floor-proxy.ts), each in its own process in front of the fixed backend (first
-// token after 20 ms, then one every 5 ms), with scripts/lib/stage-probe.mjs preloaded.
+// Where the gateway's added TTFT goes, stage by stage: the gateway of this checkout, optionally
+// the gateway of another (`--base DIR`), and the undici floor (scripts/lib/floor-proxy.ts), each in
+// its own process in front of the fixed backend (first token after 20 ms, then one every 5 ms),
+// with scripts/lib/stage-probe.mjs preloaded.
 //
-//   npx tsx scripts/stages.ts [--base DIR] [--requests 400] [--rounds 3] [--warmup 1500]
+//   npx tsx scripts/stages.ts [--base DIR] [--streams 1] [--arrivals closed|poisson]
+//                             [--requests 400] [--rounds 3] [--warmup 1500]
 //                             [--prompts short|long] [--tokens 8]
 //
-// Each path serves `--warmup` requests first (its request path compiled), then the paths take
-// turns for `--rounds` rounds of `--requests` requests each, in an order that rotates. Every
-// figure is the median over the pooled requests of one interval between two marks taken in the
-// proxy process (node:http's, undici's and the gateway's own diagnostics channels,
-// src/telemetry/stages.ts); "client TTFT" is the client's own. A gateway that publishes no stages
-// (a checkout from before them) shows only the intervals every proxy has.
+// Each path serves `--warmup` requests first (one stream; its request path compiled), then the
+// paths take turns for `--rounds` rounds of `--requests` requests each, in an order that rotates.
+// `--streams N` sends them as N closed loops, or with `--arrivals poisson` as Poisson arrivals at
+// the rate that holds N in flight on average (N ÷ the floor's mean request time in its warm-up).
+// Every figure is the median over the pooled requests of one interval between two marks taken in
+// the proxy process (node:http's, undici's and the gateway's own diagnostics channels,
+// src/telemetry/stages.ts), matched by the x-request-id the client sets; "client TTFT" is the
+// client's own. A gateway that publishes no stages (a checkout from before them) shows only the
+// intervals every proxy has. "next request arrives" is shown at one stream only (a connection's
+// next request follows its last one only in a single closed loop).
 import { readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { stopChild } from '../src/bench/processes.ts';
+import { Rng } from '../src/sim/rng.ts';
 import { startCheckoutGateway, undecidingGatewayYaml } from './lib/checkout-gateway.ts';
 import { spawnFixedBackend, spawnFloor } from './lib/spawn-fixed-backend.ts';
 import { percentile } from './lib/stats.ts';
@@ -30,12 +36,17 @@ const { values } = parseArgs({
     warmup: { type: 'string', default: '1500' },
     prompts: { type: 'string', default: 'short' },
     tokens: { type: 'string', default: '8' },
+    streams: { type: 'string', default: '1' },
+    arrivals: { type: 'string', default: 'closed' },
   },
 });
 const requests = Number(values.requests);
 const rounds = Number(values.rounds);
 const warmup = Number(values.warmup);
 const tokens = Number(values.tokens);
+const streams = Number(values.streams);
+const poisson = values.arrivals === 'poisson';
+if (!poisson && values.arrivals !== 'closed') throw new Error('--arrivals is closed or poisson');
 const kind = values.prompts as 'short' | 'long';
 if (kind !== 'short' && kind !== 'long') throw new Error('--prompts is short or long');
 const MODEL = 'meta-llama/Llama-3.1-8B-Instruct';
@@ -48,14 +59,17 @@ interface Path {
   pid: number;
   stop: () => Promise<void>;
   out: string;
+  /** Client TTFT of the measured requests. */
   ttft: number[];
-  /** Requests served before the measured ones (the warm-up), whose marks are skipped. */
-  skip: number;
+  /** Client request time of the warm-up's requests (the Poisson rate is set from the floor's). */
+  warmupMs: number[];
 }
 
 const backend = await spawnFixedBackend(20, 5);
 const paths: Path[] = [];
 let n = 0;
+/** Requests sent so far, for their ids. */
+let sent = 0;
 const probeEnv = () => {
   const out = join(tmpdir(), `slagate-stages-${process.pid}-${n++}.json`);
   return { out, env: { ...process.env, NODE_OPTIONS: `--import ${PROBE}`, STAGE_PROBE_OUT: out } };
@@ -76,14 +90,15 @@ try {
   }
 
   let seed = 1;
-  for (const p of paths) {
-    await drive(p, warmup, seed++, false);
-    p.skip = warmup;
-  }
+  for (const p of paths) await closedLoop(p, 1, warmup, seed++, false);
+  const floorMs = paths[0]!.warmupMs.reduce((a, b) => a + b, 0) / warmup;
+  const rate = (streams / floorMs) * 1000;
+  if (poisson) console.log(`Poisson arrivals at ${rate.toFixed(1)}/s`);
   for (let r = 0; r < rounds; r++) {
     for (let i = 0; i < paths.length; i++) {
       const p = paths[(i + r) % paths.length]!;
-      await drive(p, requests, seed++, true);
+      if (poisson) await poissonArrivals(p, rate, requests, seed++);
+      else await closedLoop(p, streams, requests, seed++, true);
     }
   }
   print(await Promise.all(paths.map(collect)));
@@ -96,31 +111,57 @@ try {
 }
 
 function pathOf(name: string, url: string, pid: number, stop: () => Promise<void>, out: string): Path {
-  return { name, url, pid, stop, out, ttft: [], skip: 0 };
+  return { name, url, pid, stop, out, ttft: [], warmupMs: [] };
 }
 
-/** `count` requests one after another; with `measure`, each one's client TTFT. */
-async function drive(p: Path, count: number, seed: number, measure: boolean): Promise<void> {
-  const w = uniqueWorkload(kind, count, tokens, seed);
-  for (let i = 0; i < count; i++) {
-    const r = w.next();
-    const body = JSON.stringify({ model: MODEL, messages: r.messages, max_tokens: tokens, stream: true });
-    const t0 = performance.now();
-    const res = await fetch(`${p.url}/v1/chat/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body,
-    });
-    if (res.status !== 200 || res.body === null) throw new Error(`${p.name}: status ${res.status}`);
-    const reader = res.body.getReader();
-    let first = true;
-    for (;;) {
-      const { done } = await reader.read();
-      if (first && measure) p.ttft.push(performance.now() - t0);
-      first = false;
-      if (done) break;
-    }
+/** One request; a measured one's id starts with `m-`, and its client TTFT is kept. */
+async function one(p: Path, messages: unknown, measure: boolean): Promise<void> {
+  const id = `${measure ? 'm' : 'w'}-${sent++}`;
+  const body = JSON.stringify({ model: MODEL, messages, max_tokens: tokens, stream: true });
+  const t0 = performance.now();
+  const res = await fetch(`${p.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-request-id': id },
+    body,
+  });
+  if (res.status !== 200 || res.body === null) throw new Error(`${p.name}: status ${res.status}`);
+  const reader = res.body.getReader();
+  let first = true;
+  for (;;) {
+    const { done } = await reader.read();
+    if (first && measure) p.ttft.push(performance.now() - t0);
+    first = false;
+    if (done) break;
   }
+  if (!measure) p.warmupMs.push(performance.now() - t0);
+}
+
+/** `count` requests over `n` closed loops (each sends its next request when its last one ends). */
+async function closedLoop(p: Path, n: number, count: number, seed: number, measure: boolean): Promise<void> {
+  const w = uniqueWorkload(kind, count, tokens, seed);
+  let left = count;
+  const loop = async () => {
+    while (left > 0) {
+      left--;
+      await one(p, w.next().messages, measure);
+    }
+  };
+  await Promise.all(Array.from({ length: n }, loop));
+}
+
+/** `count` requests at Poisson arrivals of `rate` per second, none waiting for another. */
+async function poissonArrivals(p: Path, rate: number, count: number, seed: number): Promise<void> {
+  const w = uniqueWorkload(kind, count, tokens, seed);
+  const rng = new Rng(seed);
+  const all: Promise<void>[] = [];
+  let at = performance.now();
+  for (let i = 0; i < count; i++) {
+    at += (-Math.log(1 - rng.next()) / rate) * 1000;
+    const wait = at - performance.now();
+    if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
+    all.push(one(p, w.next().messages, true));
+  }
+  await Promise.all(all);
 }
 
 /** The proxy's marks of the measured requests (it writes them on SIGUSR2). */
@@ -129,8 +170,8 @@ async function collect(p: Path): Promise<Marks[]> {
   process.kill(p.pid, 'SIGUSR2');
   for (let i = 0; i < 200; i++) {
     try {
-      const rows = JSON.parse(readFileSync(p.out, 'utf8')) as Marks[];
-      return rows.slice(p.skip);
+      const rows = JSON.parse(readFileSync(p.out, 'utf8')) as (Marks & { id?: string })[];
+      return rows.filter((r) => r.id?.startsWith('m-') === true);
     } catch {
       await new Promise((resolve) => setTimeout(resolve, 25));
     }
@@ -151,11 +192,13 @@ function print(rows: Marks[][]): void {
     ['upstream first chunk → committed (events read, head written)', 'upstreamFirstChunk', 'committed'],
     ['committed → client socket write', 'committed', 'clientFirstWrite'],
     ['**upstream first chunk → client socket write**', 'upstreamFirstChunk', 'clientFirstWrite'],
-    ['response finished → next request arrives', 'finish', 'nextArrival'],
   ];
+  if (streams === 1 && !poisson)
+    intervals.push(['response finished → next request arrives', 'finish', 'nextArrival']);
   const header = `| interval (ms, median) | ${paths.map((p) => p.name).join(' | ')} |`;
   console.log(
-    `${requests * rounds} requests per path (${rounds} rounds), ${kind} prompts, ${tokens}-token outputs, one stream\n`,
+    `${requests * rounds} requests per path (${rounds} rounds), ${kind} prompts, ${tokens}-token outputs, ` +
+      `${streams} stream(s), ${poisson ? 'Poisson arrivals' : 'closed loop'}\n`,
   );
   console.log(header);
   console.log(`|---|${paths.map(() => '---|').join('')}`);

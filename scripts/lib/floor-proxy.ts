@@ -76,7 +76,11 @@ if (values.kind === 'tcp') {
           path: req.url ?? '/',
           method: (req.method ?? 'GET') as Dispatcher.HttpMethod,
           body: req.method === 'POST' ? Buffer.concat(body) : null,
-          headers: { 'content-type': 'application/json' },
+          // The client's request id goes upstream, as slagate sends it (scripts/stages.ts follows it).
+          headers:
+            typeof req.headers['x-request-id'] === 'string'
+              ? { 'content-type': 'application/json', 'x-request-id': req.headers['x-request-id'] }
+              : { 'content-type': 'application/json' },
           headersTimeout: 0,
           bodyTimeout: 0,
         },
