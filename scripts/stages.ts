@@ -82,7 +82,8 @@ try {
   }
   const checkouts: [string, string][] = [];
   if (values.base !== undefined) checkouts.push(['slagate (base)', values.base]);
-  checkouts.push([values.base === undefined ? 'slagate' : 'slagate (this checkout)', process.cwd()]);
+  const here = new URL('..', import.meta.url).pathname;
+  checkouts.push([values.base === undefined ? 'slagate' : 'slagate (this checkout)', here]);
   for (const [name, dir] of checkouts) {
     const { out, env } = probeEnv();
     const gw = await startCheckoutGateway(dir, (d) => undecidingGatewayYaml(backend.url, d), env);
