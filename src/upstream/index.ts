@@ -10,6 +10,7 @@ export type { BreakerOptions } from './breaker.ts';
 export { Cancel, CancelledError } from './cancel.ts';
 export type { FailureReason } from './failure.ts';
 export type { HealthOptions } from './health.ts';
+export type { DecodeMeter } from './measure.ts';
 export { DEFAULT_BACKEND_SET_OPTIONS, DEFAULT_PROXY_CONFIG, DEFAULT_RETRY_BUDGET } from './options.ts';
 export type { OutlierOptions } from './outlier.ts';
 export type {
@@ -24,4 +25,4 @@ export { proxyRequest } from './proxy.ts';
 export type { ClientMode } from './relay.ts';
 export type { RetryBudgetOptions } from './retry-budget.ts';
 export { RetryBudget } from './retry-budget.ts';
-export type { AcquireSlot, DecodeMeter, Slot, SlotRequest } from './slot.ts';
+export type { AcquireSlot, Slot, SlotRequest } from './slot.ts';

@@ -1,11 +1,18 @@
 // Per-request latency figures as vLLM's serving benchmark defines them, taken at the gateway.
-// Each gap also goes to the backend's decode-pace meter (slot.ts), which the scheduler's
-// concurrency controller reads: two additions per token event, nothing else on that path.
+// Each gap also goes to the backend's decode-pace meter (DecodeMeter, handed out with a slot), which
+// the scheduler's concurrency controller reads: two additions per token event, nothing else on
+// that path.
 // All times are performance.now() milliseconds. A "token event" is an SSE data event with a
 // non-empty `choices` array (for chat the first one is the role chunk, whose content is ""; vLLM's
 // benchmark counts it as the first token too), so ITL has one entry per chunk, not per token.
 
-import type { DecodeMeter } from './slot.ts';
+/** Decode pace of one backend, summed by every stream on it (the scheduler reads and resets it). */
+export interface DecodeMeter {
+  /** Gaps between consecutive token events. */
+  gaps: number;
+  /** Their total, ms. */
+  gapMs: number;
+}
 
 export interface Latencies {
   /**

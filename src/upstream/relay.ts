@@ -39,8 +39,7 @@ import type { Cancel } from './cancel.ts';
 import { carriesOutput, DONE, isErrorPayload, OutputShape } from './chunk.ts';
 import { ChunkedWriter } from './chunked-writer.ts';
 import { AttemptFailure, abortFailure, failureFromError } from './failure.ts';
-import { type Latencies, TokenClock } from './measure.ts';
-import type { DecodeMeter } from './slot.ts';
+import { type DecodeMeter, type Latencies, TokenClock } from './measure.ts';
 import { SseParser } from './sse-parser.ts';
 
 /** 4xx statuses relayed to the client as an error envelope; not retried, not a backend failure. */

@@ -4,14 +4,7 @@
 // that a retry waits under the same per-backend caps as a first attempt.
 import type { Backend } from './backend.ts';
 import type { Cancel } from './cancel.ts';
-
-/** Decode pace of one backend, summed by every stream on it (the scheduler reads and resets it). */
-export interface DecodeMeter {
-  /** Gaps between consecutive token events. */
-  gaps: number;
-  /** Their total, ms. */
-  gapMs: number;
-}
+import type { DecodeMeter } from './measure.ts';
 
 /** One granted place on one backend for one attempt. */
 export interface Slot {
