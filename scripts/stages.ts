@@ -13,8 +13,8 @@
 // the rate that holds N in flight on average (N ÷ the floor's mean request time in its warm-up).
 // Every figure is the median over the pooled requests of one interval between two marks taken in
 // the proxy process (node:http's, undici's and the gateway's own diagnostics channels,
-// src/telemetry/stages.ts), matched by the x-request-id the client sets; "client TTFT" is the
-// client's own. A gateway that publishes no stages (a checkout from before them) shows only the
+// src/telemetry/stages.ts), matched by the x-request-id the client (`slagate bench`'s, as in the
+// other request-path scripts) sets; "client TTFT" is the client's own. A gateway that publishes no stages (a checkout from before them) shows only the
 // intervals every proxy has. "next request arrives" is shown at one stream only (a connection's
 // next request follows its last one only in a single closed loop).
 import { readFileSync, rmSync } from 'node:fs';
@@ -22,10 +22,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { stopChild } from '../src/bench/processes.ts';
-import { Rng } from '../src/sim/rng.ts';
+import { runBench } from '../src/bench/run.ts';
 import { startCheckoutGateway, undecidingGatewayYaml } from './lib/checkout-gateway.ts';
 import { spawnFixedBackend, spawnFloor } from './lib/spawn-fixed-backend.ts';
-import { percentile } from './lib/stats.ts';
+import { arrivals, percentile, poissonRate } from './lib/stats.ts';
 import { uniqueWorkload } from './lib/unique-workload.ts';
 
 const { values } = parseArgs({
@@ -49,7 +49,6 @@ const poisson = values.arrivals === 'poisson';
 if (!poisson && values.arrivals !== 'closed') throw new Error('--arrivals is closed or poisson');
 const kind = values.prompts as 'short' | 'long';
 if (kind !== 'short' && kind !== 'long') throw new Error('--prompts is short or long');
-const MODEL = 'meta-llama/Llama-3.1-8B-Instruct';
 const PROBE = new URL('./lib/stage-probe.mjs', import.meta.url).pathname;
 
 type Marks = Record<string, number | undefined>;
@@ -59,17 +58,15 @@ interface Path {
   pid: number;
   stop: () => Promise<void>;
   out: string;
-  /** Client TTFT of the measured requests. */
+  /** Client TTFT of the measured requests, ms. */
   ttft: number[];
-  /** Client request time of the warm-up's requests (the Poisson rate is set from the floor's). */
-  warmupMs: number[];
+  /** Request ids of the measured requests: only their marks are read. */
+  measured: Set<string>;
 }
 
 const backend = await spawnFixedBackend(20, 5);
 const paths: Path[] = [];
 let n = 0;
-/** Requests sent so far, for their ids. */
-let sent = 0;
 const probeEnv = () => {
   const out = join(tmpdir(), `slagate-stages-${process.pid}-${n++}.json`);
   return { out, env: { ...process.env, NODE_OPTIONS: `--import ${PROBE}`, STAGE_PROBE_OUT: out } };
@@ -91,15 +88,19 @@ try {
   }
 
   let seed = 1;
-  for (const p of paths) await closedLoop(p, 1, warmup, seed++, false);
-  const floorMs = paths[0]!.warmupMs.reduce((a, b) => a + b, 0) / warmup;
-  const rate = (streams / floorMs) * 1000;
-  if (poisson) console.log(`Poisson arrivals at ${rate.toFixed(1)}/s`);
+  const warmups = [];
+  for (const p of paths) warmups.push(await bench(p, 1, warmup, seed++));
+  const rate = poisson ? poissonRate(warmups[0]!.records, streams) : undefined;
+  if (rate !== undefined) console.log(`Poisson arrivals at ${rate.toFixed(1)}/s`);
   for (let r = 0; r < rounds; r++) {
     for (let i = 0; i < paths.length; i++) {
       const p = paths[(i + r) % paths.length]!;
-      if (poisson) await poissonArrivals(p, rate, requests, seed++);
-      else await closedLoop(p, streams, requests, seed++, true);
+      const { records } = await bench(p, streams, requests, seed++, rate);
+      for (const rec of records) {
+        if (!rec.success) throw new Error(`${p.name}: request ${rec.requestId} failed`);
+        p.measured.add(rec.requestId);
+        p.ttft.push(rec.ttft * 1000);
+      }
     }
   }
   print(await Promise.all(paths.map(collect)));
@@ -112,57 +113,19 @@ try {
 }
 
 function pathOf(name: string, url: string, pid: number, stop: () => Promise<void>, out: string): Path {
-  return { name, url, pid, stop, out, ttft: [], warmupMs: [] };
+  return { name, url, pid, stop, out, ttft: [], measured: new Set() };
 }
 
-/** One request; a measured one's id starts with `m-`, and its client TTFT is kept. */
-async function one(p: Path, messages: unknown, measure: boolean): Promise<void> {
-  const id = `${measure ? 'm' : 'w'}-${sent++}`;
-  const body = JSON.stringify({ model: MODEL, messages, max_tokens: tokens, stream: true });
-  const t0 = performance.now();
-  const res = await fetch(`${p.url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', 'x-request-id': id },
-    body,
+/** `count` requests: `n` closed loops, or with `rate` Poisson arrivals (as request-path.ts sends them). */
+function bench(p: Path, n: number, count: number, seed: number, rate?: number) {
+  return runBench({
+    target: p.url,
+    workload: uniqueWorkload(kind, count, tokens, seed),
+    ...arrivals(n, rate),
+    requests: count,
+    seed,
+    progress: false,
   });
-  if (res.status !== 200 || res.body === null) throw new Error(`${p.name}: status ${res.status}`);
-  const reader = res.body.getReader();
-  let first = true;
-  for (;;) {
-    const { done } = await reader.read();
-    if (first && measure) p.ttft.push(performance.now() - t0);
-    first = false;
-    if (done) break;
-  }
-  if (!measure) p.warmupMs.push(performance.now() - t0);
-}
-
-/** `count` requests over `n` closed loops (each sends its next request when its last one ends). */
-async function closedLoop(p: Path, n: number, count: number, seed: number, measure: boolean): Promise<void> {
-  const w = uniqueWorkload(kind, count, tokens, seed);
-  let left = count;
-  const loop = async () => {
-    while (left > 0) {
-      left--;
-      await one(p, w.next().messages, measure);
-    }
-  };
-  await Promise.all(Array.from({ length: n }, loop));
-}
-
-/** `count` requests at Poisson arrivals of `rate` per second, none waiting for another. */
-async function poissonArrivals(p: Path, rate: number, count: number, seed: number): Promise<void> {
-  const w = uniqueWorkload(kind, count, tokens, seed);
-  const rng = new Rng(seed);
-  const all: Promise<void>[] = [];
-  let at = performance.now();
-  for (let i = 0; i < count; i++) {
-    at += (-Math.log(1 - rng.next()) / rate) * 1000;
-    const wait = at - performance.now();
-    if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
-    all.push(one(p, w.next().messages, true));
-  }
-  await Promise.all(all);
 }
 
 /** The proxy's marks of the measured requests (it writes them on SIGUSR2). */
@@ -172,7 +135,7 @@ async function collect(p: Path): Promise<Marks[]> {
   for (let i = 0; i < 200; i++) {
     try {
       const rows = JSON.parse(readFileSync(p.out, 'utf8')) as (Marks & { id?: string })[];
-      return rows.filter((r) => r.id?.startsWith('m-') === true);
+      return rows.filter((r) => r.id !== undefined && p.measured.has(r.id));
     } catch {
       await new Promise((resolve) => setTimeout(resolve, 25));
     }
