@@ -5,7 +5,7 @@
 //
 //   npx tsx scripts/stages.ts [--base DIR] [--streams 1] [--arrivals closed|poisson]
 //                             [--requests 400] [--rounds 3] [--warmup 1500]
-//                             [--prompts short|long] [--tokens 8]
+//                             [--prompts short|long] [--tokens 8] [--tail 99]
 //
 // Each path serves `--warmup` requests first (one stream; its request path compiled), then the
 // paths take turns for `--rounds` rounds of `--requests` requests each, in an order that rotates.
@@ -17,6 +17,13 @@
 // other request-path scripts) sets; "client TTFT" is the client's own. A gateway that publishes no stages (a checkout from before them) shows only the
 // intervals every proxy has. "next request arrives" is shown at one stream only (a connection's
 // next request follows its last one only in a single closed loop).
+//
+// Two intervals cross processes: from the client's send to the proxy's first sight of the request
+// (its socket waited for an event loop busy with other streams) and from the proxy's write of the
+// first token to the client's read of it. Both sides read the system's monotonic clock
+// (process.hrtime), which every process shares.
+// A second table gives the same intervals for the tail: the requests whose client TTFT is at or
+// above its `--tail` percentile (default 99) on that path.
 import { readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -38,6 +45,7 @@ const { values } = parseArgs({
     tokens: { type: 'string', default: '8' },
     streams: { type: 'string', default: '1' },
     arrivals: { type: 'string', default: 'closed' },
+    tail: { type: 'string', default: '99' },
   },
 });
 const requests = Number(values.requests);
@@ -45,6 +53,7 @@ const rounds = Number(values.rounds);
 const warmup = Number(values.warmup);
 const tokens = Number(values.tokens);
 const streams = Number(values.streams);
+const tail = Number(values.tail);
 const poisson = values.arrivals === 'poisson';
 if (!poisson && values.arrivals !== 'closed') throw new Error('--arrivals is closed or poisson');
 const kind = values.prompts as 'short' | 'long';
@@ -58,10 +67,24 @@ interface Path {
   pid: number;
   stop: () => Promise<void>;
   out: string;
-  /** Client TTFT of the measured requests, ms. */
-  ttft: number[];
-  /** Request ids of the measured requests: only their marks are read. */
-  measured: Set<string>;
+  /** The measured requests by id, as the client saw them (monotonic ms): only their marks are read. */
+  measured: Map<string, ClientSide>;
+  /** Its GC pauses while the measured requests ran. */
+  gcs: Gc[];
+  /** Upstream connections it opened while the measured requests ran. */
+  connects: number;
+}
+
+/** One GC pause in a proxy: start (monotonic ms), duration (ms), V8's kind (1: scavenge). */
+interface Gc {
+  start: number;
+  ms: number;
+  kind: number;
+}
+
+interface ClientSide {
+  clientSent: number;
+  clientFirstToken: number;
 }
 
 const backend = await spawnFixedBackend(20, 5);
@@ -95,11 +118,11 @@ try {
   for (let r = 0; r < rounds; r++) {
     for (let i = 0; i < paths.length; i++) {
       const p = paths[(i + r) % paths.length]!;
-      const { records } = await bench(p, streams, requests, seed++, rate);
+      const { records, clockZeroMonotonicMs } = await bench(p, streams, requests, seed++, rate);
       for (const rec of records) {
         if (!rec.success) throw new Error(`${p.name}: request ${rec.requestId} failed`);
-        p.measured.add(rec.requestId);
-        p.ttft.push(rec.ttft * 1000);
+        const clientSent = clockZeroMonotonicMs + rec.startTime * 1000;
+        p.measured.set(rec.requestId, { clientSent, clientFirstToken: clientSent + rec.ttft * 1000 });
       }
     }
   }
@@ -113,7 +136,7 @@ try {
 }
 
 function pathOf(name: string, url: string, pid: number, stop: () => Promise<void>, out: string): Path {
-  return { name, url, pid, stop, out, ttft: [], measured: new Set() };
+  return { name, url, pid, stop, out, measured: new Map(), gcs: [], connects: 0 };
 }
 
 /** `count` requests: `n` closed loops, or with `rate` Poisson arrivals (as request-path.ts sends them). */
@@ -128,17 +151,55 @@ function bench(p: Path, n: number, count: number, seed: number, rate?: number) {
   });
 }
 
-/** The proxy's marks of the measured requests (it writes them on SIGUSR2). */
+/** Milliseconds of GC pauses inside [from, to]. */
+function overlap(gcs: readonly Gc[], from: number, to: number): number {
+  let ms = 0;
+  for (const g of gcs) ms += Math.max(0, Math.min(to, g.start + g.ms) - Math.max(from, g.start));
+  return ms;
+}
+
+function first(marks: Marks[]): number {
+  return Math.min(...marks.map((m) => m.clientSent as number));
+}
+
+function last(marks: Marks[]): number {
+  return Math.max(...marks.map((m) => m.clientFirstToken as number));
+}
+
+/**
+ * The proxy's marks of the measured requests (it writes them on SIGUSR2), as monotonic ms, with
+ * the client's send and first-token read.
+ */
 async function collect(p: Path): Promise<Marks[]> {
   rmSync(p.out, { force: true });
   process.kill(p.pid, 'SIGUSR2');
   for (let i = 0; i < 200; i++) {
+    let written: {
+      origin: number;
+      rows: (Marks & { id?: string })[];
+      gcs: [number, number, number][];
+      connects: number[];
+    };
     try {
-      const rows = JSON.parse(readFileSync(p.out, 'utf8')) as (Marks & { id?: string })[];
-      return rows.filter((r) => r.id !== undefined && p.measured.has(r.id));
+      written = JSON.parse(readFileSync(p.out, 'utf8'));
     } catch {
       await new Promise((resolve) => setTimeout(resolve, 25));
+      continue;
     }
+    const gcs = written.gcs.map(([start, ms, kind]) => ({ start: written.origin + start, ms, kind }));
+    const marks: Marks[] = [];
+    for (const { id, ...row } of written.rows) {
+      const client = id === undefined ? undefined : p.measured.get(id);
+      if (client === undefined) continue;
+      const m: Marks = { ...client };
+      for (const [k, v] of Object.entries(row)) if (typeof v === 'number') m[k] = written.origin + v;
+      m.gcInWait = m.arrival === undefined ? undefined : overlap(gcs, client.clientSent, m.arrival);
+      marks.push(m);
+    }
+    const within = (at: number) => at >= first(marks) && at <= last(marks);
+    p.gcs = gcs.filter((g) => within(g.start));
+    p.connects = written.connects.filter((at) => within(written.origin + at)).length;
+    return marks;
   }
   throw new Error(`${p.name}: no marks written`);
 }
@@ -146,6 +207,8 @@ async function collect(p: Path): Promise<Marks[]> {
 function print(rows: Marks[][]): void {
   // [label, from, to]: one interval between two marks of the same request.
   const intervals: [string, string, string][] = [
+    ['client sent → arrival (waiting for the proxy to read it)', 'clientSent', 'arrival'],
+    ['… of which the proxy was in a GC pause', 'zero', 'gcInWait'],
     ['arrival → record begun (fastify, to the onRequest hook)', 'arrival', 'received'],
     ['record begun → handler (body read and parsed)', 'received', 'parsed'],
     ['handler → admitted (intake, admission)', 'parsed', 'admitted'],
@@ -153,32 +216,70 @@ function print(rows: Marks[][]): void {
     ['slot granted → dispatched (attempt, breaker)', 'granted', 'dispatched'],
     ['dispatched → upstream head sent (undici)', 'dispatched', 'upstreamSent'],
     ['**arrival → upstream head sent**', 'arrival', 'upstreamSent'],
+    ['upstream head sent → upstream first chunk (the backend)', 'upstreamSent', 'upstreamFirstChunk'],
     ['upstream first chunk → committed (events read, head written)', 'upstreamFirstChunk', 'committed'],
     ['committed → client socket write', 'committed', 'clientFirstWrite'],
     ['**upstream first chunk → client socket write**', 'upstreamFirstChunk', 'clientFirstWrite'],
+    ['client socket write → client reads the first token', 'clientFirstWrite', 'clientFirstToken'],
   ];
   if (streams === 1 && !poisson)
     intervals.push(['response finished → next request arrives', 'finish', 'nextArrival']);
-  const header = `| interval (ms, median) | ${paths.map((p) => p.name).join(' | ')} |`;
   console.log(
     `${requests * rounds} requests per path (${rounds} rounds), ${kind} prompts, ${tokens}-token outputs, ` +
       `${streams} stream(s), ${poisson ? 'Poisson arrivals' : 'closed loop'}\n`,
   );
-  console.log(header);
+  table('median', rows, intervals);
+  // The tail: each path's requests at or above its client TTFT percentile `tail`.
+  const slow = rows.map((marks) => {
+    const ttft = marks.map(clientTtft).sort((a, b) => a - b);
+    const cut = percentile(ttft, tail);
+    return marks.filter((m) => clientTtft(m) >= cut);
+  });
+  console.log(
+    `\nThe tail: the requests at or above the P${tail} of client TTFT on their path ` +
+      `(${slow.map((s, i) => `${paths[i]!.name} ${s.length}`).join(', ')}), median of each interval\n`,
+  );
+  table(`median, P${tail}+ requests`, slow, intervals);
+  console.log(
+    '\nWhile the measured requests ran: GC pauses (ms: count: median / max; kind 1 is a scavenge), upstream connections opened\n',
+  );
+  console.log('| path | GC pauses | per 1,000 requests | scavenges | others | upstream connects |');
+  console.log('|---|---|---|---|---|---|');
+  paths.forEach((p, i) => {
+    const n = rows[i]!.length;
+    const stat = (gs: Gc[]) => {
+      const ms = gs.map((g) => g.ms).sort((a, b) => a - b);
+      return ms.length === 0
+        ? '—'
+        : `${ms.length}: ${percentile(ms, 50).toFixed(2)} / ${ms.at(-1)!.toFixed(2)}`;
+    };
+    const perK = ((1000 * p.gcs.length) / n).toFixed(1);
+    console.log(
+      `| ${p.name} | ${p.gcs.length} | ${perK} | ${stat(p.gcs.filter((g) => g.kind === 1))} | ${stat(p.gcs.filter((g) => g.kind !== 1))} | ${p.connects} |`,
+    );
+  });
+}
+
+function clientTtft(m: Marks): number {
+  return (m.clientFirstToken as number) - (m.clientSent as number);
+}
+
+function table(what: string, rows: Marks[][], intervals: [string, string, string][]): void {
+  console.log(`| interval (ms, ${what}) | ${paths.map((p) => p.name).join(' | ')} |`);
   console.log(`|---|${paths.map(() => '---|').join('')}`);
   for (const [label, from, to] of intervals) {
     const cells = rows.map((marks) => {
       const v = marks
-        .map((m) => (m[to] ?? Number.NaN) - (m[from] ?? Number.NaN))
+        .map((m) => (m[to] ?? Number.NaN) - (from === 'zero' ? 0 : (m[from] ?? Number.NaN)))
         .filter(Number.isFinite)
         .sort((a, b) => a - b);
       return v.length < marks.length / 2 ? '—' : percentile(v, 50).toFixed(3);
     });
     console.log(`| ${label} | ${cells.join(' | ')} |`);
   }
-  const ttft = paths.map((p) =>
+  const ttft = rows.map((marks) =>
     percentile(
-      [...p.ttft].sort((a, b) => a - b),
+      marks.map(clientTtft).sort((a, b) => a - b),
       50,
     ).toFixed(3),
   );

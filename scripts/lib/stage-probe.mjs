@@ -3,12 +3,15 @@
 // (src/telemetry/stages.ts). A request is known by its x-request-id, which the client sets, the
 // gateway keeps and both the gateway and the undici floor send upstream; its client connection
 // serves one request at a time, so a write to that socket belongs to the request it carries now.
-// On SIGUSR2 every request's marks are written as JSON to the file named by STAGE_PROBE_OUT.
+// On SIGUSR2 every request's marks are written as JSON to the file named by STAGE_PROBE_OUT, with
+// where this process's performance.now() starts on the system's monotonic clock (process.hrtime,
+// which every process shares; a mark plus it compares with the client's times).
 //
 // Plain JavaScript, so that it loads into any Node process before that process's own loader.
 import { subscribe } from 'node:diagnostics_channel';
 import { writeFileSync } from 'node:fs';
 import net from 'node:net';
+import { PerformanceObserver } from 'node:perf_hooks';
 
 const rows = [];
 const byId = new Map();
@@ -50,6 +53,9 @@ subscribe('undici:client:sendHeaders', ({ request }) => mark(byUpstream.get(requ
 subscribe('undici:request:bodyChunkReceived', ({ request }) =>
   mark(byUpstream.get(request), 'upstreamFirstChunk'),
 );
+// Upstream connections opened (a request that needs one waits for the connect).
+const connects = [];
+subscribe('undici:client:connected', () => connects.push(performance.now()));
 subscribe('slagate:request:stage', ({ reqId, stage, at }) => mark(byId.get(reqId), stage, at));
 
 // The first bytes after the upstream's first chunk that go to the client's socket, by either of
@@ -63,6 +69,21 @@ for (const method of ['_writeGeneric', '_writev']) {
   };
 }
 
+// The garbage collector's pauses ([start, duration, kind] in performance.now() ms): a request
+// that waits while one runs has waited for it.
+const gcs = [];
+new PerformanceObserver((list) => {
+  for (const e of list.getEntries()) gcs.push([e.startTime, e.duration, e.detail?.kind ?? 0]);
+}).observe({ entryTypes: ['gc'] });
+
 process.on('SIGUSR2', () => {
-  writeFileSync(process.env.STAGE_PROBE_OUT, JSON.stringify(rows));
+  writeFileSync(
+    process.env.STAGE_PROBE_OUT,
+    JSON.stringify({
+      origin: Number(process.hrtime.bigint()) / 1e6 - performance.now(),
+      rows,
+      gcs,
+      connects,
+    }),
+  );
 });

@@ -76,6 +76,13 @@ export interface BenchResult {
   json: Record<string, unknown>;
   /** vLLM's printed table. */
   table: string;
+  /**
+   * The run's clock zero on the system's monotonic clock (process.hrtime, in ms): a record's
+   * startTime is seconds after it. Every process on the machine reads the same monotonic clock (the
+   * wall clock may be slewed between two readings), so another process's marks, taken as
+   * process.hrtime, can be set against the records.
+   */
+  clockZeroMonotonicMs: number;
 }
 
 const DEFAULT_REQUESTS = 1000;
@@ -283,10 +290,16 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
       info,
       json: resultJson(metrics, info, records, o.detailed ?? false),
       table: formatTable(metrics, info),
+      clockZeroMonotonicMs: monotonicMs() - (performance.now() - t0),
     };
   } finally {
     progress?.done();
     o.signal?.removeEventListener('abort', onAbort);
     await dispatcher.close();
   }
+}
+
+/** The system's monotonic clock in ms (the clock performance.now() counts on from its own origin). */
+export function monotonicMs(): number {
+  return Number(process.hrtime.bigint()) / 1e6;
 }

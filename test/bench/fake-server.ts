@@ -14,6 +14,8 @@ export interface Seen {
   inflight: number;
   /** ms since the server started. */
   at: number;
+  /** When it arrived on the system's monotonic clock, ms (process.hrtime). */
+  monotonicMs: number;
 }
 
 export type Handler = (seen: Seen, res: ServerResponse) => Promise<void>;
@@ -55,6 +57,7 @@ export async function startServer(handler: Handler): Promise<FakeServer> {
       body: text ? (JSON.parse(text) as Record<string, unknown>) : null,
       inflight,
       at: performance.now() - started,
+      monotonicMs: Number(process.hrtime.bigint()) / 1e6,
     };
     state.seen.push(seen);
     try {

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { createProgress } from '../../src/bench/progress.ts';
-import { runBench } from '../../src/bench/run.ts';
+import { monotonicMs, runBench } from '../../src/bench/run.ts';
 import { benchCommand, parseBenchArgs } from '../../src/cli/bench.ts';
 import { answer, type FakeServer, type Seen, startServer } from './fake-server.ts';
 
@@ -75,6 +75,31 @@ describe('runBench', () => {
     expect(Math.max(...starts)).toBeGreaterThanOrEqual(8 / 40 - 0.002);
     expect(Math.max(...starts)).toBeLessThan(8 / 40 + 1);
     expect(r.json.request_rate).toBe(40);
+  });
+
+  it("gives its clock's zero on the monotonic clock: each send it records precedes the server's sight of it", async () => {
+    const from = server.seen.length;
+    const before = monotonicMs();
+    const r = await runBench({
+      target: server.url,
+      model: 'm',
+      requests: 6,
+      rate: 60,
+      seed: 3,
+      progress: false,
+    });
+    const after = monotonicMs();
+    expect(r.clockZeroMonotonicMs).toBeGreaterThanOrEqual(before);
+    expect(r.clockZeroMonotonicMs).toBeLessThanOrEqual(after);
+    const arrived = new Map(posts(from).map((s) => [s.headers['x-request-id'], s.monotonicMs]));
+    expect(arrived.size).toBe(6);
+    for (const rec of r.records) {
+      const sent = r.clockZeroMonotonicMs + rec.startTime * 1000;
+      const seen = arrived.get(rec.requestId)!;
+      // The client's send and the server's arrival, on one clock: the send comes first.
+      expect(seen).toBeGreaterThanOrEqual(sent);
+      expect(seen).toBeLessThanOrEqual(after);
+    }
   });
 
   it('a duration bounds an open-ended run under a concurrency cap', async () => {
