@@ -18,6 +18,7 @@ import {
 import { TokenEstimate } from './prompt/canonical.ts';
 import { createRoutingPolicy } from './router/index.ts';
 import { Scheduler, type SchedulerSettings } from './scheduler/index.ts';
+import { Afterwork } from './server/afterwork.ts';
 import { buildApp } from './server/app.ts';
 import { createAuthenticator } from './server/auth.ts';
 import { ModelCatalog } from './server/model-catalog.ts';
@@ -308,6 +309,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       logger,
       tokens: new TokenEstimate(),
       lifecycle,
+      afterwork: new Afterwork((err) => logger.error({ err }, 'bookkeeping after a response failed')),
     };
     rtRef = rt;
 
@@ -346,7 +348,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       }
       logger.info({ backends: backends.list().map((b) => b.name), router: policy.name }, 'config reloaded');
       await drained;
-      // Only now: a request still draining on a removed backend would recreate its series.
+      // Only now: a request still draining on a removed backend would recreate its series, and so
+      // would the bookkeeping it left queued (settled here first).
+      rt.afterwork.settle();
       const kept = new Set(backends.list().map((b) => b.name));
       for (const name of before) if (!kept.has(name)) metrics.removeBackend(name);
     }
@@ -381,6 +385,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
     let closing: Promise<{ cut: number }> | null = null;
     const flushLogs = async (): Promise<void> => {
+      rt.afterwork.settle();
       await log.flush();
       if (admissionLogger !== log) await admissionLogger.flush();
     };

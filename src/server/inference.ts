@@ -6,6 +6,7 @@
 //   proxy  (upstream)    every attempt asks the scheduler for a slot      src/upstream/proxy.ts
 //            └ slot (scheduler): queue, late dispatch, router's pick       src/scheduler
 //   finish (server)      one admission record, samples for the live state  finish.ts
+//            └ queued until the loop is past the next request                 afterwork.ts
 //
 // A refusal before the hijack is a thrown GatewayError, which the app's error handler turns into
 // the envelope and the record; after it, the proxy answers and finish() ends the record.
@@ -104,7 +105,8 @@ export async function handleInference(
       rt.proxy,
       rt.retryBudget,
     );
-    finishProxied(rt, record, got, admitted, ticket, result);
+    // The client has its answer: the record and what it teaches wait for the next request (afterwork.ts).
+    rt.afterwork.defer(() => finishProxied(rt, record, got, admitted, ticket, result));
   } catch (err) {
     // Upstream failures are results, never throws: this is a bug (in a routing policy, say). The
     // client still gets an answer and the request its one record.

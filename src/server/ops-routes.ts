@@ -42,11 +42,13 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
   });
 
   app.get('/metrics', async (_request, reply) => {
+    rt.afterwork.settle();
     refreshGauges(rt);
     return reply.header('content-type', rt.metrics.contentType).send(await rt.metrics.render());
   });
 
   app.get('/admin/state', async () => {
+    rt.afterwork.settle();
     const live = rt.live.view();
     const liveByName = new Map(live.backends.map((b) => [b.name, b]));
     const schedule = rt.scheduler.view();

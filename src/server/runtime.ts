@@ -13,6 +13,7 @@ import type { LiveState } from '../state/index.ts';
 import type { AdmissionLog } from '../telemetry/admission-log.ts';
 import type { GatewayMetrics } from '../telemetry/metrics.ts';
 import { type BackendSet, Cancel, type ProxyConfig, type RetryBudget } from '../upstream/index.ts';
+import type { Afterwork } from './afterwork.ts';
 import type { Authenticator } from './auth.ts';
 import type { ModelCatalog } from './model-catalog.ts';
 
@@ -34,6 +35,8 @@ export interface Runtime {
   /** Characters per prompt token, learnt from what the backends count. */
   tokens: TokenEstimate;
   lifecycle: Lifecycle;
+  /** A finished request's bookkeeping, run after the response (afterwork.ts); settle() before reading it. */
+  afterwork: Afterwork;
 }
 
 /**
