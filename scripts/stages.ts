@@ -158,14 +158,6 @@ function overlap(gcs: readonly Gc[], from: number, to: number): number {
   return ms;
 }
 
-function first(marks: Marks[]): number {
-  return Math.min(...marks.map((m) => m.clientSent as number));
-}
-
-function last(marks: Marks[]): number {
-  return Math.max(...marks.map((m) => m.clientFirstToken as number));
-}
-
 /**
  * The proxy's marks of the measured requests (it writes them on SIGUSR2), as monotonic ms, with
  * the client's send and first-token read.
@@ -196,7 +188,14 @@ async function collect(p: Path): Promise<Marks[]> {
       m.gcInWait = m.arrival === undefined ? undefined : overlap(gcs, client.clientSent, m.arrival);
       marks.push(m);
     }
-    const within = (at: number) => at >= first(marks) && at <= last(marks);
+    // The window from the first measured send to the last measured first token.
+    let from = Number.POSITIVE_INFINITY;
+    let to = Number.NEGATIVE_INFINITY;
+    for (const m of marks) {
+      from = Math.min(from, m.clientSent as number);
+      to = Math.max(to, m.clientFirstToken as number);
+    }
+    const within = (at: number) => at >= from && at <= to;
     p.gcs = gcs.filter((g) => within(g.start));
     p.connects = written.connects.filter((at) => within(written.origin + at)).length;
     return marks;
@@ -205,25 +204,30 @@ async function collect(p: Path): Promise<Marks[]> {
 }
 
 function print(rows: Marks[][]): void {
-  // [label, from, to]: one interval between two marks of the same request.
-  const intervals: [string, string, string][] = [
-    ['client sent → arrival (waiting for the proxy to read it)', 'clientSent', 'arrival'],
-    ['… of which the proxy was in a GC pause', 'zero', 'gcInWait'],
-    ['arrival → record begun (fastify, to the onRequest hook)', 'arrival', 'received'],
-    ['record begun → handler (body read and parsed)', 'received', 'parsed'],
-    ['handler → admitted (intake, admission)', 'parsed', 'admitted'],
-    ['admitted → slot granted (proxy, scheduler, router)', 'admitted', 'granted'],
-    ['slot granted → dispatched (attempt, breaker)', 'granted', 'dispatched'],
-    ['dispatched → upstream head sent (undici)', 'dispatched', 'upstreamSent'],
-    ['**arrival → upstream head sent**', 'arrival', 'upstreamSent'],
-    ['upstream head sent → upstream first chunk (the backend)', 'upstreamSent', 'upstreamFirstChunk'],
-    ['upstream first chunk → committed (events read, head written)', 'upstreamFirstChunk', 'committed'],
-    ['committed → client socket write', 'committed', 'clientFirstWrite'],
-    ['**upstream first chunk → client socket write**', 'upstreamFirstChunk', 'clientFirstWrite'],
-    ['client socket write → client reads the first token', 'clientFirstWrite', 'clientFirstToken'],
+  const intervals: Interval[] = [
+    ['client sent → arrival (waiting for the proxy to read it)', between('clientSent', 'arrival')],
+    ['… of which the proxy was in a GC pause', (m) => m.gcInWait ?? Number.NaN],
+    ['arrival → record begun (fastify, to the onRequest hook)', between('arrival', 'received')],
+    ['record begun → handler (body read and parsed)', between('received', 'parsed')],
+    ['handler → admitted (intake, admission)', between('parsed', 'admitted')],
+    ['admitted → slot granted (proxy, scheduler, router)', between('admitted', 'granted')],
+    ['slot granted → dispatched (attempt, breaker)', between('granted', 'dispatched')],
+    ['dispatched → upstream head sent (undici)', between('dispatched', 'upstreamSent')],
+    ['**arrival → upstream head sent**', between('arrival', 'upstreamSent')],
+    [
+      'upstream head sent → upstream first chunk (the backend)',
+      between('upstreamSent', 'upstreamFirstChunk'),
+    ],
+    [
+      'upstream first chunk → committed (events read, head written)',
+      between('upstreamFirstChunk', 'committed'),
+    ],
+    ['committed → client socket write', between('committed', 'clientFirstWrite')],
+    ['**upstream first chunk → client socket write**', between('upstreamFirstChunk', 'clientFirstWrite')],
+    ['client socket write → client reads the first token', between('clientFirstWrite', 'clientFirstToken')],
   ];
   if (streams === 1 && !poisson)
-    intervals.push(['response finished → next request arrives', 'finish', 'nextArrival']);
+    intervals.push(['response finished → next request arrives', between('finish', 'nextArrival')]);
   console.log(
     `${requests * rounds} requests per path (${rounds} rounds), ${kind} prompts, ${tokens}-token outputs, ` +
       `${streams} stream(s), ${poisson ? 'Poisson arrivals' : 'closed loop'}\n`,
@@ -260,17 +264,25 @@ function print(rows: Marks[][]): void {
   });
 }
 
-function clientTtft(m: Marks): number {
-  return (m.clientFirstToken as number) - (m.clientSent as number);
+/** A table row: its label and what it reads of one request's marks (NaN: not there). */
+type Interval = [string, (m: Marks) => number];
+
+/** The time between two marks of the same request. */
+function between(from: string, to: string): (m: Marks) => number {
+  return (m) => (m[to] ?? Number.NaN) - (m[from] ?? Number.NaN);
 }
 
-function table(what: string, rows: Marks[][], intervals: [string, string, string][]): void {
+function clientTtft(m: Marks): number {
+  return between('clientSent', 'clientFirstToken')(m);
+}
+
+function table(what: string, rows: Marks[][], intervals: Interval[]): void {
   console.log(`| interval (ms, ${what}) | ${paths.map((p) => p.name).join(' | ')} |`);
   console.log(`|---|${paths.map(() => '---|').join('')}`);
-  for (const [label, from, to] of intervals) {
+  for (const [label, read] of intervals) {
     const cells = rows.map((marks) => {
       const v = marks
-        .map((m) => (m[to] ?? Number.NaN) - (from === 'zero' ? 0 : (m[from] ?? Number.NaN)))
+        .map(read)
         .filter(Number.isFinite)
         .sort((a, b) => a - b);
       return v.length < marks.length / 2 ? '—' : percentile(v, 50).toFixed(3);

@@ -7,8 +7,9 @@
 //
 // Invariants:
 // - jobs run once each, in the order they were queued;
-// - whoever reads what they write (the metrics page, the state page, the logs' flush, shutdown)
-//   calls settle() first, so no read sees a request answered but not yet counted;
+// - whoever reads what they write (the metrics page, the state page, the logs' flush, shutdown,
+//   a reload before it drops a removed backend's series) calls settle() first, so no read sees a
+//   request answered but not yet counted;
 // - a job that throws is logged and does not stop the ones after it.
 
 /** How long a job may wait for the loop to be past the next request: one timer tick. */

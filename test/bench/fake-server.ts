@@ -1,6 +1,7 @@
 // A real node:http server on 127.0.0.1 whose responses are scripted step by step (raw writes
 // and pauses), so tests control exactly how SSE bytes are split and spaced in time.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { monotonicMs } from '../../src/bench/run.ts';
 import { listenLoopback } from '../helpers/http.ts';
 
 export type Step = string | { wait: number };
@@ -57,7 +58,7 @@ export async function startServer(handler: Handler): Promise<FakeServer> {
       body: text ? (JSON.parse(text) as Record<string, unknown>) : null,
       inflight,
       at: performance.now() - started,
-      monotonicMs: Number(process.hrtime.bigint()) / 1e6,
+      monotonicMs: monotonicMs(),
     };
     state.seen.push(seen);
     try {
