@@ -64,6 +64,20 @@ export class FitStats {
     v[v.length - 1] = (v[v.length - 1] as number) + 1;
   }
 
+  /**
+   * Adds `other`'s regression sums scaled to a total weight of at most `weight` (its sums in full
+   * when they weigh less), as pseudo-samples: a prior the solve shrinks toward. Neither the
+   * prediction-error sums nor the sample count move, so `samples` and `error()` stay this fit's own.
+   */
+  addPrior(other: FitStats, weight: number): void {
+    const w = other.v[0] as number;
+    if (!(w > 0) || !(weight > 0)) return;
+    const factor = Math.min(1, weight / w);
+    // [w, Σx, Σxxᵀ, Σy, Σxy]: everything before the three error sums and the count.
+    const end = this.v.length - 4;
+    for (let i = 0; i < end; i++) this.v[i] = (this.v[i] as number) + (other.v[i] as number) * factor;
+  }
+
   /** Adds one relative prediction error (predicted − actual) / actual. */
   addError(e: number): void {
     const n = this.v.length - 1;

@@ -183,6 +183,24 @@ interface FitCache {
 const MIN_RELATIVE_ERROR_BASE_MS = 1;
 /** Least time between two solves of one backend's fits (see #fits). */
 const REFIT_MS = 20;
+/**
+ * How many samples' weight the fleet's fit counts for in each backend's (see #fleetPool). A
+ * backend's own first samples cannot tell its prefill rate apart (a handful of prompts of about one
+ * size fit a flat line as well as any), and a slope of zero made its prefill look free to the
+ * router, which then sent it every cold prompt until its first tokens came back: seconds of
+ * herding. Against the fleet's, a few samples move the fit only as far as they show; a backend's
+ * steady weight is a few hundred samples (its rate over the fits' half-life), next to which this
+ * prior is a few percent.
+ */
+const PRIOR_SAMPLES = 10;
+
+interface FleetPool {
+  fleetVersion: number;
+  remoteVersion: number;
+  at: number;
+  ttft: FitStats;
+  tpot: FitStats;
+}
 
 export function createLiveState(config: StateConfig, opts: LiveStateOptions): LiveState {
   return new LiveStateImpl(config, opts);
@@ -207,8 +225,11 @@ class LiveStateImpl implements LiveState {
   >();
   readonly #fitCache = new Map<
     string,
-    { version: number; remoteVersion: number; at: number; value: FitCache }
+    { version: number; remoteVersion: number; pool: FleetPool; at: number; value: FitCache }
   >();
+  /** Bumped by every sample on any backend: with #remoteVersion, keys the fleet pool. */
+  #fleetVersion = 0;
+  #pool: FleetPool | null = null;
   readonly #tenants = new TenantUsageTable();
   #remoteTenants = new Map<string, RemoteTenant>();
   readonly #peerListeners: (() => void)[] = [];
@@ -284,6 +305,7 @@ class LiveStateImpl implements LiveState {
       be.tpotFit.stats.addSample([load], s.tpotMs);
     }
     be.version++;
+    this.#fleetVersion++;
   }
 
   inflight(backend: string): InflightCounts {
@@ -529,19 +551,42 @@ class LiveStateImpl implements LiveState {
   }
 
   /**
-   * This instance's and the peers' fit sums together, solved; cached until either changes, and
-   * re-solved at most once per REFIT_MS: one sample among the hundreds a fit weighs moves it by
+   * This instance's and the peers' fit sums together with the fleet's as a prior (#fleetPool),
+   * solved; cached until any of them changes, and re-solved at most once per REFIT_MS: one sample among the hundreds a fit weighs moves it by
    * well under a percent, and at a few hundred requests a second a solve per request was a
    * measurable share of the gateway's CPU.
    */
   #fits(name: string, be: BackendState): FitCache {
     const now = this.#now();
     const cached = this.#fitCache.get(name);
+    const pool = this.#fleetPool(now);
     // A clock stepped back (the wall clock may be) counts as time passed, not as a fresh solve.
     if (cached !== undefined) {
-      const same = cached.version === be.version && cached.remoteVersion === this.#remoteVersion;
+      const same =
+        cached.version === be.version && cached.remoteVersion === this.#remoteVersion && cached.pool === pool;
       if (same || (now >= cached.at && now - cached.at < REFIT_MS)) return cached.value;
     }
+    const { ttft, tpot } = this.#combined(name, be, now);
+    ttft.addPrior(pool.ttft, PRIOR_SAMPLES);
+    tpot.addPrior(pool.tpot, PRIOR_SAMPLES);
+    const value: FitCache = {
+      ttft: ttft.solve(this.#minSamples),
+      tpot: tpot.solve(this.#minSamples),
+      ttftError: errorOf(ttft),
+      tpotError: errorOf(tpot),
+    };
+    this.#fitCache.set(name, {
+      version: be.version,
+      remoteVersion: this.#remoteVersion,
+      pool,
+      at: now,
+      value,
+    });
+    return value;
+  }
+
+  /** This instance's and the peers' fit sums for one backend, decayed to `now`. */
+  #combined(name: string, be: BackendState, now: number): { ttft: FitStats; tpot: FitStats } {
     const remote = this.#remoteFor(name);
     const combine = (local: BackendState['ttftFit'], peers: FitStats | undefined, k: number) => {
       local.decayTo(now);
@@ -552,16 +597,37 @@ class LiveStateImpl implements LiveState {
         sum.addStats(peers, local.decayFactor(now - this.#remoteAt));
       return sum;
     };
-    const ttft = combine(be.ttftFit, remote?.ttft, TTFT_FEATURES);
-    const tpot = combine(be.tpotFit, remote?.tpot, TPOT_FEATURES);
-    const value: FitCache = {
-      ttft: ttft.solve(this.#minSamples),
-      tpot: tpot.solve(this.#minSamples),
-      ttftError: errorOf(ttft),
-      tpotError: errorOf(tpot),
+    return {
+      ttft: combine(be.ttftFit, remote?.ttft, TTFT_FEATURES),
+      tpot: combine(be.tpotFit, remote?.tpot, TPOT_FEATURES),
     };
-    this.#fitCache.set(name, { version: be.version, remoteVersion: this.#remoteVersion, at: now, value });
-    return value;
+  }
+
+  /**
+   * Every backend's sums added up: the fleet's fit, which each backend's solve takes as a prior
+   * worth PRIOR_SAMPLES samples. Rebuilt at most once per REFIT_MS, and only when a sample or the
+   * peers' view has changed; the same object until then (the fit cache compares it by identity).
+   */
+  #fleetPool(now: number): FleetPool {
+    const p = this.#pool;
+    if (p !== null) {
+      const same = p.fleetVersion === this.#fleetVersion && p.remoteVersion === this.#remoteVersion;
+      if (same || (now >= p.at && now - p.at < REFIT_MS)) return p;
+    }
+    const pool: FleetPool = {
+      fleetVersion: this.#fleetVersion,
+      remoteVersion: this.#remoteVersion,
+      at: now,
+      ttft: new FitStats(TTFT_FEATURES),
+      tpot: new FitStats(TPOT_FEATURES),
+    };
+    for (const [name, { state }] of this.#backends) {
+      const c = this.#combined(name, state, now);
+      pool.ttft.addStats(c.ttft);
+      pool.tpot.addStats(c.tpot);
+    }
+    this.#pool = pool;
+    return pool;
   }
 }
 

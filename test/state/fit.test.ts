@@ -32,6 +32,28 @@ describe('online least squares', () => {
     expect(s.solve(3)?.slopes[0]).toBeCloseTo(2, 6);
   });
 
+  it('a prior adds its regression sums at a capped weight, never samples or errors', () => {
+    const prior = new FitStats(1);
+    for (let t = 0; t < 100; t++) prior.addSample([t * 100], 20 + 0.05 * t * 100);
+    const own = new FitStats(1);
+    for (let i = 0; i < 3; i++) own.addSample([6000], 900);
+    own.addError(0.5);
+    expect(own.solve(3)?.slopes[0]).toBe(0); // alone: no slope to see
+    own.addPrior(prior, 10);
+    const c = own.solve(3);
+    expect(c?.slopes[0]).toBeGreaterThan(0.025);
+    expect(c?.samples).toBe(3);
+    expect(c?.weight).toBeCloseTo(13, 6); // 3 of its own and the prior's 100 scaled to 10
+    expect(own.error().mape).toBeCloseTo(0.5, 9);
+    // A prior lighter than the cap is added in full, not scaled up.
+    const light = new FitStats(1);
+    light.addSample([0], 0);
+    light.addSample([1000], 50);
+    const other = new FitStats(1);
+    other.addPrior(light, 10);
+    expect(other.v[0]).toBe(2);
+  });
+
   it('a feature that never varied gets slope 0 and the intercept carries the mean', () => {
     const s = new FitStats(2);
     for (const t of [100, 200, 300, 400]) s.addSample([t, 5], 10 + 0.5 * t);

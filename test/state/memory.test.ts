@@ -196,6 +196,43 @@ describe('LiveState with the memory store', () => {
     expect(s.predictTpotMs('gpu-0', 5)!).toBeGreaterThan(2 * before);
   });
 
+  it('a backend with a few samples of one size borrows the fleet’s prefill rate; a well-sampled one keeps its own', () => {
+    const s = make();
+    const rand = rng(7);
+    // gpu-0: 300 samples, 20 ms + 0.05 ms/token (20,000 tok/s).
+    for (let i = 0; i < 300; i++) {
+      clock += 20;
+      const uncached = 500 + Math.floor(rand() * 7000);
+      s.record(
+        sample({
+          backend: 'gpu-0',
+          queueMs: 0,
+          ttftMs: 20 + 0.05 * uncached,
+          uncachedPromptTokens: uncached,
+        }),
+      );
+    }
+    // gpu-1: three cold prompts of one size, nothing to tell a slope from. Alone they fit a flat
+    // line (slope 0), and a prefill there would cost nothing.
+    for (let i = 0; i < 3; i++) {
+      clock += 20;
+      s.record(sample({ backend: 'gpu-1', queueMs: 0, ttftMs: 900 + i, uncachedPromptTokens: 6000 }));
+    }
+    clock += 100; // past the least time between two solves
+    const own = s.prefillMs('gpu-0', 6000)!;
+    expect(own).toBeGreaterThan(0.05 * 6000 * 0.97);
+    expect(own).toBeLessThan(0.05 * 6000 * 1.03);
+    // Borrowed: a prefill rate of the fleet's order, and a level between the fleet's at that size
+    // (320 ms) and its own samples' (900 ms): shrunk toward the fleet, as far as 3 samples against 10.
+    const borrowed = s.prefillMs('gpu-1', 6000)!;
+    expect(borrowed).toBeGreaterThan(0.05 * 6000 * 0.5);
+    expect(s.predictTtftMs('gpu-1', 6000)!).toBeGreaterThan(20 + 0.05 * 6000);
+    expect(s.predictTtftMs('gpu-1', 6000)!).toBeLessThan(900);
+    expect(s.predictTtftMs('gpu-1', 12_000)! - s.predictTtftMs('gpu-1', 6000)!).toBeCloseTo(borrowed, 6);
+    // Its sample count and prediction error stay its own.
+    expect(s.backendView('gpu-1')!.rates.ttft!.samples).toBe(3);
+  });
+
   it('no prediction before enough samples', () => {
     const s = make();
     expect(s.predictTtftMs('gpu-0', 100)).toBeNull();
