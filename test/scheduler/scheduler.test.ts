@@ -492,6 +492,66 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
     expect(await grantOf(f, ask('hot-3'))).toBe('b');
   });
 
+  it('a backend whose first few samples fit a free prefill does not draw every cold prompt', async () => {
+    const f = setup(
+      ['a', 'b', 'c'],
+      settings({ concurrency: { ...settings().concurrency, initial: 8 } }),
+      cost,
+    );
+    // a and b: 20 samples of several sizes, 20 ms + 0.1 ms per uncached token.
+    for (const backend of ['a', 'b']) {
+      for (let i = 0; i < 20; i++) {
+        f.tick(10);
+        const tokens = 100 + 200 * (i % 5);
+        f.live.record(
+          latencySample({
+            backend,
+            uncachedPromptTokens: tokens,
+            queueMs: 0,
+            ttftMs: 20 + 0.1 * tokens,
+            loadAtDispatch: 0,
+          }),
+        );
+      }
+    }
+    // c: three prompts of one size, a little faster than a and b. Alone they fit a flat line at
+    // 150 ms, and any prefill on c would cost nothing, however much is already waiting there.
+    for (let i = 0; i < 3; i++) {
+      f.tick(10);
+      f.live.record(
+        latencySample({
+          backend: 'c',
+          uncachedPromptTokens: 1700,
+          queueMs: 0,
+          ttftMs: 150,
+          loadAtDispatch: 0,
+        }),
+      );
+    }
+    f.tick(100);
+    // Six cold prompts (nothing of them held anywhere), none prefilled yet: the prefill waiting on
+    // a backend grows with each one sent there.
+    const went: string[] = [];
+    for (let i = 0; i < 6; i++) {
+      const id = `cold-${i}`;
+      const blocks = chain(50_000 + 1000 * i, 106);
+      went.push(
+        await grantOf(
+          f,
+          req({
+            reqId: id,
+            promptTokens: 1700,
+            uncachedTokens: 1700,
+            route: route({ reqId: id, promptTokens: 1700, blocks }),
+          }),
+        ),
+      );
+    }
+    const on = (b: string) => went.filter((x) => x === b).length;
+    expect(on('c')).toBeLessThanOrEqual(3);
+    expect(on('a') + on('b')).toBeGreaterThanOrEqual(3);
+  });
+
   describe('busy backends: the wait for a slot is part of the cost', () => {
     afterEach(() => {
       vi.useRealTimers();
