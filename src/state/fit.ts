@@ -7,13 +7,15 @@
 //
 // Forgetting is by wall time (half-life), not by sample count, so sums taken on different
 // instances at about the same time decay alike, and scaling every sum by one factor leaves the fit
-// unchanged: the solution only changes when a sample is added or a peer's sums change.
+// unchanged: the solution only changes when a sample is added or a peer's sums change. A prior
+// (addPrior: other fits' spread, pooled in PooledSpread) is added to the sums only for a solve,
+// scaled with them by its caller, so the same holds for the fit with its prior.
 
 export interface FitCoefficients {
   intercept: number;
   /** One per feature, ≥ 0; 0 when the feature did not vary or its slope came out negative. */
   slopes: number[];
-  /** Sum of the samples' decayed weights (1 per sample when new). */
+  /** Sum of the samples' decayed weights (1 per sample when new), a prior's pseudo-samples included. */
   weight: number;
   /** Samples ever added. */
   samples: number;
@@ -65,17 +67,34 @@ export class FitStats {
   }
 
   /**
-   * Adds `other`'s regression sums scaled to a total weight of at most `weight` (its sums in full
-   * when they weigh less), as pseudo-samples: a prior the solve shrinks toward. Neither the
-   * prediction-error sums nor the sample count move, so `samples` and `error()` stay this fit's own.
+   * Adds a prior of `weight` pseudo-samples (at most `pool.weight`): as many samples at this fit's
+   * own means, spread as the pooled fits spread around theirs. The means (the fit's level) stay
+   * its own; only the slopes are pulled toward the pool's. Neither the prediction-error sums nor
+   * the sample count move, so `samples` and `error()` stay this fit's own.
    */
-  addPrior(other: FitStats, weight: number): void {
-    const w = other.v[0] as number;
-    if (!(w > 0) || !(weight > 0)) return;
-    const factor = Math.min(1, weight / w);
-    // [w, Σx, Σxxᵀ, Σy, Σxy]: everything before the three error sums and the count.
-    const end = this.v.length - 4;
-    for (let i = 0; i < end; i++) this.v[i] = (this.v[i] as number) + (other.v[i] as number) * factor;
+  addPrior(pool: PooledSpread, weight: number): void {
+    const { k, v } = this;
+    const w = v[0] as number;
+    if (!(w > 0) || !(pool.weight > 0) || !(weight > 0)) return;
+    const p = Math.min(weight, pool.weight);
+    const f = p / pool.weight;
+    const mx = Array.from({ length: k }, (_, j) => (v[1 + j] as number) / w);
+    const syOff = 1 + k + (k * (k + 1)) / 2;
+    const my = (v[syOff] as number) / w;
+    v[0] = w + p;
+    for (let j = 0; j < k; j++) v[1 + j] = (v[1 + j] as number) + p * (mx[j] as number);
+    let o = 1 + k;
+    for (let a = 0; a < k; a++) {
+      for (let b = a; b < k; b++, o++) {
+        v[o] =
+          (v[o] as number) + f * (pool.cxx[o - 1 - k] as number) + p * (mx[a] as number) * (mx[b] as number);
+      }
+    }
+    v[syOff] = (v[syOff] as number) + p * my;
+    for (let j = 0; j < k; j++) {
+      v[syOff + 1 + j] =
+        (v[syOff + 1 + j] as number) + f * (pool.cxy[j] as number) + p * (mx[j] as number) * my;
+    }
   }
 
   /** Adds one relative prediction error (predicted − actual) / actual. */
@@ -187,6 +206,45 @@ function solveLinear(a: number[][], b: number[]): number[] | null {
     }
   }
   return m.map((row, i) => (row[n] as number) / (row[i] as number));
+}
+
+/**
+ * Several fits' sums around their own means, added up: Σ (Σxxᵀ − w·x̄x̄ᵀ), Σ (Σxy − w·x̄ȳ) and Σ w.
+ * How y moves with x within each fit, pooled, without where each fit sits: a backend with a
+ * higher base or other prompt sizes adds no slope of its own to the pool (a pool of raw sums would
+ * read the differences between backends as a slope, even a negative one).
+ */
+export class PooledSpread {
+  readonly k: number;
+  /** The packed upper triangle of the centred Σxxᵀ, as FitStats packs it. */
+  readonly cxx: Float64Array;
+  readonly cxy: Float64Array;
+  weight = 0;
+
+  constructor(k: number) {
+    this.k = k;
+    this.cxx = new Float64Array((k * (k + 1)) / 2);
+    this.cxy = new Float64Array(k);
+  }
+
+  add(s: FitStats): void {
+    const { k } = this;
+    const v = s.v;
+    const w = v[0] as number;
+    if (!(w > 0)) return;
+    const sx = (j: number) => v[1 + j] as number;
+    const syOff = 1 + k + (k * (k + 1)) / 2;
+    const sy = v[syOff] as number;
+    let o = 0;
+    for (let a = 0; a < k; a++) {
+      for (let b = a; b < k; b++, o++) {
+        this.cxx[o] = (this.cxx[o] as number) + (v[1 + k + o] as number) - (sx(a) * sx(b)) / w;
+      }
+    }
+    for (let j = 0; j < k; j++)
+      this.cxy[j] = (this.cxy[j] as number) + (v[syOff + 1 + j] as number) - (sx(j) * sy) / w;
+    this.weight += w;
+  }
 }
 
 /** A local fit: sums decayed to `updatedAt` by a half-life. */

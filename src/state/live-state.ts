@@ -13,7 +13,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { StateConfig } from '../config/index.ts';
 import { BackendState, type RemoteBackend, TPOT_FEATURES, TTFT_FEATURES } from './backend-state.ts';
-import { type FitCoefficients, FitStats, predict } from './fit.ts';
+import { type FitCoefficients, FitStats, PooledSpread, predict } from './fit.ts';
 import { type Quantiles, quantiles } from './histogram.ts';
 import {
   addCounts,
@@ -184,13 +184,19 @@ const MIN_RELATIVE_ERROR_BASE_MS = 1;
 /** Least time between two solves of one backend's fits (see #fits). */
 const REFIT_MS = 20;
 /**
- * How many samples' weight the fleet's fit counts for in each backend's (see #fleetPool). A
+ * How many samples the fleet's spread counts for in a new backend's fits (see #fleetPool). A
  * backend's own first samples cannot tell its prefill rate apart (a handful of prompts of about one
  * size fit a flat line as well as any), and a slope of zero made its prefill look free to the
  * router, which then sent it every cold prompt until its first tokens came back: seconds of
- * herding. Against the fleet's, a few samples move the fit only as far as they show; a backend's
- * steady weight is a few hundred samples (its rate over the fits' half-life), next to which this
- * prior is a few percent.
+ * herding. The prior sits at the backend's own means (its level stays its own) and lends only the
+ * fleet's slopes (how TTFT moves with tokens and load within each backend). It is worth
+ * PRIOR_SAMPLES samples while the backend has no more than that of its own, and then fades with
+ * the square of its samples (weight PRIOR_SAMPLES² ÷ n, against its own n). Not with n alone: a
+ * backend's prompts can spread far less than the fleet's (the warm, short ones against another's
+ * cold, long ones), and each pseudo-sample carries the fleet's spread, so at 400 samples and a
+ * sixteenth of the spread a 1/n prior put its rate 14% off; this one 0.5%. A backend
+ * whose own prompts never spread (one size only) keeps the fleet's slope however many it has. The
+ * weight scales with its own decayed weight, so the aging of its samples alone never moves its fit.
  */
 const PRIOR_SAMPLES = 10;
 
@@ -198,8 +204,8 @@ interface FleetPool {
   fleetVersion: number;
   remoteVersion: number;
   at: number;
-  ttft: FitStats;
-  tpot: FitStats;
+  ttft: PooledSpread;
+  tpot: PooledSpread;
 }
 
 export function createLiveState(config: StateConfig, opts: LiveStateOptions): LiveState {
@@ -464,6 +470,7 @@ class LiveStateImpl implements LiveState {
         this.#prefix.drop(name);
         this.#latencyCache.delete(name);
         this.#fitCache.delete(name);
+        this.#pool = null;
       }
     }
     for (const b of list) {
@@ -567,8 +574,8 @@ class LiveStateImpl implements LiveState {
       if (same || (now >= cached.at && now - cached.at < REFIT_MS)) return cached.value;
     }
     const { ttft, tpot } = this.#combined(name, be, now);
-    ttft.addPrior(pool.ttft, PRIOR_SAMPLES);
-    tpot.addPrior(pool.tpot, PRIOR_SAMPLES);
+    ttft.addPrior(pool.ttft, priorWeight(ttft));
+    tpot.addPrior(pool.tpot, priorWeight(tpot));
     const value: FitCache = {
       ttft: ttft.solve(this.#minSamples),
       tpot: tpot.solve(this.#minSamples),
@@ -604,9 +611,10 @@ class LiveStateImpl implements LiveState {
   }
 
   /**
-   * Every backend's sums added up: the fleet's fit, which each backend's solve takes as a prior
-   * worth PRIOR_SAMPLES samples. Rebuilt at most once per REFIT_MS, and only when a sample or the
-   * peers' view has changed; the same object until then (the fit cache compares it by identity).
+   * Every backend's spread around its own means, pooled: the fleet's slopes, which each backend's
+   * solve takes as a prior (PRIOR_SAMPLES). Rebuilt at most once per REFIT_MS, and only when a
+   * sample, the peers' view or the backend list has changed; the same object until then (the fit
+   * cache compares it by identity).
    */
   #fleetPool(now: number): FleetPool {
     const p = this.#pool;
@@ -614,18 +622,21 @@ class LiveStateImpl implements LiveState {
       const same = p.fleetVersion === this.#fleetVersion && p.remoteVersion === this.#remoteVersion;
       if (same || (now >= p.at && now - p.at < REFIT_MS)) return p;
     }
-    const pool: FleetPool = {
+    const ttft = new PooledSpread(TTFT_FEATURES);
+    const tpot = new PooledSpread(TPOT_FEATURES);
+    for (const [name, { state }] of this.#backends) {
+      const c = this.#combined(name, state, now);
+      ttft.add(c.ttft);
+      tpot.add(c.tpot);
+    }
+    // Read after the loop: reading the peers' part may drop it as stale (a new remoteVersion).
+    const pool = {
       fleetVersion: this.#fleetVersion,
       remoteVersion: this.#remoteVersion,
       at: now,
-      ttft: new FitStats(TTFT_FEATURES),
-      tpot: new FitStats(TPOT_FEATURES),
+      ttft,
+      tpot,
     };
-    for (const [name, { state }] of this.#backends) {
-      const c = this.#combined(name, state, now);
-      pool.ttft.addStats(c.ttft);
-      pool.tpot.addStats(c.tpot);
-    }
     this.#pool = pool;
     return pool;
   }
@@ -668,6 +679,16 @@ function latencyView(parts: readonly WindowTotals[]): LatencyView {
     queue: quantiles(parts.map((p) => p.hist.queue)),
     ...counters,
   };
+}
+
+/**
+ * The prior's weight for a backend's sums: PRIOR_SAMPLES × (decayed weight ÷ samples ever), and
+ * past PRIOR_SAMPLES samples × (PRIOR_SAMPLES ÷ samples ever) again.
+ */
+function priorWeight(own: FitStats): number {
+  const n = own.samples;
+  if (!(n > 0)) return 0;
+  return PRIOR_SAMPLES * Math.min(1, (own.v[0] as number) / n) * Math.min(1, PRIOR_SAMPLES / n);
 }
 
 function errorOf(stats: FitStats): FitError {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { DecayingFit, FitStats, predict } from '../../src/state/fit.ts';
+import { DecayingFit, FitStats, PooledSpread, predict } from '../../src/state/fit.ts';
 import { rng } from '../helpers/rng.ts';
 
 describe('online least squares', () => {
@@ -32,26 +32,45 @@ describe('online least squares', () => {
     expect(s.solve(3)?.slopes[0]).toBeCloseTo(2, 6);
   });
 
-  it('a prior adds its regression sums at a capped weight, never samples or errors', () => {
-    const prior = new FitStats(1);
-    for (let t = 0; t < 100; t++) prior.addSample([t * 100], 20 + 0.05 * t * 100);
+  it('a prior lends the pool’s slopes at the fit’s own means, at a capped weight, never samples or errors', () => {
+    // Two backends with the same rate, 0.1 ms per token, but other bases and prompt sizes.
+    const a = new FitStats(1);
+    for (let t = 0; t < 100; t++) a.addSample([2000 + 40 * t], 20 + 0.1 * (2000 + 40 * t));
+    const b = new FitStats(1);
+    for (let t = 0; t < 100; t++) b.addSample([200 + 10 * t], 200 + 0.1 * (200 + 10 * t));
+    const pool = new PooledSpread(1);
+    pool.add(a);
+    pool.add(b);
+    // Raw sums of both read their difference in base as part of the slope: about 0.057, not 0.1.
+    const raw = new FitStats(1);
+    raw.addStats(a);
+    raw.addStats(b);
+    expect(raw.solve(3)?.slopes[0]).toBeLessThan(0.08);
+    expect(pool.weight).toBe(200);
+
     const own = new FitStats(1);
     for (let i = 0; i < 3; i++) own.addSample([6000], 900);
     own.addError(0.5);
+    own.addError(-0.1);
     expect(own.solve(3)?.slopes[0]).toBe(0); // alone: no slope to see
-    own.addPrior(prior, 10);
-    const c = own.solve(3);
-    expect(c?.slopes[0]).toBeGreaterThan(0.025);
-    expect(c?.samples).toBe(3);
-    expect(c?.weight).toBeCloseTo(13, 6); // 3 of its own and the prior's 100 scaled to 10
-    expect(own.error().mape).toBeCloseTo(0.5, 9);
-    // A prior lighter than the cap is added in full, not scaled up.
-    const light = new FitStats(1);
-    light.addSample([0], 0);
-    light.addSample([1000], 50);
+    const before = own.error();
+    own.addPrior(pool, 10);
+    const c = own.solve(3)!;
+    expect(c.slopes[0]).toBeCloseTo(0.1, 9);
+    expect(predict(c, [6000])).toBeCloseTo(900, 6); // its own level
+    expect(c.samples).toBe(3);
+    expect(own.v[0]).toBeCloseTo(13, 9);
+    expect(own.error()).toEqual(before);
+    // A pool lighter than the weight asked is added in full, not scaled up.
+    const light = new PooledSpread(1);
+    const two = new FitStats(1);
+    two.addSample([0], 0);
+    two.addSample([1000], 50);
+    light.add(two);
     const other = new FitStats(1);
+    other.addSample([500], 30);
     other.addPrior(light, 10);
-    expect(other.v[0]).toBe(2);
+    expect(other.v[0]).toBe(3);
   });
 
   it('a feature that never varied gets slope 0 and the intercept carries the mean', () => {

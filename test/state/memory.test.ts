@@ -222,15 +222,54 @@ describe('LiveState with the memory store', () => {
     const own = s.prefillMs('gpu-0', 6000)!;
     expect(own).toBeGreaterThan(0.05 * 6000 * 0.97);
     expect(own).toBeLessThan(0.05 * 6000 * 1.03);
-    // Borrowed: a prefill rate of the fleet's order, and a level between the fleet's at that size
-    // (320 ms) and its own samples' (900 ms): shrunk toward the fleet, as far as 3 samples against 10.
+    // Borrowed: the fleet's prefill rate, at its own level (its samples' 900 ms at 6,000 tokens).
     const borrowed = s.prefillMs('gpu-1', 6000)!;
-    expect(borrowed).toBeGreaterThan(0.05 * 6000 * 0.5);
-    expect(s.predictTtftMs('gpu-1', 6000)!).toBeGreaterThan(20 + 0.05 * 6000);
-    expect(s.predictTtftMs('gpu-1', 6000)!).toBeLessThan(900);
+    expect(borrowed).toBeGreaterThan(0.05 * 6000 * 0.97);
+    expect(borrowed).toBeLessThan(0.05 * 6000 * 1.03);
+    expect(s.predictTtftMs('gpu-1', 6000)!).toBeCloseTo(901, 2); // the mean of 900, 901, 902
     expect(s.predictTtftMs('gpu-1', 12_000)! - s.predictTtftMs('gpu-1', 6000)!).toBeCloseTo(borrowed, 6);
     // Its sample count and prediction error stay its own.
     expect(s.backendView('gpu-1')!.rates.ttft!.samples).toBe(3);
+  });
+
+  it('backends with other bases and prompt sizes keep their own rates; an idle one keeps its own as the others go on', () => {
+    const s = make();
+    const rand = rng(9);
+    // Both 0.1 ms per token. gpu-0: base 20 ms, long prompts; gpu-1: base 200 ms, short ones.
+    const send = (backend: string, base: number, lo: number, span: number) => {
+      const uncached = lo + Math.floor(rand() * span);
+      s.record(
+        sample({ backend, queueMs: 0, ttftMs: base + 0.1 * uncached, uncachedPromptTokens: uncached }),
+      );
+    };
+    for (let i = 0; i < 400; i++) {
+      clock += 50;
+      send('gpu-0', 20, 2000, 4000);
+      send('gpu-1', 200, 200, 1000);
+    }
+    clock += 100;
+    const near = (x: number, to: number) => {
+      expect(x).toBeGreaterThan(to * 0.98);
+      expect(x).toBeLessThan(to * 1.02);
+    };
+    near(s.prefillMs('gpu-0', 1000)!, 100);
+    near(s.prefillMs('gpu-1', 1000)!, 100);
+    // gpu-1 idle for ten minutes (ten half-lives) while gpu-0 goes on at 0.05 ms per token.
+    for (let i = 0; i < 1200; i++) {
+      clock += 500;
+      const uncached = 2000 + Math.floor(rand() * 4000);
+      s.record(
+        sample({
+          backend: 'gpu-0',
+          queueMs: 0,
+          ttftMs: 20 + 0.05 * uncached,
+          uncachedPromptTokens: uncached,
+        }),
+      );
+    }
+    clock += 100;
+    near(s.prefillMs('gpu-0', 1000)!, 50);
+    near(s.prefillMs('gpu-1', 1000)!, 100);
   });
 
   it('no prediction before enough samples', () => {
