@@ -549,7 +549,8 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
     }
     const on = (b: string) => went.filter((x) => x === b).length;
     expect(on('c')).toBeLessThanOrEqual(3);
-    expect(on('a') + on('b')).toBeGreaterThanOrEqual(3);
+    expect(on('a')).toBeGreaterThanOrEqual(1);
+    expect(on('b')).toBeGreaterThanOrEqual(1);
   });
 
   describe('busy backends: the wait for a slot is part of the cost', () => {
