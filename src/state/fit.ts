@@ -238,11 +238,12 @@ export class PooledSpread {
     let o = 0;
     for (let a = 0; a < k; a++) {
       for (let b = a; b < k; b++, o++) {
-        this.cxx[o] = (this.cxx[o] as number) + (v[1 + k + o] as number) - (sx(a) * sx(b)) / w;
+        // sx · (sx ÷ w), not (sx · sx) ÷ w: after hours of idle w is tiny and the product underflows.
+        this.cxx[o] = (this.cxx[o] as number) + (v[1 + k + o] as number) - sx(a) * (sx(b) / w);
       }
     }
     for (let j = 0; j < k; j++)
-      this.cxy[j] = (this.cxy[j] as number) + (v[syOff + 1 + j] as number) - (sx(j) * sy) / w;
+      this.cxy[j] = (this.cxy[j] as number) + (v[syOff + 1 + j] as number) - sx(j) * (sy / w);
     this.weight += w;
   }
 }

@@ -195,8 +195,10 @@ const REFIT_MS = 20;
  * backend's prompts can spread far less than the fleet's (the warm, short ones against another's
  * cold, long ones), and each pseudo-sample carries the fleet's spread, so at 400 samples and a
  * sixteenth of the spread a 1/n prior put its rate 14% off; this one 0.5%. A backend
- * whose own prompts never spread (one size only) keeps the fleet's slope however many it has. The
- * weight scales with its own decayed weight, so the aging of its samples alone never moves its fit.
+ * whose own prompts never spread (one size only) keeps the fleet's slope for tens of thousands of
+ * samples (past about 10⁵, samples ever, the prior's share falls under solve's rounding cutoff).
+ * The weight scales with its own decayed weight, so the aging of its samples alone never moves
+ * its fit.
  */
 const PRIOR_SAMPLES = 10;
 

@@ -73,6 +73,21 @@ describe('online least squares', () => {
     expect(other.v[0]).toBe(3);
   });
 
+  it('a pool of sums decayed for hours has the same spread per unit of weight (no underflow)', () => {
+    const src = new FitStats(1);
+    for (let t = 0; t < 50; t++) src.addSample([100 * t], 500 + 0.1 * 100 * t);
+    const fresh = new PooledSpread(1);
+    fresh.add(src);
+    src.scale(2 ** -560); // 560 half-lives: about nine hours at the default 60 s
+    const old = new PooledSpread(1);
+    old.add(src);
+    const perWeight = (p: PooledSpread) => [(p.cxx[0] as number) / p.weight, (p.cxy[0] as number) / p.weight];
+    const [fx, fy] = perWeight(fresh);
+    const [ox, oy] = perWeight(old);
+    expect((ox as number) / (fx as number)).toBeCloseTo(1, 9);
+    expect((oy as number) / (fy as number)).toBeCloseTo(1, 9);
+  });
+
   it('a feature that never varied gets slope 0 and the intercept carries the mean', () => {
     const s = new FitStats(2);
     for (const t of [100, 200, 300, 400]) s.addSample([t, 5], 10 + 0.5 * t);

@@ -230,6 +230,10 @@ describe('LiveState with the memory store', () => {
     expect(s.predictTtftMs('gpu-1', 12_000)! - s.predictTtftMs('gpu-1', 6000)!).toBeCloseTo(borrowed, 6);
     // Its sample count and prediction error stay its own.
     expect(s.backendView('gpu-1')!.rates.ttft!.samples).toBe(3);
+    // The backend it borrowed from leaves, and nothing else changes: the prior goes with it.
+    s.setBackends([{ name: 'gpu-1', url: 'http://127.0.0.1:2' }]);
+    clock += 100;
+    expect(s.prefillMs('gpu-1', 6000)).toBe(0);
   });
 
   it('backends with other bases and prompt sizes keep their own rates; an idle one keeps its own as the others go on', () => {
