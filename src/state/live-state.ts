@@ -685,12 +685,13 @@ function latencyView(parts: readonly WindowTotals[]): LatencyView {
 
 /**
  * The prior's weight for a backend's sums: PRIOR_SAMPLES × (decayed weight ÷ samples ever), and
- * past PRIOR_SAMPLES samples × (PRIOR_SAMPLES ÷ samples ever) again.
+ * past PRIOR_SAMPLES samples × (PRIOR_SAMPLES ÷ samples ever) again. The decayed weight is at most
+ * the samples ever (each sample weighs 1 when new), so the first factor is at most PRIOR_SAMPLES.
  */
 function priorWeight(own: FitStats): number {
   const n = own.samples;
   if (!(n > 0)) return 0;
-  return PRIOR_SAMPLES * Math.min(1, (own.v[0] as number) / n) * Math.min(1, PRIOR_SAMPLES / n);
+  return PRIOR_SAMPLES * ((own.v[0] as number) / n) * Math.min(1, PRIOR_SAMPLES / n);
 }
 
 function errorOf(stats: FitStats): FitError {

@@ -43,8 +43,11 @@ export interface SchedulerFixture {
   tick(ms: number): void;
   /** That clock's reading. */
   now(): number;
-  /** Teaches every backend's fit: dispatch→first token = 20 ms + 0.1 ms per uncached prefill token. */
-  teach(): void;
+  /**
+   * Teaches every backend's fit (or only `only`'s): dispatch→first token = 20 ms + 0.1 ms per
+   * uncached prefill token, 20 samples of five sizes each.
+   */
+  teach(only?: readonly string[]): void;
   close(): Promise<void>;
 }
 
@@ -86,8 +89,8 @@ export function schedulerFixture(
       clock += ms;
     },
     now: () => clock,
-    teach: () => {
-      for (const backend of names) {
+    teach: (only = names) => {
+      for (const backend of only) {
         for (let i = 0; i < 20; i++) {
           clock += 10;
           const tokens = 100 + 200 * (i % 5);

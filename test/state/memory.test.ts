@@ -9,6 +9,9 @@ const BACKENDS = [
 ];
 
 const sample = (over: Partial<LatencySample> = {}) => latencySample({ loadAtDispatch: 2, ...over });
+/** A sample of `backend` whose dispatch-to-first-token time is `baseMs` + `msPerToken` × its uncached tokens. */
+const linear = (backend: string, uncached: number, baseMs: number, msPerToken: number) =>
+  sample({ backend, queueMs: 0, ttftMs: baseMs + msPerToken * uncached, uncachedPromptTokens: uncached });
 
 describe('LiveState with the memory store', () => {
   let clock = 1_000_000;
@@ -202,15 +205,7 @@ describe('LiveState with the memory store', () => {
     // gpu-0: 300 samples, 20 ms + 0.05 ms/token (20,000 tok/s).
     for (let i = 0; i < 300; i++) {
       clock += 20;
-      const uncached = 500 + Math.floor(rand() * 7000);
-      s.record(
-        sample({
-          backend: 'gpu-0',
-          queueMs: 0,
-          ttftMs: 20 + 0.05 * uncached,
-          uncachedPromptTokens: uncached,
-        }),
-      );
+      s.record(linear('gpu-0', 500 + Math.floor(rand() * 7000), 20, 0.05));
     }
     // gpu-1: three cold prompts of one size, nothing to tell a slope from. Alone they fit a flat
     // line (slope 0), and a prefill there would cost nothing.
@@ -240,12 +235,8 @@ describe('LiveState with the memory store', () => {
     const s = make();
     const rand = rng(9);
     // Both 0.1 ms per token. gpu-0: base 20 ms, long prompts; gpu-1: base 200 ms, short ones.
-    const send = (backend: string, base: number, lo: number, span: number) => {
-      const uncached = lo + Math.floor(rand() * span);
-      s.record(
-        sample({ backend, queueMs: 0, ttftMs: base + 0.1 * uncached, uncachedPromptTokens: uncached }),
-      );
-    };
+    const send = (backend: string, base: number, lo: number, span: number) =>
+      s.record(linear(backend, lo + Math.floor(rand() * span), base, 0.1));
     for (let i = 0; i < 400; i++) {
       clock += 50;
       send('gpu-0', 20, 2000, 4000);
@@ -261,15 +252,7 @@ describe('LiveState with the memory store', () => {
     // gpu-1 idle for ten minutes (ten half-lives) while gpu-0 goes on at 0.05 ms per token.
     for (let i = 0; i < 1200; i++) {
       clock += 500;
-      const uncached = 2000 + Math.floor(rand() * 4000);
-      s.record(
-        sample({
-          backend: 'gpu-0',
-          queueMs: 0,
-          ttftMs: 20 + 0.05 * uncached,
-          uncachedPromptTokens: uncached,
-        }),
-      );
+      s.record(linear('gpu-0', 2000 + Math.floor(rand() * 4000), 20, 0.05));
     }
     clock += 100;
     near(s.prefillMs('gpu-0', 1000)!, 50);
