@@ -176,9 +176,30 @@ describe('slagate', () => {
       view('b', { predictedTtftMs: 400, prefillMs: 400, tpotMs: 20 }),
     ];
     const counts: Record<string, number> = { a: 0, b: 0 };
-    for (let i = 0; i < 2000; i++) counts[firstOf(p.rank(req, backends))]! += 1;
+    for (let i = 0; i < 2000; i++) counts[firstOf(p.rank(route({ reqId: `r${i}` }), backends))]! += 1;
     expect(counts.b! / 2000).toBeGreaterThan(0.2);
     expect(counts.b! / 2000).toBeLessThan(0.3);
+  });
+
+  it('draws exploration once per request: a request ranked again while it waits keeps its first choice', () => {
+    const p = slagate({ exploreRatio: 0.01, tolerance: () => 0, random: seededRandom(8) });
+    // a holds the prompt behind 300 ms of work and is where every non-exploring request goes.
+    const backends = [
+      view('a', { predictedTtftMs: 310, prefillMs: 10, cachedBlocks: 50, tpotMs: 20 }),
+      view('b', { predictedTtftMs: 400, prefillMs: 400, tpotMs: 20 }),
+    ];
+    // 200 requests, each ranked 100 times as a waiting request is (once per pump). A draw per
+    // ranking would send about 1 − 0.99^100 = 63% of them to b at some ranking.
+    let strayed = 0;
+    let explored = 0;
+    for (let i = 0; i < 200; i++) {
+      const r = route({ reqId: `w${i}` });
+      const firsts = new Set(Array.from({ length: 100 }, () => firstOf(p.rank(r, backends))));
+      if (firsts.size > 1) strayed++;
+      if (firsts.has('b')) explored++;
+    }
+    expect(strayed).toBe(0);
+    expect(explored).toBeLessThan(10);
   });
 });
 

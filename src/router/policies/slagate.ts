@@ -48,6 +48,21 @@ export function slagate(opts: SlagateOptions, name = 'slagate'): RoutingPolicy {
   const random = opts.random ?? Math.random;
   const sessions = new Map<string, string>();
   const cap = opts.sessions ?? SESSIONS;
+  // Invariant: whether a request explores is drawn once per request, not once per ranking. A
+  // request that waits for a busy backend is ranked again at every pump (hundreds a second under
+  // load); a draw per ranking explored about half of those that waited 300 ms, each sent to a
+  // backend that holds none of its prompt, where a cold prefill made it late and the queue guard
+  // refused it (docs/benchmarks.md, "Refusals where the router's first choice was late").
+  const drawn = new WeakMap<RouteRequest, boolean>();
+  const explores = (req: RouteRequest): boolean => {
+    if (opts.exploreRatio <= 0) return false;
+    let e = drawn.get(req);
+    if (e === undefined) {
+      e = random() < opts.exploreRatio;
+      drawn.set(req, e);
+    }
+    return e;
+  };
   return {
     name,
     rank(req: RouteRequest, backends: readonly BackendView[]): Candidate[] {
@@ -58,7 +73,7 @@ export function slagate(opts: SlagateOptions, name = 'slagate'): RoutingPolicy {
         random,
       );
       let chosen: string;
-      if (opts.exploreRatio > 0 && random() < opts.exploreRatio) {
+      if (explores(req)) {
         chosen = soonestStart(backends, random);
       } else {
         chosen = tieBreak(ranked, backends, fitted ? (opts.tolerance() ?? 0) : 0, sessionOf(req, sessions));
