@@ -90,6 +90,13 @@ export interface RoutingPolicy {
    */
   rank(req: RouteRequest, backends: readonly BackendView[]): Candidate[];
   /**
+   * Optional: the scheduler says where an attempt of `req` was sent, once per attempt, when it
+   * is granted. A request that waits is ranked many times and may be sent to a backend other than
+   * the policy's first (the scheduler passes over one where the request would be late), so memory
+   * of where requests went (a session's backend) is kept here, not in `rank`.
+   */
+  sent?(req: RouteRequest, backend: string): void;
+  /**
    * Optional, asynchronous, before admission: what the policy needs that the live state does not
    * have (the oracle asks each backend for its cached tokens). Never awaited by other policies.
    */

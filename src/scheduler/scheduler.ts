@@ -1,6 +1,6 @@
-// Late dispatch: a request leaves the gateway's queue only when the backend the router ranks first
-// for it has room under its concurrency limit, and its backend is chosen then (with the state of
-// that moment). Every attempt, first or retry, gets its slot here, so retries obey the same limits.
+// Late dispatch: a request leaves the gateway's queue only when the backend chosen for it (the
+// router's first, or the first in the router's order where it is on time) has room under its
+// concurrency limit, and its backend is chosen then (with the state of that moment). Every attempt, first or retry, gets its slot here, so retries obey the same limits.
 //
 //   acquire(attempt) ─▶ retry? ─▶ retry list (served before every fresh request)
 //        │               fresh ─▶ queue full? evict a sheddable entry, or 429 queue_full
@@ -16,10 +16,12 @@
 //              backend); the pump goes on with the next entry, for the backends still open
 //     guard ─▶ a fresh entry still queued at its latest start (arrival + TTFT budget − its
 //              predicted time to first token, taken at the P99 of how predictions have turned out)
-//              is refused now, 429 queue_timeout, not served late; so is one that reaches the
-//              head of the queue when the backend it would get predicts a first token past its
-//              target; a retry still queued at the request's deadline gets no slot (the loop
-//              then gives up)
+//              is refused now, 429 queue_timeout, not served late; so is one that would be sent
+//              where its first token is predicted past its budget: it goes to the first backend in
+//              the router's order where it is on time (a slot's wait there counted), and when none
+//              is, to the router's first, refused at once if that has room (a busy one it waits
+//              for, until the guard's timer); a retry still queued at the request's deadline gets
+//              no slot (the loop then gives up)
 //     control ─▶ every interval: each backend's limit from its measured pace (controller.ts)
 //
 // Invariants:
@@ -449,11 +451,12 @@ export class Scheduler {
     this.#queue.scan((e) => {
       if (!this.#anyOpen(available, round) || passes >= maxPasses) return 'stop';
       const w = e as Waiting;
-      const choice = this.#startable(w.req, available, round, null);
+      const choice = this.#startable(w.req, available, round, null, w);
       if (choice === null) {
         passes++;
         return 'pass';
       }
+      // Sent now and late there: every backend the router ranked is late (#choose looks past them).
       if (this.#tooLate(w, choice.view)) {
         w.settle(null, this.#refusal(w.req, 'queue_timeout'));
         w.state = 'removed';
@@ -465,17 +468,18 @@ export class Scheduler {
   }
 
   /**
-   * The router's first choice for `req` when it can start there now; otherwise null, and when
-   * that first choice is a busy backend the request waits for it: it is closed to the entries
-   * after this one in the round.
+   * The backend chosen for `req` (#choose) when it can start there now; otherwise null, and when
+   * that choice is a busy backend the request waits for it: it is closed to the entries after
+   * this one in the round.
    */
   #startable(
     req: ScheduledRequest,
     available: readonly Backend[],
     round: Round,
     excluded: ReadonlySet<string> | null,
+    onTime: Waiting | null = null,
   ): Choice | null {
-    const choice = this.#choose(req, available, round, excluded);
+    const choice = this.#choose(req, available, round, excluded, onTime);
     if (choice === null || choice.view.hasRoom) return choice;
     const backend = choice.backend.name;
     round.ahead.set(backend, (round.ahead.get(backend) ?? 0) + 1);
@@ -491,15 +495,25 @@ export class Scheduler {
   }
 
   /**
-   * The router's first choice among every available backend the attempt may use (not excluded),
+   * The backend chosen among every available backend the attempt may use (not excluded),
    * each with whether it can start the request now and how long a slot there would take; with
    * what it read about it and the candidates it ranked. Null when there is no such backend.
+   *
+   * With `onTime` (a fresh entry), the first in the router's order on which that entry's first
+   * token, after the wait for a slot there, is not predicted past its budget (#tooLate); the
+   * router's first when none is. A request sent where it is late only misses, and refusing it
+   * while a backend further down the ranking can still meet its budget refuses what could be
+   * served: the router's order weighs what a backend costs the fleet (its tie-break prefers a
+   * backend with room now, and a share of requests explores), not whether this request is on
+   * time there. `ranked` stays the router's order (the debug log shows it, and `backend` says
+   * where the request went).
    */
   #choose(
     req: ScheduledRequest,
     available: readonly Backend[],
     round: Round,
     excluded: ReadonlySet<string> | null,
+    onTime: Waiting | null = null,
   ): Choice | null {
     const views: BackendView[] = [];
     const byName = new Map<string, Backend>();
@@ -515,11 +529,17 @@ export class Scheduler {
     }
     if (views.length === 0) return null;
     const ranked = this.#deps.router().rank(req.route, views);
+    let first: Choice | null = null;
     for (const c of ranked) {
       const b = byName.get(c.backend);
-      if (b !== undefined) return { backend: b, view: views.find((v) => v.name === b.name)!, ranked };
+      if (b === undefined) continue;
+      const view = views.find((v) => v.name === b.name)!;
+      if (onTime === null || !this.#tooLate(onTime, view, view.hasRoom ? 0 : view.slotWaitMs)) {
+        return { backend: b, view, ranked };
+      }
+      first ??= { backend: b, view, ranked };
     }
-    return null;
+    return first;
   }
 
   /**
@@ -577,6 +597,7 @@ export class Scheduler {
     // Sent there: its blocks are (about to be) in that backend's cache, so the next request with
     // this prefix finds them even while this one is still prefilling.
     live.prefixInsert(b.name, req.route.blocks);
+    this.#deps.router().sent?.(req.route, b.name);
     round.room.set(b.name, this.#room(b.name));
     const control = this.#controlOf(b.name);
     control.targets.set(req.tpotTargetMs, (control.targets.get(req.tpotTargetMs) ?? 0) + 1);
@@ -647,9 +668,13 @@ export class Scheduler {
    * timer judged it on the prediction made at arrival; the backend it gets may be slower than that
    * one was, and a request sent now would only miss and take a slot from one that can meet it.
    */
-  #tooLate(w: Waiting, view: BackendView): boolean {
+  #tooLate(w: Waiting, view: BackendView, waitMs: number | null = 0): boolean {
     if (view.predictedTtftMs === null) return false;
-    return this.#now() + this.upperBackendMs(view.predictedTtftMs) > w.req.arrivedAt + w.req.ttftBudgetMs;
+    // A wait nobody can predict yet (null) is not planned on, as in the slagate cost.
+    const wait = waitMs ?? Number.POSITIVE_INFINITY;
+    return (
+      this.#now() + wait + this.upperBackendMs(view.predictedTtftMs) > w.req.arrivedAt + w.req.ttftBudgetMs
+    );
   }
 
   #dropRetry(w: Waiting): void {

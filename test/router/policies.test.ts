@@ -151,13 +151,29 @@ describe('slagate', () => {
   it('keeps a session on its backend while it is within the margin: a tie-breaker, not an override', () => {
     const p = slagate({ exploreRatio: 0, tolerance: () => 0.2, random: seededRandom(5) });
     const s = route({ sessionId: 'conv-1' });
-    expect(firstOf(p.rank(s, [fitted('a', 100), fitted('b', 300)]))).toBe('a');
+    // Each turn is sent where the policy ranked it first (the scheduler tells it so).
+    const turn = (backends: BackendView[]) => {
+      const first = firstOf(p.rank(s, backends));
+      p.sent!(s, first);
+      return first;
+    };
+    expect(turn([fitted('a', 100), fitted('b', 300)])).toBe('a');
     // b is now slightly cheaper, but within 20%: the session stays on a.
-    expect(firstOf(p.rank(s, [fitted('a', 110), fitted('b', 100)]))).toBe('a');
+    expect(turn([fitted('a', 110), fitted('b', 100)])).toBe('a');
     // Far cheaper elsewhere: the session moves.
-    expect(firstOf(p.rank(s, [fitted('a', 500), fitted('b', 100)]))).toBe('b');
+    expect(turn([fitted('a', 500), fitted('b', 100)])).toBe('b');
     // And stays there from then on.
-    expect(firstOf(p.rank(s, [fitted('a', 100), fitted('b', 110)]))).toBe('b');
+    expect(turn([fitted('a', 100), fitted('b', 110)])).toBe('b');
+  });
+
+  it('keeps a session where its request was sent, not where it was only ranked', () => {
+    const p = slagate({ exploreRatio: 0, tolerance: () => 0.2, random: seededRandom(9) });
+    const s = route({ sessionId: 'conv-2' });
+    // Ranked first on b many times while it waited, then sent to a (the scheduler passed over b).
+    for (let i = 0; i < 5; i++) expect(firstOf(p.rank(s, [fitted('a', 110), fitted('b', 100)]))).toBe('b');
+    p.sent!(s, 'a');
+    // The next turn: within the margin, the session's backend (a) wins the tie.
+    expect(firstOf(p.rank(route({ sessionId: 'conv-2' }), [fitted('a', 110), fitted('b', 100)]))).toBe('a');
   });
 
   it('breaks exact ties at random', () => {

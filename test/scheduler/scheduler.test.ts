@@ -262,6 +262,66 @@ describe('refusals while waiting', () => {
     slot!.release();
   });
 
+  it("a request its router's first choice would serve late goes to the next backend that can serve it on time", async () => {
+    // A router with a fixed order, as the slagate tie-break (room now) or exploration may rank a
+    // backend first whatever this request's time there.
+    let order = ['a', 'b', 'c'];
+    const sent: string[] = [];
+    const fixed: RoutingPolicy = {
+      name: 'fixed',
+      rank: (_r, views) =>
+        [...views]
+          .sort((x, y) => order.indexOf(x.name) - order.indexOf(y.name))
+          .map((v) => ({ backend: v.name, cost: 0 })),
+      sent: (r, backend) => sent.push(`${r.reqId}:${backend}`),
+    };
+    const f = setup(
+      ['a', 'b', 'c'],
+      settings({ concurrency: { ...settings().concurrency, initial: 4 } }),
+      fixed,
+    );
+    f.teach(); // dispatch → first token = 20 ms + 0.1 ms per uncached token, prefill waiting there included
+    const prefilling = async (on: string) => {
+      order = [on, ...['a', 'b', 'c'].filter((n) => n !== on)];
+      const slot = await f.scheduler.ticket(req({ promptTokens: 5000 })).acquire(first());
+      expect(slot!.backend.name).toBe(on);
+      return slot!;
+    };
+    // a is prefilling 5,000 tokens: a request sent there now waits about 500 ms for its first token.
+    const held = [await prefilling('a')];
+    order = ['a', 'b', 'c'];
+    const ticket = f.scheduler.ticket(
+      req({ reqId: 'x', arrivedAt: performance.now(), ttftTargetMs: 300, bestBackendMs: 30 }),
+    );
+    const onTime = await ticket.acquire(first());
+    expect(onTime!.backend.name).toBe('b');
+    // The router is told where it went; the log keeps the router's own order.
+    expect(sent).toContain('x:b');
+    expect(ticket.lastGrant?.candidates.map((c) => c.backend)).toEqual(['a', 'b', 'c']);
+    onTime!.release();
+    // b at its limit, with no measured rate of freeing slots: a wait there is not planned on.
+    order = ['b', 'a', 'c'];
+    const full = [];
+    for (let i = 0; i < 4; i++) full.push((await f.scheduler.ticket(req()).acquire(first()))!);
+    expect(full.every((h) => h.backend.name === 'b')).toBe(true);
+    order = ['a', 'b', 'c'];
+    const past = await f.scheduler
+      .ticket(req({ reqId: 'z', arrivedAt: performance.now(), ttftTargetMs: 300, bestBackendMs: 30 }))
+      .acquire(first());
+    expect(past!.backend.name).toBe('c');
+    past!.release();
+    for (const h of full) h.release();
+    // When every backend would be late, it is refused at once.
+    held.push(await prefilling('b'), await prefilling('c'));
+    order = ['a', 'b', 'c'];
+    const late = f.scheduler
+      .ticket(req({ reqId: 'y', arrivedAt: performance.now(), ttftTargetMs: 300, bestBackendMs: 30 }))
+      .acquire(first());
+    expect(await state(late)).toMatchObject({ error: { code: 'queue_timeout' } });
+    expect(f.refused).toEqual(['y:queue_timeout']);
+    for (const h of held) h.release();
+  });
+
   describe('the P99 of how predictions turned out', () => {
     afterEach(() => {
       vi.useRealTimers();

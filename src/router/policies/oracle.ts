@@ -17,6 +17,7 @@ export function oracle(opts: SlagateOptions): RoutingPolicy {
   return {
     name: 'oracle',
     rank: inner.rank,
+    sent: inner.sent,
     async prepare(
       req: RouteRequest,
       backends: readonly BackendAddress[],

@@ -78,8 +78,10 @@ export function slagate(opts: SlagateOptions, name = 'slagate'): RoutingPolicy {
       } else {
         chosen = tieBreak(ranked, backends, fitted ? (opts.tolerance() ?? 0) : 0, sessionOf(req, sessions));
       }
-      if (req.sessionId !== undefined) remember(sessions, cap, req.sessionId, chosen);
       return promote(ranked, chosen);
+    },
+    sent(req: RouteRequest, backend: string): void {
+      if (req.sessionId !== undefined) remember(sessions, cap, req.sessionId, backend);
     },
   };
 }
