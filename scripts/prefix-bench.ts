@@ -391,15 +391,20 @@ async function decision(): Promise<{ p50: number; p99: number; max: number; refu
   for (const b of names) {
     for (let i = 0; i < 40; i++) {
       fixture.tick(10);
+      const uncached = 100 + 200 * (i % 5);
+      live.recordFirstToken({
+        backend: b,
+        backendTtftMs: 20 + 0.08 * uncached,
+        uncachedPromptTokens: uncached,
+        prefillAheadTokens: 0,
+        loadAtDispatch: i % 9,
+      });
       live.record({
         backend: b,
         class: 'interactive',
         queueMs: 0,
-        ttftMs: 20 + 0.08 * (100 + 200 * (i % 5)),
-        backendTtftMs: 20 + 0.08 * (100 + 200 * (i % 5)),
+        ttftMs: 20 + 0.08 * uncached,
         tpotMs: 20 + (i % 7),
-        uncachedPromptTokens: 100 + 200 * (i % 5),
-        prefillAheadTokens: 0,
         promptTokens: 1000,
         completionTokens: 100,
         loadAtDispatch: i % 9,

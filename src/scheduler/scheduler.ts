@@ -640,6 +640,15 @@ export class Scheduler {
     if (current !== undefined && current.length < SAMPLE_CAP) {
       current.push({ waitMs: backendTtft - own, targetMs: req.ttftTargetMs });
     }
+    // The TTFT fit learns it now, not when the request ends a generation later.
+    const { grant } = slot;
+    this.#deps.live.recordFirstToken({
+      backend: slot.backend.name,
+      backendTtftMs: backendTtft,
+      uncachedPromptTokens: grant.uncachedTokens,
+      prefillAheadTokens: grant.prefillAheadTokens,
+      loadAtDispatch: grant.loadAtDispatch,
+    });
     // Its prefill is done: prefill room may have opened for the next entry.
     this.pump();
   }

@@ -86,19 +86,13 @@ export function finishProxied(
 
   const cls = got.identity.class;
   const grant = ticket.lastGrant;
-  const backendTtftMs =
-    result.firstTokenAt !== null && result.dispatchedAt !== null
-      ? result.firstTokenAt - result.dispatchedAt
-      : null;
+  // Its first token taught the TTFT fit when it came (the scheduler's firstToken).
   rt.live.record({
     backend: result.backend,
     class: cls,
     queueMs: result.queueMs,
     ttftMs: result.ttftMs,
-    backendTtftMs,
     tpotMs: result.tpotMs,
-    uncachedPromptTokens: grant?.uncachedTokens ?? admitted.scheduled.uncachedTokens,
-    prefillAheadTokens: grant?.prefillAheadTokens ?? 0,
     promptTokens: result.promptTokens ?? got.promptTokens,
     completionTokens: result.completionTokens ?? 0,
     loadAtDispatch: grant?.loadAtDispatch ?? 0,

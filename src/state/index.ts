@@ -4,6 +4,7 @@ export type { Quantiles } from './histogram.ts';
 export type { InflightCounts, Lease, LeaseTokens } from './leases.ts';
 export type {
   BackendLiveView,
+  FirstTokenSample,
   FitError,
   LatencySample,
   LatencyView,

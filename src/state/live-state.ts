@@ -104,7 +104,24 @@ export interface LiveStateView {
   backends: BackendLiveView[];
 }
 
-/** What the gateway measured for one finished request. */
+/**
+ * A first token as it comes: what the TTFT fit learns. Taken at the first token, not when the
+ * request ends: a fit fed at the end learns each first token a whole generation late (seconds),
+ * and a backend that has just turned slow is predicted fast for that long.
+ */
+export interface FirstTokenSample {
+  backend: string;
+  /** Dispatch of the attempt to its first token, ms. */
+  backendTtftMs: number;
+  /** Prompt tokens not in the backend's prefix cache (estimated). */
+  uncachedPromptTokens: number;
+  /** Uncached prefill tokens of other requests pending on the backend at dispatch (all instances). */
+  prefillAheadTokens: number;
+  /** The load passed to predict*: the backend's in-flight requests (all instances) at dispatch. */
+  loadAtDispatch: number;
+}
+
+/** What the gateway measured for one finished request: the windows and the TPOT fit. */
 export interface LatencySample {
   backend: string;
   class: string;
@@ -112,13 +129,7 @@ export interface LatencySample {
   queueMs: number | null;
   /** Gateway-measured TTFT, arrival to first token (includes the queue); null when no token came. */
   ttftMs: number | null;
-  /** Dispatch of the attempt that served to its first token: what the TTFT fit learns. */
-  backendTtftMs: number | null;
   tpotMs: number | null;
-  /** Prompt tokens not in the backend's prefix cache (estimated). */
-  uncachedPromptTokens: number;
-  /** Uncached prefill tokens of other requests pending on the backend at dispatch (all instances). */
-  prefillAheadTokens: number;
   promptTokens: number;
   completionTokens: number;
   /** The load passed to predict*: the backend's in-flight requests (all instances) at dispatch. */
@@ -129,7 +140,9 @@ export interface LiveState {
   readonly instanceId: string;
   /** Counts a request as in flight on `backend` until lease.end(); not counted if the backend is unknown. */
   lease(backend: string, tokens: LeaseTokens): Lease;
-  /** Adds a finished request to the windows and fits. O(1); unknown backends are ignored. */
+  /** Adds a first token to the backend's TTFT fit. O(1); unknown backends are ignored. */
+  recordFirstToken(sample: FirstTokenSample): void;
+  /** Adds a finished request to the windows and the TPOT fit. O(1); unknown backends are ignored. */
   record(sample: LatencySample): void;
   /** In-flight work on `backend`, all live instances. */
   inflight(backend: string): InflightCounts;
@@ -296,22 +309,30 @@ class LiveStateImpl implements LiveState {
       promptTokens: nonNegative(s.promptTokens),
       completionTokens: nonNegative(s.completionTokens),
     });
-    const load = nonNegative(s.loadAtDispatch);
-    const fits = this.#fits(s.backend, be);
-    if (s.backendTtftMs !== null && Number.isFinite(s.backendTtftMs)) {
-      const y = s.backendTtftMs;
-      if (y >= 0) {
-        const x = [nonNegative(s.uncachedPromptTokens) + nonNegative(s.prefillAheadTokens), load];
-        be.ttftFit.decayTo(now);
-        if (fits.ttft !== null) be.ttftFit.stats.addError(relativeError(predict(fits.ttft, x), y));
-        be.ttftFit.stats.addSample(x, y);
-      }
-    }
     if (s.tpotMs !== null && Number.isFinite(s.tpotMs) && s.tpotMs >= 0) {
+      const load = nonNegative(s.loadAtDispatch);
+      const fits = this.#fits(s.backend, be);
       be.tpotFit.decayTo(now);
       if (fits.tpot !== null) be.tpotFit.stats.addError(relativeError(predict(fits.tpot, [load]), s.tpotMs));
       be.tpotFit.stats.addSample([load], s.tpotMs);
     }
+    be.version++;
+    this.#fleetVersion++;
+  }
+
+  recordFirstToken(s: FirstTokenSample): void {
+    const be = this.#backends.get(s.backend)?.state;
+    const y = s.backendTtftMs;
+    if (be === undefined || !Number.isFinite(y) || y < 0) return;
+    const now = this.#now();
+    const fits = this.#fits(s.backend, be);
+    const x = [
+      nonNegative(s.uncachedPromptTokens) + nonNegative(s.prefillAheadTokens),
+      nonNegative(s.loadAtDispatch),
+    ];
+    be.ttftFit.decayTo(now);
+    if (fits.ttft !== null) be.ttftFit.stats.addError(relativeError(predict(fits.ttft, x), y));
+    be.ttftFit.stats.addSample(x, y);
     be.version++;
     this.#fleetVersion++;
   }

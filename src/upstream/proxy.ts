@@ -117,9 +117,6 @@ export interface ProxyResult {
   tpotMs: number | null;
   itlMs: number[];
   e2eMs: number;
-  /** performance.now() of the last attempt's dispatch, and of its first token. */
-  dispatchedAt: number | null;
-  firstTokenAt: number | null;
   promptTokens: number | null;
   completionTokens: number | null;
 }
@@ -358,8 +355,6 @@ function result(s: LoopState, e: Ending, lat: Latencies | null, e2eMs: number): 
     tpotMs: lat?.tpotMs ?? null,
     itlMs: lat?.itlMs ?? [],
     e2eMs,
-    dispatchedAt: last?.dispatchedAt ?? null,
-    firstTokenAt: lat?.firstTokenAt ?? null,
     promptTokens: last?.promptTokens ?? null,
     completionTokens: last?.completionTokens ?? null,
   };

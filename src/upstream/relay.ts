@@ -93,8 +93,6 @@ export interface AttemptEnd {
   upstreamMessage: string | null;
   promptTokens: number | null;
   completionTokens: number | null;
-  /** performance.now() at dispatch. */
-  dispatchedAt: number;
   latencies: Latencies | null;
 }
 
@@ -107,7 +105,6 @@ export class Attempt implements Dispatcher.DispatchHandler {
   #started = false;
   #phase: Phase = 'waiting';
   #status: number | null = null;
-  #dispatchedAt = Number.NaN;
   #controller: Dispatcher.DispatchController | null = null;
   #pendingAbort: Error | null = null;
   #parser: SseParser;
@@ -160,7 +157,6 @@ export class Attempt implements Dispatcher.DispatchHandler {
   /** Dispatches on `dispatcher`; resolves at the commit point, rejects on a pre-commit failure. */
   start(dispatcher: Dispatcher): Promise<void> {
     this.#started = true;
-    this.#dispatchedAt = performance.now();
     const { spec } = this;
     if (spec.signal.aborted) {
       this.#fail(abortFailure(spec.signal));
@@ -621,7 +617,6 @@ export class Attempt implements Dispatcher.DispatchHandler {
       upstreamMessage: kind === 'rejected' ? rejectMessage(this.#body) : null,
       promptTokens: this.#promptTokens,
       completionTokens: this.#completionTokens,
-      dispatchedAt: this.#dispatchedAt,
       // A pass-through body is one event at the end: no first token is observable there.
       latencies: committed
         ? this.#clock.finish(endedAt, this.#completionTokens, this.spec.mode !== 'passthrough')

@@ -8,7 +8,7 @@ import { Scheduler, type SchedulerSettings } from '../../src/scheduler/scheduler
 import { createLiveState, type LiveState } from '../../src/state/index.ts';
 import { BackendSet } from '../../src/upstream/backends.ts';
 import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
-import { latencySample } from '../state/fixtures/sample.ts';
+import { latencySample, observe } from '../state/fixtures/sample.ts';
 
 export function schedulerSettings(over: Partial<SchedulerSettings> = {}): SchedulerSettings {
   return {
@@ -94,7 +94,8 @@ export function schedulerFixture(
         for (let i = 0; i < 20; i++) {
           clock += 10;
           const tokens = 100 + 200 * (i % 5);
-          live.record(
+          observe(
+            live,
             latencySample({
               backend,
               uncachedPromptTokens: tokens,

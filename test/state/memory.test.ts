@@ -1,14 +1,14 @@
 import { afterEach, describe, expect, it } from 'vitest';
-import { createLiveState, type LatencySample, type LiveState } from '../../src/state/index.ts';
+import { createLiveState, type LiveState } from '../../src/state/index.ts';
 import { rng } from '../helpers/rng.ts';
-import { latencySample } from './fixtures/sample.ts';
+import { latencySample, observe, type Sample } from './fixtures/sample.ts';
 
 const BACKENDS = [
   { name: 'gpu-0', url: 'http://127.0.0.1:1' },
   { name: 'gpu-1', url: 'http://127.0.0.1:2' },
 ];
 
-const sample = (over: Partial<LatencySample> = {}) => latencySample({ loadAtDispatch: 2, ...over });
+const sample = (over: Partial<Sample> = {}) => latencySample({ loadAtDispatch: 2, ...over });
 /** A sample of `backend` whose dispatch-to-first-token time is `baseMs` + `msPerToken` × its uncached tokens. */
 const linear = (backend: string, uncached: number, baseMs: number, msPerToken: number) =>
   sample({ backend, queueMs: 0, ttftMs: baseMs + msPerToken * uncached, uncachedPromptTokens: uncached });
@@ -78,8 +78,8 @@ describe('LiveState with the memory store', () => {
 
   it('per-class windows give percentiles of the recorded samples, and an all-classes view', () => {
     const s = make();
-    for (let i = 1; i <= 100; i++) s.record(sample({ ttftMs: i * 10, tpotMs: i, queueMs: i / 10 }));
-    for (let i = 0; i < 50; i++) s.record(sample({ class: 'batch', ttftMs: 5_000, tpotMs: null }));
+    for (let i = 1; i <= 100; i++) observe(s, sample({ ttftMs: i * 10, tpotMs: i, queueMs: i / 10 }));
+    for (let i = 0; i < 50; i++) observe(s, sample({ class: 'batch', ttftMs: 5_000, tpotMs: null }));
     const v = s.backendView('gpu-0')!;
     const inter = v.byClass.interactive!;
     expect(inter.ttft.count).toBe(100);
@@ -102,9 +102,9 @@ describe('LiveState with the memory store', () => {
 
   it('samples slide out of the window as the clock advances', () => {
     const s = make({ bucketMs: 1000, buckets: 10 });
-    s.record(sample({ ttftMs: 100 }));
+    observe(s, sample({ ttftMs: 100 }));
     clock += 5_000;
-    s.record(sample({ ttftMs: 300 }));
+    observe(s, sample({ ttftMs: 300 }));
     expect(s.backendView('gpu-0')?.latency.ttft.count).toBe(2);
     clock += 5_000;
     const v = s.backendView('gpu-0')!;
@@ -126,7 +126,8 @@ describe('LiveState with the memory store', () => {
       // 25 ms + 0.1 ms/token (10,000 tok/s) + 3 ms per in-flight request; TPOT 12 ms + 0.8 ms/request.
       const after = (25 + 0.1 * uncached + 3 * load) * (1 + (rand() - 0.5) * 0.06);
       const tpot = (12 + 0.8 * load) * (1 + (rand() - 0.5) * 0.06);
-      s.record(
+      observe(
+        s,
         sample({
           queueMs,
           ttftMs: queueMs + after,
@@ -171,12 +172,12 @@ describe('LiveState with the memory store', () => {
     const s = make();
     for (let i = 0; i < 100; i++) {
       clock += 100;
-      s.record(sample({ tpotMs: 10 + (i % 10), loadAtDispatch: i % 10 }));
+      observe(s, sample({ tpotMs: 10 + (i % 10), loadAtDispatch: i % 10 }));
     }
     const before = s.backendView('gpu-0')!.rates.tpotError.mape!;
     for (let i = 0; i < 20; i++) {
       clock += 100;
-      s.record(sample({ tpotMs: 3 * (10 + (i % 10)), loadAtDispatch: i % 10 }));
+      observe(s, sample({ tpotMs: 3 * (10 + (i % 10)), loadAtDispatch: i % 10 }));
     }
     const after = s.backendView('gpu-0')!.rates.tpotError;
     expect(before).toBeLessThan(0.01);
@@ -188,13 +189,13 @@ describe('LiveState with the memory store', () => {
     const s = make();
     for (let i = 0; i < 50; i++) {
       clock += 100;
-      s.record(sample({ tpotMs: 10 + (i % 10), loadAtDispatch: i % 10 }));
+      observe(s, sample({ tpotMs: 10 + (i % 10), loadAtDispatch: i % 10 }));
     }
     const before = s.predictTpotMs('gpu-0', 5)!;
     clock -= 3_600_000;
     for (let i = 0; i < 50; i++) {
       clock += 100;
-      s.record(sample({ tpotMs: 10 * (10 + (i % 10)), loadAtDispatch: i % 10 }));
+      observe(s, sample({ tpotMs: 10 * (10 + (i % 10)), loadAtDispatch: i % 10 }));
     }
     expect(s.predictTpotMs('gpu-0', 5)!).toBeGreaterThan(2 * before);
   });
@@ -205,13 +206,13 @@ describe('LiveState with the memory store', () => {
     // gpu-0: 300 samples, 20 ms + 0.05 ms/token (20,000 tok/s).
     for (let i = 0; i < 300; i++) {
       clock += 20;
-      s.record(linear('gpu-0', 500 + Math.floor(rand() * 7000), 20, 0.05));
+      observe(s, linear('gpu-0', 500 + Math.floor(rand() * 7000), 20, 0.05));
     }
     // gpu-1: three cold prompts of one size, nothing to tell a slope from. Alone they fit a flat
     // line (slope 0), and a prefill there would cost nothing.
     for (let i = 0; i < 3; i++) {
       clock += 20;
-      s.record(sample({ backend: 'gpu-1', queueMs: 0, ttftMs: 900 + i, uncachedPromptTokens: 6000 }));
+      observe(s, sample({ backend: 'gpu-1', queueMs: 0, ttftMs: 900 + i, uncachedPromptTokens: 6000 }));
     }
     clock += 100; // past the least time between two solves
     const own = s.prefillMs('gpu-0', 6000)!;
@@ -236,7 +237,7 @@ describe('LiveState with the memory store', () => {
     const rand = rng(9);
     // Both 0.1 ms per token. gpu-0: base 20 ms, long prompts; gpu-1: base 200 ms, short ones.
     const send = (backend: string, base: number, lo: number, span: number) =>
-      s.record(linear(backend, lo + Math.floor(rand() * span), base, 0.1));
+      observe(s, linear(backend, lo + Math.floor(rand() * span), base, 0.1));
     for (let i = 0; i < 400; i++) {
       clock += 50;
       send('gpu-0', 20, 2000, 4000);
@@ -252,7 +253,7 @@ describe('LiveState with the memory store', () => {
     // gpu-1 idle for ten minutes (ten half-lives) while gpu-0 goes on at 0.05 ms per token.
     for (let i = 0; i < 1200; i++) {
       clock += 500;
-      s.record(linear('gpu-0', 2000 + Math.floor(rand() * 4000), 20, 0.05));
+      observe(s, linear('gpu-0', 2000 + Math.floor(rand() * 4000), 20, 0.05));
     }
     clock += 100;
     near(s.prefillMs('gpu-0', 1000)!, 50);
@@ -269,7 +270,7 @@ describe('LiveState with the memory store', () => {
 
   it('setBackends adds new backends and forgets removed ones; status is never degraded', async () => {
     const s = make();
-    s.record(sample({ backend: 'gpu-1' }));
+    observe(s, sample({ backend: 'gpu-1' }));
     s.setBackends([BACKENDS[0]!, { name: 'gpu-2', url: 'http://127.0.0.1:3' }]);
     expect(s.view().backends.map((b) => b.name)).toEqual(['gpu-0', 'gpu-2']);
     expect(s.backendView('gpu-1')).toBeUndefined();

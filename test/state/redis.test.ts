@@ -5,7 +5,7 @@ import type { RedisStateConfig } from '../../src/config/index.ts';
 import { createLiveState, type LiveState, livenessTtlMs } from '../../src/state/index.ts';
 import { SHARE_EVERY_MS } from '../../src/state/prefix-index.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
-import { latencySample } from './fixtures/sample.ts';
+import { latencySample, observe } from './fixtures/sample.ts';
 
 const BACKENDS = [
   { name: 'gpu-0', url: 'http://127.0.0.1:1' },
@@ -104,7 +104,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     expect(a.status().peers).toBe(1);
 
     // Latency windows: each records half; both see the union.
-    for (let i = 1; i <= 100; i++) (i % 2 ? a : b).record(sample({ ttftMs: i * 10 }));
+    for (let i = 1; i <= 100; i++) observe(i % 2 ? a : b, sample({ ttftMs: i * 10 }));
     await until(
       () =>
         a.backendView('gpu-0')?.latency.ttft.count === 100 &&
@@ -129,8 +129,8 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     // a only sees short prompts, b only long ones: neither alone could tell a rate from its own
     // samples if they did not vary, but together they span the range.
     for (let i = 0; i < 40; i++) {
-      a.record(sample({ ttftMs: 20 + 0.1 * 100, uncachedPromptTokens: 100, loadAtDispatch: 0 }));
-      b.record(sample({ ttftMs: 20 + 0.1 * 3000, uncachedPromptTokens: 3000, loadAtDispatch: 0 }));
+      observe(a, sample({ ttftMs: 20 + 0.1 * 100, uncachedPromptTokens: 100, loadAtDispatch: 0 }));
+      observe(b, sample({ ttftMs: 20 + 0.1 * 3000, uncachedPromptTokens: 3000, loadAtDispatch: 0 }));
     }
     await until(() => (a.backendView('gpu-0')?.rates.ttft?.samples ?? 0) === 80, 2_000, 'merged fit');
     for (const s of [a, b]) {
@@ -261,7 +261,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     // Request-path calls while Redis is gone: 5000 requests' worth of leases and records.
     const ops = timeCalls(5_000, (i) => {
       const l = a.lease('gpu-1', { promptTokens: 100, expectedOutputTokens: 10 });
-      a.record(sample({ backend: 'gpu-1', ttftMs: 50 + (i % 50) }));
+      observe(a, sample({ backend: 'gpu-1', ttftMs: 50 + (i % 50) }));
       a.backendView('gpu-1');
       a.predictTtftMs('gpu-1', 1000);
       l.end();
@@ -308,7 +308,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
       const stalledAt = performance.now();
       const ops = timeCalls(2_000, () => {
         a.lease('gpu-0', { promptTokens: 1, expectedOutputTokens: 1 }).end();
-        a.record(sample());
+        observe(a, sample());
       });
       expect(ops.p99).toBeLessThan(COMMAND_TIMEOUT_MS / 10);
       await until(() => a.status().degraded, 3_000, 'degraded on timeout');
@@ -330,7 +330,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
       expect(performance.now() - started).toBeLessThan(cfg.connect_timeout_ms + COMMAND_TIMEOUT_MS + 500);
       expect(a.status()).toMatchObject({ store: 'redis', degraded: true, lastSyncAgeMs: null });
       const l = a.lease('gpu-0', { promptTokens: 1, expectedOutputTokens: 1 });
-      a.record(sample());
+      observe(a, sample());
       expect(a.load('gpu-0')).toBe(1);
       expect(a.backendView('gpu-0')?.latency.ttft.count).toBe(1);
       await sleep(3 * REFRESH_MS);
