@@ -1,7 +1,8 @@
 // The end of a proxied request: its one admission record (why it went where it went, or why it
 // was refused while it waited), and what the request teaches the live state, the scheduler's
-// outer loop and the predictor's error. Only whole measurements teach: a completed request's TTFT
-// and TPOT, never a failure's or a cancel's (they would bias the fits).
+// outer loop and the predictor's error. Only whole measurements teach here: a completed request's
+// TTFT and TPOT (the windows, the TPOT fit), never a failure's or a cancel's. The TTFT fit learned
+// the request's first token when it was relayed (the scheduler's firstToken), a generation earlier.
 import { type Admitted, type Prediction, runnerUp } from '../admission/index.ts';
 import type { Ticket } from '../scheduler/index.ts';
 import type { AdmissionFields, RequestRecord } from '../telemetry/admission-log.ts';

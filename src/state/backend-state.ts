@@ -23,8 +23,10 @@ export class BackendState {
   readonly windows = new Map<string, SlidingWindow>();
   readonly ttftFit: DecayingFit;
   readonly tpotFit: DecayingFit;
-  /** Bumped by every recorded sample; keys the façade's view caches (leases are never cached). */
+  /** Bumped by every finished request (the windows); keys the façade's latency view cache. */
   version = 0;
+  /** Bumped by every sample either fit learns; keys the façade's fit cache (leases are never cached). */
+  fitVersion = 0;
 
   constructor(
     readonly name: string,

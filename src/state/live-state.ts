@@ -111,7 +111,7 @@ export interface LiveStateView {
  */
 export interface FirstTokenSample {
   backend: string;
-  /** Dispatch of the attempt to its first token, ms. */
+  /** From the grant of the attempt's slot (its dispatch) to its first token relayed, ms. */
   backendTtftMs: number;
   /** Prompt tokens not in the backend's prefix cache (estimated). */
   uncachedPromptTokens: number;
@@ -315,9 +315,10 @@ class LiveStateImpl implements LiveState {
       be.tpotFit.decayTo(now);
       if (fits.tpot !== null) be.tpotFit.stats.addError(relativeError(predict(fits.tpot, [load]), s.tpotMs));
       be.tpotFit.stats.addSample([load], s.tpotMs);
+      be.fitVersion++;
+      this.#fleetVersion++;
     }
     be.version++;
-    this.#fleetVersion++;
   }
 
   recordFirstToken(s: FirstTokenSample): void {
@@ -333,7 +334,7 @@ class LiveStateImpl implements LiveState {
     be.ttftFit.decayTo(now);
     if (fits.ttft !== null) be.ttftFit.stats.addError(relativeError(predict(fits.ttft, x), y));
     be.ttftFit.stats.addSample(x, y);
-    be.version++;
+    be.fitVersion++;
     this.#fleetVersion++;
   }
 
@@ -593,7 +594,9 @@ class LiveStateImpl implements LiveState {
     // A clock stepped back (the wall clock may be) counts as time passed, not as a fresh solve.
     if (cached !== undefined) {
       const same =
-        cached.version === be.version && cached.remoteVersion === this.#remoteVersion && cached.pool === pool;
+        cached.version === be.fitVersion &&
+        cached.remoteVersion === this.#remoteVersion &&
+        cached.pool === pool;
       if (same || (now >= cached.at && now - cached.at < REFIT_MS)) return cached.value;
     }
     const { ttft, tpot } = this.#combined(name, be, now);
@@ -606,7 +609,7 @@ class LiveStateImpl implements LiveState {
       tpotError: errorOf(tpot),
     };
     this.#fitCache.set(name, {
-      version: be.version,
+      version: be.fitVersion,
       remoteVersion: this.#remoteVersion,
       pool,
       at: now,

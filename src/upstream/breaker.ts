@@ -22,10 +22,10 @@ export interface BreakerOptions {
   rollingBuckets: number;
 }
 
-export type AttemptBreaker = CircuitBreaker<[() => Promise<void>], void>;
+export type AttemptBreaker = CircuitBreaker<[() => Promise<unknown>], unknown>;
 
 export function createBreaker(name: string, opts: BreakerOptions, rotate: EventEmitter): AttemptBreaker {
-  return new CircuitBreaker((untilCommit: () => Promise<void>) => untilCommit(), {
+  return new CircuitBreaker((untilCommit: () => Promise<unknown>) => untilCommit(), {
     name,
     timeout: false,
     errorThresholdPercentage: opts.errorThresholdPercentage,

@@ -29,8 +29,6 @@ export interface Latencies {
   itlMs: number[];
   /** Response end − request start. */
   e2eMs: number;
-  firstTokenAt: number | null;
-  lastTokenAt: number | null;
 }
 
 export class TokenClock {
@@ -76,8 +74,6 @@ export class TokenClock {
       tpotMs,
       itlMs: this.itlMs,
       e2eMs: endedAt - this.startedAt,
-      firstTokenAt: first,
-      lastTokenAt: last,
     };
   }
 }

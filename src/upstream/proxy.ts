@@ -235,8 +235,12 @@ async function attemptLoop(
       meter: slot.meter,
     });
     const granted = slot;
+    // A relayed 4xx is no first token: its round trip would teach the TTFT fit a prompt's
+    // prefill in a few milliseconds.
     attempt.committed.then(
-      () => granted.prefillDone(),
+      (how) => {
+        if (how !== 'rejected') granted.prefillDone();
+      },
       () => {},
     );
     let end: AttemptEnd | null;

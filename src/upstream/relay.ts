@@ -28,8 +28,10 @@
 //   backend failed, or the caller cut it: then the cut's own error), or with a destroyed socket
 //   when the client is gone or stalled: nothing else can reach it then. A committed assembly that
 //   fails ends with the error envelope instead, since nothing was written yet.
-// - `done` always resolves, exactly once; `committed` settles exactly once (resolves at commit or
-//   when a 4xx is to be relayed, rejects with the AttemptFailure of a pre-commit failure).
+// - `done` always resolves, exactly once; `committed` settles exactly once: it resolves with how
+//   the attempt took the response (`first_token` for a stream, `body` for a whole body passed
+//   through, `rejected` when a 4xx is to be relayed), or rejects with the AttemptFailure of a
+//   pre-commit failure. Only `first_token` is a first token (what the TTFT fit may learn).
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import { GatewayError, headersWith, sseErrorFrames, writeErrorResponse } from '../errors/index.ts';
@@ -96,12 +98,15 @@ export interface AttemptEnd {
   latencies: Latencies | null;
 }
 
+/** How an attempt took the response (what `committed` resolves with). */
+export type CommitKind = 'first_token' | 'body' | 'rejected';
+
 type Phase = 'waiting' | 'streaming' | 'buffering' | 'rejecting' | 'committed' | 'closing' | 'done';
 
 export class Attempt implements Dispatcher.DispatchHandler {
   readonly spec: AttemptSpec;
   readonly done: Promise<AttemptEnd>;
-  readonly committed: Promise<void>;
+  readonly committed: Promise<CommitKind>;
   #started = false;
   #phase: Phase = 'waiting';
   #status: number | null = null;
@@ -129,7 +134,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
   /** After the first write of a chunked stream: frames and writes its events (chunked-writer.ts). */
   #chunks: ChunkedWriter | null = null;
   #resolveDone!: (end: AttemptEnd) => void;
-  #resolveCommit!: () => void;
+  #resolveCommit!: (how: CommitKind) => void;
   #rejectCommit!: (f: AttemptFailure) => void;
   #commitSettled = false;
 
@@ -141,7 +146,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.done = new Promise((resolve) => {
       this.#resolveDone = resolve;
     });
-    this.committed = new Promise<void>((resolve, reject) => {
+    this.committed = new Promise<CommitKind>((resolve, reject) => {
       this.#resolveCommit = resolve;
       this.#rejectCommit = reject;
     });
@@ -155,7 +160,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
   }
 
   /** Dispatches on `dispatcher`; resolves at the commit point, rejects on a pre-commit failure. */
-  start(dispatcher: Dispatcher): Promise<void> {
+  start(dispatcher: Dispatcher): Promise<CommitKind> {
     this.#started = true;
     const { spec } = this;
     if (spec.signal.aborted) {
@@ -376,7 +381,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     }
     markStage(this.spec.requestId, 'committed');
     this.#armIdle();
-    this.#settleCommit(null);
+    this.#settleCommit(null, 'first_token');
   }
 
   // The idle timer is not moved on every data event (a timer-list update per token): an event only
@@ -503,7 +508,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (msg.usage != null && typeof msg.usage === 'object') this.#takeUsage(msg.usage);
     this.#clearFirstTokenTimer();
     this.#phase = 'committed';
-    this.#settleCommit(null);
+    this.#settleCommit(null, 'body');
     this.#writeJsonHead(body.length);
     this.spec.res.end(body);
     this.#endedAt = performance.now();
@@ -586,10 +591,10 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.#finish('failed', failure, committed);
   }
 
-  #settleCommit(failure: AttemptFailure | null): void {
+  #settleCommit(failure: AttemptFailure | null, how: CommitKind): void {
     if (this.#commitSettled) return;
     this.#commitSettled = true;
-    if (failure === null) this.#resolveCommit();
+    if (failure === null) this.#resolveCommit(how);
     else this.#rejectCommit(failure);
   }
 
@@ -602,7 +607,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.spec.signal.offAbort(this.#onClientAbort);
     this.#offDrain();
     this.#parser.end();
-    this.#settleCommit(committed || kind === 'rejected' ? null : failure);
+    // Committed: settled at the commit already. Otherwise only a relayed 4xx takes the response.
+    this.#settleCommit(committed || kind === 'rejected' ? null : failure, 'rejected');
     const endedAt = this.#endedAt ?? performance.now();
     // Usage is the backend's own count. A committed stream that ended without it (cut at
     // shutdown, dropped upstream) reports what it relayed: vLLM sends one output token per event

@@ -1,6 +1,7 @@
 // One backend per test: the commit point, what the client sees and what the result records.
 import { afterEach, describe, expect, it } from 'vitest';
 import type { BackendSet } from '../../src/upstream/backends.ts';
+import type { AcquireSlot } from '../../src/upstream/slot.ts';
 import {
   chatBody,
   chatStream,
@@ -16,6 +17,7 @@ import {
   roleChunk,
   type Script,
   sleep,
+  slotOn,
   sseHead,
   status,
   tokenChunk,
@@ -277,6 +279,26 @@ describe('upstream errors reaching the client', () => {
     });
     expect(up.hits).toHaveLength(1);
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
+  });
+
+  it('tells the slot of its first token, and not of a relayed 4xx (the TTFT fit learns from it)', async () => {
+    const up = await upstream(status(400, '{"object":"error","message":"bad"}'), healthy(3));
+    const set = makeSet([up.url]);
+    // The slot a scheduler would grant, counting what it is told.
+    const told: string[] = [];
+    const acquire: AcquireSlot = async ({ excluded }) => {
+      const b = set.list().find((x) => x.available && !excluded.has(x.name));
+      if (b === undefined) return null;
+      return { ...slotOn(b), prefillDone: () => told.push(`first token ${up.hits.length}`) };
+    };
+    const gw = await gateway({ set, acquire });
+    cleanups.push(up.close, () => set.close(), gw.close);
+    expect((await post(gw.url, chatBody({ stream: true }))).status).toBe(400);
+    await gw.nextResult();
+    expect(told).toEqual([]);
+    expect((await post(gw.url, chatBody({ stream: true }))).status).toBe(200);
+    await gw.nextResult();
+    expect(told).toEqual(['first token 2']);
   });
 
   it('a 404 from the backend becomes model_not_found', async () => {

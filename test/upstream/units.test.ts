@@ -74,8 +74,6 @@ describe('TokenClock', () => {
       ttftMs: 50,
       e2eMs: 100,
       itlMs: [10, 15, 15],
-      firstTokenAt: 150,
-      lastTokenAt: 190,
     });
     expect(l.tpotMs).toBeCloseTo(40 / 6, 10);
     expect(new TokenClock(0).finish(5, 3).tpotMs).toBeNull();
