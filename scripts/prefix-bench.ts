@@ -453,7 +453,6 @@ async function decision(): Promise<{ p50: number; p99: number; max: number; refu
       uncachedTokens: 2000,
       promptTokens: 8000,
       expectedOutputTokens: 200,
-      streamedUpstream: true,
       noQueue: false,
       route,
       predictions: new Map(),

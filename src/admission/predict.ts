@@ -116,7 +116,6 @@ export function predict(
     uncachedTokens,
     promptTokens: req.promptTokens,
     expectedOutputTokens: req.expectedOutputTokens,
-    streamedUpstream: req.streamedUpstream,
     noQueue: req.noQueue,
     route: req.route,
     predictions: byBackend,

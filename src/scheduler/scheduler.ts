@@ -1,6 +1,7 @@
 // Late dispatch: a request leaves the gateway's queue only when the backend chosen for it (the
 // router's first, or the first in the router's order where it is on time) has room under its
-// concurrency limit, and its backend is chosen then (with the state of that moment). Every attempt, first or retry, gets its slot here, so retries obey the same limits.
+// concurrency limit, and its backend is chosen then (with the state of that moment). Every
+// attempt, first or retry, gets its slot here, so retries obey the same limits.
 //
 //   acquire(attempt) ─▶ retry? ─▶ retry list (served before every fresh request)
 //        │               fresh ─▶ queue full? evict a sheddable entry, or 429 queue_full
@@ -621,14 +622,9 @@ export class Scheduler {
     w.settle(new GrantedSlot(this, b, lease, grant, w, control, firstTokenTimeoutMs, predicted));
   }
 
-  /** Called by a slot at its first token: the controller's TTFT signal. */
+  /** Called by a slot at its streamed first token: the controller's TTFT signal, the TTFT fit. */
   firstToken(slot: GrantedSlot): void {
     const req = slot.waiting.req;
-    // A pass-through body's "first token" is its whole generation: no signal about waiting.
-    if (!req.streamedUpstream) {
-      this.pump();
-      return;
-    }
     const backendTtft = this.#now() - slot.grant.grantedAt;
     const own = this.#deps.live.prefillMs(slot.backend.name, slot.grant.uncachedTokens) ?? 0;
     if (slot.predictedBackendMs !== null) {

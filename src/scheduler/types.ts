@@ -36,8 +36,6 @@ export interface ScheduledRequest {
   readonly uncachedTokens: number;
   readonly promptTokens: number;
   readonly expectedOutputTokens: number;
-  /** The backend streams it (false for a pass-through non-streamed body: no first token is seen). */
-  readonly streamedUpstream: boolean;
   /** x-slagate-no-queue: refuse rather than wait. */
   readonly noQueue: boolean;
   /** What the router reads about the request. */

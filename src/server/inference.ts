@@ -68,7 +68,6 @@ export async function handleInference(
       promptTokens,
       expectedOutputTokens: got.expectedOutputTokens,
       budgetTokens: promptTokens + got.expectedOutputTokens,
-      streamedUpstream: ir.mode !== 'passthrough',
       noQueue: header(request, 'x-slagate-no-queue') === '1',
       route,
     });

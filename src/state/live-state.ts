@@ -310,13 +310,7 @@ class LiveStateImpl implements LiveState {
       completionTokens: nonNegative(s.completionTokens),
     });
     if (s.tpotMs !== null && Number.isFinite(s.tpotMs) && s.tpotMs >= 0) {
-      const load = nonNegative(s.loadAtDispatch);
-      const fits = this.#fits(s.backend, be);
-      be.tpotFit.decayTo(now);
-      if (fits.tpot !== null) be.tpotFit.stats.addError(relativeError(predict(fits.tpot, [load]), s.tpotMs));
-      be.tpotFit.stats.addSample([load], s.tpotMs);
-      be.fitVersion++;
-      this.#fleetVersion++;
+      this.#learn(be, 'tpot', [nonNegative(s.loadAtDispatch)], s.tpotMs, now);
     }
     be.version++;
   }
@@ -325,15 +319,20 @@ class LiveStateImpl implements LiveState {
     const be = this.#backends.get(s.backend)?.state;
     const y = s.backendTtftMs;
     if (be === undefined || !Number.isFinite(y) || y < 0) return;
-    const now = this.#now();
-    const fits = this.#fits(s.backend, be);
     const x = [
       nonNegative(s.uncachedPromptTokens) + nonNegative(s.prefillAheadTokens),
       nonNegative(s.loadAtDispatch),
     ];
-    be.ttftFit.decayTo(now);
-    if (fits.ttft !== null) be.ttftFit.stats.addError(relativeError(predict(fits.ttft, x), y));
-    be.ttftFit.stats.addSample(x, y);
+    this.#learn(be, 'ttft', x, y, this.#now());
+  }
+
+  /** One sample into one of `be`'s fits: the error of what the fit predicted for it, then the sample. */
+  #learn(be: BackendState, which: 'ttft' | 'tpot', x: number[], y: number, now: number): void {
+    const fit = which === 'ttft' ? be.ttftFit : be.tpotFit;
+    const coefficients = this.#fits(be.name, be)[which];
+    fit.decayTo(now);
+    if (coefficients !== null) fit.stats.addError(relativeError(predict(coefficients, x), y));
+    fit.stats.addSample(x, y);
     be.fitVersion++;
     this.#fleetVersion++;
   }
@@ -583,8 +582,8 @@ class LiveStateImpl implements LiveState {
 
   /**
    * This instance's and the peers' fit sums together with the fleet's as a prior (#fleetPool),
-   * solved; cached until any of them changes, and re-solved at most once per REFIT_MS: one sample among the hundreds a fit weighs moves it by
-   * well under a percent, and at a few hundred requests a second a solve per request was a
+   * solved; cached until any of them changes, and re-solved at most once per REFIT_MS: one sample
+   * among the hundreds a fit weighs moves it by well under a percent, and at a few hundred requests a second a solve per request was a
    * measurable share of the gateway's CPU.
    */
   #fits(name: string, be: BackendState): FitCache {

@@ -235,11 +235,12 @@ async function attemptLoop(
       meter: slot.meter,
     });
     const granted = slot;
-    // A relayed 4xx is no first token: its round trip would teach the TTFT fit a prompt's
-    // prefill in a few milliseconds.
+    // Only a streamed first token is one: a relayed 4xx's round trip would teach the TTFT fit a
+    // prompt's prefill in a few milliseconds, and a body passed through whole arrives with its
+    // whole generation. Either ends the attempt at once, and its release frees what it held.
     attempt.committed.then(
       (how) => {
-        if (how !== 'rejected') granted.prefillDone();
+        if (how === 'first_token') granted.prefillDone();
       },
       () => {},
     );

@@ -17,7 +17,10 @@ export interface Slot {
   readonly firstTokenTimeoutMs: number;
   /** Where the attempt adds its token gaps; null when nobody measures decode pace. */
   readonly meter: DecodeMeter | null;
-  /** The first token arrived: the prompt is in the backend's KV cache now. Idempotent. */
+  /**
+   * A streamed first token arrived: the prompt is in the backend's KV cache now. Never called for a
+   * relayed 4xx or a body passed through whole (neither has a first token). Idempotent.
+   */
   prefillDone(): void;
   /** The attempt ended, whatever its outcome. Idempotent. */
   release(): void;

@@ -55,7 +55,6 @@ function req(over: Partial<AdmissionRequest> = {}): AdmissionRequest {
     promptTokens: 1000,
     expectedOutputTokens: 100,
     budgetTokens: 1100,
-    streamedUpstream: true,
     noQueue: false,
     ...over,
   };

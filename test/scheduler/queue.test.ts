@@ -20,7 +20,6 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
     uncachedTokens: 100,
     promptTokens: 100,
     expectedOutputTokens: 100,
-    streamedUpstream: true,
     noQueue: false,
     route: route(),
     predictions: new Map(),

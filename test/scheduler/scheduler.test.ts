@@ -47,7 +47,6 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
     uncachedTokens: 100,
     promptTokens: 100,
     expectedOutputTokens: 10,
-    streamedUpstream: true,
     noQueue: false,
     predictions: new Map(),
     prefillMs: null,
