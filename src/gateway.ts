@@ -249,20 +249,24 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     undo.push(() => backends.close());
     const backendUrls = () => backends.list().map((b) => b.url);
     const scrapeTargets = () => backends.list().map((b) => ({ name: b.name, url: b.url }));
+    // The live state and the scheduler read the swappable parts through rt (once it exists), so a
+    // reload reaches them.
+    let rtRef: Runtime | null = null;
+    // Learnt from what the backends count; the prefix index sizes itself in tokens with it.
+    const tokens = new TokenEstimate();
     // Live state: local first; with `state.store: redis`, shared in the background. ready() is
     // bounded by the connect timeout and resolves degraded when Redis is down (never throws).
     const live = createLiveState(config.state, {
       backends: scrapeTargets(),
       scrape: { intervalMs: config.upstream.metrics_scrape_interval_ms },
       logger,
+      indexBlockTokens: () => tokens.textBlockTokens((rtRef?.config ?? config).router.block_size_tokens),
     });
     undo.push(() => live.close());
     await live.ready();
     const initialModels = new ModelCatalog(config.models);
     await initialModels.refresh(backendUrls());
 
-    // The scheduler reads the swappable parts through rt (once it exists), so a reload reaches it.
-    let rtRef: Runtime | null = null;
     const lifecycle = new Lifecycle();
     let settingsOf = { config, settings: schedulerSettings(config) };
     const scheduler = new Scheduler({
@@ -307,7 +311,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       admissionLog: new AdmissionLog(admissionLogger.logger),
       metrics,
       logger,
-      tokens: new TokenEstimate(),
+      tokens,
       lifecycle,
       afterwork: new Afterwork((err) => logger.error({ err }, 'bookkeeping after a response failed')),
     };

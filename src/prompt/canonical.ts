@@ -153,7 +153,11 @@ export class TokenEstimate {
 
   /** Tokens that one block of `p` stands for. */
   tokensPerBlock(p: PromptBlocks, blockSizeTokens: number): number {
-    if (p.blockIsTokens) return blockSizeTokens;
+    return p.blockIsTokens ? blockSizeTokens : this.textBlockTokens(blockSizeTokens);
+  }
+
+  /** Tokens that one block of text stands for, at the learnt ratio (`blockSizeTokens` × 4 characters). */
+  textBlockTokens(blockSizeTokens: number): number {
     return (blockSizeTokens * BLOCK_CHARS_PER_TOKEN) / this.#charsPerToken;
   }
 

@@ -45,6 +45,11 @@ export interface LiveStateOptions {
   logger?: StateLogger;
   /** Clock in ms for windows, fits and ages; default Date.now. */
   now?: () => number;
+  /**
+   * Tokens one prefix-index block stands for (the prompt layer's estimate for text blocks);
+   * default: as many as one KV block of the backend, so the index holds one hash per KV block.
+   */
+  indexBlockTokens?: () => number;
 }
 
 /** One latency metric or counter set over the sliding window. */
@@ -255,6 +260,7 @@ class LiveStateImpl implements LiveState {
   #remoteTenants = new Map<string, RemoteTenant>();
   readonly #peerListeners: (() => void)[] = [];
   readonly #prefix: PrefixIndex;
+  readonly #indexBlockTokens: (() => number) | null;
   #closed: Promise<void> | null = null;
 
   constructor(config: StateConfig, opts: LiveStateOptions) {
@@ -266,8 +272,8 @@ class LiveStateImpl implements LiveState {
     for (const b of opts.backends) this.#add(b);
     this.#scraper =
       opts.scrape === false ? null : new TelemetryScraper({ ...opts.scrape, now: this.#now }, opts.backends);
-    // One prefix-index block per KV block: the canonical prompt's blocks stand for as many tokens.
-    this.#prefix = new PrefixIndex((b) => this.#scraper?.get(b)?.numGpuBlocks ?? DEFAULT_CAPACITY, this.#now);
+    this.#indexBlockTokens = opts.indexBlockTokens ?? null;
+    this.#prefix = new PrefixIndex((b) => this.#indexCapacity(b), this.#now);
     // Shared through the store's log: keep what this instance sends until the next tick.
     this.#prefix.record(config.store === 'redis');
     this.#sync =
@@ -406,8 +412,24 @@ class LiveStateImpl implements LiveState {
   prefixSize(backend: string): { blocks: number; capacity: number } {
     return {
       blocks: this.#prefix.size(backend),
-      capacity: this.#scraper?.get(backend)?.numGpuBlocks ?? DEFAULT_CAPACITY,
+      capacity: this.#indexCapacity(backend),
     };
+  }
+
+  /**
+   * The prefix index's capacity for `backend`, in index blocks: its KV cache in tokens (vLLM's
+   * num_gpu_blocks × block_size) over the tokens one index block stands for. Invariant: the index
+   * forgets a prefix about when the backend's LRU would, whatever the text's characters per token
+   * (a block is 4 characters per token of text: on text of 5 characters per token, an index
+   * sized in KV blocks held 4/5 of the tokens the cache does and forgot prefixes it still held).
+   */
+  #indexCapacity(backend: string): number {
+    const m = this.#scraper?.get(backend);
+    const kvBlocks = m?.numGpuBlocks ?? null;
+    if (kvBlocks === null) return DEFAULT_CAPACITY;
+    const perBlock = this.#indexBlockTokens?.() ?? null;
+    if (perBlock === null || !(perBlock > 0) || m?.blockSize == null) return kvBlocks;
+    return Math.max(1, Math.floor((kvBlocks * m.blockSize) / perBlock));
   }
 
   predictTpotMs(backend: string, load?: number): number | null {

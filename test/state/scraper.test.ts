@@ -174,4 +174,49 @@ describe('vLLM telemetry scraper', () => {
     expect(tracker.live().TCPWRAP ?? 0).toBe(0);
     expect(tracker.live().Timeout ?? 0).toBe(0);
   });
+
+  it('sizes the prefix index in tokens: KV blocks × their size over the tokens one index block stands for', async () => {
+    const srv = await metricsServer(
+      () =>
+        'vllm:num_requests_running 0\nvllm:cache_config_info{num_gpu_blocks="1000",block_size="16",engine="0"} 1.0\n',
+    );
+    cleanups.push(() => closeServer(srv.server));
+    let perIndexBlock = 12.5;
+    const sized = createLiveState(
+      { store: 'memory' },
+      {
+        backends: [{ name: 'x', url: srv.url }],
+        scrape: { intervalMs: 1_000 },
+        indexBlockTokens: () => perIndexBlock,
+      },
+    );
+    const plain = createLiveState(
+      { store: 'memory' },
+      { backends: [{ name: 'x', url: srv.url }], scrape: { intervalMs: 1_000 } },
+    );
+    cleanups.push(
+      () => sized.close(),
+      () => plain.close(),
+    );
+    await until(
+      () => sized.prefixSize('x').capacity !== 16_384 && plain.prefixSize('x').capacity !== 16_384,
+      2_000,
+      'cache config scraped',
+    );
+    // 16,000 tokens of KV: 1,280 index blocks of 12.5 tokens, or one per KV block without a ratio.
+    expect(sized.prefixSize('x').capacity).toBe(1_280);
+    expect(plain.prefixSize('x').capacity).toBe(1_000);
+    const unique = Array.from({ length: 2_000 }, (_, i) => i + 1);
+    sized.prefixInsert('x', unique);
+    plain.prefixInsert('x', unique);
+    expect(sized.prefixSize('x').blocks).toBe(1_280);
+    expect(plain.prefixSize('x').blocks).toBe(1_000);
+    // The ratio is read at every trim: text of fewer characters per token means bigger blocks.
+    perIndexBlock = 32;
+    sized.prefixInsert('x', [5_000]);
+    expect(sized.prefixSize('x')).toEqual({ blocks: 500, capacity: 500 });
+    // The most recent survive: the new hash and the leading blocks of the chain (touched last).
+    expect(sized.prefixMatch('x', [1, 2, 3])).toBe(3);
+    expect(sized.prefixMatch('x', [5_000])).toBe(1);
+  });
 });
