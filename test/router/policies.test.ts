@@ -184,35 +184,51 @@ describe('slagate', () => {
     expect(firsts).toEqual(new Set(['a', 'b', 'c']));
   });
 
-  it('sends the exploration share where the prefill would start soonest, whatever is cached', () => {
+  // a holds the prompt (cheap own prefill) behind 300 ms of work and costs least; c holds as much
+  // and would start it sooner, but 50 requests decode there (a stall the cost charges); b holds
+  // nothing and would start its prefill soonest of all (after 10 ms).
+  const explorable = () => [
+    view('a', { predictedTtftMs: 310, prefillMs: 10, cachedBlocks: 50, tpotMs: 20 }),
+    view('b', { predictedTtftMs: 500, prefillMs: 490, tpotMs: 20 }),
+    view('c', { predictedTtftMs: 200, prefillMs: 10, cachedBlocks: 50, tpotMs: 20, inflight: 50 }),
+  ];
+
+  it('sends the exploration share where the prefill would start soonest among the backends holding the most of the prompt', () => {
     const p = slagate({ exploreRatio: 0.25, tolerance: () => 0, random: seededRandom(7) });
-    // a holds the prompt (cheap own prefill) behind 300 ms of work; b holds nothing, starts at once.
+    const counts: Record<string, number> = { a: 0, b: 0, c: 0 };
+    for (let i = 0; i < 2000; i++) counts[firstOf(p.rank(route({ reqId: `r${i}` }), explorable()))]! += 1;
+    expect(counts.c! / 2000).toBeGreaterThan(0.2);
+    expect(counts.c! / 2000).toBeLessThan(0.3);
+    // Exploring never throws the cached prefix away, however soon b would start.
+    expect(counts.b).toBe(0);
+  });
+
+  it('explores over every backend with room when none holds the prompt', () => {
+    const p = slagate({ exploreRatio: 0.25, tolerance: () => 0, random: seededRandom(10) });
+    // a costs least; b would start the prefill at once but 50 requests decode there.
     const backends = [
-      view('a', { predictedTtftMs: 310, prefillMs: 10, cachedBlocks: 50, tpotMs: 20 }),
-      view('b', { predictedTtftMs: 400, prefillMs: 400, tpotMs: 20 }),
+      view('a', { predictedTtftMs: 410, prefillMs: 400, tpotMs: 20 }),
+      view('b', { predictedTtftMs: 400, prefillMs: 400, tpotMs: 20, inflight: 50 }),
     ];
     const counts: Record<string, number> = { a: 0, b: 0 };
-    for (let i = 0; i < 2000; i++) counts[firstOf(p.rank(route({ reqId: `r${i}` }), backends))]! += 1;
+    for (let i = 0; i < 2000; i++) counts[firstOf(p.rank(route({ reqId: `q${i}` }), backends))]! += 1;
     expect(counts.b! / 2000).toBeGreaterThan(0.2);
     expect(counts.b! / 2000).toBeLessThan(0.3);
   });
 
   it('draws exploration once per request: a request ranked again while it waits keeps its first choice', () => {
     const p = slagate({ exploreRatio: 0.01, tolerance: () => 0, random: seededRandom(8) });
-    // a holds the prompt behind 300 ms of work and is where every non-exploring request goes.
-    const backends = [
-      view('a', { predictedTtftMs: 310, prefillMs: 10, cachedBlocks: 50, tpotMs: 20 }),
-      view('b', { predictedTtftMs: 400, prefillMs: 400, tpotMs: 20 }),
-    ];
+    // a is where every non-exploring request goes, c where an exploring one does.
+    const backends = explorable();
     // 200 requests, each ranked 100 times as a waiting request is (once per pump). A draw per
-    // ranking would send about 1 − 0.99^100 = 63% of them to b at some ranking.
+    // ranking would send about 1 − 0.99^100 = 63% of them to c at some ranking.
     let strayed = 0;
     let explored = 0;
     for (let i = 0; i < 200; i++) {
       const r = route({ reqId: `w${i}` });
       const firsts = new Set(Array.from({ length: 100 }, () => firstOf(p.rank(r, backends))));
       if (firsts.size > 1) strayed++;
-      if (firsts.has('b')) explored++;
+      if (firsts.has('c')) explored++;
     }
     expect(strayed).toBe(0);
     expect(explored).toBeLessThan(10);
