@@ -4,7 +4,7 @@
 //
 //   npx tsx scripts/request-path.ts [--levels 1,32,256] [--prompts short,long] [--rounds 2]
 //                                   [--poisson-levels 32] [--profile DIR] [--profile-interval-us 1000]
-//                                   [--warmup 2000]
+//                                   [--warmup 2000] [--profile-prompts short]
 //
 // The backend (scripts/lib/fixed-backend.ts) sends the first token after 20 ms and then one every
 // 5 ms, with no batching, so a request's timing depends on nothing but the path in front of it.
@@ -28,10 +28,11 @@
 //
 // slagate runs with targets no load here reaches and concurrency limits above 256, so nothing is
 // queued or refused: what is measured is the per-request work of every stage, not a decision.
-// `--profile DIR` also runs slagate alone under --cpu-prof at the highest level of --levels (short
-// prompts) and prints the top functions by self time and the CPU per request by the gateway's own
-// module (scripts/lib/cpu-profile.ts); `--profile-interval-us` sets V8's sampling interval (a
-// finer one attributes small per-request items better, at more overhead).
+// `--profile DIR` also runs slagate alone under --cpu-prof at the highest level of --levels (the
+// prompts of `--profile-prompts`, short by default) and prints the top functions by self time and
+// the CPU per request by the gateway's own module (scripts/lib/cpu-profile.ts);
+// `--profile-interval-us` sets V8's sampling interval (a finer one attributes small per-request
+// items better, at more overhead).
 import { mkdirSync, readdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -53,6 +54,7 @@ const { values } = parseArgs({
     'profile-interval-us': { type: 'string', default: '1000' },
     warmup: { type: 'string', default: '2000' },
     'poisson-levels': { type: 'string', default: '32' },
+    'profile-prompts': { type: 'string', default: 'short' },
   },
 });
 const levels = values.levels!.split(',').map(Number);
@@ -201,16 +203,17 @@ if (values.profile !== undefined) {
     nodeArgs: ['--cpu-prof', '--cpu-prof-dir', dir, '--cpu-prof-interval', values['profile-interval-us']!],
   });
   const streams = Math.max(...levels);
-  const n = requestsFor(streams, 'short');
+  const profiled = values['profile-prompts'] as 'short' | 'long';
+  const n = requestsFor(streams, profiled);
   try {
     await bench(
       prof.url,
       streams,
-      uniqueWorkload('short', 2 * streams, outputFor(streams), 3),
+      uniqueWorkload(profiled, 2 * streams, outputFor(streams), 3),
       2 * streams,
       3,
     );
-    await bench(prof.url, streams, uniqueWorkload('short', n, outputFor(streams), 4), n, 4);
+    await bench(prof.url, streams, uniqueWorkload(profiled, n, outputFor(streams), 4), n, 4);
   } finally {
     await prof.stop();
   }
@@ -218,7 +221,7 @@ if (values.profile !== undefined) {
   if (file === undefined) throw new Error(`no .cpuprofile written in ${dir}`);
   out('');
   out(
-    `CPU profile of slagate at ${streams} streams, ${n + 2 * streams} requests of short prompts, ${outputFor(streams)}-token outputs: ${join(dir, file)}`,
+    `CPU profile of slagate at ${streams} streams, ${n + 2 * streams} requests of ${profiled} prompts, ${outputFor(streams)}-token outputs: ${join(dir, file)}`,
   );
   for (const l of summarizeProfile(join(dir, file), 25)) out(l);
   out('');
