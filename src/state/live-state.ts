@@ -46,8 +46,8 @@ export interface LiveStateOptions {
   /** Clock in ms for windows, fits and ages; default Date.now. */
   now?: () => number;
   /**
-   * Tokens one prefix-index block stands for (the prompt layer's estimate for text blocks);
-   * default: as many as one KV block of the backend, so the index holds one hash per KV block.
+   * Tokens one prefix-index block stands for (the prompt layer's estimate for text blocks, applied
+   * to every block); default: as many as one KV block of the backend, one hash per KV block.
    */
   indexBlockTokens?: () => number;
 }
@@ -422,6 +422,8 @@ class LiveStateImpl implements LiveState {
    * forgets a prefix about when the backend's LRU would, whatever the text's characters per token
    * (a block is 4 characters per token of text: on text of 5 characters per token, an index
    * sized in KV blocks held 4/5 of the tokens the cache does and forgot prefixes it still held).
+   * One ratio for every block: a token-id prompt's blocks (exactly block_size_tokens each) are
+   * counted at the text ratio too, so under mixed traffic the bound is off by their difference.
    */
   #indexCapacity(backend: string): number {
     const m = this.#scraper?.get(backend);

@@ -203,6 +203,23 @@ describe('slagate', () => {
     expect(counts.b).toBe(0);
   });
 
+  it('does not explore when every backend holding the most of the prompt is busy', () => {
+    const p = slagate({ exploreRatio: 1, tolerance: () => 0, random: seededRandom(11) });
+    // a holds the prompt but has no room (a slot in 100 ms); b has room and holds nothing.
+    const backends = [
+      view('a', {
+        predictedTtftMs: 110,
+        prefillMs: 10,
+        cachedBlocks: 50,
+        tpotMs: 20,
+        hasRoom: false,
+        slotWaitMs: 100,
+      }),
+      view('b', { predictedTtftMs: 500, prefillMs: 490, tpotMs: 20 }),
+    ];
+    for (let i = 0; i < 50; i++) expect(firstOf(p.rank(route({ reqId: `h${i}` }), backends))).toBe('a');
+  });
+
   it('explores over every backend with room when none holds the prompt', () => {
     const p = slagate({ exploreRatio: 0.25, tolerance: () => 0, random: seededRandom(10) });
     // a costs least; b would start the prefill at once but 50 requests decode there.

@@ -3,8 +3,9 @@ import type { BackendView, Candidate, RouteRequest, RoutingPolicy } from '../typ
 
 export interface SlagateOptions {
   /**
-   * Share of requests sent where their prefill would start soonest among the backends that hold
-   * the most of the prompt (all of them for a prompt none holds).
+   * Share of requests sent where their prefill would start soonest among the backends with room
+   * that hold the most of the prompt (all of them for a prompt none holds); none explores when
+   * every backend holding that much is busy.
    */
   exploreRatio: number;
   /**
@@ -39,8 +40,9 @@ const SESSIONS = 65_536;
  * holding more of the prompt, then the lowest. So affinity holds only while it costs no more than
  * the predictor can tell apart, and a hot prefix spreads once its backend is predicted slower by
  * more than that. A share of `exploreRatio` goes where the prefill would start soonest among the
- * backends with room that hold the most of its prompt: exploration keeps every backend's fits fed
- * with traffic the cost would not send there, and never throws a cached prefix away.
+ * backends with room that hold the most of its prompt (any backend with room, for a prompt none
+ * holds): a prompt nobody holds, and ties between holders, are placed by the work ahead rather
+ * than by the cost, and no exploration throws a cached prefix away.
  * Before every backend has a fit (a cold start) the cost is LMetric's uncached tokens × (requests
  * running + 1), in token-requests rather than seconds, over the backends with room: no wait is
  * planned on without a fit.
@@ -76,12 +78,10 @@ export function slagate(opts: SlagateOptions, name = 'slagate'): RoutingPolicy {
         backends.map((b) => (fitted ? seconds(req, b) : lmetric(b))),
         random,
       );
-      let chosen: string;
-      if (explores(req)) {
-        chosen = soonestStart(backends, random);
-      } else {
-        chosen = tieBreak(ranked, backends, fitted ? (opts.tolerance() ?? 0) : 0, sessionOf(req, sessions));
-      }
+      const explored = explores(req) ? soonestStart(backends, random) : null;
+      const chosen =
+        explored ??
+        tieBreak(ranked, backends, fitted ? (opts.tolerance() ?? 0) : 0, sessionOf(req, sessions));
       return promote(ranked, chosen);
     },
     sent(req: RouteRequest, backend: string): void {
@@ -170,7 +170,8 @@ function tieBreak(
 
 /**
  * Where this request's own prefill would start soonest (the least predicted work ahead of it),
- * among the backends with room now that hold the most of its prompt.
+ * among the backends with room now that hold the most of its prompt any backend holds; null (the
+ * request does not explore) when every backend holding that much is busy.
  *
  * Invariant: exploring never costs a cache hit. Drawn among all backends, a 1% share of the
  * prefix-sharing benchmark's requests went to a replica holding none of a 5,000-token prompt
@@ -179,19 +180,18 @@ function tieBreak(
  * exploration; docs/benchmarks.md, "Cold prefills the router caused"). A hot prefix is spread by
  * the cost, once its backend is predicted slower by more than the tie margin.
  */
-function soonestStart(backends: readonly BackendView[], random: Random): string {
-  const open = withRoom(backends);
+function soonestStart(backends: readonly BackendView[], random: Random): string | null {
   let most = 0;
-  for (const b of open) most = Math.max(most, b.cachedBlocks);
-  const ahead = open
-    .filter((b) => b.cachedBlocks === most)
-    .map((b) => ({
-      backend: b.name,
-      cost:
-        b.predictedTtftMs === null || b.prefillMs === null
-          ? b.inflight / Math.max(b.weight, 1e-9)
-          : b.predictedTtftMs - b.prefillMs,
-    }));
+  for (const b of backends) most = Math.max(most, b.cachedBlocks);
+  const holders = withRoom(backends.filter((b) => b.cachedBlocks === most));
+  if (!holders.some((b) => b.hasRoom)) return null;
+  const ahead = holders.map((b) => ({
+    backend: b.name,
+    cost:
+      b.predictedTtftMs === null || b.prefillMs === null
+        ? b.inflight / Math.max(b.weight, 1e-9)
+        : b.predictedTtftMs - b.prefillMs,
+  }));
   return (byCost(ahead, random)[0] as Candidate).backend;
 }
 
