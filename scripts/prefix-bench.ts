@@ -14,7 +14,10 @@
 // Every router runs under the same scheduler: first come first served at a fixed cap of 512 per
 // backend (`ROUTER/fcfs`), and a class whose TTFT target (60 s) refuses nothing, so the requests
 // reach the replicas as they would without a gateway queue and the router is the only
-// difference (llm-d's comparison is the same: routers in front of vLLM).
+// difference (llm-d's comparison is the same: routers in front of vLLM). After the routing table,
+// the cold dispatches: served requests the gateway estimated under half cached where it sent them,
+// by what the same tenant's previous request had done (a tenant's first request is cold for every
+// router; one soon after a warm request on another backend is the router's own doing).
 //
 // `product`: the whole product against the baselines as each would be deployed. `slagate/slagate`
 // runs with the real interactive targets (TTFT 500 ms, TPOT 50 ms): its admission controller and
@@ -138,6 +141,46 @@ interface Row {
   attainment: number | null;
   prefixHitRate: number | null;
   maxBackendShare: number | null;
+  /** Served requests the gateway estimated under half cached where it sent them (coldBreakdown). */
+  cold: ColdBreakdown | null;
+}
+
+/**
+ * Served requests whose `x-slagate-prefix-hit` (the gateway's estimate at dispatch; the
+ * replicas' own count under `oracle`) was under 0.5, by what the same tenant's previous served
+ * request had done: none yet, less than 20 s earlier on another backend or on the same one, or
+ * 20 s or more earlier. null when no request carried the header.
+ */
+interface ColdBreakdown {
+  cold: number;
+  tenantFirst: number;
+  soonOther: number;
+  soonSame: number;
+  afterGap: number;
+}
+
+/** Seconds after which a tenant's return counts as after a gap (its prefix may have aged out). */
+const COLD_GAP_S = 20;
+
+function coldBreakdown(records: readonly RequestRecord[]): ColdBreakdown | null {
+  const served = records.filter((r) => r.success).sort((a, b) => a.startTime - b.startTime);
+  if (!served.some((r) => r.headers['x-slagate-prefix-hit'] !== undefined)) return null;
+  const out: ColdBreakdown = { cold: 0, tenantFirst: 0, soonOther: 0, soonSame: 0, afterGap: 0 };
+  const last = new Map<string, { at: number; backend: string | undefined }>();
+  for (const r of served) {
+    const hit = r.headers['x-slagate-prefix-hit'];
+    const tenant = r.tenant ?? '';
+    const backend = r.headers['x-slagate-backend'];
+    const prev = last.get(tenant);
+    last.set(tenant, { at: r.startTime, backend });
+    if (hit === undefined || !(Number(hit) < 0.5)) continue;
+    out.cold++;
+    if (prev === undefined) out.tenantFirst++;
+    else if (r.startTime - prev.at >= COLD_GAP_S) out.afterGap++;
+    else if (prev.backend === backend) out.soonSame++;
+    else out.soonOther++;
+  }
+  return out;
 }
 
 function rowOf(
@@ -165,6 +208,7 @@ function rowOf(
     attainment: figures?.attainment ?? null,
     prefixHitRate: figures?.prefixHitRate ?? null,
     maxBackendShare: figures?.maxBackendShare ?? null,
+    cold: coldBreakdown(records),
   };
 }
 
@@ -211,6 +255,16 @@ const PRODUCT_COLUMNS: readonly Column[] = [
   ['attainment', (r) => pct(r.attainment)],
   ['output tok/s', (r) => f(r.outputTokPerS)],
   ['prefix hit', (r) => pct(r.prefixHitRate)],
+];
+
+/** Where the cold dispatches came from (coldBreakdown). */
+const COLD_COLUMNS: readonly Column[] = [
+  ['policy', (r) => r.policy],
+  ['cold (est. < 50% cached)', (r) => f(r.cold?.cold)],
+  ["a tenant's first", (r) => f(r.cold?.tenantFirst)],
+  [`previous < ${COLD_GAP_S} s earlier, another backend`, (r) => f(r.cold?.soonOther)],
+  [`previous < ${COLD_GAP_S} s earlier, same backend`, (r) => f(r.cold?.soonSame)],
+  [`previous ≥ ${COLD_GAP_S} s earlier`, (r) => f(r.cold?.afterGap)],
 ];
 
 const table = (rows: readonly Row[]) => markdown(ROUTING_COLUMNS, rows);
@@ -493,6 +547,8 @@ if (PARTS.has('routing')) {
   save();
   console.log(`\n## prefix-shared at ${RATE} req/s, ${REPLICAS} × ${PROFILE} (time scale ${TS})`);
   console.log(table(one));
+  console.log("\ncold dispatches, by what the same tenant's previous request had done:");
+  console.log(markdown(COLD_COLUMNS, one));
   const by = (p: string) => one.find((r) => r.policy === p);
   const s = by('slagate/fcfs');
   const ratio = (a: number | null | undefined, b: number | null | undefined) =>
