@@ -427,11 +427,10 @@ class LiveStateImpl implements LiveState {
    */
   #indexCapacity(backend: string): number {
     const m = this.#scraper?.get(backend);
-    const kvBlocks = m?.numGpuBlocks ?? null;
-    if (kvBlocks === null) return DEFAULT_CAPACITY;
-    const perBlock = this.#indexBlockTokens?.() ?? null;
-    if (perBlock === null || !(perBlock > 0) || m?.blockSize == null) return kvBlocks;
-    return Math.max(1, Math.floor((kvBlocks * m.blockSize) / perBlock));
+    if (m === undefined || m.numGpuBlocks === null) return DEFAULT_CAPACITY;
+    const perBlock = this.#indexBlockTokens?.();
+    if (perBlock === undefined || !(perBlock > 0) || m.blockSize === null) return m.numGpuBlocks;
+    return Math.max(1, Math.floor((m.numGpuBlocks * m.blockSize) / perBlock));
   }
 
   predictTpotMs(backend: string, load?: number): number | null {
@@ -607,8 +606,8 @@ class LiveStateImpl implements LiveState {
   /**
    * This instance's and the peers' fit sums together with the fleet's as a prior (#fleetPool),
    * solved; cached until any of them changes, and re-solved at most once per REFIT_MS: one sample
-   * among the hundreds a fit weighs moves it by well under a percent, and at a few hundred requests a second a solve per request was a
-   * measurable share of the gateway's CPU.
+   * among the hundreds a fit weighs moves it by well under a percent, and at a few hundred requests
+   * a second a solve per request was a measurable share of the gateway's CPU.
    */
   #fits(name: string, be: BackendState): FitCache {
     const now = this.#now();

@@ -1,8 +1,9 @@
 // Which backend holds which prompt blocks: learnt from dispatch decisions (a request's blocks are
 // inserted on the backend it is sent to, at once, so a burst of one prefix does not all miss while
 // the first of them is prefilled) and aged out least-recently-used, within a capacity per backend
-// (its KV cache, in index blocks; live-state.ts sizes it in tokens). An estimate of what vLLM's prefix cache holds,
-// never a copy of it: vLLM evicts only blocks no running request uses, and may evict sooner.
+// (its KV cache, in index blocks; live-state.ts sizes it in tokens). An estimate of what vLLM's
+// prefix cache holds, never a copy of it: vLLM evicts only blocks no running request uses, and may
+// evict sooner.
 //
 // Invariants:
 // - per backend, at most `capacity(backend)` hashes are held; inserting past it evicts the least

@@ -1,4 +1,4 @@
-import { byCost, promote, type Random, withRoom } from '../pick.ts';
+import { byCost, promote, type Random } from '../pick.ts';
 import type { BackendView, Candidate, RouteRequest, RoutingPolicy } from '../types.ts';
 
 export interface SlagateOptions {
@@ -183,8 +183,8 @@ function tieBreak(
 function soonestStart(backends: readonly BackendView[], random: Random): string | null {
   let most = 0;
   for (const b of backends) most = Math.max(most, b.cachedBlocks);
-  const holders = withRoom(backends.filter((b) => b.cachedBlocks === most));
-  if (!holders.some((b) => b.hasRoom)) return null;
+  const holders = backends.filter((b) => b.hasRoom && b.cachedBlocks === most);
+  if (holders.length === 0) return null;
   const ahead = holders.map((b) => ({
     backend: b.name,
     cost:
