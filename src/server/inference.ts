@@ -2,16 +2,17 @@
 //
 //   intake (server)      who, which class, what; 401 · 400 · 404          intake.ts
 //   admit  (admission)   tenant limits, predicted TTFT; 429               src/admission
-//   ── reply.hijack(): from here the upstream layer writes the response ──
+//   ── from here the upstream layer writes the response ──
 //   proxy  (upstream)    every attempt asks the scheduler for a slot      src/upstream/proxy.ts
 //            └ slot (scheduler): queue, late dispatch, router's pick       src/scheduler
 //   finish (server)      one admission record, samples for the live state  finish.ts
 //            └ queued until the loop is past the next request                 afterwork.ts
 //
-// A refusal before the hijack is a thrown GatewayError, which the app's error handler turns into
-// the envelope and the record; after it, the proxy answers and finish() ends the record.
+// A refusal before the proxy is a thrown GatewayError (the returned promise rejects), which the
+// front door turns into the envelope and the record (front.ts); after it, the proxy answers and
+// finish() ends the record.
 
-import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { IncomingHttpHeaders, ServerResponse } from 'node:http';
 import { type Admitted, Refusal } from '../admission/index.ts';
 import { GatewayError, INTERNAL_MESSAGE, writeErrorResponse } from '../errors/index.ts';
 import type { RouteRequest } from '../router/index.ts';
@@ -28,13 +29,24 @@ import type { Runtime } from './runtime.ts';
 /** Records whose request is inside proxyRequest: only the proxy's result ends them. */
 export const proxied = new WeakSet<RequestRecord>();
 
+/** One inference request as the front door hands it over (front.ts). */
+export interface InferenceCall {
+  readonly id: string;
+  readonly headers: IncomingHttpHeaders;
+  /** The parsed body (undefined: the request had none). */
+  readonly body: unknown;
+  /** The body's bytes as received: the upstream body is built from them (upstream/payload.ts). */
+  readonly rawBody: Buffer | null;
+  readonly res: ServerResponse;
+  readonly record: RequestRecord;
+}
+
 export async function handleInference(
   rt: Runtime,
   endpoint: Endpoint,
-  request: FastifyRequest,
-  reply: FastifyReply,
+  request: InferenceCall,
 ): Promise<void> {
-  const record = request.admission!;
+  const { record, res } = request;
   markStage(request.id, 'parsed');
   if (rt.lifecycle.shuttingDown) throw new GatewayError('shutting_down', 'The gateway is shutting down.');
   const got = intake(rt, endpoint, request, record);
@@ -78,7 +90,6 @@ export async function handleInference(
 
   rt.metrics.observeOverheadMs(record.elapsedMs());
   markStage(request.id, 'admitted');
-  reply.hijack();
   proxied.add(record);
   const shutdown = rt.lifecycle.enter();
   const ticket = rt.scheduler.ticket(admitted.scheduled);
@@ -86,7 +97,7 @@ export async function handleInference(
   try {
     const result = await proxyRequest(
       {
-        res: reply.raw,
+        res,
         body: ir.body,
         rawBody: request.rawBody,
         path: ENDPOINT_PATHS[endpoint] as '/v1/chat/completions' | '/v1/completions',
@@ -113,9 +124,9 @@ export async function handleInference(
       { err },
       'proxying failed',
     );
-    const committed = reply.raw.headersSent;
-    if (committed) reply.raw.destroy();
-    else writeErrorResponse(reply.raw, new GatewayError('internal_error', INTERNAL_MESSAGE), responseHeaders);
+    const committed = res.headersSent;
+    if (committed) res.destroy();
+    else writeErrorResponse(res, new GatewayError('internal_error', INTERNAL_MESSAGE), responseHeaders);
     endRecord(rt, record, committed ? 'failed_after_commit' : 'failed_before_commit', {
       decision: 'admitted',
       reason: 'internal_error',

@@ -2,7 +2,7 @@
 // whether any backend could serve it at all. Each refusal is a thrown GatewayError (401, 400, 404);
 // what is learnt goes into the admission record as it is learnt, so a refusal's line says how far
 // the request got.
-import type { FastifyRequest } from 'fastify';
+import type { IncomingHttpHeaders } from 'node:http';
 import type { SlaClass } from '../config/index.ts';
 import { GatewayError } from '../errors/index.ts';
 import { type PromptBlocks, type PromptSource, promptBlocks } from '../prompt/canonical.ts';
@@ -29,7 +29,7 @@ export interface Intake {
   readonly expectedOutputTokens: number;
 }
 
-export function header(request: FastifyRequest, name: string): string | undefined {
+export function header(request: { readonly headers: IncomingHttpHeaders }, name: string): string | undefined {
   const v = request.headers[name];
   return typeof v === 'string' ? v : undefined;
 }
@@ -37,7 +37,7 @@ export function header(request: FastifyRequest, name: string): string | undefine
 export function intake(
   rt: Runtime,
   endpoint: Endpoint,
-  request: FastifyRequest,
+  request: { readonly headers: IncomingHttpHeaders; readonly body: unknown },
   record: RequestRecord,
 ): Intake {
   const identity = rt.auth.identify(request.headers.authorization, header(request, 'x-slagate-class'));

@@ -5,7 +5,7 @@
 //
 // The stages, in the order a streamed request passes them (docs/benchmarks.md reads them):
 //
-//   received    the admission record is begun (fastify's onRequest hook)
+//   received    the admission record is begun (the front door, server/front.ts)
 //   parsed      the body is read and parsed; the handler starts
 //   admitted    intake and admission passed; the request goes to the proxy
 //   granted     the scheduler granted the attempt a slot

@@ -35,7 +35,7 @@ import type { AcquireSlot, Slot } from './slot.ts';
 export type UpstreamPath = '/v1/chat/completions' | '/v1/completions';
 
 export interface ProxyRequest {
-  /** The client's raw response (fastify: reply.hijack(), then reply.raw). Nothing else writes to it. */
+  /** The client's response (node:http's, from the front door). Nothing else writes to it. */
   res: ServerResponse;
   /** The parsed, validated JSON body. */
   body: Record<string, unknown>;

@@ -1,10 +1,14 @@
 // Bad input and hostile clients at the gateway's front door, and what never passes through it in
 // either direction. Checklist items (research/reliability.md): 26, 27, 28, 29, 30.
 import { createHash } from 'node:crypto';
+import { subscribe, unsubscribe } from 'node:diagnostics_channel';
+import { once } from 'node:events';
 import http from 'node:http';
+import { connect } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { getProfile } from '../../src/sim/profiles.ts';
 import { SimReplica } from '../../src/sim/replica.ts';
+import { STAGE_CHANNEL, type StageMark } from '../../src/telemetry/stages.ts';
 import { collect } from '../helpers/http.ts';
 import {
   chat,
@@ -84,6 +88,96 @@ describe('26: body limits and prototype poisoning', () => {
     }
     expect(({} as Record<string, unknown>).admin).toBeUndefined();
     expect(await replicaRequests(t.fleet!.urls[0]!)).toBe(0);
+  });
+});
+
+describe('26: the front door reads the body as fastify did', () => {
+  it('a body that is not application/json → 400 on content-type; any case and parameters pass', async () => {
+    const b = await backend(healthyStream);
+    const t = await gateway({ backends: [{ name: 'b0', url: b.url }] });
+    const body = JSON.stringify(chat({ stream: true }));
+    const plain = await post(t.url, CHAT, body, { 'content-type': 'text/plain', 'x-request-id': 'ct-plain' });
+    expect(plain.status).toBe(400);
+    expect(errorOf(plain.text)).toMatchObject({ code: 'invalid_request', param: 'content-type' });
+    expect(plain.headers['x-request-id']).toBe('ct-plain');
+    expect(await t.recordOf('ct-plain')).toMatchObject({ outcome: 'refused', reason: 'invalid_request' });
+    // application/json-seq is another media type, not JSON with a suffix.
+    const seq = await post(t.url, CHAT, body, { 'content-type': 'application/json-seq' });
+    expect(seq.status).toBe(400);
+    const upper = await post(t.url, `${CHAT}?trace=1`, body, {
+      'content-type': 'Application/JSON ; charset=utf-8',
+    });
+    expect(upper.status).toBe(200);
+    expect(b.hits).toHaveLength(1);
+    expect(JSON.parse(b.hits[0]!.body)).toMatchObject({ model: MODEL, stream: true });
+  });
+
+  it('no body at all → 400 invalid_request from intake; a chunked body over the limit → 413', async () => {
+    const t = await gateway({ replicas: 1, config: { server: { body_limit_bytes: 4096 } } });
+    const empty = await new Promise<{ status: number; text: string }>((resolve, reject) => {
+      const req = http.request(`${t.url}${CHAT}`, {
+        method: 'POST',
+        agent: false,
+        headers: { 'x-request-id': 'no-body' },
+      });
+      req.on('response', (res) => collect(res).then(resolve, reject));
+      req.on('error', reject);
+      req.end();
+    });
+    expect(empty.status).toBe(400);
+    expect(errorOf(empty.text)).toMatchObject({ code: 'invalid_request', param: 'body' });
+    expect(await t.recordOf('no-body')).toMatchObject({ outcome: 'refused', reason: 'invalid_request' });
+    // No content-length: the limit is found while reading, and the answer comes before the end.
+    const big = await new Promise<{ status: number; text: string }>((resolve, reject) => {
+      const req = http.request(`${t.url}${CHAT}`, {
+        method: 'POST',
+        agent: false,
+        headers: { 'content-type': 'application/json', 'x-request-id': 'big-chunked' },
+      });
+      req.on('response', (res) => collect(res).then(resolve, reject));
+      req.on('error', reject);
+      req.write(`{"model":"${MODEL}","messages":[{"role":"user","content":"`);
+      req.write('x'.repeat(8192));
+    });
+    expect(big.status).toBe(413);
+    expect(errorOf(big.text).code).toBe('body_too_large');
+    expect(await t.recordOf('big-chunked')).toMatchObject({ outcome: 'refused', reason: 'body_too_large' });
+    expect(await replicaRequests(t.fleet!.urls[0]!)).toBe(0);
+  });
+
+  it('a body that arrives in pieces reaches the backend byte for byte', async () => {
+    const b = await backend(healthyStream);
+    const t = await gateway({ backends: [{ name: 'b0', url: b.url }] });
+    const body = Buffer.from(
+      JSON.stringify(chat({ stream: true, messages: [{ role: 'user', content: 'ünïcödé 海 '.repeat(50) }] })),
+    );
+    const received = new Promise<void>((resolve) => {
+      const onMark = (m: unknown) => {
+        if ((m as StageMark).reqId !== 'pieces' || (m as StageMark).stage !== 'received') return;
+        unsubscribe(STAGE_CHANNEL, onMark);
+        resolve();
+      };
+      subscribe(STAGE_CHANNEL, onMark);
+    });
+    const { port } = new URL(t.url);
+    const socket = connect(Number(port), '127.0.0.1');
+    await once(socket, 'connect');
+    const reply: Buffer[] = [];
+    socket.on('data', (c: Buffer) => reply.push(c));
+    socket.write(
+      `POST ${CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+        `content-length: ${body.length}\r\nx-request-id: pieces\r\nconnection: close\r\n\r\n`,
+    );
+    // The first piece ends inside a multi-byte character; the rest follows once the request is in.
+    const cut = body.indexOf(Buffer.from('海')) + 1;
+    socket.write(body.subarray(0, cut));
+    await received;
+    socket.write(body.subarray(cut));
+    await once(socket, 'close');
+    expect(Buffer.concat(reply).toString('utf8')).toMatch(/^HTTP\/1\.1 200 /);
+    expect(b.hits).toHaveLength(1);
+    const sent = JSON.parse(b.hits[0]!.body) as { messages: unknown };
+    expect(sent.messages).toEqual(JSON.parse(body.toString('utf8')).messages);
   });
 });
 

@@ -1,0 +1,96 @@
+// An inference request's body, read off node:http: its media type, its size, its bytes parsed
+// (json-body.ts). What fastify's body stage did for these routes, with the same answers:
+//
+//   content-type not application/json (with a body)  → 400 invalid_request, param content-type
+//     (no content-type and no body: the body is undefined, and intake refuses it)
+//   content-length over the limit                     → 413 body_too_large, before any byte is read
+//   bytes over the limit while reading                → 413 body_too_large, the rest discarded
+//   bytes that are not a JSON value, or poisoned      → 400 invalid_request, param body
+//
+// Invariants: `done` is called at most once; it is never called for a request whose connection
+// closed mid-body (the front door's 'close' safety net ends that record); the bytes handed on are
+// the body exactly as received, in one buffer (upstream/payload.ts builds the upstream body from
+// them).
+import type { IncomingMessage } from 'node:http';
+import { GatewayError } from '../errors/index.ts';
+import { parseJsonBody } from './json-body.ts';
+
+export type BodyDone = (err: GatewayError | null, body: unknown, raw: Buffer | null) => void;
+
+const tooLarge = (): GatewayError => new GatewayError('body_too_large', 'Request body is too large.');
+
+/** True when `header` names application/json (any case, parameters allowed). */
+export function isJsonMediaType(header: string): boolean {
+  const semi = header.indexOf(';');
+  return (semi < 0 ? header : header.slice(0, semi)).trim().toLowerCase() === 'application/json';
+}
+
+export function readJsonBody(req: IncomingMessage, limit: number, done: BodyDone): void {
+  const { headers } = req;
+  const type = headers['content-type'];
+  const length = headers['content-length'];
+  if (
+    type === undefined &&
+    headers['transfer-encoding'] === undefined &&
+    (length === undefined || length === '0')
+  ) {
+    done(null, undefined, null);
+    return;
+  }
+  if (type === undefined || !isJsonMediaType(type)) {
+    done(
+      new GatewayError('invalid_request', "Content-Type must be 'application/json'.", {
+        param: 'content-type',
+      }),
+      undefined,
+      null,
+    );
+    return;
+  }
+  if (length !== undefined && Number(length) > limit) {
+    done(tooLarge(), undefined, null);
+    return;
+  }
+  const chunks: Buffer[] = [];
+  let received = 0;
+  const off = (): void => {
+    req.off('data', onData);
+    req.off('end', onEnd);
+    req.off('error', onError);
+  };
+  const onData = (chunk: Buffer): void => {
+    received += chunk.length;
+    if (received > limit) {
+      off();
+      // Node discards the rest of the body once the response has ended.
+      done(tooLarge(), undefined, null);
+      return;
+    }
+    chunks.push(chunk);
+  };
+  const onEnd = (): void => {
+    off();
+    const raw = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, received);
+    let body: unknown;
+    try {
+      body = parseJsonBody(raw);
+    } catch (err) {
+      done(err as GatewayError, undefined, null);
+      return;
+    }
+    done(null, body, raw);
+  };
+  const onError = (): void => {
+    off();
+    // The connection is gone: there is no one to answer, and the safety net ends the record.
+    if (req.socket === null || req.socket.destroyed) return;
+    done(
+      new GatewayError('invalid_request', 'Request body could not be read.', { param: 'body' }),
+      undefined,
+      null,
+    );
+  };
+  req.on('data', onData);
+  req.on('end', onEnd);
+  req.on('error', onError);
+}
