@@ -207,7 +207,7 @@ function print(rows: Marks[][]): void {
   const intervals: Interval[] = [
     ['client sent → arrival (waiting for the proxy to read it)', between('clientSent', 'arrival')],
     ['… of which the proxy was in a GC pause', (m) => m.gcInWait ?? Number.NaN],
-    ['arrival → record begun (fastify, to the onRequest hook)', between('arrival', 'received')],
+    ['arrival → record begun (the front door)', between('arrival', 'received')],
     ['record begun → handler (body read and parsed)', between('received', 'parsed')],
     ['handler → admitted (intake, admission)', between('parsed', 'admitted')],
     ['admitted → slot granted (proxy, scheduler, router)', between('admitted', 'granted')],
