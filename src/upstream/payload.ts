@@ -9,8 +9,9 @@
 // keys, so an appended `stream` overrides the client's). The parsed `stream_options` is merged,
 // not replaced: the client's other options (continuous_usage_stats, ...) go through.
 // When the raw bytes are not a plain object text (absent, a byte-order mark, trailing bytes after
-// the object) or not valid UTF-8 (fastify decodes any body as UTF-8, replacing what is not; vLLM's
-// parser would refuse the bytes), the body is re-serialised instead: same result, slower.
+// the object) or not valid UTF-8 (the body parser decodes any body as UTF-8, replacing what is
+// not; vLLM's parser would refuse the bytes), the body is re-serialised instead: same result,
+// slower.
 import { isUtf8 } from 'node:buffer';
 
 const CLOSE_BRACE = 0x7d;
