@@ -25,7 +25,7 @@ import Fastify, {
 } from 'fastify';
 import { GatewayError, INTERNAL_MESSAGE, isGatewayError } from '../errors/index.ts';
 import { requestLogger } from '../telemetry/logger.ts';
-import { frontDoor, frontFacts, isInferencePath, pathOf, requestId } from './front.ts';
+import { frontDoor, frontFacts, isInferencePath, requestId, routePath } from './front.ts';
 import { parseJsonBody } from './json-body.ts';
 import { registerOpsRoutes } from './ops-routes.ts';
 import { endRefused } from './record.ts';
@@ -60,7 +60,8 @@ const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'] as 
 
 /** The methods a path has routes for (none: the path itself is unknown). */
 function allowedMethods(app: FastifyInstance, url: string): string[] {
-  const path = pathOf(url);
+  const path = routePath(url);
+  if (path === null) return [];
   if (isInferencePath(path)) return ['POST'];
   return METHODS.filter((method) => app.hasRoute({ method, url: path }));
 }
@@ -124,7 +125,7 @@ export function buildApp(rt: Runtime): FastifyInstance {
       allow.length > 0
         ? new GatewayError(
             'method_not_allowed',
-            `Method ${request.method} is not allowed on ${pathOf(request.url)}; use ${allow.join(' or ')}.`,
+            `Method ${request.method} is not allowed on ${routePath(request.url)}; use ${allow.join(' or ')}.`,
           )
         : new GatewayError('route_not_found', `Route ${request.method} ${request.url} not found.`);
     if (allow.length > 0) reply.header('allow', allow.join(', '));

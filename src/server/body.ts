@@ -2,10 +2,15 @@
 // (json-body.ts). What fastify's body stage did for these routes, with the same answers:
 //
 //   content-type not application/json (with a body)  → 400 invalid_request, param content-type
-//     (no content-type and no body: the body is undefined, and intake refuses it)
+//     (no content-type and no body: the body is undefined, and intake refuses it; one difference:
+//     fastify took a text/plain body as a string, which intake then refused after the API key as
+//     not a JSON object, and here it is refused at once by its media type)
 //   content-length over the limit                     → 413 body_too_large, before any byte is read
 //   bytes over the limit while reading                → 413 body_too_large, the rest discarded
 //   bytes that are not a JSON value, or poisoned      → 400 invalid_request, param body
+//
+// After any of these refusals the front door closes the connection, as fastify did, so the rest of
+// an oversized or endless upload is never read.
 //
 // Invariants: `done` is called at most once; it is never called for a request whose connection
 // closed mid-body (the front door's 'close' safety net ends that record); the bytes handed on are

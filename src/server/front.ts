@@ -54,10 +54,28 @@ export function requestId(req: IncomingMessage): string {
   return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
 }
 
-export const pathOf = (url: string): string => {
-  const q = url.indexOf('?');
-  return q < 0 ? url : url.slice(0, q);
-};
+/**
+ * The path a request is routed by, as fastify's router reads it: cut at '?' or '#', and
+ * percent-decoded (reserved characters such as %2F stay encoded); null when the encoding is broken
+ * (fastify answers that itself, with 400).
+ */
+export function routePath(url: string): string | null {
+  let end = url.length;
+  for (let i = 0; i < url.length; i++) {
+    const c = url.charCodeAt(i);
+    if (c === 0x3f || c === 0x23) {
+      end = i;
+      break;
+    }
+  }
+  const path = end === url.length ? url : url.slice(0, end);
+  if (!path.includes('%')) return path;
+  try {
+    return decodeURI(path);
+  } catch {
+    return null;
+  }
+}
 
 const ENDPOINT_OF: ReadonlyMap<string, Endpoint> = new Map(
   (Object.keys(ENDPOINT_PATHS) as Endpoint[]).map((e) => [ENDPOINT_PATHS[e], e]),
@@ -75,14 +93,15 @@ export function frontDoor(
 ): (req: IncomingMessage, res: ServerResponse) => void {
   return (req, res) => {
     const id = requestId(req);
-    const path = pathOf(req.url ?? '/');
+    const path = routePath(req.url ?? '/');
     const method = req.method;
     let record: RequestRecord | null = null;
     // Every request under /v1 is inference-shaped (a 404 there included) except listing models.
-    if (path.startsWith('/v1/') && !(path === '/v1/models' && (method === 'GET' || method === 'HEAD'))) {
+    // A path whose encoding is broken gets fastify's 400 and no record, as before the door existed.
+    if (path?.startsWith('/v1/') && !(path === '/v1/models' && (method === 'GET' || method === 'HEAD'))) {
       record = beginRecord(rt, id, res);
     }
-    const endpoint = method === 'POST' ? ENDPOINT_OF.get(path) : undefined;
+    const endpoint = method === 'POST' && path !== null ? ENDPOINT_OF.get(path) : undefined;
     if (endpoint === undefined || record === null) {
       (req as Marked)[FACTS] = { id, record };
       fallback(req, res);
@@ -117,8 +136,14 @@ function serveInference(
   id: string,
   record: RequestRecord,
 ): void {
+  // A refusal while the gateway shuts down also ends the connection, so that a keep-alive client
+  // cannot hold the shutdown open with its next request (fastify does the same once it closes).
+  if (rt.lifecycle.shuttingDown) res.setHeader('connection', 'close');
   readJsonBody(req, rt.config.server.body_limit_bytes, (err, body, raw) => {
     if (err !== null) {
+      // The connection ends after a body the gateway refused (as fastify's body stage did): the
+      // rest of an oversized or endless upload is not read and discarded.
+      res.setHeader('connection', 'close');
       refuse(rt, res, id, record, err);
       return;
     }

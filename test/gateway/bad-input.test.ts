@@ -145,6 +145,46 @@ describe('26: the front door reads the body as fastify did', () => {
     expect(await replicaRequests(t.fleet!.urls[0]!)).toBe(0);
   });
 
+  it('a refused body ends its keep-alive connection, a served request keeps it; encoded paths route', async () => {
+    const b = await backend(healthyStream);
+    const t = await gateway({
+      backends: [{ name: 'b0', url: b.url }],
+      config: { server: { body_limit_bytes: 4096 } },
+    });
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    cleanups.push(async () => agent.destroy());
+    const viaAgent = (method: string, path: string, body: string | undefined, id: string) =>
+      new Promise<{ status: number; connection: string | undefined }>((resolve, reject) => {
+        const req = http.request(`${t.url}${path}`, {
+          method,
+          agent,
+          headers: { 'content-type': 'application/json', 'x-request-id': id },
+        });
+        req.on('response', (res) =>
+          collect(res).then((r) => resolve({ status: r.status, connection: r.headers.connection }), reject),
+        );
+        req.on('error', reject);
+        req.end(body);
+      });
+    const good = JSON.stringify(chat({ stream: true }));
+    expect(await viaAgent('POST', CHAT, good, 'ka-ok')).toEqual({ status: 200, connection: 'keep-alive' });
+    expect(await viaAgent('POST', CHAT, '{"model":', 'ka-bad')).toEqual({ status: 400, connection: 'close' });
+    const big = JSON.stringify(chat({ messages: [{ role: 'user', content: 'x'.repeat(8000) }] }));
+    expect(await viaAgent('POST', CHAT, big, 'ka-big')).toEqual({ status: 413, connection: 'close' });
+    // The router reads a percent-encoded path decoded, and so does the front door.
+    expect((await viaAgent('POST', '/v1/chat/%63ompletions', good, 'enc-chat')).status).toBe(200);
+    expect(
+      (await send(t.url, 'GET', '/v1/%6dodels', undefined, { 'x-request-id': 'enc-models' })).status,
+    ).toBe(200);
+    expect(await t.recordOf('enc-chat')).toMatchObject({ outcome: 'ok' });
+    expect(await t.recordOf('ka-big')).toMatchObject({ outcome: 'refused', reason: 'body_too_large' });
+    // Listing models, however spelt, is not an inference request: no record.
+    await post(t.url, CHAT, good, { 'x-request-id': 'after-models' });
+    await t.recordOf('after-models');
+    expect((await t.records()).map((r) => r.req_id)).not.toContain('enc-models');
+    expect(b.hits).toHaveLength(3);
+  });
+
   it('a body that arrives in pieces reaches the backend byte for byte', async () => {
     const b = await backend(healthyStream);
     const t = await gateway({ backends: [{ name: 'b0', url: b.url }] });

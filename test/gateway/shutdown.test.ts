@@ -2,13 +2,14 @@
 // finish within server.shutdown_grace_ms, cut the rest, answer every client, leave nothing open.
 // Checklist item 34 (the signal path through `slagate serve` is in serve.test.ts).
 import { once } from 'node:events';
+import http from 'node:http';
 import { connect } from 'node:net';
 import { afterEach, expect, it } from 'vitest';
+import { collect, type RawResponse } from '../helpers/http.ts';
 import {
   chat,
   get,
   openStream,
-  post,
   sseData,
   startTestGateway,
   type TestGateway,
@@ -35,8 +36,21 @@ it('drains: new requests get 503 shutting_down with Retry-After, the in-flight s
   }).response;
   await s.until((text) => sseData(text).length >= 2);
   const closing = t.gw.close();
-  const refused = await post(t.url, CHAT, chat(), { 'x-request-id': 'late' });
+  // A keep-alive client is told the connection ends, so it cannot hold the shutdown open.
+  const agent = new http.Agent({ keepAlive: true });
+  const refused = await new Promise<RawResponse>((resolve, reject) => {
+    const req = http.request(`${t!.url}${CHAT}`, {
+      method: 'POST',
+      agent,
+      headers: { 'content-type': 'application/json', 'x-request-id': 'late' },
+    });
+    req.on('response', (res) => collect(res).then(resolve, reject));
+    req.on('error', reject);
+    req.end(JSON.stringify(chat()));
+  });
+  agent.destroy();
   expect(refused.status).toBe(503);
+  expect(refused.headers.connection).toBe('close');
   expect(refused.headers['retry-after']).toMatch(/^\d+$/);
   expect(JSON.parse(refused.text)).toMatchObject({ error: { code: 'shutting_down' } });
   const ready = await get(t.url, '/readyz');
