@@ -24,11 +24,9 @@ import Fastify, {
   LogController,
 } from 'fastify';
 import { GatewayError, INTERNAL_MESSAGE, isGatewayError } from '../errors/index.ts';
-import { requestLogger } from '../telemetry/logger.ts';
-import { frontDoor, frontFacts, isInferencePath, requestId, routePath } from './front.ts';
+import { frontDoor, frontFacts, isInferencePath, noteRefusal, requestId, routePath } from './front.ts';
 import { parseJsonBody } from './json-body.ts';
 import { registerOpsRoutes } from './ops-routes.ts';
-import { endRefused } from './record.ts';
 import type { Runtime } from './runtime.ts';
 
 /** Maps what fastify itself throws (parsing, limits) onto the gateway's stable codes. */
@@ -107,15 +105,7 @@ export function buildApp(rt: Runtime): FastifyInstance {
 
   app.setErrorHandler((err: FastifyError | Error, request, reply) => {
     const gErr = toGatewayError(err);
-    if (gErr.code === 'internal_error') {
-      // The request's admission record has its tenant and class; this line only needs to find it.
-      requestLogger(rt.logger, { req_id: request.id, tenant: null, class: null }).error(
-        { err },
-        'unhandled error',
-      );
-    }
-    const record = frontFacts(request.raw)?.record ?? null;
-    if (record !== null) endRefused(rt, record, gErr);
+    noteRefusal(rt, request.id, frontFacts(request.raw)?.record ?? null, gErr, err);
     return sendError(reply, gErr);
   });
 
@@ -129,8 +119,7 @@ export function buildApp(rt: Runtime): FastifyInstance {
           )
         : new GatewayError('route_not_found', `Route ${request.method} ${request.url} not found.`);
     if (allow.length > 0) reply.header('allow', allow.join(', '));
-    const record = frontFacts(request.raw)?.record ?? null;
-    if (record !== null) endRefused(rt, record, err);
+    noteRefusal(rt, request.id, frontFacts(request.raw)?.record ?? null, err, err);
     return sendError(reply, err);
   });
 

@@ -41,7 +41,7 @@ export interface FrontFacts {
 const FACTS = Symbol('slagate.front');
 type Marked = IncomingMessage & { [FACTS]?: FrontFacts };
 
-/** The facts the front door attached to `req` (every request through the gateway's server has them). */
+/** The facts the front door attached to `req` (every request it handed to fastify has them). */
 export function frontFacts(req: IncomingMessage): FrontFacts | undefined {
   return (req as Marked)[FACTS];
 }
@@ -60,15 +60,10 @@ export function requestId(req: IncomingMessage): string {
  * (fastify answers that itself, with 400).
  */
 export function routePath(url: string): string | null {
-  let end = url.length;
-  for (let i = 0; i < url.length; i++) {
-    const c = url.charCodeAt(i);
-    if (c === 0x3f || c === 0x23) {
-      end = i;
-      break;
-    }
-  }
-  const path = end === url.length ? url : url.slice(0, end);
+  const q = url.indexOf('?');
+  const h = url.indexOf('#');
+  const end = q < 0 ? h : h < 0 ? q : Math.min(q, h);
+  const path = end < 0 ? url : url.slice(0, end);
   if (!path.includes('%')) return path;
   try {
     return decodeURI(path);
@@ -154,18 +149,30 @@ function serveInference(
 }
 
 /** A request answered before the proxy took it: the envelope, and the record ended refused. */
-export function refuse(
+function refuse(rt: Runtime, res: ServerResponse, id: string, record: RequestRecord, err: unknown): void {
+  const gErr = isGatewayError(err) ? err : new GatewayError('internal_error', INTERNAL_MESSAGE);
+  noteRefusal(rt, id, record, gErr, err);
+  writeErrorResponse(res, gErr, { 'x-request-id': id });
+}
+
+/**
+ * What every answer the gateway gives itself does before it is sent (here and in fastify's error
+ * handler, app.ts): an internal error is logged, and the request's record, if it has one, is ended
+ * refused with the error's code.
+ */
+export function noteRefusal(
   rt: Runtime,
-  res: ServerResponse,
   id: string,
   record: RequestRecord | null,
-  err: unknown,
+  gErr: GatewayError,
+  cause: unknown,
 ): void {
-  const gErr = isGatewayError(err) ? err : new GatewayError('internal_error', INTERNAL_MESSAGE);
   if (gErr.code === 'internal_error') {
     // The request's admission record has its tenant and class; this line only needs to find it.
-    requestLogger(rt.logger, { req_id: id, tenant: null, class: null }).error({ err }, 'unhandled error');
+    requestLogger(rt.logger, { req_id: id, tenant: null, class: null }).error(
+      { err: cause },
+      'unhandled error',
+    );
   }
   if (record !== null) endRefused(rt, record, gErr);
-  writeErrorResponse(res, gErr, { 'x-request-id': id });
 }
