@@ -1,5 +1,5 @@
 import { performance } from 'node:perf_hooks';
-import type { Logger } from 'pino';
+import { type Logger, symbols } from 'pino';
 import type { Outcome } from './outcome.ts';
 
 export type Decision = 'admitted' | 'refused';
@@ -96,11 +96,12 @@ export class AdmissionLog {
     // A record is built field by field from the typed fields above (a whitelist), so no header or
     // key can reach it; the logger's wildcard redaction would cost ~50 µs a line (10x the write).
     const log = logger.child({ kind: MSG }, { level, redact: [] });
+    const line = lineWriter(log);
     this.sink = {
       now: opts.now ?? (() => performance.now()),
       withCandidates: () => log.isLevelEnabled('debug'),
       write: (record) => {
-        log.info(record, MSG);
+        line(record);
         this.records++;
       },
     };
@@ -120,6 +121,71 @@ export class AdmissionLog {
   begin(ctx: AdmissionFields & { req_id: string }): RequestRecord {
     return new RequestRecord(this.sink, ctx);
   }
+}
+
+// What pino's log.info(record, 'admission') writes, made by one JSON.stringify of the record.
+// pino serialises a merged object key by key (an escape scan of every key and string value, a
+// generic stringify of each nested value): about 25 µs a line against 3 µs for the whole record at
+// once. The line is the same: pino's cached level prefix, its time, the child's bindings, the
+// record's keys in order, the message, pino's line end, handed to the logger's stream. One
+// difference, for the better: a lone surrogate (a model name sent as "\ud800") is written as its
+// escape, where pino writes it raw and UTF-8 turns it into U+FFFD.
+//
+// Invariant: this is only taken when nothing else of pino's would shape the line: no log
+// formatter, mixin, hook, message prefix or nested key, the default message key, and a stream
+// that does not ask for per-line metadata (a multistream). Otherwise the record goes through
+// log.info. The record itself is built from a whitelist of typed fields, so nothing in it needs
+// redacting (the child logger has none).
+function lineWriter(log: Logger): (record: AdmissionRecord) => void {
+  const l = log as unknown as Record<symbol, unknown>;
+  const formatters = l[symbols.formattersSym] as { log?: unknown } | undefined;
+  const hooks = l[symbols.hooksSym] as { logMethod?: unknown; streamWrite?: unknown } | undefined;
+  const stream = l[symbols.streamSym] as { write?: unknown; [k: symbol]: unknown } | undefined;
+  const lsCache = l[symbols.lsCacheSym] as Record<number, string> | undefined;
+  const time = l[symbols.timeSym];
+  const plain =
+    formatters?.log === undefined &&
+    l[symbols.mixinSym] === undefined &&
+    hooks?.logMethod === undefined &&
+    hooks?.streamWrite === undefined &&
+    l[(symbols as unknown as Record<string, symbol>).msgPrefixSym!] === undefined &&
+    noStringifiers(l[symbols.stringifiersSym]) &&
+    onlyErrSerializer(l[symbols.serializersSym]) &&
+    !l[symbols.nestedKeySym] &&
+    l[symbols.messageKeySym] === 'msg' &&
+    typeof l[symbols.endSym] === 'string' &&
+    typeof l[symbols.chindingsSym] === 'string' &&
+    typeof lsCache?.[30] === 'string' &&
+    typeof time === 'function' &&
+    typeof stream?.write === 'function' &&
+    !stream[symbols.needsMetadataGsym];
+  if (!plain) return (record) => log.info(record, MSG);
+  const head = lsCache[30]!;
+  const now = time as () => string;
+  const tail = `,"msg":${JSON.stringify(MSG)}${l[symbols.endSym] as string}`;
+  const write = stream.write as (line: string) => void;
+  return (record) => {
+    if (!log.isLevelEnabled('info')) return;
+    // Bindings are read per line: a child made later (setBindings) may change them.
+    const body = JSON.stringify(record);
+    const chindings = l[symbols.chindingsSym] as string;
+    write.call(stream, `${head}${now()}${chindings},${body.slice(1, -1)}${tail}`);
+  };
+}
+
+/**
+ * No per-key or wildcard stringifier: pino adds them for redacted paths, and the admission child
+ * has none (its only entry is the symbol-keyed formatter of redacted bindings).
+ */
+function noStringifiers(s: unknown): boolean {
+  return (
+    typeof s === 'object' && s !== null && Object.keys(s).length === 0 && !(symbols.wildcardFirstSym in s)
+  );
+}
+
+/** pino's default serializers (only `err`, which no record key is). */
+function onlyErrSerializer(s: unknown): boolean {
+  return typeof s === 'object' && s !== null && Object.keys(s).every((k) => k === 'err');
 }
 
 /** One request's pending log record. Collect fields with `set()`; `end()` writes it, once. */

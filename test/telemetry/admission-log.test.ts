@@ -213,4 +213,52 @@ describe('AdmissionLog', () => {
     await settle();
     expect(lines.map((l) => l.req_id)).toEqual(['quiet']);
   });
+
+  it("writes the very line pino's own log.info would, escapes and debug candidates included", async () => {
+    // Well-formed text only: a lone surrogate is where the two differ (next test).
+    for (const level of ['info', 'debug']) {
+      const raw: string[] = [];
+      const sink = new Writable({
+        write(chunk, _enc, cb) {
+          raw.push(...String(chunk).split(/(?<=\n)/));
+          cb();
+        },
+      });
+      const { logger } = createLogger({ level, destination: sink });
+      const log = new AdmissionLog(logger);
+      const record = log
+        .begin({ req_id: 'r"1\u2028\\', tenant: 'tén 🚀', class: 'x', ...TARGETS })
+        .end('ok', {
+          ttft_ms: 100.1234567,
+          completion_tokens: 5,
+          predicted_ttft_ms: Number.POSITIVE_INFINITY,
+          failed_attempts: [{ backend: 'a', reason: 'upstream_status' }],
+          candidates: [{ backend: 'a', cost: 0.25, cached_tokens: 512 }],
+        });
+      // The same record through pino's serialiser, on a child like the admission log's.
+      logger.child({ kind: 'admission' }, { level, redact: [] }).info(record, 'admission');
+      await new Promise((r) => setImmediate(r));
+      expect(raw).toHaveLength(2);
+      const [ours, pinos] = raw.map((l) => l.replace(/"time":\d+/, '"time":0'));
+      expect(ours).toBe(pinos);
+      expect(JSON.parse(ours!).candidates === undefined).toBe(level === 'info');
+    }
+  });
+
+  it('keeps a lone surrogate as an escape, so the line stays valid UTF-8 and the value reads back', async () => {
+    const raw: string[] = [];
+    const sink = new Writable({
+      write(chunk, _enc, cb) {
+        raw.push(String(chunk));
+        cb();
+      },
+    });
+    const { logger } = createLogger({ level: 'info', destination: sink });
+    new AdmissionLog(logger).begin({ req_id: 'r', model: 'm\ud800x' }).end('ok');
+    await new Promise((r) => setImmediate(r));
+    // What a file holds: the line encoded as UTF-8. pino's own serialiser writes the surrogate
+    // raw, which the encoding turns into U+FFFD.
+    const onDisk = Buffer.from(raw.join(''), 'utf8').toString('utf8');
+    expect(JSON.parse(onDisk).model).toBe('m\ud800x');
+  });
 });
