@@ -3,7 +3,8 @@
 // - enableOfflineQueue false: while disconnected a command fails at once instead of queueing
 //   without bound (ioredis #76) and being replayed on reconnect;
 // - autoResendUnfulfilledCommands false: a command sent just before the connection dropped is not
-//   resent either, so nothing from before an outage reaches Redis after it;
+//   resent either; RedisSync drops the connection when a call times out, so a Redis that stalls
+//   finds at most that one call on its socket when it wakes, never a backlog of ticks;
 // - commandTimeout and connectTimeout from the config; maxRetriesPerRequest 1;
 // - lazyConnect: constructing the client never throws and never blocks startup;
 // - reconnect forever, backing off to 1 s, so recovery is noticed within about a second.
@@ -25,6 +26,9 @@ function safeOptions(cfg: RedisStateConfig): RedisOptions {
     maxRetriesPerRequest: 1,
     commandTimeout: cfg.command_timeout_ms,
     connectTimeout: cfg.connect_timeout_ms,
+    // A dropped connection whose peer does not close it (a frozen Redis, a lost route) is
+    // destroyed after this, so the client reconnects instead of holding a half-closed socket.
+    disconnectTimeout: cfg.command_timeout_ms,
     retryStrategy: (times: number) => Math.min(100 * times, RECONNECT_CAP_MS),
   };
 }

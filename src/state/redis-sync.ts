@@ -11,6 +11,15 @@
 //   the peers' view when it succeeds;
 // - at most one tick is in flight, and every await in it is bounded (command or connect timeout),
 //   so a hung Redis delays the view, never the process;
+// - at most one script is pending on the connection: a script call that fails (a timeout above
+//   all) drops the connection with it, and the client reconnects. A timeout only stops the
+//   waiting; the command itself would stay queued in the client and on the socket, the next tick
+//   would queue another behind it, each carrying the unsent entry, and a Redis that stalled for
+//   longer than a few ticks would, on waking, run that whole backlog and answer with replies that
+//   time out in turn. What a dropped connection held is never resent (redis-client.ts);
+// - a read that timed out is retried smaller: each failed call halves the log entries asked for
+//   (down to one), each success doubles them back, so a backlog too big to send within the command
+//   timeout is still read, in parts;
 // - every key is hash-tagged `{prefix}` (one Cluster slot), declared in KEYS, bounded in size by
 //   the live instances and expired by PEXPIRE when no instance is left to refresh it;
 // - liveness is judged on Redis' own clock (TIME), so gateway clocks need not agree.
@@ -153,6 +162,10 @@ export class RedisSync {
   #peers = 0;
   /** The log position read up to: '-' reads its history on the first tick; then exclusive. */
   #logFrom = '-';
+  /** Log entries asked for per tick: LOG_READ, less after a failed call (see the invariants). */
+  #logRead = LOG_READ;
+  /** Why the connection was dropped, until it has closed: ticks meanwhile fail with it, sending nothing. */
+  #dropped: string | null = null;
   /** An entry built for a tick that failed: sent again with the next one rather than lost. */
   #unsent = '';
   #resolveReady!: () => void;
@@ -172,8 +185,14 @@ export class RedisSync {
     this.client.on('error', (e: Error) => {
       this.#lastError = e.message;
     });
+    this.client.on('close', () => {
+      this.#dropped = null;
+    });
     // Reconnected: publish at once rather than at the next interval.
-    this.client.on('ready', () => void this.tick());
+    this.client.on('ready', () => {
+      this.#dropped = null;
+      void this.tick();
+    });
     // Every exchange both publishes and reads, so a change waits at most one tick here and one on
     // the peer: ticking at half the refresh interval keeps that within refresh_interval_ms.
     this.#timer = setInterval(() => void this.tick(), tickIntervalMs(cfg));
@@ -221,13 +240,14 @@ export class RedisSync {
           'connect',
         );
       }
+      if (this.#dropped !== null) throw new Error(`${this.#dropped} (reconnecting)`);
       if (client.status !== 'ready') throw new Error(`redis connection ${client.status}`);
       const at = now();
       const fresh = this.#opts.host.logEntry();
       let entry = this.#unsent === '' ? fresh : fresh === '' ? this.#unsent : `${this.#unsent};${fresh}`;
       if (entry.length > MAX_UNSENT_CHARS) entry = fresh.length > MAX_UNSENT_CHARS ? '' : fresh;
       this.#unsent = entry;
-      const reply = await bounded(
+      const call = bounded(
         (client as unknown as SyncCommand).slagateSync(
           this.keys.instances,
           this.keys.snapshots,
@@ -239,12 +259,25 @@ export class RedisSync {
           entry,
           this.#logFrom,
           LOG_MAX_LEN,
-          LOG_READ,
+          this.#logRead,
           LOG_TTL_MS,
         ),
         this.#cfg.command_timeout_ms,
         'sync',
       );
+      let reply: unknown;
+      try {
+        reply = await call;
+      } catch (e) {
+        this.#logRead = Math.max(1, this.#logRead >> 1);
+        // Whatever is still pending on this connection goes with it (see the invariants). The
+        // client ends the socket, destroys it if it is not closed within a command timeout
+        // (redis-client.ts), and reconnects.
+        this.#dropped = e instanceof Error ? e.message : String(e);
+        client.disconnect(true);
+        throw e;
+      }
+      this.#logRead = Math.min(LOG_READ, this.#logRead * 2);
       this.#unsent = '';
       const { peers, log, lastId } = parseReply(reply, this.#opts.instanceId);
       if (lastId !== null) this.#logFrom = `(${lastId}`;

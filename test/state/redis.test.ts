@@ -321,6 +321,28 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     await until(() => !a.status().degraded, 5_000, 'recovery after SIGCONT');
   });
 
+  it('Redis stalled for many ticks: on waking it runs at most the call that timed out, not a backlog of ticks', async () => {
+    const a = make('a');
+    await a.ready();
+    expect(a.status().degraded).toBe(false);
+    const scriptsOf = (c: Record<string, number>) => (c.evalsha ?? 0) + (c.eval ?? 0);
+    const before = scriptsOf(await commandCalls(redis));
+    redis.pause();
+    try {
+      await until(() => a.status().degraded, 3_000, 'degraded on timeout');
+      // The outage itself: a tick every REFRESH_MS / 2, about twenty of them while Redis is frozen.
+      await sleep(10 * REFRESH_MS);
+    } finally {
+      redis.resume();
+    }
+    await until(() => !a.status().degraded, 5_000, 'recovery after SIGCONT');
+    const ran = scriptsOf(await commandCalls(redis)) - before;
+    // The call that timed out (Redis read it before it froze or finds it on the socket) and the
+    // ticks since it woke; before the fix every tick of the outage queued one more, all run here.
+    expect(ran).toBeGreaterThan(0);
+    expect(ran).toBeLessThanOrEqual(5);
+  });
+
   it('Redis down at boot: starts degraded and serving, recovers when Redis starts', async () => {
     await redis.kill9();
     try {
