@@ -7,7 +7,7 @@
 //     not a JSON object, and here it is refused at once by its media type)
 //   content-length over the limit                     → 413 body_too_large, before any byte is read
 //   bytes over the limit while reading                → 413 body_too_large, the rest discarded
-//   bytes that are not a JSON value, or poisoned      → 400 invalid_request, param body
+//   bytes that are not a JSON value, poisoned, or nested deeper than 128 → 400 invalid_request, param body
 //
 // After any of these refusals the front door closes the connection, as fastify did, so the rest of
 // an oversized or endless upload is never read.

@@ -1,13 +1,20 @@
 // A JSON request body: its bytes as text, parsed, and refused when it carries a key that a later
 // merge or copy could turn into prototype pollution: an own `__proto__` key on any object, or a
 // `constructor` key holding an object that has a `prototype` (fastify's default parser refuses the
-// same two, with secure-json-parse).
+// same two, with secure-json-parse); refused too when its objects and arrays nest deeper than
+// MAX_DEPTH. JSON.parse takes any depth, but the gateway stringifies parts of the body again (the
+// canonical prompt's tool definitions and content parts, a re-serialised upstream body), and
+// JSON.stringify recurses: a 10 KB body nested 5,000 deep overflowed the stack there, a 500 after
+// admission instead of a 400 before it.
 //
 // The check walks the parsed value, visiting its objects and arrays, never the text: a prompt's
 // characters are one string value, so an 8,000-token prompt costs what a short one does. (A scan
 // of the text for those keys, written plainly or with \u escapes, read all 42 KB of such a body
 // twice: about 35 µs on the event loop, more than parsing it.)
 import { GatewayError } from '../errors/index.ts';
+
+/** Deepest nesting of objects and arrays a body may have (the body itself is depth 1). */
+export const MAX_DEPTH = 128;
 
 /** The parsed body; throws GatewayError('invalid_request') for empty or malformed JSON and for a forbidden key. */
 export function parseJsonBody(bytes: Buffer): unknown {
@@ -20,11 +27,8 @@ export function parseJsonBody(bytes: Buffer): unknown {
   } catch {
     throw invalidBody('Request body is not valid JSON.');
   }
-  if (hasForbiddenKey(value)) {
-    throw invalidBody(
-      'Request body has a forbidden key: `__proto__`, or `constructor` holding a `prototype`.',
-    );
-  }
+  const problem = shapeProblem(value);
+  if (problem !== null) throw invalidBody(problem);
   return value;
 }
 
@@ -32,29 +36,44 @@ function invalidBody(message: string): GatewayError {
   return new GatewayError('invalid_request', message, { param: 'body' });
 }
 
-/** Any object inside `value` (itself included) has an own `__proto__`, or a `constructor` object with a `prototype`. */
-export function hasForbiddenKey(value: unknown): boolean {
-  if (value === null || typeof value !== 'object') return false;
+/**
+ * Why the parsed `value` must be refused, or null: an object inside it (itself included) has an own
+ * `__proto__`, or a `constructor` object with a `prototype`; or it nests deeper than MAX_DEPTH.
+ */
+export function shapeProblem(value: unknown): string | null {
+  if (value === null || typeof value !== 'object') return null;
   const stack: object[] = [value];
+  // The depth of each node on `stack`, at the same index.
+  const depths: number[] = [1];
   while (stack.length > 0) {
     const node = stack.pop()!;
+    const depth = depths.pop()!;
+    if (depth > MAX_DEPTH) return `Request body nests objects and arrays deeper than ${MAX_DEPTH} levels.`;
     if (Array.isArray(node)) {
       // Index order, not for…in: a token-id prompt is thousands of numbers, none of them visited twice.
       for (let i = 0; i < node.length; i++) {
         const v: unknown = node[i];
-        if (v !== null && typeof v === 'object') stack.push(v);
+        if (v !== null && typeof v === 'object') {
+          stack.push(v);
+          depths.push(depth + 1);
+        }
       }
       continue;
     }
-    if (Object.hasOwn(node, '__proto__')) return true;
+    if (Object.hasOwn(node, '__proto__')) return FORBIDDEN;
     const ctor = Object.hasOwn(node, 'constructor')
       ? (node as { constructor: unknown }).constructor
       : undefined;
-    if (ctor !== null && typeof ctor === 'object' && Object.hasOwn(ctor, 'prototype')) return true;
+    if (ctor !== null && typeof ctor === 'object' && Object.hasOwn(ctor, 'prototype')) return FORBIDDEN;
     for (const key of Object.keys(node)) {
       const v: unknown = (node as Record<string, unknown>)[key];
-      if (v !== null && typeof v === 'object') stack.push(v);
+      if (v !== null && typeof v === 'object') {
+        stack.push(v);
+        depths.push(depth + 1);
+      }
     }
   }
-  return false;
+  return null;
 }
+
+const FORBIDDEN = 'Request body has a forbidden key: `__proto__`, or `constructor` holding a `prototype`.';

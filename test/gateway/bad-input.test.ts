@@ -89,6 +89,36 @@ describe('26: body limits and prototype poisoning', () => {
     expect(({} as Record<string, unknown>).admin).toBeUndefined();
     expect(await replicaRequests(t.fleet!.urls[0]!)).toBe(0);
   });
+
+  it('a body nested thousands deep → 400 on the body, before admission; 128 levels still pass', async () => {
+    const t = await gateway({ replicas: 1 });
+    const nest = (depth: number) => `${'['.repeat(depth)}${']'.repeat(depth)}`;
+    const deep = 5_000;
+    // Where the gateway stringifies again: a content part and a tool definition (the canonical
+    // prompt); and a field it does not read (carried upstream as the client's bytes, or
+    // re-serialised when those are not plain UTF-8).
+    const bodies = [
+      `{"model":"${MODEL}","messages":[{"role":"user","content":[{"type":"image","x":${nest(deep)}}]}]}`,
+      `{"model":"${MODEL}","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":${nest(deep)}}}]}`,
+      `{"model":"${MODEL}","messages":[{"role":"user","content":"hi"}],"extra":${nest(deep)}}`,
+    ];
+    for (const [i, body] of bodies.entries()) {
+      const res = await post(t.url, CHAT, body, { 'x-request-id': `deep-${i}` });
+      expect(res.status, body.slice(0, 120)).toBe(400);
+      expect(errorOf(res.text)).toMatchObject({ code: 'invalid_request', type: 'invalid_request_error' });
+      expect(JSON.parse(res.text).error.param).toBe('body');
+      expect(await t.recordOf(`deep-${i}`)).toMatchObject({ outcome: 'refused', reason: 'invalid_request' });
+    }
+    expect(await replicaRequests(t.fleet!.urls[0]!)).toBe(0);
+    // The body is depth 1, `extra` 2, its arrays 3 to 128: served.
+    const ok = await post(
+      t.url,
+      CHAT,
+      `{"model":"${MODEL}","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"extra":${nest(127)}}`,
+      { 'x-request-id': 'deep-ok' },
+    );
+    expect(ok.status).toBe(200);
+  });
 });
 
 describe('26: the front door reads the body as fastify did', () => {
