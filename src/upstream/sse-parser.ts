@@ -133,7 +133,9 @@ export class SseParser {
         if (ev !== null) events.push(ev);
         eventStart = after;
       } else {
-        this.#eventBytes += after - pos;
+        // The whole line: its head from earlier chunks left #lineParts (where #checkSize counted
+        // it) when #takeLine joined it to this tail.
+        this.#eventBytes += line.length + (after - end);
         this.#field(line);
       }
       pos = after;

@@ -103,4 +103,19 @@ describe('SseParser', () => {
       for (let i = 0; i < 100; i++) q.push(Buffer.from(`data: ${'z'.repeat(50)}\n`));
     }).toThrow(SseEventTooLargeError);
   });
+
+  it('counts a line that straddles chunks whole: data lines each split across two reads still hit the limit', () => {
+    // Each read ends mid-line and the next completes it: 100 lines of 56 bytes, 5,600 in one event.
+    const p = new SseParser({ maxEventBytes: 1000 });
+    let pushed = 0;
+    expect(() => {
+      p.push(Buffer.from(`data: ${'w'.repeat(25)}`));
+      for (let i = 0; i < 100; i++) {
+        p.push(Buffer.from(`${'w'.repeat(25)}\ndata: ${'w'.repeat(25)}`));
+        pushed += 56;
+      }
+    }).toThrow(SseEventTooLargeError);
+    // It throws as soon as what it holds passes the limit, not after all of it.
+    expect(pushed).toBeLessThanOrEqual(1000);
+  });
 });
