@@ -936,6 +936,8 @@ class GrantedSlot implements Slot {
   readonly #lease: Lease;
   #firstToken = false;
   #released = false;
+  /** expectNoFirstToken()'s timer, while it runs. */
+  #presumed: NodeJS.Timeout | null = null;
 
   constructor(
     scheduler: Scheduler,
@@ -968,9 +970,28 @@ class GrantedSlot implements Slot {
     this.#scheduler.firstToken(this);
   }
 
+  expectNoFirstToken(): void {
+    if (this.#firstToken || this.#released || this.#presumed !== null) return;
+    const ms = this.predictedBackendMs ?? this.firstTokenTimeoutMs;
+    this.#presumed = setTimeout(
+      () => {
+        this.#presumed = null;
+        if (this.#firstToken || this.#released) return;
+        this.#firstToken = true;
+        this.#lease.prefillDone();
+        // Prefill room may have opened for the next entry.
+        this.#scheduler.pump();
+      },
+      Math.max(0, ms),
+    );
+    this.#presumed.unref();
+  }
+
   release(): void {
     if (this.#released) return;
     this.#released = true;
+    if (this.#presumed !== null) clearTimeout(this.#presumed);
+    this.#presumed = null;
     this.#lease.end();
     this.#scheduler.released(this);
   }

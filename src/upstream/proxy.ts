@@ -244,6 +244,7 @@ async function attemptLoop(
       },
       () => {},
     );
+    if (req.mode === 'passthrough') granted.expectNoFirstToken();
     let end: AttemptEnd | null;
     try {
       end = await backend.run(attempt);

@@ -22,6 +22,13 @@ export interface Slot {
    * relayed 4xx or a body passed through whole (neither has a first token). Idempotent.
    */
   prefillDone(): void;
+  /**
+   * This attempt's first token will not be seen (a body passed through whole arrives with its whole
+   * generation): its prefill is taken as done once the backend was predicted to have finished it
+   * (the first-token budget when nothing is predicted), not at the end of the generation. No TTFT
+   * is learnt from it. Idempotent; release() cancels it.
+   */
+  expectNoFirstToken(): void;
   /** The attempt ended, whatever its outcome. Idempotent. */
   release(): void;
 }

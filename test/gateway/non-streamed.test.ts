@@ -2,7 +2,16 @@
 // is measured like a streamed one; the client gets exactly the body vLLM would have sent. Shapes
 // the assembler does not cover pass through as before (docs/architecture.md lists them).
 import { afterEach, describe, expect, it } from 'vitest';
-import { chat, MODEL, post, type Script, scripted, startTestGateway, type TestGateway } from './harness.ts';
+import {
+  chat,
+  get,
+  MODEL,
+  post,
+  type Script,
+  scripted,
+  startTestGateway,
+  type TestGateway,
+} from './harness.ts';
 
 let t: TestGateway | null = null;
 afterEach(async () => {
@@ -177,6 +186,51 @@ describe('shapes the assembler does not cover pass through', () => {
       const rec = await t.recordOf('lp');
       // Nothing arrives before the end: no TTFT or TPOT is made up, and the SLA is not judged.
       expect(rec).toMatchObject({ outcome: 'ok', ttft_ms: null, tpot_ms: null, sla_met: null });
+    } finally {
+      await b.close();
+    }
+  });
+
+  it('its prefill stops counting as pending within the first-token budget, not at the end of its generation', async () => {
+    let answer: (() => void) | null = null;
+    const b = await scripted((_req, res) => {
+      // The generation: the body comes when the test says so.
+      answer = () => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ id: 'x', object: 'chat.completion', choices: [] }));
+      };
+    });
+    // A generation may take up to first_token_timeout_ms (the whole budget of a body passed
+    // through); the first-token budget of the class is 4 × its 100 ms target.
+    t = await startTestGateway({
+      backends: [{ name: 'b', url: b.url }],
+      config: {
+        upstream: { first_token_timeout_ms: 10_000 },
+        sla: { default_class: 'fast', classes: { fast: { ttft_p99_ms: 100, tpot_p99_ms: 50, priority: 0 } } },
+      },
+    });
+    type State = { backends: { local_inflight: number; inflight: { pendingPrefillTokens: number } }[] };
+    const state = async () => JSON.parse((await get(t!.url, '/admin/state')).text) as State;
+    try {
+      const res = post(t.url, CHAT, chat({ logprobs: true }), { 'x-request-id': 'lp-long' });
+      let s = await state();
+      const started = performance.now();
+      while (answer === null || s.backends[0]!.local_inflight === 0) {
+        if (performance.now() - started > 5_000) throw new Error('the request never reached the backend');
+        await new Promise((r) => setImmediate(r));
+        s = await state();
+      }
+      expect(s.backends[0]!.inflight.pendingPrefillTokens).toBeGreaterThan(0);
+      // Nothing predicts this backend yet: the first-token budget (400 ms) is when its prefill
+      // counts as done. The request is still running then.
+      while (s.backends[0]!.inflight.pendingPrefillTokens > 0) {
+        if (performance.now() - started > 5_000) throw new Error('the prefill stayed pending');
+        await new Promise((r) => setTimeout(r, 50));
+        s = await state();
+      }
+      expect(s.backends[0]!.local_inflight).toBe(1);
+      (answer as () => void)();
+      expect((await res).status).toBe(200);
     } finally {
       await b.close();
     }

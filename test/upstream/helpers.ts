@@ -189,6 +189,7 @@ export function slotOn(b: Backend, firstTokenTimeoutMs = Number.POSITIVE_INFINIT
     firstTokenTimeoutMs,
     meter: null,
     prefillDone() {},
+    expectNoFirstToken() {},
     release() {},
   };
 }
