@@ -7,6 +7,10 @@
 //     not a JSON object, and here it is refused at once by its media type)
 //   content-length over the limit                     → 413 body_too_large, before any byte is read
 //   bytes over the limit while reading                → 413 body_too_large, the rest discarded
+//   the body not all there within the request deadline  → 504 first_token_timeout (a client that
+//     stops sending mid-body would otherwise hold its connection for good: the request's deadline,
+//     upstream.first_token_timeout_ms, runs from its arrival, and a body still arriving at it
+//     could not have been answered in time anyway)
 //   bytes that are not a JSON value, poisoned, or nested deeper than 128 → 400 invalid_request, param body
 //
 // After any of these refusals the front door closes the connection, as fastify did, so the rest of
@@ -30,7 +34,7 @@ export function isJsonMediaType(header: string): boolean {
   return (semi < 0 ? header : header.slice(0, semi)).trim().toLowerCase() === 'application/json';
 }
 
-export function readJsonBody(req: IncomingMessage, limit: number, done: BodyDone): void {
+export function readJsonBody(req: IncomingMessage, limit: number, deadlineMs: number, done: BodyDone): void {
   const { headers } = req;
   const type = headers['content-type'];
   const length = headers['content-length'];
@@ -59,9 +63,21 @@ export function readJsonBody(req: IncomingMessage, limit: number, done: BodyDone
   const chunks: Buffer[] = [];
   let received = 0;
   const off = (): void => {
+    clearTimeout(timer);
     req.off('data', onData);
     req.off('end', onEnd);
     req.off('error', onError);
+  };
+  const onDeadline = (): void => {
+    off();
+    done(
+      new GatewayError(
+        'first_token_timeout',
+        `The request body did not arrive within the request deadline (${deadlineMs} ms).`,
+      ),
+      undefined,
+      null,
+    );
   };
   const onData = (chunk: Buffer): void => {
     received += chunk.length;
@@ -95,6 +111,8 @@ export function readJsonBody(req: IncomingMessage, limit: number, done: BodyDone
       null,
     );
   };
+  const timer = setTimeout(onDeadline, deadlineMs);
+  timer.unref();
   req.on('data', onData);
   req.on('end', onEnd);
   req.on('error', onError);

@@ -249,6 +249,33 @@ describe('26: the front door reads the body as fastify did', () => {
     const sent = JSON.parse(b.hits[0]!.body) as { messages: unknown };
     expect(sent.messages).toEqual(JSON.parse(body.toString('utf8')).messages);
   });
+
+  it('a client that stops sending mid-body → 504 at the request deadline and the connection closed', async () => {
+    const b = await backend(healthyStream);
+    const t = await gateway({
+      backends: [{ name: 'b0', url: b.url }],
+      config: { upstream: { first_token_timeout_ms: 300 } },
+    });
+    const { port } = new URL(t.url);
+    const socket = connect(Number(port), '127.0.0.1');
+    await once(socket, 'connect');
+    const reply: Buffer[] = [];
+    socket.on('data', (c: Buffer) => reply.push(c));
+    const sentAt = performance.now();
+    socket.write(
+      `POST ${CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+        'content-length: 100\r\nx-request-id: stalled\r\n\r\n{"model":',
+    );
+    // Nothing more is sent: the gateway answers and hangs up by itself.
+    await once(socket, 'close');
+    expect(performance.now() - sentAt).toBeGreaterThanOrEqual(290);
+    const text = Buffer.concat(reply).toString('utf8');
+    expect(text).toMatch(/^HTTP\/1\.1 504 /);
+    expect(text.toLowerCase()).toContain('connection: close');
+    expect(errorOf(text.slice(text.indexOf('\r\n\r\n') + 4))).toMatchObject({ code: 'first_token_timeout' });
+    expect(await t.recordOf('stalled')).toMatchObject({ outcome: 'refused', reason: 'first_token_timeout' });
+    expect(b.hits).toHaveLength(0);
+  });
 });
 
 describe('27: context length', () => {
