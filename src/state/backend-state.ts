@@ -19,7 +19,7 @@ export interface WindowShape {
 }
 
 export class BackendState {
-  readonly inflight = zeroCounts();
+  readonly inflight: InflightCounts;
   readonly windows = new Map<string, SlidingWindow>();
   readonly ttftFit: DecayingFit;
   readonly tpotFit: DecayingFit;
@@ -32,7 +32,10 @@ export class BackendState {
     readonly name: string,
     private readonly shape: WindowShape,
     fitHalfLifeMs: number,
+    /** The counts open leases still decrement (a backend removed and added back while they ran). */
+    inflight: InflightCounts = zeroCounts(),
   ) {
+    this.inflight = inflight;
     this.ttftFit = new DecayingFit(TTFT_FEATURES, fitHalfLifeMs);
     this.tpotFit = new DecayingFit(TPOT_FEATURES, fitHalfLifeMs);
   }

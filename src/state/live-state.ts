@@ -239,6 +239,8 @@ class LiveStateImpl implements LiveState {
   readonly #halfLifeMs: number;
   readonly #minSamples: number;
   readonly #backends = new Map<string, { state: BackendState; url: string }>();
+  /** Removed backends with requests still running on them: their counts, kept until those end. */
+  readonly #draining = new Map<string, { url: string; counts: InflightCounts }>();
   readonly #scraper: TelemetryScraper | null;
   readonly #sync: RedisSync | null;
   #remote = new Map<string, RemoteBackend>();
@@ -508,22 +510,28 @@ class LiveStateImpl implements LiveState {
     };
   }
 
+  /**
+   * Invariants: a backend whose URL changed is another server under the same name, and starts
+   * afresh (nothing learnt of the old one, no blocks in its cache, no requests in flight on it);
+   * a backend removed while requests ran on it and added back at the same URL adopts their counts,
+   * which their leases still decrement, so it does not look idle while they finish.
+   */
   setBackends(list: readonly ScrapeTarget[]): void {
-    const wanted = new Set(list.map((b) => b.name));
-    for (const name of this.#backends.keys()) {
-      if (!wanted.has(name)) {
-        this.#backends.delete(name);
-        this.#prefix.drop(name);
-        this.#latencyCache.delete(name);
-        this.#fitCache.delete(name);
-        this.#pool = null;
+    const wanted = new Map(list.map((b) => [b.name, b.url]));
+    for (const [name, d] of this.#draining) if (d.counts.requests <= 0) this.#draining.delete(name);
+    for (const [name, entry] of this.#backends) {
+      const url = wanted.get(name);
+      if (url === entry.url) continue;
+      this.#backends.delete(name);
+      this.#prefix.drop(name);
+      this.#latencyCache.delete(name);
+      this.#fitCache.delete(name);
+      this.#pool = null;
+      if (url === undefined && entry.state.inflight.requests > 0) {
+        this.#draining.set(name, { url: entry.url, counts: entry.state.inflight });
       }
     }
-    for (const b of list) {
-      const entry = this.#backends.get(b.name);
-      if (entry === undefined) this.#add(b);
-      else entry.url = b.url;
-    }
+    for (const b of list) if (!this.#backends.has(b.name)) this.#add(b);
     this.#scraper?.setTargets(list);
   }
 
@@ -537,8 +545,11 @@ class LiveStateImpl implements LiveState {
   }
 
   #add(b: ScrapeTarget): void {
+    const d = this.#draining.get(b.name);
+    this.#draining.delete(b.name);
+    const counts = d !== undefined && d.url === b.url ? d.counts : undefined;
     this.#backends.set(b.name, {
-      state: new BackendState(b.name, this.#shape, this.#halfLifeMs),
+      state: new BackendState(b.name, this.#shape, this.#halfLifeMs, counts),
       url: b.url,
     });
   }

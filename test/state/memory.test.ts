@@ -280,4 +280,43 @@ describe('LiveState with the memory store', () => {
     await expect(s.ready()).resolves.toBeUndefined();
     expect(s.backendView('gpu-0')?.telemetry).toBeNull();
   });
+
+  it('a backend given a new URL starts afresh: nothing learnt, no cached blocks, nothing in flight', () => {
+    const s = make();
+    for (const b of ['gpu-0', 'gpu-1']) {
+      observe(s, sample({ backend: b }));
+      s.prefixInsert(b, [11, 12, 13]);
+      s.lease(b, { promptTokens: 10, expectedOutputTokens: 5 });
+    }
+    s.setBackends([BACKENDS[0]!, { name: 'gpu-1', url: 'http://127.0.0.1:9' }]);
+    expect(s.backendView('gpu-1')?.latency.ttft.count).toBe(0);
+    expect(s.prefixSize('gpu-1').blocks).toBe(0);
+    expect(s.load('gpu-1')).toBe(0);
+    // The backend whose URL stayed keeps all of it.
+    expect(s.backendView('gpu-0')?.latency.ttft.count).toBe(1);
+    expect(s.prefixSize('gpu-0').blocks).toBe(3);
+    expect(s.load('gpu-0')).toBe(1);
+  });
+
+  it('a backend removed while requests run and added back counts them until they end', () => {
+    const s = make();
+    const running = s.lease('gpu-1', {
+      promptTokens: 100,
+      expectedOutputTokens: 10,
+      uncachedPromptTokens: 100,
+    });
+    s.setBackends([BACKENDS[0]!]);
+    s.setBackends(BACKENDS);
+    expect(s.load('gpu-1')).toBe(1);
+    expect(s.inflight('gpu-1').pendingPrefillTokens).toBe(100);
+    running.end();
+    expect(s.load('gpu-1')).toBe(0);
+    // Added back at another URL, it is another server: the old requests are not on it.
+    const other = s.lease('gpu-1', { promptTokens: 1, expectedOutputTokens: 1 });
+    s.setBackends([BACKENDS[0]!]);
+    s.setBackends([BACKENDS[0]!, { name: 'gpu-1', url: 'http://127.0.0.1:9' }]);
+    expect(s.load('gpu-1')).toBe(0);
+    other.end();
+    expect(s.load('gpu-1')).toBe(0);
+  });
 });
