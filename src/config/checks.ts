@@ -166,20 +166,33 @@ function classMessage(name: string, classes: Obj): string {
   return `unknown SLA class ${show(name)} (sla.classes defines: ${Object.keys(classes).join(', ')})`;
 }
 
+/**
+ * The URL as a message may show it: a password (`:secret@`, in a Redis URL) as `***`, so that
+ * check-config's output and the log line of a refused reload never carry it.
+ */
+export function maskedUrl(text: string): string {
+  return text.replace(/:[^:@/]*@/, ':***@');
+}
+
 function urlProblem(text: string, protocols: string[]): string | undefined {
+  const shown = show(maskedUrl(text));
   let url: URL;
   try {
     url = new URL(text);
   } catch {
-    return `must be an absolute URL (got ${show(text)})`;
+    return `must be an absolute URL (got ${shown})`;
   }
   const schemes = protocols.map((p) => p.slice(0, -1)).join(' or ');
-  if (!protocols.includes(url.protocol)) return `must be a URL with scheme ${schemes} (got ${show(text)})`;
-  if (url.hostname === '') return `must name a host (got ${show(text)})`;
+  if (!protocols.includes(url.protocol)) return `must be a URL with scheme ${schemes} (got ${shown})`;
+  if (url.hostname === '') return `must name a host (got ${shown})`;
+  const backend = protocols.includes('http:');
   // Redis URLs may carry a password; backend URLs are logged and exposed on /admin/state, so they may not.
-  if (protocols.includes('http:') && (url.username !== '' || url.password !== '')) {
+  if (backend && (url.username !== '' || url.password !== '')) {
     return 'must not carry credentials';
   }
-  if (url.search !== '' || url.hash !== '') return `must not have a query or fragment (got ${show(text)})`;
+  if (url.search !== '' || url.hash !== '') return `must not have a query or fragment (got ${shown})`;
+  // The gateway sends the OpenAI paths (/v1/...) and its probes (/health, /metrics) from the
+  // server's root: a path here would be dropped, not prefixed.
+  if (backend && url.pathname !== '/') return `must not have a path; give the server's root (got ${shown})`;
   return undefined;
 }

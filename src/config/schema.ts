@@ -25,7 +25,12 @@ export const PATTERN_HINTS: Readonly<Record<string, string>> = {
 };
 
 const closed = { additionalProperties: false } as const;
-const ms = (min: number, def: number) => Type.Integer({ minimum: min, default: def });
+/**
+ * The longest delay a Node timer takes (2^31 − 1 ms, about 24.8 days): a longer one fires after
+ * 1 ms. Every duration that sets a timer is bounded by it.
+ */
+const MAX_TIMER_MS = 2_147_483_647;
+const ms = (min: number, def: number) => Type.Integer({ minimum: min, maximum: MAX_TIMER_MS, default: def });
 
 export const ServerSchema = Type.Object(
   {
@@ -87,8 +92,8 @@ export const STATE_BRANCHES = { memory: MemoryStateSchema, redis: RedisStateSche
 
 export const SlaClassSchema = Type.Object(
   {
-    ttft_p99_ms: Type.Number({ exclusiveMinimum: 0 }),
-    tpot_p99_ms: Type.Number({ exclusiveMinimum: 0 }),
+    ttft_p99_ms: Type.Number({ exclusiveMinimum: 0, maximum: MAX_TIMER_MS }),
+    tpot_p99_ms: Type.Number({ exclusiveMinimum: 0, maximum: MAX_TIMER_MS }),
     priority: Type.Integer({ minimum: 0, maximum: 100 }),
     sheddable: Type.Boolean({ default: false }),
   },

@@ -248,6 +248,12 @@ describe('violations are reported with the path of the key to fix', () => {
     ],
     ['URL with credentials', (c) => (c.backends[0].url = 'http://u:p@h:1'), 'backends[0].url', /credentials/],
     [
+      'backend URL with a path (it would be dropped)',
+      (c) => (c.backends[0].url = 'http://lb:8000/replica-1'),
+      'backends[0].url',
+      /must not have a path.*"http:\/\/lb:8000\/replica-1"/,
+    ],
+    [
       'duplicate backend',
       (c) => (c.backends[1].name = 'gpu-0'),
       'backends[1].name',
@@ -341,6 +347,24 @@ describe('violations are reported with the path of the key to fix', () => {
       (c) => (c.state = { store: 'redis', redis_url: 'http://h:6379' }),
       'state.redis_url',
       /scheme redis or rediss/,
+    ],
+    [
+      'a duration past what a timer can wait (it would fire after 1 ms)',
+      (c) => (c.upstream = { first_token_timeout_ms: 2 ** 31 }),
+      'upstream.first_token_timeout_ms',
+      /2147483647/,
+    ],
+    [
+      'a class target past what a timer can wait',
+      (c) => (c.sla = { classes: { interactive: { ttft_p99_ms: 1e12, tpot_p99_ms: 50, priority: 0 } } }),
+      'sla.classes.interactive.ttft_p99_ms',
+      /2147483647/,
+    ],
+    [
+      'a bad redis URL does not show its password',
+      (c) => (c.state = { store: 'redis', redis_url: 'http://:hunter2@h:6379' }),
+      'state.redis_url',
+      /scheme redis or rediss \(got "http:\/\/:\*\*\*@h:6379"\)/,
     ],
     [
       'memory store with redis keys',
