@@ -323,6 +323,13 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     undo.push(() => clearInterval(modelRefresh));
 
     async function reload(next: Config): Promise<void> {
+      // `simulate` applies only at start: a file that moves to it from real backends would, applied,
+      // leave no backend at all. Refused before anything changes (the watcher keeps the running one).
+      if (fleet === null && next.backends.length === 0) {
+        throw new Error(
+          'backends: the file names no backends, and simulate applies only after a restart; reload refused',
+        );
+      }
       const prev = rt.config;
       // A policy keeps its memory (round robin's position, sessions) unless its settings change.
       const same =

@@ -160,6 +160,22 @@ describe('on reload', () => {
     expect(metrics).toContain(`backend="${kept.name}"`);
   });
 
+  it('a file moved from real backends to simulate is refused: simulate applies only at start', async () => {
+    const fleet = await startFleet({ replicas: 1, profile: 'llama3-8b-h100', timeScale: 0.1 });
+    cleanups.push(() => fleet.close());
+    const t = await startTestGateway({ backends: [{ name: 'r0', url: fleet.urls[0]! }] });
+    cleanups.push(() => t.close());
+    const running = t.gw.runtime.config;
+    const next = merge(baseConfig([], running.logging.admission_log as string), {
+      simulate: { replicas: 1 },
+    });
+    const err = await t.gw.reload(toConfig(next)).catch((e: unknown) => e);
+    expect(String(err)).toMatch(/simulate applies only after a restart/);
+    expect(t.gw.runtime.config).toBe(running);
+    expect(t.gw.runtime.backends.list().map((b) => b.name)).toEqual(['r0']);
+    expect((await post(t.url, CHAT, chat())).status).toBe(200);
+  });
+
   it('tenants added on reload apply to the next request', async () => {
     const t = await startTestGateway({ replicas: 1 });
     cleanups.push(() => t.close());
