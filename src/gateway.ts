@@ -124,6 +124,16 @@ function schedulerSettings(c: Config): SchedulerSettings {
   };
 }
 
+/** The admission log's own file; a path that cannot be written fails the start, naming the key. */
+function admissionFileLogger(c: Config): Logger {
+  try {
+    return createLogger({ level: c.logging.level, destination: c.logging.admission_log });
+  } catch (err) {
+    const why = err instanceof Error ? err.message : String(err);
+    throw new Error(`logging.admission_log: cannot write ${c.logging.admission_log} (${why})`);
+  }
+}
+
 function backendConfigs(c: Config, fleet: FleetProcess | null): BackendConfig[] {
   if (fleet !== null && c.backends.length === 0) {
     return fleet.urls.map((url, i) => ({ name: `sim-${i}`, url, weight: 1 }));
@@ -214,9 +224,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
   const log: Logger = createLogger({ level: config.logging.level, destination: 'stdout' });
   const admissionLogger: Logger =
-    config.logging.admission_log === 'stdout'
-      ? log
-      : createLogger({ level: config.logging.level, destination: config.logging.admission_log });
+    config.logging.admission_log === 'stdout' ? log : admissionFileLogger(config);
   const logger: PinoLogger = log.logger;
 
   // Invariant: a start that fails stops everything it had started (LIFO), so a caller that

@@ -1,3 +1,5 @@
+import { mkdirSync, openSync } from 'node:fs';
+import { dirname } from 'node:path';
 import { pino } from 'pino';
 
 // Secrets never reach a log line: redaction is compiled once, here, for every logger the gateway
@@ -56,6 +58,12 @@ export interface Logger {
 
 type SonicBoom = ReturnType<typeof pino.destination>;
 
+/** The file's descriptor, opened for appending; its directory is created first. Throws when it cannot be. */
+function openForAppend(path: string): number {
+  mkdirSync(dirname(path), { recursive: true });
+  return openSync(path, 'a');
+}
+
 export function createLogger(opts: LoggerOptions): Logger {
   const redact = { paths: [...REDACT_PATHS], censor: REDACTED };
   if (typeof opts.destination !== 'string') {
@@ -66,22 +74,37 @@ export function createLogger(opts: LoggerOptions): Logger {
   // periodic flush so a quiet gateway's lines still appear promptly (e.g. for `slagate logs --pretty`).
   // minLength must stay above 0: with 0, sonic-boom calls a flush back before pending writes finish.
   // The destination is ended only by close(), after the last request: a late line cannot throw.
+  // A file is opened here, synchronously (parent directories created): a path that cannot be
+  // written throws now, at the start, not later as an uncaught error of the destination's own
+  // open (after which its flush timer threw on the missing file descriptor every 100 ms).
   const dest: SonicBoom = pino.destination({
-    dest: opts.destination === 'stdout' ? 1 : opts.destination,
+    dest: opts.destination === 'stdout' ? 1 : openForAppend(opts.destination),
     sync: false,
     minLength: 4096,
     periodicFlush: opts.flushIntervalMs ?? 100,
-    mkdir: opts.destination !== 'stdout',
   });
-  // A file opens asynchronously; a flush issued before then could wait for a drain that never comes.
+  // Invariant: the destination always has an 'error' listener. A write that fails (a full disk)
+  // drops the log's lines from then on, and the gateway goes on serving; without the listener it
+  // would be an uncaught error.
+  let failed = false;
+  dest.on('error', () => {
+    failed = true;
+  });
+  // With a file descriptor the destination is ready on the next tick; a flush issued before then
+  // could wait for a drain that never comes.
   const ready = new Promise<void>((resolve) => dest.once('ready', () => resolve()));
   const logger = pino({ level: opts.level, redact }, dest);
   let closed = false;
   // After close() there is nothing left to flush (and sonic-boom throws on a closed destination).
   const flushes = serialFlushes(() => flushDestination(dest));
-  const flush = () => (closed ? Promise.resolve() : ready.then(flushes));
+  const flush = () => (closed || failed ? Promise.resolve() : ready.then(flushes));
   const close = async () => {
     if (closed) return;
+    if (failed) {
+      closed = true;
+      dest.destroy();
+      return;
+    }
     await flush();
     closed = true;
     await new Promise<void>((resolve) => {

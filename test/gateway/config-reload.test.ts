@@ -84,6 +84,24 @@ describe('at start', () => {
       'the fleet stopped',
     );
   });
+
+  it('an admission log path that cannot be written fails the start cleanly, naming the key', async () => {
+    const dir = tmp();
+    // A file where the log's directory would have to be.
+    writeFileSync(join(dir, 'not-a-dir'), '');
+    const config = toConfig({
+      models: [MODEL],
+      backends: [{ name: 'b0', url: 'http://127.0.0.1:1' }],
+      server: { port: 0 },
+      logging: { level: 'silent', admission_log: join(dir, 'not-a-dir', 'admission.log') },
+    });
+    const before = tcpServers();
+    await expect(startGateway({ config, watch: false })).rejects.toThrow(
+      /logging\.admission_log: cannot write .*not-a-dir\/admission\.log \(E[A-Z]+: /,
+    );
+    // Nothing was started (a server still closing from the test before may release its handle now).
+    expect(tcpServers()).toBeLessThanOrEqual(before);
+  });
 });
 
 describe('on reload', () => {
