@@ -87,6 +87,9 @@ export function frontDoor(
   rt: Runtime,
   fallback: (req: IncomingMessage, res: ServerResponse) => void,
 ): (req: IncomingMessage, res: ServerResponse) => void {
+  // A restart-only setting (app.ts's body limit for the other routes is fixed when it is built too):
+  // read once, so that a reload that changes it changes neither.
+  const bodyLimit = rt.config.server.body_limit_bytes;
   return (req, res) => {
     const id = requestId(req);
     const path = routePath(req.url ?? '/');
@@ -103,7 +106,7 @@ export function frontDoor(
       fallback(req, res);
       return;
     }
-    serveInference(rt, endpoint, req, res, id, record);
+    serveInference(rt, endpoint, req, res, id, record, bodyLimit);
   };
 }
 
@@ -131,27 +134,23 @@ function serveInference(
   res: ServerResponse,
   id: string,
   record: RequestRecord,
+  bodyLimit: number,
 ): void {
   // A refusal while the gateway shuts down also ends the connection, so that a keep-alive client
   // cannot hold the shutdown open with its next request (fastify does the same once it closes).
   if (rt.lifecycle.shuttingDown) res.setHeader('connection', 'close');
-  readJsonBody(
-    req,
-    rt.config.server.body_limit_bytes,
-    rt.config.upstream.first_token_timeout_ms,
-    (err, body, raw) => {
-      if (err !== null) {
-        // The connection ends after a body the gateway refused (as fastify's body stage did): the
-        // rest of an oversized or endless upload is not read and discarded.
-        res.setHeader('connection', 'close');
-        refuse(rt, res, id, record, err);
-        return;
-      }
-      handleInference(rt, endpoint, { id, headers: req.headers, body, rawBody: raw, res, record }).catch(
-        (e: unknown) => refuse(rt, res, id, record, e),
-      );
-    },
-  );
+  readJsonBody(req, bodyLimit, rt.config.upstream.first_token_timeout_ms, (err, body, raw) => {
+    if (err !== null) {
+      // The connection ends after a body the gateway refused (as fastify's body stage did): the
+      // rest of an oversized or endless upload is not read and discarded.
+      res.setHeader('connection', 'close');
+      refuse(rt, res, id, record, err);
+      return;
+    }
+    handleInference(rt, endpoint, { id, headers: req.headers, body, rawBody: raw, res, record }).catch(
+      (e: unknown) => refuse(rt, res, id, record, e),
+    );
+  });
 }
 
 /** A request answered before the proxy took it: the envelope, and the record ended refused. */

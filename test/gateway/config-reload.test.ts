@@ -194,6 +194,26 @@ describe('on reload', () => {
     expect((await post(t.url, CHAT, chat())).status).toBe(200);
   });
 
+  it('a reload that raises body_limit_bytes changes no route: it applies only after a restart', async () => {
+    const small = { server: { body_limit_bytes: 4096 } };
+    const t = await startTestGateway({ replicas: 1, config: small });
+    cleanups.push(() => t.close());
+    const admissionLog = t.gw.runtime.config.logging.admission_log;
+    const bigger = merge(
+      baseConfig(
+        t.gw.runtime.backends.list().map((b) => ({ name: b.name, url: b.url })),
+        admissionLog,
+      ),
+      {
+        server: { body_limit_bytes: 1 << 20 },
+      },
+    );
+    await t.gw.reload(toConfig(bigger));
+    expect(t.gw.runtime.config.server.body_limit_bytes).toBe(1 << 20);
+    const big = chat({ messages: [{ role: 'user', content: 'x'.repeat(8000) }] });
+    expect((await post(t.url, CHAT, big)).status).toBe(413);
+  });
+
   it('tenants added on reload apply to the next request', async () => {
     const t = await startTestGateway({ replicas: 1 });
     cleanups.push(() => t.close());
