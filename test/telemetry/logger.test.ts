@@ -28,7 +28,18 @@ describe('createLogger', () => {
   it('redacts credentials wherever the gateway is likely to log them', async () => {
     const path = join(dir, 'app.log');
     const { logger, flush } = createLogger({ level: 'info', destination: path });
-    const secrets = ['sk-one', 'sk-two', 'sk-three', 'sk-four', 'sk-five', 'hunter2', 'sk-six', 'sk-seven'];
+    const secrets = [
+      'sk-one',
+      'sk-two',
+      'sk-three',
+      'sk-four',
+      'sk-five',
+      'hunter2',
+      'sk-six',
+      'sk-seven',
+      'session=cookie-eight',
+      'sk-nine',
+    ];
     logger.info(
       { req: { method: 'POST', headers: { authorization: `Bearer ${secrets[0]}`, host: 'gw' } } },
       'r',
@@ -40,11 +51,13 @@ describe('createLogger', () => {
     logger.info({ config: { state: { redis_url: `redis://:${secrets[5]}@10.0.0.1:6379` } } }, 'redis');
     logger.info({ upstream: { headers: { authorization: `Bearer ${secrets[6]}` } } }, 'up');
     logger.info({ api_key: secrets[7] }, 'top');
+    logger.info({ upstream: { headers: { cookie: secrets[8] } } }, 'cookie');
+    logger.info({ attempt: { request: { authorization: `Bearer ${secrets[9]}` } } }, 'two down');
     await flush();
     const text = await readFile(path, 'utf8');
     for (const s of secrets) expect(text).not.toContain(s);
     const recs = await lines(path);
-    expect(recs).toHaveLength(8);
+    expect(recs).toHaveLength(10);
     // Only the secret is replaced; the fields around it survive.
     expect(recs[0]).toMatchObject({
       req: { method: 'POST', headers: { authorization: REDACTED, host: 'gw' } },
