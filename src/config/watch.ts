@@ -50,7 +50,10 @@ export function watchConfig(
 ): ConfigWatcher {
   const file = resolve(path);
   const { debounceMs = 100, watchFile = true, sighup = true } = options;
-  let lastSeen = snapshot(path);
+  // With `initial`, the caller loaded the file some time ago (the gateway starts its fleet, its
+  // state store and its model list before it watches): nothing of the file counts as seen, and it
+  // is read once as soon as the watch starts, so an edit made meanwhile is applied, not lost.
+  let lastSeen: Snapshot = options.initial === undefined ? snapshot(path) : { key: '', text: '' };
   let current = options.initial ?? parseSnapshot(lastSeen, path);
   let timer: NodeJS.Timeout | undefined;
   let forcePending = false;
@@ -111,6 +114,7 @@ export function watchConfig(
   }
   const onSighup = () => schedule(true);
   if (sighup) process.on('SIGHUP', onSighup);
+  if (options.initial !== undefined) schedule(false);
 
   return {
     current: () => current,

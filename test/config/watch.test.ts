@@ -89,6 +89,23 @@ describe('watchConfig on file changes', () => {
     expect(w.current()).toBe(e.next);
   });
 
+  it('given the configuration already running, an edit made before the watch began is applied at once', async () => {
+    const running = watchConfig(file, new Recorder().handlers, { watchFile: false, sighup: false });
+    const initial = running.current();
+    running.close();
+    // Edited while the caller was still starting: no file event will come for it after the watch.
+    writeFileSync(file, valid(9002));
+    const recorder = new Recorder();
+    const event = recorder.next();
+    const w = start(recorder, { initial });
+    const e = await event;
+    expect(e.kind).toBe('change');
+    if (e.kind !== 'change') return;
+    expect(e.next.server.port).toBe(9002);
+    expect(e.previous).toBe(initial);
+    expect(w.current()).toBe(e.next);
+  });
+
   it('an invalid change calls onError with every issue and keeps the previous configuration', async () => {
     const recorder = new Recorder();
     const w = start(recorder);
