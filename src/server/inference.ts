@@ -120,10 +120,11 @@ export async function handleInference(
   } catch (err) {
     // Upstream failures are results, never throws: this is a bug (in a routing policy, say). The
     // client still gets an answer and the request its one record.
-    requestLogger(rt.logger, { req_id: request.id, tenant: identity.tenant, class: identity.class }).error(
-      { err },
-      'proxying failed',
-    );
+    requestLogger(rt.logger, {
+      req_id: request.id,
+      tenant: identity.limits === null ? null : identity.tenant,
+      class: identity.class,
+    }).error({ err }, 'proxying failed');
     const committed = res.headersSent;
     if (committed) res.destroy();
     else writeErrorResponse(res, new GatewayError('internal_error', INTERNAL_MESSAGE), responseHeaders);

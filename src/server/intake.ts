@@ -43,7 +43,8 @@ export function intake(
   const identity = rt.auth.identify(request.headers.authorization, header(request, 'x-slagate-class'));
   const cls = rt.config.sla.classes[identity.class]!;
   record.set({
-    tenant: identity.tenant,
+    // An open gateway has no tenant (its requests share one usage entry inside, ANONYMOUS).
+    tenant: identity.limits === null ? null : identity.tenant,
     class: identity.class,
     ttft_target_ms: cls.ttft_p99_ms,
     tpot_target_ms: cls.tpot_p99_ms,

@@ -97,6 +97,15 @@ describe('keys and classes (item 28)', () => {
   });
 });
 
+describe('an open gateway (no tenants configured)', () => {
+  it('serves any request, and its record names no tenant', async () => {
+    t = await startTestGateway({ replicas: 1 });
+    const res = await post(t.url, CHAT, chat(), { 'x-request-id': 'open-1' });
+    expect(res.status).toBe(200);
+    expect(await t.recordOf('open-1')).toMatchObject({ outcome: 'ok', tenant: null, class: 'interactive' });
+  });
+});
+
 describe('tenant limits (item 31)', () => {
   it('tenant A over max_concurrency gets 429 rate_limited with Retry-After; tenant B is unaffected', async () => {
     const g = await gated();
