@@ -363,7 +363,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         // A new served list gets a new catalog, swapped in once it knows the context lengths.
         const models = new ModelCatalog(next.models);
         await models.refresh(backendUrls());
-        rt.models = models;
+        // A newer reload may have swapped in its own list meanwhile: this one's is stale then.
+        if (rt.config === next) rt.models = models;
       }
       logger.info({ backends: backends.list().map((b) => b.name), router: policy.name }, 'config reloaded');
       await drained;

@@ -33,26 +33,32 @@ export class ModelCatalog {
     return this.#served.includes(model);
   }
 
-  /** Context length of a model: the smallest any backend reported (a request must fit all). */
+  /** Context length of a model: the smallest the backends reported in the last refresh that heard of it (a request must fit all). */
   maxModelLen(model: string): number {
     return this.#maxLen.get(model) ?? UNKNOWN_MAX_LEN;
   }
 
-  /** Records one backend's /v1/models answer. Unknown shapes are ignored. */
-  learn(body: unknown): void {
+  /** Records one backend's /v1/models answer (into `lens`, by default the catalog's). Unknown shapes are ignored. */
+  learn(body: unknown, lens: Map<string, number> = this.#maxLen): void {
     const data = (body as { data?: unknown } | null)?.data;
     if (!Array.isArray(data)) return;
     for (const card of data) {
       const id = (card as { id?: unknown }).id;
       const len = (card as { max_model_len?: unknown }).max_model_len;
       if (typeof id !== 'string' || typeof len !== 'number' || !(len > 0)) continue;
-      const prev = this.#maxLen.get(id);
-      if (prev === undefined || len < prev) this.#maxLen.set(id, len);
+      const prev = lens.get(id);
+      if (prev === undefined || len < prev) lens.set(id, len);
     }
   }
 
-  /** Asks each backend for /v1/models with a short timeout; failures are skipped. */
+  /**
+   * Asks each backend for /v1/models with a short timeout; failures are skipped. A model's context
+   * length becomes the smallest of this refresh's answers, so it grows again once a backend with a
+   * shorter one is gone (or restarted with a longer one); a model no backend answered for keeps
+   * the length it had.
+   */
   async refresh(urls: readonly string[], timeoutMs = 2000): Promise<void> {
+    const fresh = new Map<string, number>();
     await Promise.all(
       urls.map(async (url) => {
         try {
@@ -64,12 +70,13 @@ export class ModelCatalog {
             await res.body.dump();
             return;
           }
-          this.learn(await res.body.json());
+          this.learn(await res.body.json(), fresh);
         } catch {
           // A backend that cannot answer now is retried at the next refresh.
         }
       }),
     );
+    for (const [id, len] of fresh) this.#maxLen.set(id, len);
   }
 
   list(): { object: 'list'; data: ModelCard[] } {

@@ -1,5 +1,7 @@
 // The server's small pieces on their own: body facts, keys, the model catalog, the drain.
 import { createHash } from 'node:crypto';
+import { once } from 'node:events';
+import http from 'node:http';
 import { describe, expect, it } from 'vitest';
 import { GatewayError } from '../../src/errors/index.ts';
 import { createAuthenticator } from '../../src/server/auth.ts';
@@ -211,6 +213,36 @@ describe('ModelCatalog', () => {
       ['a', 4096],
       ['b', null],
     ]);
+  });
+
+  it('a refresh takes the smallest of its own answers: the length grows back once the short backend is gone', async () => {
+    const serve = async (len: number) => {
+      const server = http.createServer((_req, res) => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ object: 'list', data: [{ id: 'a', max_model_len: len }] }));
+      });
+      server.listen(0, '127.0.0.1');
+      await once(server, 'listening');
+      const { port } = server.address() as { port: number };
+      return { url: `http://127.0.0.1:${port}`, close: () => new Promise((r) => server.close(r)) };
+    };
+    const short = await serve(4096);
+    const long = await serve(32768);
+    try {
+      const cat = new ModelCatalog(['a']);
+      await cat.refresh([short.url, long.url]);
+      expect(cat.maxModelLen('a')).toBe(4096);
+      // The short-context backend left the fleet.
+      await cat.refresh([long.url]);
+      expect(cat.maxModelLen('a')).toBe(32768);
+      // Nobody answers: what was known stays.
+      await long.close();
+      await cat.refresh([long.url], 200);
+      expect(cat.maxModelLen('a')).toBe(32768);
+    } finally {
+      await short.close();
+      await long.close().catch(() => {});
+    }
   });
 });
 
