@@ -59,9 +59,12 @@ function checkBackends(config: Obj, add: Add): void {
   }
 
   const state = config.state;
-  if (isRecord(state) && state.store === 'redis' && typeof state.redis_url === 'string') {
-    const problem = urlProblem(state.redis_url, ['redis:', 'rediss:']);
-    if (problem) add(['state', 'redis_url'], problem);
+  if (isRecord(state) && state.store === 'redis') {
+    if (typeof state.redis_url === 'string') {
+      const problem = urlProblem(state.redis_url, ['redis:', 'rediss:']);
+      if (problem) add(['state', 'redis_url'], problem);
+    }
+    // Reported whatever is wrong with redis_url: every problem at once.
     if (state.topology === 'sentinel' && Array.isArray(state.sentinels) && state.sentinels.length === 0) {
       add(['state', 'sentinels'], "must list at least one sentinel (host:port) when topology is 'sentinel'");
     }

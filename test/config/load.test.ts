@@ -337,6 +337,12 @@ describe('violations are reported with the path of the key to fix', () => {
     ['unknown store', (c) => (c.state = { store: 'etcd' }), 'state.store', /one of: memory, redis/],
     ['redis without URL', (c) => (c.state = { store: 'redis' }), 'state.redis_url', /is required/],
     [
+      'sentinel with no sentinels, reported beside a missing URL',
+      (c) => (c.state = { store: 'redis', topology: 'sentinel' }),
+      'state.sentinels',
+      /at least one sentinel/,
+    ],
+    [
       'redis key typo',
       (c) => (c.state = { store: 'redis', redis_url: 'redis://h:6379', key_prefx: 'x' }),
       'state.key_prefx',
