@@ -352,6 +352,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       rt.auth = createAuthenticator(next.tenants, next.sla.default_class, classSet(next));
       rt.proxy = proxyConfig(next);
       rt.config = next;
+      metrics.setClasses(Object.keys(next.sla.classes));
       const before = backends.list().map((b) => b.name);
       const drained = backends.update(backendConfigs(next, fleet));
       live.setBackends(scrapeTargets());

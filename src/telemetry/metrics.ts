@@ -92,6 +92,8 @@ export class GatewayMetrics {
   private readonly prefixHitRatio: Gauge<string>;
   private readonly storeDegraded: Gauge<string>;
   private readonly series = new Map<string, ClassSeries>();
+  /** The configured classes (their queue depths are exported). */
+  private configured = new Set<string>();
   private prefixHitTokens = 0;
   private prefixPromptTokens = 0;
 
@@ -201,11 +203,7 @@ export class GatewayMetrics {
       help: '1 while the shared state store is unreachable and the gateway runs on local state.',
       registers: [reg],
     });
-    // Configured classes' series start at zero so rate() and absent() behave from the first scrape.
-    for (const cls of Object.keys(classes)) {
-      this.classSeries(cls);
-      this.queueDepth.labels(cls).set(0);
-    }
+    this.setClasses(Object.keys(classes));
     this.storeDegraded.set(0);
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: reg });
   }
@@ -299,6 +297,22 @@ export class GatewayMetrics {
       for (const outcome of s.requests.keys()) this.requests.remove(cls, backend, outcome);
       byBackend.delete(backend);
     }
+  }
+
+  /**
+   * The configured classes, at start and after a reload. A new class's series start at zero, so
+   * rate() and absent() behave from the first scrape; a removed class's queue depth goes (nothing
+   * queues in it any more); its counters stay, as counters do.
+   */
+  setClasses(classes: readonly string[]): void {
+    const next = new Set(classes);
+    for (const cls of this.configured) if (!next.has(cls)) this.queueDepth.remove(cls);
+    for (const cls of next) {
+      if (this.configured.has(cls)) continue;
+      this.classSeries(cls);
+      this.queueDepth.labels(cls).set(0);
+    }
+    this.configured = next;
   }
 
   setQueueDepth(cls: string, depth: number): void {

@@ -90,6 +90,17 @@ describe('bucketsWithTargets', () => {
 });
 
 describe('GatewayMetrics', () => {
+  it('classes set on reload: a new one starts at zero, a removed one loses its queue depth', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    m.setQueueDepth('batch', 3);
+    m.setClasses(['interactive', 'completion', 'bulk']);
+    const s = parseSamples(await m.render());
+    expect(value(s, 'slagate_sla_met_total', { class: 'bulk' })).toBe(0);
+    expect(value(s, 'slagate_queue_depth', { class: 'bulk' })).toBe(0);
+    expect(s.some((x) => x.name === 'slagate_queue_depth' && x.labels.class === 'batch')).toBe(false);
+    expect(value(s, 'slagate_queue_depth', { class: 'interactive' })).toBe(0);
+  });
+
   it('exposes every DESIGN metric with its labels', async () => {
     const m = createMetrics(CLASSES, { processMetrics: false });
     m.observeRequest(record({}), [15, 25]);
