@@ -19,17 +19,27 @@ describe('round_robin', () => {
   it('cycles through backends and ranks every backend once', () => {
     const rr = createRoutingPolicy('round_robin', opts);
     const backends = [loaded('a', 0), loaded('b', 0), loaded('c', 0)];
-    const firsts = Array.from({ length: 6 }, () => firstOf(rr.rank(req, backends)));
+    const firsts = Array.from({ length: 6 }, () => firstOf(rr.rank(route(), backends)));
     expect(firsts).toEqual(['a', 'b', 'c', 'a', 'b', 'c']);
-    const ranked = rr.rank(req, backends).map((c) => c.backend);
+    const ranked = rr.rank(route(), backends).map((c) => c.backend);
     expect([...ranked].sort()).toEqual(['a', 'b', 'c']);
+  });
+
+  it('a request ranked again (it waited, or it is retried) keeps its place in the ring', () => {
+    const rr = createRoutingPolicy('round_robin', opts);
+    const backends = [loaded('a', 0), loaded('b', 0), loaded('c', 0)];
+    const waiting = route();
+    const first = firstOf(rr.rank(waiting, backends));
+    for (let i = 0; i < 5; i++) expect(firstOf(rr.rank(waiting, backends))).toBe(first);
+    // The next request takes the next place.
+    expect(firstOf(rr.rank(route(), backends))).not.toBe(first);
   });
 
   it('gives a backend of weight 2 twice the first picks', () => {
     const rr = createRoutingPolicy('round_robin', opts);
     const backends = [loaded('a', 0, 2), loaded('b', 0, 1)];
     const counts: Record<string, number> = { a: 0, b: 0 };
-    for (let i = 0; i < 300; i++) counts[firstOf(rr.rank(req, backends))]! += 1;
+    for (let i = 0; i < 300; i++) counts[firstOf(rr.rank(route(), backends))]! += 1;
     expect(counts.a).toBe(200);
     expect(counts.b).toBe(100);
   });

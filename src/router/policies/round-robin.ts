@@ -5,17 +5,28 @@ import type { BackendView, Candidate, RouteRequest, RoutingPolicy } from '../typ
  * Weighted round robin over the available backends with room now. The cursor advances once per
  * request, so the i-th request starts at the i-th slot of a ring where a backend of weight w holds
  * w slots; backends that are out (ejected, unhealthy) are simply absent from the list it is given.
+ *
+ * Invariant: a request keeps its place in the ring however often it is ranked (the scheduler ranks
+ * a waiting request at every pump, a retry again): were the cursor to move per ranking, a request
+ * that waits would be offered a different backend each time, and round robin would turn into
+ * "whichever backend frees a slot first", a better baseline than the one it stands for.
  */
 export function roundRobin(): RoutingPolicy {
   let cursor = 0;
+  const places = new WeakMap<RouteRequest, number>();
   return {
     name: 'round_robin',
-    rank(_req: RouteRequest, all: readonly BackendView[]): Candidate[] {
+    rank(req: RouteRequest, all: readonly BackendView[]): Candidate[] {
       const backends = withRoom(all);
       if (backends.length === 0) return [];
       const ring: string[] = [];
       for (const b of backends) for (let i = 0; i < Math.max(1, Math.round(b.weight)); i++) ring.push(b.name);
-      const start = cursor++ % ring.length;
+      let place = places.get(req);
+      if (place === undefined) {
+        place = cursor++;
+        places.set(req, place);
+      }
+      const start = place % ring.length;
       const order: Candidate[] = [];
       const seen = new Set<string>();
       for (let i = 0; i < ring.length && seen.size < backends.length; i++) {
