@@ -213,6 +213,17 @@ describe('slagate', () => {
     expect(counts.b).toBe(0);
   });
 
+  it('explores in one unit: in-flight requests when a holder has no fit yet, not its count against the others’ milliseconds', () => {
+    const p = slagate({ exploreRatio: 1, tolerance: () => 0, random: seededRandom(12) });
+    // a and b hold the prompt; a has a fit (20 ms of wait ahead) and 1 request in flight; b just
+    // joined: no fit, 6 requests in flight. Counted in one unit, a starts soonest.
+    const backends = [
+      view('a', { predictedTtftMs: 30, prefillMs: 10, cachedBlocks: 50, tpotMs: 20, inflight: 1 }),
+      view('b', { cachedBlocks: 50, inflight: 6 }),
+    ];
+    for (let i = 0; i < 50; i++) expect(firstOf(p.rank(route({ reqId: `u${i}` }), backends))).toBe('a');
+  });
+
   it('does not explore when every backend holding the most of the prompt is busy', () => {
     const p = slagate({ exploreRatio: 1, tolerance: () => 0, random: seededRandom(11) });
     // a holds the prompt but has no room (a slot in 100 ms); b has room and holds nothing.

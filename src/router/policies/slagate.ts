@@ -185,12 +185,15 @@ function soonestStart(backends: readonly BackendView[], random: Random): string 
   for (const b of backends) most = Math.max(most, b.cachedBlocks);
   const holders = backends.filter((b) => b.hasRoom && b.cachedBlocks === most);
   if (holders.length === 0) return null;
+  // One unit for all: milliseconds of predicted wait when every holder has a fit, else requests in
+  // flight per weight (a fitted holder's tens of milliseconds against an unfitted one's handful of
+  // requests would send every exploring request to the backend that has no fit yet).
+  const fitted = holders.every((b) => b.predictedTtftMs !== null && b.prefillMs !== null);
   const ahead = holders.map((b) => ({
     backend: b.name,
-    cost:
-      b.predictedTtftMs === null || b.prefillMs === null
-        ? b.inflight / Math.max(b.weight, 1e-9)
-        : b.predictedTtftMs - b.prefillMs,
+    cost: fitted
+      ? (b.predictedTtftMs as number) - (b.prefillMs as number)
+      : b.inflight / Math.max(b.weight, 1e-9),
   }));
   return (byCost(ahead, random)[0] as Candidate).backend;
 }
