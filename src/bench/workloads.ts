@@ -202,12 +202,13 @@ function prefixShared(seed: number, params: Partial<typeof PREFIX_SHARED>): Work
   };
 }
 
-function mixed(seed: number, params: Partial<typeof MIXED>): Workload {
+/** Chats as `sharegpt` makes them (with its parameters), and a share of long documents. */
+function mixed(seed: number, params: Partial<typeof MIXED>, chat: Partial<typeof SHAREGPT> = {}): Workload {
   const p = { ...MIXED, ...params };
   const root = new Rng(seed);
   const chooser = root.fork('mix');
   const docs = root.fork('documents');
-  const chats = sharegpt(seed, {});
+  const chats = sharegpt(seed, chat);
   let index = 0;
   return {
     name: 'mixed',
@@ -263,7 +264,7 @@ export function createWorkload(name: WorkloadName, seed: number, params: Workloa
     case 'prefix-shared':
       return prefixShared(seed, params['prefix-shared'] ?? {});
     case 'mixed':
-      return mixed(seed, params.mixed ?? {});
+      return mixed(seed, params.mixed ?? {}, params.sharegpt ?? {});
     case 'code':
       return code(seed, params.code ?? {});
   }

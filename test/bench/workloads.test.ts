@@ -113,6 +113,13 @@ describe('workloads', () => {
     expect(Math.max(...chats.map((r) => r.promptTokens))).toBeLessThanOrEqual(1024);
   });
 
+  it('mixed: its chats follow the sharegpt parameters given', () => {
+    const rs = takeRequests(createWorkload('mixed', 2, { sharegpt: { maxPrompt: 64 } }), 500);
+    const chats = rs.filter((r) => r.classHint === 'interactive');
+    expect(chats.length).toBeGreaterThan(300);
+    expect(Math.max(...chats.map((r) => r.promptTokens))).toBeLessThanOrEqual(64);
+  });
+
   it('prefix-shared: tenants share long system prompts; later turns resend the history', () => {
     const rs = takeRequests(createWorkload('prefix-shared', 4), 600);
     const systemByTenant = new Map<string, string>();
