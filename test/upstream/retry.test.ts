@@ -114,6 +114,17 @@ describe('retries before the commit point (item 3)', () => {
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
     expect(set.get('b0')!.breaker.stats.failures).toBe(0);
   });
+
+  it('a body passed through whose backend hangs for the whole budget is that backend’s fault, though the deadline ends it too', async () => {
+    // The deadline and the attempt's budget are the same 400 ms (a passed-through body has the cap).
+    const { set, gw } = await fleet([[hang()], [healthy(1)]], { deadlineMs: FAST.firstTokenTimeoutMs });
+    const res = await post(gw.url, chatBody({ stream: false }));
+    const result = await gw.nextResult();
+    expect(res.status).toBe(504);
+    expect(result).toMatchObject({ outcome: 'timeout', reason: 'first_token_timeout', attempts: 1 });
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(1);
+    expect(set.get('b0')!.breaker.stats.failures).toBe(1);
+  });
 });
 
 describe('fleet-wide failure (item 4)', () => {
