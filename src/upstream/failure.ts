@@ -13,7 +13,8 @@ export type FailureReason =
   | 'first_token_timeout'
   | 'deadline' // the request's own deadline cut the first-token wait short
   | 'in_band_error' // `data: {"error":...}` (or a 200 JSON error body)
-  | 'protocol_error' // bad JSON, oversized event or body, no token before [DONE], no [DONE]
+  | 'protocol_error' // bad JSON, oversized event, no token before [DONE], no [DONE]
+  | 'response_too_large' // a body passed through whole grew past max_body_bytes: this request's answer is too big anywhere
   | 'idle_timeout' // no data event for idle_timeout_ms after the commit point
   | 'client_cancelled'
   | 'client_stalled' // the client stopped reading for client_stall_timeout_ms
@@ -23,6 +24,7 @@ export type FailureReason =
 const NOT_BACKEND_FAULT: ReadonlySet<FailureReason> = new Set<FailureReason>([
   'upstream_busy',
   'deadline',
+  'response_too_large',
   'client_cancelled',
   'client_stalled',
   'cut',

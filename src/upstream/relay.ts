@@ -223,7 +223,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
         this.#bodyBytes += chunk.length;
         if (this.#bodyBytes > this.spec.maxBodyBytes) {
           this.#fail(
-            new AttemptFailure('protocol_error', `response body over ${this.spec.maxBodyBytes} bytes`),
+            new AttemptFailure('response_too_large', `response body over ${this.spec.maxBodyBytes} bytes`),
           );
         } else {
           this.#body.push(chunk);

@@ -116,14 +116,33 @@ describe('retries before the commit point (item 3)', () => {
   });
 
   it('a body passed through whose backend hangs for the whole budget is that backend’s fault, though the deadline ends it too', async () => {
-    // The deadline and the attempt's budget are the same 400 ms (a passed-through body has the cap).
-    const { set, gw } = await fleet([[hang()], [healthy(1)]], { deadlineMs: FAST.firstTokenTimeoutMs });
+    // The deadline and the attempt's budget are the same 1 s (a passed-through body has the cap).
+    const cfg = { ...FAST, firstTokenTimeoutMs: 1_000 };
+    const { set, gw } = await fleet([[hang()], [healthy(1)]], { cfg, deadlineMs: cfg.firstTokenTimeoutMs });
     const res = await post(gw.url, chatBody({ stream: false }));
     const result = await gw.nextResult();
     expect(res.status).toBe(504);
     expect(result).toMatchObject({ outcome: 'timeout', reason: 'first_token_timeout', attempts: 1 });
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(1);
     expect(set.get('b0')!.breaker.stats.failures).toBe(1);
+  });
+});
+
+describe('a body passed through that is too large', () => {
+  it('is not retried and not counted against the backend: it would be as large anywhere', async () => {
+    const big: Script = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ id: 'x', object: 'chat.completion', pad: 'x'.repeat(4096) }));
+    };
+    const { ups, set, gw } = await fleet([[big], [big]], { cfg: { ...FAST, maxBodyBytes: 1024 } });
+    const res = await post(gw.url, chatBody({ stream: false }));
+    const result = await gw.nextResult();
+    expect(res.status).toBe(502);
+    expect(result).toMatchObject({ attempts: 1, reason: 'response_too_large' });
+    expect(result.attemptLog.map((a) => [a.backend, a.reason])).toEqual([['b0', 'response_too_large']]);
+    expect(ups[1]!.hits).toHaveLength(0);
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
+    expect(set.get('b0')!.breaker.stats.failures).toBe(0);
   });
 });
 
