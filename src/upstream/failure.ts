@@ -39,9 +39,10 @@ const BEFORE_ENGINE: ReadonlySet<FailureReason> = new Set<FailureReason>([
 export class AttemptFailure extends Error {
   readonly reason: FailureReason;
   /**
-   * False when the request cannot have reached the engine (connection refused or timed out, or
-   * reset before any response head): retrying it elsewhere cannot duplicate work, so the retry
-   * budget does not bound it.
+   * False when the request cannot have reached the engine (connection refused or timed out, or a
+   * stream reset before any response head): retrying it elsewhere cannot duplicate work, so the
+   * retry budget does not bound it. (A body passed through whole gets its head only after its
+   * generation: a reset before that head may come after the whole generation.)
    */
   readonly reachedEngine: boolean;
   /** Upstream HTTP status when one was received. */

@@ -266,7 +266,9 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (this.#phase === 'done') return;
     // The client already has the whole stream; the upstream's late error changes nothing.
     if (this.#phase === 'closing') this.#finish('ok', null, true);
-    else this.#fail(failureFromError(err, this.#status === null));
+    // Before the head means before the engine only for a stream: vLLM sends a stream's head at
+    // once, a whole body's head with the body, after the generation.
+    else this.#fail(failureFromError(err, this.#status === null && this.spec.mode !== 'passthrough'));
   }
 
   // ---- streaming ----

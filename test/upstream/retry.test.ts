@@ -128,6 +128,20 @@ describe('retries before the commit point (item 3)', () => {
   });
 });
 
+describe('a body passed through whose connection is reset before its head', () => {
+  it('counts as having reached the engine: its retry needs a retry left (vLLM sends that head after the generation)', async () => {
+    const { ups, gw } = await fleet([[destroy], [healthy(1)]], { cfg: { ...FAST, retries: 0 } });
+    const res = await post(gw.url, chatBody({ stream: false }));
+    expect(res.status).toBe(502);
+    expect(await gw.nextResult()).toMatchObject({ attempts: 1 });
+    expect(ups[1]!.hits).toHaveLength(0);
+    // A stream reset the same way never reached the engine: retried without one.
+    const streamed = await post(gw.url, chatBody());
+    expect(streamed.status).toBe(200);
+    expect(await gw.nextResult()).toMatchObject({ attempts: 2 });
+  });
+});
+
 describe('a body passed through that is too large', () => {
   it('is not retried and not counted against the backend: it would be as large anywhere', async () => {
     const big: Script = (_req, res) => {
