@@ -14,14 +14,25 @@ const CHAT_UNCOVERED = ['logprobs', 'top_logprobs', 'prompt_logprobs', 'tools', 
 const COMPLETION_UNCOVERED = ['logprobs', 'prompt_logprobs', 'echo', 'best_of', 'use_beam_search'] as const;
 const VLLM_EXTRAS = ['return_tokens_as_token_ids', 'return_token_ids'] as const;
 
-function set(v: unknown): boolean {
-  return v !== undefined && v !== null && v !== false && v !== 0;
+/**
+ * Integer fields whose 0 still asks for something: vLLM tests them with `is not None`, and 0 means
+ * the sampled token's logprob (completion `logprobs`) or the prompt's (`prompt_logprobs`). Chat's
+ * `logprobs` is a boolean there, so its 0 reads as false.
+ */
+const ZERO_ASKS: Readonly<Record<AssembleKind, ReadonlySet<string>>> = {
+  chat: new Set(['prompt_logprobs']),
+  completion: new Set(['logprobs', 'prompt_logprobs']),
+};
+
+function set(v: unknown, zeroAsks = false): boolean {
+  return v !== undefined && v !== null && v !== false && (v !== 0 || zeroAsks);
 }
 
 /** Whether a non-streamed request of this shape can be answered from a stream. */
 export function assemblable(kind: AssembleKind, body: Record<string, unknown>, prompts: number): boolean {
   const uncovered = kind === 'chat' ? CHAT_UNCOVERED : COMPLETION_UNCOVERED;
-  for (const k of uncovered) if (set(body[k])) return false;
+  const zero = ZERO_ASKS[kind];
+  for (const k of uncovered) if (set(body[k], zero.has(k))) return false;
   for (const k of VLLM_EXTRAS) if (set(body[k])) return false;
   if (body.n !== undefined && body.n !== null && body.n !== 1) return false;
   return kind === 'chat' || prompts === 1;

@@ -1,5 +1,6 @@
 // The pure pieces under simulated time: outlier ejection arithmetic, the retry budget, TPOT.
 import { describe, expect, it } from 'vitest';
+import { assemblable } from '../../src/upstream/assemble.ts';
 import { TokenClock } from '../../src/upstream/measure.ts';
 import { maxEjected, OutlierDetector } from '../../src/upstream/outlier.ts';
 import { RetryBudget } from '../../src/upstream/retry-budget.ts';
@@ -77,5 +78,18 @@ describe('TokenClock', () => {
     });
     expect(l.tpotMs).toBeCloseTo(40 / 6, 10);
     expect(new TokenClock(0).finish(5, 3).tpotMs).toBeNull();
+  });
+});
+
+describe('assemblable', () => {
+  const chat = { model: 'm', messages: [] };
+  it('a 0 that still asks vLLM for logprobs passes the body through; a 0 that asks nothing does not', () => {
+    // Completion logprobs 0: the sampled token's logprob. prompt_logprobs 0: the prompt's.
+    expect(assemblable('completion', { model: 'm', prompt: 'p', logprobs: 0 }, 1)).toBe(false);
+    expect(assemblable('completion', { model: 'm', prompt: 'p', prompt_logprobs: 0 }, 1)).toBe(false);
+    expect(assemblable('chat', { ...chat, prompt_logprobs: 0 }, 1)).toBe(false);
+    // Chat's logprobs is a boolean to vLLM (0 is false), top_logprobs 0 asks for no alternatives.
+    expect(assemblable('chat', { ...chat, logprobs: 0, top_logprobs: 0 }, 1)).toBe(true);
+    expect(assemblable('completion', { model: 'm', prompt: 'p', logprobs: null, echo: false }, 1)).toBe(true);
   });
 });
