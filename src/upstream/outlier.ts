@@ -25,6 +25,8 @@ export class OutlierDetector {
   #ejectedUnreachable = false;
   #ejections = 0;
   #ejectedUntil = Number.NEGATIVE_INFINITY;
+  /** The multiplier decays one step per base ejection time of health counted from here. */
+  #decayFrom = Number.NEGATIVE_INFINITY;
 
   constructor(opts: OutlierOptions, now: () => number) {
     this.#opts = opts;
@@ -35,7 +37,11 @@ export class OutlierDetector {
     return this.#consecutive;
   }
 
-  /** Times ejected, decayed by one per success: a flapping backend is ejected for longer each time. */
+  /**
+   * Times ejected, decayed by one per base ejection time in which the backend served, after its
+   * last ejection ended (Envoy decays per interval, not per success): a flapping backend, which
+   * answers a request or two between bursts of failures, is ejected for longer each time.
+   */
   get ejections(): number {
     return this.#ejections;
   }
@@ -52,7 +58,11 @@ export class OutlierDetector {
   success(): void {
     this.#consecutive = 0;
     this.#streakUnreachable = true;
-    if (this.#ejections > 0 && !this.ejected()) this.#ejections--;
+    const now = this.#now();
+    if (this.#ejections > 0 && now >= this.#decayFrom + this.#opts.baseEjectionMs) {
+      this.#ejections--;
+      this.#decayFrom = now;
+    }
   }
 
   /**
@@ -61,15 +71,19 @@ export class OutlierDetector {
    * failure ejected the backend, else null.
    */
   failure(mayEject: () => boolean, unreachable = false): number | null {
+    // A request sent before the ejection that fails during it says nothing new: not counted (it
+    // would otherwise start the next streak, and eject again at once when this ejection ends).
+    if (this.ejected()) return null;
     this.#consecutive++;
     this.#streakUnreachable &&= unreachable;
-    if (this.#consecutive < this.#opts.consecutiveFailures || this.ejected() || !mayEject()) return null;
+    if (this.#consecutive < this.#opts.consecutiveFailures || !mayEject()) return null;
     this.#ejections++;
     this.#consecutive = 0;
     this.#ejectedUnreachable = this.#streakUnreachable;
     this.#streakUnreachable = true;
     const ms = Math.min(this.#opts.baseEjectionMs * this.#ejections, this.#opts.maxEjectionMs);
     this.#ejectedUntil = this.#now() + ms;
+    this.#decayFrom = this.#ejectedUntil;
     return ms;
   }
 

@@ -40,6 +40,26 @@ describe('OutlierDetector', () => {
     expect(o.ejected()).toBe(false);
   });
 
+  it('a flapping backend is ejected for longer each time; failures during an ejection are not counted', () => {
+    let now = 0;
+    const o = new OutlierDetector(opts, () => now);
+    const yes = () => true;
+    const burst = () => [o.failure(yes), o.failure(yes), o.failure(yes)];
+    expect(burst()).toEqual([null, null, 1_000]);
+    // Requests sent before the ejection fail during it: nothing counted.
+    now = 500;
+    expect([o.failure(yes), o.failure(yes)]).toEqual([null, null]);
+    // Back, it answers once, then fails again: the multiplier did not decay on that one success.
+    now = 1_000;
+    o.success();
+    expect(o.consecutiveFailures).toBe(0);
+    expect(burst()).toEqual([null, null, 2_000]);
+    // After a base ejection time of serving, one success takes a step off.
+    now = 3_000 + 1_000;
+    o.success();
+    expect(o.ejections).toBe(1);
+  });
+
   it('allows max(1, floor(share × n)) ejected backends', () => {
     expect([maxEjected(1, 10), maxEjected(4, 10), maxEjected(20, 10), maxEjected(3, 34)]).toEqual([
       1, 1, 2, 1,
