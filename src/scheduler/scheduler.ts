@@ -964,10 +964,7 @@ class GrantedSlot implements Slot {
   }
 
   prefillDone(): void {
-    if (this.#firstToken || this.#released) return;
-    this.#firstToken = true;
-    this.#lease.prefillDone();
-    this.#scheduler.firstToken(this);
+    if (this.#endPrefill()) this.#scheduler.firstToken(this);
   }
 
   expectNoFirstToken(): void {
@@ -976,15 +973,20 @@ class GrantedSlot implements Slot {
     this.#presumed = setTimeout(
       () => {
         this.#presumed = null;
-        if (this.#firstToken || this.#released) return;
-        this.#firstToken = true;
-        this.#lease.prefillDone();
-        // Prefill room may have opened for the next entry.
-        this.#scheduler.pump();
+        // No sample to learn from; prefill room may have opened for the next entry.
+        if (this.#endPrefill()) this.#scheduler.pump();
       },
       Math.max(0, ms),
     );
     this.#presumed.unref();
+  }
+
+  /** The prefill stops counting as pending; false when it already had (or the slot is released). */
+  #endPrefill(): boolean {
+    if (this.#firstToken || this.#released) return false;
+    this.#firstToken = true;
+    this.#lease.prefillDone();
+    return true;
   }
 
   release(): void {

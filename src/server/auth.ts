@@ -24,6 +24,11 @@ export interface Identity {
 /** The tenant name used when the config lists no tenants (an open gateway). */
 export const ANONYMOUS = 'anonymous';
 
+/** The tenant a record or a log line names: null on an open gateway (ANONYMOUS is only a usage key). */
+export function namedTenant(identity: Identity): string | null {
+  return identity.limits === null ? null : identity.tenant;
+}
+
 export interface Authenticator {
   /**
    * @param authorization the raw Authorization header

@@ -6,9 +6,9 @@
 //       │       + the 'close' safety net (a client that leaves before any path ended the record)
 //       │
 //       ├── POST /v1/chat/completions, POST /v1/completions ──▶ body (body.ts) ──▶ handleInference
-//       │       400 not application/json · 413 · 400 bad JSON / __proto__, and every refusal of
-//       │       the pipeline, answered here: the envelope with x-request-id, the record ended
-//       │       refused
+//       │       400 not application/json · 413 · 400 bad JSON / __proto__ / nested > 128 deep ·
+//       │       504 body not in by the request deadline, and every refusal of the pipeline,
+//       │       answered here: the envelope with x-request-id, the record ended refused
 //       │
 //       └── anything else ──▶ fastify: models, ops routes, dashboard, 404 / 405
 //

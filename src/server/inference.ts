@@ -20,6 +20,7 @@ import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { requestLogger } from '../telemetry/logger.ts';
 import { markStage } from '../telemetry/stages.ts';
 import { proxyRequest } from '../upstream/index.ts';
+import { namedTenant } from './auth.ts';
 import { finishProxied, predictionFields } from './finish.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
 import { header, intake } from './intake.ts';
@@ -122,7 +123,7 @@ export async function handleInference(
     // client still gets an answer and the request its one record.
     requestLogger(rt.logger, {
       req_id: request.id,
-      tenant: identity.limits === null ? null : identity.tenant,
+      tenant: namedTenant(identity),
       class: identity.class,
     }).error({ err }, 'proxying failed');
     const committed = res.headersSent;

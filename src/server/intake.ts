@@ -7,7 +7,7 @@ import type { SlaClass } from '../config/index.ts';
 import { GatewayError } from '../errors/index.ts';
 import { type PromptBlocks, type PromptSource, promptBlocks } from '../prompt/canonical.ts';
 import type { RequestRecord } from '../telemetry/admission-log.ts';
-import type { Identity } from './auth.ts';
+import { type Identity, namedTenant } from './auth.ts';
 import { type Endpoint, type InferenceRequest, parseInferenceRequest } from './inference-request.ts';
 import type { Runtime } from './runtime.ts';
 
@@ -43,8 +43,7 @@ export function intake(
   const identity = rt.auth.identify(request.headers.authorization, header(request, 'x-slagate-class'));
   const cls = rt.config.sla.classes[identity.class]!;
   record.set({
-    // An open gateway has no tenant (its requests share one usage entry inside, ANONYMOUS).
-    tenant: identity.limits === null ? null : identity.tenant,
+    tenant: namedTenant(identity),
     class: identity.class,
     ttft_target_ms: cls.ttft_p99_ms,
     tpot_target_ms: cls.tpot_p99_ms,

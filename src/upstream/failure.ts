@@ -30,6 +30,9 @@ const NOT_BACKEND_FAULT: ReadonlySet<FailureReason> = new Set<FailureReason>([
   'cut',
 ]);
 
+/** Reasons another backend would not change: the budget is spent, or the answer is too big anywhere. */
+const FINAL: ReadonlySet<FailureReason> = new Set<FailureReason>(['deadline', 'response_too_large']);
+
 /** Reasons that by themselves prove the request never reached the engine. */
 const BEFORE_ENGINE: ReadonlySet<FailureReason> = new Set<FailureReason>([
   'connect_error',
@@ -73,6 +76,11 @@ export class AttemptFailure extends Error {
 
   get byClient(): boolean {
     return this.reason === 'client_cancelled' || this.reason === 'client_stalled';
+  }
+
+  /** Before the commit point, whether another backend may be tried at all (the loop adds its limits). */
+  get retryable(): boolean {
+    return !this.byClient && !FINAL.has(this.reason);
   }
 }
 

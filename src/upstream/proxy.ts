@@ -270,17 +270,9 @@ async function attemptLoop(
       status: end.status,
     });
     const f = end.failure;
-    // The deadline failure means the budget is spent (timers may fire a fraction of a ms early);
-    // a body too large is as large on any backend, and would be generated again in full.
-    if (
-      end.kind !== 'failed' ||
-      end.committed ||
-      f === null ||
-      f.byClient ||
-      f.reason === 'deadline' ||
-      f.reason === 'response_too_large'
-    )
-      break;
+    // A deadline failure means the budget is spent (timers may fire a fraction of a ms early); a
+    // body too large is as large on any backend (failure.ts says which failures are final).
+    if (end.kind !== 'failed' || end.committed || f === null || !f.retryable) break;
   }
   const cut = signal.aborted && isGatewayError(signal.reason) ? signal.reason : null;
   return conclude(req, s, signal.aborted, cut);
