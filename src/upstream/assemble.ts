@@ -3,6 +3,10 @@
 // chunks are folded into the body vLLM itself would have sent (key order and nulls of vLLM's
 // pydantic models, as src/sim/wire.ts writes them), and only that body reaches the client.
 //
+// A reasoning model's channel keeps the name the backend streamed it with: `reasoning` in current
+// vLLM, `reasoning_content` in earlier releases (the message carries the same name as the deltas).
+// vLLM's reasoning parsers give no content (null, not "") when the model wrote only reasoning.
+//
 // Shapes it does not cover are sent upstream non-streamed and relayed as they come (`assemblable`
 // says which): logprobs of any kind, tool definitions (tool-call deltas), n > 1, several
 // completion prompts, echo, best_of and beam search, vLLM's token-id extras.
@@ -40,7 +44,7 @@ export function assemblable(kind: AssembleKind, body: Record<string, unknown>, p
 
 interface Choice {
   index?: unknown;
-  delta?: { content?: unknown; reasoning_content?: unknown } | null;
+  delta?: { content?: unknown; reasoning?: unknown; reasoning_content?: unknown } | null;
   text?: unknown;
   finish_reason?: unknown;
   stop_reason?: unknown;
@@ -67,7 +71,9 @@ export class Assembler {
   #created: unknown = null;
   #model: unknown = null;
   #text = '';
+  /** The reasoning channel as streamed under each of its two names (null: never seen). */
   #reasoning: string | null = null;
+  #reasoningContent: string | null = null;
   #finish: unknown = null;
   #stop: unknown = null;
   #usage: NonNullable<StreamChunk['usage']> | null = null;
@@ -89,8 +95,9 @@ export class Assembler {
       if (this.kind === 'chat') {
         const d = c.delta;
         if (typeof d?.content === 'string') this.#text += d.content;
+        if (typeof d?.reasoning === 'string') this.#reasoning = (this.#reasoning ?? '') + d.reasoning;
         if (typeof d?.reasoning_content === 'string')
-          this.#reasoning = (this.#reasoning ?? '') + d.reasoning_content;
+          this.#reasoningContent = (this.#reasoningContent ?? '') + d.reasoning_content;
       } else if (typeof c.text === 'string') {
         this.#text += c.text;
       }
@@ -114,6 +121,20 @@ export class Assembler {
             prompt_tokens_details: u.prompt_tokens_details ?? null,
           };
     if (this.kind === 'chat') {
+      const reasoned = this.#reasoning !== null || this.#reasoningContent !== null;
+      const message: Record<string, unknown> = {
+        role: 'assistant',
+        content: reasoned && this.#text === '' ? null : this.#text,
+        refusal: null,
+        annotations: null,
+        audio: null,
+        function_call: null,
+        tool_calls: [],
+      };
+      // The name the backend used, or else the earlier releases' null (as the simulator writes it).
+      if (this.#reasoning !== null) message.reasoning = this.#reasoning;
+      if (this.#reasoningContent !== null || this.#reasoning === null)
+        message.reasoning_content = this.#reasoningContent;
       return Buffer.from(
         JSON.stringify({
           id: this.#id,
@@ -123,16 +144,7 @@ export class Assembler {
           choices: [
             {
               index: 0,
-              message: {
-                role: 'assistant',
-                content: this.#text,
-                refusal: null,
-                annotations: null,
-                audio: null,
-                function_call: null,
-                tool_calls: [],
-                reasoning_content: this.#reasoning,
-              },
+              message,
               logprobs: null,
               finish_reason: this.#finish,
               stop_reason: this.#stop,

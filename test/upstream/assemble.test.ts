@@ -1,0 +1,69 @@
+// The non-streamed body folded from a reasoning model's stream. vLLM names the reasoning channel
+// `reasoning` (current releases) or `reasoning_content` (earlier ones) in both the stream's deltas
+// and the non-streamed message; its parsers return no content (null) when the model wrote only
+// reasoning. The assembled body must say what vLLM's own non-streamed answer says.
+import { describe, expect, it } from 'vitest';
+import { Assembler, type StreamChunk } from '../../src/upstream/assemble.ts';
+
+const head = { id: 'chatcmpl-r', object: 'chat.completion.chunk', created: 9, model: 'm' };
+
+function chunk(delta: Record<string, unknown>, finish: string | null = null): StreamChunk {
+  return {
+    ...head,
+    choices: [{ index: 0, delta, logprobs: null, finish_reason: finish, stop_reason: null }],
+  };
+}
+
+function message(chunks: StreamChunk[]): Record<string, unknown> {
+  const a = new Assembler('chat');
+  for (const c of chunks) a.add(c);
+  const body = JSON.parse(a.body().toString()) as { choices: { message: Record<string, unknown> }[] };
+  return body.choices[0]!.message;
+}
+
+describe('a reasoning model answered non-streamed', () => {
+  it('keeps the reasoning under the name the backend streamed it with (`reasoning`)', () => {
+    const m = message([
+      chunk({ role: 'assistant', content: '' }),
+      chunk({ reasoning: 'Think' }),
+      chunk({ reasoning: 'ing.' }),
+      chunk({ content: 'Yes' }, 'stop'),
+    ]);
+    expect(m).toEqual({
+      role: 'assistant',
+      content: 'Yes',
+      refusal: null,
+      annotations: null,
+      audio: null,
+      function_call: null,
+      tool_calls: [],
+      reasoning: 'Thinking.',
+    });
+  });
+
+  it('and under `reasoning_content` for a backend that streams that name', () => {
+    const m = message([
+      chunk({ role: 'assistant', content: '' }),
+      chunk({ reasoning_content: 'Hm' }),
+      chunk({ content: 'No' }, 'stop'),
+    ]);
+    expect(m.reasoning_content).toBe('Hm');
+    expect(m.content).toBe('No');
+    expect('reasoning' in m).toBe(false);
+  });
+
+  it('gives no content (null) when the model wrote only reasoning, as vLLM does', () => {
+    const m = message([
+      chunk({ role: 'assistant', content: '' }),
+      chunk({ reasoning: 'Still thinking' }, 'length'),
+    ]);
+    expect(m.content).toBeNull();
+    expect(m.reasoning).toBe('Still thinking');
+  });
+
+  it('a model without reasoning keeps an empty content as the empty string', () => {
+    const m = message([chunk({ role: 'assistant', content: '' }, 'length')]);
+    expect(m.content).toBe('');
+    expect(m.reasoning_content).toBeNull();
+  });
+});
