@@ -175,7 +175,7 @@ export const ROUTER_POLICIES = [
 export const RouterSchema = Type.Object(
   {
     policy: Type.Enum([...ROUTER_POLICIES], { default: 'slagate' }),
-    block_size_tokens: Type.Integer({ minimum: 1, maximum: 1024, default: 16 }),
+    block_size_tokens: Type.Integer({ minimum: 1, maximum: 1024, default: 64 }),
     explore_ratio: Type.Number({ minimum: 0, maximum: 1, default: 0.01 }),
     session_header: Type.String({ pattern: HEADER_NAME, default: 'x-session-id' }),
   },

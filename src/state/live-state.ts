@@ -23,7 +23,7 @@ import {
   type LeaseTokens,
   zeroCounts,
 } from './leases.ts';
-import { DEFAULT_CAPACITY, PrefixIndex } from './prefix-index.ts';
+import { DEFAULT_CAPACITY, DEFAULT_KV_TOKENS, PrefixIndex, VLLM_BLOCK_TOKENS } from './prefix-index.ts';
 import { RedisSync, type StateLogger, type StoreStatus } from './redis-sync.ts';
 import { type BackendTelemetry, type ScrapeTarget, TelemetryScraper } from './scraper.ts';
 import { encodeSnapshot, mergeSnapshots } from './snapshot.ts';
@@ -420,7 +420,8 @@ class LiveStateImpl implements LiveState {
 
   /**
    * The prefix index's capacity for `backend`, in index blocks: its KV cache in tokens (vLLM's
-   * num_gpu_blocks × block_size) over the tokens one index block stands for. Invariant: the index
+   * num_gpu_blocks × block_size; DEFAULT_KV_TOKENS until scraped) over the tokens one index block
+   * stands for (without that ratio, one index block per KV block). Invariant: the index
    * forgets a prefix about when the backend's LRU would, whatever the text's characters per token
    * (a block is 4 characters per token of text: on text of 5 characters per token, an index
    * sized in KV blocks held 4/5 of the tokens the cache does and forgot prefixes it still held).
@@ -429,10 +430,13 @@ class LiveStateImpl implements LiveState {
    */
   #indexCapacity(backend: string): number {
     const m = this.#scraper?.get(backend);
-    if (m === undefined || m.numGpuBlocks === null) return DEFAULT_CAPACITY;
     const perBlock = this.#indexBlockTokens?.();
-    if (perBlock === undefined || !(perBlock > 0) || m.blockSize === null) return m.numGpuBlocks;
-    return Math.max(1, Math.floor((m.numGpuBlocks * m.blockSize) / perBlock));
+    if (perBlock === undefined || !(perBlock > 0)) return m?.numGpuBlocks ?? DEFAULT_CAPACITY;
+    const kvTokens =
+      m === undefined || m.numGpuBlocks === null
+        ? DEFAULT_KV_TOKENS
+        : m.numGpuBlocks * (m.blockSize ?? VLLM_BLOCK_TOKENS);
+    return Math.max(1, Math.floor(kvTokens / perBlock));
   }
 
   predictTpotMs(backend: string, load?: number): number | null {

@@ -32,8 +32,12 @@
 
 import { HashSlots } from './hash-slots.ts';
 
-/** Hashes a backend's LRU holds when vLLM has not told us its KV size yet (~16k blocks). */
+/** Hashes a backend's LRU holds when nothing says how many tokens one stands for (~16k blocks). */
 export const DEFAULT_CAPACITY = 16_384;
+/** A backend's KV cache in tokens until its metrics say (16,384 of vLLM's 16-token blocks). */
+export const DEFAULT_KV_TOKENS = 262_144;
+/** vLLM's KV block size on CUDA, taken when a backend's metrics give its block count alone. */
+export const VLLM_BLOCK_TOKENS = 16;
 /** A block in use is told to peers again after this long: well within an LRU's lifetime. */
 export const SHARE_EVERY_MS = 2_000;
 /** Blocks kept for telling between two drains, at most (a Redis outage must not grow it). */

@@ -116,7 +116,7 @@ describe('defaults', () => {
     });
     expect(config.router).toEqual({
       policy: 'slagate',
-      block_size_tokens: 16,
+      block_size_tokens: 64,
       explore_ratio: 0.01,
       session_header: 'x-session-id',
     });

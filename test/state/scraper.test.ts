@@ -2,6 +2,7 @@ import { createServer, type Server } from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
 import { createLiveState } from '../../src/state/index.ts';
+import { DEFAULT_CAPACITY, DEFAULT_KV_TOKENS } from '../../src/state/prefix-index.ts';
 import { TelemetryScraper } from '../../src/state/scraper.ts';
 import { trackHandles } from './handles.ts';
 
@@ -198,8 +199,11 @@ describe('vLLM telemetry scraper', () => {
       () => sized.close(),
       () => plain.close(),
     );
+    // Until scraped: a KV cache of DEFAULT_KV_TOKENS, or DEFAULT_CAPACITY blocks without a ratio.
+    expect(sized.prefixSize('x').capacity).toBe(Math.floor(DEFAULT_KV_TOKENS / 12.5));
+    expect(plain.prefixSize('x').capacity).toBe(DEFAULT_CAPACITY);
     await until(
-      () => sized.prefixSize('x').capacity !== 16_384 && plain.prefixSize('x').capacity !== 16_384,
+      () => sized.prefixSize('x').capacity === 1_280 && plain.prefixSize('x').capacity === 1_000,
       2_000,
       'cache config scraped',
     );
@@ -218,5 +222,23 @@ describe('vLLM telemetry scraper', () => {
     // The most recent survive: the new hash and the leading blocks of the chain (touched last).
     expect(sized.prefixMatch('x', [1, 2, 3])).toBe(3);
     expect(sized.prefixMatch('x', [5_000])).toBe(1);
+  });
+
+  it("takes vLLM's 16-token KV blocks when the metrics give the block count alone", async () => {
+    const srv = await metricsServer(
+      () => 'vllm:num_requests_running 0\nvllm:cache_config_info{num_gpu_blocks="1000",engine="0"} 1.0\n',
+    );
+    cleanups.push(() => closeServer(srv.server));
+    const live = createLiveState(
+      { store: 'memory' },
+      { backends: [{ name: 'x', url: srv.url }], scrape: { intervalMs: 1_000 }, indexBlockTokens: () => 64 },
+    );
+    cleanups.push(() => live.close());
+    await until(
+      () => live.prefixSize('x').capacity !== DEFAULT_KV_TOKENS / 64,
+      2_000,
+      'cache config scraped',
+    );
+    expect(live.prefixSize('x').capacity).toBe(250);
   });
 });
