@@ -120,9 +120,11 @@ export function carriesOutput(choices: unknown[]): boolean {
     const { text, delta } = c as { text?: unknown; delta?: Record<string, unknown> | null };
     if (typeof text === 'string' && text.length > 0) return true;
     if (delta != null && typeof delta === 'object') {
-      const { content, reasoning_content: reasoning, tool_calls: calls } = delta;
+      // The reasoning channel is `reasoning` in current vLLM, `reasoning_content` in earlier releases.
+      const { content, reasoning, reasoning_content: reasoningContent, tool_calls: calls } = delta;
       if (typeof content === 'string' && content.length > 0) return true;
       if (typeof reasoning === 'string' && reasoning.length > 0) return true;
+      if (typeof reasoningContent === 'string' && reasoningContent.length > 0) return true;
       if (Array.isArray(calls) && calls.length > 0) return true;
     }
   }

@@ -39,6 +39,8 @@ describe('a reasoning model answered non-streamed', () => {
       tool_calls: [],
       reasoning: 'Thinking.',
     });
+    // vLLM's message model's order: the reasoning channel last.
+    expect(Object.keys(m).at(-1)).toBe('reasoning');
   });
 
   it('and under `reasoning_content` for a backend that streams that name', () => {

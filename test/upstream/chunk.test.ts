@@ -112,3 +112,14 @@ describe('OutputShape', () => {
     expect(accepted).toBeGreaterThan(10);
   });
 });
+
+describe('carriesOutput', () => {
+  it("counts a reasoning model's reasoning as output under either of vLLM's names", () => {
+    for (const name of ['reasoning', 'reasoning_content']) {
+      const msg = JSON.parse(`{${head},"choices":[${choice(`{"${name}":" step"}`)}]}`);
+      expect(carriesOutput(msg.choices), name).toBe(true);
+      const empty = JSON.parse(`{${head},"choices":[${choice(`{"${name}":""}`)}]}`);
+      expect(carriesOutput(empty.choices), `${name} empty`).toBe(false);
+    }
+  });
+});
