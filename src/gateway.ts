@@ -269,6 +269,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       scrape: { intervalMs: config.upstream.metrics_scrape_interval_ms },
       logger,
       indexBlockTokens: () => tokens.textBlockTokens((rtRef?.config ?? config).router.block_size_tokens),
+      blockSizeTokens: () => (rtRef?.config ?? config).router.block_size_tokens,
     });
     undo.push(() => live.close());
     await live.ready();

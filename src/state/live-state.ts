@@ -50,6 +50,13 @@ export interface LiveStateOptions {
    * to every block); default: as many as one KV block of the backend, one hash per KV block.
    */
   indexBlockTokens?: () => number;
+  /**
+   * `router.block_size_tokens`: the block size this instance hashes prompts at. Shared blocks carry
+   * it, and a peer's blocks hashed at another size (a rolling change of the setting) are skipped:
+   * they could never match and would only take the index's room. Default: untagged, read only
+   * from untagged peers.
+   */
+  blockSizeTokens?: () => number;
 }
 
 /** One latency metric or counter set over the sliding window. */
@@ -263,6 +270,7 @@ class LiveStateImpl implements LiveState {
   readonly #peerListeners: (() => void)[] = [];
   readonly #prefix: PrefixIndex;
   readonly #indexBlockTokens: (() => number) | null;
+  readonly #blockSizeTokens: (() => number) | null;
   #closed: Promise<void> | null = null;
 
   constructor(config: StateConfig, opts: LiveStateOptions) {
@@ -275,6 +283,7 @@ class LiveStateImpl implements LiveState {
     this.#scraper =
       opts.scrape === false ? null : new TelemetryScraper({ ...opts.scrape, now: this.#now }, opts.backends);
     this.#indexBlockTokens = opts.indexBlockTokens ?? null;
+    this.#blockSizeTokens = opts.blockSizeTokens ?? null;
     this.#prefix = new PrefixIndex((b) => this.#indexCapacity(b), this.#now);
     // Shared through the store's log: keep what this instance sends until the next tick.
     this.#prefix.record(config.store === 'redis');
@@ -287,10 +296,11 @@ class LiveStateImpl implements LiveState {
             host: {
               snapshot: (now) => encodeSnapshot(this.#states(), this.#tenants.entries(now), now),
               applyPeers: (snaps, now) => this.#applyPeers(snaps, now),
-              logEntry: () => encodePrefixLog(this.#prefix.drainRecent()),
+              logEntry: () => encodePrefixLog(this.#prefix.drainRecent(), this.#blockTag()),
               applyLog: (entries) => {
+                const tag = this.#blockTag();
                 for (const e of entries) {
-                  decodePrefixLog(e, (b, h) => {
+                  decodePrefixLog(e, tag, (b, h) => {
                     if (this.#backends.has(b)) this.#prefix.insertPeer(b, h);
                   });
                 }
@@ -428,6 +438,12 @@ class LiveStateImpl implements LiveState {
    * One ratio for every block: a token-id prompt's blocks (exactly block_size_tokens each) are
    * counted at the text ratio too, so under mixed traffic the bound is off by their difference.
    */
+  /** What shared blocks are tagged with: `@` and the block size, or '' without one. */
+  #blockTag(): string {
+    const size = this.#blockSizeTokens?.();
+    return size === undefined ? '' : `@${size}`;
+  }
+
   #indexCapacity(backend: string): number {
     const m = this.#scraper?.get(backend);
     const perBlock = this.#indexBlockTokens?.();
@@ -705,26 +721,40 @@ class LiveStateImpl implements LiveState {
   }
 }
 
-/** `backend:h,h,…;backend:h,…` with each 53-bit hash in base 36 ('' when there is nothing). */
-function encodePrefixLog(recent: Map<string, number[]>): string {
+/**
+ * `backend@size:h,h,…;backend@size:h,…` with each 53-bit hash in base 36 ('' when there is
+ * nothing); `tag` is `@size`, or '' for untagged parts. A backend name never holds '@' (SAFE_NAME),
+ * and a version that predates the tag reads a tagged part as an unknown backend and skips it.
+ */
+function encodePrefixLog(recent: Map<string, number[]>, tag: string): string {
   const parts: string[] = [];
   for (const [backend, hashes] of recent) {
-    if (hashes.length > 0) parts.push(`${backend}:${hashes.map((h) => h.toString(36)).join(',')}`);
+    if (hashes.length > 0) parts.push(`${backend}${tag}:${hashes.map((h) => h.toString(36)).join(',')}`);
   }
   return parts.join(';');
 }
 
-/** The inverse of encodePrefixLog; a malformed part is skipped on its own. */
-function decodePrefixLog(text: string, insert: (backend: string, hashes: number[]) => void): void {
+/**
+ * The inverse of encodePrefixLog for parts tagged `tag` (exactly: an untagged reader reads only
+ * untagged parts); any other part, or a malformed one, is skipped on its own.
+ */
+function decodePrefixLog(
+  text: string,
+  tag: string,
+  insert: (backend: string, hashes: number[]) => void,
+): void {
   for (const part of text.split(';')) {
     const colon = part.indexOf(':');
     if (colon <= 0) continue;
+    const at = part.indexOf('@');
+    const nameEnd = at >= 0 && at < colon ? at : colon;
+    if (part.slice(nameEnd, colon) !== tag) continue;
     const hashes = part
       .slice(colon + 1)
       .split(',')
       .map((h) => Number.parseInt(h, 36))
       .filter((h) => Number.isSafeInteger(h) && h >= 0);
-    if (hashes.length > 0) insert(part.slice(0, colon), hashes);
+    if (hashes.length > 0) insert(part.slice(0, nameEnd), hashes);
   }
 }
 

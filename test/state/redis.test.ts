@@ -57,8 +57,16 @@ describe('LiveState with the Redis store (real redis-server)', () => {
   let prefixN = 0;
   let cfg: RedisStateConfig;
 
-  const make = (id: string, over: Partial<RedisStateConfig> = {}) => {
-    const s = createLiveState({ ...cfg, ...over }, { instanceId: id, backends: BACKENDS, scrape: false });
+  const make = (id: string, over: Partial<RedisStateConfig> = {}, blockSizeTokens?: number) => {
+    const s = createLiveState(
+      { ...cfg, ...over },
+      {
+        instanceId: id,
+        backends: BACKENDS,
+        scrape: false,
+        ...(blockSizeTokens === undefined ? {} : { blockSizeTokens: () => blockSizeTokens }),
+      },
+    );
     states.push(s);
     return s;
   };
@@ -178,6 +186,23 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     await exchanges(late, 1);
     expect(late.prefixMatch('gpu-0', [...system, ...chain(1000, 10)])).toBe(50);
     expect(late.prefixMatch('gpu-1', chain(7000, 5))).toBe(5);
+  });
+
+  it('a peer learns only the blocks hashed at its own block size (a rolling change of router.block_size_tokens)', async () => {
+    const a16 = make('a16', {}, 16);
+    const b64 = make('b64', {}, 64);
+    const c64 = make('c64', {}, 64);
+    await Promise.all([a16.ready(), b64.ready(), c64.ready()]);
+    a16.prefixInsert('gpu-0', chain(1, 20));
+    b64.prefixInsert('gpu-1', chain(100, 5));
+    await Promise.all([exchanges(a16, 1), exchanges(b64, 1)]);
+    await Promise.all([exchanges(a16, 2), exchanges(b64, 2), exchanges(c64, 2)]);
+    // The same size: learnt. Another size: skipped, both ways.
+    expect(c64.prefixMatch('gpu-1', chain(100, 5))).toBe(5);
+    expect(c64.prefixMatch('gpu-0', chain(1, 20))).toBe(0);
+    expect(b64.prefixMatch('gpu-0', chain(1, 20))).toBe(0);
+    expect(a16.prefixMatch('gpu-1', chain(100, 5))).toBe(0);
+    expect(c64.prefixSize('gpu-0').blocks).toBe(0);
   });
 
   it("a prefix one instance keeps using stays in the other's index while the other's own traffic churns past it", async () => {
