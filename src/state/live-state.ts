@@ -271,6 +271,8 @@ class LiveStateImpl implements LiveState {
   readonly #prefix: PrefixIndex;
   readonly #indexBlockTokens: (() => number) | null;
   readonly #blockSizeTokens: (() => number) | null;
+  /** The block size the index's blocks were hashed at (see #sameBlockSize). */
+  #indexedAt: number | undefined;
   #closed: Promise<void> | null = null;
 
   constructor(config: StateConfig, opts: LiveStateOptions) {
@@ -298,6 +300,7 @@ class LiveStateImpl implements LiveState {
               applyPeers: (snaps, now) => this.#applyPeers(snaps, now),
               logEntry: () => encodePrefixLog(this.#prefix.drainRecent(), this.#blockTag()),
               applyLog: (entries) => {
+                this.#sameBlockSize();
                 const tag = this.#blockTag();
                 for (const e of entries) {
                   decodePrefixLog(e, tag, (b, h) => {
@@ -418,7 +421,21 @@ class LiveStateImpl implements LiveState {
   }
 
   prefixInsert(backend: string, hashes: readonly number[]): void {
+    this.#sameBlockSize();
     this.#prefix.insert(backend, hashes);
+  }
+
+  /**
+   * Invariant: the index holds blocks of one block size, the one prompts are hashed at now. A
+   * reload that changes `router.block_size_tokens` empties it before the first block of the new
+   * size goes in: the old blocks can never match again, and would only take room and make the
+   * caches look fuller than the index knows them to be.
+   */
+  #sameBlockSize(): void {
+    const size = this.#blockSizeTokens?.();
+    if (size === this.#indexedAt) return;
+    if (this.#indexedAt !== undefined) this.#prefix.clear();
+    this.#indexedAt = size;
   }
 
   prefixSize(backend: string): { blocks: number; capacity: number } {

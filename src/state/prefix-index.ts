@@ -136,6 +136,14 @@ export class PrefixIndex {
     return this.#backends.get(backend)?.size ?? 0;
   }
 
+  /** Forget every block, those not applied yet included (they were hashed some other way). */
+  clear(): void {
+    this.#pending.length = 0;
+    this.#backends.clear();
+    this.#recent.clear();
+    this.#recentBlocks = 0;
+  }
+
   /** Forget a backend (removed on reload). */
   drop(backend: string): void {
     this.settle();

@@ -281,6 +281,29 @@ describe('LiveState with the memory store', () => {
     expect(s.backendView('gpu-0')?.telemetry).toBeNull();
   });
 
+  it('a change of the block size prompts are hashed at empties the prefix index before the first new block', async () => {
+    let size = 16;
+    const s = createLiveState(
+      { store: 'memory' },
+      { backends: BACKENDS, scrape: false, blockSizeTokens: () => size },
+    );
+    try {
+      s.prefixInsert('gpu-0', [1, 2, 3, 4]);
+      s.prefixInsert('gpu-1', [5, 6]);
+      s.prefixInsert('gpu-0', [1, 2, 3, 4, 7]);
+      expect(s.prefixSize('gpu-0').blocks).toBe(5);
+      // A reload to 64: the blocks hashed at 16 go; the new one is the only block held.
+      size = 64;
+      s.prefixInsert('gpu-0', [9]);
+      expect(s.prefixSize('gpu-0').blocks).toBe(1);
+      expect(s.prefixSize('gpu-1').blocks).toBe(0);
+      expect(s.prefixMatch('gpu-0', [1, 2, 3, 4])).toBe(0);
+      expect(s.prefixMatch('gpu-0', [9])).toBe(1);
+    } finally {
+      await s.close();
+    }
+  });
+
   it('a backend given a new URL starts afresh: nothing learnt, no cached blocks, nothing in flight', () => {
     const s = make();
     for (const b of ['gpu-0', 'gpu-1']) {
