@@ -9,14 +9,22 @@
 //
 // Shapes it does not cover are sent upstream non-streamed and relayed as they come (`assemblable`
 // says which): logprobs of any kind, tool definitions (tool-call deltas), n > 1, several
-// completion prompts, echo, best_of and beam search, vLLM's token-id extras.
+// completion prompts, echo, best_of and beam search, vLLM's token-id extras, the transfer parameters
+// of disaggregated prefill.
 
 export type AssembleKind = 'chat' | 'completion';
 
 /** Request fields whose presence makes a non-streamed request pass through unassembled. */
 const CHAT_UNCOVERED = ['logprobs', 'top_logprobs', 'prompt_logprobs', 'tools', 'functions'] as const;
 const COMPLETION_UNCOVERED = ['logprobs', 'prompt_logprobs', 'echo', 'best_of', 'use_beam_search'] as const;
-const VLLM_EXTRAS = ['return_tokens_as_token_ids', 'return_token_ids'] as const;
+// The transfer parameters of disaggregated prefill: vLLM returns them in the non-streamed body only
+// (no stream chunk carries them), so such a request must reach the backend as sent.
+const VLLM_EXTRAS = [
+  'return_tokens_as_token_ids',
+  'return_token_ids',
+  'kv_transfer_params',
+  'ec_transfer_params',
+] as const;
 
 /**
  * Integer fields whose 0 still asks for something: vLLM tests them with `is not None`, and 0 means

@@ -41,7 +41,14 @@ function overrides(spec: PayloadSpec): Record<string, unknown> {
     const opts = spec.body.stream_options;
     const streamOptions = opts !== null && typeof opts === 'object' ? opts : {};
     out.stream = true;
-    out.stream_options = { ...streamOptions, include_usage: true };
+    // vLLM puts usage on every chunk only when both are asked: forcing include_usage must not turn
+    // on a client's continuous_usage_stats that, without include_usage, asked for nothing.
+    const wanted = (streamOptions as { include_usage?: unknown }).include_usage === true;
+    const continuous = (streamOptions as { continuous_usage_stats?: unknown }).continuous_usage_stats;
+    out.stream_options =
+      wanted || !continuous
+        ? { ...streamOptions, include_usage: true }
+        : { ...streamOptions, include_usage: true, continuous_usage_stats: false };
   }
   return out;
 }

@@ -3,7 +3,7 @@
 // and the non-streamed message; its parsers return no content (null) when the model wrote only
 // reasoning. The assembled body must say what vLLM's own non-streamed answer says.
 import { describe, expect, it } from 'vitest';
-import { Assembler, type StreamChunk } from '../../src/upstream/assemble.ts';
+import { Assembler, assemblable, type StreamChunk } from '../../src/upstream/assemble.ts';
 
 const head = { id: 'chatcmpl-r', object: 'chat.completion.chunk', created: 9, model: 'm' };
 
@@ -67,5 +67,16 @@ describe('a reasoning model answered non-streamed', () => {
     const m = message([chunk({ role: 'assistant', content: '' }, 'length')]);
     expect(m.content).toBe('');
     expect(m.reasoning_content).toBeNull();
+  });
+});
+
+describe('what is not assembled', () => {
+  it("passes through disaggregated prefill's transfer parameters, which only vLLM's non-streamed body returns", () => {
+    expect(assemblable('chat', { model: 'm', messages: [] }, 1)).toBe(true);
+    expect(
+      assemblable('chat', { model: 'm', messages: [], kv_transfer_params: { do_remote_decode: true } }, 1),
+    ).toBe(false);
+    expect(assemblable('completion', { model: 'm', prompt: 'x', kv_transfer_params: {} }, 1)).toBe(false);
+    expect(assemblable('completion', { model: 'm', prompt: 'x', ec_transfer_params: {} }, 1)).toBe(false);
   });
 });

@@ -22,11 +22,23 @@ describe('upstreamPayload', () => {
 
   it("merges the client's stream_options and overrides its include_usage", () => {
     const s = spec(
-      `${ESCAPED},"stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true}}`,
+      `${ESCAPED},"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true,"x":1}}`,
     );
     expect(JSON.parse(upstreamPayload(s).toString())).toMatchObject({
       stream: true,
-      stream_options: { include_usage: true, continuous_usage_stats: true },
+      stream_options: { include_usage: true, continuous_usage_stats: true, x: 1 },
+    });
+  });
+
+  it('keeps usage off the token chunks when the client asked for continuous usage without include_usage', () => {
+    // vLLM sends usage on every chunk only when both are set; the forced include_usage must not
+    // turn the client's lone continuous_usage_stats on.
+    const s = spec(
+      `${ESCAPED},"stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true}}`,
+    );
+    expect(JSON.parse(upstreamPayload(s).toString()).stream_options).toEqual({
+      include_usage: true,
+      continuous_usage_stats: false,
     });
   });
 
