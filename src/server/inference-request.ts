@@ -167,7 +167,11 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
   }
   const n = body.n;
   if (n !== undefined && n !== null && n !== 1) throw invalid("only 'n': 1 is supported", 'n');
-  const maxTokens = positiveInt(body, 'max_completion_tokens') ?? positiveInt(body, 'max_tokens');
+  // max_completion_tokens is chat's; vLLM's completions request has no such field (it is ignored).
+  const maxTokens =
+    endpoint === 'chat'
+      ? (positiveInt(body, 'max_completion_tokens') ?? positiveInt(body, 'max_tokens'))
+      : positiveInt(body, 'max_tokens');
   checkSamplingTypes(endpoint, body);
   const parts = promptParts(endpoint, body);
   const stream = body.stream === true;

@@ -16,6 +16,8 @@ import type { Runtime } from './runtime.ts';
  * and the tenant token budget (ShareGPT's mean output is about 200 tokens; research/vllm.md F).
  */
 export const EXPECTED_OUTPUT_TOKENS = 256;
+/** vLLM's (and OpenAI's) max_tokens for /v1/completions when the request gives none. */
+export const COMPLETION_DEFAULT_MAX_TOKENS = 16;
 
 export interface Intake {
   readonly identity: Identity;
@@ -25,7 +27,10 @@ export interface Intake {
   readonly prompt: PromptBlocks;
   /** Prompt tokens as the backend will count them (estimated, exact for token ids). */
   readonly promptTokens: number;
-  /** max_tokens, or EXPECTED_OUTPUT_TOKENS without one. */
+  /**
+   * max_tokens (without one, EXPECTED_OUTPUT_TOKENS for chat and vLLM's default of 16 for
+   * completions), times the completion prompts: vLLM generates for each.
+   */
   readonly expectedOutputTokens: number;
 }
 
@@ -66,7 +71,10 @@ export function intake(
     ir,
     prompt,
     promptTokens,
-    expectedOutputTokens: ir.maxTokens ?? EXPECTED_OUTPUT_TOKENS,
+    expectedOutputTokens:
+      ir.endpoint === 'chat'
+        ? (ir.maxTokens ?? EXPECTED_OUTPUT_TOKENS)
+        : (ir.maxTokens ?? COMPLETION_DEFAULT_MAX_TOKENS) * Math.max(1, ir.promptParts.length),
   };
 }
 
@@ -78,18 +86,38 @@ export function intake(
  */
 export const CONTEXT_ESTIMATE_SLACK = 1.25;
 
-function checkContext(ir: InferenceRequest, prompt: PromptBlocks, tokens: number, maxLen: number): void {
+function checkContext(ir: InferenceRequest, prompt: PromptBlocks, allTokens: number, maxLen: number): void {
   const exact = prompt.exactTokens !== null;
+  // vLLM checks each completion prompt on its own: the longest decides.
+  const tokens = longestPrompt(ir, exact, allTokens);
   const least = exact ? tokens : Math.floor(tokens / CONTEXT_ESTIMATE_SLACK);
-  if (least + (ir.maxTokens ?? 1) <= maxLen) return;
+  const output = ir.maxTokens ?? (ir.endpoint === 'chat' ? 1 : COMPLETION_DEFAULT_MAX_TOKENS);
+  if (least + output <= maxLen) return;
   const about = exact ? '' : 'about ';
   throw new GatewayError(
     'invalid_request',
     `This model's maximum context length is ${maxLen} tokens. However, you requested ` +
-      `${about}${tokens + (ir.maxTokens ?? 0)} tokens (${about}${tokens} in the messages, ` +
-      `${ir.maxTokens ?? 0} in the completion).`,
+      `${about}${tokens + output} tokens (${about}${tokens} in the messages, ` +
+      `${output} in the completion).`,
     { param: ir.endpoint === 'chat' ? 'messages' : 'prompt' },
   );
+}
+
+/**
+ * Tokens of the longest of several completion prompts (`allTokens` counts them all): exact for
+ * token ids, for texts the estimate shared out by characters.
+ */
+function longestPrompt(ir: InferenceRequest, exact: boolean, allTokens: number): number {
+  const parts = ir.promptParts;
+  if (ir.endpoint === 'chat' || parts.length <= 1) return allTokens;
+  let longest = 0;
+  let total = 0;
+  for (const p of parts) {
+    longest = Math.max(longest, p.length);
+    total += p.length;
+  }
+  if (exact) return longest;
+  return total === 0 ? allTokens : Math.ceil((allTokens * longest) / total);
 }
 
 /** What the canonical prompt is rendered from (the body was validated by parseInferenceRequest). */

@@ -338,6 +338,39 @@ describe('27: context length', () => {
   });
 });
 
+describe('27b: context length of completion prompts, as vLLM counts it', () => {
+  it("judges each of several prompts on its own, and a prompt without max_tokens with vLLM's default of 16", async () => {
+    const replica = await SimReplica.start({
+      profile: { ...getProfile('llama3-8b-h100'), maxModelLen: 256 },
+      timeScale: 0.1,
+    });
+    cleanups.push(() => replica.close());
+    const t = await gateway({ backends: [{ name: 'small', url: replica.url }] });
+    await get(t.url, '/v1/models');
+    const ids = (n: number) => Array.from({ length: n }, (_, i) => 100 + i);
+    // Two prompts of 200 ids: 400 together, but each fits with its 10 tokens. The gateway leaves
+    // them to the backend (this simulator takes one prompt per request and says so).
+    const two = await post(
+      t.url,
+      '/v1/completions',
+      { model: MODEL, prompt: [ids(200), ids(200)], max_tokens: 10 },
+      { 'x-request-id': 'ctx-two' },
+    );
+    expect(two.text).toContain('one prompt per request');
+    expect(await t.recordOf('ctx-two')).toMatchObject({ backend: 'small', attempts: 1 });
+    // 250 ids and no max_tokens: vLLM would generate up to 16, past 256. Refused here, exactly.
+    const full = await post(
+      t.url,
+      '/v1/completions',
+      { model: MODEL, prompt: ids(250) },
+      { 'x-request-id': 'ctx-default' },
+    );
+    expect(full.status).toBe(400);
+    expect(full.text).toContain('you requested 266 tokens (250 in the messages, 16 in the completion)');
+    expect(await t.recordOf('ctx-default')).toMatchObject({ outcome: 'refused', backend: null, attempts: 0 });
+  });
+});
+
 describe('28: keys and the route allowlist', () => {
   const sha = (k: string) => createHash('sha256').update(k).digest('hex');
   const tenants = [

@@ -45,6 +45,21 @@ describe('parseInferenceRequest', () => {
     expect(ir.promptParts).toEqual(['be \nbrief', 'hi', '']);
     const c = parseInferenceRequest('completions', { model: 'm', prompt: ['a', 'b'] });
     expect(c).toMatchObject({ stream: false, wantsUsage: false, maxTokens: null, promptParts: ['a', 'b'] });
+    // A completions request has no max_completion_tokens in vLLM: it is ignored, as vLLM ignores it.
+    const ignored = parseInferenceRequest('completions', {
+      model: 'm',
+      prompt: 'a',
+      max_completion_tokens: 9,
+    });
+    expect(ignored.maxTokens).toBeNull();
+    expect(
+      parseInferenceRequest('completions', {
+        model: 'm',
+        prompt: 'a',
+        max_tokens: 7,
+        max_completion_tokens: 9,
+      }).maxTokens,
+    ).toBe(7);
   });
 
   it('rejects what no backend could serve, naming the field', () => {
