@@ -168,10 +168,13 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
   const n = body.n;
   if (n !== undefined && n !== null && n !== 1) throw invalid("only 'n': 1 is supported", 'n');
   // max_completion_tokens is chat's; vLLM's completions request has no such field (it is ignored).
+  // A completion may ask for no output at all when it echoes the prompt (prompt scoring).
   const maxTokens =
     endpoint === 'chat'
       ? (positiveInt(body, 'max_completion_tokens') ?? positiveInt(body, 'max_tokens'))
-      : positiveInt(body, 'max_tokens');
+      : body.echo === true && body.max_tokens === 0
+        ? 0
+        : positiveInt(body, 'max_tokens');
   checkSamplingTypes(endpoint, body);
   const parts = promptParts(endpoint, body);
   const stream = body.stream === true;

@@ -60,6 +60,13 @@ describe('parseInferenceRequest', () => {
         max_completion_tokens: 9,
       }).maxTokens,
     ).toBe(7);
+    // max_tokens 0 only with echo (vLLM returns the prompt alone); otherwise it must be positive.
+    expect(
+      parseInferenceRequest('completions', { model: 'm', prompt: 'a', echo: true, max_tokens: 0 }).maxTokens,
+    ).toBe(0);
+    expect(
+      codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt: 'a', max_tokens: 0 })),
+    ).toBe('invalid_request:max_tokens');
   });
 
   it('rejects what no backend could serve, naming the field', () => {
