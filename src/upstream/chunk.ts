@@ -135,13 +135,3 @@ export function carriesOutput(choices: unknown[]): boolean {
 export function isErrorPayload(msg: StreamChunk | null): boolean {
   return msg !== null && typeof msg === 'object' && (msg.error != null || msg.object === 'error');
 }
-
-/** The HTTP status an in-band error names (`error.code`, or the flat shape's `code`), or null. */
-export function errorPayloadCode(msg: StreamChunk): number | null {
-  const inner = msg.error;
-  const code =
-    inner !== null && typeof inner === 'object'
-      ? (inner as { code?: unknown }).code
-      : (msg as { code?: unknown }).code;
-  return typeof code === 'number' && Number.isInteger(code) ? code : null;
-}

@@ -38,7 +38,7 @@ import { GatewayError, headersWith, sseErrorFrames, writeErrorResponse } from '.
 import { markStage } from '../telemetry/stages.ts';
 import { type AssembleKind, Assembler, type StreamChunk } from './assemble.ts';
 import type { Cancel } from './cancel.ts';
-import { carriesOutput, DONE, errorPayloadCode, isErrorPayload, OutputShape } from './chunk.ts';
+import { carriesOutput, DONE, isErrorPayload, OutputShape } from './chunk.ts';
 import { ChunkedWriter } from './chunked-writer.ts';
 import { AttemptFailure, abortFailure, failureFromError } from './failure.ts';
 import { type DecodeMeter, type Latencies, TokenClock } from './measure.ts';
@@ -322,17 +322,6 @@ export class Attempt implements Dispatcher.DispatchHandler {
         return;
       }
       if (isErrorPayload(msg)) {
-        // Before the first token, an error vLLM names a relayed 4xx (a request it found invalid
-        // once the stream had started: a bad guided-decoding schema, a token id outside the
-        // vocabulary) is the client's, as the same status in the response head would be: told to
-        // the client, not retried, not the backend's failure. Nothing was written to the client.
-        const code = committed ? null : errorPayloadCode(msg as StreamChunk);
-        if (code !== null && RELAYED_4XX.has(code)) {
-          this.#status = code;
-          this.#body = [Buffer.from(ev.data as string)];
-          this.#finish('rejected', null);
-          return;
-        }
         this.#write(out);
         this.#fail(new AttemptFailure('in_band_error', 'upstream sent an error event'));
         return;

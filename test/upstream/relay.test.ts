@@ -281,41 +281,6 @@ describe('upstream errors reaching the client', () => {
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
   });
 
-  it('an in-band error naming a 400 before the first token is relayed as that 400, not retried, not the backend failing', async () => {
-    // vLLM raises some request errors only once the stream has begun (a bad guided-decoding schema):
-    // a 200 head, then one error event naming the status, then [DONE].
-    const { up, set, gw } = await setup((_req, res) => {
-      sseHead(res);
-      res.end(
-        frame({
-          error: { message: 'invalid JSON schema', type: 'BadRequestError', param: null, code: 400 },
-        }) + DONE,
-      );
-    }, healthy(2));
-    const res = await post(gw.url, chatBody({ stream: true }));
-    const result = await gw.nextResult();
-    expect(res.status).toBe(400);
-    expect(JSON.parse(res.text).error).toMatchObject({
-      message: 'invalid JSON schema',
-      code: 'invalid_request',
-    });
-    expect(result).toMatchObject({ reason: 'upstream_rejected', attempts: 1, status: 400 });
-    expect(up.hits).toHaveLength(1);
-    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
-    // The flat shape of older versions names its status too.
-    const flat = await setup((_req, r) => {
-      sseHead(r);
-      r.end(frame({ object: 'error', message: 'bad logit bias', type: 'BadRequestError', code: 422 }) + DONE);
-    });
-    const res2 = await post(flat.gw.url, chatBody({ stream: true }));
-    // As a 422 head is: the gateway's invalid_request envelope, with the backend's message.
-    expect(res2.status).toBe(400);
-    expect(await flat.gw.nextResult()).toMatchObject({
-      reason: 'upstream_rejected',
-      upstreamMessage: 'bad logit bias',
-    });
-  });
-
   it('tells the slot of its first token, and not of a relayed 4xx (the TTFT fit learns from it)', async () => {
     const up = await upstream(status(400, '{"object":"error","message":"bad"}'), healthy(3));
     const set = makeSet([up.url]);
