@@ -298,7 +298,10 @@ class LiveStateImpl implements LiveState {
             host: {
               snapshot: (now) => encodeSnapshot(this.#states(), this.#tenants.entries(now), now),
               applyPeers: (snaps, now) => this.#applyPeers(snaps, now),
-              logEntry: () => encodePrefixLog(this.#prefix.drainRecent(), this.#blockTag()),
+              logEntry: () => {
+                this.#sameBlockSize();
+                return encodePrefixLog(this.#prefix.drainRecent(), this.#blockTag());
+              },
               applyLog: (entries) => {
                 this.#sameBlockSize();
                 const tag = this.#blockTag();

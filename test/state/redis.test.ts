@@ -205,6 +205,30 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     expect(c64.prefixSize('gpu-0').blocks).toBe(0);
   });
 
+  it('blocks hashed before a reload that changes the block size are not told to peers at the new size', async () => {
+    let size = 16;
+    const a = createLiveState(cfg, {
+      instanceId: 'a',
+      backends: BACKENDS,
+      scrape: false,
+      blockSizeTokens: () => size,
+    });
+    states.push(a);
+    const b = make('b', {}, 64);
+    await Promise.all([a.ready(), b.ready()]);
+    a.prefixInsert('gpu-0', chain(1, 10));
+    size = 64; // a reload, before a's next exchange
+    await exchanges(a, 1);
+    await exchanges(b, 2);
+    expect(b.prefixSize('gpu-0').blocks).toBe(0);
+    // What a hashes at the new size reaches b.
+    a.prefixInsert('gpu-0', chain(50, 4));
+    await exchanges(a, 1);
+    await exchanges(b, 2);
+    expect(b.prefixMatch('gpu-0', chain(50, 4))).toBe(4);
+    expect(b.prefixSize('gpu-0').blocks).toBe(4);
+  });
+
   it("a prefix one instance keeps using stays in the other's index while the other's own traffic churns past it", async () => {
     const a = make('a');
     const b = make('b');
