@@ -278,14 +278,20 @@ describe('26: the front door reads the body as fastify did', () => {
   });
 });
 
+/** A gateway in front of one simulated replica whose context length is 256 tokens. */
+async function smallContextGateway() {
+  const replica = await SimReplica.start({
+    profile: { ...getProfile('llama3-8b-h100'), maxModelLen: 256 },
+    timeScale: 0.1,
+  });
+  cleanups.push(() => replica.close());
+  const t = await gateway({ backends: [{ name: 'small', url: replica.url }] });
+  return { replica, t };
+}
+
 describe('27: context length', () => {
   it('a prompt over the backend context length → 400, never dispatched', async () => {
-    const replica = await SimReplica.start({
-      profile: { ...getProfile('llama3-8b-h100'), maxModelLen: 256 },
-      timeScale: 0.1,
-    });
-    cleanups.push(() => replica.close());
-    const t = await gateway({ backends: [{ name: 'small', url: replica.url }] });
+    const { replica, t } = await smallContextGateway();
     expect(JSON.parse((await get(t.url, '/v1/models')).text).data[0].max_model_len).toBe(256);
     const longPrompt = 'The quick brown fox jumps over the lazy dog. '.repeat(40);
     const over = await post(t.url, CHAT, chat({ messages: [{ role: 'user', content: longPrompt }] }), {
@@ -311,12 +317,7 @@ describe('27: context length', () => {
   });
 
   it('a prompt near the limit is judged by the backend, which counts exactly, and its message reaches the client', async () => {
-    const replica = await SimReplica.start({
-      profile: { ...getProfile('llama3-8b-h100'), maxModelLen: 256 },
-      timeScale: 0.1,
-    });
-    cleanups.push(() => replica.close());
-    const t = await gateway({ backends: [{ name: 'small', url: replica.url }] });
+    const { t } = await smallContextGateway();
     // About 260 tokens with the template, against 256: within the estimate's slack (it estimates
     // about 290 before it has learnt this text's ratio), so the gateway does not refuse it.
     const nearPrompt = 'The quick brown fox jumps over the lazy dog. '.repeat(25);
@@ -340,12 +341,7 @@ describe('27: context length', () => {
 
 describe('27b: context length of completion prompts, as vLLM counts it', () => {
   it("judges each of several prompts on its own, and a prompt without max_tokens with vLLM's default of 16", async () => {
-    const replica = await SimReplica.start({
-      profile: { ...getProfile('llama3-8b-h100'), maxModelLen: 256 },
-      timeScale: 0.1,
-    });
-    cleanups.push(() => replica.close());
-    const t = await gateway({ backends: [{ name: 'small', url: replica.url }] });
+    const { t } = await smallContextGateway();
     await get(t.url, '/v1/models');
     const ids = (n: number) => Array.from({ length: n }, (_, i) => 100 + i);
     // Two prompts of 200 ids: 400 together, but each fits with its 10 tokens. The gateway leaves
