@@ -43,7 +43,8 @@ import { startChildFleet, startChildGateway, waitReady } from '../src/bench/proc
 import { runBench } from '../src/bench/run.ts';
 import { syntheticText } from '../src/bench/text.ts';
 import { PREFIX_SHARED } from '../src/bench/workloads.ts';
-import { parseConfig } from '../src/config/index.ts';
+import { applySchemaDefaults } from '../src/config/defaults.ts';
+import { RouterSchema } from '../src/config/schema.ts';
 import { promptBlocks, TokenEstimate } from '../src/prompt/canonical.ts';
 import { slagate } from '../src/router/policies/slagate.ts';
 import type { ScheduledRequest } from '../src/scheduler/types.ts';
@@ -377,10 +378,8 @@ async function shared(): Promise<Row> {
 // ---- micro: the request-path cost of a prompt and of one routing decision ----
 
 /** The gateway's default `router.block_size_tokens`: the blocks a prompt is hashed into. */
-const BLOCK_TOKENS = parseConfig(
-  'models: [m]\nbackends: [{ name: a, url: "http://127.0.0.1:1" }]\n',
-  'defaults',
-).router.block_size_tokens;
+const BLOCK_TOKENS = (applySchemaDefaults(RouterSchema, {}) as { block_size_tokens: number })
+  .block_size_tokens;
 
 function timings(n: number, fn: (i: number) => void): { p50: number; p99: number; max: number } {
   const d: number[] = [];

@@ -72,9 +72,8 @@ export function intake(
     prompt,
     promptTokens,
     expectedOutputTokens:
-      ir.endpoint === 'chat'
-        ? (ir.maxTokens ?? EXPECTED_OUTPUT_TOKENS)
-        : (ir.maxTokens ?? COMPLETION_DEFAULT_MAX_TOKENS) * Math.max(1, ir.promptParts.length),
+      (askedOutput(ir) ?? EXPECTED_OUTPUT_TOKENS) *
+      (ir.endpoint === 'chat' ? 1 : Math.max(1, ir.promptParts.length)),
   };
 }
 
@@ -91,7 +90,7 @@ function checkContext(ir: InferenceRequest, prompt: PromptBlocks, allTokens: num
   // vLLM checks each completion prompt on its own: the longest decides.
   const tokens = longestPrompt(ir, exact, allTokens);
   const least = exact ? tokens : Math.floor(tokens / CONTEXT_ESTIMATE_SLACK);
-  const output = ir.maxTokens ?? (ir.endpoint === 'chat' ? 1 : COMPLETION_DEFAULT_MAX_TOKENS);
+  const output = askedOutput(ir) ?? 1;
   if (least + output <= maxLen) return;
   const about = exact ? '' : 'about ';
   throw new GatewayError(
@@ -101,6 +100,14 @@ function checkContext(ir: InferenceRequest, prompt: PromptBlocks, allTokens: num
       `${output} in the completion).`,
     { param: ir.endpoint === 'chat' ? 'messages' : 'prompt' },
   );
+}
+
+/**
+ * The most output tokens the backend will generate per prompt: max_tokens, or vLLM's default of 16
+ * for a completion; null for a chat request without one (vLLM fills the context).
+ */
+function askedOutput(ir: InferenceRequest): number | null {
+  return ir.maxTokens ?? (ir.endpoint === 'chat' ? null : COMPLETION_DEFAULT_MAX_TOKENS);
 }
 
 /**

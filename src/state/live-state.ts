@@ -299,11 +299,10 @@ class LiveStateImpl implements LiveState {
               snapshot: (now) => encodeSnapshot(this.#states(), this.#tenants.entries(now), now),
               applyPeers: (snaps, now) => this.#applyPeers(snaps, now),
               logEntry: () => {
-                this.#sameBlockSize();
-                return encodePrefixLog(this.#prefix.drainRecent(), this.#blockTag());
+                const tag = this.#blockTag();
+                return encodePrefixLog(this.#prefix.drainRecent(), tag);
               },
               applyLog: (entries) => {
-                this.#sameBlockSize();
                 const tag = this.#blockTag();
                 for (const e of entries) {
                   decodePrefixLog(e, tag, (b, h) => {
@@ -441,6 +440,15 @@ class LiveStateImpl implements LiveState {
     this.#indexedAt = size;
   }
 
+  /**
+   * What shared blocks are tagged with: `@` and the block size, or '' without one. The index is
+   * made to hold blocks of that size first, so what is told and read next is of it.
+   */
+  #blockTag(): string {
+    this.#sameBlockSize();
+    return this.#indexedAt === undefined ? '' : `@${this.#indexedAt}`;
+  }
+
   prefixSize(backend: string): { blocks: number; capacity: number } {
     return {
       blocks: this.#prefix.size(backend),
@@ -458,12 +466,6 @@ class LiveStateImpl implements LiveState {
    * One ratio for every block: a token-id prompt's blocks (exactly block_size_tokens each) are
    * counted at the text ratio too, so under mixed traffic the bound is off by their difference.
    */
-  /** What shared blocks are tagged with: `@` and the block size, or '' without one. */
-  #blockTag(): string {
-    const size = this.#blockSizeTokens?.();
-    return size === undefined ? '' : `@${size}`;
-  }
-
   #indexCapacity(backend: string): number {
     const m = this.#scraper?.get(backend);
     const perBlock = this.#indexBlockTokens?.();

@@ -31,6 +31,8 @@ export interface PayloadSpec {
   streamed: boolean;
   /** vLLM's `priority` field, or null to leave the client's body as it is. */
   priority: number | null;
+  /** The client asked for usage itself (`stream_options.include_usage`). */
+  clientWantsUsage: boolean;
 }
 
 /** The members the gateway sets on the upstream body, in the order they are appended. */
@@ -41,14 +43,11 @@ function overrides(spec: PayloadSpec): Record<string, unknown> {
     const opts = spec.body.stream_options;
     const streamOptions = opts !== null && typeof opts === 'object' ? opts : {};
     out.stream = true;
+    const merged: Record<string, unknown> = { ...streamOptions, include_usage: true };
     // vLLM puts usage on every chunk only when both are asked: forcing include_usage must not turn
     // on a client's continuous_usage_stats that, without include_usage, asked for nothing.
-    const wanted = (streamOptions as { include_usage?: unknown }).include_usage === true;
-    const continuous = (streamOptions as { continuous_usage_stats?: unknown }).continuous_usage_stats;
-    out.stream_options =
-      wanted || !continuous
-        ? { ...streamOptions, include_usage: true }
-        : { ...streamOptions, include_usage: true, continuous_usage_stats: false };
+    if (!spec.clientWantsUsage && merged.continuous_usage_stats) merged.continuous_usage_stats = false;
+    out.stream_options = merged;
   }
   return out;
 }

@@ -156,6 +156,7 @@ async function attemptLoop(
     body: req.body,
     streamed: req.mode !== 'passthrough',
     priority: req.priority,
+    clientWantsUsage: req.clientWantsUsage,
   });
   const excluded = new Set<string>();
   const s: LoopState = {

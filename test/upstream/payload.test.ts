@@ -9,7 +9,10 @@ const ESCAPED = '{"model":"m","messages":[{"role":"user","content":"caf\\u00e9"}
 function spec(rawText: string | null, extra: { streamed?: boolean; priority?: number | null } = {}) {
   const raw = rawText === null ? null : Buffer.from(rawText);
   const body = JSON.parse(rawText ?? '{"model":"m","messages":[]}') as Record<string, unknown>;
-  return { raw, body, streamed: extra.streamed ?? true, priority: extra.priority ?? null };
+  // As the server stage reads it from the body.
+  const so = body.stream_options as { include_usage?: unknown } | undefined;
+  const clientWantsUsage = so?.include_usage === true;
+  return { raw, body, streamed: extra.streamed ?? true, priority: extra.priority ?? null, clientWantsUsage };
 }
 
 describe('upstreamPayload', () => {
@@ -77,7 +80,7 @@ describe('upstreamPayload', () => {
     ]);
     const body = JSON.parse(raw.toString('utf8')) as Record<string, unknown>;
     for (const streamed of [true, false]) {
-      const out = upstreamPayload({ raw, body, streamed, priority: null });
+      const out = upstreamPayload({ raw, body, streamed, priority: null, clientWantsUsage: false });
       expect(out.includes(0xe9)).toBe(false);
       expect(JSON.parse(out.toString()).messages).toEqual(body.messages);
     }
