@@ -4,6 +4,7 @@
 // state's leases do, for every gateway instance (src/state), and the scheduler reads them there.
 import { Pool } from 'undici';
 import { type AttemptBreaker, breakerAdmits } from './breaker.ts';
+import type { AttemptFailure } from './failure.ts';
 import type { HealthProbe } from './health.ts';
 import type { OutlierDetector } from './outlier.ts';
 import type { Attempt, AttemptEnd } from './relay.ts';
@@ -103,9 +104,18 @@ export class Backend {
     if (end.kind === 'ok') {
       this.outlier.success();
     } else if (end.failure?.backendFault) {
-      const ms = this.outlier.failure(this.#mayEject, !end.failure.reachedEngine);
-      if (ms !== null) this.#onEjected(ms);
+      this.blame(end.failure);
     }
+  }
+
+  /**
+   * Counts a failure against this backend for outlier detection. `run` calls it for the failures
+   * that are the backend's when they end; the attempt loop calls it later for one that another
+   * backend showed to be this one's (an in-band rejection, failure.ts).
+   */
+  blame(failure: AttemptFailure): void {
+    const ms = this.outlier.failure(this.#mayEject, !failure.reachedEngine);
+    if (ms !== null) this.#onEjected(ms);
   }
 
   /**

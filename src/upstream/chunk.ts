@@ -135,3 +135,20 @@ export function carriesOutput(choices: unknown[]): boolean {
 export function isErrorPayload(msg: StreamChunk | null): boolean {
   return msg !== null && typeof msg === 'object' && (msg.error != null || msg.object === 'error');
 }
+
+/**
+ * The HTTP status an in-band error names (`error.code`, or the flat body's `code`) and its
+ * message; each null when absent or not of its type.
+ */
+export function errorPayloadFacts(msg: StreamChunk | null): { code: number | null; message: string | null } {
+  if (msg === null || typeof msg !== 'object') return { code: null, message: null };
+  const inner = msg.error;
+  const e = (inner !== null && typeof inner === 'object' ? inner : msg) as {
+    code?: unknown;
+    message?: unknown;
+  };
+  return {
+    code: Number.isInteger(e.code) ? (e.code as number) : null,
+    message: typeof e.message === 'string' ? e.message : null,
+  };
+}

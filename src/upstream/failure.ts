@@ -13,6 +13,7 @@ export type FailureReason =
   | 'first_token_timeout'
   | 'deadline' // the request's own deadline cut the first-token wait short
   | 'in_band_error' // `data: {"error":...}` (or a 200 JSON error body)
+  | 'in_band_rejection' // the same before the first token, naming a relayable 4xx: the request's fault or the engine's (see below)
   | 'protocol_error' // bad JSON, oversized event, no token before [DONE], no [DONE]
   | 'response_too_large' // a body passed through whole grew past max_body_bytes: this request's answer is too big anywhere
   | 'idle_timeout' // no data event for idle_timeout_ms after the commit point
@@ -20,8 +21,16 @@ export type FailureReason =
   | 'client_stalled' // the client stopped reading for client_stall_timeout_ms
   | 'cut'; // the caller ended the request with an error the client is told (e.g. shutdown)
 
-/** Reasons that are not the backend's fault: the gateway, the client or the request's budget. */
+/**
+ * Reasons that are not the backend's fault: the gateway, the client or the request's budget. An
+ * in-band rejection is not known to be either's when it arrives: vLLM gives code 400 to a request's
+ * own errors raised after its 200 head and also to engine errors (every in-band error in
+ * v0.10-0.11; ValueError, TypeError and RuntimeError in current releases). The attempt loop
+ * (proxy.ts) asks another backend: the same rejection there makes it the request's, a first token
+ * there makes it the first backend's, and only then is that backend blamed (Backend.blame).
+ */
 const NOT_BACKEND_FAULT: ReadonlySet<FailureReason> = new Set<FailureReason>([
+  'in_band_rejection',
   'upstream_busy',
   'deadline',
   'response_too_large',
@@ -52,11 +61,19 @@ export class AttemptFailure extends Error {
   readonly status: number | null;
   /** For a cut: the error the client is told instead of the generic upstream_error. */
   readonly clientError: GatewayError | null;
+  /** For an in-band rejection: the upstream's message (capped), which the client may be told. */
+  readonly upstreamMessage: string | null;
 
   constructor(
     reason: FailureReason,
     message: string,
-    opts: { status?: number; cause?: unknown; clientError?: GatewayError; beforeHead?: boolean } = {},
+    opts: {
+      status?: number;
+      cause?: unknown;
+      clientError?: GatewayError;
+      beforeHead?: boolean;
+      upstreamMessage?: string | null;
+    } = {},
   ) {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
     this.name = 'AttemptFailure';
@@ -67,6 +84,7 @@ export class AttemptFailure extends Error {
     );
     this.status = opts.status ?? null;
     this.clientError = opts.clientError ?? null;
+    this.upstreamMessage = opts.upstreamMessage ?? null;
   }
 
   /** Counted by outlier detection and the breaker. */

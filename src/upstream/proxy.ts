@@ -12,6 +12,11 @@
 //   `retries` times, and only within the shared retry budget (Envoy's 20%), so a fleet-wide
 //   failure does not multiply the load;
 // - none after the commit point, none of a client cancel, a relayed 4xx, or the deadline.
+// An in-band rejection (an in-band error naming a relayable 4xx before the first token, failure.ts)
+// is retried like a failure the engine may have caused, but blames nobody yet: the same rejection
+// from a second backend ends the loop with it (the client gets it as a relayed 4xx); a first token
+// from another backend blames the backend that rejected. Without a second answer (no retry left,
+// no other backend) the client gets the rejection and nobody is blamed.
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import {
   type ErrorCode,
@@ -25,7 +30,7 @@ import { markStage } from '../telemetry/stages.ts';
 import type { AssembleKind } from './assemble.ts';
 import type { Backend } from './backend.ts';
 import { Cancel } from './cancel.ts';
-import type { FailureReason } from './failure.ts';
+import type { AttemptFailure, FailureReason } from './failure.ts';
 import type { Latencies } from './measure.ts';
 import { upstreamPayload } from './payload.ts';
 import { Attempt, type AttemptEnd, type ClientMode } from './relay.ts';
@@ -169,6 +174,8 @@ async function attemptLoop(
     queueMs: 0,
   };
   let engineRetries = 0;
+  // The backend whose in-band rejection waits for a second backend's answer.
+  let rejectedBy: { backend: Backend; failure: AttemptFailure } | null = null;
   while (!signal.aborted) {
     if (req.deadlineAt - performance.now() <= 0) {
       s.stop = 'deadline';
@@ -271,6 +278,14 @@ async function attemptLoop(
       status: end.status,
     });
     const f = end.failure;
+    if (f?.reason === 'in_band_rejection') {
+      // Two backends rejected the request alike: it is the request's.
+      if (rejectedBy !== null) break;
+      rejectedBy = { backend, failure: f };
+    } else if (rejectedBy !== null && end.committed) {
+      rejectedBy.backend.blame(rejectedBy.failure);
+      rejectedBy = null;
+    }
     // A deadline failure means the budget is spent (timers may fire a fraction of a ms early); a
     // body too large is as large on any backend (failure.ts says which failures are final).
     if (end.kind !== 'failed' || end.committed || f === null || !f.retryable) break;
@@ -375,9 +390,10 @@ function result(s: LoopState, e: Ending, lat: Latencies | null, e2eMs: number): 
 /** The error the client gets when no attempt committed. */
 function failureResponse(s: LoopState): { err: GatewayError; reason: ResultReason; outcome: Outcome } {
   const { last } = s;
-  if (last?.kind === 'rejected') {
+  if (last?.kind === 'rejected' || last?.failure?.reason === 'in_band_rejection') {
     return {
-      err: rejectedError(last.status ?? 400, last.upstreamMessage),
+      // A status relayed as such, or the one an in-band rejection names.
+      err: rejectedError(last.failure?.status ?? last.status ?? 400, last.upstreamMessage),
       reason: 'upstream_rejected',
       outcome: 'failed_before_commit',
     };

@@ -38,7 +38,7 @@ import { GatewayError, headersWith, sseErrorFrames, writeErrorResponse } from '.
 import { markStage } from '../telemetry/stages.ts';
 import { type AssembleKind, Assembler, type StreamChunk } from './assemble.ts';
 import type { Cancel } from './cancel.ts';
-import { carriesOutput, DONE, isErrorPayload, OutputShape } from './chunk.ts';
+import { carriesOutput, DONE, errorPayloadFacts, isErrorPayload, OutputShape } from './chunk.ts';
 import { ChunkedWriter } from './chunked-writer.ts';
 import { AttemptFailure, abortFailure, failureFromError } from './failure.ts';
 import { type DecodeMeter, type Latencies, TokenClock } from './measure.ts';
@@ -91,7 +91,7 @@ export interface AttemptEnd {
   failure: AttemptFailure | null;
   /** Upstream HTTP status, when headers were received. */
   status: number | null;
-  /** For 'rejected': the upstream's error message (capped), which the client is told. */
+  /** For 'rejected' and an in-band rejection: the upstream's error message (capped), which the client may be told. */
   upstreamMessage: string | null;
   promptTokens: number | null;
   completionTokens: number | null;
@@ -323,7 +323,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
       }
       if (isErrorPayload(msg)) {
         this.#write(out);
-        this.#fail(new AttemptFailure('in_band_error', 'upstream sent an error event'));
+        this.#fail(inBandFailure(msg, committed, 'sent an error event'));
         return;
       }
       const usage = msg?.usage;
@@ -500,7 +500,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
       return;
     }
     if (isErrorPayload(msg)) {
-      this.#fail(new AttemptFailure('in_band_error', 'upstream answered 200 with an error body'));
+      this.#fail(inBandFailure(msg, false, 'answered 200 with an error body'));
       return;
     }
     if (!Array.isArray(msg?.choices)) {
@@ -622,7 +622,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
       committed,
       failure,
       status: this.#status,
-      upstreamMessage: kind === 'rejected' ? rejectMessage(this.#body) : null,
+      upstreamMessage: kind === 'rejected' ? rejectMessage(this.#body) : (failure?.upstreamMessage ?? null),
       promptTokens: this.#promptTokens,
       completionTokens: this.#completionTokens,
       // A pass-through body is one event at the end: no first token is observable there.
@@ -635,6 +635,22 @@ export class Attempt implements Dispatcher.DispatchHandler {
 
 /** Longest upstream 4xx message passed on to the client (DESIGN section 4). */
 export const MAX_REJECT_MESSAGE = 500;
+
+/**
+ * An in-band error as a failure. Before the commit point one that names a status the gateway
+ * relays is an in-band rejection, which the attempt loop settles with another backend (failure.ts);
+ * any other, and every one after the commit point, is the backend's in-band error.
+ */
+function inBandFailure(msg: StreamChunk | null, committed: boolean, what: string): AttemptFailure {
+  const { code, message } = errorPayloadFacts(msg);
+  if (!committed && code !== null && RELAYED_4XX.has(code)) {
+    return new AttemptFailure('in_band_rejection', `upstream ${what} naming ${code}`, {
+      status: code,
+      upstreamMessage: message?.slice(0, MAX_REJECT_MESSAGE) ?? null,
+    });
+  }
+  return new AttemptFailure('in_band_error', `upstream ${what}`);
+}
 
 /** The upstream's error message from a 4xx body, capped. */
 function rejectMessage(body: Buffer[]): string | null {

@@ -5,10 +5,12 @@ import type { BackendSet } from '../../src/upstream/backends.ts';
 import type { AcquireSlot } from '../../src/upstream/slot.ts';
 import {
   chatBody,
+  DONE,
   dataEvents,
   deadUrl,
   destroy,
   FAST,
+  frame,
   type Gateway,
   type GatewayOpts,
   gateway,
@@ -125,6 +127,93 @@ describe('retries before the commit point (item 3)', () => {
     expect(result).toMatchObject({ outcome: 'timeout', reason: 'first_token_timeout', attempts: 1 });
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(1);
     expect(set.get('b0')!.breaker.stats.failures).toBe(1);
+  });
+});
+
+// vLLM raises some of a request's own errors only after its 200 head, as one in-band error with
+// code 400, and gives the same code to some engine errors: a second backend tells them apart.
+describe('an in-band error naming a 4xx before the first token', () => {
+  const rejects =
+    (error: Record<string, unknown>): Script =>
+    (_req, res) => {
+      sseHead(res);
+      res.end(frame(error) + DONE);
+    };
+  const badGrammar = { error: { message: 'grammar does not compile', type: 'BadRequestError', code: 400 } };
+
+  it("is the request's when a second backend rejects it alike: relayed as a 400, nobody blamed", async () => {
+    const flat = { object: 'error', message: 'grammar does not compile', type: 'BadRequestError', code: 400 };
+    const { ups, set, gw } = await fleet([[rejects(badGrammar)], [rejects(flat)], [healthy(1)]]);
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(400);
+    expect(JSON.parse(res.text).error).toMatchObject({
+      code: 'invalid_request',
+      message: 'grammar does not compile',
+    });
+    expect(result).toMatchObject({
+      outcome: 'failed_before_commit',
+      reason: 'upstream_rejected',
+      attempts: 2,
+      status: 400,
+      upstreamMessage: 'grammar does not compile',
+    });
+    expect(result.attemptLog.map((a) => a.reason)).toEqual(['in_band_rejection', 'in_band_rejection']);
+    expect(ups.map((u) => u.hits.length)).toEqual([1, 1, 0]);
+    for (const name of ['b0', 'b1']) {
+      expect(set.get(name)!.outlier.consecutiveFailures).toBe(0);
+      expect(set.get(name)!.breaker.stats.failures).toBe(0);
+    }
+  });
+
+  it("is the first backend's when another gives a first token: blamed then", async () => {
+    const { set, gw } = await fleet([[rejects(badGrammar)], [healthy(2)]]);
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(200);
+    expect(dataEvents(res.text)).toHaveLength(4); // role, 2 tokens, [DONE]
+    expect(result).toMatchObject({ outcome: 'ok', backend: 'b1', attempts: 2 });
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(1);
+    expect(set.get('b1')!.outlier.consecutiveFailures).toBe(0);
+  });
+
+  it('with no second backend to ask, reaches the client as the backend said it, blaming nobody', async () => {
+    const notFound = { error: { message: 'no such lora adapter', type: 'NotFoundError', code: 404 } };
+    const { set, gw } = await fleet([[rejects(notFound)]]);
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(404);
+    expect(JSON.parse(res.text).error).toMatchObject({
+      code: 'model_not_found',
+      message: 'no such lora adapter',
+    });
+    expect(await gw.nextResult()).toMatchObject({ reason: 'upstream_rejected', attempts: 1 });
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
+  });
+
+  it('a 200 body passed through whole that carries one is settled the same way', async () => {
+    const body: Script = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify(badGrammar));
+    };
+    const { ups, gw } = await fleet([[body], [body]]);
+    const res = await post(gw.url, chatBody({ stream: false }));
+    expect(res.status).toBe(400);
+    expect(await gw.nextResult()).toMatchObject({ reason: 'upstream_rejected', attempts: 2 });
+    expect(ups.map((u) => u.hits.length)).toEqual([1, 1]);
+  });
+
+  it('one naming a 5xx is still the backend’s in-band error, and so is any after the first token', async () => {
+    const engineDead = { error: { message: 'engine dead', type: 'InternalServerError', code: 500 } };
+    const { set, gw } = await fleet([[rejects(engineDead)], [rejects(engineDead)], [rejects(engineDead)]]);
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(502);
+    const result = await gw.nextResult();
+    expect(result.attemptLog.map((a) => a.reason)).toEqual([
+      'in_band_error',
+      'in_band_error',
+      'in_band_error',
+    ]);
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(1);
   });
 });
 
