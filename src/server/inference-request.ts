@@ -17,7 +17,11 @@ export type PromptPart = string | readonly number[];
 
 export interface InferenceRequest {
   endpoint: Endpoint;
-  model: string;
+  /**
+   * The model the body names, or null when it names none (absent, null or empty): vLLM then
+   * serves its one model, and so does the gateway when it serves only one (intake.ts).
+   */
+  model: string | null;
   stream: boolean;
   /**
    * How the answer is made: a relayed stream; a non-streamed body assembled from a stream (so it
@@ -155,8 +159,9 @@ function checkSamplingTypes(endpoint: Endpoint, body: Record<string, unknown>): 
 /** Throws GatewayError('invalid_request') with the offending field as `param`. */
 export function parseInferenceRequest(endpoint: Endpoint, body: unknown): InferenceRequest {
   if (!isRecord(body)) throw invalid('the request body must be a JSON object', 'body');
-  if (typeof body.model !== 'string' || body.model === '') {
-    throw invalid("'model' must be a non-empty string", 'model');
+  const model = body.model;
+  if (model !== undefined && model !== null && typeof model !== 'string') {
+    throw invalid("'model' must be a string", 'model');
   }
   if (body.stream !== undefined && body.stream !== null && typeof body.stream !== 'boolean') {
     throw invalid("'stream' must be a boolean", 'stream');
@@ -181,7 +186,7 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
   const assembleKind: AssembleKind = endpoint === 'chat' ? 'chat' : 'completion';
   return {
     endpoint,
-    model: body.model,
+    model: typeof model === 'string' && model !== '' ? model : null,
     stream,
     mode: stream ? 'stream' : assemblable(assembleKind, body, parts.length) ? 'assemble' : 'passthrough',
     assembleKind,

@@ -55,16 +55,26 @@ export function intake(
   });
 
   const ir = parseInferenceRequest(endpoint, request.body);
-  record.set({ model: ir.model, stream: ir.stream, max_tokens: ir.maxTokens });
-  if (!rt.models.has(ir.model)) {
-    throw new GatewayError('model_not_found', `The model \`${ir.model}\` does not exist.`, {
+  // A body that names no model gets the one the gateway serves, as vLLM gives it its one model;
+  // the body goes upstream as it came, and the backend picks that same model.
+  const model = ir.model ?? rt.models.only();
+  record.set({ model, stream: ir.stream, max_tokens: ir.maxTokens });
+  if (model === null) {
+    throw new GatewayError(
+      'invalid_request',
+      `'model' is required: this gateway serves ${rt.models.names().join(', ')}.`,
+      { param: 'model' },
+    );
+  }
+  if (!rt.models.has(model)) {
+    throw new GatewayError('model_not_found', `The model \`${model}\` does not exist.`, {
       param: 'model',
     });
   }
   const prompt = promptBlocks(promptSource(ir), rt.config.router.block_size_tokens);
   const promptTokens = rt.tokens.tokens(prompt);
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: prompt.hashes.length });
-  checkContext(ir, prompt, promptTokens, rt.models.maxModelLen(ir.model));
+  checkContext(ir, prompt, promptTokens, rt.models.maxModelLen(model));
   return {
     identity,
     cls,

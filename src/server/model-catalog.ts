@@ -33,6 +33,16 @@ export class ModelCatalog {
     return this.#served.includes(model);
   }
 
+  /** The configured model names, in order. */
+  names(): readonly string[] {
+    return this.#served;
+  }
+
+  /** The one model served, or null when there are several: what a request naming none gets. */
+  only(): string | null {
+    return this.#served.length === 1 ? this.#served[0]! : null;
+  }
+
   /** Context length of a model: the smallest the backends reported in the last refresh that heard of it (a request must fit all). */
   maxModelLen(model: string): number {
     return this.#maxLen.get(model) ?? UNKNOWN_MAX_LEN;

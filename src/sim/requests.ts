@@ -39,10 +39,10 @@ export function parseJsonBody(raw: string): Body {
   return body as Body;
 }
 
-/** The served model the body names; an absent model means the (only) served one. */
+/** The served model the body names; an absent, null or empty model means the (only) served one, as in vLLM. */
 export function resolveModel(body: Body, served: string): string {
   const model = body.model;
-  if (model === undefined || model === null) return served;
+  if (model === undefined || model === null || model === '') return served;
   if (typeof model !== 'string') throw validationError('model: Input should be a valid string', 'model');
   if (model !== served)
     throw new HttpError(404, `The model \`${model}\` does not exist.`, 'NotFoundError', 'model');

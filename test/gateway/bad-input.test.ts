@@ -367,6 +367,40 @@ describe('27b: context length of completion prompts, as vLLM counts it', () => {
   });
 });
 
+// vLLM serves its one model to a request that names none (absent, null or empty); so does the
+// gateway when it serves one, and it says which are served when it serves several.
+describe('a body that names no model', () => {
+  it('gets the one model served: absent, null and empty alike', async () => {
+    const t = await gateway({ replicas: 1 });
+    const { model: _named, ...unnamed } = chat();
+    const bodies = [unnamed, { ...unnamed, model: null }, { ...unnamed, model: '' }];
+    for (const [i, body] of bodies.entries()) {
+      const res = await post(t.url, CHAT, body, { 'x-request-id': `unnamed-${i}` });
+      expect(res.status, JSON.stringify(body)).toBe(200);
+      expect(JSON.parse(res.text).model).toBe(MODEL);
+      expect(await t.recordOf(`unnamed-${i}`)).toMatchObject({ outcome: 'ok', model: MODEL });
+    }
+    const typed = await post(t.url, CHAT, { ...unnamed, model: 5 }, { 'x-request-id': 'model-number' });
+    expect(typed.status).toBe(400);
+    expect(errorOf(typed.text)).toMatchObject({ code: 'invalid_request', param: 'model' });
+  });
+
+  it('is refused with the served models named when there are several', async () => {
+    const t = await gateway({ replicas: 1, config: { models: [MODEL, 'other-model'] } });
+    const { model: _named, ...unnamed } = chat();
+    const res = await post(t.url, CHAT, unnamed, { 'x-request-id': 'unnamed-of-two' });
+    expect(res.status).toBe(400);
+    const err = errorOf(res.text);
+    expect(err).toMatchObject({ code: 'invalid_request', param: 'model' });
+    expect(err.message).toContain(`${MODEL}, other-model`);
+    expect(await t.recordOf('unnamed-of-two')).toMatchObject({
+      outcome: 'refused',
+      reason: 'invalid_request',
+    });
+    expect(await replicaRequests(t.fleet!.urls[0]!)).toBe(0);
+  });
+});
+
 describe('28: keys and the route allowlist', () => {
   const sha = (k: string) => createHash('sha256').update(k).digest('hex');
   const tenants = [

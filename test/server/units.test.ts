@@ -71,7 +71,11 @@ describe('parseInferenceRequest', () => {
 
   it('rejects what no backend could serve, naming the field', () => {
     expect(codeOf(() => parseInferenceRequest('chat', null))).toBe('invalid_request:body');
-    expect(codeOf(() => parseInferenceRequest('chat', { messages: msg }))).toBe('invalid_request:model');
+    expect(codeOf(() => parseInferenceRequest('chat', { model: 7, messages: msg }))).toBe(
+      'invalid_request:model',
+    );
+    // Naming no model is not an error here: intake gives it the one served, as vLLM does.
+    expect(parseInferenceRequest('chat', { messages: msg }).model).toBeNull();
     expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: [] }))).toBe(
       'invalid_request:messages',
     );
