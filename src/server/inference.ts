@@ -105,6 +105,7 @@ export async function handleInference(
         mode: ir.mode,
         assembleKind: ir.assembleKind,
         clientWantsUsage: ir.wantsUsage,
+        model: ir.model === null ? got.model : null,
         requestId: request.id,
         responseHeaders,
         startedAt: record.startedAt,

@@ -23,6 +23,8 @@ export interface Intake {
   readonly identity: Identity;
   readonly cls: SlaClass;
   readonly ir: InferenceRequest;
+  /** The model served: the one the body names, or the gateway's only one when it names none. */
+  readonly model: string;
   /** The canonical prompt's block hashes and size. */
   readonly prompt: PromptBlocks;
   /** Prompt tokens as the backend will count them (estimated, exact for token ids). */
@@ -55,8 +57,9 @@ export function intake(
   });
 
   const ir = parseInferenceRequest(endpoint, request.body);
-  // A body that names no model gets the one the gateway serves, as vLLM gives it its one model;
-  // the body goes upstream as it came, and the backend picks that same model.
+  // A body that names no model gets the one the gateway serves, as vLLM gives it its one model. The
+  // upstream body then names it (payload.ts): a backend's own default could be another model (its
+  // base model when the configured name is an adapter), which the configured names do not offer.
   const model = ir.model ?? rt.models.only();
   record.set({ model, stream: ir.stream, max_tokens: ir.maxTokens });
   if (model === null) {
@@ -79,6 +82,7 @@ export function intake(
     identity,
     cls,
     ir,
+    model,
     prompt,
     promptTokens,
     expectedOutputTokens:

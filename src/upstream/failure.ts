@@ -23,11 +23,13 @@ export type FailureReason =
 
 /**
  * Reasons that are not the backend's fault: the gateway, the client or the request's budget. An
- * in-band rejection is not known to be either's when it arrives: vLLM gives code 400 to a request's
- * own errors raised after its 200 head and also to engine errors (every in-band error in
- * v0.10-0.11; ValueError, TypeError and RuntimeError in current releases). The attempt loop
- * (proxy.ts) asks another backend: the same rejection there makes it the request's, a first token
- * there makes it the first backend's, and only then is that backend blamed (Backend.blame).
+ * in-band rejection is not known to be either's when it arrives: vLLM gives code 400 to a
+ * request's own errors raised after its 200 head (a ValueError from validation), and also to
+ * failures that are not the request's: in v0.10-0.11 to every in-band error, engine failures
+ * included; in current releases to a TypeError or RuntimeError raised in its API server (engine
+ * failures get 500 there). The attempt loop (proxy.ts) asks another backend: a rejection there too
+ * makes it the request's, a first token there makes it the first backend's, and only then is that
+ * backend blamed (Backend.blame).
  */
 const NOT_BACKEND_FAULT: ReadonlySet<FailureReason> = new Set<FailureReason>([
   'in_band_rejection',

@@ -1,6 +1,7 @@
 // The body the backend gets, built from the client's own bytes. Streamed upstream (every mode but
 // a pass-through), it must say `"stream": true` and ask for the usage chunk; with
-// `upstream.forward_priority` it carries the class priority. Those few members are appended to
+// `upstream.forward_priority` it carries the class priority; a body that named no model names the
+// one the gateway gave it. Those few members are appended to
 // the client's JSON object just before its closing brace instead of re-serialising the whole body:
 // a prompt of 32,000 characters is then copied once, never walked by JSON.stringify.
 //
@@ -33,11 +34,14 @@ export interface PayloadSpec {
   priority: number | null;
   /** The client asked for usage itself (`stream_options.include_usage`). */
   clientWantsUsage: boolean;
+  /** The model to name when the client's body named none, else null (the body's own stands). */
+  model: string | null;
 }
 
 /** The members the gateway sets on the upstream body, in the order they are appended. */
 function overrides(spec: PayloadSpec): Record<string, unknown> {
   const out: Record<string, unknown> = {};
+  if (spec.model !== null) out.model = spec.model;
   if (spec.priority !== null) out.priority = spec.priority;
   if (spec.streamed) {
     const opts = spec.body.stream_options;

@@ -13,10 +13,12 @@
 //   failure does not multiply the load;
 // - none after the commit point, none of a client cancel, a relayed 4xx, or the deadline.
 // An in-band rejection (an in-band error naming a relayable 4xx before the first token, failure.ts)
-// is retried like a failure the engine may have caused, but blames nobody yet: the same rejection
-// from a second backend ends the loop with it (the client gets it as a relayed 4xx); a first token
-// from another backend blames the backend that rejected. Without a second answer (no retry left,
-// no other backend) the client gets the rejection and nobody is blamed.
+// is retried like a failure the engine may have caused, but blames nobody yet: a rejection from a
+// second backend too ends the loop; a first token (or a whole body) from another backend blames
+// the backend that rejected, at that moment. A request that no attempt committed and that was
+// rejected on the way is answered with the last rejection (a relayed 4xx), whatever ended the
+// loop (no retry left, no other backend, another failure, a refusal while it waited), unless the
+// client left or the request was cut.
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import {
   type ErrorCode,
@@ -52,6 +54,8 @@ export interface ProxyRequest {
   assembleKind: AssembleKind;
   /** The client set stream_options.include_usage: the usage chunk is forwarded to it. */
   clientWantsUsage: boolean;
+  /** The model the upstream body names when the client's named none (payload.ts), else null. */
+  model: string | null;
   /** Sent upstream as x-request-id. */
   requestId: string;
   /** Extra headers on every response the client gets (x-request-id, x-slagate-class). */
@@ -147,6 +151,8 @@ interface LoopState {
   lastSlot: Slot | null;
   stop: ResultReason | null;
   refusal: GatewayError | null;
+  /** The last attempt that rejected the request (a relayed 4xx or an in-band rejection). */
+  rejection: AttemptEnd | null;
   queueMs: number;
 }
 
@@ -162,6 +168,7 @@ async function attemptLoop(
     streamed: req.mode !== 'passthrough',
     priority: req.priority,
     clientWantsUsage: req.clientWantsUsage,
+    model: req.model,
   });
   const excluded = new Set<string>();
   const s: LoopState = {
@@ -171,6 +178,7 @@ async function attemptLoop(
     lastSlot: null,
     stop: null,
     refusal: null,
+    rejection: null,
     queueMs: 0,
   };
   let engineRetries = 0;
@@ -247,12 +255,15 @@ async function attemptLoop(
       meter: slot.meter,
     });
     const granted = slot;
-    // Only a streamed first token is one: a relayed 4xx's round trip would teach the TTFT fit a
-    // prompt's prefill in a few milliseconds, and a body passed through whole arrives with its
-    // whole generation. Either ends the attempt at once, and its release frees what it held.
+    const suspect = rejectedBy;
     attempt.committed.then(
       (how) => {
+        // Only a streamed first token is one: a relayed 4xx's round trip would teach the TTFT fit a
+        // prompt's prefill in a few milliseconds, and a body passed through whole arrives with its
+        // whole generation. Either ends the attempt at once, and its release frees what it held.
         if (how === 'first_token') granted.prefillDone();
+        // Served here what another backend rejected in-band: that rejection was its backend's.
+        if (how !== 'rejected' && suspect !== null) suspect.backend.blame(suspect.failure);
       },
       () => {},
     );
@@ -278,13 +289,11 @@ async function attemptLoop(
       status: end.status,
     });
     const f = end.failure;
+    if (end.kind === 'rejected' || f?.reason === 'in_band_rejection') s.rejection = end;
     if (f?.reason === 'in_band_rejection') {
-      // Two backends rejected the request alike: it is the request's.
+      // A second backend rejected the request too: it is the request's.
       if (rejectedBy !== null) break;
       rejectedBy = { backend, failure: f };
-    } else if (rejectedBy !== null && end.committed) {
-      rejectedBy.backend.blame(rejectedBy.failure);
-      rejectedBy = null;
     }
     // A deadline failure means the budget is spent (timers may fire a fraction of a ms early); a
     // body too large is as large on any backend (failure.ts says which failures are final).
@@ -317,6 +326,8 @@ interface Ending {
   status: number | null;
   errorCode: ErrorCode | null;
   refusal: GatewayError | null;
+  /** The rejecting backend's message the client was told (an ending of reason upstream_rejected). */
+  upstreamMessage?: string | null;
 }
 
 function conclude(req: ProxyRequest, s: LoopState, aborted: boolean, cut: GatewayError | null): ProxyResult {
@@ -344,6 +355,22 @@ function conclude(req: ProxyRequest, s: LoopState, aborted: boolean, cut: Gatewa
       status: null,
       errorCode: null,
       refusal: null,
+    };
+  } else if (s.rejection !== null) {
+    // A backend's 4xx, or an in-band rejection no backend contradicted: the client's to fix.
+    const { rejection } = s;
+    // The status an in-band rejection names, or the one relayed as such.
+    const err = rejectedError(
+      rejection.failure?.status ?? rejection.status ?? 400,
+      rejection.upstreamMessage,
+    );
+    ending = {
+      outcome: 'failed_before_commit',
+      reason: 'upstream_rejected',
+      status: writeErrorResponse(req.res, err, headers),
+      errorCode: err.code,
+      refusal: null,
+      upstreamMessage: rejection.upstreamMessage,
     };
   } else if (s.refusal !== null) {
     // Refused while it waited: a refusal when nothing had been tried, else the end of a retry.
@@ -375,7 +402,7 @@ function result(s: LoopState, e: Ending, lat: Latencies | null, e2eMs: number): 
     status: e.status,
     errorCode: e.errorCode,
     refusal: e.refusal,
-    upstreamMessage: last?.upstreamMessage ?? null,
+    upstreamMessage: e.upstreamMessage ?? null,
     queueMs: s.queueMs,
     predictedTtftMs: s.lastSlot?.predictedTtftMs ?? null,
     ttftMs: lat?.ttftMs ?? null,
@@ -387,17 +414,9 @@ function result(s: LoopState, e: Ending, lat: Latencies | null, e2eMs: number): 
   };
 }
 
-/** The error the client gets when no attempt committed. */
+/** The error the client gets when no attempt committed and none rejected the request. */
 function failureResponse(s: LoopState): { err: GatewayError; reason: ResultReason; outcome: Outcome } {
   const { last } = s;
-  if (last?.kind === 'rejected' || last?.failure?.reason === 'in_band_rejection') {
-    return {
-      // A status relayed as such, or the one an in-band rejection names.
-      err: rejectedError(last.failure?.status ?? last.status ?? 400, last.upstreamMessage),
-      reason: 'upstream_rejected',
-      outcome: 'failed_before_commit',
-    };
-  }
   if (last === null && s.stop === 'no_healthy_backend') {
     return {
       err: new GatewayError('no_healthy_backend', 'No healthy backend is available'),

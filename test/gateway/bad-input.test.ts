@@ -385,6 +385,15 @@ describe('a body that names no model', () => {
     expect(errorOf(typed.text)).toMatchObject({ code: 'invalid_request', param: 'model' });
   });
 
+  it('the backend is told that model, not left to its own default', async () => {
+    const b = await backend(healthyStream);
+    const t = await gateway({ backends: [{ name: 'b0', url: b.url }] });
+    const { model: _named, ...unnamed } = chat();
+    const res = await post(t.url, CHAT, { ...unnamed, model: null, stream: true });
+    expect(res.status).toBe(200);
+    expect(JSON.parse(b.hits[0]!.body).model).toBe(MODEL);
+  });
+
   it('is refused with the served models named when there are several', async () => {
     const t = await gateway({ replicas: 1, config: { models: [MODEL, 'other-model'] } });
     const { model: _named, ...unnamed } = chat();

@@ -261,6 +261,7 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
           mode: body.stream === true ? 'stream' : (opts.nonStreamMode ?? 'passthrough'),
           assembleKind: path === '/v1/completions' ? 'completion' : 'chat',
           clientWantsUsage: so?.include_usage === true,
+          model: null,
           requestId: String(req.headers['x-request-id'] ?? 'req-1'),
           responseHeaders: opts.responseHeaders ?? { 'x-request-id': 'req-1' },
           startedAt,

@@ -6,13 +6,23 @@ import { upstreamPayload } from '../../src/upstream/payload.ts';
 
 const ESCAPED = '{"model":"m","messages":[{"role":"user","content":"caf\\u00e9"}]';
 
-function spec(rawText: string | null, extra: { streamed?: boolean; priority?: number | null } = {}) {
+function spec(
+  rawText: string | null,
+  extra: { streamed?: boolean; priority?: number | null; model?: string | null } = {},
+) {
   const raw = rawText === null ? null : Buffer.from(rawText);
   const body = JSON.parse(rawText ?? '{"model":"m","messages":[]}') as Record<string, unknown>;
   // As the server stage reads it from the body.
   const so = body.stream_options as { include_usage?: unknown } | undefined;
   const clientWantsUsage = so?.include_usage === true;
-  return { raw, body, streamed: extra.streamed ?? true, priority: extra.priority ?? null, clientWantsUsage };
+  return {
+    raw,
+    body,
+    streamed: extra.streamed ?? true,
+    priority: extra.priority ?? null,
+    clientWantsUsage,
+    model: extra.model ?? null,
+  };
 }
 
 describe('upstreamPayload', () => {
@@ -50,6 +60,16 @@ describe('upstreamPayload', () => {
     expect(JSON.parse(upstreamPayload(s).toString())).toEqual({ ...s.body, priority: 3 });
   });
 
+  it('names the model the gateway gave a body that named none, over a null or empty one', () => {
+    const noModel = '{"messages":[{"role":"user","content":"caf\\u00e9"}]';
+    for (const raw of [`${noModel}}`, `${noModel},"model":null}`, `${noModel},"model":""}`]) {
+      const s = spec(raw, { streamed: false, model: 'served' });
+      const out = upstreamPayload(s).toString();
+      expect(JSON.parse(out)).toEqual({ ...s.body, model: 'served' });
+      expect(out.startsWith(noModel)).toBe(true);
+    }
+  });
+
   it('sends a pass-through body without priority as received', () => {
     const s = spec(`${ESCAPED}}`, { streamed: false });
     expect(upstreamPayload(s)).toBe(s.raw);
@@ -80,7 +100,14 @@ describe('upstreamPayload', () => {
     ]);
     const body = JSON.parse(raw.toString('utf8')) as Record<string, unknown>;
     for (const streamed of [true, false]) {
-      const out = upstreamPayload({ raw, body, streamed, priority: null, clientWantsUsage: false });
+      const out = upstreamPayload({
+        raw,
+        body,
+        streamed,
+        priority: null,
+        clientWantsUsage: false,
+        model: null,
+      });
       expect(out.includes(0xe9)).toBe(false);
       expect(JSON.parse(out.toString()).messages).toEqual(body.messages);
     }

@@ -1,5 +1,6 @@
 // Several backends: retries before the commit point go to a different backend, within the attempt
 // limit, the shared retry budget and the deadline; never after the commit point.
+import http from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { BackendSet } from '../../src/upstream/backends.ts';
 import type { AcquireSlot } from '../../src/upstream/slot.ts';
@@ -202,6 +203,56 @@ describe('an in-band error naming a 4xx before the first token', () => {
     expect(ups.map((u) => u.hits.length)).toEqual([1, 1]);
   });
 
+  it('blames the backend that rejected as soon as another gives a first token, not when its stream ends', async () => {
+    let finish!: () => void;
+    const held = new Promise<void>((r) => {
+      finish = r;
+    });
+    const slow: Script = async (_req, res) => {
+      sseHead(res);
+      res.write(roleChunk() + tokenChunk('a'));
+      await held;
+      res.end(tokenChunk('b', 'stop') + DONE);
+    };
+    const { set, gw } = await fleet([[rejects(badGrammar)], [slow]]);
+    const blamedAtFirstToken = await new Promise<number>((resolve, reject) => {
+      const req = http.request(`${gw.url}/v1/chat/completions`, { method: 'POST' }, (res) => {
+        res.once('data', () => {
+          resolve(set.get('b0')!.outlier.consecutiveFailures);
+          finish();
+        });
+        res.resume();
+      });
+      req.on('error', reject);
+      req.end(JSON.stringify(chatBody()));
+    });
+    expect(blamedAtFirstToken).toBe(1);
+    expect(await gw.nextResult()).toMatchObject({ outcome: 'ok', backend: 'b1' });
+  });
+
+  it('is what the client gets when the next backend fails otherwise, and nobody is blamed for it', async () => {
+    const { set, gw } = await fleet([[rejects(badGrammar)], [status(500)]], { cfg: { ...FAST, retries: 1 } });
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(400);
+    expect(JSON.parse(res.text).error.message).toBe('grammar does not compile');
+    const result = await gw.nextResult();
+    expect(result).toMatchObject({ reason: 'upstream_rejected', attempts: 2 });
+    expect(result.attemptLog.map((a) => a.reason)).toEqual(['in_band_rejection', 'upstream_status']);
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
+    expect(set.get('b1')!.outlier.consecutiveFailures).toBe(1);
+    // A retry that cannot reach its backend at all, and no backend left: the same answer.
+    const up = await upstream(rejects(badGrammar));
+    const alone = makeSet([up.url, await deadUrl()]);
+    const g = await gateway({ set: alone });
+    cleanups.push(up.close, () => alone.close(), g.close);
+    const refused = await post(g.url, chatBody());
+    expect(refused.status).toBe(400);
+    expect((await g.nextResult()).attemptLog.map((a) => a.reason)).toEqual([
+      'in_band_rejection',
+      'connect_error',
+    ]);
+  });
+
   it('one naming a 5xx is still the backend’s in-band error, and so is any after the first token', async () => {
     const engineDead = { error: { message: 'engine dead', type: 'InternalServerError', code: 500 } };
     const { set, gw } = await fleet([[rejects(engineDead)], [rejects(engineDead)], [rejects(engineDead)]]);
@@ -214,6 +265,18 @@ describe('an in-band error naming a 4xx before the first token', () => {
       'in_band_error',
     ]);
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(1);
+    const late: Script = (_req, res) => {
+      sseHead(res);
+      res.end(roleChunk() + tokenChunk('a') + frame(badGrammar) + DONE);
+    };
+    const after = await fleet([[late], [healthy(1)]]);
+    const streamed = await post(after.gw.url, chatBody());
+    expect(streamed.status).toBe(200);
+    expect(await after.gw.nextResult()).toMatchObject({
+      outcome: 'failed_after_commit',
+      reason: 'in_band_error',
+      attempts: 1,
+    });
   });
 });
 
