@@ -45,8 +45,6 @@ export interface BackendView {
   readonly kvUsage: number | null;
   /** How full the prefix index believes this backend's cache is: blocks held ÷ capacity, 0..1. */
   readonly cacheFill: number;
-  /** Blocks the prefix index holds for this backend (SGLang's cache-aware balancer: its tree size). */
-  readonly indexBlocks: number;
 }
 
 /** What a policy may read about the request. */

@@ -582,7 +582,6 @@ export class Scheduler {
       tpotMs: live.predictTpotMs(b.name, inflight + 1),
       kvUsage: live.telemetry(b.name)?.kvCacheUsage ?? null,
       cacheFill: size.capacity > 0 ? Math.min(1, size.blocks / size.capacity) : 0,
-      indexBlocks: size.blocks,
     };
   }
 

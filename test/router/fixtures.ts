@@ -29,7 +29,6 @@ export function view(name: string, over: Partial<BackendView> = {}): BackendView
     tpotMs: null,
     kvUsage: null,
     cacheFill: 0,
-    indexBlocks: 0,
     ...over,
   };
 }

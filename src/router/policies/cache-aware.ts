@@ -8,10 +8,8 @@ export const CACHE_AWARE_DEFAULTS = { cacheThreshold: 0.3, balanceAbs: 64, balan
  * A baseline after SGLang's cache-aware load balancer. When the load is imbalanced (the busiest
  * backend runs more than `balanceAbs` requests over the idlest and more than `balanceRel` times
  * it), the shortest queue wins. Otherwise the best prefix match wins if it covers more than
- * `cacheThreshold` of the prompt, else the backend whose prefix tree is smallest (SGLang's
- * `get_smallest_tenant`: the fewest cached characters; here the fewest index blocks), so a prompt
- * nobody holds goes where it displaces the least; among the backends with room now. The rest
- * follow by load. Reads: hasRoom, inflight, cachedTokens, indexBlocks.
+ * `cacheThreshold` of the prompt, else the least loaded backend; among the backends with room now.
+ * Reads: hasRoom, inflight, cachedTokens.
  */
 export function cacheAware(random: Random = Math.random, p = CACHE_AWARE_DEFAULTS): RoutingPolicy {
   return {
@@ -35,12 +33,7 @@ export function cacheAware(random: Random = Math.random, p = CACHE_AWARE_DEFAULT
         random,
       )[0] as Candidate;
       const share = req.promptTokens > 0 ? -best.cost / req.promptTokens : 0;
-      if (share > p.cacheThreshold) return promote(byLoad, best.backend);
-      const smallest = byCost(
-        backends.map((b) => ({ backend: b.name, cost: b.indexBlocks })),
-        random,
-      )[0] as Candidate;
-      return promote(byLoad, smallest.backend);
+      return share > p.cacheThreshold ? promote(byLoad, best.backend) : byLoad;
     },
   };
 }
