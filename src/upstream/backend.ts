@@ -114,6 +114,8 @@ export class Backend {
    * backend showed to be this one's (an in-band rejection, failure.ts).
    */
   blame(failure: AttemptFailure): void {
+    // A retired backend's name may already belong to its replacement (a reload that changed its URL).
+    if (this.#removed) return;
     const ms = this.outlier.failure(this.#mayEject, !failure.reachedEngine);
     if (ms !== null) this.#onEjected(ms);
   }

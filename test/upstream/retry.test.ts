@@ -2,7 +2,9 @@
 // limit, the shared retry budget and the deadline; never after the commit point.
 import http from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
+import { GatewayError } from '../../src/errors/index.ts';
 import type { BackendSet } from '../../src/upstream/backends.ts';
+import { AttemptFailure } from '../../src/upstream/failure.ts';
 import type { AcquireSlot } from '../../src/upstream/slot.ts';
 import {
   chatBody,
@@ -236,7 +238,8 @@ describe('an in-band error naming a 4xx before the first token', () => {
     expect(res.status).toBe(400);
     expect(JSON.parse(res.text).error.message).toBe('grammar does not compile');
     const result = await gw.nextResult();
-    expect(result).toMatchObject({ reason: 'upstream_rejected', attempts: 2 });
+    // The record names the backend that rejected, not the one tried last.
+    expect(result).toMatchObject({ reason: 'upstream_rejected', attempts: 2, backend: 'b0' });
     expect(result.attemptLog.map((a) => a.reason)).toEqual(['in_band_rejection', 'upstream_status']);
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
     expect(set.get('b1')!.outlier.consecutiveFailures).toBe(1);
@@ -251,6 +254,34 @@ describe('an in-band error naming a 4xx before the first token', () => {
       'in_band_rejection',
       'connect_error',
     ]);
+  });
+
+  it('gives way to a refusal of its retry: the rejection may have been the backend’s, and a retry would tell', async () => {
+    let backends: BackendSet | null = null;
+    // The first slot is b0's; the retry is refused while it waits, as an overloaded queue would.
+    const refuseRetry: AcquireSlot = async ({ attempt }) => {
+      if (attempt > 0) throw new GatewayError('queue_timeout', 'queued too long');
+      return slotOn(backends!.get('b0')!);
+    };
+    const { ups, set, gw } = await fleet([[rejects(badGrammar)], [healthy(1)]], { acquire: refuseRetry });
+    backends = set;
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(429);
+    expect(res.headers['retry-after']).toMatch(/^\d+$/);
+    expect(JSON.parse(res.text).error.code).toBe('queue_timeout');
+    expect(await gw.nextResult()).toMatchObject({ outcome: 'failed_before_commit', attempts: 1 });
+    expect(ups[1]!.hits).toHaveLength(0);
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
+  });
+
+  it('is not counted against a backend already retired (its name may belong to its replacement)', async () => {
+    const { ups, set, gw } = await fleet([[rejects(badGrammar)], [healthy(1)]]);
+    expect((await post(gw.url, chatBody())).status).toBe(200);
+    const b0 = set.get('b0')!;
+    expect(b0.outlier.consecutiveFailures).toBe(1);
+    await set.update([{ name: 'b1', url: ups[1]!.url }]);
+    b0.blame(new AttemptFailure('upstream_status', 'late'));
+    expect(b0.outlier.consecutiveFailures).toBe(1);
   });
 
   it('one naming a 5xx is still the backend’s in-band error, and so is any after the first token', async () => {
