@@ -9,7 +9,8 @@ export const CACHE_AWARE_DEFAULTS = { cacheThreshold: 0.3, balanceAbs: 64, balan
  * backend runs more than `balanceAbs` requests over the idlest and more than `balanceRel` times
  * it), the shortest queue wins. Otherwise the best prefix match wins if it covers more than
  * `cacheThreshold` of the prompt, else the least loaded backend; among the backends with room now.
- * Reads: hasRoom, inflight, cachedTokens.
+ * The least loaded on a miss is SGLang's router since its PR #14650 (December 2025); before that it
+ * took the backend with the smallest prefix tree. Reads: hasRoom, inflight, cachedTokens.
  */
 export function cacheAware(random: Random = Math.random, p = CACHE_AWARE_DEFAULTS): RoutingPolicy {
   return {
