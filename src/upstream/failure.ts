@@ -59,7 +59,7 @@ export class AttemptFailure extends Error {
    * generation: a reset before that head may come after the whole generation.)
    */
   readonly reachedEngine: boolean;
-  /** Upstream HTTP status when one was received. */
+  /** Upstream HTTP status when one was received; for an in-band rejection, the status it names. */
   readonly status: number | null;
   /** For a cut: the error the client is told instead of the generic upstream_error. */
   readonly clientError: GatewayError | null;

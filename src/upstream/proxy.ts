@@ -16,8 +16,7 @@
 // is retried like a failure the engine may have caused, but blames nobody yet: a rejection from a
 // second backend too ends the loop; a first token (or a whole body) from another backend blames
 // the backend that rejected, at that moment. A request that no attempt committed and that was
-// rejected on the way is answered with the last rejection (a relayed 4xx, naming the backend that
-// rejected), whatever ended the loop (no retry left, no other backend, another failure, the
+// rejected on the way is answered with the last rejection (a relayed 4xx), whatever ended the loop (no retry left, no other backend, another failure, the
 // deadline), unless the client left, the request was cut, or its retry was refused while it
 // waited: the refusal (a 429 with Retry-After) is the answer then, since the rejection may have
 // been the backend's and the retry would tell.
@@ -153,8 +152,8 @@ interface LoopState {
   lastSlot: Slot | null;
   stop: ResultReason | null;
   refusal: GatewayError | null;
-  /** The last attempt that rejected the request (a relayed 4xx or an in-band rejection), and where. */
-  rejection: { end: AttemptEnd; backend: Backend; slot: Slot } | null;
+  /** The last attempt that rejected the request (a relayed 4xx or an in-band rejection). */
+  rejection: AttemptEnd | null;
   queueMs: number;
 }
 
@@ -291,7 +290,7 @@ async function attemptLoop(
       status: end.status,
     });
     const f = end.failure;
-    if (end.kind === 'rejected' || f?.reason === 'in_band_rejection') s.rejection = { end, backend, slot };
+    if (end.kind === 'rejected' || f?.reason === 'in_band_rejection') s.rejection = end;
     if (f?.reason === 'in_band_rejection') {
       // A second backend rejected the request too: it is the request's.
       if (rejectedBy !== null) break;
@@ -369,10 +368,8 @@ function conclude(req: ProxyRequest, s: LoopState, aborted: boolean, cut: Gatewa
     };
   } else if (s.rejection !== null) {
     // A backend's 4xx, or an in-band rejection no backend contradicted: the client's to fix. The
-    // result names the backend that rejected, whichever was tried last.
-    const { end: rejection, backend, slot } = s.rejection;
-    s.lastBackend = backend;
-    s.lastSlot = slot;
+    // result names the backend tried last, as for every ending; its attempt log says which rejected.
+    const rejection = s.rejection;
     // The status an in-band rejection names, or the one relayed as such.
     const err = rejectedError(
       rejection.failure?.status ?? rejection.status ?? 400,

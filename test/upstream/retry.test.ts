@@ -145,21 +145,27 @@ describe('an in-band error naming a 4xx before the first token', () => {
   const badGrammar = { error: { message: 'grammar does not compile', type: 'BadRequestError', code: 400 } };
 
   it("is the request's when a second backend rejects it alike: relayed as a 400, nobody blamed", async () => {
-    const flat = { object: 'error', message: 'grammar does not compile', type: 'BadRequestError', code: 400 };
+    const flat = {
+      object: 'error',
+      message: 'grammar does not compile here',
+      type: 'BadRequestError',
+      code: 400,
+    };
     const { ups, set, gw } = await fleet([[rejects(badGrammar)], [rejects(flat)], [healthy(1)]]);
     const res = await post(gw.url, chatBody());
     const result = await gw.nextResult();
+    // The client is told the last rejection.
     expect(res.status).toBe(400);
     expect(JSON.parse(res.text).error).toMatchObject({
       code: 'invalid_request',
-      message: 'grammar does not compile',
+      message: 'grammar does not compile here',
     });
     expect(result).toMatchObject({
       outcome: 'failed_before_commit',
       reason: 'upstream_rejected',
       attempts: 2,
       status: 400,
-      upstreamMessage: 'grammar does not compile',
+      upstreamMessage: 'grammar does not compile here',
     });
     expect(result.attemptLog.map((a) => a.reason)).toEqual(['in_band_rejection', 'in_band_rejection']);
     expect(ups.map((u) => u.hits.length)).toEqual([1, 1, 0]);
@@ -167,6 +173,19 @@ describe('an in-band error naming a 4xx before the first token', () => {
       expect(set.get(name)!.outlier.consecutiveFailures).toBe(0);
       expect(set.get(name)!.breaker.stats.failures).toBe(0);
     }
+  });
+
+  it('is settled by a second backend answering with a 4xx status too, blaming nobody', async () => {
+    const { set, gw } = await fleet([
+      [rejects(badGrammar)],
+      [status(400, '{"error":{"message":"bad grammar","type":"BadRequestError","code":400}}')],
+    ]);
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(400);
+    expect(JSON.parse(res.text).error.message).toBe('bad grammar');
+    expect(await gw.nextResult()).toMatchObject({ reason: 'upstream_rejected', attempts: 2 });
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
+    expect(set.get('b1')!.outlier.consecutiveFailures).toBe(0);
   });
 
   it("is the first backend's when another gives a first token: blamed then", async () => {
@@ -238,8 +257,8 @@ describe('an in-band error naming a 4xx before the first token', () => {
     expect(res.status).toBe(400);
     expect(JSON.parse(res.text).error.message).toBe('grammar does not compile');
     const result = await gw.nextResult();
-    // The record names the backend that rejected, not the one tried last.
-    expect(result).toMatchObject({ reason: 'upstream_rejected', attempts: 2, backend: 'b0' });
+    // The result names the backend tried last, as for every ending; the attempt log, which rejected.
+    expect(result).toMatchObject({ reason: 'upstream_rejected', attempts: 2, backend: 'b1' });
     expect(result.attemptLog.map((a) => a.reason)).toEqual(['in_band_rejection', 'upstream_status']);
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
     expect(set.get('b1')!.outlier.consecutiveFailures).toBe(1);
