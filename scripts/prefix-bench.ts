@@ -17,7 +17,8 @@
 // difference (llm-d's comparison is the same: routers in front of vLLM). After the routing table,
 // the cold dispatches: served requests the gateway estimated under half cached where it sent them,
 // by what the same tenant's previous request had done (a tenant's first request is cold for every
-// router; one soon after a warm request on another backend is the router's own doing).
+// router; one soon after a warm request on another backend is the router's own doing), with the
+// TTFT of the cold requests and of the others.
 //
 // `product`: the whole product against the baselines as each would be deployed. `slagate/slagate`
 // runs with the real interactive targets (TTFT 500 ms, TPOT 50 ms): its admission controller and
@@ -159,6 +160,13 @@ interface ColdBreakdown {
   soonOther: number;
   soonSame: number;
   afterGap: number;
+  /** TTFT of the cold requests, ms: P10 and P50 (how fast a cold prefill gets at best). */
+  coldTtftP10Ms: number | null;
+  coldTtftP50Ms: number | null;
+  /** TTFT of the others (estimated half cached or more), ms: P50, P90 and P98. */
+  warmTtftP50Ms: number | null;
+  warmTtftP90Ms: number | null;
+  warmTtftP98Ms: number | null;
 }
 
 /** Seconds after which a tenant's return counts as after a gap (its prefix may have aged out). */
@@ -167,7 +175,12 @@ const COLD_GAP_S = 20;
 function coldBreakdown(records: readonly RequestRecord[]): ColdBreakdown | null {
   const served = records.filter((r) => r.success).sort((a, b) => a.startTime - b.startTime);
   if (!served.some((r) => r.headers['x-slagate-prefix-hit'] !== undefined)) return null;
-  const out: ColdBreakdown = { cold: 0, tenantFirst: 0, soonOther: 0, soonSame: 0, afterGap: 0 };
+  let tenantFirst = 0;
+  let soonOther = 0;
+  let soonSame = 0;
+  let afterGap = 0;
+  const coldTtft: number[] = [];
+  const warmTtft: number[] = [];
   const last = new Map<string, { at: number; backend: string | undefined }>();
   for (const r of served) {
     const hit = r.headers['x-slagate-prefix-hit'];
@@ -175,14 +188,29 @@ function coldBreakdown(records: readonly RequestRecord[]): ColdBreakdown | null 
     const backend = r.headers['x-slagate-backend'];
     const prev = last.get(tenant);
     last.set(tenant, { at: r.startTime, backend });
-    if (hit === undefined || !(Number(hit) < 0.5)) continue;
-    out.cold++;
-    if (prev === undefined) out.tenantFirst++;
-    else if (r.startTime - prev.at >= COLD_GAP_S) out.afterGap++;
-    else if (prev.backend === backend) out.soonSame++;
-    else out.soonOther++;
+    if (hit === undefined) continue;
+    if (!(Number(hit) < 0.5)) {
+      warmTtft.push(r.ttft * 1000);
+      continue;
+    }
+    coldTtft.push(r.ttft * 1000);
+    if (prev === undefined) tenantFirst++;
+    else if (r.startTime - prev.at >= COLD_GAP_S) afterGap++;
+    else if (prev.backend === backend) soonSame++;
+    else soonOther++;
   }
-  return out;
+  return {
+    cold: coldTtft.length,
+    tenantFirst,
+    soonOther,
+    soonSame,
+    afterGap,
+    coldTtftP10Ms: quantile(coldTtft, 0.1),
+    coldTtftP50Ms: quantile(coldTtft, 0.5),
+    warmTtftP50Ms: quantile(warmTtft, 0.5),
+    warmTtftP90Ms: quantile(warmTtft, 0.9),
+    warmTtftP98Ms: quantile(warmTtft, 0.98),
+  };
 }
 
 function rowOf(
@@ -267,6 +295,11 @@ const COLD_COLUMNS: readonly Column[] = [
   [`previous < ${COLD_GAP_S} s earlier, another backend`, (r) => f(r.cold?.soonOther)],
   [`previous < ${COLD_GAP_S} s earlier, same backend`, (r) => f(r.cold?.soonSame)],
   [`previous ≥ ${COLD_GAP_S} s earlier`, (r) => f(r.cold?.afterGap)],
+  ['cold TTFT p10 / p50 ms', (r) => `${f(r.cold?.coldTtftP10Ms)} / ${f(r.cold?.coldTtftP50Ms)}`],
+  [
+    'other TTFT p50 / p90 / p98 ms',
+    (r) => `${f(r.cold?.warmTtftP50Ms)} / ${f(r.cold?.warmTtftP90Ms)} / ${f(r.cold?.warmTtftP98Ms)}`,
+  ],
 ];
 
 const table = (rows: readonly Row[]) => markdown(ROUTING_COLUMNS, rows);
