@@ -137,8 +137,10 @@ export function isErrorPayload(msg: StreamChunk | null): boolean {
 }
 
 /**
- * The HTTP status an in-band error names (`error.code`, or the flat body's `code`) and its
- * message; each null when absent or not of its type.
+ * The HTTP status an error body names and its message: from `error` when it is an object (vLLM's
+ * envelope), else from the body itself (vLLM's older flat error), and for a body whose `error` is
+ * a string (vLLM's 401), that string as the message. Each null when absent or not of its type.
+ * Read for an in-band error and for a 4xx body alike.
  */
 export function errorPayloadFacts(msg: StreamChunk | null): { code: number | null; message: string | null } {
   if (msg === null || typeof msg !== 'object') return { code: null, message: null };
@@ -147,8 +149,6 @@ export function errorPayloadFacts(msg: StreamChunk | null): { code: number | nul
     code?: unknown;
     message?: unknown;
   };
-  return {
-    code: Number.isInteger(e.code) ? (e.code as number) : null,
-    message: typeof e.message === 'string' ? e.message : null,
-  };
+  const message = typeof e.message === 'string' ? e.message : typeof inner === 'string' ? inner : null;
+  return { code: Number.isInteger(e.code) ? (e.code as number) : null, message };
 }

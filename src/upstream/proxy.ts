@@ -16,10 +16,11 @@
 // is retried like a failure the engine may have caused, but blames nobody yet: a rejection from a
 // second backend too ends the loop; a first token (or a whole body) from another backend blames
 // the backend that rejected, at that moment. A request that no attempt committed and that was
-// rejected on the way is answered with the last rejection (a relayed 4xx), whatever ended the loop (no retry left, no other backend, another failure, the
-// deadline), unless the client left, the request was cut, or its retry was refused while it
-// waited: the refusal (a 429 with Retry-After) is the answer then, since the rejection may have
-// been the backend's and the retry would tell.
+// rejected on the way is answered with the last rejection (a relayed 4xx), whatever ended the
+// loop (no retry left, no other backend, another failure, the deadline), unless the client left,
+// the request was cut, or its retry was refused while it waited: the refusal (a 429 with
+// Retry-After) is the answer then, since the rejection may have been the backend's and the retry
+// would tell.
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import {
   type ErrorCode,

@@ -646,7 +646,7 @@ function inBandFailure(msg: StreamChunk | null, committed: boolean, what: string
   if (!committed && code !== null && RELAYED_4XX.has(code)) {
     return new AttemptFailure('in_band_rejection', `upstream ${what} naming ${code}`, {
       status: code,
-      upstreamMessage: message?.slice(0, MAX_REJECT_MESSAGE) ?? null,
+      upstreamMessage: capped(message),
     });
   }
   return new AttemptFailure('in_band_error', `upstream ${what}`);
@@ -654,14 +654,16 @@ function inBandFailure(msg: StreamChunk | null, committed: boolean, what: string
 
 /** The upstream's error message from a 4xx body, capped. */
 function rejectMessage(body: Buffer[]): string | null {
+  let msg: StreamChunk | null;
   try {
-    const msg = JSON.parse(Buffer.concat(body).toString('utf8')) as {
-      error?: { message?: unknown } | string;
-      message?: unknown;
-    };
-    const text = typeof msg.error === 'object' ? msg.error?.message : (msg.message ?? msg.error);
-    return typeof text === 'string' ? text.slice(0, MAX_REJECT_MESSAGE) : null;
+    msg = JSON.parse(Buffer.concat(body).toString('utf8')) as StreamChunk | null;
   } catch {
     return null;
   }
+  return capped(errorPayloadFacts(msg).message);
+}
+
+/** An upstream message as the client may be told it: at most MAX_REJECT_MESSAGE characters. */
+function capped(message: string | null): string | null {
+  return message === null ? null : message.slice(0, MAX_REJECT_MESSAGE);
 }
