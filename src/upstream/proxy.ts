@@ -132,6 +132,14 @@ export interface ProxyResult {
   completionTokens: number | null;
 }
 
+/**
+ * Budget left under which the deadline counts as passed. Node's timers fire up to a millisecond
+ * early (libuv's clock is read in whole milliseconds), so an attempt whose own timer ended with the
+ * deadline may find a fraction of a millisecond left: not enough for another attempt, which would
+ * only send the request to a backend and abort it at once.
+ */
+const TIMER_SLACK_MS = 1;
+
 export async function proxyRequest(
   req: ProxyRequest,
   cfg: ProxyConfig,
@@ -187,7 +195,7 @@ async function attemptLoop(
   // The backend whose in-band rejection waits for a second backend's answer.
   let rejectedBy: { backend: Backend; failure: AttemptFailure } | null = null;
   while (!signal.aborted) {
-    if (req.deadlineAt - performance.now() <= 0) {
+    if (req.deadlineAt - performance.now() <= TIMER_SLACK_MS) {
       s.stop = 'deadline';
       break;
     }
@@ -217,10 +225,10 @@ async function attemptLoop(
     }
     s.queueMs += performance.now() - asked;
     const remaining = req.deadlineAt - performance.now();
-    if (slot === null || remaining <= 0) {
+    if (slot === null || remaining <= TIMER_SLACK_MS) {
       slot?.release();
       if (budgeted) budget.releaseRetry();
-      if (remaining <= 0) s.stop = 'deadline';
+      if (remaining <= TIMER_SLACK_MS) s.stop = 'deadline';
       else if (s.log.length === 0) s.stop = 'no_healthy_backend';
       break;
     }
