@@ -74,14 +74,17 @@ export class Backend {
     return 'healthy';
   }
 
+  /**
+   * Neither retired, nor down by its probe, nor ejected: an open breaker is not out of service
+   * (it half-opens after its short reset on its own).
+   */
+  get inService(): boolean {
+    return !this.#removed && (this.probe === null || this.probe.up) && !this.outlier.ejected();
+  }
+
   /** May take a new request now. A half-open backend is available only until its one trial starts. */
   get available(): boolean {
-    return (
-      !this.#removed &&
-      (this.probe === null || this.probe.up) &&
-      !this.outlier.ejected() &&
-      breakerAdmits(this.breaker)
-    );
+    return this.inService && breakerAdmits(this.breaker);
   }
 
   /**

@@ -1,6 +1,9 @@
 // The set of backends. Reload (`update`) adds new backends and retires removed ones without
 // dropping their in-flight requests; a backend whose URL changed is replaced under the same name.
 // The set owns what is shared across backends: the ejection cap and the breakers' bucket clock.
+// Invariant: an ejection never takes the last backend in service out of service. A replica that
+// fails some requests serves better than none (Envoy reaches the same end with its panic
+// threshold); the breaker, whose reset is short, still guards a sole backend that fails them all.
 // Invariant: after close() resolves, the set owns no timer, socket or listener.
 import { EventEmitter } from 'node:events';
 import { Backend, type BackendConfig, type PoolOptions } from './backend.ts';
@@ -91,11 +94,18 @@ export class BackendSet {
     return p;
   }
 
-  #ejectedCount(): number {
+  /** The ejection cap leaves room, and another backend stays in service if `name` goes. */
+  #mayEject(name: string): boolean {
     const now = this.#now();
-    let n = 0;
-    for (const b of this.#backends.values()) if (b.outlier.ejected(now)) n++;
-    return n;
+    let ejected = 0;
+    let othersInService = 0;
+    for (const b of this.#backends.values()) {
+      if (b.outlier.ejected(now)) ejected++;
+      else if (b.name !== name && b.inService) othersInService++;
+    }
+    return (
+      othersInService > 0 && ejected < maxEjected(this.#backends.size, this.#opts.outlier.maxEjectionPercent)
+    );
   }
 
   #build(c: BackendConfig): Backend {
@@ -120,8 +130,7 @@ export class BackendSet {
       breaker,
       outlier,
       probe,
-      mayEject: () =>
-        this.#ejectedCount() < maxEjected(this.#backends.size, this.#opts.outlier.maxEjectionPercent),
+      mayEject: () => this.#mayEject(name),
       onEjected: (ms) => this.#emit({ type: 'ejected', backend: name, durationMs: ms }),
     });
     probe?.start();

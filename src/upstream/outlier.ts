@@ -12,7 +12,7 @@ export interface OutlierOptions {
   consecutiveFailures: number;
   baseEjectionMs: number;
   maxEjectionMs: number;
-  /** Share of the set that may be ejected at once; at least one backend always may be. */
+  /** Share of the set that may be ejected at once; at least one backend always may be, never the last in service (backends.ts). */
   maxEjectionPercent: number;
 }
 

@@ -70,6 +70,26 @@ describe('passive outlier ejection (item 9)', () => {
     await post(gw.url, chatBody());
     expect(gw.results.at(-1)!.attemptLog.map((a) => a.backend)).toEqual(['b1', 'b2']);
   });
+
+  it('never ejects the last backend in service: a failing replica serves better than none', async () => {
+    const { ups, set, gw, events } = await fleet([status(500), status(500)], {
+      ...outlier({ consecutiveFailures: 2, maxEjectionPercent: 100 }),
+      ...breaker({ volumeThreshold: 1000 }),
+    });
+    for (let i = 0; i < 4; i++) expect((await post(gw.url, chatBody())).status).toBe(502);
+    const [b0, b1] = [set.get('b0')!, set.get('b1')!];
+    // The cap would let both go; b0 went first, and b1 is all that is left in service.
+    expect(events.filter((e) => e.type === 'ejected').map((e) => e.type === 'ejected' && e.backend)).toEqual([
+      'b0',
+    ]);
+    expect(b0.state).toBe('ejected');
+    expect(b1.state).toBe('healthy');
+    expect(b1.outlier.consecutiveFailures).toBeGreaterThanOrEqual(2);
+    // Requests still reach it.
+    const hits = ups[1]!.hits.length;
+    expect((await post(gw.url, chatBody())).status).toBe(502);
+    expect(ups[1]!.hits.length).toBe(hits + 1);
+  });
 });
 
 describe('breaker', () => {
