@@ -531,6 +531,7 @@ async function decision(): Promise<{ p50: number; p99: number; max: number; refu
       reqId: `r${i}`,
       promptTokens: 8000,
       blocks,
+      blockSizeTokens: BLOCK_TOKENS,
       tokensPerBlock: BLOCK_TOKENS,
       expectedOutputTokens: 200,
       tpotTargetMs: 50,

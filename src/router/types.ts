@@ -54,6 +54,8 @@ export interface RouteRequest {
   readonly promptTokens: number;
   /** Chained hashes of the canonical prompt's blocks (src/prompt). */
   readonly blocks: readonly number[];
+  /** The block size `blocks` were hashed at (`router.block_size_tokens` when the request came in). */
+  readonly blockSizeTokens: number;
   /** Tokens one block stands for (estimated from characters for text prompts). */
   readonly tokensPerBlock: number;
   /** max_tokens, or the gateway's expectation without one. */

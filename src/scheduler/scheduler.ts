@@ -597,7 +597,7 @@ export class Scheduler {
     });
     // Sent there: its blocks are (about to be) in that backend's cache, so the next request with
     // this prefix finds them even while this one is still prefilling.
-    live.prefixInsert(b.name, req.route.blocks);
+    live.prefixInsert(b.name, req.route.blocks, req.route.blockSizeTokens);
     this.#deps.router().sent?.(req.route, b.name);
     round.room.set(b.name, this.#room(b.name));
     const control = this.#controlOf(b.name);

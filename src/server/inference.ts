@@ -56,6 +56,7 @@ export async function handleInference(
     reqId: request.id,
     promptTokens,
     blocks: prompt.hashes,
+    blockSizeTokens: rt.config.router.block_size_tokens,
     tokensPerBlock: rt.tokens.tokensPerBlock(prompt, rt.config.router.block_size_tokens),
     expectedOutputTokens: got.expectedOutputTokens,
     tpotTargetMs: cls.tpot_p99_ms,

@@ -183,8 +183,12 @@ export interface LiveState {
   onPeersChanged(listener: () => void): void;
   /** Leading blocks of `hashes` that `backend` is believed to hold in its prefix cache. */
   prefixMatch(backend: string, hashes: readonly number[]): number;
-  /** The request with these blocks was just sent to `backend` (shared with peers at the next tick). */
-  prefixInsert(backend: string, hashes: readonly number[]): void;
+  /**
+   * The request with these blocks was just sent to `backend` (shared with peers at the next tick).
+   * `hashedAt`: the block size they were hashed at; blocks of another size than prompts are
+   * hashed at now (a request taken in before a reload changed it) are dropped.
+   */
+  prefixInsert(backend: string, hashes: readonly number[], hashedAt?: number): void;
   /** Blocks the prefix index holds for `backend`, and its capacity. */
   prefixSize(backend: string): { blocks: number; capacity: number };
   telemetry(backend: string): BackendTelemetry | null;
@@ -422,8 +426,9 @@ class LiveStateImpl implements LiveState {
     return this.#prefix.match(backend, hashes);
   }
 
-  prefixInsert(backend: string, hashes: readonly number[]): void {
+  prefixInsert(backend: string, hashes: readonly number[], hashedAt?: number): void {
     this.#sameBlockSize();
+    if (hashedAt !== undefined && this.#indexedAt !== undefined && hashedAt !== this.#indexedAt) return;
     this.#prefix.insert(backend, hashes);
   }
 

@@ -6,6 +6,7 @@ export function route(over: Partial<RouteRequest> = {}): RouteRequest {
     reqId: 'r',
     promptTokens: 100,
     blocks: [],
+    blockSizeTokens: 16,
     tokensPerBlock: 16,
     expectedOutputTokens: 100,
     tpotTargetMs: 50,

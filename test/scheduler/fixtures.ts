@@ -56,7 +56,7 @@ export function schedulerFixture(
   names: string[],
   settings = schedulerSettings(),
   router: RoutingPolicy = leastLoaded(() => 0.5),
-  opts: { sharedClock?: boolean } = {},
+  opts: { sharedClock?: boolean; blockSizeTokens?: () => number } = {},
 ): SchedulerFixture {
   let clock = 1_000_000;
   const backends = new BackendSet(
@@ -65,7 +65,12 @@ export function schedulerFixture(
   );
   const live = createLiveState(
     { store: 'memory' },
-    { backends: names.map((name) => ({ name, url: 'http://127.0.0.1:9' })), scrape: false, now: () => clock },
+    {
+      backends: names.map((name) => ({ name, url: 'http://127.0.0.1:9' })),
+      scrape: false,
+      now: () => clock,
+      ...(opts.blockSizeTokens ? { blockSizeTokens: opts.blockSizeTokens } : {}),
+    },
   );
   const refused: string[] = [];
   let current = settings;

@@ -561,6 +561,22 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
     expect(f.live.prefixMatch('b', t.req.route.blocks)).toBe(0);
   });
 
+  it('inserts no blocks hashed at a block size the index no longer holds (a reload while it queued)', async () => {
+    let size = 16;
+    const f = setup(['a', 'b'], settings(), cost, { blockSizeTokens: () => size });
+    const before = ask('old', {
+      route: route({ reqId: 'old', promptTokens: 1700, blocks: [...prefix], blockSizeTokens: 16 }),
+    });
+    size = 64;
+    expect(await grantOf(f, before)).toMatch(/^[ab]$/);
+    expect(f.live.prefixSize('a').blocks + f.live.prefixSize('b').blocks).toBe(0);
+    const after = ask('new', {
+      route: route({ reqId: 'new', promptTokens: 1700, blocks: [...prefix], blockSizeTokens: 64 }),
+    });
+    const to = await grantOf(f, after);
+    expect(f.live.prefixMatch(to, prefix)).toBe(prefix.length);
+  });
+
   it('spreads a hot prefix once its backend is predicted slower than a cold one', async () => {
     const f = setup(['a', 'b'], settings({ concurrency: { ...settings().concurrency, initial: 8 } }), cost);
     f.teach();

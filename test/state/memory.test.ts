@@ -299,6 +299,11 @@ describe('LiveState with the memory store', () => {
       expect(s.prefixSize('gpu-1').blocks).toBe(0);
       expect(s.prefixMatch('gpu-0', [1, 2, 3, 4])).toBe(0);
       expect(s.prefixMatch('gpu-0', [9])).toBe(1);
+      // A request hashed at 16 before the reload and sent after it: its blocks stay out.
+      s.prefixInsert('gpu-1', [1, 2, 3], 16);
+      expect(s.prefixSize('gpu-1').blocks).toBe(0);
+      s.prefixInsert('gpu-1', [10, 11], 64);
+      expect(s.prefixSize('gpu-1').blocks).toBe(2);
     } finally {
       await s.close();
     }
