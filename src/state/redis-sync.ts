@@ -19,7 +19,9 @@
 //   time out in turn. What a dropped connection held is never resent (redis-client.ts);
 // - a read that timed out is retried smaller: each failed call halves the log entries asked for
 //   (down to one), each success doubles them back, so a backlog too big to send within the command
-//   timeout is still read, in parts;
+//   timeout is still read, in parts; and no read returns more than LOG_READ_BYTES of entries
+//   beyond its first, so what one tick parses on the event loop is bounded in bytes, not only in
+//   entries;
 // - every key is hash-tagged `{prefix}` (one Cluster slot), declared in KEYS, bounded in size by
 //   the live instances and expired by PEXPIRE when no instance is left to refresh it;
 // - liveness is judged on Redis' own clock (TIME), so gateway clocks need not agree.
@@ -36,6 +38,16 @@ if ARGV[5] ~= '' then
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'i', ARGV[1], 'p', ARGV[5])
 end
 local logged = redis.call('XRANGE', KEYS[3], ARGV[6], '+', 'COUNT', ARGV[8])
+local budget = tonumber(ARGV[10])
+local bytes = 0
+for i = 1, #logged do
+  local f = logged[i][2]
+  for j = 2, #f, 2 do bytes = bytes + #f[j] end
+  if bytes > budget and i > 1 then
+    for k = #logged, i, -1 do logged[k] = nil end
+    break
+  end
+end
 redis.call('PEXPIRE', KEYS[3], ARGV[9])
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
@@ -82,6 +94,7 @@ interface SyncCommand {
     logMaxLen: number,
     logCount: number,
     logTtlMs: number,
+    logReadBytes: number,
   ): Promise<unknown>;
 }
 
@@ -91,6 +104,12 @@ const MAX_UNSENT_CHARS = 1 << 20;
 const LOG_MAX_LEN = 1_000;
 /** Entries read per tick at most: a late joiner catches up over several ticks. */
 const LOG_READ = 250;
+/**
+ * Bytes of entries read per tick at most (at least one entry is read, and one is at most
+ * MAX_UNSENT_CHARS): 250 entries each as large as an instance that was cut off for a while sends
+ * would be a reply of hundreds of MiB, parsed and decoded in one go on the event loop.
+ */
+export const LOG_READ_BYTES = MAX_UNSENT_CHARS;
 /** The log outlives its writers by this much (a restart within it relearns the index). */
 const LOG_TTL_MS = 10 * 60_000;
 
@@ -261,6 +280,7 @@ export class RedisSync {
           LOG_MAX_LEN,
           this.#logRead,
           LOG_TTL_MS,
+          LOG_READ_BYTES,
         ),
         this.#cfg.command_timeout_ms,
         'sync',

@@ -1,0 +1,90 @@
+// The exchange with Redis on its own (real redis-server), with scripted hosts: what one tick reads
+// from the shared log is bounded in bytes as well as in entries.
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import type { RedisStateConfig } from '../../src/config/index.ts';
+import { LOG_READ_BYTES, RedisSync, type SyncHost } from '../../src/state/redis-sync.ts';
+import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
+
+/** A host that sends what is queued and records each batch of log entries it is given. */
+function host(): SyncHost & { queue: string[]; batches: string[][] } {
+  const queue: string[] = [];
+  const batches: string[][] = [];
+  return {
+    queue,
+    batches,
+    snapshot: () => '{}',
+    applyPeers: () => {},
+    logEntry: () => queue.shift() ?? '',
+    applyLog: (entries) => {
+      batches.push(entries);
+    },
+  };
+}
+
+describe('RedisSync', () => {
+  let redis: RedisServer;
+  const syncs: RedisSync[] = [];
+  let n = 0;
+  const cfg = (): RedisStateConfig => ({
+    store: 'redis',
+    redis_url: redis.url,
+    key_prefix: `sync${n++}`,
+    connect_timeout_ms: 500,
+    command_timeout_ms: 2_000,
+    // The timer ticks rarely: the test drives every exchange itself.
+    refresh_interval_ms: 1_000,
+    topology: 'standalone',
+    sentinels: [],
+    sentinel_name: 'mymaster',
+    cluster_nodes: [],
+  });
+  const start = (id: string, h: SyncHost, c: RedisStateConfig) => {
+    const s = new RedisSync(c, { instanceId: id, host: h, now: () => performance.now() });
+    syncs.push(s);
+    return s;
+  };
+
+  beforeAll(async () => {
+    redis = await startRedisServer();
+  });
+  afterAll(async () => {
+    await redis.stop();
+  });
+  afterEach(async () => {
+    await Promise.all(syncs.splice(0).map((s) => s.close()));
+  });
+
+  it('a late joiner reads a backlog of large entries a bounded number of bytes per tick, losing none', async () => {
+    const c = cfg();
+    const writer = host();
+    const w = start('w', writer, c);
+    await w.ready();
+    // Three entries of 0.6 × the budget each: any two together are over it.
+    const size = Math.ceil(LOG_READ_BYTES * 0.6);
+    const entries = ['a', 'b', 'c'].map((ch) => ch.repeat(size));
+    for (const e of entries) {
+      writer.queue.push(e);
+      await w.tick();
+    }
+    expect(writer.queue).toHaveLength(0);
+    // Small entries after them still come many to a tick.
+    const small = Array.from({ length: 20 }, (_, i) => `s${i}`);
+    for (const e of small) {
+      writer.queue.push(e);
+      await w.tick();
+    }
+
+    const reader = host();
+    const r = start('r', reader, c);
+    await r.ready();
+    for (let i = 0; i < 10 && reader.batches.flat().length < entries.length + small.length; i++)
+      await r.tick();
+    expect(reader.batches.flat()).toEqual([...entries, ...small]);
+    for (const batch of reader.batches) {
+      const bytes = batch.reduce((sum, e) => sum + e.length, 0);
+      expect(batch.length === 1 || bytes <= LOG_READ_BYTES).toBe(true);
+    }
+    // One large entry a tick; the 20 small ones came with the last large one, in the same read.
+    expect(reader.batches.map((b) => b.length)).toEqual([1, 1, 1 + small.length]);
+  });
+});
