@@ -44,14 +44,12 @@ export interface QueueDiscipline {
   /** Live entries. */
   readonly size: number;
   push(e: QueueEntry): void;
-  /** Takes the next entry out (marks it granted). */
-  pop(): QueueEntry | undefined;
   /**
    * Shows the entries in the order they would leave, one at a time. 'take' takes the entry out
-   * as pop() would (the next one shown is the one that would leave next after it); 'pass' leaves
+   * (marked granted; the next one shown is the one that would leave next after it); 'pass' leaves
    * it queued with its key and place, and shows the one after it; 'stop' ends the scan. The
-   * callback may settle the entry it is shown (and mark it 'removed' before taking it), but must
-   * not push or remove entries.
+   * callback may settle the entry it is shown (and mark it 'removed' before taking it: it leaves
+   * unserved, and its tenant is charged nothing), but must not push or remove entries.
    */
   scan(visit: (e: QueueEntry) => Verdict): void;
   /** The entry is leaving without a slot (refused, cancelled): forget it. */
@@ -128,14 +126,6 @@ export class SlagateQueue implements QueueDiscipline {
     this.#size++;
   }
 
-  pop(): QueueEntry | undefined {
-    const best = this.#select();
-    if (best === null) return undefined;
-    best.t.heap.pop();
-    this.#take(best);
-    return best.e;
-  }
-
   // A passed entry is lifted out of its tenant's heap, so that the tenant's next entry competes
   // in its place (charged nothing: only a dispatch is work served), and is pushed back with the
   // same key when the scan ends, whatever way it ends.
@@ -165,12 +155,13 @@ export class SlagateQueue implements QueueDiscipline {
     }
   }
 
+  /** Invariant: a tenant is charged for work served, so never for an entry taken out 'removed' (refused). */
   #take(best: { e: QueueEntry; t: TenantQueue; c: ClassQueue }): void {
     if (best.e.state === 'queued') best.e.state = 'granted';
     best.t.size--;
     best.c.size--;
     this.#size--;
-    best.t.counter += work(best.e.req);
+    if (best.e.state === 'granted') best.t.counter += work(best.e.req);
   }
 
   /** The next entry: per class the least-served tenant's smallest key, then the smallest across classes. */
@@ -286,14 +277,6 @@ export class FifoQueue implements QueueDiscipline {
     this.#heap.push(e);
     this.#size++;
     this.#depth.set(e.req.className, (this.#depth.get(e.req.className) ?? 0) + 1);
-  }
-
-  pop(): QueueEntry | undefined {
-    const e = this.#heap.pop();
-    if (e === undefined) return undefined;
-    e.state = 'granted';
-    this.#forget(e);
-    return e;
   }
 
   scan(visit: (e: QueueEntry) => Verdict): void {

@@ -419,7 +419,11 @@ export class Scheduler {
       }
     }
     if (available.length === 0) {
-      for (let e = this.#queue.pop(); e !== undefined; e = this.#queue.pop()) (e as Waiting).settle(null);
+      this.#queue.scan((e) => {
+        e.state = 'removed';
+        (e as Waiting).settle(null);
+        return 'take';
+      });
       return;
     }
     const settings = this.#deps.settings();
@@ -877,7 +881,12 @@ export class Scheduler {
     if (this.#queue.name === policy) return this.#queue;
     const old = this.#queue;
     this.#queue = this.#makeQueue(policy);
-    for (let e = old.pop(); e !== undefined; e = old.pop()) {
+    const moving: QueueEntry[] = [];
+    old.scan((e) => {
+      moving.push(e);
+      return 'take';
+    });
+    for (const e of moving) {
       e.state = 'queued';
       this.#queue.push(e);
     }

@@ -40,7 +40,10 @@ function entry(q: SlagateQueue | FifoQueue, at: number, over: Partial<ScheduledR
 
 function drain(q: SlagateQueue | FifoQueue): string[] {
   const out: string[] = [];
-  for (let e = q.pop(); e !== undefined; e = q.pop()) out.push(e.req.reqId);
+  q.scan((e) => {
+    out.push(e.req.reqId);
+    return 'take';
+  });
   return out;
 }
 
@@ -144,8 +147,8 @@ describe('SlagateQueue', () => {
     const gone = Array.from({ length: 500 }, (_, i) => entry(q, 1 + i, { reqId: `g${i}` }));
     for (const g of gone) q.remove(g);
     expect(q.size).toBe(1);
-    expect(q.pop()).toBe(keep);
-    expect(q.pop()).toBeUndefined();
+    expect(drain(q)).toEqual([keep.req.reqId]);
+    expect(q.size).toBe(0);
   });
 
   it('estimates how many queued entries would leave first', () => {
@@ -176,6 +179,25 @@ describe('SlagateQueue', () => {
     expect(seen).toEqual(['a1', 'a2', 'b1']);
     expect(q.size).toBe(2);
     expect(drain(q)).toEqual(['b1', 'a1']);
+  });
+
+  it('an entry refused as it is shown (taken out removed) is not charged to its tenant', () => {
+    const q = new SlagateQueue(() => AGING);
+    entry(q, 0, { reqId: 'a1', tenant: 'a', prefillMs: 1 });
+    entry(q, 0, { reqId: 'a2', tenant: 'a', prefillMs: 2 });
+    entry(q, 0, { reqId: 'b1', tenant: 'b', prefillMs: 3 });
+    const seen: string[] = [];
+    q.scan((e) => {
+      seen.push(e.req.reqId);
+      if (e.req.reqId !== 'a1') return 'stop';
+      // The scheduler's guard refuses it at its grant: nothing was served.
+      e.state = 'removed';
+      return 'take';
+    });
+    // Tenant a was served nothing, so it is level with b and its smaller key goes next.
+    expect(seen).toEqual(['a1', 'a2']);
+    expect(q.size).toBe(2);
+    expect(drain(q)).toEqual(['a2', 'b1']);
   });
 
   it('a scan that passes everything leaves the queue as it was', () => {
