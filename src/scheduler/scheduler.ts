@@ -350,15 +350,10 @@ export class Scheduler {
     if (!this.#anyAvailable(sr.excluded)) return Promise.resolve(null);
     const settings = this.#deps.settings();
     const queue = this.#discipline(settings.policy);
-    if (!retry && queue.size + this.#retries.length >= settings.maxQueue && settings.maxQueue > 0) {
-      const victim = req.sheddable ? undefined : queue.worstSheddable();
-      if (victim === undefined) return Promise.reject(this.#refusal(req, 'queue_full'));
-      queue.remove(victim);
-      const w = victim as Waiting;
-      w.settle(
-        null,
-        this.#refusal(w.req, 'queue_full', 'evicted from the queue to make room for a protected class'),
-      );
+    const full = !retry && settings.maxQueue > 0 && queue.size + this.#retries.length >= settings.maxQueue;
+    // A full queue takes a protected request only in place of a sheddable one.
+    if (full && (req.sheddable || queue.worstSheddable() === undefined)) {
+      return Promise.reject(this.#refusal(req, 'queue_full'));
     }
     return new Promise<Slot | null>((resolve, reject) => {
       const now = this.#now();
@@ -398,6 +393,24 @@ export class Scheduler {
           : 'No backend has room for this request now and the gateway does not queue (scheduler.max_queue is 0).';
         w.settle(null, this.#refusal(req, 'queue_full', why));
         return;
+      }
+      // It stays queued: only now, when it takes a place, does a sheddable entry lose its own.
+      if (full) {
+        const victim = queue.worstSheddable() as Waiting | undefined;
+        if (victim === undefined) {
+          queue.remove(w);
+          w.settle(null, this.#refusal(req, 'queue_full'));
+          return;
+        }
+        queue.remove(victim);
+        victim.settle(
+          null,
+          this.#refusal(
+            victim.req,
+            'queue_full',
+            'evicted from the queue to make room for a protected class',
+          ),
+        );
       }
       this.#expiries.push(w);
       this.#armExpiry();

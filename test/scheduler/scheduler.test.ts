@@ -200,6 +200,22 @@ describe('refusals while waiting', () => {
     });
   });
 
+  it('queue full: a protected request that will not wait (no-queue) evicts nobody', async () => {
+    const s = settings({ maxQueue: 1, concurrency: { ...settings().concurrency, initial: 1 } });
+    const { scheduler, refused } = setup(['a'], s);
+    await scheduler.ticket(req()).acquire(first());
+    const batch = scheduler
+      .ticket(req({ reqId: 'batch', className: 'batch', priority: 2, sheddable: true }))
+      .acquire(first());
+    const hurry = await state(scheduler.ticket(req({ reqId: 'hurry', noQueue: true })).acquire(first()));
+    expect(hurry).toMatchObject({
+      error: { code: 'queue_full', message: expect.stringContaining('x-slagate-no-queue') },
+    });
+    // The sheddable request keeps its place: the one that refused to wait took none.
+    expect(await state(batch)).toBe('waiting');
+    expect(refused).toEqual(['hurry:queue_full']);
+  });
+
   it('x-slagate-no-queue (and max_queue 0) refuse what cannot be dispatched at once', async () => {
     const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
     const { scheduler, set } = setup(['a'], s);
