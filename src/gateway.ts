@@ -430,6 +430,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           await closeServer(app, rt.lifecycle, Math.max(deadline - performance.now(), MIN_CLOSE_WAIT_MS));
           await backends.close();
           scheduler.close();
+          loopDelay.close();
           await live.close();
           await fleet?.close();
           await flushLogs();

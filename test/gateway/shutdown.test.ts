@@ -6,10 +6,12 @@ import http from 'node:http';
 import { connect } from 'node:net';
 import { afterEach, expect, it } from 'vitest';
 import { collect, type RawResponse } from '../helpers/http.ts';
+import { trackHandles } from '../state/handles.ts';
 import {
   chat,
   get,
   openStream,
+  post,
   sseData,
   startTestGateway,
   type TestGateway,
@@ -137,4 +139,20 @@ it('a reloaded shutdown_grace_ms applies to the next shutdown', async () => {
   const started = performance.now();
   expect(await t.gw.close()).toEqual({ cut: 1 });
   expect(performance.now() - started).toBeLessThan(2000);
+});
+
+it("leaves none of its own timers behind once closed (the loop-delay monitor's among them)", async () => {
+  // Not the simulated fleet's (the harness closes it), nor the operator log's flush timer: its
+  // stdout destination stays open after close() on purpose, so that a late line cannot throw (it is
+  // unref'd, and ending it is the embedding process's exit).
+  const tracker = trackHandles(/[/\\]src[/\\](?!sim[/\\])/, /[/\\]src[/\\]telemetry[/\\]logger\.ts/);
+  try {
+    t = await startTestGateway({ replicas: 1, timeScale: 0.2 });
+    expect((await post(t.url, CHAT, chat({ max_tokens: 4 }))).status).toBe(200);
+    await t.close();
+    t = null;
+    expect(tracker.live()).not.toHaveProperty('Timeout');
+  } finally {
+    tracker.stop();
+  }
 });

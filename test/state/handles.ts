@@ -15,7 +15,11 @@ export interface HandleTracker {
 const OWN_CODE = /[/\\]src[/\\]state[/\\]/;
 const UNDICI_SHARED_TIMER = /undici[/\\]lib[/\\]util[/\\]timers\.js/;
 
-export function trackHandles(): HandleTracker {
+/**
+ * `own`: where a timer must be created from to count (src/state by default); `except`: timers
+ * whose creation stack matches it do not count.
+ */
+export function trackHandles(own: RegExp = OWN_CODE, except?: RegExp): HandleTracker {
   const alive = new Map<number, string>();
   const previousLimit = Error.stackTraceLimit;
   Error.stackTraceLimit = 50;
@@ -24,7 +28,7 @@ export function trackHandles(): HandleTracker {
       if (type === 'TCPWRAP') alive.set(id, type);
       if (type !== 'Timeout') return;
       const stack = new Error().stack ?? '';
-      if (OWN_CODE.test(stack) && !UNDICI_SHARED_TIMER.test(stack)) alive.set(id, type);
+      if (own.test(stack) && !UNDICI_SHARED_TIMER.test(stack) && !except?.test(stack)) alive.set(id, type);
     },
     destroy(id) {
       alive.delete(id);
