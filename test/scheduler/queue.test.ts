@@ -163,6 +163,19 @@ describe('SlagateQueue', () => {
     expect(q.aheadOf(probe, q.keyFor(probe, 0))).toBe(3 + 4 + 5);
   });
 
+  it('counts the entries of another class of the same priority that would leave first, by key', () => {
+    const q = new SlagateQueue(() => AGING);
+    // Two classes of priority 0 (as interactive and completion are by default) compete by key.
+    for (let i = 0; i < 6; i++) entry(q, 0, { reqId: `c${i}`, className: 'completion', prefillMs: 1 });
+    for (let i = 0; i < 2; i++) entry(q, 0, { reqId: `late${i}`, className: 'completion', prefillMs: 400 });
+    const probe = req({ className: 'interactive', prefillMs: 20 });
+    const key = q.keyFor(probe, 0);
+    expect(q.aheadOf(probe, key)).toBe(6);
+    // And that is the order they leave in.
+    entry(q, 0, { reqId: 'probe', className: 'interactive', prefillMs: 20 });
+    expect(drain(q).indexOf('probe')).toBe(6);
+  });
+
   it('a scan shows entries in leaving order; a passed one keeps its place, and is not charged to its tenant', () => {
     const q = new SlagateQueue(() => AGING);
     // Tenant a: two entries; tenant b: one. Equal counters: the smallest key leaves first.
