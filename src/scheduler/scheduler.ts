@@ -373,7 +373,11 @@ export class Scheduler {
         ticket,
         expiresAt: retry
           ? req.deadlineAt
-          : req.arrivedAt + req.ttftBudgetMs - this.upperBackendMs(req.bestBackendMs ?? 0),
+          : // The request's deadline bounds its wait too (a class target may be longer).
+            Math.min(
+              req.arrivedAt + req.ttftBudgetMs - this.upperBackendMs(req.bestBackendMs ?? 0),
+              req.deadlineAt,
+            ),
         settle: (slot, err) => {
           sr.signal.offAbort(onAbort);
           if (err !== undefined) reject(err);

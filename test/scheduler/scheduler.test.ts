@@ -251,6 +251,26 @@ describe('refusals while waiting', () => {
     held!.release();
   });
 
+  it("a class target longer than the request's deadline does not keep it queued past the deadline", async () => {
+    const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
+    const { scheduler } = setup(['a'], s);
+    const held = await scheduler.ticket(req()).acquire(first());
+    const t0 = performance.now();
+    // A 120 s target, but the request's deadline (first_token_timeout_ms from arrival) is 150 ms.
+    const late = scheduler
+      .ticket(req({ reqId: 'late', arrivedAt: t0, ttftTargetMs: 120_000, deadlineAt: t0 + 150 }))
+      .acquire(first());
+    const result = await late.then(
+      () => 'granted',
+      (e: { code: string }) => e.code,
+    );
+    const waited = performance.now() - t0;
+    expect(result).toBe('queue_timeout');
+    expect(waited).toBeGreaterThanOrEqual(145);
+    expect(waited).toBeLessThan(1_000);
+    held!.release();
+  });
+
   it('at the head of the queue, a request its backend would now serve past its target is refused, not sent', async () => {
     const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
     const f = setup(['a'], s);
