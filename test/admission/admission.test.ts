@@ -227,6 +227,10 @@ describe('predicted TTFT', () => {
     // A scheduler refusal (queue_full, queue_timeout) of a protected class opens it too.
     admission.noteRefused({ sheddable: false }, 'queue_timeout');
     expect(codeOf(() => admission.admit(req(batch)))).toMatch(/^sla_unattainable/);
+    // Not one that asked not to wait (x-slagate-no-queue) and found no room at once.
+    tick(SHED_WINDOW_MS + 1);
+    admission.noteRefused({ sheddable: false, noQueue: true }, 'queue_full');
+    expect(codeOf(() => admission.admit(req(batch)))).toBe('admitted');
   });
 
   it("keeps the predictor's error: median and P90 of |predicted − actual| / actual, and the bias", () => {
