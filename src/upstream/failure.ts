@@ -14,6 +14,7 @@ export type FailureReason =
   | 'deadline' // the request's own deadline cut the first-token wait short
   | 'in_band_error' // `data: {"error":...}` (or a 200 JSON error body)
   | 'in_band_rejection' // the same before the first token, naming a relayable 4xx: the request's fault or the engine's (see below)
+  | 'upstream_not_found' // 404 for a model the gateway serves: this backend lacks it, or every backend does (see below)
   | 'protocol_error' // bad JSON, oversized event, no token before [DONE], no [DONE]
   | 'response_too_large' // a body passed through whole grew past max_body_bytes: this request's answer is too big anywhere
   | 'idle_timeout' // no data event for idle_timeout_ms after the commit point
@@ -29,10 +30,14 @@ export type FailureReason =
  * included; in current releases to a TypeError or RuntimeError raised in its API server (engine
  * failures get 500 there). The attempt loop (proxy.ts) asks another backend: a rejection there too
  * makes it the request's, a first token there makes it the first backend's, and only then is that
- * backend blamed (Backend.blame).
+ * backend blamed (Backend.blame). A 404 is settled the same way: the gateway checked the model
+ * against those it serves before sending, so a backend that answers 404 is one that lacks it (a
+ * replica started without the adapter, or with another --served-model-name) unless every backend
+ * does; relayed at once, it answered every request sent there with 404, fast and never ejected.
  */
 const NOT_BACKEND_FAULT: ReadonlySet<FailureReason> = new Set<FailureReason>([
   'in_band_rejection',
+  'upstream_not_found',
   'upstream_busy',
   'deadline',
   'response_too_large',
@@ -101,6 +106,11 @@ export class AttemptFailure extends Error {
   /** Before the commit point, whether another backend may be tried at all (the loop adds its limits). */
   get retryable(): boolean {
     return !this.byClient && !FINAL.has(this.reason);
+  }
+
+  /** A rejection another backend settles: the request's if it rejects too, else this backend's. */
+  get unconfirmedRejection(): boolean {
+    return this.reason === 'in_band_rejection' || this.reason === 'upstream_not_found';
   }
 }
 

@@ -299,8 +299,8 @@ async function attemptLoop(
       status: end.status,
     });
     const f = end.failure;
-    if (end.kind === 'rejected' || f?.reason === 'in_band_rejection') s.rejection = end;
-    if (f?.reason === 'in_band_rejection') {
+    if (end.kind === 'rejected' || f?.unconfirmedRejection) s.rejection = end;
+    if (f?.unconfirmedRejection) {
       // A second backend rejected the request too: it is the request's.
       if (rejectedBy !== null) break;
       rejectedBy = { backend, failure: f };

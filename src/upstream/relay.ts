@@ -44,7 +44,10 @@ import { AttemptFailure, abortFailure, failureFromError } from './failure.ts';
 import { type DecodeMeter, type Latencies, TokenClock } from './measure.ts';
 import { SseParser } from './sse-parser.ts';
 
-/** 4xx statuses relayed to the client as an error envelope; not retried, not a backend failure. */
+/**
+ * 4xx statuses relayed to the client as an error envelope, not a backend failure; a 404 only once
+ * a second backend agrees (failure.ts, upstream_not_found).
+ */
 export const RELAYED_4XX: ReadonlySet<number> = new Set([400, 404, 413, 422]);
 const BUSY_STATUSES: ReadonlySet<number> = new Set([408, 429]);
 /** Bytes of a 4xx body read for its message; the rest is discarded. */
@@ -246,7 +249,16 @@ export class Attempt implements Dispatcher.DispatchHandler {
         this.#finishBuffered();
         return;
       case 'rejecting':
-        this.#finish('rejected', null);
+        if (this.#status === 404) {
+          this.#fail(
+            new AttemptFailure('upstream_not_found', 'upstream status 404', {
+              status: 404,
+              upstreamMessage: rejectMessage(this.#body),
+            }),
+          );
+        } else {
+          this.#finish('rejected', null);
+        }
         return;
       case 'streaming':
         this.#fail(new AttemptFailure('protocol_error', 'stream ended before the first token'));

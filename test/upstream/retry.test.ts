@@ -133,6 +133,37 @@ describe('retries before the commit point (item 3)', () => {
   });
 });
 
+// The gateway sends only models it serves: a 404 says that backend lacks the model, unless every
+// backend does.
+describe('a 404 status from a backend', () => {
+  const missing = status(404, '{"object":"error","message":"The model `m` does not exist.","code":404}');
+
+  it("is that backend's when another serves the request: retried there, and the first blamed", async () => {
+    const { ups, set, gw } = await fleet([[missing], [healthy(2)]]);
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(200);
+    expect(dataEvents(res.text)).toHaveLength(4); // role, 2 tokens, [DONE]
+    expect(result).toMatchObject({ outcome: 'ok', backend: 'b1', attempts: 2 });
+    expect(result.attemptLog.map((a) => a.reason)).toEqual(['upstream_not_found', null]);
+    expect(ups.map((u) => u.hits.length)).toEqual([1, 1]);
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(1);
+    expect(set.get('b1')!.outlier.consecutiveFailures).toBe(0);
+  });
+
+  it("is the request's when a second backend answers 404 too: relayed as model_not_found, nobody blamed", async () => {
+    const { set, gw } = await fleet([[missing], [missing], [healthy(1)]]);
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(404);
+    expect(JSON.parse(res.text).error).toMatchObject({
+      code: 'model_not_found',
+      message: 'The model `m` does not exist.',
+    });
+    expect(await gw.nextResult()).toMatchObject({ reason: 'upstream_rejected', attempts: 2 });
+    for (const name of ['b0', 'b1']) expect(set.get(name)!.outlier.consecutiveFailures).toBe(0);
+  });
+});
+
 // vLLM raises some of a request's own errors only after its 200 head, as one in-band error with
 // code 400, and gives the same code to some engine errors: a second backend tells them apart.
 describe('an in-band error naming a 4xx before the first token', () => {
