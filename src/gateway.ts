@@ -68,6 +68,7 @@ export interface Gateway {
 function proxyConfig(c: Config): ProxyConfig {
   return {
     firstTokenTimeoutMs: c.upstream.first_token_timeout_ms,
+    passthroughTimeoutMs: c.upstream.passthrough_timeout_ms,
     idleTimeoutMs: c.upstream.idle_timeout_ms,
     // A client that reads nothing for as long as the backend may stay silent is gone.
     clientStallTimeoutMs: c.upstream.idle_timeout_ms,

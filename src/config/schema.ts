@@ -206,6 +206,8 @@ export const UpstreamSchema = Type.Object(
   {
     connect_timeout_ms: ms(1, 3_000),
     first_token_timeout_ms: ms(1, 60_000),
+    /** The whole budget of a non-streamed request passed through unassembled (its body comes at the end). */
+    passthrough_timeout_ms: ms(1, 600_000),
     /** An attempt's first-token timeout: this × its predicted time to first token, ≥ the class target. */
     first_token_timeout_factor: Type.Number({ minimum: 1, maximum: 100, default: 4 }),
     /** Send the class priority as vLLM's `priority` field (replicas run with --scheduling-policy priority). */

@@ -30,7 +30,10 @@ export interface ScheduledRequest {
   /** The gateway's own event-loop delay at arrival, taken out of the budget (unseen by its clocks). */
   readonly loopDelayMs: number;
   readonly tpotTargetMs: number;
-  /** performance.now() by which its first token must have arrived (arrival + first_token_timeout_ms). */
+  /**
+   * performance.now() by which its first token must have arrived (arrival + first_token_timeout_ms;
+   * a body passed through: its whole body, arrival + passthrough_timeout_ms).
+   */
   readonly deadlineAt: number;
   /** Prompt tokens the backend must compute (estimated; not in its prefix cache). */
   readonly uncachedTokens: number;

@@ -78,7 +78,12 @@ export async function handleInference(
       arrivedAt: record.startedAt,
       ttftTargetMs: cls.ttft_p99_ms,
       tpotTargetMs: cls.tpot_p99_ms,
-      deadlineAt: record.startedAt + rt.config.upstream.first_token_timeout_ms,
+      // By then a first token must have come; for a body passed through, the whole body.
+      deadlineAt:
+        record.startedAt +
+        (ir.mode === 'passthrough'
+          ? rt.config.upstream.passthrough_timeout_ms
+          : rt.config.upstream.first_token_timeout_ms),
       promptTokens,
       expectedOutputTokens: got.expectedOutputTokens,
       budgetTokens: promptTokens + got.expectedOutputTokens,

@@ -11,6 +11,7 @@ import type { RetryBudgetOptions } from './retry-budget.ts';
 
 export const DEFAULT_PROXY_CONFIG: Readonly<ProxyConfig> = Object.freeze({
   firstTokenTimeoutMs: 30_000,
+  passthroughTimeoutMs: 600_000,
   idleTimeoutMs: 30_000,
   clientStallTimeoutMs: 30_000,
   retries: 2,

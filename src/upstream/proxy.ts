@@ -64,7 +64,10 @@ export interface ProxyRequest {
   responseHeaders: OutgoingHttpHeaders;
   /** performance.now() when the request arrived: TTFT and E2E include the gateway's queue. */
   startedAt: number;
-  /** performance.now() by which a first token must have arrived, across all attempts. */
+  /**
+   * performance.now() by which a first token must have arrived, across all attempts (a body
+   * passed through: the whole body, which comes at the end of its generation).
+   */
   deadlineAt: number;
   /** vLLM's `priority` request field (lower runs first), or null to send none. */
   priority: number | null;
@@ -84,8 +87,13 @@ export interface ProxyRequest {
 }
 
 export interface ProxyConfig {
-  /** Cap on any attempt's first-token wait; the whole budget of a pass-through body. */
+  /** Cap on any attempt's first-token wait. */
   firstTokenTimeoutMs: number;
+  /**
+   * The whole budget of an attempt whose body is passed through: it arrives only when the
+   * generation ends, so the first-token cap would cut every generation longer than it.
+   */
+  passthroughTimeoutMs: number;
   idleTimeoutMs: number;
   clientStallTimeoutMs: number;
   /** Retries of failures the engine may have caused (failures before it are not counted). */
@@ -237,7 +245,7 @@ async function attemptLoop(
     excluded.add(backend.name);
     const firstTokenMs =
       req.mode === 'passthrough'
-        ? cfg.firstTokenTimeoutMs
+        ? cfg.passthroughTimeoutMs
         : Math.min(slot.firstTokenTimeoutMs, cfg.firstTokenTimeoutMs);
     const attempt = new Attempt({
       backendName: backend.name,

@@ -191,6 +191,30 @@ describe('shapes the assembler does not cover pass through', () => {
     }
   });
 
+  it('its generation may outlast first_token_timeout_ms: upstream.passthrough_timeout_ms is its budget', async () => {
+    const b = await scripted(async (_req, res) => {
+      await new Promise((r) => setTimeout(r, 700));
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ id: 'x', object: 'chat.completion', choices: [] }));
+    });
+    t = await startTestGateway({
+      backends: [{ name: 'b', url: b.url }],
+      config: {
+        upstream: { first_token_timeout_ms: 300, passthrough_timeout_ms: 5_000 },
+        sla: { default_class: 'fast', classes: { fast: { ttft_p99_ms: 100, tpot_p99_ms: 50, priority: 0 } } },
+      },
+    });
+    try {
+      const res = await post(t.url, CHAT, chat({ tools: [{ type: 'function', function: { name: 'f' } }] }), {
+        'x-request-id': 'tools-long',
+      });
+      expect(res.status).toBe(200);
+      expect(await t.recordOf('tools-long')).toMatchObject({ outcome: 'ok', attempts: 1 });
+    } finally {
+      await b.close();
+    }
+  });
+
   it('its prefill stops counting as pending within the first-token budget, not at the end of its generation', async () => {
     let answer: (() => void) | null = null;
     const b = await scripted((_req, res) => {

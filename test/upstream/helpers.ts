@@ -164,6 +164,7 @@ export function hang(commentMs = 0): Script {
 
 export const FAST: ProxyConfig = {
   firstTokenTimeoutMs: 400,
+  passthroughTimeoutMs: 400,
   idleTimeoutMs: 400,
   clientStallTimeoutMs: 400,
   retries: 2,

@@ -120,10 +120,25 @@ describe('retries before the commit point (item 3)', () => {
     expect(set.get('b0')!.breaker.stats.failures).toBe(0);
   });
 
+  it('a body passed through may take longer than the first-token cap: its generation is in it', async () => {
+    const slowBody: Script = async (_req, res) => {
+      await sleep(600);
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ id: 'x', object: 'chat.completion', choices: [] }));
+    };
+    const cfg = { ...FAST, firstTokenTimeoutMs: 200, passthroughTimeoutMs: 5_000 };
+    const { ups, set, gw } = await fleet([[slowBody], [healthy(1)]], { cfg, deadlineMs: 5_000 });
+    const res = await post(gw.url, chatBody({ stream: false }));
+    expect(res.status).toBe(200);
+    expect(await gw.nextResult()).toMatchObject({ outcome: 'ok', attempts: 1, backend: 'b0' });
+    expect(ups[1]!.hits).toHaveLength(0);
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
+  });
+
   it('a body passed through whose backend hangs for the whole budget is that backend’s fault, though the deadline ends it too', async () => {
-    // The deadline and the attempt's budget are the same 1 s (a passed-through body has the cap).
-    const cfg = { ...FAST, firstTokenTimeoutMs: 1_000 };
-    const { set, gw } = await fleet([[hang()], [healthy(1)]], { cfg, deadlineMs: cfg.firstTokenTimeoutMs });
+    // The deadline and the attempt's budget are the same 1 s (a passed-through body has its own).
+    const cfg = { ...FAST, passthroughTimeoutMs: 1_000 };
+    const { set, gw } = await fleet([[hang()], [healthy(1)]], { cfg, deadlineMs: cfg.passthroughTimeoutMs });
     const res = await post(gw.url, chatBody({ stream: false }));
     const result = await gw.nextResult();
     expect(res.status).toBe(504);
