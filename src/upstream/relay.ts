@@ -471,18 +471,13 @@ export class Attempt implements Dispatcher.DispatchHandler {
     // Invariant: nothing more is written to the client, so the upstream is never held paused for
     // it. An ended response emits no 'drain', so a pause taken on the last write would otherwise
     // hold the upstream (and its slot) until the stall timeout and report the client as stalled.
+    lingerAtMost(res, this.spec.clientStallTimeoutMs);
     if (this.#stallTimer === null) return;
     clearTimeout(this.#stallTimer);
     this.#stallTimer = null;
     this.#offDrain();
     this.#armIdle();
     this.#controller?.resume();
-    // The client still has to read what is buffered: one that never does loses its socket.
-    if (!res.writableFinished) {
-      const linger = setTimeout(() => res.destroy(), this.spec.clientStallTimeoutMs);
-      res.once('finish', () => clearTimeout(linger));
-      res.once('close', () => clearTimeout(linger));
-    }
   }
 
   /** The assembled stream ended: the client gets the one body vLLM would have sent. */
@@ -525,6 +520,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.#settleCommit(null, 'body');
     this.#writeJsonHead(body.length);
     this.spec.res.end(body);
+    lingerAtMost(this.spec.res, this.spec.clientStallTimeoutMs);
     this.#endedAt = performance.now();
     this.#finish('ok', null, true);
   }
@@ -599,6 +595,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
           failure.clientError ?? new GatewayError('upstream_error', 'The backend failed during the stream');
         if (res.headersSent) res.end(sseErrorFrames(err));
         else writeErrorResponse(res, err, this.spec.errorHeaders);
+        lingerAtMost(res, this.spec.clientStallTimeoutMs);
       }
       this.#endedAt ??= performance.now();
     }
@@ -643,6 +640,22 @@ export class Attempt implements Dispatcher.DispatchHandler {
         : null,
     });
   }
+}
+
+/**
+ * Called after the last write of a response. Invariant: a client that never reads what is still
+ * buffered for it loses its socket after `ms`. With the response ended nothing else would close it:
+ * the keep-alive timeout starts only once everything is flushed, and the server sets no socket
+ * timeout (a long generation is silent between its head and its first token).
+ */
+function lingerAtMost(res: ServerResponse, ms: number): void {
+  if (res.writableFinished || res.destroyed) return;
+  // All of it handed to the kernel: 'finish' follows, then the keep-alive timeout applies.
+  if (res.writableLength === 0 && (res.socket?.writableLength ?? 0) === 0) return;
+  const linger = setTimeout(() => res.destroy(), ms);
+  const clear = () => clearTimeout(linger);
+  res.once('finish', clear);
+  res.once('close', clear);
 }
 
 /** Longest upstream 4xx message passed on to the client (DESIGN section 4). */

@@ -183,6 +183,42 @@ describe('a client that never reads (item 20)', () => {
     expect(up.hits[0]!.bytesWritten).toBeLessThan(32 * 1024 * 1024);
   });
 
+  it('a whole body the client never reads costs it its socket after the stall timeout', async () => {
+    const whole = JSON.stringify({
+      id: 'x',
+      object: 'chat.completion',
+      choices: [],
+      pad: 'p'.repeat(12 << 20),
+    });
+    const { gw } = await setup(
+      (_req, res) => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(whole);
+      },
+      { ...FAST, maxBodyBytes: 16 << 20, clientStallTimeoutMs: 300 },
+    );
+    const body = JSON.stringify(chatBody({ stream: false }));
+    const sock = net.connect(Number(new URL(gw.url).port), '127.0.0.1');
+    cleanups.push(async () => void sock.destroy());
+    sock.on('error', () => {});
+    sock.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+        `content-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+    );
+    sock.pause();
+    expect(await gw.nextResult()).toMatchObject({ outcome: 'ok', committed: true });
+    // Well past the stall timeout, the client starts reading: the gateway has given up on it, and
+    // what is left of the body never comes.
+    await sleep(1_000);
+    let got = 0;
+    sock.on('data', (c: Buffer) => {
+      got += c.length;
+    });
+    sock.resume();
+    await new Promise((r) => sock.once('close', r));
+    expect(got).toBeLessThan(whole.length);
+  });
+
   it('a last write the client has not read yet does not hold the upstream once [DONE] is forwarded', async () => {
     // One 4 MB event and [DONE] in a single upstream write: the write that carries [DONE] to the
     // paused client returns false, and the response is ended right after it.
