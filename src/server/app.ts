@@ -16,6 +16,7 @@
 // the metrics by the same call that writes it (record.ts).
 
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import Fastify, {
   type FastifyBaseLogger,
   type FastifyError,
@@ -64,6 +65,30 @@ function allowedMethods(app: FastifyInstance, url: string): string[] {
   return METHODS.filter((method) => app.hasRoute({ method, url: path }));
 }
 
+/**
+ * A request node:http could not parse (a malformed head, headers over its size limit, a head too
+ * slow to arrive): answered in the gateway's error envelope, not fastify's, and logged with its
+ * code alone. Invariant: the raw bytes Node attaches to the error (`rawPacket`, the request's head
+ * with its Authorization header) reach no log line.
+ */
+function answerClientError(rt: Runtime, err: NodeJS.ErrnoException, socket: Socket): void {
+  rt.logger.debug({ code: err.code ?? null }, 'unparseable request');
+  if (err.code === 'ECONNRESET' || !socket.writable) {
+    socket.destroy();
+    return;
+  }
+  const [status, phrase, message] =
+    err.code === 'HPE_HEADER_OVERFLOW'
+      ? [431, 'Request Header Fields Too Large', 'The request headers are too large.']
+      : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+        ? [408, 'Request Timeout', 'The request head did not arrive in time.']
+        : [400, 'Bad Request', 'The request is not valid HTTP/1.1.'];
+  const body = JSON.stringify(new GatewayError('invalid_request', message).toJSON());
+  socket.end(
+    `HTTP/1.1 ${status} ${phrase}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+  );
+}
+
 export function buildApp(rt: Runtime): FastifyInstance {
   const app = Fastify({
     loggerInstance: rt.logger as FastifyBaseLogger,
@@ -77,6 +102,7 @@ export function buildApp(rt: Runtime): FastifyInstance {
     // about 1% of the gateway's CPU at 256 streams, for a logger no healthy request writes to).
     // A line about a request gets the request's context where it is written (requestLogger).
     childLoggerFactory: (logger) => logger,
+    clientErrorHandler: (err, socket) => answerClientError(rt, err, socket),
     // The server's requests meet the front door first; fastify gets what the door does not serve.
     serverFactory: (handler) => {
       const server = createServer(

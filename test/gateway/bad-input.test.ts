@@ -289,6 +289,41 @@ async function smallContextGateway() {
   return { replica, t };
 }
 
+describe('a request that is not HTTP', () => {
+  /** Sends `head` on a raw connection and returns what comes back before the gateway closes it. */
+  async function raw(url: string, head: string): Promise<string> {
+    const socket = connect(Number(new URL(url).port), '127.0.0.1');
+    await once(socket, 'connect');
+    const reply: Buffer[] = [];
+    socket.on('data', (c: Buffer) => reply.push(c));
+    socket.write(head);
+    await once(socket, 'close');
+    return Buffer.concat(reply).toString('utf8');
+  }
+  const envelopeOf = (reply: string) => JSON.parse(reply.slice(reply.indexOf('\r\n\r\n') + 4)).error;
+
+  it("a malformed head or one over the size limit gets the gateway's envelope, never fastify's", async () => {
+    const b = await backend(healthyStream);
+    const t = await gateway({ backends: [{ name: 'b0', url: b.url }] });
+    const bad = await raw(t.url, `POST ${CHAT} HTTP/1.1\r\nhost: x\r\nbad header\r\n\r\n`);
+    expect(bad).toMatch(/^HTTP\/1\.1 400 /);
+    expect(envelopeOf(bad)).toEqual({
+      message: 'The request is not valid HTTP/1.1.',
+      type: 'invalid_request_error',
+      param: null,
+      code: 'invalid_request',
+    });
+    const huge = await raw(
+      t.url,
+      `POST ${CHAT} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-secret\r\nx-pad: ${'p'.repeat(20_000)}\r\n\r\n`,
+    );
+    expect(huge).toMatch(/^HTTP\/1\.1 431 /);
+    expect(envelopeOf(huge)).toMatchObject({ type: 'invalid_request_error', code: 'invalid_request' });
+    expect(huge).not.toContain('sk-secret');
+    expect(b.hits).toHaveLength(0);
+  });
+});
+
 describe('27: context length', () => {
   it('a prompt over the backend context length → 400, never dispatched', async () => {
     const { replica, t } = await smallContextGateway();
