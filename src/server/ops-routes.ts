@@ -13,13 +13,15 @@ import type { Runtime } from './runtime.ts';
 function refreshGauges(rt: Runtime): void {
   for (const b of rt.backends.list()) {
     const t = rt.live.telemetry(b.name);
+    // A stale scrape is no current figure: the gauge goes until the backend answers again.
+    const fresh = t !== null && t !== undefined && !t.saturated ? t : null;
     const view = rt.live.backendView(b.name);
     rt.metrics.setBackendGauges(b.name, {
       inflight: view?.localInflight.requests ?? 0,
       concurrency_limit: Math.floor(rt.scheduler.limit(b.name)),
       healthy: b.available,
-      kv_cache_usage: t?.kvCacheUsage ?? null,
-      waiting: t?.waiting ?? null,
+      kv_cache_usage: fresh?.kvCacheUsage ?? null,
+      waiting: fresh?.waiting ?? null,
       prefill_tokens_per_second: view?.rates.prefillTokensPerS ?? null,
     });
   }

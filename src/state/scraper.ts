@@ -3,8 +3,10 @@
 //
 // Invariants:
 // - STALE MEANS SATURATED (research/reliability.md item 16, after the EPP): a backend never
-//   scraped, or whose last good scrape is older than `staleAfterMs`, reports `saturated: true`, so
-//   a router never mistakes a silent backend for an idle one;
+//   scraped, or whose last good scrape is older than `staleAfterMs`, reports `saturated: true`, and
+//   its readers take none of its figures as current (the router's view and the exported gauges
+//   drop them), so a silent backend's last idle-looking scrape is never read as now; the router's
+//   load comes from the gateway's own in-flight counts, not from scrapes;
 // - after close() resolves the scraper owns no timer, socket or in-flight request.
 
 import { Agent, request } from 'undici';

@@ -36,7 +36,10 @@ export interface BackendGauges {
   inflight?: number;
   concurrency_limit?: number;
   healthy?: boolean;
-  /** 0..1, from the backend's vLLM metrics; null leaves the last value. */
+  /**
+   * 0..1, from the backend's vLLM metrics. For these three, null means unknown now (never
+   * scraped, the last scrape stale, no fit yet): the series is dropped, not left at its last value.
+   */
   kv_cache_usage?: number | null;
   waiting?: number | null;
   prefill_tokens_per_second?: number | null;
@@ -274,17 +277,15 @@ export class GatewayMetrics {
     return this.prefixPromptTokens > 0 ? this.prefixHitTokens / this.prefixPromptTokens : null;
   }
 
-  /** Sets the given gauges of one backend; absent or null fields keep their last value. */
+  /** Sets the given gauges of one backend; absent fields keep their last value, null ones go. */
   setBackendGauges(backend: string, g: BackendGauges): void {
     const gauges = this.backendGauges;
     if (g.inflight != null) gauges.inflight.labels(backend).set(g.inflight);
     if (g.concurrency_limit != null) gauges.concurrency_limit.labels(backend).set(g.concurrency_limit);
     if (g.healthy != null) gauges.healthy.labels(backend).set(g.healthy ? 1 : 0);
-    if (g.kv_cache_usage != null) gauges.kv_cache_usage.labels(backend).set(g.kv_cache_usage);
-    if (g.waiting != null) gauges.waiting.labels(backend).set(g.waiting);
-    if (g.prefill_tokens_per_second != null) {
-      gauges.prefill_tokens_per_second.labels(backend).set(g.prefill_tokens_per_second);
-    }
+    setOrDrop(gauges.kv_cache_usage, backend, g.kv_cache_usage);
+    setOrDrop(gauges.waiting, backend, g.waiting);
+    setOrDrop(gauges.prefill_tokens_per_second, backend, g.prefill_tokens_per_second);
   }
 
   /** Drops every series labelled with this backend (after a reload removed it). */
@@ -375,4 +376,11 @@ export function createMetrics(
   opts: MetricsOptions = {},
 ): GatewayMetrics {
   return new GatewayMetrics(classes, opts);
+}
+
+/** A figure known now is set; one unknown now (null) has no series: a stale value is not a measurement. */
+function setOrDrop(gauge: Gauge<'backend'>, backend: string, v: number | null | undefined): void {
+  if (v === undefined) return;
+  if (v === null) gauge.remove(backend);
+  else gauge.labels(backend).set(v);
 }

@@ -1,7 +1,9 @@
 // The gateway's own routes after real traffic: /healthz, /readyz, /metrics (names and labels of
 // DESIGN section 6), /admin/state. None of them is proxied or writes an admission record.
+import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { chat, get, post, startTestGateway, type TestGateway } from './harness.ts';
+import { listenLoopback } from '../helpers/http.ts';
+import { chat, get, post, startTestGateway, type TestGateway, waitFor } from './harness.ts';
 
 let t: TestGateway;
 beforeAll(async () => {
@@ -118,5 +120,49 @@ describe('ops routes', () => {
     await get(t.url, '/admin/state');
     await get(t.url, '/v1/models');
     expect((await t.records()).length).toBe(n);
+  });
+});
+
+describe('a backend whose /metrics stops answering', () => {
+  it('loses its scraped gauges once the last scrape is stale, rather than keep its last values', async () => {
+    let up = true;
+    const server = http.createServer((req, res) => {
+      if (req.url === '/metrics' && up) {
+        res.writeHead(200, { 'content-type': 'text/plain' });
+        res.end(
+          'vllm:kv_cache_usage_perc{model_name="m"} 0.5\nvllm:num_requests_waiting{model_name="m"} 3\n',
+        );
+        return;
+      }
+      res.writeHead(req.url === '/metrics' ? 500 : 200, { 'content-type': 'application/json' });
+      res.end(req.url === '/v1/models' ? '{"object":"list","data":[]}' : '');
+    });
+    const b = await listenLoopback(server);
+    const g = await startTestGateway({
+      backends: [{ name: 'b', url: b.url }],
+      config: { upstream: { metrics_scrape_interval_ms: 50 } },
+    });
+    try {
+      const metrics = async () => (await get(g.url, '/metrics')).text;
+      await waitFor(
+        async () => sample(await metrics(), 'slagate_backend_kv_cache_usage', { backend: 'b' }) === 0.5,
+      );
+      expect(sample(await metrics(), 'slagate_backend_waiting', { backend: 'b' })).toBe(3);
+      up = false;
+      // Stale after three intervals without a good scrape: no figure, rather than a frozen one.
+      await waitFor(
+        async () => sample(await metrics(), 'slagate_backend_kv_cache_usage', { backend: 'b' }) === undefined,
+        5_000,
+        'the stale gauge to go',
+      );
+      expect(sample(await metrics(), 'slagate_backend_waiting', { backend: 'b' })).toBeUndefined();
+      const state = JSON.parse((await get(g.url, '/admin/state')).text) as {
+        backends: { name: string; telemetry: { saturated: boolean } | null }[];
+      };
+      expect(state.backends.find((x) => x.name === 'b')?.telemetry?.saturated).toBe(true);
+    } finally {
+      await g.close();
+      await b.close();
+    }
   });
 });

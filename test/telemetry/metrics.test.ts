@@ -404,14 +404,16 @@ describe('GatewayMetrics', () => {
     ).toBe(1);
   });
 
-  it('keeps gauges a partial update does not mention', async () => {
+  it('keeps gauges a partial update does not mention, and drops a scraped one that is unknown now', async () => {
     const m = createMetrics(CLASSES, { processMetrics: false });
-    m.setBackendGauges('gpu-0', { inflight: 5, kv_cache_usage: 0.9, healthy: true });
+    m.setBackendGauges('gpu-0', { inflight: 5, kv_cache_usage: 0.9, waiting: 3, healthy: true });
     m.setBackendGauges('gpu-0', { inflight: 2, kv_cache_usage: null, healthy: false });
     const s = parseSamples(await m.render());
     expect(value(s, 'slagate_backend_inflight', { backend: 'gpu-0' })).toBe(2);
-    expect(value(s, 'slagate_backend_kv_cache_usage', { backend: 'gpu-0' })).toBe(0.9);
     expect(value(s, 'slagate_backend_healthy', { backend: 'gpu-0' })).toBe(0);
+    // Not mentioned: kept. Null (a stale scrape): no series, rather than its last value.
+    expect(value(s, 'slagate_backend_waiting', { backend: 'gpu-0' })).toBe(3);
+    expect(value(s, 'slagate_backend_kv_cache_usage', { backend: 'gpu-0' })).toBeUndefined();
   });
 
   it('follows the token-weighted prefix hit share of recent requests', async () => {
