@@ -118,9 +118,13 @@ export class TenantUsageTable {
     return { inflight: t.inflight, tokens: t.window.total };
   }
 
-  /** When `needed` tokens of this instance's window will have expired, in ms from now. */
+  /**
+   * When `needed` tokens of this instance's window will have expired, in ms from now. Tokens this
+   * instance never saw (the tenant's usage on peers: only their totals are shared) are known to
+   * leave within the window, so what the local window cannot free is the whole window away.
+   */
   msUntilFreed(tenant: string, now: number, needed: number): number {
-    return this.#local.get(tenant)?.window.msUntilFreed(now, needed) ?? 0;
+    return this.#local.get(tenant)?.window.msUntilFreed(now, needed) ?? this.windowMs;
   }
 
   /** Every tenant with usage, for the snapshot. */

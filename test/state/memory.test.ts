@@ -60,6 +60,18 @@ describe('LiveState with the memory store', () => {
     expect(s.backendView('gpu-1')?.localInflight.requests).toBe(1);
   });
 
+  it("a tenant's tokens leave the minute's window where they were counted; what this instance never saw leaves within the minute", () => {
+    const s = make();
+    s.tenantLease('a', 300).end();
+    clock += 20_000;
+    s.tenantLease('a', 200).end();
+    // The first 300 tokens leave 40 s from now, the next 200 a minute after they came.
+    expect(s.tenantTokensFreedInMs('a', 300)).toBe(40_000);
+    expect(s.tenantTokensFreedInMs('a', 400)).toBe(60_000);
+    // A tenant whose usage is all on peers (only their totals are shared): the whole window, not 0.
+    expect(s.tenantTokensFreedInMs('elsewhere', 100)).toBe(60_000);
+  });
+
   it('bad token counts cannot poison the counters; unknown backends are not counted', () => {
     const s = make();
     const l = s.lease('gpu-0', { promptTokens: Number.NaN, expectedOutputTokens: -5 });
