@@ -620,7 +620,9 @@ export class Scheduler {
     // this prefix finds them even while this one is still prefilling.
     live.prefixInsert(b.name, req.route.blocks, req.route.blockSizeTokens);
     this.#deps.router().sent?.(req.route, b.name);
-    round.room.set(b.name, this.#room(b.name));
+    const trial = b.takeTrial();
+    // A half-open backend's one trial is taken: no other entry of this round goes there.
+    round.room.set(b.name, b.available ? this.#room(b.name) : 0);
     const control = this.#controlOf(b.name);
     control.targets.set(req.tpotTargetMs, (control.targets.get(req.tpotTargetMs) ?? 0) + 1);
     const grant: Grant = {
@@ -640,7 +642,7 @@ export class Scheduler {
       settings.firstTokenTimeoutMaxMs,
       Math.max(req.ttftTargetMs, settings.firstTokenTimeoutFactor * (predicted ?? req.ttftTargetMs)),
     );
-    w.settle(new GrantedSlot(this, b, lease, grant, w, control, firstTokenTimeoutMs, predicted));
+    w.settle(new GrantedSlot(this, b, lease, grant, w, control, firstTokenTimeoutMs, predicted, trial));
   }
 
   /** Called by a slot at its streamed first token: the controller's TTFT signal, the TTFT fit. */
@@ -969,6 +971,8 @@ class GrantedSlot implements Slot {
   #released = false;
   /** expectNoFirstToken()'s timer, while it runs. */
   #presumed: NodeJS.Timeout | null = null;
+  /** The half-open breaker's trial this slot holds (Backend.takeTrial), or null. */
+  readonly #trial: object | null;
 
   constructor(
     scheduler: Scheduler,
@@ -979,8 +983,10 @@ class GrantedSlot implements Slot {
     control: Control,
     firstTokenTimeoutMs: number,
     predictedBackendMs: number | null,
+    trial: object | null,
   ) {
     this.predictedBackendMs = predictedBackendMs;
+    this.#trial = trial;
     this.#scheduler = scheduler;
     this.backend = backend;
     this.#lease = lease;
@@ -1026,6 +1032,7 @@ class GrantedSlot implements Slot {
     if (this.#presumed !== null) clearTimeout(this.#presumed);
     this.#presumed = null;
     this.#lease.end();
+    if (this.#trial !== null) this.backend.returnTrial(this.#trial);
     this.#scheduler.released(this);
   }
 }

@@ -47,6 +47,13 @@ export class Backend {
   readonly #mayEject: () => boolean;
   readonly #onEjected: (ms: number) => void;
   #removed = false;
+  /**
+   * The half-open breaker's one trial, given to a slot (takeTrial) whose attempt has not ended.
+   * Invariant: a half-open backend is granted one slot, not as many as its limit allows before the
+   * first of them reaches the breaker (opossum would refuse the rest, and their requests would
+   * come back as new ones). Cleared when the breaker changes state or the slot is returned.
+   */
+  #trial: object | null = null;
 
   constructor(config: BackendConfig, pool: PoolOptions, parts: BackendParts) {
     this.name = config.name;
@@ -63,6 +70,12 @@ export class Backend {
     this.probe = parts.probe;
     this.#mayEject = parts.mayEject;
     this.#onEjected = parts.onEjected;
+    const clearTrial = () => {
+      this.#trial = null;
+    };
+    this.breaker.on('open', clearTrial);
+    this.breaker.on('halfOpen', clearTrial);
+    this.breaker.on('close', clearTrial);
   }
 
   get state(): BackendState {
@@ -84,7 +97,24 @@ export class Backend {
 
   /** May take a new request now. A half-open backend is available only until its one trial starts. */
   get available(): boolean {
-    return this.inService && breakerAdmits(this.breaker);
+    return this.inService && breakerAdmits(this.breaker) && (this.#trial === null || !this.breaker.halfOpen);
+  }
+
+  /**
+   * A slot on this backend was granted: while its breaker is half-open that is the one trial, and
+   * the backend is not available to another until the token is returned or the breaker moves on.
+   * Returns the token, or null when the breaker is not half-open.
+   */
+  takeTrial(): object | null {
+    if (!this.breaker.halfOpen) return null;
+    const token = {};
+    this.#trial = token;
+    return token;
+  }
+
+  /** The slot holding the trial ended (its attempt ran or never started). */
+  returnTrial(token: object): void {
+    if (this.#trial === token) this.#trial = null;
   }
 
   /**

@@ -56,11 +56,18 @@ export function schedulerFixture(
   names: string[],
   settings = schedulerSettings(),
   router: RoutingPolicy = leastLoaded(() => 0.5),
-  opts: { sharedClock?: boolean; blockSizeTokens?: () => number } = {},
+  opts: { sharedClock?: boolean; blockSizeTokens?: () => number; breakerResetMs?: number } = {},
 ): SchedulerFixture {
   let clock = 1_000_000;
   const backends = new BackendSet(
-    { ...DEFAULT_BACKEND_SET_OPTIONS, health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 0 } },
+    {
+      ...DEFAULT_BACKEND_SET_OPTIONS,
+      health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 0 },
+      breaker: {
+        ...DEFAULT_BACKEND_SET_OPTIONS.breaker,
+        resetTimeoutMs: opts.breakerResetMs ?? DEFAULT_BACKEND_SET_OPTIONS.breaker.resetTimeoutMs,
+      },
+    },
     names.map((name, i) => ({ name, url: `http://127.0.0.1:${9 + i}` })),
   );
   const live = createLiveState(

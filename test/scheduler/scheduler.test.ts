@@ -172,6 +172,34 @@ describe('late dispatch', () => {
   });
 });
 
+describe('a backend whose breaker is half-open', () => {
+  it('is granted its one trial, not as many waiting entries as its limit has room for', async () => {
+    const s = settings({ concurrency: { ...settings().concurrency, initial: 4 } });
+    const f = setup(['a', 'b'], s, undefined, { breakerResetMs: 50 });
+    const a = f.backends.get('a')!;
+    a.breaker.open();
+    // b is full; three entries wait while a's breaker is open.
+    const held = await Promise.all(
+      Array.from({ length: 4 }, () => f.scheduler.ticket(req()).acquire(first())),
+    );
+    expect(held.map((x) => x!.backend.name)).toEqual(['b', 'b', 'b', 'b']);
+    const waiting = ['w1', 'w2', 'w3'].map((id) => f.scheduler.ticket(req({ reqId: id })).acquire(first()));
+    for (const w of waiting) expect(await state(w)).toBe('waiting');
+    await new Promise((r) => a.breaker.once('halfOpen', r));
+    f.scheduler.pump();
+    const states = await Promise.all(waiting.map((w) => state(w)));
+    expect(states.filter((x) => x === 'waiting')).toHaveLength(2);
+    const trial = states.find((x) => x !== 'waiting') as Slot;
+    expect(trial.backend.name).toBe('a');
+    // Until the trial ends, a takes no other; once it ends without reaching the breaker, the next goes.
+    f.scheduler.pump();
+    expect((await Promise.all(waiting.map((w) => state(w)))).filter((x) => x === 'waiting')).toHaveLength(2);
+    trial.release();
+    expect((await Promise.all(waiting.map((w) => state(w)))).filter((x) => x === 'waiting')).toHaveLength(1);
+    for (const h of held) h!.release();
+  });
+});
+
 describe('refusals while waiting', () => {
   it('queue full: a protected request evicts the worst sheddable one; a sheddable one is refused', async () => {
     const s = settings({ maxQueue: 2, concurrency: { ...settings().concurrency, initial: 1 } });
