@@ -71,9 +71,16 @@ function allowedMethods(app: FastifyInstance, url: string): string[] {
  * code alone. Invariant: the raw bytes Node attaches to the error (`rawPacket`, the request's head
  * with its Authorization header) reach no log line.
  */
-function answerClientError(rt: Runtime, err: NodeJS.ErrnoException, socket: Socket): void {
+export function answerClientError(
+  rt: Pick<Runtime, 'logger'>,
+  err: NodeJS.ErrnoException,
+  socket: Socket,
+): void {
   rt.logger.debug({ code: err.code ?? null }, 'unparseable request');
-  if (err.code === 'ECONNRESET' || !socket.writable) {
+  // A response already under way on this connection (bytes after a request, pipelined) must not
+  // get an HTTP head written into its middle: the connection just goes, as node:http would do.
+  const inFlight = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage;
+  if (err.code === 'ECONNRESET' || !socket.writable || inFlight?.headersSent === true) {
     socket.destroy();
     return;
   }
@@ -84,9 +91,12 @@ function answerClientError(rt: Runtime, err: NodeJS.ErrnoException, socket: Sock
         ? [408, 'Request Timeout', 'The request head did not arrive in time.']
         : [400, 'Bad Request', 'The request is not valid HTTP/1.1.'];
   const body = JSON.stringify(new GatewayError('invalid_request', message).toJSON());
-  socket.end(
+  // Invariant: the connection is closed, not half-closed. node:http leaves that to this handler,
+  // and a client that never closes its side (or a head that timed out) would hold the socket.
+  socket.write(
     `HTTP/1.1 ${status} ${phrase}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
   );
+  socket.destroySoon();
 }
 
 export function buildApp(rt: Runtime): FastifyInstance {

@@ -2,8 +2,11 @@
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import http from 'node:http';
+import net from 'node:net';
+import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { GatewayError } from '../../src/errors/index.ts';
+import { answerClientError } from '../../src/server/app.ts';
 import { createAuthenticator } from '../../src/server/auth.ts';
 import { parseInferenceRequest } from '../../src/server/inference-request.ts';
 import { parseJsonBody } from '../../src/server/json-body.ts';
@@ -290,5 +293,37 @@ describe('Lifecycle.drain', () => {
     expect(await lc.drain(30)).toEqual({ cut: 1 });
     expect(b.aborted).toBe(true);
     expect(a.aborted).toBe(false);
+  });
+});
+
+describe('answerClientError', () => {
+  it('answers in the envelope and closes the connection, though the client keeps its side open', async () => {
+    const logger = pino({ level: 'silent' });
+    let serverSide: net.Socket | null = null;
+    const server = net.createServer({ allowHalfOpen: true }, (socket) => {
+      serverSide = socket;
+      const err = Object.assign(new Error('Parse Error'), { code: 'HPE_INVALID_HEADER_TOKEN' });
+      answerClientError({ logger }, err, socket);
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const client = net.connect({
+      port: (server.address() as net.AddressInfo).port,
+      host: '127.0.0.1',
+      allowHalfOpen: true,
+    });
+    try {
+      const reply: Buffer[] = [];
+      client.on('data', (c: Buffer) => reply.push(c));
+      await once(client, 'end');
+      expect(Buffer.concat(reply).toString('utf8')).toMatch(/^HTTP\/1\.1 400 Bad Request\r\n/);
+      // The client has not closed its side: only a close by the gateway ends the server's socket.
+      const s = serverSide as net.Socket | null;
+      expect(s).not.toBeNull();
+      if (!s!.destroyed) await once(s!, 'close');
+      expect(s!.destroyed).toBe(true);
+    } finally {
+      client.destroy();
+      await new Promise<void>((r) => server.close(() => r()));
+    }
   });
 });
