@@ -33,6 +33,7 @@
 //   through, `rejected` when a 4xx is to be relayed), or rejects with the AttemptFailure of a
 //   pre-commit failure. Only `first_token` is a first token (what the TTFT fit may learn).
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import type { Dispatcher } from 'undici';
 import { GatewayError, headersWith, sseErrorFrames, writeErrorResponse } from '../errors/index.ts';
 import { markStage } from '../telemetry/stages.ts';
@@ -643,16 +644,34 @@ export class Attempt implements Dispatcher.DispatchHandler {
 }
 
 /**
- * Called after the last write of a response. Invariant: a client that never reads what is still
- * buffered for it loses its socket after `ms`. With the response ended nothing else would close it:
- * the keep-alive timeout starts only once everything is flushed, and the server sets no socket
+ * Called after the last write of a response. Invariant: a client that reads none of what is still
+ * buffered for it for `ms` loses its socket, as a stream's client does (the stall timer); one that
+ * reads, however slowly, keeps it. With the response ended nothing else would close it: the
+ * keep-alive timeout starts only once everything is flushed, and the server sets no socket
  * timeout (a long generation is silent between its head and its first token).
  */
 function lingerAtMost(res: ServerResponse, ms: number): void {
   if (res.writableFinished || res.destroyed) return;
+  // Bytes not yet taken by the kernel. A large last write is one chunk to the stream, whose length
+  // drops only when all of it is written; libuv's write queue (the handle's writeQueueSize, which
+  // node's net module reads too) drops as the client reads.
+  const pending = () => {
+    const socket = res.socket as (Socket & { _handle?: { writeQueueSize?: number } | null }) | null;
+    return res.writableLength + (socket?.writableLength ?? 0) + (socket?._handle?.writeQueueSize ?? 0);
+  };
   // All of it handed to the kernel: 'finish' follows, then the keep-alive timeout applies.
-  if (res.writableLength === 0 && (res.socket?.writableLength ?? 0) === 0) return;
-  const linger = setTimeout(() => res.destroy(), ms);
+  let last = pending();
+  if (last === 0) return;
+  const check = () => {
+    const now = pending();
+    if (now < last) {
+      last = now;
+      linger = setTimeout(check, ms);
+    } else {
+      res.destroy();
+    }
+  };
+  let linger = setTimeout(check, ms);
   const clear = () => clearTimeout(linger);
   res.once('finish', clear);
   res.once('close', clear);

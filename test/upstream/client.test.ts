@@ -219,6 +219,47 @@ describe('a client that never reads (item 20)', () => {
     expect(got).toBeLessThan(whole.length);
   });
 
+  it('a whole body the client reads slowly, but steadily, reaches it whole', async () => {
+    const whole = JSON.stringify({
+      id: 'x',
+      object: 'chat.completion',
+      choices: [],
+      pad: 'p'.repeat(12 << 20),
+    });
+    const { gw } = await setup(
+      (_req, res) => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(whole);
+      },
+      { ...FAST, maxBodyBytes: 16 << 20, clientStallTimeoutMs: 300 },
+    );
+    const body = JSON.stringify(chatBody({ stream: false }));
+    const sock = net.connect(Number(new URL(gw.url).port), '127.0.0.1');
+    cleanups.push(async () => void sock.destroy());
+    sock.on('error', () => {});
+    sock.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+        `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+    );
+    // Reads 2 MiB, stops for 150 ms, reads 2 MiB more...: the whole body takes well over the
+    // 300 ms stall timeout, but no 300 ms pass without reading.
+    let got = 0;
+    let sinceRest = 0;
+    sock.on('data', (c: Buffer) => {
+      got += c.length;
+      sinceRest += c.length;
+      if (sinceRest >= 2 << 20) {
+        sinceRest = 0;
+        sock.pause();
+        setTimeout(() => sock.resume(), 150);
+      }
+    });
+    const startedAt = performance.now();
+    await new Promise((r) => sock.once('close', r));
+    expect(performance.now() - startedAt).toBeGreaterThan(300);
+    expect(got).toBeGreaterThan(whole.length);
+  });
+
   it('a last write the client has not read yet does not hold the upstream once [DONE] is forwarded', async () => {
     // One 4 MB event and [DONE] in a single upstream write: the write that carries [DONE] to the
     // paused client returns false, and the response is ended right after it.
