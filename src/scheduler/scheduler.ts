@@ -398,8 +398,9 @@ export class Scheduler {
         w.settle(null, this.#refusal(req, 'queue_full', why));
         return;
       }
-      // It stays queued: only now, when it takes a place, does a sheddable entry lose its own.
-      if (full) {
+      // It stays queued: only now, when it takes a place, does a sheddable entry lose its own, and
+      // only if the queue is still over its bound (the pump may have let others go).
+      if (full && queue.size - 1 + this.#retries.length >= settings.maxQueue) {
         const victim = queue.worstSheddable() as Waiting | undefined;
         if (victim === undefined) {
           queue.remove(w);
