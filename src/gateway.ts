@@ -360,7 +360,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       live.setBackends(scrapeTargets());
       // New backends or larger queues may let waiting requests go now.
       scheduler.pump();
-      if (isDeepStrictEqual(prev.models, next.models)) {
+      // Against the list in force, not the last reload's: that one may still be waiting for its
+      // catalog, and would throw it away once it saw this newer reload.
+      if (isDeepStrictEqual(rt.models.names(), next.models)) {
         void rt.models.refresh(backendUrls());
       } else {
         // A new served list gets a new catalog, swapped in once it knows the context lengths.

@@ -3,12 +3,14 @@
 // a good one changes backends and models without touching a stream in flight. Checklist item 33.
 import { createHash } from 'node:crypto';
 import { readFileSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { parse, stringify } from 'yaml';
 import { isConfigError } from '../../src/config/index.ts';
 import { startGateway } from '../../src/gateway.ts';
 import { startFleet } from '../../src/sim/fleet.ts';
+import { listenLoopback } from '../helpers/http.ts';
 import { alive, childPids } from '../helpers/processes.ts';
 import {
   baseConfig,
@@ -269,5 +271,40 @@ describe('on reload', () => {
     await waitFor(() => count('config reload: file read, nothing changed') === 1, 5000, 'unchanged line');
     expect(count('config reloaded')).toBe(2);
     expect((await post(s.url, CHAT, chat())).status).toBe(200);
+  });
+});
+
+describe('two reloads close together', () => {
+  it("the second does not lose the first's new model list while the first waits for the backends", async () => {
+    // A backend whose /v1/models answers only when the test lets it.
+    let hold = false;
+    const held: (() => void)[] = [];
+    const server = http.createServer((req, res) => {
+      const answer = () => {
+        res.writeHead(req.url === '/health' ? 200 : req.url === '/v1/models' ? 200 : 404, {
+          'content-type': 'application/json',
+        });
+        res.end(req.url === '/v1/models' ? '{"object":"list","data":[]}' : '');
+      };
+      if (req.url === '/v1/models' && hold) held.push(answer);
+      else answer();
+    });
+    const b = await listenLoopback(server);
+    cleanups.push(() => b.close());
+    const t = await startTestGateway({ backends: [{ name: 'b', url: b.url }] });
+    cleanups.push(() => t.close());
+    const running = t.gw.runtime.config;
+    const next = (over: Record<string, unknown>) =>
+      toConfig(merge(baseConfig([{ name: 'b', url: b.url }], running.logging.admission_log), over));
+    hold = true;
+    // A adds a model and waits for the backends' context lengths; B, an unrelated edit, comes meanwhile.
+    const a = t.gw.reload(next({ models: [MODEL, 'm2'] }));
+    await waitFor(() => held.length === 1, 3000, "A's question to the backend");
+    const bReload = t.gw.reload(next({ models: [MODEL, 'm2'], upstream: { retries: 1 } }));
+    await waitFor(() => held.length === 2, 3000, "B's question to the backend");
+    for (const answer of held.splice(0)) answer();
+    await Promise.all([a, bReload]);
+    expect(t.gw.runtime.config.upstream.retries).toBe(1);
+    expect(t.gw.runtime.models.has('m2')).toBe(true);
   });
 });
