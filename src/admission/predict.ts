@@ -109,7 +109,9 @@ export function predict(
     tenant: req.tenant,
     arrivedAt: req.arrivedAt,
     ttftTargetMs: req.ttftTargetMs,
-    ttftBudgetMs: Math.max(req.ttftTargetMs, 2 * u) - loopDelayMs,
+    // Never past the request's deadline (first_token_timeout_ms from arrival): a class whose
+    // target is longer would be admitted only to be cut there, a 504 where a 429 was due.
+    ttftBudgetMs: Math.min(Math.max(req.ttftTargetMs, 2 * u), req.deadlineAt - req.arrivedAt) - loopDelayMs,
     loopDelayMs,
     tpotTargetMs: req.tpotTargetMs,
     deadlineAt: req.deadlineAt,

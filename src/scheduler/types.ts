@@ -59,13 +59,19 @@ export interface ScheduledRequest {
 
 /** How a request's TTFT budget was set, for refusal messages: "the 'x' target of N ms", and why not. */
 export function budgetWords(
-  req: Pick<ScheduledRequest, 'className' | 'ttftTargetMs' | 'ttftBudgetMs' | 'loopDelayMs'>,
+  req: Pick<
+    ScheduledRequest,
+    'className' | 'ttftTargetMs' | 'ttftBudgetMs' | 'loopDelayMs' | 'arrivedAt' | 'deadlineAt'
+  >,
 ): string {
   const planned = req.ttftBudgetMs + req.loopDelayMs;
+  const deadline = req.deadlineAt - req.arrivedAt;
   const base =
     Math.abs(planned - req.ttftTargetMs) < 1e-6
       ? `the '${req.className}' target of ${req.ttftTargetMs} ms`
-      : `the ${Math.round(planned)} ms it is allowed (twice its own first token unloaded, which takes most of the '${req.className}' target of ${req.ttftTargetMs} ms)`;
+      : Math.abs(planned - deadline) < 1e-6
+        ? `its deadline, ${Math.round(deadline)} ms after arrival (upstream.first_token_timeout_ms), which is sooner than the '${req.className}' target of ${req.ttftTargetMs} ms`
+        : `the ${Math.round(planned)} ms it is allowed (twice its own first token unloaded, which takes most of the '${req.className}' target of ${req.ttftTargetMs} ms)`;
   return req.loopDelayMs >= 0.5
     ? `${base}, less the ${Math.round(req.loopDelayMs)} ms the gateway's own event loop is delaying requests`
     : base;

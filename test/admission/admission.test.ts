@@ -154,6 +154,14 @@ describe('predicted TTFT', () => {
     // The same request in a class with room in its target is admitted, and so is it once the
     // prefill ahead of it is done.
     expect(codeOf(() => admission.admit(req({ promptTokens: 1000, ttftTargetMs: 30_000 })))).toBe('admitted');
+    // Not when its deadline (first_token_timeout_ms from arrival) is sooner than the prediction:
+    // it would be cut there, a 504 where this 429 is due.
+    const now = performance.now();
+    const cut = req({ promptTokens: 1000, ttftTargetMs: 30_000, arrivedAt: now, deadlineAt: now + 400 });
+    expect(codeOf(() => admission.admit(cut))).toMatch(/^sla_unattainable/);
+    expect((thrownBy(() => admission.admit(cut)) as Error).message).toContain(
+      'its deadline, 400 ms after arrival',
+    );
     release();
     expect(codeOf(() => admission.admit(req({ promptTokens: 1000 })))).toBe('admitted');
   });
