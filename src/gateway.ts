@@ -340,6 +340,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           'backends: the file names no backends, and simulate applies only after a restart; reload refused',
         );
       }
+      // The pools keep the size they started with (a restart-only setting): a concurrency cap above
+      // it would queue requests inside the HTTP client, out of the scheduler's sight.
+      const pool = config.upstream.max_connections_per_backend;
+      if (next.scheduler.concurrency.max > pool) {
+        throw new Error(
+          `scheduler.concurrency.max: ${next.scheduler.concurrency.max} is over the ${pool} connections per backend the running pools have (upstream.max_connections_per_backend applies only after a restart); reload refused`,
+        );
+      }
       const prev = rt.config;
       // A policy keeps its memory (round robin's position, sessions) unless its settings change.
       const same =

@@ -196,6 +196,20 @@ describe('on reload', () => {
     expect((await post(t.url, CHAT, chat())).status).toBe(200);
   });
 
+  it('a concurrency cap above the running connection pools is refused (the pool size applies only at a restart)', async () => {
+    const t = await startTestGateway({ replicas: 1 });
+    cleanups.push(() => t.close());
+    const running = t.gw.runtime.config;
+    const backends = t.gw.runtime.backends.list().map((b) => ({ name: b.name, url: b.url }));
+    const next = merge(baseConfig(backends, running.logging.admission_log), {
+      scheduler: { concurrency: { max: running.upstream.max_connections_per_backend * 2 } },
+      upstream: { max_connections_per_backend: running.upstream.max_connections_per_backend * 2 },
+    });
+    const err = await t.gw.reload(toConfig(next)).catch((e: unknown) => e);
+    expect(String(err)).toMatch(/scheduler\.concurrency\.max: .* reload refused/);
+    expect(t.gw.runtime.config).toBe(running);
+  });
+
   it('a reload that raises body_limit_bytes changes no route: it applies only after a restart', async () => {
     const small = { server: { body_limit_bytes: 4096 } };
     const t = await startTestGateway({ replicas: 1, config: small });
