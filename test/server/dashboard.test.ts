@@ -121,3 +121,29 @@ it('loads, lists every backend, and its charts change under load', async () => {
   await page.screenshot({ path: join(ARTIFACTS, 'dashboard.png'), fullPage: true });
   expect(errors).toEqual([]);
 });
+
+it('shows no KV usage for a backend whose last scrape is stale, rather than its last value', async () => {
+  const page = await browser.newPage();
+  // The gateway's own state, with r0's telemetry marked stale and r1's fresh, both at 42%.
+  await page.route('**/admin/state', async (route) => {
+    const res = await route.fetch();
+    const s = (await res.json()) as {
+      backends: { name: string; telemetry: Record<string, unknown> | null }[];
+    };
+    for (const b of s.backends) {
+      b.telemetry = { ...(b.telemetry ?? {}), kvCacheUsage: 0.42, saturated: b.name === 'r0' };
+    }
+    await route.fulfill({ response: res, json: s });
+  });
+  await page.goto(`${t.url}/dashboard`);
+  await page.waitForFunction(
+    () =>
+      ((globalThis as unknown as { slagateDashboard?: { polls: number } }).slagateDashboard?.polls ?? 0) >= 1,
+  );
+  const kv = await page.$$eval('#backends tbody tr td:nth-child(4)', (tds) =>
+    tds.map((td) => td.textContent),
+  );
+  expect(kv[0]).toBe('–');
+  expect(kv[1]).toContain('42');
+  await page.close();
+});

@@ -38,8 +38,8 @@ function sample(s, t) {
   for (const b of s.backends) {
     row.ttft[b.name] = b.latency?.ttft.p99 ?? null;
     row.tpot[b.name] = b.latency?.tpot.p99 ?? null;
-    const kv = b.telemetry?.kvCacheUsage;
-    row.kv[b.name] = kv === null || kv === undefined ? null : 100 * kv;
+    const kv = kvNow(b);
+    row.kv[b.name] = kv === null ? null : 100 * kv;
     inflight += b.inflight?.requests ?? b.local_inflight;
     if (b.concurrency_limit !== null && b.available) {
       limit += b.concurrency_limit;
@@ -188,7 +188,7 @@ function renderTable(s) {
     name.textContent = b.name;
     name.title = b.url;
     const inflight = b.inflight?.requests ?? b.local_inflight;
-    const kv = b.telemetry?.kvCacheUsage ?? null;
+    const kv = kvNow(b);
     const lat = b.latency;
     const ttft99 = lat?.ttft.p99 ?? null;
     const tpot99 = lat?.tpot.p99 ?? null;
@@ -205,6 +205,12 @@ function renderTable(s) {
     return tr;
   });
   tbody.replaceChildren(...rows);
+}
+
+/** The backend's KV usage as it reports it now; null when unknown (never scraped, or the scrape stale). */
+function kvNow(b) {
+  const t = b.telemetry;
+  return t === null || t === undefined || t.saturated ? null : (t.kvCacheUsage ?? null);
 }
 
 function renderStatus(s) {
