@@ -25,10 +25,15 @@ export function crossFieldIssues(config: Obj): RawIssue[] {
 
 type Add = (path: Path, message: string) => void;
 
+/** The metrics' label for "no backend" / "no class" (a refused request): no configured name may take it. */
+const RESERVED_LABEL = 'none';
+const RESERVED_MESSAGE = `"${RESERVED_LABEL}" is reserved: the metrics label requests that reached no backend or class with it`;
+
 function checkBackends(config: Obj, add: Add): void {
   const backends = list(config.backends);
   duplicates(backends, (b) => (isRecord(b) ? b.name : undefined), ['backends'], 'backend name', add, 'name');
   backends.forEach((backend, i) => {
+    if (isRecord(backend) && backend.name === RESERVED_LABEL) add(['backends', i, 'name'], RESERVED_MESSAGE);
     if (!isRecord(backend) || typeof backend.url !== 'string') return;
     const problem = urlProblem(backend.url, ['http:', 'https:']);
     if (problem) add(['backends', i, 'url'], problem);
@@ -73,6 +78,9 @@ function checkBackends(config: Obj, add: Add): void {
 
 function checkSla(config: Obj, add: Add): void {
   const { sla } = config;
+  if (isRecord(sla) && isRecord(sla.classes) && Object.hasOwn(sla.classes, RESERVED_LABEL)) {
+    add(['sla', 'classes', RESERVED_LABEL], RESERVED_MESSAGE);
+  }
   if (!isRecord(sla) || !isRecord(sla.classes) || typeof sla.default_class !== 'string') return;
   if (!Object.hasOwn(sla.classes, sla.default_class)) {
     add(['sla', 'default_class'], classMessage(sla.default_class, sla.classes));

@@ -329,6 +329,12 @@ describe('violations are reported with the path of the key to fix', () => {
       /<= upstream.outlier.max_ejection_ms/,
     ],
     [
+      'a backend named "none", the metrics\' label for no backend',
+      (c) => c.backends.push({ name: 'none', url: 'http://127.0.0.1:9' }),
+      'backends[2].name',
+      /"none" is reserved/,
+    ],
+    [
       'connection pool below the concurrency cap',
       (c) => (c.upstream = { max_connections_per_backend: 100 }),
       'upstream.max_connections_per_backend',
