@@ -19,7 +19,8 @@ function refreshGauges(rt: Runtime): void {
     rt.metrics.setBackendGauges(b.name, {
       inflight: view?.localInflight.requests ?? 0,
       concurrency_limit: Math.floor(rt.scheduler.limit(b.name)),
-      healthy: b.available,
+      // As documented: healthy and its breaker closed (a half-open one, its trial unused, is available).
+      healthy: b.state === 'healthy',
       kv_cache_usage: fresh?.kvCacheUsage ?? null,
       waiting: fresh?.waiting ?? null,
       prefill_tokens_per_second: view?.rates.prefillTokensPerS ?? null,
