@@ -102,6 +102,24 @@ describe('runBench', () => {
     }
   });
 
+  it('a rate and a duration send every scheduled request, the last one (at the duration) included', async () => {
+    // Whether a timer fires a little early or late must not decide it: several runs, all whole.
+    const sent: number[] = [];
+    for (let run = 0; run < 8; run++) {
+      const r = await runBench({
+        target: server.url,
+        model: 'm',
+        rate: 100,
+        durationS: 0.05,
+        workload: 'code',
+        seed: run,
+        progress: false,
+      });
+      sent.push(r.records.length);
+    }
+    expect(sent).toEqual(Array(8).fill(5));
+  });
+
   it('a duration bounds an open-ended run under a concurrency cap', async () => {
     const r = await runBench({
       target: server.url,
