@@ -40,6 +40,7 @@ import { parseArgs } from 'node:util';
 import type { RequestRecord } from '../src/bench/client.ts';
 import { type CompareRun, readPrefixCounters, runCompare } from '../src/bench/compare.ts';
 import { prefixHitRate } from '../src/bench/compare-report.ts';
+import { percentile } from '../src/bench/metrics.ts';
 import { startChildFleet, startChildGateway, waitReady } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
 import { syntheticText } from '../src/bench/text.ts';
@@ -123,10 +124,13 @@ const save = () => {
   writeFileSync(values.out!, `${JSON.stringify(out, null, 2)}\n`);
 };
 
+/** The bench tool's percentile (numpy's linear method), q in [0, 1]; null for no values. */
 function quantile(xs: number[], q: number): number | null {
   if (xs.length === 0) return null;
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil(q * s.length) - 1))] as number;
+  return percentile(
+    [...xs].sort((a, b) => a - b),
+    100 * q,
+  );
 }
 
 interface Row {
@@ -389,7 +393,8 @@ async function shared(): Promise<Row> {
       if (rec.success && b !== undefined) byBackend[b] = (byBackend[b] ?? 0) + 1;
     }
     const ok = r.records.filter((x) => x.success).length;
-    const share = ok > 0 ? Math.max(...Object.values(byBackend)) / (ok / REPLICAS) : null;
+    const counts = Object.values(byBackend);
+    const share = ok > 0 && counts.length > 0 ? Math.max(...counts) / (ok / REPLICAS) : null;
     return rowOf(
       'slagate/fcfs × 3 instances (Redis)',
       r.records,
