@@ -4,7 +4,14 @@ import { syntheticText } from '../../src/bench/text.ts';
 import type { Workload, WorkloadRequest } from '../../src/bench/workloads.ts';
 import { Rng } from '../../src/sim/rng.ts';
 
-/** Unique prompts, made before any clock starts; each begins with its own nonce. */
+/** Workloads made so far in this process: each call's nonces differ, whatever its seed. */
+let made = 0;
+
+/**
+ * Unique prompts, made before any clock starts; each begins with its own nonce. Unique across
+ * calls too: two cells of a run given the same seed must not send each other's prompts (the
+ * gateway's prefix index would find them).
+ */
 export function uniqueWorkload(
   kind: 'short' | 'long',
   n: number,
@@ -12,9 +19,10 @@ export function uniqueWorkload(
   seed: number,
 ): Workload {
   const rng = new Rng(seed);
+  const call = made++;
   const prompts: string[] = [];
   for (let i = 0; i < n; i++) {
-    const nonce = `Request ${seed}-${i}-${rng.int(0, 1e9)}. `;
+    const nonce = `Request ${seed}-${call}-${i}-${rng.int(0, 1e9)}. `;
     prompts.push(
       kind === 'short' ? (nonce + syntheticText(rng, 140)).slice(0, 512) : nonce + syntheticText(rng, 8000),
     );
