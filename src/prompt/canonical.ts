@@ -12,9 +12,12 @@
 // Rendering, for chat: `tools\n<JSON of tools>\n\n` when there are tools, then per message
 // `<role>[:<name>]\n<content>\n\n`, where a content array is its text parts joined by '\n' (as
 // vLLM renders them) and any other part (an image) is its JSON, and an assistant's tool calls
-// follow as their JSON. For completions: the prompt texts as they are. Token-id prompts are
-// hashed as ids, vLLM's own way.
-import { blockHashes, TextBlocks } from './chain-hash.ts';
+// follow as their JSON. For completions: the first prompt's text as it is (several prompts are
+// separate sequences to vLLM, each from its own start; the first one's blocks stand for them all,
+// the others are counted). Token-id prompts are hashed as ids, vLLM's own way. Every chain starts
+// from a root named after the model and the request's cache_salt (`cacheRoot`), which key vLLM's
+// cache as well as the tokens do.
+import { blockHashes, namedRoot, ROOT_HASH, TextBlocks } from './chain-hash.ts';
 
 /** Characters of canonical text per token of a block (the endpoint picker's approximation: 4). */
 export const BLOCK_CHARS_PER_TOKEN = 4;
@@ -42,14 +45,34 @@ export interface PromptBlocks {
 const isRecord = (v: unknown): v is Record<string, unknown> =>
   typeof v === 'object' && v !== null && !Array.isArray(v);
 
-/** Renders and hashes one prompt; `blockSizeTokens` is `router.block_size_tokens`. */
-export function promptBlocks(source: PromptSource, blockSizeTokens: number): PromptBlocks {
+const roots = new Map<string, number>();
+const MAX_ROOTS = 4096;
+
+/**
+ * The root of a request's chain: the model it names (a LoRA adapter is a model name here) and its
+ * cache_salt. Remembered for the few keys a fleet sees, so it costs a lookup per request.
+ */
+export function cacheRoot(model: string, cacheSalt: unknown): number {
+  const key = typeof cacheSalt === 'string' ? `${model}\u0000${cacheSalt}` : model;
+  let root = roots.get(key);
+  if (root === undefined) {
+    root = namedRoot(key);
+    if (roots.size < MAX_ROOTS) roots.set(key, root);
+  }
+  return root;
+}
+
+/**
+ * Renders and hashes one prompt; `blockSizeTokens` is `router.block_size_tokens`, `root` the
+ * chain's root (`cacheRoot`).
+ */
+export function promptBlocks(source: PromptSource, blockSizeTokens: number, root = ROOT_HASH): PromptBlocks {
   if (source.kind === 'ids') {
     // Several id prompts are separate prompts to vLLM; the first one's blocks stand for them all.
     let total = 0;
     for (const p of source.ids) total += p.length;
     return {
-      hashes: blockHashes(source.ids[0] ?? [], blockSizeTokens),
+      hashes: blockHashes(source.ids[0] ?? [], blockSizeTokens, [], root),
       textChars: 0,
       exactTokens: total,
       messages: 0,
@@ -57,7 +80,7 @@ export function promptBlocks(source: PromptSource, blockSizeTokens: number): Pro
       blockIsTokens: true,
     };
   }
-  const out = new CanonicalText(blockSizeTokens * BLOCK_CHARS_PER_TOKEN);
+  const out = new CanonicalText(blockSizeTokens * BLOCK_CHARS_PER_TOKEN, root);
   if (source.kind === 'chat') {
     if (source.tools !== undefined && source.tools !== null) {
       out.text('tools\n');
@@ -66,7 +89,10 @@ export function promptBlocks(source: PromptSource, blockSizeTokens: number): Pro
     }
     for (const m of source.messages) out.message(m);
   } else {
-    for (const t of source.texts) out.text(t);
+    source.texts.forEach((t, i) => {
+      if (i === 0) out.text(t);
+      else out.textChars += t.length;
+    });
   }
   return {
     hashes: out.blocks.hashes,
@@ -82,8 +108,8 @@ class CanonicalText {
   readonly blocks: TextBlocks;
   textChars = 0;
 
-  constructor(blockChars: number) {
-    this.blocks = new TextBlocks(blockChars);
+  constructor(blockChars: number, root: number) {
+    this.blocks = new TextBlocks(blockChars, root);
   }
 
   /** Text the model reads: hashed and counted. */

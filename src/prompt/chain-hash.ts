@@ -5,7 +5,8 @@
 // does, `hashBlock`), the router hashes the canonical prompt's text two UTF-16 units at a time
 // (`TextBlocks`, a cheaper step with the same chaining and finish), which needs no tokenizer on
 // the request path.
-// The root parent is a fixed constant (vLLM uses a random NONE_HASH unless PYTHONHASHSEED is set).
+// The root parent is a fixed constant (vLLM uses a random NONE_HASH unless PYTHONHASHSEED is set),
+// or for the router one named after what else keys vLLM's cache (`namedRoot`).
 
 import { endianness } from 'node:os';
 
@@ -52,10 +53,26 @@ export function hashBlock(
   return (b >>> 11) * TWO_32 + a;
 }
 
+/**
+ * A root parent that names `key`: vLLM's block hashes carry, besides the tokens, the LoRA adapter
+ * (the served model name) and the request's `cache_salt`, so the same text under another of them
+ * is another cache entry, and must be another chain of hashes here.
+ */
+export function namedRoot(key: string): number {
+  const units = new Array<number>(key.length);
+  for (let i = 0; i < key.length; i++) units[i] = key.charCodeAt(i);
+  return hashBlock(ROOT_HASH, units, 0, units.length);
+}
+
 /** Hashes of every full block of `tokens`, appended to `out` (which is returned). */
-export function blockHashes(tokens: ArrayLike<number>, blockSize: number, out: number[] = []): number[] {
+export function blockHashes(
+  tokens: ArrayLike<number>,
+  blockSize: number,
+  out: number[] = [],
+  root = ROOT_HASH,
+): number[] {
   const full = Math.floor(tokens.length / blockSize);
-  let parent = out.length > 0 ? out[out.length - 1]! : ROOT_HASH;
+  let parent = out.length > 0 ? out[out.length - 1]! : root;
   for (let i = out.length; i < full; i++) {
     parent = hashBlock(parent, tokens, i * blockSize, blockSize);
     out.push(parent);
@@ -86,12 +103,12 @@ export class TextBlocks {
   /** The last unit of an odd-length feed, waiting for the unit that completes its word; or -1. */
   #carry = -1;
 
-  constructor(blockChars: number) {
+  constructor(blockChars: number, root = ROOT_HASH) {
     if (!(blockChars >= 2 && Number.isInteger(blockChars) && blockChars % 2 === 0))
       throw new RangeError('blockChars must be an even integer >= 2');
     this.blockChars = blockChars;
-    this.#h1 = seed1(ROOT_HASH);
-    this.#h2 = seed2(ROOT_HASH);
+    this.#h1 = seed1(root);
+    this.#h2 = seed2(root);
   }
 
   add(text: string): void {

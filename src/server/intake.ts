@@ -5,7 +5,7 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import type { SlaClass } from '../config/index.ts';
 import { GatewayError } from '../errors/index.ts';
-import { type PromptBlocks, type PromptSource, promptBlocks } from '../prompt/canonical.ts';
+import { cacheRoot, type PromptBlocks, type PromptSource, promptBlocks } from '../prompt/canonical.ts';
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { type Identity, namedTenant } from './auth.ts';
 import { type Endpoint, type InferenceRequest, parseInferenceRequest } from './inference-request.ts';
@@ -74,7 +74,11 @@ export function intake(
       param: 'model',
     });
   }
-  const prompt = promptBlocks(promptSource(ir), rt.config.router.block_size_tokens);
+  const prompt = promptBlocks(
+    promptSource(ir),
+    rt.config.router.block_size_tokens,
+    cacheRoot(model, ir.body.cache_salt),
+  );
   const promptTokens = rt.tokens.tokens(prompt);
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: prompt.hashes.length });
   checkContext(ir, prompt, promptTokens, rt.models.maxModelLen(model));

@@ -4,6 +4,7 @@ import { describe, expect, it } from 'vitest';
 import { syntheticText } from '../../src/bench/text.ts';
 import {
   BLOCK_CHARS_PER_TOKEN,
+  cacheRoot,
   type PromptSource,
   promptBlocks,
   TokenEstimate,
@@ -23,6 +24,38 @@ const common = (a: readonly number[], b: readonly number[]) => {
 
 describe('promptBlocks', () => {
   const system = { role: 'system', content: 'You are a careful assistant for ACME. '.repeat(60) };
+
+  it('the same text under another model (a LoRA adapter) or cache_salt is another chain, as in vLLM', () => {
+    const prompt = chat([system, { role: 'user', content: 'What is the refund policy?' }]);
+    const base = promptBlocks(prompt, BLOCK, cacheRoot('llama', undefined));
+    const again = promptBlocks(prompt, BLOCK, cacheRoot('llama', undefined));
+    const adapter = promptBlocks(prompt, BLOCK, cacheRoot('sql-lora', undefined));
+    const salted = promptBlocks(prompt, BLOCK, cacheRoot('llama', 'tenant-7'));
+    expect(again.hashes).toEqual(base.hashes);
+    expect(base.hashes.length).toBeGreaterThan(30);
+    expect(common(base.hashes, adapter.hashes)).toBe(0);
+    expect(common(base.hashes, salted.hashes)).toBe(0);
+    expect(common(adapter.hashes, salted.hashes)).toBe(0);
+    // Token-id prompts too.
+    const ids: PromptSource = { kind: 'ids', ids: [Array.from({ length: 64 }, (_, i) => i)] };
+    expect(
+      common(
+        promptBlocks(ids, BLOCK, cacheRoot('llama', undefined)).hashes,
+        promptBlocks(ids, BLOCK, cacheRoot('sql-lora', undefined)).hashes,
+      ),
+    ).toBe(0);
+  });
+
+  it('several completion prompts hash as their first (each is its own sequence to vLLM), and count them all', () => {
+    const s = 'The shared instructions of a batch. '.repeat(10);
+    const batch = promptBlocks({ kind: 'text', texts: [`${s}q1`, `${s}q2`] }, BLOCK);
+    const first = promptBlocks({ kind: 'text', texts: [`${s}q1`] }, BLOCK);
+    expect(batch.hashes).toEqual(first.hashes);
+    expect(batch.textChars).toBe(2 * (s.length + 2));
+    // No joined text that vLLM never computed: ["ab", "c"] is not ["a", "bc"].
+    const ab = promptBlocks({ kind: 'text', texts: ['x'.repeat(CHARS), 'y'.repeat(CHARS)] }, BLOCK);
+    expect(ab.hashes).toHaveLength(1);
+  });
 
   it('a shared system prompt followed by different questions maps to the same leading blocks', () => {
     const a = promptBlocks(chat([system, { role: 'user', content: 'What is the refund policy?' }]), BLOCK);
