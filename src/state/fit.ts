@@ -248,7 +248,16 @@ export class PooledSpread {
   }
 }
 
-/** A local fit: sums decayed to `updatedAt` by a half-life. */
+/**
+ * Samples' worth of weight that time alone never takes a fit's sums below. Decay is how a fit
+ * follows a backend that changed, and new samples do that at their weight whatever the floor; with
+ * no new samples it would only erase what is known: after an idle hour one new sample outweighed a
+ * long history by 2⁶⁰ and defined the fit alone (a flat one, prefill for free), and after a night
+ * the sums reached the subnormal floats, where scaling stops being exact and their ratios drift.
+ */
+export const DECAY_FLOOR_SAMPLES = 10;
+
+/** A local fit: sums decayed to `updatedAt` by a half-life, never below DECAY_FLOOR_SAMPLES by time. */
 export class DecayingFit {
   readonly stats: FitStats;
   #updatedAt: number | null = null;
@@ -259,10 +268,13 @@ export class DecayingFit {
     this.#lambda = Math.LN2 / halfLifeMs;
   }
 
-  /** Decays the sums to `now` (time never runs backwards for them). */
+  /** Decays the sums to `now` (time never runs backwards for them), down to the floor at most. */
   decayTo(now: number): void {
     if (this.#updatedAt !== null && now > this.#updatedAt) {
-      this.stats.scale(Math.exp(-this.#lambda * (now - this.#updatedAt)));
+      const w = this.stats.v[0] as number;
+      let f = Math.exp(-this.#lambda * (now - this.#updatedAt));
+      if (w * f < DECAY_FLOOR_SAMPLES) f = w > DECAY_FLOOR_SAMPLES ? DECAY_FLOOR_SAMPLES / w : 1;
+      if (f < 1) this.stats.scale(f);
     }
     if (this.#updatedAt === null || now > this.#updatedAt) this.#updatedAt = now;
   }

@@ -72,6 +72,46 @@ describe('LiveState with the memory store', () => {
     expect(s.tenantTokensFreedInMs('elsewhere', 100)).toBe(60_000);
   });
 
+  it('an idle backend keeps its rates: after an hour, or a night, one new sample does not define its fit alone', () => {
+    const s = make();
+    const rand = rng(7);
+    const teachBoth = () => {
+      for (let i = 0; i < 500; i++) {
+        clock += 50;
+        for (const backend of ['gpu-0', 'gpu-1']) {
+          const uncached = Math.floor(rand() * 4000);
+          const load = Math.floor(rand() * 10);
+          observe(
+            s,
+            sample({
+              backend,
+              ttftMs: 50 + 0.1 * uncached + 5 * load,
+              uncachedPromptTokens: uncached,
+              loadAtDispatch: load,
+            }),
+          );
+        }
+      }
+    };
+    teachBoth();
+    const truth = (tokens: number) => 50 + 0.1 * tokens;
+    expect(s.predictTtftMs('gpu-0', 4000)!).toBeCloseTo(truth(4000) + 5 * s.inflight('gpu-0').requests, -1);
+    // An idle hour for the whole fleet, then one first token on gpu-0.
+    clock += 60 * 60_000;
+    observe(s, sample({ backend: 'gpu-0', ttftMs: 80, uncachedPromptTokens: 300, loadAtDispatch: 0 }));
+    expect(s.prefillMs('gpu-0', 2000)!).toBeGreaterThan(150);
+    expect(s.predictTtftMs('gpu-0', 4000)!).toBeGreaterThan(300);
+    // A night with gpu-1 busy and gpu-0 idle: gpu-0's prediction is still its own rates.
+    for (let h = 0; h < 18; h++) {
+      clock += 60 * 60_000;
+      observe(s, sample({ backend: 'gpu-1', ttftMs: 250, uncachedPromptTokens: 2000, loadAtDispatch: 0 }));
+      s.predictTtftMs('gpu-1', 2000);
+    }
+    expect(s.predictTtftMs('gpu-0', 2000)!).toBeGreaterThan(200);
+    expect(s.predictTtftMs('gpu-0', 2000)!).toBeLessThan(300);
+    expect(s.predictTtftMs('gpu-0', 100)!).toBeGreaterThan(40);
+  });
+
   it('bad token counts cannot poison the counters; unknown backends are not counted', () => {
     const s = make();
     const l = s.lease('gpu-0', { promptTokens: Number.NaN, expectedOutputTokens: -5 });
