@@ -222,9 +222,9 @@ describe('engine scheduling', () => {
       expect(t.finish).toBe(lens[i] === 120 ? 'length' : 'stop');
     });
     expect(s.kvCacheUsage).toBe(0);
-    // Re-admitted requests look their prefix up again and mostly hit it.
-    expect(s.prefixCacheQueries).toBeGreaterThan(10 * 64);
-    expect(s.prefixCacheHits).toBeGreaterThan(0);
+    // Each request's lookup is counted once, at its first admission, as vLLM (0.11 on) counts it:
+    // a re-admission after preemption would mostly hit its own freed blocks.
+    expect(s.prefixCacheQueries).toBe(10 * 64);
   });
 
   it('rejects a request that could never fit the KV cache', () => {

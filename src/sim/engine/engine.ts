@@ -302,8 +302,13 @@ class SimEngine implements Engine {
       if (need + evictableHits > pool.numFree) break;
       this.waiting.shift();
       this.waitingCount--;
-      this.counters.prefixCacheQueries += r.numTokens;
-      this.counters.prefixCacheHits += hitTokens;
+      // vLLM (since 0.11, PR #25787) counts a request's lookup once: a re-admission after
+      // preemption mostly hits its own freed blocks, and would lift the hit rate of a fleet that
+      // preempts (an overloaded one) over what its routing earned.
+      if (Number.isNaN(r.scheduledMs)) {
+        this.counters.prefixCacheQueries += r.numTokens;
+        this.counters.prefixCacheHits += hitTokens;
+      }
       for (let j = 0; j < hitBlocks; j++) {
         const b = pool.lookup(r.hashes[j]!);
         pool.touch(b);
