@@ -8,9 +8,13 @@ const ASK_TIMEOUT_MS = 1_000;
 /**
  * For benchmarks against the simulator only: the slagate cost, with each backend's cached tokens
  * asked of the backend itself (the simulator's `POST /sim/cached-tokens`) before admission
- * instead of estimated from the prefix index. The gap between it and `slagate` is what the
- * index's guesses cost. A real vLLM has no such endpoint: every backend then counts as holding
- * nothing, and this policy is not for production.
+ * instead of estimated from the prefix index. It asks once, at arrival: a request that waits is
+ * ranked on what the caches held then, and the requests of a burst of one new prefix all see it
+ * cached nowhere (none has finished its prefill), where the index, written at each dispatch, keeps
+ * them together. So it is not an upper bound on the index: the gap between it and `slagate` is
+ * what the index's guesses cost against answers as old as the request's wait. A real vLLM has no
+ * such endpoint: every backend then counts as holding nothing, and this policy is not for
+ * production.
  */
 export function oracle(opts: SlagateOptions): RoutingPolicy {
   const inner = slagate(opts, 'oracle');
