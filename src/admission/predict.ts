@@ -119,7 +119,6 @@ export function predict(
     promptTokens: req.promptTokens,
     expectedOutputTokens: req.expectedOutputTokens,
     noQueue: req.noQueue,
-    wholeBody: req.wholeBody === true,
     route: req.route,
     predictions: byBackend,
     prefillMs,

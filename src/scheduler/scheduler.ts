@@ -545,7 +545,6 @@ export class Scheduler {
     const mayWait = !req.noQueue && round.queues;
     for (const b of available) {
       if (excluded?.has(b.name)) continue;
-      if (req.wholeBody === true && b.breaker.halfOpen) continue;
       const view = this.#view(req, b, round);
       if (!mayWait && !view.hasRoom) continue;
       views.push(view);

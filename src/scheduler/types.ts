@@ -41,12 +41,6 @@ export interface ScheduledRequest {
   readonly expectedOutputTokens: number;
   /** x-slagate-no-queue: refuse rather than wait. */
   readonly noQueue: boolean;
-  /**
-   * Its answer is a body passed through whole: no first token is seen until its generation ends.
-   * It is never a half-open breaker's one trial, which it would hold for all that time (the
-   * breaker's call ends at the commit point, here the end of the body).
-   */
-  readonly wholeBody?: boolean;
   /** What the router reads about the request. */
   readonly route: RouteRequest;
   /** Per backend, from admission (empty when nothing could be predicted). */

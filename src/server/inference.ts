@@ -88,7 +88,6 @@ export async function handleInference(
       expectedOutputTokens: got.expectedOutputTokens,
       budgetTokens: promptTokens + got.expectedOutputTokens,
       noQueue: header(request, 'x-slagate-no-queue') === '1',
-      wholeBody: ir.mode === 'passthrough',
       route,
     });
   } catch (err) {

@@ -198,22 +198,6 @@ describe('a backend whose breaker is half-open', () => {
     expect((await Promise.all(waiting.map((w) => state(w)))).filter((x) => x === 'waiting')).toHaveLength(1);
     for (const h of held) h!.release();
   });
-
-  it('never makes a body passed through whole its trial: that would hold the trial for the whole generation', async () => {
-    const f = setup(['a'], settings(), undefined, { breakerResetMs: 50 });
-    const a = f.backends.get('a')!;
-    a.breaker.open();
-    await new Promise((r) => a.breaker.once('halfOpen', r));
-    const whole = f.scheduler.ticket(req({ reqId: 'whole', wholeBody: true })).acquire(first());
-    expect(await state(whole)).toBe('waiting');
-    // A streamed request takes the trial; once it closes the breaker, the body goes too.
-    const streamed = (await f.scheduler.ticket(req({ reqId: 'streamed' })).acquire(first()))!;
-    expect(streamed.backend.name).toBe('a');
-    a.breaker.close();
-    f.scheduler.pump();
-    expect(((await state(whole)) as Slot).backend.name).toBe('a');
-    streamed.release();
-  });
 });
 
 describe('refusals while waiting', () => {
