@@ -6,7 +6,10 @@
 //   opossum reports a filtered error as a success, so a half-open trial that the client cancels
 //   closes the breaker; outlier detection still catches a backend that keeps failing.
 // - Half-open admits one new trial (opossum's pendingClose), and the backend is granted one slot
-//   for it until that slot ends (Backend.takeTrial); a failed trial reopens it. A call that
+//   for it until that slot ends (Backend.takeTrial); a failed trial reopens it. A body passed
+//   through whole may be the trial: its call, and the trial, end only with its body (up to
+//   upstream.passthrough_timeout_ms), and the backend takes nothing else meanwhile (keeping such
+//   bodies off the trial left a backend that only they reached half-open for good). A call that
 //   began before the breaker opened (still waiting for its first token, for up to the cap) may
 //   settle the half-open state first, either way: opossum does not tell the calls apart.
 //   Outlier detection, which counts every attempt, still ejects a backend that keeps failing.
