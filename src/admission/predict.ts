@@ -12,7 +12,7 @@
 // backend's, taken at the P99 of how predictions turn out. The request's budget (ttftBudgetMs,
 // what admission and the queue guard plan with) is
 //
-//   budget = max(class target, 2u) − the gateway's own event-loop delay
+//   budget = max(min(class target, deadline), 2u) − the gateway's own event-loop delay
 //
 // that is, the load may delay a request by what is left of its target, or by its own unavoidable
 // time when that is more. The last term is time the client waits that no gateway clock sees: the
@@ -109,9 +109,10 @@ export function predict(
     tenant: req.tenant,
     arrivedAt: req.arrivedAt,
     ttftTargetMs: req.ttftTargetMs,
-    // Never past the request's deadline (first_token_timeout_ms from arrival): a class whose
-    // target is longer would be admitted only to be cut there, a 504 where a 429 was due.
-    ttftBudgetMs: Math.min(Math.max(req.ttftTargetMs, 2 * u), req.deadlineAt - req.arrivedAt) - loopDelayMs,
+    // A class target longer than the request's deadline (first_token_timeout_ms from arrival)
+    // counts as the deadline: the load may not delay a request past it, which would be a 504
+    // where a 429 was due. A request large for its class keeps its 2u, as before.
+    ttftBudgetMs: Math.max(Math.min(req.ttftTargetMs, req.deadlineAt - req.arrivedAt), 2 * u) - loopDelayMs,
     loopDelayMs,
     tpotTargetMs: req.tpotTargetMs,
     deadlineAt: req.deadlineAt,
