@@ -46,20 +46,20 @@ const isRecord = (v: unknown): v is Record<string, unknown> =>
   typeof v === 'object' && v !== null && !Array.isArray(v);
 
 const roots = new Map<string, number>();
-const MAX_ROOTS = 4096;
+const MAX_ROOTS = 256;
 
 /**
  * The root of a request's chain: the model it names (a LoRA adapter is a model name here) and its
- * cache_salt. Remembered for the few keys a fleet sees, so it costs a lookup per request.
+ * cache_salt. A model's root is remembered (the served models, already checked, are few); a salt's
+ * is hashed per request, never kept: a client chooses its salts, and their size.
  */
 export function cacheRoot(model: string, cacheSalt: unknown): number {
-  const key = typeof cacheSalt === 'string' ? `${model}\u0000${cacheSalt}` : model;
-  let root = roots.get(key);
+  let root = roots.get(model);
   if (root === undefined) {
-    root = namedRoot(key);
-    if (roots.size < MAX_ROOTS) roots.set(key, root);
+    root = namedRoot(model);
+    if (roots.size < MAX_ROOTS) roots.set(model, root);
   }
-  return root;
+  return typeof cacheSalt === 'string' ? namedRoot(cacheSalt, root) : root;
 }
 
 /**

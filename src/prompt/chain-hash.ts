@@ -58,10 +58,10 @@ export function hashBlock(
  * (the served model name) and the request's `cache_salt`, so the same text under another of them
  * is another cache entry, and must be another chain of hashes here.
  */
-export function namedRoot(key: string): number {
-  const units = new Array<number>(key.length);
+export function namedRoot(key: string, parent = ROOT_HASH): number {
+  const units = new Uint16Array(key.length);
   for (let i = 0; i < key.length; i++) units[i] = key.charCodeAt(i);
-  return hashBlock(ROOT_HASH, units, 0, units.length);
+  return hashBlock(parent, units, 0, units.length);
 }
 
 /** Hashes of every full block of `tokens`, appended to `out` (which is returned). */

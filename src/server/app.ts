@@ -77,10 +77,10 @@ export function answerClientError(
   socket: Socket,
 ): void {
   rt.logger.debug({ code: err.code ?? null }, 'unparseable request');
-  // A response already under way on this connection (bytes after a request, pipelined) must not
-  // get an HTTP head written into its middle: the connection just goes, as node:http would do.
+  // A request already on this connection (bytes after it, pipelined) must not get this answer as
+  // its own, nor an HTTP head in the middle of its response: the connection just goes.
   const inFlight = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage;
-  if (err.code === 'ECONNRESET' || !socket.writable || inFlight?.headersSent === true) {
+  if (err.code === 'ECONNRESET' || !socket.writable || (inFlight !== null && inFlight !== undefined)) {
     socket.destroy();
     return;
   }
