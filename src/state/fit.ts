@@ -254,8 +254,10 @@ export class PooledSpread {
  * no new samples it would only erase what is known: after an idle hour one new sample outweighed a
  * long history by 2⁶⁰ and defined the fit alone (a flat one, prefill for free), and after a night
  * the sums reached the subnormal floats, where scaling stops being exact and their ratios drift.
+ * Small, because every instance publishes its floored sums: an instance that stopped sending to a
+ * backend keeps this much old data in everyone's fit of it (3 is the samples a fit needs to predict).
  */
-export const DECAY_FLOOR_SAMPLES = 10;
+export const DECAY_FLOOR_SAMPLES = 3;
 
 /** A local fit: sums decayed to `updatedAt` by a half-life, never below DECAY_FLOOR_SAMPLES by time. */
 export class DecayingFit {
