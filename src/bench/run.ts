@@ -96,12 +96,13 @@ class Slots {
   constructor(limit: number) {
     this.free = limit;
   }
-  acquire(): Promise<void> {
+  /** Resolves true when it had to wait for a slot, false when one was free. */
+  acquire(): Promise<boolean> {
     if (this.free > 0) {
       this.free--;
-      return Promise.resolve();
+      return Promise.resolve(false);
     }
-    return new Promise((resolve) => this.waiters.push(resolve));
+    return new Promise((resolve) => this.waiters.push(() => resolve(true)));
   }
   release(): void {
     const next = this.waiters.shift();
@@ -250,10 +251,10 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
           break; // aborted while waiting
         }
       }
-      if (slots) await slots.acquire();
+      const waitedForSlot = slots !== null && (await slots.acquire());
       // Only a wait for a free slot can carry a send past the duration (a timer firing late by a
       // millisecond must not drop the last scheduled request in one run and not in another).
-      if (stop.signal.aborted || (slots !== null && clock() > durationS)) {
+      if (stop.signal.aborted || (waitedForSlot && clock() > durationS)) {
         slots?.release();
         break;
       }
