@@ -183,7 +183,11 @@ describe('a client that never reads (item 20)', () => {
     expect(up.hits[0]!.bytesWritten).toBeLessThan(32 * 1024 * 1024);
   });
 
-  it('a whole body the client never reads costs it its socket after the stall timeout', async () => {
+  /**
+   * A 12 MiB body passed through whole (a stall timeout of 300 ms) to a raw client socket that has
+   * sent its request and reads nothing yet.
+   */
+  async function wholeBodyTo(connection: string): Promise<{ whole: string; sock: net.Socket; gw: Gateway }> {
     const whole = JSON.stringify({
       id: 'x',
       object: 'chat.completion',
@@ -201,11 +205,16 @@ describe('a client that never reads (item 20)', () => {
     const sock = net.connect(Number(new URL(gw.url).port), '127.0.0.1');
     cleanups.push(async () => void sock.destroy());
     sock.on('error', () => {});
+    sock.pause();
     sock.write(
       `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
-        `content-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+        `content-length: ${Buffer.byteLength(body)}\r\nconnection: ${connection}\r\n\r\n${body}`,
     );
-    sock.pause();
+    return { whole, sock, gw };
+  }
+
+  it('a whole body the client never reads costs it its socket after the stall timeout', async () => {
+    const { whole, sock, gw } = await wholeBodyTo('keep-alive');
     expect(await gw.nextResult()).toMatchObject({ outcome: 'ok', committed: true });
     // Well past the stall timeout, the client starts reading: the gateway has given up on it, and
     // what is left of the body never comes.
@@ -220,27 +229,7 @@ describe('a client that never reads (item 20)', () => {
   });
 
   it('a whole body the client reads slowly, but steadily, reaches it whole', async () => {
-    const whole = JSON.stringify({
-      id: 'x',
-      object: 'chat.completion',
-      choices: [],
-      pad: 'p'.repeat(12 << 20),
-    });
-    const { gw } = await setup(
-      (_req, res) => {
-        res.writeHead(200, { 'content-type': 'application/json' });
-        res.end(whole);
-      },
-      { ...FAST, maxBodyBytes: 16 << 20, clientStallTimeoutMs: 300 },
-    );
-    const body = JSON.stringify(chatBody({ stream: false }));
-    const sock = net.connect(Number(new URL(gw.url).port), '127.0.0.1');
-    cleanups.push(async () => void sock.destroy());
-    sock.on('error', () => {});
-    sock.write(
-      `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
-        `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
-    );
+    const { whole, sock } = await wholeBodyTo('close');
     // Reads 2 MiB, stops for 150 ms, reads 2 MiB more...: the whole body takes well over the
     // 300 ms stall timeout, but no 300 ms pass without reading.
     let got = 0;
@@ -254,6 +243,7 @@ describe('a client that never reads (item 20)', () => {
         setTimeout(() => sock.resume(), 150);
       }
     });
+    sock.resume();
     const startedAt = performance.now();
     await new Promise((r) => sock.once('close', r));
     expect(performance.now() - startedAt).toBeGreaterThan(300);
