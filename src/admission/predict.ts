@@ -12,7 +12,7 @@
 // backend's, taken at the P99 of how predictions turn out. The request's budget (ttftBudgetMs,
 // what admission and the queue guard plan with) is
 //
-//   budget = max(min(class target, deadline), 2u) − the gateway's own event-loop delay
+//   budget = max(min(class target, deadline), min(2u, max(deadline, u))) − the loop's own delay
 //
 // that is, the load may delay a request by what is left of its target, or by its own unavoidable
 // time when that is more. The last term is time the client waits that no gateway clock sees: the
@@ -97,6 +97,7 @@ export function predict(
   }
   const u = unloadedMs === null ? 0 : scheduler.upperBackendMs(unloadedMs);
   const largeForClass = 2 * u > req.ttftTargetMs;
+  const deadline = req.deadlineAt - req.arrivedAt;
   // Spelled out, not `{ ...req, … }` (a spread followed by more properties is slow in Node 20's
   // V8: src/errors/respond.ts, headersWith). The map is filled below, after the wait estimate has
   // read the request (as an empty map, as before).
@@ -109,10 +110,13 @@ export function predict(
     tenant: req.tenant,
     arrivedAt: req.arrivedAt,
     ttftTargetMs: req.ttftTargetMs,
-    // A class target longer than the request's deadline (first_token_timeout_ms from arrival)
-    // counts as the deadline: the load may not delay a request past it, which would be a 504
-    // where a 429 was due. A request large for its class keeps its 2u, as before.
-    ttftBudgetMs: Math.max(Math.min(req.ttftTargetMs, req.deadlineAt - req.arrivedAt), 2 * u) - loopDelayMs,
+    // The load may not delay a request past its deadline (first_token_timeout_ms from arrival;
+    // passthrough_timeout_ms for a body passed through): that would be a 504 where a 429 was due.
+    // So a class target and a large request's 2u both stop at the deadline, but a request whose
+    // own unloaded first token is past it already keeps u (it is served when nothing delays it,
+    // not refused for good for its size).
+    ttftBudgetMs:
+      Math.max(Math.min(req.ttftTargetMs, deadline), Math.min(2 * u, Math.max(deadline, u))) - loopDelayMs,
     loopDelayMs,
     tpotTargetMs: req.tpotTargetMs,
     deadlineAt: req.deadlineAt,

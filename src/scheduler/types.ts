@@ -63,9 +63,9 @@ export function budgetWords(
   const base =
     Math.abs(planned - req.ttftTargetMs) < 1e-6
       ? `the '${req.className}' target of ${req.ttftTargetMs} ms`
-      : Math.abs(planned - deadline) < 1e-6 && deadline < req.ttftTargetMs
-        ? `its deadline, ${Math.round(deadline)} ms after arrival, which is sooner than the '${req.className}' target of ${req.ttftTargetMs} ms`
-        : `the ${Math.round(planned)} ms it is allowed (twice its own first token unloaded, which takes most of the '${req.className}' target of ${req.ttftTargetMs} ms)`;
+      : Math.abs(planned - deadline) < 1e-6
+        ? `its deadline, ${Math.round(deadline)} ms after arrival`
+        : `the ${Math.round(planned)} ms it is allowed (its own first token on an unloaded backend takes most of the '${req.className}' target of ${req.ttftTargetMs} ms, or more)`;
   return req.loopDelayMs >= 0.5
     ? `${base}, less the ${Math.round(req.loopDelayMs)} ms the gateway's own event loop is delaying requests`
     : base;

@@ -166,6 +166,25 @@ describe('predicted TTFT', () => {
     expect(codeOf(() => admission.admit(req({ promptTokens: 1000 })))).toBe('admitted');
   });
 
+  it('no budget reaches past the deadline: not the class target, nor twice the first token unloaded', () => {
+    const { admission, teach, live } = setup();
+    teach();
+    const now = performance.now();
+    // Target 600 ms, deadline 300 ms; 1,800 tokens take 200 ms unloaded (2u = 400 ms).
+    const big = (at: number) =>
+      req({ promptTokens: 1800, ttftTargetMs: 600, arrivedAt: at, deadlineAt: at + 300 });
+    expect(admission.admit(big(now)).scheduled.ttftBudgetMs).toBeCloseTo(300, 6);
+    // 1,500 tokens ahead: 350 ms, within 2u but past the deadline: refused, naming the deadline.
+    const release = pendingPrefill(live, ['a', 'b'], 1500);
+    const refused = thrownBy(() => admission.admit(big(performance.now())));
+    expect(refused).toMatchObject({ code: 'sla_unattainable' });
+    expect((refused as Error).message).toContain('its deadline, 300 ms after arrival');
+    release();
+    // A request whose own first token is past its deadline already is let in when nothing delays it.
+    const huge = req({ promptTokens: 8000, ttftTargetMs: 500, arrivedAt: now, deadlineAt: now + 300 });
+    expect(codeOf(() => admission.admit(huge))).toBe('admitted');
+  });
+
   it('the budget is the class target, or twice the first token on an unloaded backend when that is more', () => {
     const { admission, teach, live } = setup();
     teach();
