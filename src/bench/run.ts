@@ -254,7 +254,8 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
       const waitedForSlot = slots !== null && (await slots.acquire());
       // Only a wait for a free slot can carry a send past the duration (a timer firing late by a
       // millisecond must not drop the last scheduled request in one run and not in another).
-      if (stop.signal.aborted || (waitedForSlot && clock() > durationS)) {
+      // A run with no schedule (no rate) ends at the duration whatever it waited for.
+      if (stop.signal.aborted || ((waitedForSlot || offsets === null) && clock() > durationS)) {
         slots?.release();
         break;
       }

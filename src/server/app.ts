@@ -77,10 +77,13 @@ export function answerClientError(
   socket: Socket,
 ): void {
   rt.logger.debug({ code: err.code ?? null }, 'unparseable request');
-  // A request already on this connection (bytes after it, pipelined) must not get this answer as
-  // its own, nor an HTTP head in the middle of its response: the connection just goes.
+  // The error may be in the body of the request in flight (a bad chunk): the answer is that
+  // request's own. Otherwise a request already on this connection (bytes after it, pipelined)
+  // must not get this answer as its own, nor an HTTP head in the middle of its response: the
+  // connection just goes.
   const inFlight = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage;
-  if (err.code === 'ECONNRESET' || !socket.writable || (inFlight !== null && inFlight !== undefined)) {
+  const itsOwn = inFlight != null && !inFlight.headersSent && inFlight.req?.complete === false;
+  if (err.code === 'ECONNRESET' || !socket.writable || (inFlight != null && !itsOwn)) {
     socket.destroy();
     return;
   }

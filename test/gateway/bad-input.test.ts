@@ -320,6 +320,13 @@ describe('a request that is not HTTP', () => {
     expect(huge).toMatch(/^HTTP\/1\.1 431 /);
     expect(envelopeOf(huge)).toMatchObject({ type: 'invalid_request_error', code: 'invalid_request' });
     expect(huge).not.toContain('sk-secret');
+    // A bad chunk in the body of the request in flight: the answer is that request's own.
+    const chunk = await raw(
+      t.url,
+      `POST ${CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n`,
+    );
+    expect(chunk).toMatch(/^HTTP\/1\.1 400 /);
+    expect(envelopeOf(chunk)).toMatchObject({ code: 'invalid_request' });
     expect(b.hits).toHaveLength(0);
   });
 });
