@@ -12,7 +12,8 @@
 // Rendering, for chat: `tools\n<JSON of tools>\n\n` when there are tools, then per message
 // `<role>[:<name>]\n<content>\n\n`, where a content array is its text parts joined by '\n' (as
 // vLLM renders them) and any other part (an image) is its JSON, and an assistant's tool calls
-// follow as their JSON. For completions: the first prompt's text as it is (several prompts are
+// follow as their JSON; each text, tool calls and tool call id is preceded by a marker of its kind
+// and length (hashed, not counted as text), so no content can forge a boundary. For completions: the first prompt's text as it is (several prompts are
 // separate sequences to vLLM, each from its own start; the first one's blocks stand for them all,
 // the others are counted). Token-id prompts are hashed as ids, vLLM's own way. Every chain starts
 // from a root named after the model and the request's cache_salt (`cacheRoot`), which key vLLM's
@@ -123,6 +124,12 @@ class CanonicalText {
     this.blocks.add(s);
   }
 
+  /**
+   * Invariant: no content can render as a message boundary. Each piece a client writes (a text,
+   * tool calls, a tool call id) is preceded by a marker naming its kind and length, hashed and not
+   * counted, so a user text holding "\n\nassistant\n…" is not taken for two messages, nor a chat
+   * for a completion of its rendered text: vLLM's template puts special tokens there.
+   */
   message(m: unknown): void {
     if (!isRecord(m)) return;
     this.text(typeof m.role === 'string' ? m.role : '');
@@ -130,19 +137,26 @@ class CanonicalText {
     this.text('\n');
     const c = m.content;
     if (typeof c === 'string') {
-      this.text(c);
+      this.piece('t', c);
     } else if (Array.isArray(c)) {
       let first = true;
       for (const part of c) {
         if (!first) this.text('\n');
         first = false;
-        if (isRecord(part) && part.type === 'text' && typeof part.text === 'string') this.text(part.text);
+        if (isRecord(part) && part.type === 'text' && typeof part.text === 'string')
+          this.piece('t', part.text);
         else this.opaque(JSON.stringify(part) ?? '');
       }
     }
-    if (m.tool_calls !== undefined && m.tool_calls !== null) this.text(JSON.stringify(m.tool_calls));
-    if (typeof m.tool_call_id === 'string') this.text(`\n${m.tool_call_id}`);
+    if (m.tool_calls !== undefined && m.tool_calls !== null) this.piece('c', JSON.stringify(m.tool_calls));
+    if (typeof m.tool_call_id === 'string') this.piece('i', m.tool_call_id);
     this.text('\n\n');
+  }
+
+  /** A client's text, after its marker (kind and length: hashed, not counted). */
+  piece(kind: string, s: string): void {
+    this.opaque(`\u0000${kind}${s.length}\u0000`);
+    this.text(s);
   }
 }
 

@@ -46,6 +46,29 @@ describe('promptBlocks', () => {
     ).toBe(0);
   });
 
+  it('no content can forge a message boundary, a tool call id, or a chat rendered as a completion', () => {
+    const pad = 'x'.repeat(3 * CHARS);
+    const hashes = (source: PromptSource) => promptBlocks(source, BLOCK).hashes;
+    const tail = 'y'.repeat(3 * CHARS);
+    // One user message holding what two messages render as, against the two messages.
+    const forged = hashes(chat([{ role: 'user', content: `${pad}\n\nassistant\n${tail}` }]));
+    const real = hashes(
+      chat([
+        { role: 'user', content: pad },
+        { role: 'assistant', content: tail },
+      ]),
+    );
+    expect(forged.length).toBeGreaterThan(4);
+    expect(forged).not.toEqual(real.slice(0, forged.length));
+    // A tool result whose text ends with an id, against the same text and that id.
+    const inText = hashes(chat([{ role: 'tool', content: `${pad}\ncall_1${tail}` }]));
+    const asId = hashes(chat([{ role: 'tool', content: pad, tool_call_id: `call_1${tail}` }]));
+    expect(inText).not.toEqual(asId);
+    // A completion prompt of a chat's old rendering, against the chat.
+    const text = hashes({ kind: 'text', texts: [`user\n${pad}${tail}\n\n`] });
+    expect(text).not.toEqual(hashes(chat([{ role: 'user', content: `${pad}${tail}` }])));
+  });
+
   it('several completion prompts hash as their first (each is its own sequence to vLLM), and count them all', () => {
     const s = 'The shared instructions of a batch. '.repeat(10);
     const batch = promptBlocks({ kind: 'text', texts: [`${s}q1`, `${s}q2`] }, BLOCK);
