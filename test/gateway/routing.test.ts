@@ -94,6 +94,9 @@ describe('router.policy: oracle (benchmarks only)', () => {
     const rng = new Rng(9);
     const system: Message = { role: 'system', content: syntheticText(rng, 1000) };
     const a = await turn(t, [system, { role: 'user', content: 'first question here' }], 'o-1');
+    // What the first request teaches the token estimate (its count, run just after its response)
+    // is in before the second is estimated: the hit below is the replica's count over that estimate.
+    t.gw.runtime.afterwork.settle();
     const b = await turn(t, [system, { role: 'user', content: 'another question now' }], 'o-2');
     expect(b.backend).toBe(a.backend);
     // The hit is what the replica reported: the system prompt's full 16-token blocks.
