@@ -34,7 +34,7 @@
 import { GatewayError } from '../errors/index.ts';
 import { cachedOn, type PrefixMatch } from '../router/cached.ts';
 import type { BackendView, Candidate, RoutingPolicy } from '../router/index.ts';
-import type { BackendTelemetry, Lease, LiveState } from '../state/index.ts';
+import { currentTelemetry, type Lease, type LiveState } from '../state/index.ts';
 import type { Backend, DecodeMeter, Slot, SlotRequest } from '../upstream/index.ts';
 import { type LimitBounds, nextLimit, nextTpotShare, quantile, type Setpoints } from './controller.ts';
 import { Heap } from './heap.ts';
@@ -602,7 +602,7 @@ export class Scheduler {
       predictedTtftMs: live.predictTtftMs(b.name, cached.uncached),
       prefillMs: live.prefillMs(b.name, cached.uncached),
       tpotMs: live.predictTpotMs(b.name, inflight + 1),
-      kvUsage: kvUsageNow(live.telemetry(b.name)),
+      kvUsage: currentTelemetry(live.telemetry(b.name))?.kvCacheUsage ?? null,
       cacheFill: size.capacity > 0 ? Math.min(1, size.blocks / size.capacity) : 0,
     };
   }
@@ -916,11 +916,6 @@ export class Scheduler {
   #makeQueue(policy: 'slagate' | 'fcfs'): QueueDiscipline {
     return policy === 'fcfs' ? new FifoQueue() : new SlagateQueue(() => this.#deps.settings().agingMs);
   }
-}
-
-/** The backend's KV usage as it reports it, or null when unknown: never scraped, or the scrape stale. */
-function kvUsageNow(t: BackendTelemetry | null | undefined): number | null {
-  return t == null || t.saturated ? null : t.kvCacheUsage;
 }
 
 /** The tightest of the targets held (Infinity when none: no TPOT signal is judged then). */

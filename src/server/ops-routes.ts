@@ -2,6 +2,7 @@
 // the live page over it (dashboard.ts). None of them is proxied and none writes an admission record.
 
 import type { FastifyInstance } from 'fastify';
+import { currentTelemetry } from '../state/index.ts';
 import { registerDashboard } from './dashboard.ts';
 import type { Runtime } from './runtime.ts';
 
@@ -12,9 +13,8 @@ import type { Runtime } from './runtime.ts';
  */
 function refreshGauges(rt: Runtime): void {
   for (const b of rt.backends.list()) {
-    const t = rt.live.telemetry(b.name);
     // A stale scrape is no current figure: the gauge goes until the backend answers again.
-    const fresh = t !== null && t !== undefined && !t.saturated ? t : null;
+    const fresh = currentTelemetry(rt.live.telemetry(b.name));
     const view = rt.live.backendView(b.name);
     rt.metrics.setBackendGauges(b.name, {
       inflight: view?.localInflight.requests ?? 0,

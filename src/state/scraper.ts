@@ -39,6 +39,15 @@ export interface BackendTelemetry {
   consecutiveFailures: number;
 }
 
+/**
+ * The telemetry as figures of now, or null when there are none: never scraped, or the last good
+ * scrape stale (saturated). What routing and the exported gauges read; /admin/state shows the
+ * last values with their age.
+ */
+export function currentTelemetry(t: BackendTelemetry | null | undefined): BackendTelemetry | null {
+  return t === null || t === undefined || t.saturated ? null : t;
+}
+
 export interface ScraperOptions {
   intervalMs: number;
   /** Data older than this marks the backend saturated. Default 3 × intervalMs. */

@@ -51,7 +51,8 @@ export class Backend {
    * The half-open breaker's one trial, given to a slot (takeTrial) whose attempt has not ended.
    * Invariant: a half-open backend is granted one slot, not as many as its limit allows before the
    * first of them reaches the breaker (opossum would refuse the rest, and their requests would
-   * come back as new ones). Cleared when the breaker changes state or the slot is returned.
+   * come back as new ones). Set only while half-open, and cleared when the breaker changes state
+   * (every change emits) or the slot is returned, so it is never set outside half-open.
    */
   #trial: object | null = null;
 
@@ -97,7 +98,7 @@ export class Backend {
 
   /** May take a new request now. A half-open backend is available only until its one trial starts. */
   get available(): boolean {
-    return this.inService && breakerAdmits(this.breaker) && (this.#trial === null || !this.breaker.halfOpen);
+    return this.inService && breakerAdmits(this.breaker) && this.#trial === null;
   }
 
   /**

@@ -65,6 +65,15 @@ const first = (signal = new Cancel()) => ({
 });
 
 /** Settles within the current turn of the event loop, or reports it is still waiting. */
+/** How a ticket's wait ended ('granted' or the refusal's code), and how long after `t0` it did. */
+async function outcomeOf(p: Promise<Slot | null>, t0: number): Promise<{ result: string; waited: number }> {
+  const result = await p.then(
+    () => 'granted',
+    (e: { code: string }) => e.code,
+  );
+  return { result, waited: performance.now() - t0 };
+}
+
 async function state(p: Promise<Slot | null>): Promise<Slot | null | 'waiting' | { error: unknown }> {
   const waiting = Symbol('waiting');
   const r = await Promise.race([
@@ -267,11 +276,7 @@ describe('refusals while waiting', () => {
     const late = scheduler
       .ticket(req({ reqId: 'late', arrivedAt: t0, ttftTargetMs: 300, bestBackendMs: 100 }))
       .acquire(first());
-    const result = await late.then(
-      () => 'granted',
-      (e: { code: string }) => e.code,
-    );
-    const waited = performance.now() - t0;
+    const { result, waited } = await outcomeOf(late, t0);
     expect(result).toBe('queue_timeout');
     expect(waited).toBeGreaterThanOrEqual(195);
     expect(waited).toBeLessThan(400);
@@ -288,11 +293,7 @@ describe('refusals while waiting', () => {
     const late = scheduler
       .ticket(req({ reqId: 'late', arrivedAt: t0, ttftTargetMs: 120_000, deadlineAt: t0 + 150 }))
       .acquire(first());
-    const result = await late.then(
-      () => 'granted',
-      (e: { code: string }) => e.code,
-    );
-    const waited = performance.now() - t0;
+    const { result, waited } = await outcomeOf(late, t0);
     expect(result).toBe('queue_timeout');
     expect(waited).toBeGreaterThanOrEqual(145);
     expect(waited).toBeLessThan(1_000);
