@@ -19,6 +19,8 @@ export interface Hit {
   body: Record<string, unknown>;
   /** performance.now() when the upstream saw the request's socket close (null while open). */
   closedAt: number | null;
+  /** Settles with closedAt when the upstream sees the request's socket close. */
+  closed: Promise<number>;
   /** Bytes the script managed to hand to the socket. */
   bytesWritten: number;
 }
@@ -38,16 +40,21 @@ export async function upstream(...scripts: Script[]): Promise<Upstream> {
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
     const raw = Buffer.concat(chunks).toString('utf8');
+    let closed!: (at: number) => void;
     const hit: Hit = {
       index: hits.length,
       headers: req.headers,
       body: raw ? (JSON.parse(raw) as Record<string, unknown>) : {},
       closedAt: null,
+      closed: new Promise<number>((resolve) => {
+        closed = resolve;
+      }),
       bytesWritten: 0,
     };
     hits.push(hit);
     res.on('close', () => {
       hit.closedAt = performance.now();
+      closed(hit.closedAt);
     });
     const script = scripts[Math.min(hit.index, scripts.length - 1)]!;
     try {
@@ -58,6 +65,22 @@ export async function upstream(...scripts: Script[]): Promise<Upstream> {
   });
   server.keepAliveTimeout = 5_000;
   return { ...(await listenLoopback(server)), hits };
+}
+
+/**
+ * When the upstream saw the hit's socket close, or null if it is still open after `withinMs` (the
+ * bound only keeps a failing test from hanging; the caller asserts how soon the close came).
+ */
+export async function closedWithin(hit: Hit, withinMs = 2_000): Promise<number | null> {
+  let timer: NodeJS.Timeout | undefined;
+  const expired = new Promise<null>((resolve) => {
+    timer = setTimeout(() => resolve(null), withinMs);
+  });
+  try {
+    return await Promise.race([hit.closed, expired]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /** A port with nothing listening (connection refused). */
