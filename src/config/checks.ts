@@ -180,9 +180,19 @@ function classMessage(name: string, classes: Obj): string {
 /**
  * The URL as a message may show it: a password (`:secret@`, in a Redis URL) as `***`, so that
  * check-config's output and the log line of a refused reload never carry it.
+ *
+ * Invariant: everything between the scheme and the last `@` is treated as credentials, whatever
+ * it holds. The text shown is often one `new URL` refused, so it cannot be parsed to find them:
+ * a base64 password holds `/` and `+`, and a hand-written one may hold `:` or a raw `@`.
  */
 export function maskedUrl(text: string): string {
-  return text.replace(/:[^:@/]*@/, ':***@');
+  const scheme = text.indexOf('://');
+  const start = scheme === -1 ? 0 : scheme + 3;
+  const at = text.lastIndexOf('@');
+  if (at < start) return text;
+  const colon = text.indexOf(':', start);
+  const user = colon !== -1 && colon < at ? text.slice(start, colon) : null;
+  return `${text.slice(0, start)}${user === null ? '***' : `${user}:***`}${text.slice(at)}`;
 }
 
 function urlProblem(text: string, protocols: string[]): string | undefined {

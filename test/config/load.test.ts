@@ -379,6 +379,18 @@ describe('violations are reported with the path of the key to fix', () => {
       /scheme redis or rediss \(got "http:\/\/:\*\*\*@h:6379"\)/,
     ],
     [
+      'a redis URL that does not parse does not show its password (a base64 one holds "/")',
+      (c) => (c.state = { store: 'redis', redis_url: 'redis://:Zk3q/9Xa+Pw2mN8s@h:6379/0' }),
+      'state.redis_url',
+      /^must be an absolute URL \(got "redis:\/\/:\*\*\*@h:6379\/0"\)$/,
+    ],
+    [
+      'a redis URL with a query does not show a password holding ":" and "@"',
+      (c) => (c.state = { store: 'redis', redis_url: 'redis://app:pa:ss@word@h:6379/0?db=1' }),
+      'state.redis_url',
+      /^must not have a query or fragment \(got "redis:\/\/app:\*\*\*@h:6379\/0\?db=1"\)$/,
+    ],
+    [
       'memory store with redis keys',
       (c) => (c.state = { store: 'memory', redis_url: 'redis://h' }),
       'state.redis_url',
