@@ -156,7 +156,12 @@ export function buildApp(rt: Runtime): FastifyInstance {
             'method_not_allowed',
             `Method ${request.method} is not allowed on ${routePath(request.url)}; use ${allow.join(' or ')}.`,
           )
-        : new GatewayError('route_not_found', `Route ${request.method} ${request.url} not found.`);
+        : // The path only: a query string may carry a credential (?api_key=...), and the
+          // message is logged, in the admission log too, where nothing is redacted.
+          new GatewayError(
+            'route_not_found',
+            `Route ${request.method} ${routePath(request.url) ?? '(undecodable path)'} not found.`,
+          );
     if (allow.length > 0) reply.header('allow', allow.join(', '));
     noteRefusal(rt, request.id, frontFacts(request.raw)?.record ?? null, err, err);
     return sendError(reply, err);

@@ -61,7 +61,11 @@ export function intake(
   // upstream body then names it (payload.ts): a backend's own default could be another model (its
   // base model when the configured name is an adapter), which the configured names do not offer.
   const model = ir.model ?? rt.models.only();
-  record.set({ model, stream: ir.stream, max_tokens: ir.maxTokens });
+  record.set({
+    model: model === null ? null : shownModel(model),
+    stream: ir.stream,
+    max_tokens: ir.maxTokens,
+  });
   if (model === null) {
     throw new GatewayError(
       'invalid_request',
@@ -70,7 +74,7 @@ export function intake(
     );
   }
   if (!rt.models.has(model)) {
-    throw new GatewayError('model_not_found', `The model \`${model}\` does not exist.`, {
+    throw new GatewayError('model_not_found', `The model \`${shownModel(model)}\` does not exist.`, {
       param: 'model',
     });
   }
@@ -153,4 +157,12 @@ function promptSource(ir: InferenceRequest): PromptSource {
   const first = ir.promptParts[0];
   if (typeof first === 'string') return { kind: 'text', texts: ir.promptParts as string[] };
   return { kind: 'ids', ids: ir.promptParts as (readonly number[])[] };
+}
+
+/** Longest model name the log and an error message repeat: a client's string, bounded there. */
+const SHOWN_MODEL_CHARS = 256;
+
+/** The model as the admission record and a refusal show it: a name past the bound cut, marked with '…'. */
+function shownModel(model: string): string {
+  return model.length <= SHOWN_MODEL_CHARS ? model : `${model.slice(0, SHOWN_MODEL_CHARS)}…`;
 }

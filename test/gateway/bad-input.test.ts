@@ -532,6 +532,33 @@ describe('28: keys and the route allowlist', () => {
   });
 });
 
+describe('what a client sends is bounded and kept out of the log', () => {
+  it("a query string's credential never reaches the answer or the log; a huge model name is cut there", async () => {
+    const b = await backend(healthyStream);
+    const t = await gateway({ backends: [{ name: 'b0', url: b.url }] });
+    const lost = await send(t.url, 'GET', '/v1/embeddings?api_key=sk-query-secret');
+    expect(lost.status).toBe(404);
+    expect(errorOf(lost.text).message).toBe('Route GET /v1/embeddings not found.');
+    expect(lost.text).not.toContain('sk-query-secret');
+
+    const huge = 'm'.repeat(1_000_000);
+    const res = await post(t.url, CHAT, { model: huge, messages: [{ role: 'user', content: 'hi' }] });
+    expect(res.status).toBe(404);
+    const message = errorOf(res.text).message;
+    expect(errorOf(res.text).code).toBe('model_not_found');
+    expect(message).toBe(`The model \`${'m'.repeat(256)}…\` does not exist.`);
+    expect(b.hits).toHaveLength(0);
+
+    const recs = await t.records();
+    const notFound = recs.find((r) => r.reason === 'route_not_found')!;
+    expect(notFound.error).toBe('Route GET /v1/embeddings not found.');
+    const noModel = recs.find((r) => r.reason === 'model_not_found')!;
+    expect(noModel.model).toBe(`${'m'.repeat(256)}…`);
+    expect(JSON.stringify(recs)).not.toContain('sk-query-secret');
+    expect(JSON.stringify(recs).length).toBeLessThan(10_000);
+  });
+});
+
 describe('29: headers that must not pass', () => {
   it('client x-slagate-* headers do not steer; credentials and hop-by-hop headers do not reach upstream', async () => {
     const b0 = await backend(healthyStream);
