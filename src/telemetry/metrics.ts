@@ -141,7 +141,7 @@ export class GatewayMetrics {
     this.queueWait = perRequest('queue_wait_seconds', 'Time spent in the gateway queue.', ttftBuckets);
     this.overhead = new BatchHistogram({
       name: `${PREFIX}overhead_seconds`,
-      help: 'Time the gateway itself adds to a request (parsing, admission, routing, relay).',
+      help: "Time from a request's arrival to the end of admission (body, auth, validation, estimate, admission); queueing, routing and the relay are not in it.",
       labelNames: [],
       buckets: OVERHEAD_BUCKETS_S,
       registers: [reg],
@@ -206,6 +206,8 @@ export class GatewayMetrics {
       help: '1 while the shared state store is unreachable and the gateway runs on local state.',
       registers: [reg],
     });
+    // Absent until a request carries an estimate (prom-client starts an unlabelled gauge at 0).
+    this.prefixHitRatio.remove();
     this.setClasses(Object.keys(classes));
     this.storeDegraded.set(0);
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: reg });

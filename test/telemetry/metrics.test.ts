@@ -419,6 +419,10 @@ describe('GatewayMetrics', () => {
   it('follows the token-weighted prefix hit share of recent requests', async () => {
     const m = createMetrics(CLASSES, { processMetrics: false });
     const ratio = async () => value(parseSamples(await m.render()), 'slagate_prefix_hit_ratio', {})!;
+    // Nothing estimated yet: no sample, not a plausible 0.
+    expect(await ratio()).toBeUndefined();
+    m.observeRequest(record({ prompt_tokens_est: null, prefix_hit_est: null }));
+    expect(await ratio()).toBeUndefined();
     m.observeRequest(record({ prompt_tokens_est: 100, prefix_hit_est: 1 }));
     expect(await ratio()).toBe(1);
     m.observeRequest(record({ prompt_tokens_est: 300, prefix_hit_est: 0 }));
