@@ -3,6 +3,7 @@
 // the output is for the person editing the file.
 import { stringify } from 'yaml';
 import { type Config, formatIssue, isConfigError, loadConfigFile } from '../config/index.ts';
+import { appendProblem } from '../telemetry/logger.ts';
 
 export interface CommandIo {
   stdout: { write(text: string): unknown };
@@ -40,6 +41,15 @@ export async function checkConfigCommand(
     const count = err.issues.length === 1 ? '1 problem' : `${err.issues.length} problems`;
     io.stderr.write(`${file}: configuration is invalid (${count}):\n`);
     for (const issue of err.issues) io.stderr.write(`  ${formatIssue(issue, file)}\n`);
+    return 1;
+  }
+  // The one setting serve checks against the machine rather than the schema: it opens the log at
+  // its start and refuses to run when it cannot.
+  const log = config.logging.admission_log;
+  const problem = log === 'stdout' ? null : appendProblem(log);
+  if (problem !== null) {
+    io.stderr.write(`${file}: configuration is invalid (1 problem):\n`);
+    io.stderr.write(`  logging.admission_log: cannot write ${log} (${problem})\n`);
     return 1;
   }
   io.stdout.write(`# ${file}: valid. Effective configuration, defaults applied:\n`);

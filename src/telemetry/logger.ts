@@ -1,4 +1,4 @@
-import { mkdirSync, openSync } from 'node:fs';
+import { accessSync, constants, mkdirSync, openSync, type Stats, statSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { pino } from 'pino';
 
@@ -64,6 +64,43 @@ type SonicBoom = ReturnType<typeof pino.destination>;
 function openForAppend(path: string): number {
   mkdirSync(dirname(path), { recursive: true });
   return openSync(path, 'a');
+}
+
+/**
+ * Why openForAppend would fail on `path`, without creating anything: null when it would succeed as
+ * far as the file system can tell now. check-config asks this, so that it refuses the log paths
+ * serve would refuse at its start.
+ */
+export function appendProblem(path: string): string | null {
+  try {
+    const stat = statOrNull(path);
+    if (stat !== null) {
+      if (stat.isDirectory()) return 'it is a directory';
+      accessSync(path, constants.W_OK);
+      return null;
+    }
+    // The nearest existing ancestor must be a directory we may create entries in.
+    let dir = dirname(path);
+    let dirStat = statOrNull(dir);
+    while (dirStat === null && dirname(dir) !== dir) {
+      dir = dirname(dir);
+      dirStat = statOrNull(dir);
+    }
+    if (dirStat === null || !dirStat.isDirectory()) return `${dir} is not a directory`;
+    accessSync(dir, constants.W_OK | constants.X_OK);
+    return null;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code ?? (err instanceof Error ? err.message : String(err));
+  }
+}
+
+function statOrNull(path: string): Stats | null {
+  try {
+    return statSync(path);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+    throw err;
+  }
 }
 
 export function createLogger(opts: LoggerOptions): Logger {

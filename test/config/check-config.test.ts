@@ -1,6 +1,9 @@
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { parse } from 'yaml';
+import { parse, stringify } from 'yaml';
 import { checkConfigCommand } from '../../src/cli/check-config.ts';
 import { loadConfigFile } from '../../src/config/index.ts';
 
@@ -35,6 +38,37 @@ describe('slagate check-config', () => {
     expect(stdout).toContain('2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae');
     expect(stdout).not.toContain('s3cret');
     expect(parse(stdout).state.redis_url).toBe('redis://:***@127.0.0.1:6379/0');
+  });
+
+  it('refuses an admission log path serve could not open, as serve does, and creates nothing', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'slagate-check-'));
+    try {
+      const base = parse(readFileSync(root('config/gateway.yaml'), 'utf8')) as Record<string, unknown>;
+      const withLog = (path: string) => {
+        const file = join(dir, `${Math.random().toString(36).slice(2)}.yaml`);
+        writeFileSync(file, stringify({ ...base, logging: { admission_log: path } }));
+        return file;
+      };
+      // A file where the log's directory would have to be (serve's start test uses the same).
+      writeFileSync(join(dir, 'not-a-dir'), '');
+      const underFile = await run([withLog(join(dir, 'not-a-dir', 'admission.log'))]);
+      expect(underFile.code).toBe(1);
+      expect(underFile.stdout).toBe('');
+      expect(underFile.stderr).toMatch(
+        /logging\.admission_log: cannot write .*not-a-dir\/admission\.log \(ENOTDIR\)/,
+      );
+      const aDirectory = await run([withLog(dir)]);
+      expect(aDirectory.code).toBe(1);
+      expect(aDirectory.stderr).toContain('(it is a directory)');
+      // A path whose directories do not exist yet is fine: serve creates them. check-config does not.
+      const nested = join(dir, 'a', 'b', 'admission.log');
+      const fresh = await run([withLog(nested)]);
+      expect(fresh.code).toBe(0);
+      expect(fresh.stderr).toBe('');
+      expect(existsSync(join(dir, 'a'))).toBe(false);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('prints every problem with its path and exits 1, without a stack trace', async () => {
