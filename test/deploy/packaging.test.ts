@@ -400,6 +400,11 @@ describe('docker-compose.yml', () => {
       expect(nginx).toMatch(directive);
     const [published] = arr(obj(services.lb).ports).map(String);
     expect(published?.split(':').at(-1)).toBe(/listen\s+(\d+);/.exec(nginx)?.[1]);
+    // The operational routes, unauthenticated in the gateway, are denied to public addresses.
+    const ops = /location\s+~\s+\^\/\(metrics\|admin\/\|dashboard\)\s*\{([^}]*)\}/.exec(nginx)?.[1];
+    expect(ops).toBeDefined();
+    expect(ops).toMatch(/deny\s+all;/);
+    expect(ops).toMatch(/proxy_pass\s+http:\/\/slagate;/);
   });
 
   it('`slagate sim` accepts the --host flag the sim service passes', async () => {
