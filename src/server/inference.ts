@@ -23,7 +23,7 @@ import { proxyRequest } from '../upstream/index.ts';
 import { namedTenant } from './auth.ts';
 import { finishProxied, predictionFields } from './finish.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
-import { header, intake } from './intake.ts';
+import { header, intake, sessionKey } from './intake.ts';
 import { endRecord } from './record.ts';
 import type { Runtime } from './runtime.ts';
 
@@ -60,7 +60,7 @@ export async function handleInference(
     tokensPerBlock: rt.tokens.tokensPerBlock(prompt, rt.config.router.block_size_tokens),
     expectedOutputTokens: got.expectedOutputTokens,
     tpotTargetMs: cls.tpot_p99_ms,
-    sessionId: header(request, rt.config.router.session_header),
+    sessionId: sessionKey(header(request, rt.config.router.session_header)),
   };
   // Only the benchmark-only oracle has anything to ask before admission.
   const policy = rt.policy;

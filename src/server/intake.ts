@@ -2,6 +2,7 @@
 // whether any backend could serve it at all. Each refusal is a thrown GatewayError (401, 400, 404);
 // what is learnt goes into the admission record as it is learnt, so a refusal's line says how far
 // the request got.
+import { createHash } from 'node:crypto';
 import type { IncomingHttpHeaders } from 'node:http';
 import type { SlaClass } from '../config/index.ts';
 import { GatewayError } from '../errors/index.ts';
@@ -39,6 +40,20 @@ export interface Intake {
 export function header(request: { readonly headers: IncomingHttpHeaders }, name: string): string | undefined {
   const v = request.headers[name];
   return typeof v === 'string' ? v : undefined;
+}
+
+/** Longest session id the router keeps as it is; a longer one is kept as its digest. */
+export const SESSION_ID_CHARS = 64;
+
+/**
+ * The session header's value as the router keeps it. Invariant: what the router remembers per
+ * session is bounded whatever a client sends. It keeps up to 65,536 sessions; unique ids near the
+ * 16 KiB header limit would hold about 1 GB. A longer id becomes its SHA-256 (43 characters), the
+ * same for every request that sends it, so affinity is unchanged.
+ */
+export function sessionKey(value: string | undefined): string | undefined {
+  if (value === undefined || value.length <= SESSION_ID_CHARS) return value;
+  return createHash('sha256').update(value).digest('base64url');
 }
 
 export function intake(

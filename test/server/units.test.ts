@@ -9,6 +9,7 @@ import { GatewayError } from '../../src/errors/index.ts';
 import { answerClientError } from '../../src/server/app.ts';
 import { createAuthenticator } from '../../src/server/auth.ts';
 import { parseInferenceRequest } from '../../src/server/inference-request.ts';
+import { SESSION_ID_CHARS, sessionKey } from '../../src/server/intake.ts';
 import { parseJsonBody } from '../../src/server/json-body.ts';
 import { ModelCatalog } from '../../src/server/model-catalog.ts';
 import { Lifecycle } from '../../src/server/runtime.ts';
@@ -140,6 +141,21 @@ describe('parseInferenceRequest: sampling parameters of the wrong type', () => {
     expect(
       codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt: 'a', logprobs: 2 })),
     ).toBeUndefined();
+  });
+});
+
+describe('sessionKey', () => {
+  it('keeps a short id as it is and a long one as a short digest, the same for every request', () => {
+    expect(sessionKey(undefined)).toBeUndefined();
+    expect(sessionKey('conv-1')).toBe('conv-1');
+    const atBound = 'x'.repeat(SESSION_ID_CHARS);
+    expect(sessionKey(atBound)).toBe(atBound);
+    const a = `${'a'.repeat(15_000)}1`;
+    const b = `${'a'.repeat(15_000)}2`;
+    expect(sessionKey(a)!.length).toBeLessThanOrEqual(SESSION_ID_CHARS);
+    expect(sessionKey(a)).toBe(sessionKey(`${'a'.repeat(15_000)}1`));
+    // Ids that differ only past any prefix stay apart.
+    expect(sessionKey(a)).not.toBe(sessionKey(b));
   });
 });
 
