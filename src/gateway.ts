@@ -444,9 +444,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           loopDelay.close();
           await live.close();
           await fleet?.close();
-          await flushLogs();
-          // Nothing can log an admission record any more: release its file.
+          // Nothing can log any more: flush, then release the file (never stdout itself). Each
+          // close is bounded: a reader that stopped reading loses its last lines, and the exit
+          // does not wait for it.
+          rt.afterwork.settle();
           if (admissionLogger !== log) await admissionLogger.close();
+          await log.close();
           return { cut };
         })();
         return closing;

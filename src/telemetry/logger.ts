@@ -45,6 +45,13 @@ export interface LoggerOptions {
   destination: 'stdout' | string | pino.DestinationStream;
   /** A buffered line waits at most this long before it is written. Default 100 ms. */
   flushIntervalMs?: number;
+  /**
+   * Bytes a file or stdout destination may hold that the OS has not taken yet; lines past it are
+   * dropped. Default 64 MiB.
+   */
+  bufferBytes?: number;
+  /** How long close() waits for the buffered lines to be taken before it drops them. Default 5 s. */
+  closeWaitMs?: number;
 }
 
 export interface Logger {
@@ -53,9 +60,12 @@ export interface Logger {
   flush(): Promise<void>;
   /**
    * Flushes, then releases the destination (its file descriptor and flush timer; stdout itself is
-   * never closed). Only for the very end: a line logged after it is lost.
+   * never closed). Only for the very end: a line logged after it is lost. Bounded by closeWaitMs:
+   * a reader that stopped reading loses what it has not taken rather than hold the exit.
    */
   close(): Promise<void>;
+  /** Lines dropped because the destination's buffer was full (its reader fell behind). */
+  dropped(): number;
 }
 
 type SonicBoom = ReturnType<typeof pino.destination>;
@@ -107,7 +117,7 @@ export function createLogger(opts: LoggerOptions): Logger {
   const redact = { paths: [...REDACT_PATHS], censor: REDACTED };
   if (typeof opts.destination !== 'string') {
     const logger = pino({ level: opts.level, redact }, opts.destination);
-    return { logger, flush: async () => {}, close: async () => {} };
+    return { logger, flush: async () => {}, close: async () => {}, dropped: () => 0 };
   }
   // Asynchronous writes keep logging off the request path; the buffer is bounded in time by the
   // periodic flush so a quiet gateway's lines still appear promptly (e.g. for `slagate logs --pretty`).
@@ -120,7 +130,14 @@ export function createLogger(opts: LoggerOptions): Logger {
     dest: opts.destination === 'stdout' ? 1 : openForAppend(opts.destination),
     sync: false,
     minLength: 4096,
+    // Invariant: what a stalled reader (a blocked stdout pipe, a full disk's slow writes) leaves
+    // unwritten is bounded; past it lines are dropped and counted, never held without limit.
+    maxLength: opts.bufferBytes ?? 64 * 1024 * 1024,
     periodicFlush: opts.flushIntervalMs ?? 100,
+  });
+  let dropped = 0;
+  dest.on('drop', () => {
+    dropped++;
   });
   // Invariant: the destination always has an 'error' listener. A write that fails (a full disk)
   // drops the log's lines from then on, and the gateway goes on serving; without the listener it
@@ -144,14 +161,28 @@ export function createLogger(opts: LoggerOptions): Logger {
       dest.destroy();
       return;
     }
-    await flush();
-    closed = true;
-    await new Promise<void>((resolve) => {
-      dest.once('close', () => resolve());
-      dest.end();
+    const waitMs = opts.closeWaitMs ?? 5_000;
+    let timer: NodeJS.Timeout | undefined;
+    const expired = new Promise<'expired'>((resolve) => {
+      timer = setTimeout(() => resolve('expired'), waitMs);
     });
+    const ended = (async () => {
+      await flush();
+      closed = true;
+      await new Promise<void>((resolve) => {
+        dest.once('close', () => resolve());
+        dest.end();
+      });
+      return 'ended' as const;
+    })();
+    const how = await Promise.race([ended, expired]);
+    clearTimeout(timer);
+    if (how === 'expired') {
+      closed = true;
+      dest.destroy();
+    }
   };
-  return { logger, flush, close };
+  return { logger, flush, close, dropped: () => dropped };
 }
 
 /**

@@ -1,4 +1,4 @@
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { mkdtemp, readFile, rm, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -65,6 +65,35 @@ describe('createLogger', () => {
     expect(recs[1]).toMatchObject({ headers: { 'x-api-key': REDACTED, 'content-type': 'application/json' } });
     expect(recs[2]).toMatchObject({ tenant: { name: 'team-a', api_key: REDACTED } });
     expect(recs[5]).toMatchObject({ config: { state: { redis_url: REDACTED } } });
+  });
+
+  it('a reader that stops reading costs a bounded buffer and a bounded close, not memory and the exit', async () => {
+    const fifo = join(dir, 'stalled.fifo');
+    await run('mkfifo', [fifo]);
+    // Holds the pipe open for reading and never reads: a blocked stdout, as a stalled log driver leaves it.
+    const reader = spawn('sh', ['-c', `exec 3<"${fifo}"; exec sleep 60`], { stdio: 'ignore' });
+    try {
+      const { logger, close, dropped } = createLogger({
+        level: 'info',
+        destination: fifo,
+        bufferBytes: 1024 * 1024,
+        closeWaitMs: 200,
+      });
+      const pad = 'x'.repeat(1000);
+      // About 5 MB: the pipe takes 64 KiB, the buffer 1 MiB, the rest is dropped.
+      for (let i = 0; i < 5000; i++) logger.info({ i, pad }, 'line');
+      expect(dropped()).toBeGreaterThan(3000);
+      expect(dropped()).toBeLessThan(5000);
+      let timer: NodeJS.Timeout | undefined;
+      const hung = new Promise<'hung'>((resolve) => {
+        timer = setTimeout(() => resolve('hung'), 5_000);
+      });
+      const closed = close().then(() => 'closed' as const);
+      expect(await Promise.race([closed, hung])).toBe('closed');
+      clearTimeout(timer);
+    } finally {
+      reader.kill('SIGKILL');
+    }
   });
 
   it('buffers file writes until flush, and flush writes every line', async () => {
