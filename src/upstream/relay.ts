@@ -105,6 +105,9 @@ export interface AttemptEnd {
 /** How an attempt took the response (what `committed` resolves with). */
 export type CommitKind = 'first_token' | 'body' | 'rejected';
 
+/** After [DONE], how long the upstream has to end its response (vLLM ends it at once). */
+const CLOSE_WAIT_MS = 1_000;
+
 type Phase = 'waiting' | 'streaming' | 'buffering' | 'rejecting' | 'committed' | 'closing' | 'done';
 
 export class Attempt implements Dispatcher.DispatchHandler {
@@ -404,7 +407,18 @@ export class Attempt implements Dispatcher.DispatchHandler {
   // since the last one.
   #armIdle(): void {
     this.#lastDataAt = performance.now();
-    this.#idleTimer = setTimeout(this.#onIdleTimeout, this.spec.idleTimeoutMs);
+    this.#idleTimer = setTimeout(this.#onIdleTimeout, this.#idleLimitMs());
+  }
+
+  /**
+   * How long the upstream may send nothing. After [DONE] only its end is missing, which vLLM sends
+   * with it: a response held open past CLOSE_WAIT_MS is dropped, not waited on for idle_timeout_ms
+   * with the request's slot held and a shutdown's drain waiting for it.
+   */
+  #idleLimitMs(): number {
+    return this.#phase === 'closing'
+      ? Math.min(this.spec.idleTimeoutMs, CLOSE_WAIT_MS)
+      : this.spec.idleTimeoutMs;
   }
 
   /**
@@ -473,12 +487,16 @@ export class Attempt implements Dispatcher.DispatchHandler {
     // it. An ended response emits no 'drain', so a pause taken on the last write would otherwise
     // hold the upstream (and its slot) until the stall timeout and report the client as stalled.
     lingerAtMost(res, this.spec.clientStallTimeoutMs);
-    if (this.#stallTimer === null) return;
-    clearTimeout(this.#stallTimer);
-    this.#stallTimer = null;
-    this.#offDrain();
+    // The idle timer restarts with the close wait (a running one was armed with idle_timeout_ms).
+    if (this.#idleTimer !== null) clearTimeout(this.#idleTimer);
+    const paused = this.#stallTimer !== null;
+    if (paused) {
+      clearTimeout(this.#stallTimer as NodeJS.Timeout);
+      this.#stallTimer = null;
+      this.#offDrain();
+    }
     this.#armIdle();
-    this.#controller?.resume();
+    if (paused) this.#controller?.resume();
   }
 
   /** The assembled stream ended: the client gets the one body vLLM would have sent. */
@@ -535,7 +553,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
   };
 
   #onIdleTimeout = (): void => {
-    const left = this.spec.idleTimeoutMs - (performance.now() - this.#lastDataAt);
+    const left = this.#idleLimitMs() - (performance.now() - this.#lastDataAt);
     if (left >= 1) {
       this.#idleTimer = setTimeout(this.#onIdleTimeout, left);
       return;

@@ -5,8 +5,10 @@ import type { AcquireSlot } from '../../src/upstream/slot.ts';
 import {
   chatBody,
   chatStream,
+  closedWithin,
   DONE,
   dataEvents,
+  FAST,
   frame,
   type Gateway,
   gateway,
@@ -228,6 +230,36 @@ describe('streaming relay', () => {
     expect(result).toMatchObject({ outcome: 'failed_after_commit', reason: 'idle_timeout' });
     await sleep(50);
     expect(up.hits[0]!.closedAt).not.toBeNull();
+  });
+
+  it('an upstream that sends [DONE] but never ends its response is dropped after a second, not idle_timeout_ms', async () => {
+    const held: Script = (_req, res, hit) => {
+      sseHead(res);
+      for (const f of chatStream(3)) {
+        res.write(f);
+        hit.bytesWritten += f.length;
+      }
+      // Never ends: the response stays open after [DONE].
+    };
+    const up = await upstream(held);
+    const set = makeSet([up.url]);
+    const gw = await gateway({ set, cfg: { ...FAST, idleTimeoutMs: 30_000 } });
+    cleanups.push(up.close, () => set.close(), gw.close);
+    const sentAt = performance.now();
+    const res = await post(gw.url, chatBody({ stream_options: { include_usage: true } }));
+    expect(res.text).toBe(chatStream(3).join(''));
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<null>((resolve) => {
+      timer = setTimeout(() => resolve(null), 5_000);
+    });
+    const result = await Promise.race([gw.nextResult(), late]);
+    clearTimeout(timer);
+    // The attempt ended (its slot and the drain with it) long before the 30 s idle timeout.
+    expect(result).toMatchObject({ outcome: 'ok', committed: true, completionTokens: 3 });
+    const closedAt = await closedWithin(up.hits[0]!, 5_000);
+    expect(closedAt).not.toBeNull();
+    expect(closedAt! - sentAt).toBeGreaterThanOrEqual(1_000);
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
   });
 
   it('a healthy stream longer than every timeout combined completes (item 8)', async () => {
