@@ -16,6 +16,9 @@ export interface ModelCard {
   permission: unknown[];
 }
 
+/** Largest /v1/models answer read: vLLM's lists its models and adapters in a few KB. */
+const MAX_MODELS_BODY = 1024 * 1024;
+
 /** When no backend has told us its context length, refuse nothing on length grounds. */
 const UNKNOWN_MAX_LEN = Number.POSITIVE_INFINITY;
 
@@ -62,25 +65,46 @@ export class ModelCatalog {
   }
 
   /**
-   * Asks each backend for /v1/models with a short timeout; failures are skipped. A model's context
-   * length becomes the smallest of this refresh's answers, so it grows again once a backend with a
-   * shorter one is gone (or restarted with a longer one); a model no backend answered for keeps
-   * the length it had.
+   * Asks each backend for /v1/models; failures are skipped. A model's context length becomes the
+   * smallest of this refresh's answers, so it grows again once a backend with a shorter one is
+   * gone (or restarted with a longer one); a model no backend answered for keeps the length it had.
+   *
+   * Invariant: a refresh ends within `timeoutMs`, whatever a backend does (no answer to its
+   * connect, a body trickled a byte at a time, a body without end), and holds at most
+   * MAX_MODELS_BODY bytes of each answer; a call made while one runs shares it. The gateway's
+   * start and a reload wait for a refresh, and a timer starts one every 30 s.
    */
-  async refresh(urls: readonly string[], timeoutMs = 2000): Promise<void> {
+  refresh(urls: readonly string[], timeoutMs = 2000): Promise<void> {
+    this.#refreshing ??= this.#refresh(urls, timeoutMs).finally(() => {
+      this.#refreshing = null;
+    });
+    return this.#refreshing;
+  }
+
+  #refreshing: Promise<void> | null = null;
+
+  async #refresh(urls: readonly string[], timeoutMs: number): Promise<void> {
     const fresh = new Map<string, number>();
+    const signal = AbortSignal.timeout(timeoutMs);
     await Promise.all(
       urls.map(async (url) => {
         try {
-          const res = await request(new URL('/v1/models', url), {
-            headersTimeout: timeoutMs,
-            bodyTimeout: timeoutMs,
-          });
+          const res = await request(new URL('/v1/models', url), { signal });
           if (res.statusCode !== 200) {
             await res.body.dump();
             return;
           }
-          this.learn(await res.body.json(), fresh);
+          const chunks: Buffer[] = [];
+          let size = 0;
+          for await (const chunk of res.body) {
+            size += (chunk as Buffer).length;
+            if (size > MAX_MODELS_BODY) {
+              res.body.destroy();
+              return;
+            }
+            chunks.push(chunk as Buffer);
+          }
+          this.learn(JSON.parse(Buffer.concat(chunks).toString('utf8')), fresh);
         } catch {
           // A backend that cannot answer now is retried at the next refresh.
         }

@@ -289,6 +289,55 @@ describe('ModelCatalog', () => {
       await long.close().catch(() => {});
     }
   });
+
+  it('a refresh ends within its timeout when a backend trickles its answer or sends too much; one at a time', async () => {
+    const sockets = new Set<import('node:net').Socket>();
+    const listen = async (handler: http.RequestListener) => {
+      const server = http.createServer(handler);
+      server.on('connection', (s) => sockets.add(s));
+      server.listen(0, '127.0.0.1');
+      await once(server, 'listening');
+      const { port } = server.address() as { port: number };
+      return { url: `http://127.0.0.1:${port}`, server };
+    };
+    const good = await listen((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ data: [{ id: 'a', max_model_len: 4096 }] }));
+    });
+    // One byte every 100 ms: no gap reaches a per-read timeout, and the body never ends.
+    const trickle = await listen((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      const timer = setInterval(() => res.write(' '), 100);
+      res.on('close', () => clearInterval(timer));
+    });
+    // A body without end, sent as fast as the socket takes it.
+    const flood = await listen((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write('{"data":[');
+      const more = (): void => {
+        while (res.write(`${JSON.stringify({ id: 'a', max_model_len: 1 })},`.repeat(100)));
+        res.once('drain', more);
+      };
+      more();
+    });
+    try {
+      const cat = new ModelCatalog(['a']);
+      const refresh = cat.refresh([good.url, trickle.url, flood.url], 600);
+      // A second call while it runs shares it rather than start another.
+      expect(cat.refresh([good.url])).toBe(refresh);
+      let timer: NodeJS.Timeout | undefined;
+      const hung = new Promise<'hung'>((resolve) => {
+        timer = setTimeout(() => resolve('hung'), 5_000);
+      });
+      expect(await Promise.race([refresh.then(() => 'done' as const), hung])).toBe('done');
+      clearTimeout(timer);
+      // The good answer counts; the flood's (over the size bound) does not.
+      expect(cat.maxModelLen('a')).toBe(4096);
+    } finally {
+      for (const s of sockets) s.destroy();
+      for (const { server } of [good, trickle, flood]) server.close();
+    }
+  });
 });
 
 describe('Lifecycle.drain', () => {
