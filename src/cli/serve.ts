@@ -43,7 +43,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const backends = gateway.runtime.backends.list().map((b) => `${b.name}=${b.url}`);
   process.stderr.write(
     `slagate: serving on ${gateway.url} (OpenAI base URL ${gateway.url}/v1)\n` +
-      `  backends: ${backends.join(', ')}${gateway.fleet ? ' (simulated, in-process)' : ''}\n` +
+      `  backends: ${backends.join(', ')}${gateway.fleet ? ' (simulated, in a child process)' : ''}\n` +
       `  models: ${gateway.runtime.config.models.join(', ')}\n` +
       `  ops: ${gateway.url}/metrics ${gateway.url}/admin/state ${gateway.url}/readyz\n`,
   );
