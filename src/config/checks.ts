@@ -41,7 +41,7 @@ function checkBackends(config: Obj, add: Add): void {
 
   const { simulate, models } = config;
   if (backends.length === 0 && simulate === undefined) {
-    add(['backends'], 'no backends: list at least one, or add a simulate section for an in-process fleet');
+    add(['backends'], 'no backends: list at least one, or add a simulate section for a simulated fleet');
   }
   if (backends.length > 0 && simulate !== undefined) {
     add(['simulate'], 'cannot be combined with backends: the simulated fleet replaces the backends list');
