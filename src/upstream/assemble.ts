@@ -85,6 +85,8 @@ export class Assembler {
   #finish: unknown = null;
   #stop: unknown = null;
   #usage: NonNullable<StreamChunk['usage']> | null = null;
+  /** Characters of text folded in so far, both channels: what the body will hold. */
+  #chars = 0;
 
   constructor(kind: AssembleKind) {
     this.kind = kind;
@@ -102,18 +104,32 @@ export class Assembler {
     for (const c of chunk.choices as Choice[]) {
       if (this.kind === 'chat') {
         const d = c.delta;
-        if (typeof d?.content === 'string') this.#text += d.content;
-        if (typeof d?.reasoning === 'string') this.#reasoning = (this.#reasoning ?? '') + d.reasoning;
-        if (typeof d?.reasoning_content === 'string')
+        if (typeof d?.content === 'string') {
+          this.#text += d.content;
+          this.#chars += d.content.length;
+        }
+        if (typeof d?.reasoning === 'string') {
+          this.#reasoning = (this.#reasoning ?? '') + d.reasoning;
+          this.#chars += d.reasoning.length;
+        }
+        if (typeof d?.reasoning_content === 'string') {
           this.#reasoningContent = (this.#reasoningContent ?? '') + d.reasoning_content;
+          this.#chars += d.reasoning_content.length;
+        }
       } else if (typeof c.text === 'string') {
         this.#text += c.text;
+        this.#chars += c.text.length;
       }
       if (c.finish_reason !== undefined && c.finish_reason !== null) {
         this.#finish = c.finish_reason;
         this.#stop = c.stop_reason ?? null;
       }
     }
+  }
+
+  /** Characters of text folded in so far (the body's size, give or take its JSON escapes). */
+  get chars(): number {
+    return this.#chars;
   }
 
   /** The body vLLM would have sent for the same request, non-streamed. */

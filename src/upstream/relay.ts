@@ -344,7 +344,25 @@ export class Attempt implements Dispatcher.DispatchHandler {
       }
       const usage = msg?.usage;
       if (usage != null && typeof usage === 'object') this.#takeUsage(usage);
-      if (assembler !== null && msg !== null) assembler.add(msg);
+      if (assembler !== null && msg !== null) {
+        assembler.add(msg);
+        // Invariant: an answer built in memory is bounded as one passed through whole is.
+        if (assembler.chars > this.spec.maxBodyBytes) {
+          this.#fail(
+            new AttemptFailure(
+              'response_too_large',
+              `assembled answer over ${this.spec.maxBodyBytes} characters`,
+              {
+                clientError: new GatewayError(
+                  'upstream_error',
+                  `The answer grew past ${this.spec.maxBodyBytes} characters; stream it, or lower max_tokens.`,
+                ),
+              },
+            ),
+          );
+          return;
+        }
+      }
       if (Array.isArray(msg?.choices) && msg.choices.length > 0) {
         if (carriesOutput(msg.choices)) this.#outputEvents++;
         if (committed) {

@@ -408,6 +408,37 @@ describe('a body passed through that is too large', () => {
   });
 });
 
+describe('a non-streamed answer assembled from a stream that grows too large', () => {
+  it('is cut at the body bound with a 502 that says so, not held in memory whole', async () => {
+    const { ups, set, gw } = await fleet([[healthy(60)], [healthy(60)]], {
+      cfg: { ...FAST, maxBodyBytes: 100 },
+      nonStreamMode: 'assemble',
+    });
+    const res = await post(gw.url, chatBody({ stream: false }));
+    const result = await gw.nextResult();
+    expect(res.status).toBe(502);
+    expect(JSON.parse(res.text).error).toMatchObject({
+      code: 'upstream_error',
+      message: 'The answer grew past 100 characters; stream it, or lower max_tokens.',
+    });
+    expect(result).toMatchObject({ attempts: 1, reason: 'response_too_large' });
+    // The backend sent a healthy stream: the size is the request's, not its fault.
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
+    expect(set.get('b0')!.breaker.stats.failures).toBe(0);
+    expect(ups[1]!.hits).toHaveLength(0);
+    // Under the bound the same stream is assembled whole.
+    const roomy = await fleet([[healthy(60)]], {
+      cfg: { ...FAST, maxBodyBytes: 1000 },
+      nonStreamMode: 'assemble',
+    });
+    const whole = await post(roomy.gw.url, chatBody({ stream: false }));
+    expect(whole.status).toBe(200);
+    expect(JSON.parse(whole.text).choices[0].message.content).toBe(
+      Array.from({ length: 60 }, (_, i) => `t${i}`).join(''),
+    );
+  });
+});
+
 describe('fleet-wide failure (item 4)', () => {
   it('the retry budget caps retries at max(3, 20% of active requests)', async () => {
     const slow500: Script = async (_req, res) => {
