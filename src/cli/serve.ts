@@ -32,9 +32,26 @@ export async function serveCommand(argv: string[]): Promise<number> {
     process.stderr.write(`slagate serve: --port must be an integer in 0..65535\n`);
     return 2;
   }
+  // Invariant: a SIGHUP never ends the process. It asks for a reload, which the config watcher
+  // handles while it runs; before it starts and after it stops (the start, the shutdown's drain)
+  // Node's default action for an unhandled SIGHUP would kill the process mid-drain.
+  const ignoreHup = (): void => {};
+  process.on('SIGHUP', ignoreHup);
+  try {
+    return await serveUntilStopped(values.config!, values.host, port);
+  } finally {
+    process.off('SIGHUP', ignoreHup);
+  }
+}
+
+async function serveUntilStopped(
+  configPath: string,
+  host: string | undefined,
+  port: number | undefined,
+): Promise<number> {
   let gateway: Awaited<ReturnType<typeof startGateway>>;
   try {
-    gateway = await startGateway({ configPath: values.config!, host: values.host, port });
+    gateway = await startGateway({ configPath, host, port });
   } catch (err) {
     // A config error lists every issue with its path; anything else is one line.
     process.stderr.write(`slagate serve: ${isConfigError(err) ? err.message : (err as Error).message}\n`);
