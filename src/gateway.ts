@@ -151,8 +151,15 @@ function restartOnlyChanges(prev: Config, next: Config): string[] {
   const changed: string[] = [];
   const same = (a: unknown, b: unknown) => isDeepStrictEqual(a, b);
   // shutdown_grace_ms is read when the shutdown starts, so it is the one server key a reload changes.
-  const listener = (c: Config) => [c.server.host, c.server.port, c.server.body_limit_bytes];
-  if (!same(listener(prev), listener(next))) changed.push('server (host, port, body_limit_bytes)');
+  const listener = (c: Config) => [
+    c.server.host,
+    c.server.port,
+    c.server.body_limit_bytes,
+    c.server.keep_alive_timeout_ms,
+  ];
+  if (!same(listener(prev), listener(next))) {
+    changed.push('server (host, port, body_limit_bytes, keep_alive_timeout_ms)');
+  }
   if (!same(prev.simulate, next.simulate)) changed.push('simulate');
   if (!same(prev.state, next.state)) changed.push('state');
   if (!same(prev.logging, next.logging)) changed.push('logging');

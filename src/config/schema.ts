@@ -37,6 +37,7 @@ export const ServerSchema = Type.Object(
     host: Type.String({ minLength: 1, default: '127.0.0.1' }),
     port: Type.Integer({ minimum: 0, maximum: 65535, default: 8080 }),
     body_limit_bytes: Type.Integer({ minimum: 1024, default: 4 * 1024 * 1024 }),
+    keep_alive_timeout_ms: ms(1, 72_000),
     shutdown_grace_ms: ms(0, 30_000),
   },
   { ...closed, default: {} },

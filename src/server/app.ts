@@ -52,8 +52,9 @@ export function sendError(reply: FastifyReply, err: GatewayError): FastifyReply 
   return reply.send(err.toJSON());
 }
 
-/** fastify's default: an idle keep-alive connection is closed after 72 s. */
-const KEEP_ALIVE_TIMEOUT_MS = 72_000;
+/** Marks a client connection that has not yet sent its first request. */
+const AWAITING_REQUEST = Symbol('slagate.awaitingRequest');
+type ClientSocket = Socket & { [AWAITING_REQUEST]?: boolean };
 
 const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'] as const;
 
@@ -118,11 +119,24 @@ export function buildApp(rt: Runtime): FastifyInstance {
     clientErrorHandler: (err, socket) => answerClientError(rt, err, socket),
     // The server's requests meet the front door first; fastify gets what the door does not serve.
     serverFactory: (handler) => {
-      const server = createServer(
-        frontDoor(rt, handler as (req: IncomingMessage, res: ServerResponse) => void),
-      );
-      // What fastify sets, with its defaults, on a server it makes itself.
-      server.keepAliveTimeout = KEEP_ALIVE_TIMEOUT_MS;
+      const door = frontDoor(rt, handler as (req: IncomingMessage, res: ServerResponse) => void);
+      const server = createServer((req, res) => {
+        const socket = req.socket as ClientSocket;
+        if (socket[AWAITING_REQUEST] === true) {
+          socket[AWAITING_REQUEST] = false;
+          socket.setTimeout(0);
+        }
+        door(req, res);
+      });
+      // Invariant: no client connection stays open without a request for longer than the
+      // keep-alive timeout. Node closes one idle between requests after it, and one that has
+      // started a head after headersTimeout; one that never sends a byte it would keep for good.
+      server.on('connection', (socket: ClientSocket) => {
+        socket[AWAITING_REQUEST] = true;
+        socket.setTimeout(server.keepAliveTimeout);
+      });
+      server.keepAliveTimeout = rt.config.server.keep_alive_timeout_ms;
+      // A request itself has no overall time limit: a generation may stream for many minutes.
       server.requestTimeout = 0;
       server.setTimeout(0);
       return server;

@@ -93,6 +93,7 @@ describe('defaults', () => {
       host: '127.0.0.1',
       port: 8080,
       body_limit_bytes: 4 * 1024 * 1024,
+      keep_alive_timeout_ms: 72000,
       shutdown_grace_ms: 30000,
     });
     expect(config.backends).toEqual([{ name: 'gpu-0', url: 'http://127.0.0.1:8000', weight: 1 }]);

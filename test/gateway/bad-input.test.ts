@@ -331,6 +331,36 @@ describe('a request that is not HTTP', () => {
   });
 });
 
+describe('connections without a request', () => {
+  it('one that never sends a byte is closed after the keep-alive timeout; a slow request is not cut', async () => {
+    // The backend takes longer than the keep-alive timeout to its first token.
+    const slow: Script = (req, res, hit) => {
+      setTimeout(() => healthyStream(req, res, hit), 700);
+    };
+    const b = await backend(slow);
+    const t = await gateway({
+      backends: [{ name: 'b0', url: b.url }],
+      config: { server: { keep_alive_timeout_ms: 300 } },
+    });
+    const silent = connect(Number(new URL(t.url).port), '127.0.0.1');
+    await once(silent, 'connect');
+    const openedAt = performance.now();
+    let timer: NodeJS.Timeout | undefined;
+    const stillOpen = new Promise<'open'>((resolve) => {
+      timer = setTimeout(() => resolve('open'), 5_000);
+    });
+    const served = post(t.url, CHAT, { ...chat(), stream: true });
+    expect(await Promise.race([once(silent, 'close').then(() => 'closed' as const), stillOpen])).toBe(
+      'closed',
+    );
+    clearTimeout(timer);
+    expect(performance.now() - openedAt).toBeGreaterThanOrEqual(250);
+    const res = await served;
+    expect(res.status).toBe(200);
+    expect(res.text).toContain('data: [DONE]');
+  });
+});
+
 describe('27: context length', () => {
   it('a prompt over the backend context length → 400, never dispatched', async () => {
     const { replica, t } = await smallContextGateway();

@@ -274,7 +274,7 @@ describe('on reload', () => {
     rewrite({ server: { port: 18_999 }, upstream: { retries: 1 } });
     await waitFor(() => count('config reloaded') === 1, 5000, 'first reload');
     expect(lines().filter((l) => l.msg === WARN)).toMatchObject([
-      { keys: ['server (host, port, body_limit_bytes)'] },
+      { keys: ['server (host, port, body_limit_bytes, keep_alive_timeout_ms)'] },
     ]);
     // Back to the port the process listens on: the restart-only keys match what is in force.
     rewrite({ server: { port: 0 }, upstream: { retries: 2 } });
