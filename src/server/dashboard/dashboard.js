@@ -22,6 +22,8 @@ const TARGET_COLOR = '#1d2330';
 const history = { t: [], rows: [] };
 let prevCounts = null;
 let prevT = null;
+/** The instance the previous counts came from: counts are per instance, so rates are too. */
+let prevInstance = null;
 const charts = {};
 const dash = { polls: 0, charts, state: null, errors: 0 };
 window.slagateDashboard = dash;
@@ -49,14 +51,17 @@ function sample(s, t) {
   row.inflight['in flight'] = inflight;
   row.inflight['limit (available backends)'] = anyLimit ? limit : null;
   const hit = s.admission.prefix_hit_ratio;
-  row.kv['prefix hit (fleet)'] = hit === null ? null : 100 * hit;
+  row.kv['prefix hit (this instance)'] = hit === null ? null : 100 * hit;
   for (const [cls, target] of Object.entries(s.sla.classes)) {
     row.ttft[`${cls} target`] = target.ttft_p99_ms;
     row.tpot[`${cls} target`] = target.tpot_p99_ms;
     row.queue[cls] = s.scheduler.queue_by_class[cls] ?? 0;
   }
   const counts = s.admission.requests;
-  if (prevCounts !== null && t > prevT) {
+  // A rate is a difference of one instance's counters. Behind a load balancer two polls may reach
+  // two instances, and a restarted instance counts from 0 again: those polls draw no rate rather
+  // than one instance's total minus another's.
+  if (prevCounts !== null && t > prevT && s.instance === prevInstance && !countsFell(prevCounts, counts)) {
     const dt = t - prevT;
     for (const decision of ['admitted', 'refused']) {
       const now = counts[decision];
@@ -73,7 +78,18 @@ function sample(s, t) {
   }
   prevCounts = structuredClone(counts);
   prevT = t;
+  prevInstance = s.instance;
   return row;
+}
+
+/** Whether any counter went down between two polls (the instance restarted). */
+function countsFell(before, now) {
+  for (const decision of ['admitted', 'refused']) {
+    for (const [reason, n] of Object.entries(before[decision])) {
+      if ((now[decision][reason] ?? 0) < n) return true;
+    }
+  }
+  return false;
 }
 
 /** Series names of one chart over the whole history, in first-seen order. */
