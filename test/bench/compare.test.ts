@@ -242,19 +242,22 @@ describe('runCompare on real processes', () => {
       expect(f.attainment).toBeLessThanOrEqual(1);
       expect(f.attainment).toBeCloseTo(good(run.bench!.records) / 24, 12);
       expect(f.goodput).toBeCloseTo(good(run.bench!.records) / run.bench!.info.durationS, 9);
+      // The replicas' prefix-cache counters were read: every request queried the cache.
+      expect(f.prefixHitRate).not.toBeNull();
       // sharegpt prompts are distinct: little or nothing is shared.
-      if (f.prefixHitRate !== null) {
-        expect(f.prefixHitRate).toBeGreaterThanOrEqual(0);
-        expect(f.prefixHitRate).toBeLessThan(0.5);
-      }
+      expect(f.prefixHitRate).toBeGreaterThanOrEqual(0);
+      expect(f.prefixHitRate).toBeLessThan(0.5);
       expect(f.maxBackendShare).toBeGreaterThanOrEqual(1);
       expect(Object.keys(f.backendRequests).sort()).toEqual(['r0', 'r1']);
       expect(f.ttftP50Ms).toBeGreaterThan(0);
       expect(f.ttftP99Ms).toBeGreaterThanOrEqual(f.ttftP50Ms!);
     }
-    // Round robin over two replicas splits 24 successful requests 12/12.
+    // Round robin over two replicas splits 24 successful requests 12/12 (at this light load none
+    // is refused or fails).
     const rr = result.runs[0]!.figures!;
-    if (rr.ok === 24) expect(rr.maxBackendShare).toBeCloseTo(1, 12);
+    expect(rr.ok).toBe(24);
+    expect(rr.backendRequests).toEqual({ r0: 12, r1: 12 });
+    expect(rr.maxBackendShare).toBeCloseTo(1, 12);
   });
 
   it("keeps each run's admission log, one line per request, agreeing with the response headers", () => {

@@ -1,7 +1,7 @@
 import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import {
   type Config,
   ConfigError,
@@ -238,12 +238,31 @@ describe('close()', () => {
   });
 
   it('cancels a reload already scheduled', async () => {
-    const recorder = new Recorder();
-    const w = start(recorder, { debounceMs: 200 });
-    writeFileSync(file, valid(9300));
-    await delay(50); // the file event has arrived; the debounced reload is pending
-    w.close();
-    await delay(400);
-    expect(recorder.events).toEqual([]);
+    // Fake timers: each watcher's debounced reload is a timer that can be seen pending and run at
+    // will. A second watcher on the same file, left open, shows what the pending timer would do.
+    vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
+    const control = new Recorder();
+    const controlWatcher = watchConfig(file, control.handlers, { debounceMs: 200 });
+    try {
+      const recorder = new Recorder();
+      const w = start(recorder, { debounceMs: 200 });
+      writeFileSync(file, valid(9300));
+      // Both watchers have had the file event: a reload is pending on each.
+      const deadline = Date.now() + WAIT_MS;
+      while (vi.getTimerCount() < 2) {
+        if (Date.now() > deadline) throw new Error('no reload was scheduled');
+        await new Promise((r) => setImmediate(r));
+      }
+      w.close();
+      expect(vi.getTimerCount()).toBe(1);
+      vi.runAllTimers();
+      expect(recorder.events).toEqual([]);
+      expect(w.current().server.port).toBe(8080);
+      // The control's pending reload ran: it was the change to 9300.
+      expect(control.events.map((e) => (e.kind === 'change' ? e.next.server.port : e.kind))).toEqual([9300]);
+    } finally {
+      controlWatcher.close();
+      vi.useRealTimers();
+    }
   });
 });

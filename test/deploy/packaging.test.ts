@@ -2,14 +2,16 @@
 // dashboard. Each check is a function returning the problems it finds, run on the real file
 // (no problems expected) and on a broken variant of it (the problem must be found), so that no
 // assertion here can pass whatever the file says.
+import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { afterAll, describe, expect, it, vi } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { parse, parseAllDocuments } from 'yaml';
 import { checkConfigCommand } from '../../src/cli/check-config.ts';
-import { simCommand } from '../../src/cli/sim.ts';
+import { BIN } from '../helpers/cli.ts';
+import { send } from '../helpers/http.ts';
 
 const root = (p: string) => fileURLToPath(new URL(`../../${p}`, import.meta.url));
 const read = (p: string) => readFileSync(root(p), 'utf8');
@@ -407,18 +409,53 @@ describe('docker-compose.yml', () => {
     expect(ops).toMatch(/proxy_pass\s+http:\/\/slagate;/);
   });
 
-  it('`slagate sim` accepts the --host flag the sim service passes', async () => {
-    let usage = '';
-    const write = vi.spyOn(process.stdout, 'write').mockImplementation((chunk: string | Uint8Array) => {
-      usage += String(chunk);
-      return true;
+  it('`slagate sim` runs with the flags the sim service passes, --host included, and serves on that host', async () => {
+    // The service's own command, on a loopback address and ephemeral ports instead of 0.0.0.0:8000.
+    const args = arr(obj(obj(compose.services).sim).command).map(String);
+    expect(args[0]).toBe('sim');
+    const at = (name: string) => {
+      const i = args.indexOf(name);
+      expect(i, `${name} in the sim command`).toBeGreaterThan(0);
+      return i + 1;
+    };
+    args[at('--host')] = '127.0.0.1';
+    args[at('--port')] = '0';
+    args.push('--time-scale', '0.05');
+    const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (c: Buffer) => {
+      out += c.toString();
+    });
+    child.stderr.on('data', (c: Buffer) => {
+      err += c.toString();
     });
     try {
-      expect(await simCommand(['--help'])).toBe(0);
+      const replicas = Number(args[at('--replicas')]);
+      const urls = () => [...out.matchAll(/^ {2}(http:\/\/\S+)$/gm)].map((m) => m[1] as string);
+      // Serving (its URLs printed), or exited (a flag refused: exit code 2 and the usage).
+      await Promise.race([
+        exited,
+        new Promise<void>((resolve) => {
+          const check = () => {
+            if (urls().length === replicas) resolve();
+          };
+          child.stdout.on('data', check);
+        }),
+      ]);
+      expect(child.exitCode, err).toBeNull();
+      expect(urls()).toHaveLength(replicas);
+      for (const url of urls()) {
+        expect(new URL(url).hostname).toBe('127.0.0.1');
+        const res = await send(url, 'GET', '/health');
+        expect(res.status).toBe(200);
+      }
+      child.kill('SIGTERM');
+      expect(await exited).toBe(0);
     } finally {
-      write.mockRestore();
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
     }
-    expect(usage).toMatch(/--host H/);
   });
 
   it('the mounted gateway configurations pass check-config', async () => {

@@ -5,7 +5,7 @@ import { createHash } from 'node:crypto';
 import { readFileSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { parse, stringify } from 'yaml';
 import { isConfigError } from '../../src/config/index.ts';
 import { startGateway } from '../../src/gateway.ts';
@@ -21,7 +21,6 @@ import {
   openStream,
   post,
   serveChild,
-  sleep,
   sseData,
   startTestGateway,
   tempDir,
@@ -121,12 +120,19 @@ describe('on reload', () => {
       stringify(merge(merge(baseConfig(backends, admissionLog), quiet), over));
 
     // Not YAML, then YAML that breaks the schema: both refused, the running configuration kept.
-    for (const bad of [
-      `${file([{ name: 'r0', url: u0 }])}\nnot yaml: [`,
-      file([], { upstream: { retries: 'lots' } }),
-    ]) {
+    // Each refusal is logged (at error level, even if this level prints nothing): the checks wait
+    // for it, so they run after the file was read and judged, not merely some time after the write.
+    const errors = vi.spyOn(t.gw.runtime.logger, 'error');
+    const refusals = () =>
+      errors.mock.calls.filter((c) => c[1] === 'config reload refused; the running configuration is kept');
+    const bads: [string, RegExp][] = [
+      [`${file([{ name: 'r0', url: u0 }])}\nnot yaml: [`, /YAML syntax/],
+      [file([], { upstream: { retries: 'lots' } }), /upstream\.retries/],
+    ];
+    for (const [i, [bad, issue]] of bads.entries()) {
       writeFileSync(t.configPath, bad);
-      await sleep(300);
+      await waitFor(() => refusals().length === i + 1, 3000, `refusal ${i + 1}`);
+      expect(JSON.stringify(refusals()[i]![0])).toMatch(issue);
       expect(t.gw.runtime.config).toBe(running);
       expect(t.gw.runtime.backends.list().map((b) => b.name)).toEqual(['r0']);
       expect((await post(t.url, CHAT, chat())).status).toBe(200);

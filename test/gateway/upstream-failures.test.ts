@@ -254,31 +254,65 @@ describe('what counts against a backend (items 9, 10, 11)', () => {
     expect(after.every((r) => r.attempts === 1 && r.backend === 'r1')).toBe(true);
   });
 
-  it('9: ejection respects max_ejection_percent: the last replica is never ejected', async () => {
-    t = await startTestGateway({ replicas: 2, config: ejecting });
+  it('9: ejection respects max_ejection_percent, which binds before the last-in-service rule', async () => {
+    // 4 replicas at 50%: the cap allows 2 ejected, while "never the last in service" alone would
+    // allow 3. Every replica fails every request, and each gets far more than 2 failures in a row.
+    t = await startTestGateway({ replicas: 4, config: ejecting });
     for (const r of t.fleet!.replicas) await r.fault({ mode: 'error', status: 500 });
-    for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(502);
+    for (let i = 0; i < 8; i++) expect((await post(t.url, CHAT, chat())).status).toBe(502);
+    const recs = await t.records();
+    for (const name of ['r0', 'r1', 'r2', 'r3']) {
+      const failures = recs.flatMap((r) => r.failed_attempts).filter((f) => f.backend === name);
+      expect(failures.length).toBeGreaterThanOrEqual(2);
+    }
     const states = await adminBackends(t.url);
-    expect(states.filter((b) => b.state === 'ejected').length).toBe(1);
+    expect(states.filter((b) => b.state === 'ejected').length).toBe(2);
+    expect(states.filter((b) => b.available).length).toBe(2);
   });
 
   it('10: refusals (gateway 4xx, backend 429 busy, relayed 400) never eject a replica', async () => {
-    t = await startTestGateway({ replicas: 1, config: ejecting });
+    // Settings under which two real failures of r0 eject it and open its breaker (the control at
+    // the end shows they do), and r1 to take the traffic r0 refuses, so r0 is not the last in service.
+    t = await startTestGateway({
+      replicas: 2,
+      config: {
+        upstream: {
+          outlier: { consecutive_failures: 2, max_ejection_percent: 50, base_ejection_ms: 30_000 },
+          breaker: { volume_threshold: 2, reset_timeout_ms: 30_000 },
+        },
+      },
+    });
+    const r0State = async () => (await adminBackends(t!.url)).find((b) => b.name === 'r0')!;
     // The gateway's own refusals: unknown model, bad body.
     for (let i = 0; i < 3; i++) {
       expect((await post(t.url, CHAT, chat({ model: 'nope' }))).status).toBe(404);
       expect((await post(t.url, CHAT, { messages: [] })).status).toBe(400);
     }
-    // The backend's "too busy" and its validation errors.
     const r0 = t.fleet!.replicas[0]!;
+    // The backend's "too busy": retried on r1.
     await r0.fault({ mode: 'error', status: 429 });
-    for (let i = 0; i < 3; i++) expect((await post(t.url, CHAT, chat())).status).toBe(502);
+    for (let i = 0; i < 6; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    const busy = (await t.records())
+      .flatMap((r) => r.failed_attempts)
+      .filter((f) => f.backend === 'r0' && f.reason === 'upstream_busy');
+    expect(await r0State()).toMatchObject({ available: true, state: 'healthy' });
+    expect(busy.length).toBeGreaterThanOrEqual(3);
+    // Its validation errors: relayed to the client, no retry.
     await r0.fault({ mode: 'error', status: 400 });
-    for (let i = 0; i < 3; i++) expect((await post(t.url, CHAT, chat())).status).toBe(400);
+    const statuses: number[] = [];
+    for (let i = 0; i < 6; i++) statuses.push((await post(t.url, CHAT, chat())).status);
+    expect(await r0State()).toMatchObject({ available: true, state: 'healthy' });
+    expect(statuses.filter((s) => s === 400).length).toBeGreaterThanOrEqual(3);
+    expect(statuses.every((s) => s === 200 || s === 400)).toBe(true);
     await r0.reset();
-    const [state] = await adminBackends(t.url);
-    expect(state).toMatchObject({ name: 'r0', available: true });
-    expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    // r0 still takes traffic.
+    const before = (await t.records()).length;
+    for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    expect((await t.records()).slice(before).some((r) => r.backend === 'r0')).toBe(true);
+    // Control: as many real failures (500) do take r0 out of service under these settings.
+    await r0.fault({ mode: 'error', status: 500 });
+    for (let i = 0; i < 6; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    expect((await r0State()).available).toBe(false);
   });
 
   it('11: client cancels are not failures: no ejection, no breaker opening, outcome client_cancelled', async () => {

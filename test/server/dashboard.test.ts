@@ -2,13 +2,15 @@
 // a running simulated fleet: the page loads without errors, its backend table lists every backend,
 // and its charts gain data while a bench run sends load. A screenshot is kept in test-results/.
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import http from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { BrowserContext, Page } from 'playwright-core';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { runBench } from '../../src/bench/run.ts';
-import { startTestGateway, type TestGateway } from '../gateway/harness.ts';
+import { get, startTestGateway, type TestGateway, waitFor } from '../gateway/harness.ts';
 import { launchChromium } from '../helpers/chromium.ts';
+import { listenLoopback } from '../helpers/http.ts';
 
 const ARTIFACTS = join(import.meta.dirname, '..', '..', 'test-results');
 
@@ -123,27 +125,77 @@ it('loads, lists every backend, and its charts change under load', async () => {
 });
 
 it('shows no KV usage for a backend whose last scrape is stale, rather than its last value', async () => {
-  const page = await browser.newPage();
-  // The gateway's own state, with r0's telemetry marked stale and r1's fresh, both at 42%.
-  await page.route('**/admin/state', async (route) => {
-    const res = await route.fetch();
-    const s = (await res.json()) as {
-      backends: { name: string; telemetry: Record<string, unknown> | null }[];
-    };
-    for (const b of s.backends) {
-      b.telemetry = { ...(b.telemetry ?? {}), kvCacheUsage: 0.42, saturated: b.name === 'r0' };
-    }
-    await route.fulfill({ response: res, json: s });
+  // Two loopback backends, both reporting 42% KV usage; s0's /metrics then starts failing.
+  let s0Up = true;
+  const backend = (metricsUp: () => boolean) =>
+    listenLoopback(
+      http.createServer((req, res) => {
+        if (req.url === '/metrics' && metricsUp()) {
+          res.writeHead(200, { 'content-type': 'text/plain' });
+          res.end(
+            'vllm:kv_cache_usage_perc{model_name="m"} 0.42\nvllm:num_requests_waiting{model_name="m"} 0\n',
+          );
+          return;
+        }
+        res.writeHead(req.url === '/metrics' ? 500 : 200, { 'content-type': 'application/json' });
+        res.end(req.url === '/v1/models' ? '{"object":"list","data":[]}' : '');
+      }),
+    );
+  const s0 = await backend(() => s0Up);
+  const s1 = await backend(() => true);
+  const g = await startTestGateway({
+    backends: [
+      { name: 's0', url: s0.url },
+      { name: 's1', url: s1.url },
+    ],
+    // Scrapes every 200 ms: stale after 600 ms without a good one, long enough for s1 never to lag so far.
+    config: { upstream: { metrics_scrape_interval_ms: 200 } },
   });
-  await page.goto(`${t.url}/dashboard`);
-  await page.waitForFunction(
-    () =>
-      ((globalThis as unknown as { slagateDashboard?: { polls: number } }).slagateDashboard?.polls ?? 0) >= 1,
-  );
-  const kv = await page.$$eval('#backends tbody tr td:nth-child(4)', (tds) =>
-    tds.map((td) => td.textContent),
-  );
-  expect(kv[0]).toBe('–');
-  expect(kv[1]).toContain('42');
-  await page.close();
+  try {
+    type Telemetry = { kvCacheUsage: number | null; saturated: boolean } | null;
+    const telemetry = async () => {
+      const state = JSON.parse((await get(g.url, '/admin/state')).text) as {
+        backends: { name: string; telemetry: Telemetry }[];
+      };
+      return Object.fromEntries(state.backends.map((b) => [b.name, b.telemetry]));
+    };
+    await waitFor(
+      async () => Object.values(await telemetry()).every((x) => x?.kvCacheUsage === 0.42 && !x.saturated),
+      5_000,
+      'both backends scraped',
+    );
+    s0Up = false;
+    // The gateway marks s0's telemetry stale (three intervals without a good scrape); its state
+    // still carries the last value read, which the page must not show as current.
+    await waitFor(async () => (await telemetry()).s0?.saturated === true, 5_000, 's0 stale');
+    const now = await telemetry();
+    expect(now.s0).toMatchObject({ kvCacheUsage: 0.42, saturated: true });
+    expect(now.s1).toMatchObject({ kvCacheUsage: 0.42, saturated: false });
+
+    const page = await browser.newPage();
+    try {
+      await page.goto(`${g.url}/dashboard`);
+      await page.waitForFunction(
+        () =>
+          ((globalThis as unknown as { slagateDashboard?: { polls: number } }).slagateDashboard?.polls ??
+            0) >= 1,
+      );
+      const rows = await page.$$eval('#backends tbody tr', (trs) =>
+        trs.map((tr) => [
+          (tr as unknown as { dataset: Record<string, string> }).dataset.backend,
+          tr.querySelector('td:nth-child(4)')?.textContent,
+        ]),
+      );
+      expect(rows).toEqual([
+        ['s0', '–'],
+        ['s1', '42%'],
+      ]);
+    } finally {
+      await page.close();
+    }
+  } finally {
+    await g.close();
+    await s0.close();
+    await s1.close();
+  }
 });

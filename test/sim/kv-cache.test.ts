@@ -107,12 +107,4 @@ describe('block hashes', () => {
     }
     expect(seen.size).toBe(50000);
   });
-
-  it('hashes a 2,000-token prompt well under 1 ms', () => {
-    for (let i = 0; i < 50; i++) blockHashes(tokens, 16);
-    const runs = 200;
-    const t0 = performance.now();
-    for (let i = 0; i < runs; i++) blockHashes(tokens, 16);
-    expect((performance.now() - t0) / runs).toBeLessThan(0.5);
-  });
 });

@@ -122,7 +122,15 @@ describe('breaker', () => {
 
   it('opens on failures; half-open lets exactly one trial through and reopens when it fails (item 12)', async () => {
     let ok = false;
+    // The next request to reach the backend calls onHit and waits for `hold` (both used once).
+    let onHit = () => {};
+    let hold = Promise.resolve();
     const script: Script = async (req, res, hit) => {
+      const held = hold;
+      hold = Promise.resolve();
+      onHit();
+      onHit = () => {};
+      await held;
       await sleep(100);
       return ok ? healthy(1)(req, res, hit) : status(500)(req, res, hit);
     };
@@ -136,12 +144,22 @@ describe('breaker', () => {
     expect((await post(gw.url, chatBody())).status).toBe(503);
     expect(ups[0]!.hits).toHaveLength(3);
 
-    await sleep(350);
-    expect(b.state).toBe('half_open');
-    const [trial, second] = await Promise.all([
-      post(gw.url, chatBody()),
-      sleep(20).then(() => post(gw.url, chatBody())),
-    ]);
+    // Half-open after its 300 ms reset.
+    await vi.waitFor(() => expect(b.state).toBe('half_open'), { timeout: 2_000, interval: 5 });
+    // The trial reaches the backend and is held there; a second request meanwhile is refused.
+    let release = () => {};
+    hold = new Promise<void>((r) => {
+      release = r;
+    });
+    const reached = new Promise<void>((r) => {
+      onHit = r;
+    });
+    const trialDone = post(gw.url, chatBody());
+    await reached;
+    expect(ups[0]!.hits).toHaveLength(4);
+    const second = await post(gw.url, chatBody());
+    release();
+    const trial = await trialDone;
     expect(ups[0]!.hits).toHaveLength(4);
     expect(second.status).toBe(503);
     expect(trial.status).toBe(502);
@@ -150,7 +168,7 @@ describe('breaker', () => {
     expect(ups[0]!.hits).toHaveLength(4);
 
     ok = true;
-    await sleep(350);
+    await vi.waitFor(() => expect(b.state).toBe('half_open'), { timeout: 2_000, interval: 5 });
     expect((await post(gw.url, chatBody())).status).toBe(200);
     expect(b.state).toBe('healthy');
     expect(events.map((e) => e.type).filter((t) => t.startsWith('breaker'))).toEqual([

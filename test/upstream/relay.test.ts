@@ -2,6 +2,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import type { BackendSet } from '../../src/upstream/backends.ts';
 import type { AcquireSlot } from '../../src/upstream/slot.ts';
+import { type OpenStream, openStream } from '../helpers/http.ts';
 import {
   chatBody,
   chatStream,
@@ -43,14 +44,40 @@ async function setup(...scripts: Script[]): Promise<{ up: Upstream; set: Backend
 
 describe('streaming relay', () => {
   it('relays a healthy stream byte for byte and measures it', async () => {
-    const { up, gw } = await setup(healthy(4, 5));
-    const res = await post(gw.url, chatBody({ stream_options: { include_usage: true } }));
+    // Role chunk + 4 token chunks (then usage and [DONE]). Each token chunk is written only once the
+    // client has the previous one, and GAP_MS after that: the gateway stamps an event before it
+    // relays it, so every gap it measures is at least GAP_MS, however loaded the machine.
+    const GAP_MS = 5;
+    const frames = chatStream(4);
+    let clientReady: (s: OpenStream) => void = () => {};
+    const client = new Promise<OpenStream>((r) => {
+      clientReady = r;
+    });
+    const { up, gw } = await setup(async (_req, res) => {
+      sseHead(res);
+      for (const [i, f] of frames.entries()) {
+        if (i >= 1 && i <= 4) {
+          await (await client).until((text) => text.includes(frames[i - 1]!));
+          const received = performance.now();
+          while (performance.now() - received < GAP_MS) await sleep(1);
+        }
+        res.write(f);
+      }
+      res.end();
+    });
+    const stream = await openStream(
+      gw.url,
+      '/v1/chat/completions',
+      chatBody({ stream_options: { include_usage: true } }),
+    ).response;
+    clientReady(stream);
+    expect(await stream.ended).toEqual({ complete: true });
     const result = await gw.nextResult();
-    expect(res.status).toBe(200);
-    expect(res.headers['content-type']).toBe('text/event-stream; charset=utf-8');
-    expect(res.headers['x-slagate-backend']).toBe('b0');
-    expect(res.headers['x-request-id']).toBe('req-1');
-    expect(res.text).toBe(chatStream(4).join(''));
+    expect(stream.status).toBe(200);
+    expect(stream.headers['content-type']).toBe('text/event-stream; charset=utf-8');
+    expect(stream.headers['x-slagate-backend']).toBe('b0');
+    expect(stream.headers['x-request-id']).toBe('req-1');
+    expect(stream.received()).toBe(frames.join(''));
     expect(up.hits[0]!.body.stream_options).toEqual({ include_usage: true });
     expect(result).toMatchObject({
       outcome: 'ok',
@@ -61,12 +88,15 @@ describe('streaming relay', () => {
       promptTokens: 7,
       completionTokens: 4,
     });
-    // Role chunk + 4 token chunks: 4 gaps, each at least the scripted 5 ms apart (minus timer slack).
+    // One gap per pair of consecutive token events, each at least the scripted GAP_MS.
     expect(result.itlMs).toHaveLength(4);
+    for (const gap of result.itlMs) expect(gap).toBeGreaterThanOrEqual(GAP_MS);
     expect(result.ttftMs).toBeGreaterThanOrEqual(0);
-    expect(result.e2eMs).toBeGreaterThanOrEqual(result.ttftMs!);
+    expect(result.e2eMs).toBeGreaterThanOrEqual(result.ttftMs! + 4 * GAP_MS);
+    // TPOT: first to last token event over completion_tokens − 1.
     const span = result.itlMs.reduce((a, b) => a + b, 0);
     expect(result.tpotMs).toBeCloseTo(span / 3, 5);
+    expect(result.tpotMs!).toBeGreaterThanOrEqual((4 * GAP_MS) / 3);
   });
 
   it('always asks upstream for usage but forwards the usage chunk only when the client asked', async () => {
