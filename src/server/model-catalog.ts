@@ -85,7 +85,19 @@ export class ModelCatalog {
 
   async #refresh(urls: readonly string[], timeoutMs: number): Promise<void> {
     const fresh = new Map<string, number>();
-    const signal = AbortSignal.timeout(timeoutMs);
+    // Not AbortSignal.timeout: its timer would outlive the refresh (and a closed gateway).
+    const deadline = new AbortController();
+    const timer = setTimeout(() => deadline.abort(), timeoutMs);
+    const signal = deadline.signal;
+    try {
+      await this.#ask(urls, signal, fresh);
+    } finally {
+      clearTimeout(timer);
+    }
+    for (const [id, len] of fresh) this.#maxLen.set(id, len);
+  }
+
+  async #ask(urls: readonly string[], signal: AbortSignal, fresh: Map<string, number>): Promise<void> {
     await Promise.all(
       urls.map(async (url) => {
         try {
@@ -110,7 +122,6 @@ export class ModelCatalog {
         }
       }),
     );
-    for (const [id, len] of fresh) this.#maxLen.set(id, len);
   }
 
   list(): { object: 'list'; data: ModelCard[] } {
