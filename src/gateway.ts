@@ -61,8 +61,13 @@ export interface Gateway {
   reload(next: Config): Promise<void>;
   /** Writes out buffered log lines. */
   flushLogs(): Promise<void>;
-  /** Graceful: refuse new requests, drain up to server.shutdown_grace_ms, cut the rest, flush. */
-  close(): Promise<{ cut: number }>;
+  /**
+   * Graceful: refuse new requests, drain up to server.shutdown_grace_ms, cut the rest, flush the
+   * logs (logsFlushed: false when a reader stopped taking them).
+   */
+  close(): Promise<{ cut: number; logsFlushed: boolean }>;
+  /** After a close whose logs were not all taken, for a process about to exit: see Logger.abandon. */
+  abandonLogs(): void;
 }
 
 function proxyConfig(c: Config): ProxyConfig {
@@ -252,6 +257,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     if (fleet !== null) undo.push(() => fleet.close());
 
     const metrics = createMetrics(config.sla.classes);
+    metrics.countLogDrops(() => log.dropped() + (admissionLogger === log ? 0 : admissionLogger.dropped()));
     // Set once the scheduler exists: a backend coming back may let queued requests go.
     let onAvailabilityChange = (): void => {};
     const onBackendEvent = (e: BackendEvent): void => {
@@ -423,7 +429,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       );
     }
 
-    let closing: Promise<{ cut: number }> | null = null;
+    let closing: Promise<{ cut: number; logsFlushed: boolean }> | null = null;
     const flushLogs = async (): Promise<void> => {
       rt.afterwork.settle();
       await log.flush();
@@ -436,6 +442,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       fleet,
       reload,
       flushLogs,
+      abandonLogs() {
+        log.abandon();
+        admissionLogger.abandon();
+      },
       close() {
         closing ??= (async () => {
           rt.lifecycle.shuttingDown = true;
@@ -451,13 +461,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           loopDelay.close();
           await live.close();
           await fleet?.close();
-          // Nothing can log any more: flush, then release the file (never stdout itself). Each
-          // close is bounded: a reader that stopped reading loses its last lines, and the exit
-          // does not wait for it.
+          // Nothing can log any more: flush, then release the file (never stdout itself). The two
+          // closes run together, each bounded: a reader that stopped reading loses its last lines.
           rt.afterwork.settle();
-          if (admissionLogger !== log) await admissionLogger.close();
-          await log.close();
-          return { cut };
+          const [opsFlushed, admissionFlushed] = await Promise.all([
+            log.close(),
+            admissionLogger === log ? true : admissionLogger.close(),
+          ]);
+          return { cut, logsFlushed: opsFlushed && admissionFlushed };
         })();
         return closing;
       },

@@ -68,8 +68,15 @@ async function serveUntilStopped(
     const stop = (signal: string) => {
       process.stderr.write(`slagate: ${signal}, draining\n`);
       gateway.close().then(
-        ({ cut }) => {
+        ({ cut, logsFlushed }) => {
           if (cut > 0) process.stderr.write(`slagate: cut ${cut} request(s) after the grace period\n`);
+          // A log reader that stopped reading holds writes in flight, which would keep the process
+          // alive for as long as it does: exit now, as a bounded wait for them has passed.
+          if (!logsFlushed) {
+            process.stderr.write('slagate: the logs were not all taken by their reader; exiting\n');
+            gateway.abandonLogs();
+            process.exit(0);
+          }
           resolve(0);
         },
         (err: unknown) => {

@@ -60,12 +60,19 @@ export interface Logger {
   flush(): Promise<void>;
   /**
    * Flushes, then releases the destination (its file descriptor and flush timer; stdout itself is
-   * never closed). Only for the very end: a line logged after it is lost. Bounded by closeWaitMs:
-   * a reader that stopped reading loses what it has not taken rather than hold the exit.
+   * never closed). Only for the very end: a line logged after it is dropped. Waits at most
+   * closeWaitMs; resolves with whether every line was handed to the OS (false: a reader stopped
+   * reading, or a write failed).
    */
-  close(): Promise<void>;
+  close(): Promise<boolean>;
   /** Lines dropped because the destination's buffer was full (its reader fell behind). */
   dropped(): number;
+  /**
+   * For a process about to exit after close() gave up: discards what is still buffered, so that
+   * the exit does not write it synchronously (pino flushes a destination at exit, and a reader
+   * that stopped reading would block that write for good).
+   */
+  abandon(): void;
 }
 
 type SonicBoom = ReturnType<typeof pino.destination>;
@@ -117,7 +124,7 @@ export function createLogger(opts: LoggerOptions): Logger {
   const redact = { paths: [...REDACT_PATHS], censor: REDACTED };
   if (typeof opts.destination !== 'string') {
     const logger = pino({ level: opts.level, redact }, opts.destination);
-    return { logger, flush: async () => {}, close: async () => {}, dropped: () => 0 };
+    return { logger, flush: async () => {}, close: async () => true, dropped: () => 0, abandon: () => {} };
   }
   // Asynchronous writes keep logging off the request path; the buffer is bounded in time by the
   // periodic flush so a quiet gateway's lines still appear promptly (e.g. for `slagate logs --pretty`).
@@ -149,17 +156,24 @@ export function createLogger(opts: LoggerOptions): Logger {
   // With a file descriptor the destination is ready on the next tick; a flush issued before then
   // could wait for a drain that never comes.
   const ready = new Promise<void>((resolve) => dest.once('ready', () => resolve()));
-  const logger = pino({ level: opts.level, redact }, dest);
   let closed = false;
-  // After close() there is nothing left to flush (and sonic-boom throws on a closed destination).
+  // Invariant: a line logged after close() is dropped, never written to the ended or abandoned
+  // destination (sonic-boom throws on that, and pino does not catch it): a reload or a Redis tick
+  // that finishes after the shutdown must not turn into an uncaught error.
+  const sink = {
+    write(line: string): void {
+      if (!closed) dest.write(line);
+    },
+  };
+  const logger = pino({ level: opts.level, redact }, sink);
   const flushes = serialFlushes(() => flushDestination(dest));
   const flush = () => (closed || failed ? Promise.resolve() : ready.then(flushes));
-  const close = async () => {
-    if (closed) return;
+  const close = async (): Promise<boolean> => {
+    if (closed) return !failed;
     if (failed) {
       closed = true;
       dest.destroy();
-      return;
+      return false;
     }
     const waitMs = opts.closeWaitMs ?? 5_000;
     let timer: NodeJS.Timeout | undefined;
@@ -177,12 +191,18 @@ export function createLogger(opts: LoggerOptions): Logger {
     })();
     const how = await Promise.race([ended, expired]);
     clearTimeout(timer);
-    if (how === 'expired') {
-      closed = true;
-      dest.destroy();
-    }
+    // Past the wait the destination is left as it is: destroying it under a write in flight leaves
+    // sonic-boom retrying an empty write for good once the reader resumes. Lines logged from now
+    // on are dropped; what is still buffered is written if the reader resumes before the process
+    // exits (serve exits at once when this returns false).
+    closed = true;
+    return how === 'ended' && !failed;
   };
-  return { logger, flush, close, dropped: () => dropped };
+  const abandon = (): void => {
+    closed = true;
+    if (!(dest as SonicBoom & { destroyed?: boolean }).destroyed) dest.destroy();
+  };
+  return { logger, flush, close, dropped: () => dropped, abandon };
 }
 
 /**

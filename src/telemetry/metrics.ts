@@ -206,11 +206,28 @@ export class GatewayMetrics {
       help: '1 while the shared state store is unreachable and the gateway runs on local state.',
       registers: [reg],
     });
+    const logDrops = () => this.#logDrops();
+    new Counter({
+      name: `${PREFIX}log_lines_dropped_total`,
+      help: 'Log lines (admission records included) dropped because their reader fell 64 MiB behind.',
+      registers: [reg],
+      collect() {
+        this.reset();
+        this.inc(logDrops());
+      },
+    });
     // Absent until a request carries an estimate (prom-client starts an unlabelled gauge at 0).
     this.prefixHitRatio.remove();
     this.setClasses(Object.keys(classes));
     this.storeDegraded.set(0);
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: reg });
+  }
+
+  #logDrops: () => number = () => 0;
+
+  /** Where slagate_log_lines_dropped_total is read from: the loggers' own counts. */
+  countLogDrops(read: () => number): void {
+    this.#logDrops = read;
   }
 
   get contentType(): string {

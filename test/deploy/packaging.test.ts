@@ -653,6 +653,7 @@ const METRICS = new Set([
   'slagate_queue_depth',
   'slagate_prefix_hit_ratio',
   'slagate_state_store_degraded',
+  'slagate_log_lines_dropped_total',
 ]);
 
 const REQUIRED = [

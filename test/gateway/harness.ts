@@ -289,7 +289,7 @@ export interface ServedGateway {
  * Runs `node bin/slagate.js serve` with `config` (admission log and port filled in) and resolves
  * once it prints where it serves.
  */
-export async function serveChild(config: Json): Promise<ServedGateway> {
+export async function serveChild(config: Json, opts: { readStdout?: boolean } = {}): Promise<ServedGateway> {
   const { spawn } = await import('node:child_process');
   const tmp = tempDir();
   const log = join(tmp.dir, 'admission.log');
@@ -313,10 +313,14 @@ export async function serveChild(config: Json): Promise<ServedGateway> {
   child.stderr!.on('data', (c: string) => {
     stderr += c;
   });
-  child.stdout!.setEncoding('utf8');
-  child.stdout!.on('data', (c: string) => {
-    stdout += c;
-  });
+  // Unread, the pipe fills and the child's writes to it stall, as a log reader that stopped does.
+  if (opts.readStdout === false) child.stdout!.pause();
+  else {
+    child.stdout!.setEncoding('utf8');
+    child.stdout!.on('data', (c: string) => {
+      stdout += c;
+    });
+  }
   const dispose = async () => {
     if (child.exitCode === null && child.signalCode === null) {
       child.kill('SIGKILL');

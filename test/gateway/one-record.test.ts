@@ -103,7 +103,7 @@ it('35: every path writes exactly one record with a known outcome', async () => 
   const refused = await post(t.url, CHAT, chat(), id('during-shutdown'));
   expect(refused.status).toBe(503);
   expect(refused.headers['retry-after']).toMatch(/^\d+$/);
-  expect(await closing).toEqual({ cut: 1 });
+  expect(await closing).toEqual({ cut: 1, logsFlushed: true });
   await inflight.ended;
 
   const records = await t.records();

@@ -97,3 +97,32 @@ it('SIGTERM with a short grace period: a longer stream is cut, recorded, and the
   expect(relayed).toBeGreaterThan(1);
   expect(records[0]!.completion_tokens).toBe(relayed);
 });
+
+it('SIGTERM with a log reader that stopped reading: the process exits after the bounded wait for the logs', async () => {
+  const s = await serveChild(
+    {
+      server: { shutdown_grace_ms: 0 },
+      models: [MODEL],
+      simulate: { replicas: 1, time_scale: 0.2 },
+      logging: { level: 'info', admission_log: 'stdout' },
+    },
+    { readStdout: false },
+  );
+  cleanups.push(s.dispose);
+  // Refused requests, each an admission line of about 0.6 KB on stdout: far more than the pipe holds.
+  for (let i = 0; i < 2000; i++) {
+    const res = await post(s.url, CHAT, {
+      model: 'x'.repeat(200),
+      messages: [{ role: 'user', content: 'hi' }],
+    });
+    expect(res.status).toBe(404);
+  }
+  s.child.kill('SIGTERM');
+  let timer: NodeJS.Timeout | undefined;
+  const stuck = new Promise<'stuck'>((resolve) => {
+    timer = setTimeout(() => resolve('stuck'), 20_000);
+  });
+  expect(await Promise.race([s.exited, stuck])).toBe(0);
+  clearTimeout(timer);
+  expect(s.stderr()).toContain('the logs were not all taken by their reader; exiting');
+});

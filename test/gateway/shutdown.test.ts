@@ -58,7 +58,7 @@ it('drains: new requests get 503 shutting_down with Retry-After, the in-flight s
   const ready = await get(t.url, '/readyz');
   expect(ready.status).toBe(503);
   expect(JSON.parse(ready.text)).toMatchObject({ status: 'shutting_down' });
-  expect(await closing).toEqual({ cut: 0 });
+  expect(await closing).toEqual({ cut: 0, logsFlushed: true });
   expect(await s.ended).toEqual({ complete: true });
   expect(sseData(s.received()).at(-1)).toBe('[DONE]');
   expect(await t.recordOf('drains')).toMatchObject({ outcome: 'ok' });
@@ -83,7 +83,7 @@ it('cuts a stream that outlives the grace period, and answers a request still wa
   const waiting = openStream(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'waiting' });
   await waitFor(() => t!.gw.runtime.lifecycle.active === 2, 2000, 'both requests in flight');
   const started = performance.now();
-  expect(await t.gw.close()).toEqual({ cut: 2 });
+  expect(await t.gw.close()).toEqual({ cut: 2, logsFlushed: true });
   // The grace period, not the 10 s first-token timeout, bounds the shutdown.
   expect(performance.now() - started).toBeLessThan(2000);
   // DESIGN section 4: a stream cut after it started ends with one error event, then [DONE].
@@ -137,7 +137,7 @@ it('a reloaded shutdown_grace_ms applies to the next shutdown', async () => {
     .response;
   await s.until((text) => sseData(text).length >= 2);
   const started = performance.now();
-  expect(await t.gw.close()).toEqual({ cut: 1 });
+  expect(await t.gw.close()).toEqual({ cut: 1, logsFlushed: true });
   expect(performance.now() - started).toBeLessThan(2000);
 });
 

@@ -433,6 +433,18 @@ describe('GatewayMetrics', () => {
     expect(await ratio()).toBeLessThan(0.001);
   });
 
+  it('exports the log lines the loggers dropped', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    const dropped = async () => value(parseSamples(await m.render()), 'slagate_log_lines_dropped_total', {});
+    expect(await dropped()).toBe(0);
+    let n = 0;
+    m.countLogDrops(() => n);
+    n = 7;
+    expect(await dropped()).toBe(7);
+    n = 9;
+    expect(await dropped()).toBe(9);
+  });
+
   it('keeps separate registries per instance and can add process metrics', async () => {
     const a = createMetrics(CLASSES, { processMetrics: false });
     const b = createMetrics(CLASSES);
