@@ -182,17 +182,20 @@ function classMessage(name: string, classes: Obj): string {
  * check-config's output and the log line of a refused reload never carry it.
  *
  * Invariant: everything between the scheme and the last `@` is treated as credentials, whatever
- * it holds. The text shown is often one `new URL` refused, so it cannot be parsed to find them:
+ * it holds, and so is a query. The text shown is often one `new URL` refused, so it cannot be parsed to find them:
  * a base64 password holds `/` and `+`, and a hand-written one may hold `:` or a raw `@`.
  */
 export function maskedUrl(text: string): string {
-  const scheme = text.indexOf('://');
+  // A query may carry one too (ioredis reads `?password=`): it is never shown.
+  const query = text.indexOf('?');
+  const shown = query === -1 ? text : `${text.slice(0, query)}?***`;
+  const scheme = shown.indexOf('://');
   const start = scheme === -1 ? 0 : scheme + 3;
-  const at = text.lastIndexOf('@');
-  if (at < start) return text;
-  const colon = text.indexOf(':', start);
-  const user = colon !== -1 && colon < at ? text.slice(start, colon) : null;
-  return `${text.slice(0, start)}${user === null ? '***' : `${user}:***`}${text.slice(at)}`;
+  const at = shown.lastIndexOf('@');
+  if (at < start) return shown;
+  const colon = shown.indexOf(':', start);
+  const user = colon !== -1 && colon < at ? shown.slice(start, colon) : null;
+  return `${shown.slice(0, start)}${user === null ? '***' : `${user}:***`}${shown.slice(at)}`;
 }
 
 function urlProblem(text: string, protocols: string[]): string | undefined {

@@ -71,17 +71,20 @@ export class ModelCatalog {
    *
    * Invariant: a refresh ends within `timeoutMs`, whatever a backend does (no answer to its
    * connect, a body trickled a byte at a time, a body without end), and holds at most
-   * MAX_MODELS_BODY bytes of each answer; a call made while one runs shares it. The gateway's
+   * MAX_MODELS_BODY bytes of each answer; a call made while one runs for the same backends shares it. The gateway's
    * start and a reload wait for a refresh, and a timer starts one every 30 s.
    */
   refresh(urls: readonly string[], timeoutMs = 2000): Promise<void> {
-    this.#refreshing ??= this.#refresh(urls, timeoutMs).finally(() => {
-      this.#refreshing = null;
-    });
-    return this.#refreshing;
+    const key = urls.join(' ');
+    const running = this.#refreshing.get(key);
+    if (running !== undefined) return running;
+    const started = this.#refresh(urls, timeoutMs).finally(() => this.#refreshing.delete(key));
+    this.#refreshing.set(key, started);
+    return started;
   }
 
-  #refreshing: Promise<void> | null = null;
+  /** Refreshes running, by the backend list they ask: a reload's new list never joins an old one. */
+  readonly #refreshing = new Map<string, Promise<void>>();
 
   async #refresh(urls: readonly string[], timeoutMs: number): Promise<void> {
     const fresh = new Map<string, number>();

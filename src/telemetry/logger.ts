@@ -1,5 +1,5 @@
 import { accessSync, constants, mkdirSync, openSync, type Stats, statSync } from 'node:fs';
-import { dirname } from 'node:path';
+import { dirname, sep } from 'node:path';
 import { pino } from 'pino';
 
 // Secrets never reach a log line: redaction is compiled once, here, for every logger the gateway
@@ -89,6 +89,8 @@ function openForAppend(path: string): number {
  * serve would refuse at its start.
  */
 export function appendProblem(path: string): string | null {
+  // A path naming a directory (a trailing separator) cannot be opened as a file, existing or not.
+  if (path.endsWith('/') || path.endsWith(sep)) return 'EISDIR';
   try {
     const stat = statOrNull(path);
     if (stat !== null) {

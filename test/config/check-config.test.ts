@@ -60,6 +60,10 @@ describe('slagate check-config', () => {
       const aDirectory = await run([withLog(dir)]);
       expect(aDirectory.code).toBe(1);
       expect(aDirectory.stderr).toContain('(it is a directory)');
+      // A trailing slash names a directory to be, which serve cannot open as its log either.
+      const slash = await run([withLog(join(dir, 'new-dir/'))]);
+      expect(slash.code).toBe(1);
+      expect(slash.stderr).toContain('(EISDIR)');
       // A path whose directories do not exist yet is fine: serve creates them. check-config does not.
       const nested = join(dir, 'a', 'b', 'admission.log');
       const fresh = await run([withLog(nested)]);

@@ -323,8 +323,12 @@ describe('ModelCatalog', () => {
     try {
       const cat = new ModelCatalog(['a']);
       const refresh = cat.refresh([good.url, trickle.url, flood.url], 600);
-      // A second call while it runs shares it rather than start another.
-      expect(cat.refresh([good.url])).toBe(refresh);
+      // A second call for the same backends while it runs shares it rather than start another;
+      // one for another list (a reload's) runs on its own.
+      expect(cat.refresh([good.url, trickle.url, flood.url], 600)).toBe(refresh);
+      const other = cat.refresh([good.url]);
+      expect(other).not.toBe(refresh);
+      await other;
       let timer: NodeJS.Timeout | undefined;
       const hung = new Promise<'hung'>((resolve) => {
         timer = setTimeout(() => resolve('hung'), 5_000);
