@@ -170,6 +170,10 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
   if (so !== undefined && so !== null && !isRecord(so)) {
     throw invalid("'stream_options' must be an object", 'stream_options');
   }
+  // vLLM refuses stream options (a non-empty object) on a request that does not stream.
+  if (isRecord(so) && Object.keys(so).length > 0 && body.stream !== true) {
+    throw invalid('Stream options can only be defined when `stream=True`.', 'stream_options');
+  }
   const n = body.n;
   if (n !== undefined && n !== null && n !== 1) throw invalid("only 'n': 1 is supported", 'n');
   // max_completion_tokens is chat's; vLLM's completions request has no such field (it is ignored).
@@ -190,7 +194,9 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
     stream,
     mode: stream ? 'stream' : assemblable(assembleKind, body, parts.length) ? 'assemble' : 'passthrough',
     assembleKind,
-    wantsUsage: isRecord(so) && so.include_usage === true,
+    // vLLM's include_usage defaults to true once stream_options is sent: `{}` or
+    // `{"continuous_usage_stats": true}` ask for usage; false or null do not.
+    wantsUsage: isRecord(so) && so.include_usage !== false && so.include_usage !== null,
     maxTokens,
     promptParts: parts,
     body,

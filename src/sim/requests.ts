@@ -64,12 +64,14 @@ export function parseGeneration(
   const options = body.stream_options;
   let includeUsage = false;
   if (options !== undefined && options !== null) {
-    if (!stream)
-      throw validationError('Stream options can only be defined when `stream=True`.', 'stream_options');
     if (typeof options !== 'object' || Array.isArray(options)) {
       throw validationError('stream_options: Input should be an object', 'stream_options');
     }
-    includeUsage = optionalBool(options as Body, 'include_usage') ?? false;
+    // vLLM tests the options for truth: an empty object passes a request that does not stream.
+    if (!stream && Object.keys(options).length > 0)
+      throw validationError('Stream options can only be defined when `stream=True`.', 'stream_options');
+    // include_usage defaults to true once stream_options is sent, as in vLLM's StreamOptions.
+    includeUsage = optionalBool(options as Body, 'include_usage') ?? !('include_usage' in options);
   }
   // Chat prefers max_completion_tokens (OpenAI's newer name) over max_tokens, as vLLM does.
   const maxTokens =

@@ -75,6 +75,19 @@ describe('openai client through the gateway', () => {
     expect(chunks).toBe(12);
   });
 
+  it('chat, streamed with stream_options but no include_usage: usage arrives, as vLLM defaults it on', async () => {
+    const stream = await openai.chat.completions.create({
+      model: MODEL,
+      messages,
+      max_tokens: 5,
+      stream: true,
+      stream_options: {},
+    });
+    let usage: OpenAI.CompletionUsage | null | undefined;
+    for await (const chunk of stream) if (chunk.usage) usage = chunk.usage;
+    expect(usage?.completion_tokens).toBe(5);
+  });
+
   it('chat, streamed without include_usage: no usage chunk reaches the client', async () => {
     const stream = await openai.chat.completions.create({
       model: MODEL,

@@ -49,6 +49,19 @@ describe('parseInferenceRequest', () => {
     expect(ir.promptParts).toEqual(['be \nbrief', 'hi', '']);
     const c = parseInferenceRequest('completions', { model: 'm', prompt: ['a', 'b'] });
     expect(c).toMatchObject({ stream: false, wantsUsage: false, maxTokens: null, promptParts: ['a', 'b'] });
+    // vLLM's include_usage defaults to true once stream_options is sent.
+    const usage = (so: unknown) =>
+      parseInferenceRequest('completions', { prompt: 'a', stream: true, stream_options: so }).wantsUsage;
+    expect(usage({})).toBe(true);
+    expect(usage({ continuous_usage_stats: true })).toBe(true);
+    expect(usage({ include_usage: false })).toBe(false);
+    expect(usage({ include_usage: null })).toBe(false);
+    expect(usage(null)).toBe(false);
+    // Stream options on a request that does not stream: vLLM's 400 (an empty object passes).
+    expect(
+      codeOf(() => parseInferenceRequest('chat', { messages: [], stream_options: { include_usage: true } })),
+    ).toBe('invalid_request:stream_options');
+    expect(parseInferenceRequest('completions', { prompt: 'a', stream_options: {} }).wantsUsage).toBe(true);
     // A completions request has no max_completion_tokens in vLLM: it is ignored, as vLLM ignores it.
     const ignored = parseInferenceRequest('completions', {
       model: 'm',
