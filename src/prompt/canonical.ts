@@ -41,6 +41,8 @@ export interface PromptBlocks {
   readonly texts: number;
   /** Tokens one block stands for is exact (`block_size_tokens`), not estimated from characters. */
   readonly blockIsTokens: boolean;
+  /** Content parts that are not text (images, audio): tokens the characters do not account for. */
+  readonly mediaParts: number;
 }
 
 const isRecord = (v: unknown): v is Record<string, unknown> =>
@@ -79,6 +81,7 @@ export function promptBlocks(source: PromptSource, blockSizeTokens: number, root
       messages: 0,
       texts: 0,
       blockIsTokens: true,
+      mediaParts: 0,
     };
   }
   const out = new CanonicalText(blockSizeTokens * BLOCK_CHARS_PER_TOKEN, root);
@@ -102,12 +105,14 @@ export function promptBlocks(source: PromptSource, blockSizeTokens: number, root
     messages: source.kind === 'chat' ? source.messages.length : 0,
     texts: source.kind === 'text' ? source.texts.length : 0,
     blockIsTokens: false,
+    mediaParts: out.mediaParts,
   };
 }
 
 class CanonicalText {
   readonly blocks: TextBlocks;
   textChars = 0;
+  mediaParts = 0;
 
   constructor(blockChars: number, root: number) {
     this.blocks = new TextBlocks(blockChars, root);
@@ -145,7 +150,10 @@ class CanonicalText {
         first = false;
         if (isRecord(part) && part.type === 'text' && typeof part.text === 'string')
           this.piece('t', part.text);
-        else this.opaque(JSON.stringify(part) ?? '');
+        else {
+          this.opaque(JSON.stringify(part) ?? '');
+          this.mediaParts++;
+        }
       }
     }
     if (m.tool_calls !== undefined && m.tool_calls !== null) this.piece('c', JSON.stringify(m.tool_calls));
@@ -171,8 +179,11 @@ export class TokenEstimate {
   #samples = 0;
   readonly #alpha: number;
 
+  readonly #initial: number;
+
   constructor(initial = BLOCK_CHARS_PER_TOKEN, alpha = 0.02) {
     this.#charsPerToken = initial;
+    this.#initial = initial;
     this.#alpha = alpha;
   }
 
@@ -191,6 +202,16 @@ export class TokenEstimate {
     return Math.ceil(p.textChars / this.#charsPerToken) + templateTokens(p);
   }
 
+  /**
+   * The fewest tokens `p` plausibly holds: its characters at the learnt ratio or at the initial
+   * one, whichever counts fewer. A ratio learnt from other traffic (another script, say) may be
+   * far below this prompt's own; a refusal on length is judged on this count, not on tokens().
+   */
+  fewestTokens(p: PromptBlocks): number {
+    if (p.exactTokens !== null) return p.exactTokens;
+    return Math.ceil(p.textChars / Math.max(this.#charsPerToken, this.#initial)) + templateTokens(p);
+  }
+
   /** Tokens that one block of `p` stands for. */
   tokensPerBlock(p: PromptBlocks, blockSizeTokens: number): number {
     return p.blockIsTokens ? blockSizeTokens : this.textBlockTokens(blockSizeTokens);
@@ -203,8 +224,9 @@ export class TokenEstimate {
 
   /** A backend counted `promptTokens` for this rendering. */
   learn(p: PromptBlocks, promptTokens: number): void {
-    // Short prompts are mostly template: their ratio says little about the text.
-    if (p.exactTokens !== null || p.textChars < 256) return;
+    // Short prompts are mostly template: their ratio says little about the text. An image's
+    // tokens are in the count and not in the characters: they would teach a ratio far too low.
+    if (p.exactTokens !== null || p.textChars < 256 || p.mediaParts > 0) return;
     const content = promptTokens - templateTokens(p);
     if (!(content > 0)) return;
     const ratio = p.textChars / content;

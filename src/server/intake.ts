@@ -100,7 +100,7 @@ export function intake(
   );
   const promptTokens = rt.tokens.tokens(prompt);
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: prompt.hashes.length });
-  checkContext(ir, prompt, promptTokens, rt.models.maxModelLen(model));
+  checkContext(ir, prompt, promptTokens, rt.tokens.fewestTokens(prompt), rt.models.maxModelLen(model));
   return {
     identity,
     cls,
@@ -122,11 +122,23 @@ export function intake(
  */
 export const CONTEXT_ESTIMATE_SLACK = 1.25;
 
-function checkContext(ir: InferenceRequest, prompt: PromptBlocks, allTokens: number, maxLen: number): void {
+function checkContext(
+  ir: InferenceRequest,
+  prompt: PromptBlocks,
+  allTokens: number,
+  fewestTokens: number,
+  maxLen: number,
+): void {
   const exact = prompt.exactTokens !== null;
   // vLLM checks each completion prompt on its own: the longest decides.
   const tokens = longestPrompt(ir, exact, allTokens);
-  const least = exact ? tokens : Math.floor(tokens / CONTEXT_ESTIMATE_SLACK);
+  const fewest = longestPrompt(ir, exact, fewestTokens);
+  let least = exact ? fewest : Math.floor(fewest / CONTEXT_ESTIMATE_SLACK);
+  // vLLM cuts the prompt to its last truncate_prompt_tokens tokens (-1: to the context length)
+  // before it checks the length.
+  const cut = ir.body.truncate_prompt_tokens;
+  if (cut === -1) least = Math.min(least, maxLen);
+  else if (typeof cut === 'number' && Number.isInteger(cut) && cut > 0) least = Math.min(least, cut);
   const output = askedOutput(ir) ?? 1;
   if (least + output <= maxLen) return;
   const about = exact ? '' : 'about ';

@@ -1,7 +1,7 @@
 // Validation of the simulator's request bodies into what the engine needs. Only what a
 // stand-in for vLLM must honour is read (model, messages/prompt, max_tokens,
-// max_completion_tokens, ignore_eos, stream, stream_options.include_usage, seed, n); other
-// sampling fields are accepted and ignored, as they do not change timing.
+// max_completion_tokens, ignore_eos, stream, stream_options.include_usage, truncate_prompt_tokens,
+// seed, n); other sampling fields are accepted and ignored, as they do not change timing.
 
 import type { ChatMessageInput, ContentPart, Tokenizer } from '../tokenizer/tokenizer.ts';
 import { TokenizeError } from '../tokenizer/tokenizer.ts';
@@ -54,6 +54,7 @@ export function parseGeneration(
   body: Body,
   served: string,
   tokenizer: Tokenizer,
+  maxModelLen = Number.POSITIVE_INFINITY,
 ): GenerationRequest {
   const model = resolveModel(body, served);
   const n = optionalInt(body, 'n');
@@ -88,13 +89,30 @@ export function parseGeneration(
   return {
     kind,
     model,
-    promptTokens: promptTokensOf(kind, body, tokenizer),
+    promptTokens: truncated(promptTokensOf(kind, body, tokenizer), body, maxModelLen),
     maxTokens,
     ignoreEos: optionalBool(body, 'ignore_eos') ?? false,
     stream,
     includeUsage,
     seed: optionalInt(body, 'seed'),
   };
+}
+
+/**
+ * vLLM's truncate_prompt_tokens: the prompt's last N tokens, or its last max_model_len with -1; it
+ * is applied before the context length is checked.
+ */
+function truncated(tokens: number[], body: Body, maxModelLen: number): number[] {
+  const n = optionalInt(body, 'truncate_prompt_tokens');
+  if (n === undefined) return tokens;
+  if (n < -1 || n === 0) {
+    throw validationError(
+      'truncate_prompt_tokens: Input should be greater than or equal to -1',
+      'truncate_prompt_tokens',
+    );
+  }
+  const keep = n === -1 ? maxModelLen : n;
+  return tokens.length > keep ? tokens.slice(tokens.length - keep) : tokens;
 }
 
 /** Prompt token ids of a chat (`messages`) or completion (`prompt`) body. */

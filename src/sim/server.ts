@@ -197,7 +197,7 @@ function generate(ctx: ReplicaContext, req: Req, res: ServerResponse, kind: Kind
     const faultHeader = header(req, 'x-sim-fault');
     const headerFault = faultHeader === undefined ? null : parseFaultHeader(faultHeader);
     const body = parseJsonBody(raw);
-    const g = parseGeneration(kind, body, ctx.profile.model, ctx.tokenizer);
+    const g = parseGeneration(kind, body, ctx.profile.model, ctx.tokenizer, ctx.profile.maxModelLen);
     const prompt = g.promptTokens.length;
     const maxModelLen = ctx.profile.maxModelLen;
     if (prompt >= maxModelLen) throw contextLengthError(maxModelLen, prompt);

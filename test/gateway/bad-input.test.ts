@@ -411,6 +411,25 @@ describe('27: context length', () => {
   });
 });
 
+describe('27c: a prompt the backend will truncate', () => {
+  it('is not refused for its length when truncate_prompt_tokens cuts it to fit, as vLLM cuts it first', async () => {
+    const { t } = await smallContextGateway();
+    await get(t.url, '/v1/models');
+    const ids = Array.from({ length: 400 }, (_, i) => 100 + i);
+    const cut = await post(t.url, '/v1/completions', {
+      model: MODEL,
+      prompt: ids,
+      max_tokens: 10,
+      truncate_prompt_tokens: 100,
+    });
+    expect(cut.status, cut.text).toBe(200);
+    // Without it the same prompt is over the 256-token context, and refused here.
+    const whole = await post(t.url, '/v1/completions', { model: MODEL, prompt: ids, max_tokens: 10 });
+    expect(whole.status).toBe(400);
+    expect(whole.text).toContain('maximum context length is 256 tokens');
+  });
+});
+
 describe('27b: context length of completion prompts, as vLLM counts it', () => {
   it("judges each of several prompts on its own, and a prompt without max_tokens with vLLM's default of 16", async () => {
     const { t } = await smallContextGateway();

@@ -238,4 +238,41 @@ describe('TokenEstimate', () => {
     expect(est.samples).toBe(0);
     expect(est.charsPerToken).toBe(BLOCK_CHARS_PER_TOKEN);
   });
+
+  it('does not learn from a prompt with an image: its tokens are in the count, not in the characters', () => {
+    const est = new TokenEstimate();
+    const withImage = promptBlocks(
+      chat([
+        {
+          role: 'user',
+          content: [
+            { type: 'text', text: 'describe this picture in detail, please. '.repeat(20) },
+            { type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA' } },
+          ],
+        },
+      ]),
+      BLOCK,
+    );
+    expect(withImage.mediaParts).toBe(1);
+    // 820 characters and a 576-token image: 781 tokens would teach about 1 character per token.
+    est.learn(withImage, 781);
+    expect(est.samples).toBe(0);
+    expect(est.charsPerToken).toBe(BLOCK_CHARS_PER_TOKEN);
+  });
+
+  it('counts no fewer characters per token than it started with when judging the fewest tokens', () => {
+    const est = new TokenEstimate();
+    // Traffic in a script of about 1.2 characters per token teaches a low ratio...
+    for (let i = 0; i < 50; i++)
+      est.learn(promptBlocks(chat([{ role: 'user', content: 'x'.repeat(1200) }]), BLOCK), 1007);
+    expect(est.charsPerToken).toBeLessThan(1.5);
+    // ...which would put an English prompt at three times its tokens; the fewest count does not.
+    const english = promptBlocks(
+      chat([{ role: 'user', content: 'The quick brown fox. '.repeat(400) }]),
+      BLOCK,
+    );
+    expect(est.tokens(english)).toBeGreaterThan(5_000);
+    expect(est.fewestTokens(english)).toBeLessThan(2_200);
+    expect(est.fewestTokens(english)).toBeGreaterThan(2_000);
+  });
 });
