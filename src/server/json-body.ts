@@ -11,6 +11,7 @@
 // characters are one string value, so an 8,000-token prompt costs what a short one does. (A scan
 // of the text for those keys, written plainly or with \u escapes, read all 42 KB of such a body
 // twice: about 35 µs on the event loop, more than parsing it.)
+import { isUtf8 } from 'node:buffer';
 import { GatewayError } from '../errors/index.ts';
 
 /** Deepest nesting of objects and arrays a body may have (the body itself is depth 1). */
@@ -18,6 +19,9 @@ export const MAX_DEPTH = 128;
 
 /** The parsed body; throws GatewayError('invalid_request') for empty or malformed JSON and for a forbidden key. */
 export function parseJsonBody(bytes: Buffer): unknown {
+  // Decoding would put U+FFFD in place of a bad byte, and the backend would get another text than
+  // the client sent; vLLM refuses such a body, and so does the gateway.
+  if (!isUtf8(bytes)) throw invalidBody('Request body is not valid UTF-8.');
   let text = bytes.toString('utf8');
   if (text.charCodeAt(0) === 0xfeff) text = text.slice(1);
   if (text.length === 0) throw invalidBody('Request body is empty; it must be a JSON object.');

@@ -176,6 +176,12 @@ describe('parseJsonBody', () => {
   const parse = (text: string) => parseJsonBody(Buffer.from(text));
   const refused = (text: string) => codeOf(() => parse(text));
 
+  it('refuses a body that is not valid UTF-8 rather than pass on another text', () => {
+    const bad = Buffer.concat([Buffer.from('{"prompt":"caf'), Buffer.from([0xe9]), Buffer.from('"}')]);
+    expect(codeOf(() => parseJsonBody(bad))).toBe('invalid_request:body');
+    expect(parseJsonBody(Buffer.from('{"prompt":"café"}'))).toEqual({ prompt: 'café' });
+  });
+
   it('refuses a __proto__ key or a constructor holding a prototype on any object, however written', () => {
     for (const text of [
       '{"__proto__":{"admin":true}}',
