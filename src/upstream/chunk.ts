@@ -142,13 +142,20 @@ export function isErrorPayload(msg: StreamChunk | null): boolean {
  * a string (vLLM's 401), that string as the message. Each null when absent or not of its type.
  * Read for an in-band error and for a 4xx body alike.
  */
-export function errorPayloadFacts(msg: StreamChunk | null): { code: number | null; message: string | null } {
-  if (msg === null || typeof msg !== 'object') return { code: null, message: null };
+export function errorPayloadFacts(msg: StreamChunk | null): {
+  code: number | null;
+  message: string | null;
+  param: string | null;
+} {
+  if (msg === null || typeof msg !== 'object') return { code: null, message: null, param: null };
   const inner = msg.error;
   const e = (inner !== null && typeof inner === 'object' ? inner : msg) as {
     code?: unknown;
     message?: unknown;
+    param?: unknown;
   };
   const message = typeof e.message === 'string' ? e.message : typeof inner === 'string' ? inner : null;
-  return { code: Number.isInteger(e.code) ? (e.code as number) : null, message };
+  // The field vLLM names (a request field: short); anything longer is not one.
+  const param = typeof e.param === 'string' && e.param.length <= 128 ? e.param : null;
+  return { code: Number.isInteger(e.code) ? (e.code as number) : null, message, param };
 }

@@ -70,6 +70,8 @@ export class AttemptFailure extends Error {
   readonly clientError: GatewayError | null;
   /** For an in-band rejection: the upstream's message (capped), which the client may be told. */
   readonly upstreamMessage: string | null;
+  /** For an in-band rejection or a 404: the request field the upstream named, if any. */
+  readonly upstreamParam: string | null;
 
   constructor(
     reason: FailureReason,
@@ -80,6 +82,7 @@ export class AttemptFailure extends Error {
       clientError?: GatewayError;
       beforeHead?: boolean;
       upstreamMessage?: string | null;
+      upstreamParam?: string | null;
     } = {},
   ) {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
@@ -92,6 +95,7 @@ export class AttemptFailure extends Error {
     this.status = opts.status ?? null;
     this.clientError = opts.clientError ?? null;
     this.upstreamMessage = opts.upstreamMessage ?? null;
+    this.upstreamParam = opts.upstreamParam ?? null;
   }
 
   /** Counted by outlier detection and the breaker. */

@@ -391,6 +391,7 @@ function conclude(req: ProxyRequest, s: LoopState, aborted: boolean, cut: Gatewa
     const err = rejectedError(
       rejection.failure?.status ?? rejection.status ?? 400,
       rejection.upstreamMessage,
+      requestField(req.body, rejection.upstreamParam),
     );
     ending = {
       outcome: 'failed_before_commit',
@@ -462,14 +463,31 @@ function failureResponse(s: LoopState): { err: GatewayError; reason: ResultReaso
  * A backend 4xx as a gateway envelope: same status family, and the backend's own message (capped
  * by the relay), which tells the client what to fix; never the upstream body itself.
  */
-function rejectedError(status: number, message: string | null): GatewayError {
+/**
+ * The field a backend's 4xx names, when it is one of the client's own (`messages`,
+ * `stream_options.include_usage`, `messages[2].content`): the client is told which to fix. Any
+ * other value is the backend's and stays out, as the rest of its body does.
+ */
+function requestField(body: Record<string, unknown>, param: string | null): string | null {
+  if (param === null) return null;
+  const top = /^[A-Za-z_][\w]*/.exec(param)?.[0];
+  return top !== undefined && Object.hasOwn(body, top) ? param : null;
+}
+
+function rejectedError(status: number, message: string | null, param: string | null): GatewayError {
   if (status === 404) {
-    return new GatewayError('model_not_found', message ?? 'The model does not exist on the backend');
+    return new GatewayError('model_not_found', message ?? 'The model does not exist on the backend', {
+      param: param ?? 'model',
+    });
   }
   if (status === 413) {
-    return new GatewayError('body_too_large', message ?? 'The request is too large for the backend');
+    return new GatewayError('body_too_large', message ?? 'The request is too large for the backend', {
+      param,
+    });
   }
-  return new GatewayError('invalid_request', message ?? 'The backend rejected the request as invalid');
+  return new GatewayError('invalid_request', message ?? 'The backend rejected the request as invalid', {
+    param,
+  });
 }
 
 /**

@@ -97,6 +97,8 @@ export interface AttemptEnd {
   status: number | null;
   /** For 'rejected' and an in-band rejection: the upstream's error message (capped), which the client may be told. */
   upstreamMessage: string | null;
+  /** The request field a relayed 4xx named (vLLM's `param`), if any. */
+  upstreamParam: string | null;
   promptTokens: number | null;
   completionTokens: number | null;
   latencies: Latencies | null;
@@ -257,7 +259,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
           this.#fail(
             new AttemptFailure('upstream_not_found', 'upstream status 404', {
               status: 404,
-              upstreamMessage: rejectMessage(this.#body),
+              upstreamMessage: rejectFacts(this.#body).message,
             }),
           );
         } else {
@@ -663,12 +665,14 @@ export class Attempt implements Dispatcher.DispatchHandler {
     // (more only under speculative decoding, so this can undercount, never overcount).
     if (this.#completionTokens === null && committed && this.spec.mode !== 'passthrough')
       this.#completionTokens = this.#outputEvents;
+    const rejected = kind === 'rejected' ? rejectFacts(this.#body) : null;
     this.#resolveDone({
       kind,
       committed,
       failure,
       status: this.#status,
-      upstreamMessage: kind === 'rejected' ? rejectMessage(this.#body) : (failure?.upstreamMessage ?? null),
+      upstreamMessage: rejected !== null ? rejected.message : (failure?.upstreamMessage ?? null),
+      upstreamParam: rejected !== null ? rejected.param : (failure?.upstreamParam ?? null),
       promptTokens: this.#promptTokens,
       completionTokens: this.#completionTokens,
       // A pass-through body is one event at the end: no first token is observable there.
@@ -722,25 +726,27 @@ export const MAX_REJECT_MESSAGE = 500;
  * any other, and every one after the commit point, is the backend's in-band error.
  */
 function inBandFailure(msg: StreamChunk | null, committed: boolean, what: string): AttemptFailure {
-  const { code, message } = errorPayloadFacts(msg);
+  const { code, message, param } = errorPayloadFacts(msg);
   if (!committed && code !== null && RELAYED_4XX.has(code)) {
     return new AttemptFailure('in_band_rejection', `upstream ${what} naming ${code}`, {
       status: code,
       upstreamMessage: capped(message),
+      upstreamParam: param,
     });
   }
   return new AttemptFailure('in_band_error', `upstream ${what}`);
 }
 
-/** The upstream's error message from a 4xx body, capped. */
-function rejectMessage(body: Buffer[]): string | null {
+/** The upstream's error message (capped) and the field it names, from a 4xx body. */
+function rejectFacts(body: Buffer[]): { message: string | null; param: string | null } {
   let msg: StreamChunk | null;
   try {
     msg = JSON.parse(Buffer.concat(body).toString('utf8')) as StreamChunk | null;
   } catch {
-    return null;
+    return { message: null, param: null };
   }
-  return capped(errorPayloadFacts(msg).message);
+  const { message, param } = errorPayloadFacts(msg);
+  return { message: capped(message), param };
 }
 
 /** An upstream message as the client may be told it: at most MAX_REJECT_MESSAGE characters. */

@@ -343,6 +343,19 @@ describe('upstream errors reaching the client', () => {
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
   });
 
+  it("a 400 naming one of the request's own fields keeps that param; the client is told which to fix", async () => {
+    const { gw } = await setup(
+      status(
+        400,
+        '{"error":{"message":"bad stream options","type":"BadRequestError","param":"stream_options"}}',
+      ),
+    );
+    const res = await post(gw.url, chatBody({ stream_options: { include_usage: 'yes' } }));
+    expect(res.status).toBe(400);
+    expect(JSON.parse(res.text).error).toMatchObject({ code: 'invalid_request', param: 'stream_options' });
+    await gw.nextResult();
+  });
+
   it('tells the slot of its first token, and not of a relayed 4xx (the TTFT fit learns from it)', async () => {
     const up = await upstream(status(400, '{"object":"error","message":"bad"}'), healthy(3));
     const set = makeSet([up.url]);
