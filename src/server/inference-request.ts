@@ -175,7 +175,14 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
     throw invalid('Stream options can only be defined when `stream=True`.', 'stream_options');
   }
   const n = body.n;
-  if (n !== undefined && n !== null && n !== 1) throw invalid("only 'n': 1 is supported", 'n');
+  if (n !== undefined && n !== null && !(Number.isInteger(n) && (n as number) >= 1)) {
+    throw invalid("'n' must be an integer of at least 1", 'n');
+  }
+  // Several choices come interleaved in one stream, where the gateway's TTFT and TPOT would be
+  // the fastest choice's; a non-streamed request with n > 1 is passed through whole.
+  if (typeof n === 'number' && n > 1 && body.stream === true) {
+    throw invalid("'n' above 1 is not supported with 'stream': true; send it without streaming", 'n');
+  }
   // max_completion_tokens is chat's; vLLM's completions request has no such field (it is ignored).
   // A completion may ask for no output at all when it echoes the prompt (prompt scoring).
   const maxTokens =

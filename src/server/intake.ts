@@ -110,7 +110,8 @@ export function intake(
     promptTokens,
     expectedOutputTokens:
       (askedOutput(ir) ?? EXPECTED_OUTPUT_TOKENS) *
-      (ir.endpoint === 'chat' ? 1 : Math.max(1, ir.promptParts.length)),
+      (ir.endpoint === 'chat' ? 1 : Math.max(1, ir.promptParts.length)) *
+      (typeof ir.body.n === 'number' ? ir.body.n : 1),
   };
 }
 

@@ -102,7 +102,15 @@ describe('parseInferenceRequest', () => {
     expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, stream: 'yes' }))).toBe(
       'invalid_request:stream',
     );
-    expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, n: 2 }))).toBe(
+    // n > 1: passed through whole when not streamed (vLLM serves it); refused for a stream.
+    expect(parseInferenceRequest('chat', { model: 'm', messages: msg, n: 2 }).mode).toBe('passthrough');
+    expect(
+      codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, n: 2, stream: true })),
+    ).toBe('invalid_request:n');
+    expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, n: 0 }))).toBe(
+      'invalid_request:n',
+    );
+    expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, n: 1.5 }))).toBe(
       'invalid_request:n',
     );
     expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, max_tokens: 1.5 }))).toBe(
