@@ -52,7 +52,7 @@ export function assemblable(kind: AssembleKind, body: Record<string, unknown>, p
 
 interface Choice {
   index?: unknown;
-  delta?: { content?: unknown; reasoning?: unknown; reasoning_content?: unknown } | null;
+  delta?: { role?: unknown; content?: unknown; reasoning?: unknown; reasoning_content?: unknown } | null;
   text?: unknown;
   finish_reason?: unknown;
   stop_reason?: unknown;
@@ -87,6 +87,8 @@ export class Assembler {
   #usage: NonNullable<StreamChunk['usage']> | null = null;
   /** Characters of text folded in so far, both channels: what the body will hold. */
   #chars = 0;
+  /** The role the stream's first chunk named (vLLM's response role, or the last message's). */
+  #role: string | null = null;
 
   constructor(kind: AssembleKind) {
     this.kind = kind;
@@ -104,6 +106,7 @@ export class Assembler {
     for (const c of chunk.choices as Choice[]) {
       if (this.kind === 'chat') {
         const d = c.delta;
+        if (this.#role === null && typeof d?.role === 'string') this.#role = d.role;
         if (typeof d?.content === 'string') {
           this.#text += d.content;
           this.#chars += d.content.length;
@@ -147,7 +150,7 @@ export class Assembler {
     if (this.kind === 'chat') {
       const reasoned = this.#reasoning !== null || this.#reasoningContent !== null;
       const message: Record<string, unknown> = {
-        role: 'assistant',
+        role: this.#role ?? 'assistant',
         content: reasoned && this.#text === '' ? null : this.#text,
         refusal: null,
         annotations: null,

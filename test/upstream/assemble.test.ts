@@ -70,6 +70,17 @@ describe('a reasoning model answered non-streamed', () => {
   });
 });
 
+describe('the role', () => {
+  it("is the one the stream's first chunk names (vLLM's --response-role, or the last message's without a generation prompt)", () => {
+    expect(message([chunk({ role: 'user', content: '' }), chunk({ content: ' there' }, 'stop')]).role).toBe(
+      'user',
+    );
+    expect(message([chunk({ role: 'assistant', content: '' }), chunk({ content: 'x' }, 'stop')]).role).toBe(
+      'assistant',
+    );
+  });
+});
+
 describe('what is not assembled', () => {
   it("passes through disaggregated prefill's transfer parameters, which only vLLM's non-streamed body returns", () => {
     expect(assemblable('chat', { model: 'm', messages: [] }, 1)).toBe(true);
