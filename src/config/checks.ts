@@ -186,16 +186,21 @@ function classMessage(name: string, classes: Obj): string {
  * a base64 password holds `/` and `+`, and a hand-written one may hold `:` or a raw `@`.
  */
 export function maskedUrl(text: string): string {
-  // A query may carry one too (ioredis reads `?password=`): it is never shown.
-  const query = text.indexOf('?');
-  const shown = query === -1 ? text : `${text.slice(0, query)}?***`;
-  const scheme = shown.indexOf('://');
+  const scheme = text.indexOf('://');
   const start = scheme === -1 ? 0 : scheme + 3;
-  const at = shown.lastIndexOf('@');
-  if (at < start) return shown;
-  const colon = shown.indexOf(':', start);
-  const user = colon !== -1 && colon < at ? shown.slice(start, colon) : null;
-  return `${shown.slice(0, start)}${user === null ? '***' : `${user}:***`}${shown.slice(at)}`;
+  const at = text.lastIndexOf('@');
+  let shown = text;
+  let host = start;
+  if (at >= start) {
+    const colon = text.indexOf(':', start);
+    const user = colon !== -1 && colon < at ? text.slice(start, colon) : null;
+    const masked = `${text.slice(0, start)}${user === null ? '***' : `${user}:***`}`;
+    shown = masked + text.slice(at);
+    host = masked.length;
+  }
+  // A query may carry one too (ioredis reads `?password=`): it is never shown.
+  const query = shown.indexOf('?', host);
+  return query === -1 ? shown : `${shown.slice(0, query)}?***`;
 }
 
 function urlProblem(text: string, protocols: string[]): string | undefined {

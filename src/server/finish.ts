@@ -82,7 +82,9 @@ export function finishProxied(
   }
   const written = endRecord(rt, record, result.outcome, fields, result.itlMs);
   // What the backend counted for the prompt the gateway rendered: the chars-per-token estimate.
-  if (result.promptTokens !== null) rt.tokens.learn(got.prompt, result.promptTokens);
+  // Not a prompt the backend cut (truncate_prompt_tokens): it counted less than was rendered.
+  if (result.promptTokens !== null && got.ir.body.truncate_prompt_tokens == null)
+    rt.tokens.learn(got.prompt, result.promptTokens);
   if (result.outcome !== 'ok' || result.backend === null || result.ttftMs === null) return;
 
   const cls = got.identity.class;

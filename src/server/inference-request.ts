@@ -201,11 +201,19 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
     stream,
     mode: stream ? 'stream' : assemblable(assembleKind, body, parts.length) ? 'assemble' : 'passthrough',
     assembleKind,
-    // vLLM's include_usage defaults to true once stream_options is sent: `{}` or
-    // `{"continuous_usage_stats": true}` ask for usage; false or null do not.
-    wantsUsage: isRecord(so) && so.include_usage !== false && so.include_usage !== null,
+    wantsUsage: asksForUsage(so),
     maxTokens,
     promptParts: parts,
     body,
   };
+}
+
+/**
+ * Whether `stream_options` asks for the usage chunk. vLLM's include_usage defaults to true once the
+ * options are sent: `{}` and `{"continuous_usage_stats": true}` ask for it, `false` and `null` do
+ * not; any other value (a string, a number) is taken as not asking, the side that sends the
+ * client nothing it declined.
+ */
+export function asksForUsage(so: unknown): boolean {
+  return isRecord(so) && (so.include_usage === undefined || so.include_usage === true);
 }

@@ -98,7 +98,8 @@ export function intake(
     rt.config.router.block_size_tokens,
     cacheRoot(model, ir.body.cache_salt),
   );
-  const promptTokens = rt.tokens.tokens(prompt);
+  // What the backend will prefill: vLLM keeps a prompt's last truncate_prompt_tokens tokens.
+  const promptTokens = truncatedTokens(ir, rt.tokens.tokens(prompt), rt.models.maxModelLen(model));
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: prompt.hashes.length });
   checkContext(ir, prompt, promptTokens, rt.tokens.fewestTokens(prompt), rt.models.maxModelLen(model));
   return {
@@ -137,9 +138,7 @@ function checkContext(
   let least = exact ? fewest : Math.floor(fewest / CONTEXT_ESTIMATE_SLACK);
   // vLLM cuts the prompt to its last truncate_prompt_tokens tokens (-1: to the context length)
   // before it checks the length.
-  const cut = ir.body.truncate_prompt_tokens;
-  if (cut === -1) least = Math.min(least, maxLen);
-  else if (typeof cut === 'number' && Number.isInteger(cut) && cut > 0) least = Math.min(least, cut);
+  least = truncatedTokens(ir, least, maxLen);
   const output = askedOutput(ir) ?? 1;
   if (least + output <= maxLen) return;
   const about = exact ? '' : 'about ';
@@ -150,6 +149,17 @@ function checkContext(
       `${output} in the completion).`,
     { param: ir.endpoint === 'chat' ? 'messages' : 'prompt' },
   );
+}
+
+/**
+ * `tokens` of one prompt as the backend keeps them: vLLM cuts a prompt to its last
+ * truncate_prompt_tokens tokens (-1: to the context length) before it checks or prefills it.
+ */
+export function truncatedTokens(ir: InferenceRequest, tokens: number, maxLen: number): number {
+  const cut = ir.body.truncate_prompt_tokens;
+  if (cut === -1) return Math.min(tokens, maxLen);
+  if (typeof cut === 'number' && Number.isInteger(cut) && cut > 0) return Math.min(tokens, cut);
+  return tokens;
 }
 
 /**

@@ -86,7 +86,12 @@ export class ModelCatalog {
   /** Refreshes running, by the backend list they ask: a reload's new list never joins an old one. */
   readonly #refreshing = new Map<string, Promise<void>>();
 
+  /** Refreshes started, and the latest whose answers were applied: an older one never overwrites it. */
+  #started = 0;
+  #applied = 0;
+
   async #refresh(urls: readonly string[], timeoutMs: number): Promise<void> {
+    const seq = ++this.#started;
     const fresh = new Map<string, number>();
     // Not AbortSignal.timeout: its timer would outlive the refresh (and a closed gateway).
     const deadline = new AbortController();
@@ -97,6 +102,10 @@ export class ModelCatalog {
     } finally {
       clearTimeout(timer);
     }
+    // A refresh of an older backend list (the timer's, as a reload started another) that ends
+    // after a newer one applied its answers keeps out of the way.
+    if (seq < this.#applied) return;
+    this.#applied = seq;
     for (const [id, len] of fresh) this.#maxLen.set(id, len);
   }
 

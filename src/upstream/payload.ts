@@ -32,7 +32,7 @@ export interface PayloadSpec {
   streamed: boolean;
   /** vLLM's `priority` field, or null to leave the client's body as it is. */
   priority: number | null;
-  /** The client asked for usage itself (`stream_options.include_usage`). */
+  /** The client asked for usage itself (its stream_options, as vLLM reads them: asksForUsage). */
   clientWantsUsage: boolean;
   /** The model to name when the client's body named none, else null (the body's own stands). */
   model: string | null;
@@ -48,8 +48,8 @@ function overrides(spec: PayloadSpec): Record<string, unknown> {
     const streamOptions = opts !== null && typeof opts === 'object' ? opts : {};
     out.stream = true;
     const merged: Record<string, unknown> = { ...streamOptions, include_usage: true };
-    // vLLM puts usage on every chunk only when both are asked: forcing include_usage must not turn
-    // on a client's continuous_usage_stats that, without include_usage, asked for nothing.
+    // vLLM puts usage on every chunk only when include_usage holds too: forcing include_usage must
+    // not turn on the continuous_usage_stats of a client that declined usage.
     if (!spec.clientWantsUsage && merged.continuous_usage_stats) merged.continuous_usage_stats = false;
     out.stream_options = merged;
   }

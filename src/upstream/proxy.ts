@@ -54,7 +54,7 @@ export interface ProxyRequest {
   /** How the client is answered: relayed stream, a body assembled from a stream, or passed through. */
   mode: ClientMode;
   assembleKind: AssembleKind;
-  /** The client set stream_options.include_usage: the usage chunk is forwarded to it. */
+  /** The client's stream_options ask for usage (asksForUsage): the usage chunk is forwarded to it. */
   clientWantsUsage: boolean;
   /** The model the upstream body names when the client's named none (payload.ts), else null. */
   model: string | null;

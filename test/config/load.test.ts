@@ -392,6 +392,12 @@ describe('violations are reported with the path of the key to fix', () => {
       /^must not have a query or fragment \(got "redis:\/\/app:\*\*\*@h:6379\/0\?\*\*\*"\)$/,
     ],
     [
+      'a redis URL that does not parse, with "?" in its password, shows none of it',
+      (c) => (c.state = { store: 'redis', redis_url: 'redis://user:se?cret@h:6379/0' }),
+      'state.redis_url',
+      /^must be an absolute URL \(got "redis:\/\/user:\*\*\*@h:6379\/0"\)$|^must not have a query or fragment \(got "redis:\/\/user:\*\*\*@h:6379\/0"\)$/,
+    ],
+    [
       'a redis URL with a password in its query does not show it',
       (c) => (c.state = { store: 'redis', redis_url: 'redis://h:6379?password=s3cr3t' }),
       'state.redis_url',

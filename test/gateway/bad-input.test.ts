@@ -423,6 +423,18 @@ describe('27c: a prompt the backend will truncate', () => {
       truncate_prompt_tokens: 100,
     });
     expect(cut.status, cut.text).toBe(200);
+    // Planned and charged as the backend will prefill it: its last 100 tokens.
+    expect((await t.records()).at(-1)!.prompt_tokens_est).toBe(100);
+    // A text prompt the backend cuts teaches no characters-per-token ratio: it counts fewer than were sent.
+    const learnt = t.gw.runtime.tokens.samples;
+    const text = await post(t.url, CHAT, {
+      ...chat({ max_tokens: 5 }),
+      messages: [{ role: 'user', content: 'The quick brown fox jumps over the lazy dog. '.repeat(40) }],
+      truncate_prompt_tokens: 200,
+    });
+    expect(text.status, text.text).toBe(200);
+    await t.records();
+    expect(t.gw.runtime.tokens.samples).toBe(learnt);
     // Without it the same prompt is over the 256-token context, and refused here.
     const whole = await post(t.url, '/v1/completions', { model: MODEL, prompt: ids, max_tokens: 10 });
     expect(whole.status).toBe(400);

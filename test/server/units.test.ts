@@ -56,6 +56,9 @@ describe('parseInferenceRequest', () => {
     expect(usage({ continuous_usage_stats: true })).toBe(true);
     expect(usage({ include_usage: false })).toBe(false);
     expect(usage({ include_usage: null })).toBe(false);
+    // Not a boolean: taken as not asking (the client gets nothing it may have declined).
+    expect(usage({ include_usage: 'no' })).toBe(false);
+    expect(usage({ include_usage: 0 })).toBe(false);
     expect(usage(null)).toBe(false);
     // Stream options on a request that does not stream: vLLM's 400 (an empty object passes).
     expect(
@@ -314,6 +317,39 @@ describe('ModelCatalog', () => {
     } finally {
       await short.close();
       await long.close().catch(() => {});
+    }
+  });
+
+  it("an older backend list's refresh that ends last does not overwrite a newer one's answers", async () => {
+    const servers: http.Server[] = [];
+    const serve = async (len: number, delayMs: number) => {
+      const server = http.createServer((_req, res) => {
+        setTimeout(() => {
+          res.writeHead(200, { 'content-type': 'application/json' });
+          res.end(JSON.stringify({ data: [{ id: 'a', max_model_len: len }] }));
+        }, delayMs);
+      });
+      servers.push(server);
+      server.listen(0, '127.0.0.1');
+      await once(server, 'listening');
+      return `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+    };
+    try {
+      const removed = await serve(1024, 300);
+      const kept = await serve(8192, 0);
+      const cat = new ModelCatalog(['a']);
+      // The timer's refresh still asks the old list (a slow backend) when a reload asks the new one.
+      const old = cat.refresh([removed, kept]);
+      const fresh = cat.refresh([kept]);
+      await fresh;
+      expect(cat.maxModelLen('a')).toBe(8192);
+      await old;
+      expect(cat.maxModelLen('a')).toBe(8192);
+    } finally {
+      for (const s of servers) {
+        s.closeAllConnections();
+        s.close();
+      }
     }
   });
 

@@ -3,6 +3,7 @@
 import { once } from 'node:events';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { asksForUsage } from '../../src/server/inference-request.ts';
 import type { Backend } from '../../src/upstream/backend.ts';
 import { BackendSet, type BackendSetOptions } from '../../src/upstream/backends.ts';
 import { Cancel } from '../../src/upstream/cancel.ts';
@@ -284,7 +285,7 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
           path,
           mode: body.stream === true ? 'stream' : (opts.nonStreamMode ?? 'passthrough'),
           assembleKind: path === '/v1/completions' ? 'completion' : 'chat',
-          clientWantsUsage: so?.include_usage === true,
+          clientWantsUsage: asksForUsage(so),
           model: null,
           requestId: String(req.headers['x-request-id'] ?? 'req-1'),
           responseHeaders: opts.responseHeaders ?? { 'x-request-id': 'req-1' },

@@ -101,8 +101,12 @@ describe('streaming relay', () => {
 
   it('always asks upstream for usage but forwards the usage chunk only when the client asked', async () => {
     const { up, gw } = await setup(healthy(2));
-    const res = await post(gw.url, chatBody({ stream_options: { continuous_usage_stats: false } }));
+    const res = await post(
+      gw.url,
+      chatBody({ stream_options: { include_usage: false, continuous_usage_stats: true } }),
+    );
     const result = await gw.nextResult();
+    // A client that declined usage gets none, continuous_usage_stats included (vLLM ties it to include_usage).
     expect(up.hits[0]!.body.stream_options).toEqual({ include_usage: true, continuous_usage_stats: false });
     expect(res.text).not.toContain('"usage"');
     expect(dataEvents(res.text)).toHaveLength(4); // role, 2 tokens, [DONE]
