@@ -48,8 +48,17 @@ class TokenWindow {
 
   advance(now: number): void {
     const epoch = Math.floor(now / this.#bucketMs);
-    if (epoch <= this.#epoch) return;
     const n = this.#buckets.length;
+    if (epoch <= this.#epoch) {
+      // A wall clock stepped back by more than the window starts it afresh (as SlidingWindow
+      // does): otherwise a tenant over its budget then would stay refused until the clock caught up.
+      if (epoch < this.#epoch - n) {
+        this.#buckets.fill(0);
+        this.total = 0;
+        this.#epoch = epoch;
+      }
+      return;
+    }
     const from = Math.max(this.#epoch + 1, epoch - n + 1);
     for (let e = from; e <= epoch; e++) {
       const i = mod(e, n);

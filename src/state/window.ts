@@ -81,8 +81,17 @@ export class SlidingWindow {
   /** Drops the buckets that slid out of the window as of `now`. */
   advance(now: number): void {
     const epoch = Math.floor(now / this.#bucketMs);
-    if (epoch <= this.#epoch) return;
     const n = this.#ring.length;
+    if (epoch <= this.#epoch) {
+      // Invariant: a wall clock stepped back by more than the window (an NTP step, a restored VM)
+      // starts the window afresh. Otherwise nothing would leave it until the clock caught up with
+      // the newest bucket again: stale samples for as long as the step.
+      if (epoch < this.#epoch - n) {
+        for (const bucket of this.#ring) this.#expire(bucket);
+        this.#epoch = epoch;
+      }
+      return;
+    }
     // Only the slots that the new epochs map to can hold expired data, at most the whole ring.
     const from = Math.max(this.#epoch + 1, epoch - n + 1);
     for (let e = from; e <= epoch; e++) this.#expire(this.#ring[mod(e, n)] as Bucket);

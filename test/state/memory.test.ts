@@ -72,6 +72,21 @@ describe('LiveState with the memory store', () => {
     expect(s.tenantTokensFreedInMs('elsewhere', 100)).toBe(60_000);
   });
 
+  it("a wall clock stepped back by more than the minute does not hold a tenant's tokens in the window until it catches up", () => {
+    const s = make();
+    s.tenantLease('a', 500).end();
+    expect(s.tenantUsage('a').tokens).toBe(500);
+    // An NTP step (or a restored VM) puts the clock an hour back.
+    clock -= 3_600_000;
+    s.tenantLease('a', 10).end();
+    expect(s.tenantUsage('a').tokens).toBe(10);
+    expect(s.tenantTokensFreedInMs('a', 10)).toBeLessThanOrEqual(60_000);
+    // A small step back (a clock read a moment earlier) keeps what the window holds.
+    clock -= 500;
+    s.tenantLease('a', 5).end();
+    expect(s.tenantUsage('a').tokens).toBe(15);
+  });
+
   it('an idle backend keeps its rates: after an hour, or a night, one new sample does not define its fit alone', () => {
     const s = make();
     const rand = rng(7);

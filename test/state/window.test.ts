@@ -106,6 +106,20 @@ describe('sliding window (injected clock)', () => {
     expect(w.empty).toBe(true);
   });
 
+  it('a wall clock stepped back by more than the window starts it afresh; a small step keeps it', () => {
+    const w = new SlidingWindow(1000, 10);
+    w.record(100_000, sample(50));
+    w.record(99_500, sample(60));
+    expect(w.total.hist.ttft.count).toBe(2);
+    // An hour back: the old samples would otherwise stay until the clock reached 100 s again.
+    w.record(100_000 - 3_600_000, sample(7));
+    expect(w.total.hist.ttft.count).toBe(1);
+    expect(quantiles([w.total.hist.ttft]).mean).toBe(7);
+    // And it slides from there as usual.
+    w.advance(100_000 - 3_600_000 + 10_000);
+    expect(w.empty).toBe(true);
+  });
+
   it('a long silence empties the window in one step and reuse starts clean', () => {
     const w = new SlidingWindow(1000, 10);
     for (let t = 0; t < 10_000; t += 100) w.record(t, sample(50));
@@ -124,10 +138,11 @@ describe('sliding window (injected clock)', () => {
     expect(w.total.counters.requests).toBe(1);
   });
 
-  it('a sample stamped before the newest bucket counts in the newest, not in an expired slot', () => {
+  it('a sample stamped before the newest bucket, within the window, counts in the newest, not in an older slot', () => {
     const w = new SlidingWindow(1000, 5);
     w.record(10_000, sample(1));
-    w.record(2_000, sample(2));
+    // Stamped 4 s before (a clock read earlier): its own slot would leave the window first.
+    w.record(6_000, sample(2));
     w.advance(14_999);
     expect(w.total.hist.ttft.count).toBe(2);
     w.advance(15_000);
