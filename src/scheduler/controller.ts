@@ -75,7 +75,7 @@ export interface ControlSignals {
   tpotTargetMs: number;
   /** p90 of the waiting share described above over the recent periods; null: too few first tokens. */
   ttftQueueShare: number | null;
-  /** Requests waited for this backend in the period, or it ran at its limit. */
+  /** The backend ran at its limit, or requests waited for it while it was at its limit, in the period. */
   binding: boolean;
 }
 

@@ -507,7 +507,11 @@ export class Scheduler {
     const backend = choice.backend.name;
     round.ahead.set(backend, (round.ahead.get(backend) ?? 0) + 1);
     round.closed.add(backend);
-    this.#controlOf(backend).blocked = true;
+    // Blocked by its limit, which the control loop may raise; not by prefill room or by an entry
+    // ahead, which a higher limit would not cure (counted as binding, they wound the limit up to
+    // max with one request in flight).
+    const c = this.#controlOf(backend);
+    if (this.#deps.live.load(backend) >= Math.floor(c.limit)) c.blocked = true;
     return null;
   }
 
@@ -766,9 +770,16 @@ export class Scheduler {
     const elapsedS = Math.max(1e-3, (now - this.#lastTick) / 1000);
     this.#lastTick = now;
     const rate = this.#releases / elapsedS;
+    // Invariant: the rates at which slots free are learnt only from periods in which a slot could
+    // free. An idle period frees none because nothing ran, not because slots free slowly: decayed
+    // on it, a 5 s lull took 31 frees/s down to 0.025, and the burst after it was refused with a
+    // predicted wait of 40 s for slots that freed in milliseconds.
+    const ran = this.#releases > 0 || this.#deps.backends().some((b) => this.#deps.live.load(b.name) > 0);
     this.#releases = 0;
-    this.#releaseRate =
-      this.#releaseRate === null ? rate : this.#releaseRate + RATE_ALPHA * (rate - this.#releaseRate);
+    if (ran) {
+      this.#releaseRate =
+        this.#releaseRate === null ? rate : this.#releaseRate + RATE_ALPHA * (rate - this.#releaseRate);
+    }
     if (this.#actual.length >= MIN_RATIO_SAMPLES) {
       const floor = quantile(this.#actual, 0.05);
       const ratios = this.#actual.map((a, i) => a / Math.max(this.#predicted[i] as number, floor, 1e-3));
@@ -787,7 +798,9 @@ export class Scheduler {
       const c = this.#controlOf(b.name);
       const inflight = this.#deps.live.load(b.name);
       const freed = c.releases / elapsedS;
-      c.releaseRate = c.releaseRate === null ? freed : c.releaseRate + RATE_ALPHA * (freed - c.releaseRate);
+      if (c.releases > 0 || inflight > 0) {
+        c.releaseRate = c.releaseRate === null ? freed : c.releaseRate + RATE_ALPHA * (freed - c.releaseRate);
+      }
       c.releases = 0;
       if (settings.policy === 'fcfs') {
         c.limit = cc.initial;

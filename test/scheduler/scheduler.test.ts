@@ -563,6 +563,49 @@ describe('the control loop and the estimates', () => {
     });
   });
 
+  describe('periods with nothing to free, and waits the limit does not cause', () => {
+    const period = () => vi.advanceTimersByTime(100);
+    afterEach(() => {
+      vi.useRealTimers();
+    });
+
+    it('keeps the rate slots free at through an idle spell, rather than learn that they free slowly', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const f = setup(
+        ['a'],
+        settings({ concurrency: { ...settings().concurrency, initial: 4, intervalMs: 100 } }),
+      );
+      const slots = await Promise.all([1, 2, 3, 4].map(() => f.scheduler.ticket(req()).acquire(first())));
+      for (const slot of slots) slot!.release();
+      period();
+      const busy = f.scheduler.view().releasesPerS;
+      expect(busy).toBeGreaterThan(0);
+      // Five seconds with nothing in flight: nothing could free, which says nothing of the rate.
+      for (let i = 0; i < 50; i++) period();
+      expect(f.scheduler.view().releasesPerS).toBe(busy);
+    });
+
+    it('does not wind a limit up while requests wait for prefill room with slots free', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const f = setup(
+        ['a'],
+        settings({
+          concurrency: { ...settings().concurrency, initial: 4, intervalMs: 100, prefillTokens: 1000 },
+        }),
+      );
+      const big = await f.scheduler.ticket(req({ uncachedTokens: 900, promptTokens: 900 })).acquire(first());
+      // 900 + 500 prefill tokens are over the room: this one waits, with 3 of 4 slots free.
+      void f.scheduler.ticket(req({ uncachedTokens: 500, promptTokens: 500 })).acquire(first());
+      for (let i = 0; i < 12; i++) {
+        // A decode pace far under the setpoint, which would grow a limit that binds.
+        big!.meter!.gaps += 20;
+        big!.meter!.gapMs += 200;
+        period();
+      }
+      expect(f.scheduler.limit('a')).toBe(4);
+    });
+  });
+
   it('estimates no wait when a backend has room, and none it cannot measure', async () => {
     const { scheduler } = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
     expect(scheduler.estimateWaitMs(req())).toBe(0);
