@@ -265,6 +265,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         { event: e.type, backend: e.backend, ...('durationMs' in e ? { ms: e.durationMs } : {}) },
         'backend',
       );
+      // Invariant: the queue is pumped onto a new backend only once the live state knows it. A
+      // backend is added in the middle of a reload's update, before live.setBackends: a pump then
+      // granted on it leases the live state did not count, and one new backend took the whole
+      // queue. The reload pumps itself once both know the new list.
+      if (e.type === 'added' || e.type === 'removed') return;
       onAvailabilityChange();
     };
     const backends = new BackendSet(backendSetOptions(config, onBackendEvent), backendConfigs(config, fleet));

@@ -19,7 +19,8 @@
 // tokens, charged when a request is dispatched). The class's next request comes from the
 // backlogged tenant with the smallest counter, and is that tenant's smallest key; classes then
 // compete by those keys. A tenant that comes back after being idle has its counter lifted to the
-// smallest counter of the tenants still waiting, so idleness banks no credit. With one tenant
+// smallest counter of the tenants still waiting, so idleness banks no credit; and when the class's
+// queue empties every counter starts afresh, so work served while nobody waited is no debt. With one tenant
 // this is exactly the key order above; a tenant that bursts is served its share of the class's
 // work while the others' requests keep their place.
 import { Heap } from './heap.ts';
@@ -162,6 +163,7 @@ export class SlagateQueue implements QueueDiscipline {
     best.c.size--;
     this.#size--;
     if (best.e.state === 'granted') best.t.counter += work(best.e.req);
+    emptied(best.c);
   }
 
   /** The next entry: per class the least-served tenant's smallest key, then the smallest across classes. */
@@ -189,6 +191,7 @@ export class SlagateQueue implements QueueDiscipline {
     t.size--;
     c.size--;
     this.#size--;
+    emptied(c);
     // Removed entries stay in their heap until they surface; compact when they outnumber the rest.
     if (++this.#dead > 64 && this.#dead > this.#size) {
       for (const cq of this.#classes.values()) for (const tq of cq.tenants.values()) tq.heap.compact();
@@ -256,6 +259,17 @@ export class SlagateQueue implements QueueDiscipline {
     }
     return c;
   }
+}
+
+/**
+ * Invariant: counters compare only the work served while tenants competed. When a class's queue
+ * empties, nobody is waiting and every tenant starts afresh at the next backlog; otherwise a tenant
+ * served heavily while alone (its requests never waited) carried that as debt, and at the next
+ * overload a lighter tenant already backlogged was served alone until it had caught up, while the
+ * heavy one's requests waited until the guard refused them. Dropping the tenants also bounds the map.
+ */
+function emptied(c: ClassQueue): void {
+  if (c.size === 0) c.tenants.clear();
 }
 
 function minCounter(c: ClassQueue, except: TenantQueue): number | null {

@@ -772,8 +772,8 @@ export class Scheduler {
     const rate = this.#releases / elapsedS;
     // Invariant: the rates at which slots free are learnt only from periods in which a slot could
     // free. An idle period frees none because nothing ran, not because slots free slowly: decayed
-    // on it, a 5 s lull took 31 frees/s down to 0.025, and the burst after it was refused with a
-    // predicted wait of 40 s for slots that freed in milliseconds.
+    // by 0.7 in each, a few seconds' lull left a rate near 0, and the burst after it was refused
+    // with a predicted wait of many seconds for slots that were about to free.
     const ran = this.#releases > 0 || this.#deps.backends().some((b) => this.#deps.live.load(b.name) > 0);
     this.#releases = 0;
     if (ran) {

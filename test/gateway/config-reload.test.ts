@@ -20,6 +20,7 @@ import {
   merge,
   openStream,
   post,
+  scripted,
   serveChild,
   sseData,
   startTestGateway,
@@ -184,6 +185,47 @@ describe('on reload', () => {
     const metrics = (await get(t.url, '/metrics')).text;
     expect(metrics).not.toContain(`backend="${removed}"`);
     expect(metrics).toContain(`backend="${kept.name}"`);
+  });
+
+  it('a reload that adds backends while requests queue gives each new one no more than its limit, all counted', async () => {
+    // Backends that hold every request: each keeps its slot until the test ends.
+    const servers = await Promise.all([0, 1, 2].map(() => scripted(() => {})));
+    cleanups.push(() => Promise.all(servers.map((b) => b.close())));
+    const [b0, b1, b2] = servers.map((b, i) => ({ name: `b${i}`, url: b.url })) as [
+      { name: string; url: string },
+      { name: string; url: string },
+      { name: string; url: string },
+    ];
+    const limits = { scheduler: { concurrency: { initial: 2, min: 1 } } };
+    const t = await startTestGateway({
+      backends: [b0],
+      config: {
+        ...limits,
+        server: { shutdown_grace_ms: 0 },
+        upstream: { first_token_timeout_ms: 30_000 },
+        sla: {
+          default_class: 'interactive',
+          classes: { interactive: { ttft_p99_ms: 30_000, tpot_p99_ms: 1000, priority: 0 } },
+        },
+      },
+    });
+    cleanups.push(() => t.close());
+    for (let i = 0; i < 10; i++) void post(t.url, CHAT, chat()).catch(() => {});
+    await waitFor(
+      () => servers[0]!.hits.length === 2 && t.gw.runtime.scheduler.view().queued === 8,
+      5000,
+      'queued',
+    );
+    const next = structuredClone(t.gw.runtime.config) as unknown as Record<string, unknown>;
+    await t.gw.reload(toConfig({ ...next, backends: [b0, b1, b2] }));
+    await waitFor(() => servers[1]!.hits.length + servers[2]!.hits.length >= 4, 5000, 'new backends served');
+    const live = t.gw.runtime.live;
+    expect(servers[1]!.hits.length).toBe(2);
+    expect(servers[2]!.hits.length).toBe(2);
+    // Every slot granted on them is counted where the scheduler reads its load.
+    expect(live.load('b1')).toBe(2);
+    expect(live.load('b2')).toBe(2);
+    expect(t.gw.runtime.scheduler.view().queued).toBe(4);
   });
 
   it('a file moved from real backends to simulate is refused: simulate applies only at start', async () => {

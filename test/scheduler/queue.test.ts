@@ -123,6 +123,33 @@ describe('SlagateQueue', () => {
     expect(order.slice(0, 2).sort()).toEqual(['a3', 'b1']);
   });
 
+  it('work served while a tenant was alone is no debt at the next backlog: counters start afresh once the queue empties', () => {
+    const q = new SlagateQueue(() => AGING);
+    // Light load: H's thousand requests each leave at once, nobody else waiting; L's one too.
+    for (let i = 0; i < 1000; i++) {
+      entry(q, i, { reqId: `h${i}`, tenant: 'h', uncachedTokens: 1000 });
+      drain(q);
+    }
+    entry(q, 1000, { reqId: 'l0', tenant: 'l', uncachedTokens: 1000 });
+    drain(q);
+    // Overload: L is backlogged, H's request joins; one leaves per turn, and L keeps sending.
+    entry(q, 2000, { reqId: 'l1', tenant: 'l', uncachedTokens: 1000 });
+    entry(q, 2000, { reqId: 'h-late', tenant: 'h', uncachedTokens: 1000 });
+    const left: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      entry(q, 2001 + i, { reqId: `l${i + 2}`, tenant: 'l', uncachedTokens: 1000 });
+      let taken = false;
+      q.scan((e) => {
+        if (taken) return 'stop';
+        taken = true;
+        left.push(e.req.reqId);
+        return 'take';
+      });
+    }
+    // H's request goes within the first turns, not after L has been served H's whole history.
+    expect(left.slice(0, 2)).toContain('h-late');
+  });
+
   it('removed entries never leave; depth and size follow; the worst sheddable entry is found', () => {
     const q = new SlagateQueue(() => AGING);
     const a = entry(q, 0, { reqId: 'a' });
