@@ -774,7 +774,9 @@ export class Scheduler {
     // free. An idle period frees none because nothing ran, not because slots free slowly: decayed
     // by 0.7 in each, a few seconds' lull left a rate near 0, and the burst after it was refused
     // with a predicted wait of many seconds for slots that were about to free.
-    const ran = this.#releases > 0 || this.#deps.backends().some((b) => this.#deps.live.load(b.name) > 0);
+    // This instance's own slots: the releases counted are its own, and a peer's load frees none here.
+    const ran =
+      this.#releases > 0 || this.#deps.backends().some((b) => this.#controlOf(b.name).targets.size > 0);
     this.#releases = 0;
     if (ran) {
       this.#releaseRate =
@@ -798,7 +800,7 @@ export class Scheduler {
       const c = this.#controlOf(b.name);
       const inflight = this.#deps.live.load(b.name);
       const freed = c.releases / elapsedS;
-      if (c.releases > 0 || inflight > 0) {
+      if (c.releases > 0 || c.targets.size > 0) {
         c.releaseRate = c.releaseRate === null ? freed : c.releaseRate + RATE_ALPHA * (freed - c.releaseRate);
       }
       c.releases = 0;

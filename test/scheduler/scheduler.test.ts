@@ -583,6 +583,11 @@ describe('the control loop and the estimates', () => {
       // Five seconds with nothing in flight: nothing could free, which says nothing of the rate.
       for (let i = 0; i < 50; i++) period();
       expect(f.scheduler.view().releasesPerS).toBe(busy);
+      // Nor does a peer instance's request in flight: its release is never counted here.
+      const peer = f.live.lease('a', { promptTokens: 1, expectedOutputTokens: 1 });
+      for (let i = 0; i < 50; i++) period();
+      expect(f.scheduler.view().releasesPerS).toBe(busy);
+      peer.end();
     });
 
     it('does not wind a limit up while requests wait for prefill room with slots free', async () => {
