@@ -770,15 +770,18 @@ export class Scheduler {
     const elapsedS = Math.max(1e-3, (now - this.#lastTick) / 1000);
     this.#lastTick = now;
     const rate = this.#releases / elapsedS;
-    // Invariant: the rates at which slots free are learnt only from periods in which a slot could
-    // free. An idle period frees none because nothing ran, not because slots free slowly: decayed
-    // by 0.7 in each, a few seconds' lull left a rate near 0, and the burst after it was refused
-    // with a predicted wait of many seconds for slots that were about to free.
-    // This instance's own slots: the releases counted are its own, and a peer's load frees none here.
-    const ran =
-      this.#releases > 0 || this.#deps.backends().some((b) => this.#controlOf(b.name).targets.size > 0);
+    // Invariant: the rates at which slots free are learnt from periods that say something of them:
+    // one in which a slot freed, or one in which a request waited for a slot that did not. A lull
+    // frees none because little ran, not because slots free slowly: decayed by 0.7 in each period
+    // (a peer's requests, or one long stream of this instance, running through it), a few seconds
+    // left a rate near 0, and the burst after it was refused with a predicted wait of many seconds
+    // for slots that were about to free.
+    const waited =
+      this.#queue.size + this.#retries.length > 0 ||
+      this.#deps.backends().some((b) => this.#controlOf(b.name).blocked);
+    const learn = this.#releases > 0 || waited;
     this.#releases = 0;
-    if (ran) {
+    if (learn) {
       this.#releaseRate =
         this.#releaseRate === null ? rate : this.#releaseRate + RATE_ALPHA * (rate - this.#releaseRate);
     }
@@ -800,7 +803,7 @@ export class Scheduler {
       const c = this.#controlOf(b.name);
       const inflight = this.#deps.live.load(b.name);
       const freed = c.releases / elapsedS;
-      if (c.releases > 0 || c.targets.size > 0) {
+      if (c.releases > 0 || c.blocked) {
         c.releaseRate = c.releaseRate === null ? freed : c.releaseRate + RATE_ALPHA * (freed - c.releaseRate);
       }
       c.releases = 0;

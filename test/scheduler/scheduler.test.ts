@@ -588,6 +588,17 @@ describe('the control loop and the estimates', () => {
       for (let i = 0; i < 50; i++) period();
       expect(f.scheduler.view().releasesPerS).toBe(busy);
       peer.end();
+      // Nor one long stream of its own, with slots to spare and nobody waiting.
+      const long = await f.scheduler.ticket(req()).acquire(first());
+      for (let i = 0; i < 50; i++) period();
+      expect(f.scheduler.view().releasesPerS).toBe(busy);
+      // Every slot held and a request waiting, and none frees: that does say slots free slowly.
+      const held = await Promise.all([1, 2, 3].map(() => f.scheduler.ticket(req()).acquire(first())));
+      void f.scheduler.ticket(req()).acquire(first());
+      for (let i = 0; i < 5; i++) period();
+      expect(f.scheduler.view().releasesPerS!).toBeLessThan(busy! / 2);
+      long!.release();
+      for (const slot of held) slot!.release();
     });
 
     it('does not wind a limit up while requests wait for prefill room with slots free', async () => {
