@@ -15,9 +15,9 @@
 // follow as their JSON; each text, tool calls and tool call id is preceded by a marker of its kind
 // and length (hashed, not counted as text), so no content can forge a boundary. For completions:
 // the first prompt's text as it is (several prompts are separate sequences to vLLM, each from its
-// own start; the first one's blocks stand for them all, the others are counted). Token-id prompts are hashed as ids, vLLM's own way. Every chain starts
-// from a root named after the model and the request's cache_salt (`cacheRoot`), which key vLLM's
-// cache as well as the tokens do.
+// own start; the first one's blocks stand for them all, the others are counted). Token-id prompts
+// are hashed as ids, vLLM's own way. Every chain starts from a root named after the model and the
+// request's cache_salt (`cacheRoot`), which key vLLM's cache as well as the tokens do.
 import { blockHashes, namedRoot, ROOT_HASH, TextBlocks } from './chain-hash.ts';
 
 /** Characters of canonical text per token of a block (the endpoint picker's approximation: 4). */

@@ -98,14 +98,10 @@ export function appendProblem(path: string): string | null {
       accessSync(path, constants.W_OK);
       return null;
     }
-    // The nearest existing ancestor must be a directory we may create entries in.
+    // The nearest existing ancestor must be a directory we may create entries in (a file on the
+    // way made the stat above throw ENOTDIR).
     let dir = dirname(path);
-    let dirStat = statOrNull(dir);
-    while (dirStat === null && dirname(dir) !== dir) {
-      dir = dirname(dir);
-      dirStat = statOrNull(dir);
-    }
-    if (dirStat === null || !dirStat.isDirectory()) return `${dir} is not a directory`;
+    while (statOrNull(dir) === null && dirname(dir) !== dir) dir = dirname(dir);
     accessSync(dir, constants.W_OK | constants.X_OK);
     return null;
   } catch (err) {

@@ -85,8 +85,6 @@ export class Assembler {
   #finish: unknown = null;
   #stop: unknown = null;
   #usage: NonNullable<StreamChunk['usage']> | null = null;
-  /** Characters of text folded in so far, both channels: what the body will hold. */
-  #chars = 0;
   /** The role the stream's first chunk named (vLLM's response role, or the last message's). */
   #role: string | null = null;
 
@@ -107,21 +105,12 @@ export class Assembler {
       if (this.kind === 'chat') {
         const d = c.delta;
         if (this.#role === null && typeof d?.role === 'string') this.#role = d.role;
-        if (typeof d?.content === 'string') {
-          this.#text += d.content;
-          this.#chars += d.content.length;
-        }
-        if (typeof d?.reasoning === 'string') {
-          this.#reasoning = (this.#reasoning ?? '') + d.reasoning;
-          this.#chars += d.reasoning.length;
-        }
-        if (typeof d?.reasoning_content === 'string') {
+        if (typeof d?.content === 'string') this.#text += d.content;
+        if (typeof d?.reasoning === 'string') this.#reasoning = (this.#reasoning ?? '') + d.reasoning;
+        if (typeof d?.reasoning_content === 'string')
           this.#reasoningContent = (this.#reasoningContent ?? '') + d.reasoning_content;
-          this.#chars += d.reasoning_content.length;
-        }
       } else if (typeof c.text === 'string') {
         this.#text += c.text;
-        this.#chars += c.text.length;
       }
       if (c.finish_reason !== undefined && c.finish_reason !== null) {
         this.#finish = c.finish_reason;
@@ -132,7 +121,7 @@ export class Assembler {
 
   /** Characters of text folded in so far (the body's size, give or take its JSON escapes). */
   get chars(): number {
-    return this.#chars;
+    return this.#text.length + (this.#reasoning?.length ?? 0) + (this.#reasoningContent?.length ?? 0);
   }
 
   /** The body vLLM would have sent for the same request, non-streamed. */

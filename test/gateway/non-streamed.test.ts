@@ -25,6 +25,15 @@ const COMPLETIONS = '/v1/completions';
 /** vLLM's bodies carry `created` (seconds): the one field two requests may not share. */
 const sansCreated = (text: string) => text.replace(/"created":\d+/, '"created":0');
 
+/** A backend that answers every request with `reply` as JSON, recording each body it was sent. */
+function jsonBackend(reply: string, bodies: Record<string, unknown>[]) {
+  return scripted((_req, res, hit) => {
+    bodies.push(JSON.parse(hit.body) as Record<string, unknown>);
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end(reply);
+  });
+}
+
 describe('assembled from a stream', () => {
   it('chat: byte for byte the body the replica sends for the same request non-streamed', async () => {
     t = await startTestGateway({ replicas: 1 });
@@ -169,11 +178,7 @@ describe('shapes the assembler does not cover pass through', () => {
       ],
       usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 },
     });
-    const b = await scripted((_req, res, hit) => {
-      bodies.push(JSON.parse(hit.body) as Record<string, unknown>);
-      res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(reply);
-    });
+    const b = await jsonBackend(reply, bodies);
     t = await startTestGateway({ backends: [{ name: 'b', url: b.url }] });
     try {
       const res = await post(t.url, CHAT, chat({ logprobs: true, top_logprobs: 2 }), {
@@ -205,11 +210,7 @@ describe('shapes the assembler does not cover pass through', () => {
       choices: [choice(0), choice(1)],
       usage: { prompt_tokens: 1, completion_tokens: 4, total_tokens: 5 },
     });
-    const b = await scripted((_req, res, hit) => {
-      bodies.push(JSON.parse(hit.body) as Record<string, unknown>);
-      res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(reply);
-    });
+    const b = await jsonBackend(reply, bodies);
     t = await startTestGateway({ backends: [{ name: 'b', url: b.url }] });
     try {
       const res = await post(t.url, CHAT, chat({ n: 2 }));
