@@ -109,17 +109,13 @@ export class AdmissionController {
         prediction,
       );
     }
-    const best = prediction.best;
     // Planned at the P99 of how predictions turn out, so that the tail of what is admitted, not
     // its median, meets the target; the record keeps the point prediction. The budget is the class
     // target, or for a request large for its class twice its unavoidable time (predict.ts): what
     // the load adds past that is refused, not what the prompt itself must take.
-    const bound =
-      best === null || best.backendMs === null || prediction.waitMs === null
-        ? null
-        : prediction.waitMs + scheduler.upperBackendMs(best.backendMs);
+    const bound = prediction.complete ? soonest(prediction, scheduler) : null;
     const budget = scheduled.ttftBudgetMs;
-    if (prediction.complete && bound !== null && bound > budget) {
+    if (bound !== null && bound > budget) {
       throw this.#refuse(
         req,
         new GatewayError(
@@ -220,6 +216,17 @@ export class AdmissionController {
     const over = predictedMs !== undefined && targetMs !== undefined ? predictedMs - targetMs : 0;
     return clampS(Math.ceil(Math.max(drain ?? 0, over) / 1000));
   }
+}
+
+/** The least predicted first token over the backends, each taken at the P99 of how predictions turn out. */
+function soonest(p: Prediction, scheduler: Scheduler): number | null {
+  let min: number | null = null;
+  for (const b of p.byBackend.values()) {
+    if (b.backendMs === null || b.waitMs === null) continue;
+    const ms = b.waitMs + scheduler.upperBackendMs(b.backendMs);
+    if (min === null || ms < min) min = ms;
+  }
+  return min;
 }
 
 function clampS(s: number): number {

@@ -1,7 +1,9 @@
 // The TTFT predictor: for each backend that could take the request, the time from arrival to its
 // first token if it went there:
 //
-//   predicted = wait in the gateway queue (scheduler: entries ahead ÷ the rate slots free up)
+//   predicted = wait in the gateway queue: none when that backend would start the request at once
+//               (a slot and prefill room free: whatever is queued waits for other backends), else
+//               the fleet's (scheduler: entries ahead ÷ the rate slots free up)
 //             + dispatch-to-first-token on that backend (live state's fit at the backend's
 //               pending prefill work and load: base + a·(own uncached + pending) + b·in-flight),
 //               where "own uncached" is the prompt less what the prefix index says the backend
@@ -38,7 +40,10 @@ import type { Backend } from '../upstream/index.ts';
 export interface Prediction {
   /** Per available backend. */
   readonly byBackend: ReadonlyMap<string, BackendPrediction>;
-  /** Predicted gateway queue wait, ms (the same for every backend); null when unknown. */
+  /**
+   * Predicted gateway queue wait, ms, on a backend that cannot start the request at once (one that
+   * can has none: BackendPrediction.waitMs); null when unknown.
+   */
   readonly waitMs: number | null;
   /** The lowest predicted total, or null when any available backend cannot be predicted. */
   readonly best: BackendPrediction | null;
@@ -70,6 +75,8 @@ export function predict(
   loopDelayMs = 0,
 ): { prediction: Prediction; scheduled: ScheduledRequest } {
   const backendMs = new Map<string, number | null>();
+  // Backends that would start the request the moment it is queued: no queue wait there.
+  const startsNow = new Set<string>();
   let bestBackendMs: number | null = null;
   let prefillMs: number | null = null;
   // Without a prediction anywhere, the size to order by is the least any backend must prefill.
@@ -84,6 +91,7 @@ export function predict(
     if (alone !== null && (unloadedMs === null || alone < unloadedMs)) unloadedMs = alone;
     const ms = live.predictTtftMs(b.name, own);
     backendMs.set(b.name, ms);
+    if (scheduler.startsNow(b.name, own)) startsNow.add(b.name);
     if (ms === null) {
       complete = false;
       if (bestBackendMs === null) uncachedTokens = Math.min(uncachedTokens, own);
@@ -132,15 +140,17 @@ export function predict(
   const waitMs = scheduler.estimateWaitMs(scheduled);
   let best: BackendPrediction | null = null;
   for (const [name, ms] of backendMs) {
+    const wait = startsNow.has(name) ? 0 : waitMs;
     const p: BackendPrediction = {
       backend: name,
       backendMs: ms,
-      totalMs: ms === null || waitMs === null ? null : waitMs + ms,
+      waitMs: wait,
+      totalMs: ms === null || wait === null ? null : wait + ms,
     };
     byBackend.set(name, p);
-    if (p.totalMs !== null && (best === null || p.totalMs < (best.totalMs as number))) best = p;
+    if (p.totalMs === null) complete = false;
+    else if (best === null || p.totalMs < (best.totalMs as number)) best = p;
   }
-  if (waitMs === null) complete = false;
   return {
     prediction: { byBackend, waitMs, best, complete, unloadedMs, largeForClass },
     scheduled,

@@ -250,6 +250,7 @@ export class Scheduler {
   /**
    * Predicted wait in the gateway queue for a new request, ms: 0 when it would be dispatched at
    * once; else the entries ahead of it over the rate slots free up; null when that rate is unknown.
+   * The fleet's wait: a backend that would start the request at once (startsNow) has none.
    */
   estimateWaitMs(req: ScheduledRequest): number | null {
     const free = this.#totalRoom();
@@ -258,6 +259,17 @@ export class Scheduler {
     const rate = this.#releaseRate;
     if (rate === null || rate <= 0) return null;
     return (Math.max(0, ahead + 1 - free) / rate) * 1000;
+  }
+
+  /**
+   * Backend `name` would start a request of `uncachedTokens` the moment it is queued: a slot free
+   * under its limit and (slagate) prefill room, the test a pump makes (#slot). Whatever else is
+   * queued then is waiting for other backends (an entry the pump could have sent here was sent),
+   * so the request waits for none of it there, however long the queue: its wait on this backend
+   * is 0, not the fleet's.
+   */
+  startsNow(name: string, uncachedTokens: number): boolean {
+    return this.#room(name) > 0 && this.#prefillRoom(name, uncachedTokens, this.#prefillCap());
   }
 
   /**
@@ -449,7 +461,7 @@ export class Scheduler {
       room: new Map(),
       ahead: new Map(),
       closed: new Set(),
-      prefillCap: settings.policy === 'slagate' ? settings.concurrency.prefillTokens : 0,
+      prefillCap: this.#prefillCap(),
       queues: settings.maxQueue > 0,
     };
     for (const b of available) round.room.set(b.name, this.#room(b.name));
@@ -577,14 +589,25 @@ export class Scheduler {
    */
   #slot(b: Backend, round: Round, uncached: number): { open: boolean; waitMs: number | null } {
     const free = round.room.get(b.name) ?? 0;
-    const cap = round.prefillCap;
-    const pending = cap > 0 ? this.#deps.live.inflight(b.name).pendingPrefillTokens : 0;
-    const prefillRoom = cap <= 0 || pending === 0 || pending + uncached <= cap;
-    if (free > 0 && prefillRoom && !round.closed.has(b.name)) return { open: true, waitMs: 0 };
+    if (free > 0 && !round.closed.has(b.name) && this.#prefillRoom(b.name, uncached, round.prefillCap))
+      return { open: true, waitMs: 0 };
     const needed = (round.ahead.get(b.name) ?? 0) + 1 - Math.max(0, free);
     if (needed <= 0) return { open: false, waitMs: 0 };
     const rate = this.#controlOf(b.name).releaseRate;
     return { open: false, waitMs: rate === null || rate <= 0 ? null : (needed / rate) * 1000 };
+  }
+
+  /** Pending prefill on `name` leaves room for `uncached` more under `cap` (0: no cap), or none is pending. */
+  #prefillRoom(name: string, uncached: number, cap: number): boolean {
+    if (cap <= 0) return true;
+    const pending = this.#deps.live.inflight(name).pendingPrefillTokens;
+    return pending === 0 || pending + uncached <= cap;
+  }
+
+  /** The prefill cap a pump applies: `scheduler.concurrency.prefill_tokens` under slagate, else none. */
+  #prefillCap(): number {
+    const settings = this.#deps.settings();
+    return settings.policy === 'slagate' ? settings.concurrency.prefillTokens : 0;
   }
 
   /** What the router reads about `b` for this request, from the live state now. */

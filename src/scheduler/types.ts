@@ -7,7 +7,12 @@ export interface BackendPrediction {
   readonly backend: string;
   /** Dispatch to first token on this backend, ms (the live state's fit); null without a fit. */
   readonly backendMs: number | null;
-  /** Arrival to first token: the predicted gateway wait + backendMs; null when either is unknown. */
+  /**
+   * The predicted wait in the gateway queue before this backend takes the request, ms: 0 when it
+   * would start it at once (Scheduler.startsNow), else the fleet's wait; null when unknown.
+   */
+  readonly waitMs: number | null;
+  /** Arrival to first token: waitMs + backendMs; null when either is unknown. */
   readonly totalMs: number | null;
 }
 

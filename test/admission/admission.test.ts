@@ -1,8 +1,9 @@
 // The admission controller (src/admission): tenant limits, the TTFT prediction and the refusals
 // made on it, shedding of sheddable classes, the predictor's error. Real live state (memory), real
 // backend set and scheduler; the fits are taught by recording samples, as finished requests do.
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { AdmissionController, type AdmissionRequest, SHED_WINDOW_MS } from '../../src/admission/index.ts';
+import { Cancel } from '../../src/upstream/cancel.ts';
 import { route } from '../router/fixtures.ts';
 import { schedulerFixture, schedulerSettings } from '../scheduler/fixtures.ts';
 
@@ -70,6 +71,8 @@ function pendingPrefill(live: ReturnType<typeof setup>['live'], names: string[],
     for (const l of leases) l.end();
   };
 }
+
+const firstAttempt = () => ({ attempt: 0, excluded: new Set<string>(), signal: new Cancel() });
 
 /** What `fn` throws (undefined when it returns). */
 function thrownBy(fn: () => unknown): unknown {
@@ -210,6 +213,62 @@ describe('predicted TTFT', () => {
     const fits = admission.admit(req({ promptTokens: 1000 }));
     expect(fits.prediction.largeForClass).toBe(false);
     expect(fits.scheduled.ttftBudgetMs).toBe(500);
+  });
+
+  it('a backend with room waits for nobody: the queue ahead counts only on a backend that is full', async () => {
+    // One slot on each of a and b, fits taught, a release rate measured (ten slots taken and freed,
+    // then a control period), on one clock.
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    cleanups.push(() => vi.useRealTimers());
+    const f = schedulerFixture(
+      ['a', 'b'],
+      schedulerSettings({
+        concurrency: { ...schedulerSettings().concurrency, initial: 1, max: 1, intervalMs: 100 },
+      }),
+      undefined,
+      { sharedClock: true },
+    );
+    cleanups.push(() => f.close());
+    const admission = new AdmissionController({
+      backends: () => f.backends.list(),
+      live: f.live,
+      scheduler: f.scheduler,
+    });
+    f.teach();
+    const at = (over: Partial<AdmissionRequest> = {}) =>
+      req({ arrivedAt: f.now(), deadlineAt: f.now() + 60_000, ...over });
+    for (let i = 0; i < 10; i++) {
+      const slot = await f.scheduler.ticket(admission.admit(at()).scheduled).acquire(firstAttempt());
+      f.tick(50);
+      slot!.release();
+    }
+    vi.advanceTimersByTime(100);
+    // a's slot is taken, and eight retries that may not go to b wait for it.
+    const held = await f.scheduler
+      .ticket(admission.admit(at()).scheduled)
+      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+    expect(held!.backend.name).toBe('a');
+    const retries = Array.from({ length: 8 }, () =>
+      f.scheduler
+        .ticket(admission.admit(at()).scheduled)
+        .acquire({ attempt: 1, excluded: new Set(['b']), signal: new Cancel() }),
+    );
+    // b takes a new request at once: 20 + 0.1 × 1000 = 120 ms, within 500, though the queue
+    // ahead would take longer than the target to drain.
+    const ok = admission.admit(at({ promptTokens: 1000 }));
+    const queueMs = ok.prediction.waitMs!;
+    expect(queueMs).toBeGreaterThan(500);
+    expect(ok.prediction.byBackend.get('b')).toMatchObject({ waitMs: 0 });
+    expect(ok.prediction.byBackend.get('b')!.totalMs).toBeCloseTo(120, 0);
+    expect(ok.prediction.byBackend.get('a')).toMatchObject({ waitMs: queueMs });
+    expect(ok.prediction.best!.backend).toBe('b');
+    const onB = await f.scheduler.ticket(ok.scheduled).acquire(firstAttempt());
+    expect(onB!.backend.name).toBe('b');
+    // Now b is full too: the queue ahead counts everywhere, and the request is refused.
+    expect(codeOf(() => admission.admit(at({ promptTokens: 1000 })))).toMatch(/^sla_unattainable/);
+    held!.release();
+    onB!.release();
+    for (const r of retries) (await r)?.release();
   });
 
   it("the gateway's own event-loop delay comes out of every budget, and a refusal says so", () => {
