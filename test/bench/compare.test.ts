@@ -252,12 +252,22 @@ describe('runCompare on real processes', () => {
       expect(f.ttftP50Ms).toBeGreaterThan(0);
       expect(f.ttftP99Ms).toBeGreaterThanOrEqual(f.ttftP50Ms!);
     }
-    // Round robin over two replicas splits 24 successful requests 12/12 (at this light load none
-    // is refused or fails).
+    // The split is the records' own: each successful request counted where its response says it
+    // was served. (Not 12/12 for round robin: under the slagate scheduler it skips a backend that
+    // has no prefill room at that moment, which a loaded machine makes a matter of timing.)
+    for (const run of result.runs) {
+      const f = run.figures!;
+      const served: Record<string, number> = {};
+      for (const r of run.bench!.records) {
+        const b = r.headers['x-slagate-backend'];
+        if (r.success && b !== undefined) served[b] = (served[b] ?? 0) + 1;
+      }
+      expect(f.backendRequests).toEqual(served);
+      expect(f.maxBackendShare).toBeCloseTo(Math.max(...Object.values(served)) / (f.ok / 2), 12);
+    }
     const rr = result.runs[0]!.figures!;
     expect(rr.ok).toBe(24);
-    expect(rr.backendRequests).toEqual({ r0: 12, r1: 12 });
-    expect(rr.maxBackendShare).toBeCloseTo(1, 12);
+    expect(Math.min(rr.backendRequests.r0!, rr.backendRequests.r1!)).toBeGreaterThanOrEqual(6);
   });
 
   it("keeps each run's admission log, one line per request, agreeing with the response headers", () => {
