@@ -212,6 +212,13 @@ export class Scheduler {
   readonly #controlTimer: NodeJS.Timeout;
   #releases = 0;
   #releaseRate: number | null = null;
+  /**
+   * What the last pump left waiting: the backends an entry waits for (nobody behind it starts
+   * there), and whether it stopped at its bound on entries passed over, so that entries it never
+   * reached may be waiting for any backend. startsNow reads them; empty and false when nothing waits.
+   */
+  #waitedFor: ReadonlySet<string> = new Set();
+  #passedBound = false;
   // Recent dispatch-to-first-token times, predicted and actual, side by side (a ring).
   readonly #predicted: number[] = [];
   readonly #actual: number[] = [];
@@ -262,13 +269,14 @@ export class Scheduler {
   }
 
   /**
-   * Backend `name` would start a request of `uncachedTokens` the moment it is queued: a slot free
-   * under its limit and (slagate) prefill room, the test a pump makes (#slot). Whatever else is
-   * queued then is waiting for other backends (an entry the pump could have sent here was sent),
-   * so the request waits for none of it there, however long the queue: its wait on this backend
-   * is 0, not the fleet's.
+   * Backend `name` would start a request of `uncachedTokens` the moment it is queued, the tests a
+   * pump makes (#slot): a slot free under its limit, (slagate) prefill room, and no entry waiting
+   * for it (the last pump closed no backend it reached to the entries behind, and reached every
+   * entry). Whatever else is queued then waits for other backends, so the request waits for none
+   * of it there, however long the queue: its wait on this backend is 0, not the fleet's.
    */
   startsNow(name: string, uncachedTokens: number): boolean {
+    if (this.#passedBound || this.#waitedFor.has(name)) return false;
     return this.#room(name) > 0 && this.#prefillRoom(name, uncachedTokens, this.#prefillCap());
   }
 
@@ -436,7 +444,13 @@ export class Scheduler {
 
   #pumpOnce(): void {
     // Nothing waits: nothing to grant (a release or a first token with an empty queue, the usual case).
-    if (this.#queue.size === 0 && this.#retries.length === 0) return;
+    if (this.#queue.size === 0 && this.#retries.length === 0) {
+      if (this.#passedBound || this.#waitedFor.size > 0) {
+        this.#waitedFor = new Set();
+        this.#passedBound = false;
+      }
+      return;
+    }
     const backends = this.#deps.backends();
     const available = backends.filter((b) => b.available);
     // Entries that can no longer be placed anywhere get null now (the loop decides what follows).
@@ -483,10 +497,13 @@ export class Scheduler {
     }
     let passes = 0;
     const maxPasses = PASSES_PER_BACKEND * available.length;
+    this.#passedBound = false;
+    this.#waitedFor = round.closed;
     this.#queue.scan((e) => {
+      if (passes >= maxPasses) this.#passedBound = true;
       if (!this.#anyOpen(available, round) || passes >= maxPasses) return 'stop';
       const w = e as Waiting;
-      const choice = this.#startable(w.req, available, round, null, w);
+      const choice = this.#startable(w.req, available, round, w.excluded, w);
       if (choice === null) {
         passes++;
         return 'pass';

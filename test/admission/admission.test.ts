@@ -3,6 +3,8 @@
 // backend set and scheduler; the fits are taught by recording samples, as finished requests do.
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { AdmissionController, type AdmissionRequest, SHED_WINDOW_MS } from '../../src/admission/index.ts';
+import type { RoutingPolicy } from '../../src/router/index.ts';
+import type { SchedulerSettings } from '../../src/scheduler/scheduler.ts';
 import { Cancel } from '../../src/upstream/cancel.ts';
 import { route } from '../router/fixtures.ts';
 import { schedulerFixture, schedulerSettings } from '../scheduler/fixtures.ts';
@@ -59,7 +61,7 @@ function req(over: Partial<AdmissionRequest> = {}): AdmissionRequest {
     noQueue: false,
     ...over,
   };
-  return { ...base, route: over.route ?? route({ promptTokens: base.promptTokens }) };
+  return { ...base, route: over.route ?? route({ reqId: base.reqId, promptTokens: base.promptTokens }) };
 }
 
 /** Prefill waiting on every backend (a lease each, until its first token), as dispatched requests make. */
@@ -215,60 +217,173 @@ describe('predicted TTFT', () => {
     expect(fits.scheduled.ttftBudgetMs).toBe(500);
   });
 
-  it('a backend with room waits for nobody: the queue ahead counts only on a backend that is full', async () => {
-    // One slot on each of a and b, fits taught, a release rate measured (ten slots taken and freed,
-    // then a control period), on one clock.
-    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
-    cleanups.push(() => vi.useRealTimers());
-    const f = schedulerFixture(
-      ['a', 'b'],
-      schedulerSettings({
-        concurrency: { ...schedulerSettings().concurrency, initial: 1, max: 1, intervalMs: 100 },
-      }),
-      undefined,
-      { sharedClock: true },
-    );
-    cleanups.push(() => f.close());
-    const admission = new AdmissionController({
-      backends: () => f.backends.list(),
-      live: f.live,
-      scheduler: f.scheduler,
-    });
-    f.teach();
-    const at = (over: Partial<AdmissionRequest> = {}) =>
-      req({ arrivedAt: f.now(), deadlineAt: f.now() + 60_000, ...over });
-    for (let i = 0; i < 10; i++) {
-      const slot = await f.scheduler.ticket(admission.admit(at()).scheduled).acquire(firstAttempt());
-      f.tick(50);
-      slot!.release();
+  describe('the queue wait on a backend that would start the request at once', () => {
+    /**
+     * Backends with `limit` slots each (`settings` over the fixture's), fits taught, a release
+     * rate measured (ten slots taken and freed, then a control period), on one clock.
+     */
+    async function measured(
+      names: string[],
+      over: Partial<SchedulerSettings> & { limit: number; prefillTokens?: number },
+      router?: RoutingPolicy,
+    ) {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      cleanups.push(() => vi.useRealTimers());
+      const base = schedulerSettings();
+      const { limit, prefillTokens, ...rest } = over;
+      const f = schedulerFixture(
+        names,
+        schedulerSettings({
+          ...rest,
+          concurrency: {
+            ...base.concurrency,
+            initial: limit,
+            max: limit,
+            intervalMs: 100,
+            prefillTokens: prefillTokens ?? 0,
+          },
+        }),
+        router,
+        { sharedClock: true },
+      );
+      cleanups.push(() => f.close());
+      const admission = new AdmissionController({
+        backends: () => f.backends.list(),
+        live: f.live,
+        scheduler: f.scheduler,
+      });
+      f.teach();
+      const at = (o: Partial<AdmissionRequest> = {}) =>
+        req({ arrivedAt: f.now(), deadlineAt: f.now() + 60_000, ...o });
+      // Ten on each backend, so that each has a rate of its own.
+      for (const name of names) {
+        const others = new Set(names.filter((n) => n !== name));
+        for (let i = 0; i < 10; i++) {
+          const slot = await f.scheduler
+            .ticket(admission.admit(at()).scheduled)
+            .acquire({ attempt: 0, excluded: others, signal: new Cancel() });
+          f.tick(50);
+          slot!.release();
+        }
+      }
+      vi.advanceTimersByTime(100);
+      return { f, admission, at };
     }
-    vi.advanceTimersByTime(100);
-    // a's slot is taken, and eight retries that may not go to b wait for it.
-    const held = await f.scheduler
-      .ticket(admission.admit(at()).scheduled)
-      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
-    expect(held!.backend.name).toBe('a');
-    const retries = Array.from({ length: 8 }, () =>
-      f.scheduler
+
+    it('is none where nobody waits: the queue ahead counts only on a backend that is full', async () => {
+      const { f, admission, at } = await measured(['a', 'b'], { limit: 1 });
+      // a's slot is taken, and eight retries that may not go to b wait for it.
+      const held = await f.scheduler
         .ticket(admission.admit(at()).scheduled)
-        .acquire({ attempt: 1, excluded: new Set(['b']), signal: new Cancel() }),
-    );
-    // b takes a new request at once: 20 + 0.1 × 1000 = 120 ms, within 500, though the queue
-    // ahead would take longer than the target to drain.
-    const ok = admission.admit(at({ promptTokens: 1000 }));
-    const queueMs = ok.prediction.waitMs!;
-    expect(queueMs).toBeGreaterThan(500);
-    expect(ok.prediction.byBackend.get('b')).toMatchObject({ waitMs: 0 });
-    expect(ok.prediction.byBackend.get('b')!.totalMs).toBeCloseTo(120, 0);
-    expect(ok.prediction.byBackend.get('a')).toMatchObject({ waitMs: queueMs });
-    expect(ok.prediction.best!.backend).toBe('b');
-    const onB = await f.scheduler.ticket(ok.scheduled).acquire(firstAttempt());
-    expect(onB!.backend.name).toBe('b');
-    // Now b is full too: the queue ahead counts everywhere, and the request is refused.
-    expect(codeOf(() => admission.admit(at({ promptTokens: 1000 })))).toMatch(/^sla_unattainable/);
-    held!.release();
-    onB!.release();
-    for (const r of retries) (await r)?.release();
+        .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+      expect(held!.backend.name).toBe('a');
+      const retries = Array.from({ length: 8 }, () =>
+        f.scheduler
+          .ticket(admission.admit(at()).scheduled)
+          .acquire({ attempt: 1, excluded: new Set(['b']), signal: new Cancel() }),
+      );
+      // b takes a new request at once: 20 + 0.1 × 1000 = 120 ms, within 500, though the queue
+      // ahead would take longer than the target to drain.
+      const ok = admission.admit(at({ promptTokens: 1000 }));
+      const queueMs = ok.prediction.waitMs!;
+      expect(queueMs).toBeGreaterThan(500);
+      expect(ok.prediction.byBackend.get('b')).toMatchObject({ waitMs: 0 });
+      expect(ok.prediction.byBackend.get('b')!.totalMs).toBeCloseTo(120, 0);
+      expect(ok.prediction.byBackend.get('a')).toMatchObject({ waitMs: queueMs });
+      expect(ok.prediction.best!.backend).toBe('b');
+      const onB = await f.scheduler.ticket(ok.scheduled).acquire(firstAttempt());
+      expect(onB!.backend.name).toBe('b');
+      // Now b is full too: the queue ahead counts everywhere, and the request is refused.
+      expect(codeOf(() => admission.admit(at({ promptTokens: 1000 })))).toMatch(/^sla_unattainable/);
+      held!.release();
+      onB!.release();
+      for (const r of retries) (await r)?.release();
+    });
+
+    it("is the queue's where an entry waits for that backend for prefill room, slot free or not", async () => {
+      // One backend, two slots, 2,048 tokens of prefill room: one request is still prefilling
+      // 1,500 tokens, so a slot is free, and three of 3,000 tokens wait for b (nothing may be
+      // pending for them to fit). Nobody passes them there: a short request waits too.
+      const { f, admission, at } = await measured(['b'], { limit: 2, prefillTokens: 2048 });
+      const lease = f.live.lease('b', {
+        promptTokens: 1500,
+        expectedOutputTokens: 10,
+        uncachedPromptTokens: 1500,
+      });
+      const big = [0, 1, 2].map((i) =>
+        f.scheduler
+          .ticket(
+            admission.admit(at({ reqId: `big${i}`, promptTokens: 3000, ttftTargetMs: 20_000 })).scheduled,
+          )
+          .acquire(firstAttempt()),
+      );
+      // A second later a short request comes: behind them in the queue's order.
+      f.tick(1000);
+      const short = admission.admit(at({ reqId: 'short', promptTokens: 300, ttftTargetMs: 20_000 }));
+      const b = short.prediction.byBackend.get('b')!;
+      expect(b.waitMs).toBe(short.prediction.waitMs);
+      expect(b.waitMs).toBeGreaterThan(0);
+      let state = 'waiting';
+      void f.scheduler
+        .ticket(short.scheduled)
+        .acquire(firstAttempt())
+        .then(() => {
+          state = 'granted';
+        });
+      await Promise.resolve();
+      expect(state).toBe('waiting');
+      // Once nothing is pending one of them starts; when it ends the next does, and the short one
+      // still waits behind it.
+      lease.end();
+      f.scheduler.pump();
+      (await Promise.race(big))!.release();
+      await new Promise((r) => setImmediate(r));
+      expect(state).toBe('waiting');
+    });
+
+    it("is the queue's while entries the pump never reached may be waiting for it", async () => {
+      // a's one slot is taken and entries that may not go to b wait for it, in arrival order. A
+      // pump passes over at most 16 waiting entries per backend: behind 3 of them a new request is
+      // offered b, free, and starts there at once; behind 33 it is never reached, free as b is.
+      const { f, admission, at } = await measured(['a', 'b'], { policy: 'fcfs', limit: 1 });
+      const onlyA = () => ({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+      const held = await f.scheduler.ticket(admission.admit(at()).scheduled).acquire(onlyA());
+      expect(held!.backend.name).toBe('a');
+      const queued = (n: number) =>
+        Array.from({ length: n }, () => {
+          const p = f.scheduler
+            .ticket(admission.admit(at({ ttftTargetMs: 59_000 })).scheduled)
+            .acquire(onlyA());
+          f.tick(1);
+          return p;
+        });
+      const few = queued(3);
+      const near = admission.admit(at());
+      expect(near.prediction.byBackend.get('b')!.waitMs).toBe(0);
+      const onB = await f.scheduler.ticket(near.scheduled).acquire(firstAttempt());
+      expect(onB!.backend.name).toBe('b');
+      onB!.release();
+      const many = queued(30);
+      const far = admission.admit(at({ ttftTargetMs: 59_000 }));
+      expect(far.prediction.waitMs).toBeGreaterThan(0);
+      expect(far.prediction.byBackend.get('b')!.waitMs).toBe(far.prediction.waitMs);
+      let state = 'waiting';
+      void f.scheduler
+        .ticket(far.scheduled)
+        .acquire(firstAttempt())
+        .then(
+          (s) => {
+            state = s?.backend.name ?? 'none';
+          },
+          () => {
+            state = 'refused';
+          },
+        );
+      await Promise.resolve();
+      expect(state).toBe('waiting');
+      held!.release();
+      for (const p of [...few, ...many]) (await p)?.release();
+    });
   });
 
   it("the gateway's own event-loop delay comes out of every budget, and a refusal says so", () => {

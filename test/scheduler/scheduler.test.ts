@@ -104,6 +104,24 @@ describe('late dispatch', () => {
     expect(live.load('a') + live.load('b')).toBe(4);
   });
 
+  it('a first attempt asked again (its backend refused it before it started) is never granted a backend it was given', async () => {
+    const { scheduler } = setup(
+      ['a', 'b'],
+      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
+    );
+    const onA = await scheduler
+      .ticket(req())
+      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+    expect(onA!.backend.name).toBe('a');
+    // b is free, but this request was on it: it waits for a.
+    const again = scheduler
+      .ticket(req())
+      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+    expect(await state(again)).toBe('waiting');
+    onA!.release();
+    expect((await again)!.backend.name).toBe('a');
+  });
+
   it('a retry never goes back to a backend it tried, and is served before fresh requests', async () => {
     const { scheduler } = setup(
       ['a', 'b'],
