@@ -271,9 +271,11 @@ export class Scheduler {
   /**
    * Backend `name` would start a request of `uncachedTokens` the moment it is queued, the tests a
    * pump makes (#slot): a slot free under its limit, (slagate) prefill room, and no entry waiting
-   * for it (the last pump closed no backend it reached to the entries behind, and reached every
-   * entry). Whatever else is queued then waits for other backends, so the request waits for none
-   * of it there, however long the queue: its wait on this backend is 0, not the fleet's.
+   * for it (the last pump closed no backend it reached to the entries behind, and did not stop at
+   * its bound). Whatever else is queued then waits for other backends, so the request waits for
+   * none of it there, however long the queue: its wait on this backend is 0, not the fleet's.
+   * It reads the last pump: an entry that waited for a busy backend and has since become late
+   * there, with no pump in between, may take this backend first (it is judged at the next pump).
    */
   startsNow(name: string, uncachedTokens: number): boolean {
     if (this.#passedBound || this.#waitedFor.has(name)) return false;
@@ -497,12 +499,17 @@ export class Scheduler {
     }
     let passes = 0;
     const maxPasses = PASSES_PER_BACKEND * available.length;
-    this.#passedBound = false;
     this.#waitedFor = round.closed;
     this.#queue.scan((e) => {
-      if (passes >= maxPasses) this.#passedBound = true;
       if (!this.#anyOpen(available, round) || passes >= maxPasses) return 'stop';
       const w = e as Waiting;
+      // A first attempt asked again (its backend refused it before it started) that may use none
+      // of the backends left gets null now, as a retry does, rather than wait for its guard.
+      if (w.excluded.size > 0 && !available.some((b) => !w.excluded.has(b.name))) {
+        w.state = 'removed';
+        w.settle(null);
+        return 'take';
+      }
       const choice = this.#startable(w.req, available, round, w.excluded, w);
       if (choice === null) {
         passes++;
@@ -517,6 +524,9 @@ export class Scheduler {
       this.#grant(w, choice, round);
       return 'take';
     });
+    // At the bound, a request queued now would be beyond it: not reached by this pump whatever
+    // it waits for (whether more entries were left or not).
+    this.#passedBound = passes >= maxPasses;
   }
 
   /**

@@ -344,7 +344,7 @@ describe('predicted TTFT', () => {
     it("is the queue's while entries the pump never reached may be waiting for it", async () => {
       // a's one slot is taken and entries that may not go to b wait for it, in arrival order. A
       // pump passes over at most 16 waiting entries per backend: behind 3 of them a new request is
-      // offered b, free, and starts there at once; behind 33 it is never reached, free as b is.
+      // offered b, free, and starts there at once; behind 32 it is never reached, free as b is.
       const { f, admission, at } = await measured(['a', 'b'], { policy: 'fcfs', limit: 1 });
       const onlyA = () => ({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
       const held = await f.scheduler.ticket(admission.admit(at()).scheduled).acquire(onlyA());
@@ -363,7 +363,7 @@ describe('predicted TTFT', () => {
       const onB = await f.scheduler.ticket(near.scheduled).acquire(firstAttempt());
       expect(onB!.backend.name).toBe('b');
       onB!.release();
-      const many = queued(30);
+      const many = queued(29);
       const far = admission.admit(at({ ttftTargetMs: 59_000 }));
       expect(far.prediction.waitMs).toBeGreaterThan(0);
       expect(far.prediction.byBackend.get('b')!.waitMs).toBe(far.prediction.waitMs);
@@ -374,6 +374,7 @@ describe('predicted TTFT', () => {
         .then(
           (s) => {
             state = s?.backend.name ?? 'none';
+            s?.release();
           },
           () => {
             state = 'refused';
@@ -381,8 +382,12 @@ describe('predicted TTFT', () => {
         );
       await Promise.resolve();
       expect(state).toBe('waiting');
+      // Served one by one on a (the request behind them gets b on the way, once a pump reaches
+      // it): with nobody waiting, b would start the next request at once again.
       held!.release();
       for (const p of [...few, ...many]) (await p)?.release();
+      expect(state).toBe('b');
+      expect(f.scheduler.startsNow('b', 100)).toBe(true);
     });
   });
 

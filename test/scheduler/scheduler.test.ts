@@ -122,6 +122,25 @@ describe('late dispatch', () => {
     expect((await again)!.backend.name).toBe('a');
   });
 
+  it('such a request gets null at once when none of the backends it may use is left, as a retry does', async () => {
+    const { scheduler, backends } = setup(
+      ['a', 'b'],
+      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
+    );
+    const onA = await scheduler
+      .ticket(req())
+      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+    const again = scheduler
+      .ticket(req())
+      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+    expect(await state(again)).toBe('waiting');
+    backends.get('a')!.breaker.open();
+    scheduler.pump();
+    expect(await state(again)).toBeNull();
+    expect(scheduler.view()).toMatchObject({ queued: 0 });
+    onA!.release();
+  });
+
   it('a retry never goes back to a backend it tried, and is served before fresh requests', async () => {
     const { scheduler } = setup(
       ['a', 'b'],
