@@ -219,6 +219,12 @@ export class Scheduler {
    */
   #waitedFor: ReadonlySet<string> = new Set();
   #passedBound = false;
+  /**
+   * Fresh entries that may not use some backends: first attempts asked again after a backend
+   * refused them before they started. Checked at every pump, like retries, whether the scan
+   * reaches them or not.
+   */
+  readonly #reasked = new Set<Waiting>();
   // Recent dispatch-to-first-token times, predicted and actual, side by side (a ring).
   readonly #predicted: number[] = [];
   readonly #actual: number[] = [];
@@ -408,7 +414,10 @@ export class Scheduler {
       };
       sr.signal.onAbort(onAbort);
       if (retry) this.#retries.push(w);
-      else queue.push(w);
+      else {
+        queue.push(w);
+        if (sr.excluded.size > 0) this.#reasked.add(w);
+      }
       this.pump();
       if (w.state !== 'queued') return;
       // Not granted at once: is it allowed to wait?
@@ -451,6 +460,7 @@ export class Scheduler {
         this.#waitedFor = new Set();
         this.#passedBound = false;
       }
+      this.#reasked.clear();
       return;
     }
     const backends = this.#deps.backends();
@@ -462,6 +472,14 @@ export class Scheduler {
           this.#dropRetry(w);
           w.settle(null);
         }
+      }
+    }
+    for (const w of this.#reasked) {
+      if (w.state !== 'queued') this.#reasked.delete(w);
+      else if (!available.some((b) => !w.excluded.has(b.name))) {
+        this.#reasked.delete(w);
+        this.#queue.remove(w);
+        w.settle(null);
       }
     }
     if (available.length === 0) {
@@ -503,13 +521,6 @@ export class Scheduler {
     this.#queue.scan((e) => {
       if (!this.#anyOpen(available, round) || passes >= maxPasses) return 'stop';
       const w = e as Waiting;
-      // A first attempt asked again (its backend refused it before it started) that may use none
-      // of the backends left gets null now, as a retry does, rather than wait for its guard.
-      if (w.excluded.size > 0 && !available.some((b) => !w.excluded.has(b.name))) {
-        w.state = 'removed';
-        w.settle(null);
-        return 'take';
-      }
       const choice = this.#startable(w.req, available, round, w.excluded, w);
       if (choice === null) {
         passes++;

@@ -141,6 +141,32 @@ describe('late dispatch', () => {
     onA!.release();
   });
 
+  it('…whether the pump reaches it or not: behind an entry waiting for a full backend', async () => {
+    const { scheduler, backends } = setup(
+      ['a', 'b'],
+      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
+    );
+    const onA = await scheduler
+      .ticket(req())
+      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+    const onB = await scheduler
+      .ticket(req())
+      .acquire({ attempt: 0, excluded: new Set(['a']), signal: new Cancel() });
+    // Both full: the first queued entry waits for one of them and the pump goes no further.
+    const ahead = scheduler.ticket(req()).acquire(first());
+    const again = scheduler
+      .ticket(req())
+      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+    expect(await state(again)).toBe('waiting');
+    backends.get('a')!.breaker.open();
+    scheduler.pump();
+    expect(await state(again)).toBeNull();
+    expect(await state(ahead)).toBe('waiting');
+    onB!.release();
+    (await ahead)!.release();
+    onA!.release();
+  });
+
   it('a retry never goes back to a backend it tried, and is served before fresh requests', async () => {
     const { scheduler } = setup(
       ['a', 'b'],
