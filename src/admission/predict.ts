@@ -2,8 +2,9 @@
 // first token if it went there:
 //
 //   predicted = wait in the gateway queue: none when that backend would start the request at once
-//               (a slot and prefill room free: whatever is queued waits for other backends), else
-//               the fleet's (scheduler: entries ahead ÷ the rate slots free up)
+//               (Scheduler.startsNow: a slot and prefill room free, no entry waiting for it, and
+//               the last pump did not stop at its bound, so whatever is queued waits for other
+//               backends), else the fleet's (scheduler: entries ahead ÷ the rate slots free up)
 //             + dispatch-to-first-token on that backend (live state's fit at the backend's
 //               pending prefill work and load: base + a·(own uncached + pending) + b·in-flight),
 //               where "own uncached" is the prompt less what the prefix index says the backend
