@@ -375,7 +375,7 @@ export class Scheduler {
     const req = ticket.req;
     const retry = sr.attempt > 0;
     if (sr.signal.aborted) return Promise.reject(sr.signal.reason);
-    if (!this.#anyAvailable(sr.excluded)) return Promise.resolve(null);
+    if (!anyUsable(this.#deps.backends(), sr.excluded)) return Promise.resolve(null);
     const settings = this.#deps.settings();
     const queue = this.#discipline(settings.policy);
     const full = !retry && settings.maxQueue > 0 && queue.size + this.#retries.length >= settings.maxQueue;
@@ -468,7 +468,7 @@ export class Scheduler {
     // Entries that can no longer be placed anywhere get null now (the loop decides what follows).
     if (this.#retries.length > 0) {
       for (const w of [...this.#retries]) {
-        if (!available.some((b) => !w.excluded.has(b.name))) {
+        if (!anyUsable(available, w.excluded)) {
           this.#dropRetry(w);
           w.settle(null);
         }
@@ -476,7 +476,7 @@ export class Scheduler {
     }
     for (const w of this.#reasked) {
       if (w.state !== 'queued') this.#reasked.delete(w);
-      else if (!available.some((b) => !w.excluded.has(b.name))) {
+      else if (!anyUsable(available, w.excluded)) {
         this.#reasked.delete(w);
         this.#queue.remove(w);
         w.settle(null);
@@ -971,10 +971,6 @@ export class Scheduler {
     return free;
   }
 
-  #anyAvailable(excluded: ReadonlySet<string>): boolean {
-    return this.#deps.backends().some((b) => b.available && !excluded.has(b.name));
-  }
-
   /** The queue of the configured policy; a reload that changes it moves the waiting entries over. */
   #discipline(policy: 'slagate' | 'fcfs'): QueueDiscipline {
     if (this.#queue.name === policy) return this.#queue;
@@ -998,6 +994,12 @@ export class Scheduler {
 }
 
 /** The tightest of the targets held (Infinity when none: no TPOT signal is judged then). */
+/** Some backend of `backends` is available and not one the request was given already. */
+function anyUsable(backends: readonly Backend[], excluded: ReadonlySet<string>): boolean {
+  for (const b of backends) if (b.available && !excluded.has(b.name)) return true;
+  return false;
+}
+
 function tightest(targets: ReadonlyMap<number, number>): number {
   let min = Number.POSITIVE_INFINITY;
   for (const t of targets.keys()) if (t < min) min = t;

@@ -64,6 +64,13 @@ const first = (signal = new Cancel()) => ({
   signal,
 });
 
+/** A first attempt that may not use `names`: asked again after one of them refused it before it started. */
+const firstExcluding = (...names: string[]) => ({
+  attempt: 0,
+  excluded: new Set(names),
+  signal: new Cancel(),
+});
+
 /** Settles within the current turn of the event loop, or reports it is still waiting. */
 /** How a ticket's wait ended ('granted' or the refusal's code), and how long after `t0` it did. */
 async function outcomeOf(p: Promise<Slot | null>, t0: number): Promise<{ result: string; waited: number }> {
@@ -104,35 +111,25 @@ describe('late dispatch', () => {
     expect(live.load('a') + live.load('b')).toBe(4);
   });
 
+  /** Backends a and b with one slot each. */
+  const oneSlotEach = () =>
+    setup(['a', 'b'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
+
   it('a first attempt asked again (its backend refused it before it started) is never granted a backend it was given', async () => {
-    const { scheduler } = setup(
-      ['a', 'b'],
-      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
-    );
-    const onA = await scheduler
-      .ticket(req())
-      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+    const { scheduler } = oneSlotEach();
+    const onA = await scheduler.ticket(req()).acquire(firstExcluding('b'));
     expect(onA!.backend.name).toBe('a');
     // b is free, but this request was on it: it waits for a.
-    const again = scheduler
-      .ticket(req())
-      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+    const again = scheduler.ticket(req()).acquire(firstExcluding('b'));
     expect(await state(again)).toBe('waiting');
     onA!.release();
     expect((await again)!.backend.name).toBe('a');
   });
 
   it('such a request gets null at once when none of the backends it may use is left, as a retry does', async () => {
-    const { scheduler, backends } = setup(
-      ['a', 'b'],
-      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
-    );
-    const onA = await scheduler
-      .ticket(req())
-      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
-    const again = scheduler
-      .ticket(req())
-      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+    const { scheduler, backends } = oneSlotEach();
+    const onA = await scheduler.ticket(req()).acquire(firstExcluding('b'));
+    const again = scheduler.ticket(req()).acquire(firstExcluding('b'));
     expect(await state(again)).toBe('waiting');
     backends.get('a')!.breaker.open();
     scheduler.pump();
@@ -142,21 +139,12 @@ describe('late dispatch', () => {
   });
 
   it('…whether the pump reaches it or not: behind an entry waiting for a full backend', async () => {
-    const { scheduler, backends } = setup(
-      ['a', 'b'],
-      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
-    );
-    const onA = await scheduler
-      .ticket(req())
-      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
-    const onB = await scheduler
-      .ticket(req())
-      .acquire({ attempt: 0, excluded: new Set(['a']), signal: new Cancel() });
+    const { scheduler, backends } = oneSlotEach();
+    const onA = await scheduler.ticket(req()).acquire(firstExcluding('b'));
+    const onB = await scheduler.ticket(req()).acquire(firstExcluding('a'));
     // Both full: the first queued entry waits for one of them and the pump goes no further.
     const ahead = scheduler.ticket(req()).acquire(first());
-    const again = scheduler
-      .ticket(req())
-      .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+    const again = scheduler.ticket(req()).acquire(firstExcluding('b'));
     expect(await state(again)).toBe('waiting');
     backends.get('a')!.breaker.open();
     scheduler.pump();
