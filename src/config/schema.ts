@@ -152,7 +152,7 @@ export const SchedulerSchema = Type.Object(
         outer_periods: Type.Integer({ minimum: 1, maximum: 1000, default: 20 }),
         /** Share of the class TTFT target the p90 waiting inside a backend may use. */
         ttft_share: Type.Number({ exclusiveMinimum: 0, maximum: 1, default: 0.25 }),
-        /** Starting share of the TPOT target the mean token gap may use (the outer loop moves it). */
+        /** Starting share of the TPOT target the median token gap may use (the outer loop moves it). */
         tpot_share: Type.Number({ minimum: 0.6, maximum: 1, default: 0.8 }),
         /** Prefill tokens that may wait on a backend at once (dispatched, no first token yet); 0 = no cap. */
         prefill_tokens: Type.Integer({ minimum: 0, default: 2048 }),

@@ -8,10 +8,10 @@
 // at the gateway, where the scheduler orders it.
 //
 // Inner loop, every `interval_ms`, per backend. Two signals, each as a ratio to its setpoint:
-//   tpot = mean gap between token events on the backend over the last few periods
+//   tpot = median gap between token events on the backend over the last few periods
 //          ÷ (tpot_share × the tightest TPOT target among the classes running there)
 //   ttft = p90 over the last few periods' first tokens of (dispatch→first token − own predicted
-//          prefill − two mean token gaps) ÷ class TTFT target, ÷ ttft_share
+//          prefill − two median token gaps) ÷ class TTFT target, ÷ ttft_share
 // The second is the waiting inside the backend that a lower limit could take away: every first
 // token waits for the decode step under way and then for its own step, and a long prompt is slow
 // because it is long; what is left is queueing inside vLLM (KV cache full, too many sequences,
@@ -24,6 +24,18 @@
 // then clamped to [concurrency.min, concurrency.max]. "Binding": requests waited for this backend
 // in the period, or it ran at its limit; a limit nobody presses against does not grow (no windup).
 //
+// Why the median gap and not the mean: a decode step takes about a + b·B (a weight read, and a
+// cost per sequence), and a step that also carries a prefill chunk takes that plus the chunk's
+// compute, for every sequence in it. The limit sets B; it does not set how much prefill arrives
+// (that is the arrivals' uncached prompt tokens, whatever the limit), so lowering it does not
+// shorten those steps. Where long uncached prompts are common (a tenant's first 5,000-token system
+// prompt, chunked over a few steps of 100-170 ms against 20-40 ms for a decode step), the mean gap
+// was set by them: the loop cut B to bring it under the setpoint, the backends ran a few requests
+// under a limit that tracked them, and bursts waited for slots and were refused
+// (docs/benchmarks.md, "The decode pace the limit sets"). The median is the typical step, which
+// the batch sets. What the slow steps add to each request's TPOT is in the completed requests'
+// TPOT, which the outer loop reads: it lowers tpot_share until their P99 sits under the target.
+//
 // Why B and not the limit: a lower limit takes effect only as running requests finish (seconds
 // for long outputs), so for a while the signal still describes the old batch. Stepping from the
 // batch that produced the signal, not from the last limit, means the same evidence seen again in
@@ -31,7 +43,7 @@
 // while the batch drains.
 //
 // Why it is stable: both signals grow with the batch (a decode step is a weight read plus a cost
-// per sequence, so the mean gap is about a + b·B; internal waiting grows with what runs ahead). In
+// per sequence, so the typical gap is about a + b·B; internal waiting grows with what runs ahead). In
 // log space each step is proportional to ln e: −ln e above the setpoint, −½·ln e below it. If e
 // were proportional to B, a decrease would land on the setpoint and an increase would cover half
 // the remaining distance; e grows more slowly than B (the a in a + b·B), so both fall short of
@@ -41,10 +53,11 @@
 // more than half again the batch it was measured on. From far below the limit still grows 1.5×
 // every period: from 16 to a few hundred in about two seconds.
 
-// Outer loop, every `outer_periods` periods: the inner loop holds a mean, while the target is on
-// the P99 of per-request TPOT. tpot_share is servoed so that the measured P99 TPOT of the
-// requests the backend completed over the last four outer periods (at least 50) sits at 95% of
-// the target:
+// Outer loop, every `outer_periods` periods: the inner loop holds the typical step, while the
+// target is on the P99 of per-request TPOT, which also carries the slow steps. tpot_share is
+// servoed so that the measured P99 TPOT of the requests the backend completed sits at 95% of the
+// target, over the last four outer periods, or as many more (up to 24) as it takes to hold 50
+// completions:
 //   tpot_share ← clamp(tpot_share × (1 + 0.1·(1 − p99 / (0.95 × target))), 0.6, 1)
 // A step down is always taken; a step up only when the backend spent at least half the outer
 // period at its limit with e ≥ 0.8. A request completes a whole output after its decode began, so
@@ -62,15 +75,15 @@ export interface LimitBounds {
 }
 
 export interface Setpoints {
-  /** Share of the TPOT target the mean token gap may use. */
+  /** Share of the TPOT target the median token gap may use. */
   tpotShare: number;
   /** Share of the TTFT target the p90 waiting inside the backend may use. */
   ttftShare: number;
 }
 
 export interface ControlSignals {
-  /** Mean gap between token events on the backend over the period, ms; null: too few gaps. */
-  meanItlMs: number | null;
+  /** Median gap between token events on the backend over the recent periods, ms; null: too few gaps. */
+  itlMs: number | null;
   /** The tightest TPOT target among the classes the backend served, ms. */
   tpotTargetMs: number;
   /** p90 of the waiting share described above over the recent periods; null: too few first tokens. */
@@ -90,7 +103,7 @@ const MAX_GROWTH = 1.5;
 
 export function controlError(s: ControlSignals, sp: Setpoints): number | null {
   const parts: number[] = [];
-  if (s.meanItlMs !== null && s.tpotTargetMs > 0) parts.push(s.meanItlMs / (sp.tpotShare * s.tpotTargetMs));
+  if (s.itlMs !== null && s.tpotTargetMs > 0) parts.push(s.itlMs / (sp.tpotShare * s.tpotTargetMs));
   if (s.ttftQueueShare !== null) parts.push(s.ttftQueueShare / sp.ttftShare);
   return parts.length === 0 ? null : Math.max(...parts);
 }

@@ -35,7 +35,7 @@ import { GatewayError } from '../errors/index.ts';
 import { cachedOn, type PrefixMatch } from '../router/cached.ts';
 import type { BackendView, Candidate, RoutingPolicy } from '../router/index.ts';
 import { currentTelemetry, type Lease, type LiveState } from '../state/index.ts';
-import type { Backend, DecodeMeter, Slot, SlotRequest } from '../upstream/index.ts';
+import { type Backend, DecodeMeter, medianGapMs, type Slot, type SlotRequest } from '../upstream/index.ts';
 import { type LimitBounds, nextLimit, nextTpotShare, quantile, type Setpoints } from './controller.ts';
 import { Heap } from './heap.ts';
 import { FifoQueue, type QueueDiscipline, type QueueEntry, SlagateQueue } from './queue.ts';
@@ -141,14 +141,16 @@ const MIN_GAPS = 16;
 const MIN_FIRST_TOKENS = 8;
 /**
  * Periods both signals are taken over: a few decode steps and first tokens per period are too
- * few for a steady mean or a p90. Decreases step from the running batch, so this lag does not
+ * few for a steady median or a p90. Decreases step from the running batch, so this lag does not
  * make them compound.
  */
 const SIGNAL_PERIODS = 4;
 /** Completed requests the outer loop needs in its window before it moves tpot_share. */
 const MIN_OUTER_SAMPLES = 50;
-/** Outer periods the TPOT window spans: a P99 of one period's completions is too noisy. */
+/** Outer periods the TPOT window spans at least: a P99 of one period's completions is too noisy. */
 const OUTER_WINDOW = 4;
+/** Outer periods the TPOT window may reach back to gather MIN_OUTER_SAMPLES (2 minutes at the defaults). */
+const OUTER_WINDOW_MAX = 24;
 /**
  * A period counts as TPOT-bound when the backend was at its limit with an error of at least this:
  * only then does the measured TPOT say anything about what a higher share would cost.
@@ -165,16 +167,17 @@ interface Control {
   limit: number;
   tpotShare: number;
   readonly meter: DecodeMeter;
-  /** Token gaps of the last few periods (the newest last). */
+  /** Token gaps of the last SIGNAL_PERIODS periods, a ring: `gapsAt` is the oldest. */
   readonly gaps: DecodeMeter[];
+  gapsAt: number;
   /**
    * First tokens of the last few periods (the newest last): the wait from dispatch to first token
    * minus the request's own predicted prefill, and the request's TTFT target.
    */
   firstTokens: { waitMs: number; targetMs: number }[][];
-  /** The last period's mean token gap, for periods with too few gaps of their own. */
+  /** The last median token gap measured, for periods with too few gaps of their own. */
   lastItlMs: number | null;
-  /** TPOT ÷ target of completed requests, one array per outer period (the newest last). */
+  /** TPOT ÷ target of completed requests, one array per outer period (the newest last; see outerWindow). */
   tpotRatios: number[][];
   /** Inner periods of the current outer period in which the backend was bound by its limit near the setpoint. */
   boundPeriods: number;
@@ -868,16 +871,18 @@ export class Scheduler {
         c.releaseRate = c.releaseRate === null ? freed : c.releaseRate + RATE_ALPHA * (freed - c.releaseRate);
       }
       c.releases = 0;
+      // This period's gaps replace the oldest period's in the window.
+      c.meter.drainInto(c.gaps[c.gapsAt] as DecodeMeter);
+      c.gapsAt = (c.gapsAt + 1) % SIGNAL_PERIODS;
       if (settings.policy === 'fcfs') {
         c.limit = cc.initial;
       } else {
-        // The mean gap over the last few periods: one period holds only a few decode steps, and
-        // a step that carried a prefill chunk would swing a one-period mean.
-        c.gaps.push({ gaps: c.meter.gaps, gapMs: c.meter.gapMs });
-        if (c.gaps.length > SIGNAL_PERIODS) c.gaps.shift();
-        const gaps = c.gaps.reduce((a, g) => a + g.gaps, 0);
-        const meanItlMs = gaps >= MIN_GAPS ? c.gaps.reduce((a, g) => a + g.gapMs, 0) / gaps : null;
-        if (meanItlMs !== null) c.lastItlMs = meanItlMs;
+        // The median gap over the last few periods (controller.ts says why not the mean): one
+        // period holds only a few decode steps.
+        let gaps = 0;
+        for (const m of c.gaps) gaps += m.gaps;
+        const itlMs = gaps >= MIN_GAPS ? medianGapMs(c.gaps) : null;
+        if (itlMs !== null) c.lastItlMs = itlMs;
         // Every first token waits for the decode step under way and then its own: the waiting
         // beyond those two steps is what a lower limit can take away.
         const steps = 2 * (c.lastItlMs ?? 0);
@@ -889,7 +894,7 @@ export class Scheduler {
           c.limit,
           inflight,
           {
-            meanItlMs,
+            itlMs,
             tpotTargetMs: tightest(c.targets),
             ttftQueueShare,
             binding,
@@ -902,8 +907,6 @@ export class Scheduler {
         if (binding && step.error !== null && step.error >= TPOT_BOUND_ERROR) c.boundPeriods++;
         if (++c.periods >= cc.outerPeriods) this.#outerStep(c);
       }
-      c.meter.gaps = 0;
-      c.meter.gapMs = 0;
       // A new period's first tokens; the oldest period leaves the p90 window.
       c.firstTokens.push([]);
       if (c.firstTokens.length > SIGNAL_PERIODS) c.firstTokens.shift();
@@ -931,7 +934,7 @@ export class Scheduler {
     c.periods = 0;
     c.boundPeriods = 0;
     c.tpotRatios.push([]);
-    if (c.tpotRatios.length > OUTER_WINDOW) c.tpotRatios.shift();
+    trimOuterWindow(c.tpotRatios);
   }
 
   // ---- helpers ----
@@ -943,8 +946,9 @@ export class Scheduler {
       c = {
         limit: cc.initial,
         tpotShare: cc.tpotShare,
-        meter: { gaps: 0, gapMs: 0 },
-        gaps: [],
+        meter: new DecodeMeter(),
+        gaps: Array.from({ length: SIGNAL_PERIODS }, () => new DecodeMeter()),
+        gapsAt: 0,
         firstTokens: [[]],
         lastItlMs: null,
         tpotRatios: [[]],
@@ -994,6 +998,23 @@ export class Scheduler {
 }
 
 /** The tightest of the targets held (Infinity when none: no TPOT signal is judged then). */
+/**
+ * Keeps the outer loop's window (one array of TPOT ratios per outer period, the newest last): the
+ * newest OUTER_WINDOW periods, and older ones only while the newer ones hold fewer than
+ * MIN_OUTER_SAMPLES completions, up to OUTER_WINDOW_MAX. Invariant: a backend that completes few
+ * requests (long outputs, or many backends sharing a modest load: at 2.5 a second, four periods
+ * of 5 s held 50 completions only now and then) still gathers the samples its P99 needs, from as
+ * little of the past as gives them; one that completes many is judged on the last four periods.
+ */
+function trimOuterWindow(periods: number[][]): void {
+  let newer = 0;
+  for (let i = 1; i < periods.length; i++) newer += (periods[i] as number[]).length;
+  while (periods.length > OUTER_WINDOW && (periods.length > OUTER_WINDOW_MAX || newer >= MIN_OUTER_SAMPLES)) {
+    periods.shift();
+    newer -= (periods[0] as number[]).length;
+  }
+}
+
 /** Some backend of `backends` is available and not one the request was given already. */
 function anyUsable(backends: readonly Backend[], excluded: ReadonlySet<string>): boolean {
   for (const b of backends) if (b.available && !excluded.has(b.name)) return true;

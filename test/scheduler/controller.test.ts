@@ -11,7 +11,7 @@ import {
 const sp = { tpotShare: 0.8, ttftShare: 0.25 };
 const bounds = { min: 4, max: 512 };
 const signals = (over: Partial<Parameters<typeof nextLimit>[2]> = {}) => ({
-  meanItlMs: 40,
+  itlMs: 40,
   tpotTargetMs: 50,
   ttftQueueShare: 0.1,
   binding: true,
@@ -22,8 +22,8 @@ describe('controlError', () => {
   it('is the larger of the two ratios to their setpoints, null without any signal', () => {
     expect(controlError(signals(), sp)).toBeCloseTo(1, 9); // 40 / (0.8 × 50)
     expect(controlError(signals({ ttftQueueShare: 0.5 }), sp)).toBeCloseTo(2, 9);
-    expect(controlError(signals({ meanItlMs: null }), sp)).toBeCloseTo(0.4, 9);
-    expect(controlError(signals({ meanItlMs: null, ttftQueueShare: null }), sp)).toBeNull();
+    expect(controlError(signals({ itlMs: null }), sp)).toBeCloseTo(0.4, 9);
+    expect(controlError(signals({ itlMs: null, ttftQueueShare: null }), sp)).toBeNull();
     // No TPOT target running on the backend: only the TTFT signal is judged.
     expect(controlError(signals({ tpotTargetMs: Number.POSITIVE_INFINITY }), sp)).toBeCloseTo(0.4, 9);
   });
@@ -32,40 +32,40 @@ describe('controlError', () => {
 describe('nextLimit', () => {
   it('above the setpoint: steps down from the running batch by the error, at most halving', () => {
     // e = 1.25: 200 running → 160.
-    expect(nextLimit(300, 200, signals({ meanItlMs: 50 }), sp, bounds).limit).toBeCloseTo(160, 9);
+    expect(nextLimit(300, 200, signals({ itlMs: 50 }), sp, bounds).limit).toBeCloseTo(160, 9);
     // e = 4: halved, not quartered.
-    expect(nextLimit(300, 200, signals({ meanItlMs: 160 }), sp, bounds).limit).toBeCloseTo(100, 9);
+    expect(nextLimit(300, 200, signals({ itlMs: 160 }), sp, bounds).limit).toBeCloseTo(100, 9);
     // Never up on a decrease, even if the batch is above the limit already.
-    expect(nextLimit(100, 200, signals({ meanItlMs: 45 }), sp, bounds).limit).toBe(100);
+    expect(nextLimit(100, 200, signals({ itlMs: 45 }), sp, bounds).limit).toBe(100);
   });
 
   it('the same evidence seen again asks for the same limit (decreases do not compound while draining)', () => {
-    const first = nextLimit(300, 200, signals({ meanItlMs: 50 }), sp, bounds).limit;
-    const second = nextLimit(first, 200, signals({ meanItlMs: 50 }), sp, bounds).limit;
+    const first = nextLimit(300, 200, signals({ itlMs: 50 }), sp, bounds).limit;
+    const second = nextLimit(first, 200, signals({ itlMs: 50 }), sp, bounds).limit;
     expect(second).toBe(first);
   });
 
   it('below the setpoint and binding: grows by 1/√e, at most 1.5×, at least +1', () => {
     // e = 0.25 → ×2 capped at ×1.5.
-    expect(nextLimit(100, 100, signals({ meanItlMs: 10, ttftQueueShare: 0 }), sp, bounds).limit).toBe(150);
+    expect(nextLimit(100, 100, signals({ itlMs: 10, ttftQueueShare: 0 }), sp, bounds).limit).toBe(150);
     // e = 0.81 → ×1/0.9.
-    const e081 = nextLimit(100, 100, signals({ meanItlMs: 32.4, ttftQueueShare: 0 }), sp, bounds).limit;
+    const e081 = nextLimit(100, 100, signals({ itlMs: 32.4, ttftQueueShare: 0 }), sp, bounds).limit;
     expect(e081).toBeCloseTo(100 / 0.9, 6);
     // Right at the setpoint: the +1 floor.
-    expect(nextLimit(100, 100, signals({ meanItlMs: 40, ttftQueueShare: 0 }), sp, bounds).limit).toBe(101);
+    expect(nextLimit(100, 100, signals({ itlMs: 40, ttftQueueShare: 0 }), sp, bounds).limit).toBe(101);
   });
 
   it('does not grow a limit nobody presses against, and holds without a signal', () => {
-    expect(nextLimit(100, 30, signals({ meanItlMs: 10, binding: false }), sp, bounds).limit).toBe(100);
-    expect(nextLimit(100, 100, signals({ meanItlMs: null, ttftQueueShare: null }), sp, bounds)).toEqual({
+    expect(nextLimit(100, 30, signals({ itlMs: 10, binding: false }), sp, bounds).limit).toBe(100);
+    expect(nextLimit(100, 100, signals({ itlMs: null, ttftQueueShare: null }), sp, bounds)).toEqual({
       limit: 100,
       error: null,
     });
   });
 
   it('stays within [min, max]', () => {
-    expect(nextLimit(5, 5, signals({ meanItlMs: 200 }), sp, bounds).limit).toBe(4);
-    expect(nextLimit(500, 500, signals({ meanItlMs: 1 }), sp, bounds).limit).toBe(512);
+    expect(nextLimit(5, 5, signals({ itlMs: 200 }), sp, bounds).limit).toBe(4);
+    expect(nextLimit(500, 500, signals({ itlMs: 1 }), sp, bounds).limit).toBe(512);
   });
 
   it('converges without overshoot on a backend whose token gap is a + b·batch', () => {
@@ -77,7 +77,7 @@ describe('nextLimit', () => {
       const step = nextLimit(
         limit,
         batch,
-        signals({ meanItlMs: 6 + 0.1 * batch, ttftQueueShare: 0 }),
+        signals({ itlMs: 6 + 0.1 * batch, ttftQueueShare: 0 }),
         sp,
         bounds,
       );

@@ -10,6 +10,7 @@ import type { SchedulerSettings } from '../../src/scheduler/scheduler.ts';
 import type { ScheduledRequest } from '../../src/scheduler/types.ts';
 import { DEFAULT_CAPACITY } from '../../src/state/prefix-index.ts';
 import { Cancel } from '../../src/upstream/cancel.ts';
+import type { DecodeMeter } from '../../src/upstream/measure.ts';
 import type { Slot } from '../../src/upstream/slot.ts';
 import { route } from '../router/fixtures.ts';
 import { latencySample, observe } from '../state/fixtures/sample.ts';
@@ -56,6 +57,11 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
     loopDelayMs: over.loopDelayMs ?? 0,
     route: over.route ?? route({ reqId: id, promptTokens: over.promptTokens ?? 100 }),
   };
+}
+
+/** `n` gaps of `ms` each between token events, on the backend whose meter this is. */
+function pace(meter: DecodeMeter, n: number, ms: number): void {
+  for (let i = 0; i < n; i++) meter.add(ms);
 }
 
 const first = (signal = new Cancel()) => ({
@@ -541,9 +547,7 @@ describe('the control loop and the estimates', () => {
     // Demand waits behind the limit; the running streams report 10 ms gaps (target 50 ms).
     const waiting = [1, 2, 3].map(() => scheduler.ticket(req()).acquire(first()));
     const feed = setInterval(() => {
-      const m = slots[0]!.meter!;
-      m.gaps += 20;
-      m.gapMs += 200;
+      pace(slots[0]!.meter!, 20, 10);
     }, 10);
     try {
       const granted = await Promise.all(waiting);
@@ -596,11 +600,34 @@ describe('the control loop and the estimates', () => {
       for (let i = 0; i < 30; i++) void f.scheduler.ticket(req()).acquire(first());
       complete(f, 60, 0.4);
       for (let i = 0; i < 2; i++) {
-        slots[0]!.meter!.gaps += 20;
-        slots[0]!.meter!.gapMs += 20 * 0.9 * 0.8 * 50;
+        pace(slots[0]!.meter!, 20, 0.9 * 0.8 * 50);
         period();
       }
       expect(share(f)).toBeCloseTo(0.8 * (1 + 0.1 * (1 - 0.4 / 0.95)), 9);
+    });
+
+    it('reaches back past four outer periods for the fifty completions its P99 needs, but not past 24', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const lowered = 0.8 * (1 + 0.1 * (1 - 1.5 / 0.95));
+      // A backend that completes few requests: 30 slow ones, five outer periods with none, 30 more.
+      const f = setup(['a'], outer());
+      await f.scheduler.ticket(req()).acquire(first());
+      complete(f, 30, 1.5);
+      for (let i = 0; i < 2 * 5; i++) period();
+      expect(share(f)).toBe(0.8);
+      complete(f, 30, 1.5);
+      period();
+      period();
+      expect(share(f)).toBeCloseTo(lowered, 9);
+      // The same with 24 outer periods between them: the first 30 have left the window.
+      const g = setup(['a'], outer());
+      await g.scheduler.ticket(req()).acquire(first());
+      complete(g, 30, 1.5);
+      for (let i = 0; i < 2 * 24; i++) period();
+      complete(g, 30, 1.5);
+      period();
+      period();
+      expect(share(g)).toBe(0.8);
     });
 
     it('needs fifty completions in its window before it moves', async () => {
@@ -611,6 +638,40 @@ describe('the control loop and the estimates', () => {
       period();
       period();
       expect(share(f)).toBe(0.8);
+    });
+  });
+
+  describe('the decode pace the limit sets', () => {
+    const period = () => vi.advanceTimersByTime(100);
+    afterEach(() => {
+      vi.useRealTimers();
+    });
+    const paced = async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const f = setup(
+        ['a'],
+        settings({ concurrency: { ...settings().concurrency, initial: 4, intervalMs: 100 } }),
+      );
+      const slots = await Promise.all([1, 2, 3, 4].map(() => f.scheduler.ticket(req()).acquire(first())));
+      return { f, meter: slots[0]!.meter! };
+    };
+
+    it('a few slow steps (long prefill chunks) do not lower the limit while the typical step is fast', async () => {
+      const { f, meter } = await paced();
+      // The setpoint is 0.8 × 50 ms = 40 ms. Twenty decode steps of 20 ms and six of 400 ms that
+      // carried a long prompt's chunks: their mean, 108 ms, would halve the limit.
+      pace(meter, 20, 20);
+      pace(meter, 6, 400);
+      period();
+      expect(f.scheduler.limit('a')).toBeGreaterThan(4);
+    });
+
+    it('a typical step over the setpoint lowers it', async () => {
+      const { f, meter } = await paced();
+      pace(meter, 20, 60);
+      pace(meter, 6, 5);
+      period();
+      expect(f.scheduler.limit('a')).toBeCloseTo(4 / 1.5, 1);
     });
   });
 
@@ -665,8 +726,7 @@ describe('the control loop and the estimates', () => {
       void f.scheduler.ticket(req({ uncachedTokens: 500, promptTokens: 500 })).acquire(first());
       for (let i = 0; i < 12; i++) {
         // A decode pace far under the setpoint, which would grow a limit that binds.
-        big!.meter!.gaps += 20;
-        big!.meter!.gapMs += 200;
+        pace(big!.meter!, 20, 10);
         period();
       }
       expect(f.scheduler.limit('a')).toBe(4);

@@ -1,7 +1,7 @@
 // The pure pieces under simulated time: outlier ejection arithmetic, the retry budget, TPOT.
 import { describe, expect, it } from 'vitest';
 import { assemblable } from '../../src/upstream/assemble.ts';
-import { TokenClock } from '../../src/upstream/measure.ts';
+import { bucketMs, DecodeMeter, gapBucket, medianGapMs, TokenClock } from '../../src/upstream/measure.ts';
 import { maxEjected, OutlierDetector } from '../../src/upstream/outlier.ts';
 import { RetryBudget } from '../../src/upstream/retry-budget.ts';
 
@@ -98,6 +98,55 @@ describe('TokenClock', () => {
     });
     expect(l.tpotMs).toBeCloseTo(40 / 6, 10);
     expect(new TokenClock(0).finish(5, 3).tpotMs).toBeNull();
+  });
+
+  it("feeds each gap to the backend's meter", () => {
+    const m = new DecodeMeter();
+    const c = new TokenClock(0, m);
+    for (const t of [10, 30, 60, 100]) c.token(t);
+    expect(m.gaps).toBe(3);
+    expect(medianGapMs([m])).toBeCloseTo(30, -0.5);
+  });
+});
+
+describe('DecodeMeter and the median gap', () => {
+  it('reads any gap back to within its bucket (about 2%), from a tenth of a millisecond to minutes', () => {
+    for (const ms of [0.1, 1, 7.3, 20, 40, 123.4, 1_000, 60_000]) {
+      const m = new DecodeMeter();
+      m.add(ms);
+      expect(Math.abs(medianGapMs([m])! / ms - 1)).toBeLessThan(0.012);
+    }
+    expect(gapBucket(0)).toBe(0);
+    expect(gapBucket(1e12)).toBe(gapBucket(1e13));
+    expect(bucketMs(gapBucket(50))).toBeCloseTo(50, -0.5);
+  });
+
+  it('is the typical gap, whatever a few long ones are: a mean of these would be 108 ms', () => {
+    const m = new DecodeMeter();
+    for (let i = 0; i < 20; i++) m.add(20);
+    for (let i = 0; i < 6; i++) m.add(400);
+    expect(medianGapMs([m])).toBeCloseTo(20, -0.5);
+    // The lower median of an even count; and over several periods together.
+    const a = new DecodeMeter();
+    const b = new DecodeMeter();
+    a.add(10);
+    b.add(90);
+    expect(medianGapMs([a, b])).toBeCloseTo(10, -0.5);
+    b.add(90);
+    expect(medianGapMs([a, b])).toBeCloseTo(90, -0.5);
+    expect(medianGapMs([new DecodeMeter()])).toBeNull();
+  });
+
+  it('drainInto moves a period out and starts afresh', () => {
+    const m = new DecodeMeter();
+    const period = new DecodeMeter();
+    m.add(5);
+    m.add(5);
+    period.add(700); // what the period held before is replaced, not added to
+    m.drainInto(period);
+    expect([m.gaps, medianGapMs([m])]).toEqual([0, null]);
+    expect(period.gaps).toBe(2);
+    expect(medianGapMs([period])).toBeCloseTo(5, -0.5);
   });
 });
 
