@@ -8,8 +8,9 @@
 // at the gateway, where the scheduler orders it.
 //
 // Inner loop, every `interval_ms`, per backend. Two signals, each as a ratio to its setpoint:
-//   tpot = median gap between token events on the backend over the last few periods
-//          ÷ (tpot_share × the tightest TPOT target among the classes running there)
+//   tpot = the larger of: the median gap between token events on the backend over the last few
+//          periods ÷ (tpot_share × the tightest TPOT target among the classes running there),
+//          and the mean gap over the same periods ÷ that target
 //   ttft = p90 over the last few periods' first tokens of (dispatch→first token − own predicted
 //          prefill − two median token gaps) ÷ class TTFT target, ÷ ttft_share
 // The second is the waiting inside the backend that a lower limit could take away: every first
@@ -35,6 +36,11 @@
 // (docs/benchmarks.md, "The decode pace the limit sets"). The median is the typical step, which
 // the batch sets. What the slow steps add to each request's TPOT is in the completed requests'
 // TPOT, which the outer loop reads: it lowers tpot_share until their P99 sits under the target.
+// The outer loop can make up for slow steps only down to its floor (0.6), and the number of slow
+// steps does grow with the batch once the backend is saturated (a larger batch admits prompts
+// faster). So the mean still bounds the loop, at the whole target rather than its share: a
+// backend whose mean gap is over the TPOT target has its average request late, and its limit comes
+// down whatever the median says.
 //
 // Why B and not the limit: a lower limit takes effect only as running requests finish (seconds
 // for long outputs), so for a while the signal still describes the old batch. Stepping from the
@@ -84,6 +90,8 @@ export interface Setpoints {
 export interface ControlSignals {
   /** Median gap between token events on the backend over the recent periods, ms; null: too few gaps. */
   itlMs: number | null;
+  /** Mean gap over the same periods, ms; null: too few gaps. */
+  meanItlMs: number | null;
   /** The tightest TPOT target among the classes the backend served, ms. */
   tpotTargetMs: number;
   /** p90 of the waiting share described above over the recent periods; null: too few first tokens. */
@@ -104,6 +112,7 @@ const MAX_GROWTH = 1.5;
 export function controlError(s: ControlSignals, sp: Setpoints): number | null {
   const parts: number[] = [];
   if (s.itlMs !== null && s.tpotTargetMs > 0) parts.push(s.itlMs / (sp.tpotShare * s.tpotTargetMs));
+  if (s.meanItlMs !== null && s.tpotTargetMs > 0) parts.push(s.meanItlMs / s.tpotTargetMs);
   if (s.ttftQueueShare !== null) parts.push(s.ttftQueueShare / sp.ttftShare);
   return parts.length === 0 ? null : Math.max(...parts);
 }
@@ -131,9 +140,13 @@ export const OUTER_TARGET = 0.95;
 const OUTER_GAIN = 0.1;
 export const TPOT_SHARE_BOUNDS = { min: 0.6, max: 1 } as const;
 
-/** The outer loop's step: `p99Ratio` = measured P99 TPOT / target over the last outer period. */
-export function nextTpotShare(share: number, p99Ratio: number): number {
-  const next = share * (1 + OUTER_GAIN * (1 - p99Ratio / OUTER_TARGET));
+/**
+ * The outer loop's step: `p99Ratio` = measured P99 TPOT / target over its window. `weight` (0–1)
+ * scales the step: a window that reaches back over more outer periods than the usual four
+ * counts each completion in more steps, so each step takes a proportionally smaller part of it.
+ */
+export function nextTpotShare(share: number, p99Ratio: number, weight = 1): number {
+  const next = share * (1 + weight * OUTER_GAIN * (1 - p99Ratio / OUTER_TARGET));
   return Math.min(TPOT_SHARE_BOUNDS.max, Math.max(TPOT_SHARE_BOUNDS.min, next));
 }
 

@@ -35,7 +35,14 @@ import { GatewayError } from '../errors/index.ts';
 import { cachedOn, type PrefixMatch } from '../router/cached.ts';
 import type { BackendView, Candidate, RoutingPolicy } from '../router/index.ts';
 import { currentTelemetry, type Lease, type LiveState } from '../state/index.ts';
-import { type Backend, DecodeMeter, medianGapMs, type Slot, type SlotRequest } from '../upstream/index.ts';
+import {
+  type Backend,
+  DecodeMeter,
+  meanGapMs,
+  medianGapMs,
+  type Slot,
+  type SlotRequest,
+} from '../upstream/index.ts';
 import { type LimitBounds, nextLimit, nextTpotShare, quantile, type Setpoints } from './controller.ts';
 import { Heap } from './heap.ts';
 import { FifoQueue, type QueueDiscipline, type QueueEntry, SlagateQueue } from './queue.ts';
@@ -136,7 +143,7 @@ export interface SchedulerView {
   backends: BackendSchedule[];
 }
 
-/** Fewest gaps in a period, and first tokens over the recent periods, for the controller to act. */
+/** Fewest gaps, and first tokens, over the recent periods (SIGNAL_PERIODS) for the controller to act. */
 const MIN_GAPS = 16;
 const MIN_FIRST_TOKENS = 8;
 /**
@@ -177,7 +184,7 @@ interface Control {
   firstTokens: { waitMs: number; targetMs: number }[][];
   /** The last median token gap measured, for periods with too few gaps of their own. */
   lastItlMs: number | null;
-  /** TPOT ÷ target of completed requests, one array per outer period (the newest last; see outerWindow). */
+  /** TPOT ÷ target of completed requests, one array per outer period (the newest last; see trimOuterWindow). */
   tpotRatios: number[][];
   /** Inner periods of the current outer period in which the backend was bound by its limit near the setpoint. */
   boundPeriods: number;
@@ -876,12 +883,16 @@ export class Scheduler {
       c.gapsAt = (c.gapsAt + 1) % SIGNAL_PERIODS;
       if (settings.policy === 'fcfs') {
         c.limit = cc.initial;
+        // No outer loop runs: completions from a fixed limit must not wait in its window for a
+        // reload to slagate, to be judged then as if they came from its loop.
+        if (c.tpotRatios.length > 1 || (c.tpotRatios[0] as number[]).length > 0) c.tpotRatios = [[]];
       } else {
         // The median gap over the last few periods (controller.ts says why not the mean): one
         // period holds only a few decode steps.
         let gaps = 0;
         for (const m of c.gaps) gaps += m.gaps;
         const itlMs = gaps >= MIN_GAPS ? medianGapMs(c.gaps) : null;
+        const meanItlMs = gaps >= MIN_GAPS ? meanGapMs(c.gaps) : null;
         if (itlMs !== null) c.lastItlMs = itlMs;
         // Every first token waits for the decode step under way and then its own: the waiting
         // beyond those two steps is what a lower limit can take away.
@@ -895,6 +906,7 @@ export class Scheduler {
           inflight,
           {
             itlMs,
+            meanItlMs,
             tpotTargetMs: tightest(c.targets),
             ttftQueueShare,
             binding,
@@ -928,7 +940,13 @@ export class Scheduler {
     const period = this.#deps.settings().concurrency.outerPeriods;
     const ratios = c.tpotRatios.flat();
     if (ratios.length >= MIN_OUTER_SAMPLES) {
-      const next = nextTpotShare(c.tpotShare, quantile(ratios, 0.99));
+      // Invariant: a completion moves the share about as much whatever the window's length. The
+      // window holds each outer period for OUTER_WINDOW steps when completions are plentiful, and
+      // for as many as c.tpotRatios.length when it reaches back: a slow request on a backend that
+      // completes few (its P99 is then the window's maximum) would otherwise pull the share down
+      // at every one of up to 24 steps, where a busy backend's would count in four.
+      const weight = Math.min(1, OUTER_WINDOW / c.tpotRatios.length);
+      const next = nextTpotShare(c.tpotShare, quantile(ratios, 0.99), weight);
       if (next < c.tpotShare || 2 * c.boundPeriods >= period) c.tpotShare = next;
     }
     c.periods = 0;
@@ -997,7 +1015,6 @@ export class Scheduler {
   }
 }
 
-/** The tightest of the targets held (Infinity when none: no TPOT signal is judged then). */
 /**
  * Keeps the outer loop's window (one array of TPOT ratios per outer period, the newest last): the
  * newest OUTER_WINDOW periods, and older ones only while the newer ones hold fewer than
@@ -1021,6 +1038,7 @@ function anyUsable(backends: readonly Backend[], excluded: ReadonlySet<string>):
   return false;
 }
 
+/** The tightest of the targets held (Infinity when none: no TPOT signal is judged then). */
 function tightest(targets: ReadonlyMap<number, number>): number {
   let min = Number.POSITIVE_INFINITY;
   for (const t of targets.keys()) if (t < min) min = t;

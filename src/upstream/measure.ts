@@ -35,21 +35,37 @@ export function bucketMs(i: number): number {
 export class DecodeMeter {
   /** Gaps between consecutive token events. */
   gaps = 0;
+  /** Their total, ms. */
+  totalMs = 0;
   /** Those gaps by bucket (gapBucket). */
   readonly counts = new Uint32Array(GAP_BUCKETS);
 
   add(gapMs: number): void {
     this.gaps++;
+    this.totalMs += gapMs;
     this.counts[gapBucket(gapMs)]!++;
   }
 
   /** Moves what was added since the last drain into `into`, and starts afresh. */
   drainInto(into: DecodeMeter): void {
     into.gaps = this.gaps;
+    into.totalMs = this.totalMs;
     into.counts.set(this.counts);
     this.gaps = 0;
+    this.totalMs = 0;
     this.counts.fill(0);
   }
+}
+
+/** The mean gap over `meters` together, ms; null when they hold no gap. */
+export function meanGapMs(meters: readonly DecodeMeter[]): number | null {
+  let total = 0;
+  let ms = 0;
+  for (const m of meters) {
+    total += m.gaps;
+    ms += m.totalMs;
+  }
+  return total === 0 ? null : ms / total;
 }
 
 /** The median gap over `meters` together, ms (to within a bucket); null when they hold no gap. */
@@ -90,6 +106,10 @@ export class TokenClock {
   lastTokenAt: number | null = null;
   readonly itlMs: number[] = [];
   readonly #meter: DecodeMeter | null;
+  // Token events that arrived together (one read, one timestamp) and the wall time before them,
+  // not yet given to the meter.
+  #batchEvents = 0;
+  #batchMs = 0;
 
   constructor(startedAt: number, meter: DecodeMeter | null = null) {
     this.startedAt = startedAt;
@@ -102,13 +122,37 @@ export class TokenClock {
     } else {
       const gap = now - this.lastTokenAt;
       this.itlMs.push(gap);
-      this.#meter?.add(gap);
+      if (this.#meter !== null) {
+        if (gap > 0) {
+          this.#flushMeter();
+          this.#batchMs = gap;
+          this.#batchEvents = 1;
+        } else if (this.#batchEvents > 0) {
+          this.#batchEvents++;
+        }
+      }
     }
     this.lastTokenAt = now;
   }
 
+  /**
+   * Gives the meter the last batch of events read together: k events after a wall time g are k
+   * gaps of g/k. Invariant: the meter's gaps sum to the wall time between the first token and the
+   * last, as the events' own do, and no gap of 0 reaches it. Events read in one chunk carry one
+   * timestamp (a lagging loop, or a proxy that buffers the stream, delivers several per read):
+   * as gaps of 0 and one long one they would pull the median to nothing while the backend was slow.
+   * Events read with the first token have no wall time of their own and count as no gap.
+   */
+  #flushMeter(): void {
+    const n = this.#batchEvents;
+    if (n === 0 || this.#meter === null) return;
+    for (let i = 0; i < n; i++) this.#meter.add(this.#batchMs / n);
+    this.#batchEvents = 0;
+  }
+
   /** `observed`: token events were seen one by one (false for a pass-through body). */
   finish(endedAt: number, completionTokens: number | null, observed = true): Latencies {
+    this.#flushMeter();
     const first = observed ? this.firstTokenAt : null;
     const last = this.lastTokenAt;
     const tpotMs =

@@ -12,6 +12,7 @@ const sp = { tpotShare: 0.8, ttftShare: 0.25 };
 const bounds = { min: 4, max: 512 };
 const signals = (over: Partial<Parameters<typeof nextLimit>[2]> = {}) => ({
   itlMs: 40,
+  meanItlMs: null as number | null,
   tpotTargetMs: 50,
   ttftQueueShare: 0.1,
   binding: true,
@@ -26,6 +27,12 @@ describe('controlError', () => {
     expect(controlError(signals({ itlMs: null, ttftQueueShare: null }), sp)).toBeNull();
     // No TPOT target running on the backend: only the TTFT signal is judged.
     expect(controlError(signals({ tpotTargetMs: Number.POSITIVE_INFINITY }), sp)).toBeCloseTo(0.4, 9);
+  });
+
+  it('the median gap is judged against the share of the target, the mean against the whole target', () => {
+    // A typical step of 20 ms (half the 40 ms setpoint) among slow ones that lift the mean to 60 ms.
+    expect(controlError(signals({ itlMs: 20, meanItlMs: 60, ttftQueueShare: 0 }), sp)).toBeCloseTo(1.2, 9);
+    expect(controlError(signals({ itlMs: 20, meanItlMs: 45, ttftQueueShare: 0 }), sp)).toBeCloseTo(0.9, 9);
   });
 });
 

@@ -608,8 +608,9 @@ describe('the control loop and the estimates', () => {
 
     it('reaches back past four outer periods for the fifty completions its P99 needs, but not past 24', async () => {
       vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
-      const lowered = 0.8 * (1 + 0.1 * (1 - 1.5 / 0.95));
       // A backend that completes few requests: 30 slow ones, five outer periods with none, 30 more.
+      // The window then spans six outer periods, so the step is 4/6 of the usual one.
+      const lowered = 0.8 * (1 + (4 / 6) * 0.1 * (1 - 1.5 / 0.95));
       const f = setup(['a'], outer());
       await f.scheduler.ticket(req()).acquire(first());
       complete(f, 30, 1.5);
@@ -619,7 +620,16 @@ describe('the control loop and the estimates', () => {
       period();
       period();
       expect(share(f)).toBeCloseTo(lowered, 9);
-      // The same with 24 outer periods between them: the first 30 have left the window.
+      // The same with 23 outer periods between them: the window holds 24, and moves.
+      const h = setup(['a'], outer());
+      await h.scheduler.ticket(req()).acquire(first());
+      complete(h, 30, 1.5);
+      for (let i = 0; i < 2 * 23; i++) period();
+      complete(h, 30, 1.5);
+      period();
+      period();
+      expect(share(h)).toBeLessThan(0.8);
+      // With 24 between them, the first 30 have left the window.
       const g = setup(['a'], outer());
       await g.scheduler.ticket(req()).acquire(first());
       complete(g, 30, 1.5);
@@ -628,6 +638,44 @@ describe('the control loop and the estimates', () => {
       period();
       period();
       expect(share(g)).toBe(0.8);
+    });
+
+    it('judges a backend that completes many on its last four outer periods', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const f = setup(['a'], outer());
+      await f.scheduler.ticket(req()).acquire(first());
+      // One outer period of slow completions, then fast ones, 60 a period: the slow ones lower the
+      // share while they are in the window (four steps), and not after.
+      complete(f, 60, 1.5);
+      period();
+      period();
+      for (let step = 0; step < 3; step++) {
+        complete(f, 60, 0.4);
+        period();
+        period();
+      }
+      const after = share(f);
+      expect(after).toBeLessThan(0.8 * (1 + 0.1 * (1 - 1.5 / 0.95)));
+      for (let step = 0; step < 2; step++) {
+        complete(f, 60, 0.4);
+        period();
+        period();
+      }
+      expect(share(f)).toBe(after);
+    });
+
+    it('does not judge a reload to slagate on completions from the fixed limit of fcfs', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const fcfs = outer();
+      const f = setup(['a'], { ...fcfs, policy: 'fcfs' });
+      await f.scheduler.ticket(req()).acquire(first());
+      complete(f, 60, 1.5);
+      period();
+      f.set(outer());
+      complete(f, 60, 0.4);
+      period();
+      period();
+      expect(share(f)).toBe(0.8);
     });
 
     it('needs fifty completions in its window before it moves', async () => {
@@ -658,12 +706,32 @@ describe('the control loop and the estimates', () => {
 
     it('a few slow steps (long prefill chunks) do not lower the limit while the typical step is fast', async () => {
       const { f, meter } = await paced();
-      // The setpoint is 0.8 × 50 ms = 40 ms. Twenty decode steps of 20 ms and six of 400 ms that
-      // carried a long prompt's chunks: their mean, 108 ms, would halve the limit.
+      // The setpoint is 0.8 × 50 ms = 40 ms. Twenty decode steps of 20 ms and two of 250 ms that
+      // carried a long prompt's chunks: their mean, 40.9 ms, is over the setpoint, under the target.
       pace(meter, 20, 20);
-      pace(meter, 6, 400);
+      pace(meter, 2, 250);
       period();
       expect(f.scheduler.limit('a')).toBeGreaterThan(4);
+    });
+
+    it('slow steps that make the mean gap longer than the TPOT target lower it, whatever the median', async () => {
+      const { f, meter } = await paced();
+      // Mean (400 + 1,200) / 22 = 72.7 ms against the 50 ms target: the average request is late.
+      pace(meter, 20, 20);
+      pace(meter, 2, 600);
+      period();
+      expect(f.scheduler.limit('a')).toBeCloseTo(4 / (72.7 / 50), 1);
+    });
+
+    it('takes its signal over the last four periods together', async () => {
+      const { f, meter } = await paced();
+      // Ten gaps are too few to act on; with the ten of the period before, they are enough.
+      pace(meter, 10, 60);
+      period();
+      expect(f.scheduler.limit('a')).toBe(4);
+      pace(meter, 10, 60);
+      period();
+      expect(f.scheduler.limit('a')).toBeCloseTo(4 / 1.5, 1);
     });
 
     it('a typical step over the setpoint lowers it', async () => {

@@ -104,8 +104,22 @@ describe('TokenClock', () => {
     const m = new DecodeMeter();
     const c = new TokenClock(0, m);
     for (const t of [10, 30, 60, 100]) c.token(t);
+    c.finish(110, 4);
     expect(m.gaps).toBe(3);
     expect(medianGapMs([m])).toBeCloseTo(30, -0.5);
+  });
+
+  it('spreads the wall time over events read together, and gives the meter no gap of 0', () => {
+    const m = new DecodeMeter();
+    const c = new TokenClock(0, m);
+    // The role chunk and the first token in one read; then one event 40 ms later, two events
+    // 40 ms after that (20 ms each), two 80 ms after those (40 ms each).
+    for (const t of [10, 10, 50, 90, 90, 170, 170]) c.token(t);
+    const l = c.finish(180, 6);
+    expect(l.itlMs).toEqual([0, 40, 40, 0, 80, 0]); // the events as read, for the ITL figures
+    expect(m.gaps).toBe(5);
+    expect(m.totalMs).toBe(160);
+    expect(medianGapMs([m])).toBeCloseTo(40, -0.5);
   });
 });
 
