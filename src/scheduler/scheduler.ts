@@ -886,9 +886,11 @@ export class Scheduler {
         // No outer loop runs: completions from a fixed limit must not wait in its window for a
         // reload to slagate, to be judged then as if they came from its loop.
         if (c.tpotRatios.length > 1 || (c.tpotRatios[0] as number[]).length > 0) c.tpotRatios = [[]];
+        c.periods = 0;
+        c.boundPeriods = 0;
       } else {
-        // The median gap over the last few periods (controller.ts says why not the mean): one
-        // period holds only a few decode steps.
+        // The median gap over the last few periods (controller.ts says why it leads, and why the
+        // mean still bounds it): one period holds only a few decode steps.
         let gaps = 0;
         for (const m of c.gaps) gaps += m.gaps;
         const itlMs = gaps >= MIN_GAPS ? medianGapMs(c.gaps) : null;

@@ -100,16 +100,24 @@ export interface Latencies {
   e2eMs: number;
 }
 
+/**
+ * Token events closer than this came in one read: no LLM decode step is as short, and the relay
+ * handles the chunks of one read within microseconds of each other.
+ */
+export const SAME_READ_MS = 1;
+
 export class TokenClock {
   readonly startedAt: number;
   firstTokenAt: number | null = null;
   lastTokenAt: number | null = null;
   readonly itlMs: number[] = [];
   readonly #meter: DecodeMeter | null;
-  // Token events that arrived together (one read, one timestamp) and the wall time before them,
-  // not yet given to the meter.
+  // Token events that arrived together (within SAME_READ_MS of each other) and the wall time
+  // before them, not yet given to the meter.
   #batchEvents = 0;
   #batchMs = 0;
+  // The relay paused the upstream for a slow client: the next gap is the gateway's, not the backend's.
+  #paused = false;
 
   constructor(startedAt: number, meter: DecodeMeter | null = null) {
     this.startedAt = startedAt;
@@ -123,10 +131,11 @@ export class TokenClock {
       const gap = now - this.lastTokenAt;
       this.itlMs.push(gap);
       if (this.#meter !== null) {
-        if (gap > 0) {
+        if (gap >= SAME_READ_MS) {
           this.#flushMeter();
           this.#batchMs = gap;
-          this.#batchEvents = 1;
+          this.#batchEvents = this.#paused ? 0 : 1;
+          this.#paused = false;
         } else if (this.#batchEvents > 0) {
           this.#batchEvents++;
         }
@@ -135,13 +144,19 @@ export class TokenClock {
     this.lastTokenAt = now;
   }
 
+  /** The relay paused the upstream (the client is not reading): the gap across the pause is not metered. */
+  paused(): void {
+    this.#paused = true;
+  }
+
   /**
    * Gives the meter the last batch of events read together: k events after a wall time g are k
-   * gaps of g/k. Invariant: the meter's gaps sum to the wall time between the first token and the
-   * last, as the events' own do, and no gap of 0 reaches it. Events read in one chunk carry one
-   * timestamp (a lagging loop, or a proxy that buffers the stream, delivers several per read):
-   * as gaps of 0 and one long one they would pull the median to nothing while the backend was slow.
-   * Events read with the first token have no wall time of their own and count as no gap.
+   * gaps of g/k. Invariant: no gap shorter than SAME_READ_MS reaches the meter, and apart from a
+   * gap across a pause the meter's gaps sum to the events' own. Events that a lagging loop (or a
+   * proxy that buffers the stream) delivers in one read are handled microseconds apart, one HTTP
+   * chunk each, or with one timestamp: as near-zero gaps after one long one they would pull the
+   * median to nothing while the backend was slow. Events read with the first token have no wall
+   * time of their own and count as no gap.
    */
   #flushMeter(): void {
     const n = this.#batchEvents;

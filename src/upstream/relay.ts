@@ -469,6 +469,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
   #wrote = (ok: boolean): void => {
     if (ok || this.#stallTimer !== null || this.#phase === 'done') return;
     this.#controller?.pause();
+    this.#clock.paused();
     // The upstream is silent because we paused it, not because it stalled.
     if (this.#idleTimer !== null) clearTimeout(this.#idleTimer);
     this.#idleTimer = null;

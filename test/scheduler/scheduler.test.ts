@@ -655,7 +655,7 @@ describe('the control loop and the estimates', () => {
         period();
       }
       const after = share(f);
-      expect(after).toBeLessThan(0.8 * (1 + 0.1 * (1 - 1.5 / 0.95)));
+      expect(after).toBeCloseTo(0.8 * (1 + 0.1 * (1 - 1.5 / 0.95)) ** 4, 9);
       for (let step = 0; step < 2; step++) {
         complete(f, 60, 0.4);
         period();
@@ -725,11 +725,13 @@ describe('the control loop and the estimates', () => {
 
     it('takes its signal over the last four periods together', async () => {
       const { f, meter } = await paced();
-      // Ten gaps are too few to act on; with the ten of the period before, they are enough.
-      pace(meter, 10, 60);
-      period();
-      expect(f.scheduler.limit('a')).toBe(4);
-      pace(meter, 10, 60);
+      // Five gaps a period: too few to act on (16) over three periods, enough over four.
+      for (let i = 0; i < 3; i++) {
+        pace(meter, 5, 60);
+        period();
+        expect(f.scheduler.limit('a')).toBe(4);
+      }
+      pace(meter, 5, 60);
       period();
       expect(f.scheduler.limit('a')).toBeCloseTo(4 / 1.5, 1);
     });

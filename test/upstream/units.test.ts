@@ -121,6 +121,28 @@ describe('TokenClock', () => {
     expect(m.totalMs).toBe(160);
     expect(medianGapMs([m])).toBeCloseTo(40, -0.5);
   });
+
+  it('takes events handled microseconds apart (one read, one HTTP chunk each) as read together', () => {
+    const m = new DecodeMeter();
+    const c = new TokenClock(0, m);
+    // A loop that lagged by three 40 ms steps handles their events 10 µs apart.
+    for (const t of [10, 130, 130.01, 130.02]) c.token(t);
+    c.finish(140, 4);
+    expect(m.gaps).toBe(3);
+    expect(medianGapMs([m])).toBeCloseTo(40, -0.5);
+  });
+
+  it('does not meter the gap across a pause for a slow client', () => {
+    const m = new DecodeMeter();
+    const c = new TokenClock(0, m);
+    c.token(10);
+    c.token(50);
+    c.paused();
+    c.token(29_050); // the client read again after 29 s
+    c.token(29_090);
+    c.finish(29_100, 4);
+    expect([m.gaps, m.totalMs]).toEqual([2, 80]);
+  });
 });
 
 describe('DecodeMeter and the median gap', () => {
