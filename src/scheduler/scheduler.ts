@@ -885,7 +885,7 @@ export class Scheduler {
         c.limit = cc.initial;
         // No outer loop runs: completions from a fixed limit must not wait in its window for a
         // reload to slagate, to be judged then as if they came from its loop.
-        if (c.tpotRatios.length > 1 || (c.tpotRatios[0] as number[]).length > 0) c.tpotRatios = [[]];
+        c.tpotRatios = [[]];
         c.periods = 0;
         c.boundPeriods = 0;
       } else {

@@ -1,7 +1,7 @@
 // Per-request latency figures as vLLM's serving benchmark defines them, taken at the gateway.
 // Each gap also goes to the backend's decode-pace meter (DecodeMeter, handed out with a slot), which
-// the scheduler's concurrency controller reads: a count and one bucket of a histogram per token
-// event, nothing else on that path.
+// the scheduler's concurrency controller reads: a comparison per token event, and per read a
+// count, a sum and one histogram bucket, nothing else on that path.
 // All times are performance.now() milliseconds. A "token event" is an SSE data event with a
 // non-empty `choices` array (for chat the first one is the role chunk, whose content is ""; vLLM's
 // benchmark counts it as the first token too), so ITL has one entry per chunk, not per token.
