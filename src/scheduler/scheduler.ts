@@ -169,6 +169,15 @@ const RATE_ALPHA = 0.3;
 /** Recent actual ÷ predicted dispatch-to-first-token times kept, and the fewest that give a P99. */
 const RATIO_SAMPLES = 1024;
 const MIN_RATIO_SAMPLES = 50;
+/**
+ * A first token later than predicted by at least this share of the time the cached part of the
+ * prompt would take to prefill is judged a cold prefill: the prefix the index counted on was gone.
+ * A wait behind other requests' prefill delays a first token too, by up to a chunk of a long
+ * prompt; judged by half the cached part (a few hundred ms for a shared 5,000-token system prompt)
+ * such a wait is rarely taken for a miss, and a miss of most of the prefix is rarely taken for a
+ * wait.
+ */
+const COLD_SHARE = 0.5;
 
 interface Control {
   limit: number;
@@ -242,6 +251,9 @@ export class Scheduler {
   #floorMs: number | null = null;
   #ratioP99: number | null = null;
   #spread: number | null = null;
+  /** First tokens of requests sent where the index counted cached tokens, and those judged cold. */
+  #prefixFirstTokens = 0;
+  #prefixColdFirstTokens = 0;
   /** The prefix index's match, bound once (the router's views call it per backend per grant). */
   readonly #match: PrefixMatch;
   #lastTick: number;
@@ -320,6 +332,18 @@ export class Scheduler {
    */
   predictionSpread(): number | null {
     return this.#spread;
+  }
+
+  /**
+   * The multiplier of upperBackendMs (the P99 of recent actual ÷ predicted, at least 1), and how
+   * many first tokens of requests sent to a cached prefix came as a cold prefill (firstToken).
+   */
+  planning(): { multiplier: number | null; prefixFirstTokens: number; judgedCold: number } {
+    return {
+      multiplier: this.#ratioP99 === null ? null : Math.max(1, this.#ratioP99),
+      prefixFirstTokens: this.#prefixFirstTokens,
+      judgedCold: this.#prefixColdFirstTokens,
+    };
   }
 
   /** Time for the queue as it stands to drain, for Retry-After; null when the drain rate is unknown. */
@@ -724,10 +748,27 @@ export class Scheduler {
   /** Called by a slot at its streamed first token: the controller's TTFT signal, the TTFT fit. */
   firstToken(slot: GrantedSlot): void {
     const req = slot.waiting.req;
-    const backendTtft = this.#now() - slot.grant.grantedAt;
-    const own = this.#deps.live.prefillMs(slot.backend.name, slot.grant.uncachedTokens) ?? 0;
-    if (slot.predictedBackendMs !== null) {
-      this.#predicted[this.#ratioAt] = slot.predictedBackendMs;
+    const { grant } = slot;
+    const backendTtft = this.#now() - grant.grantedAt;
+    const live = this.#deps.live;
+    // Invariant: what is learnt from a first token is the prefill the backend really ran. When the
+    // first token came as late as a prefill of the cached part too, the blocks the index counted on
+    // were gone (evicted since, or never kept), and the request is learnt as the cold prompt it
+    // was: in the planning ratio (taken at its P99, the bound every request is refused on), the
+    // fit, and the controller's wait. Learnt as predicted, the 1–2% of requests whose prefix was
+    // gone set that P99 alone, at two or three times every other request's prediction
+    // (docs/benchmarks.md, "A prefix the index counted on was gone").
+    const predicted = slot.predictedBackendMs;
+    const cachedMs =
+      grant.cachedTokens > 0 ? (live.prefillMs(slot.backend.name, grant.cachedTokens) ?? 0) : 0;
+    const judged = predicted !== null && cachedMs > 0;
+    const cold = judged && backendTtft - predicted >= COLD_SHARE * cachedMs;
+    if (judged) this.#prefixFirstTokens++;
+    if (cold) this.#prefixColdFirstTokens++;
+    const extraMs = cold ? cachedMs : 0;
+    const own = (live.prefillMs(slot.backend.name, grant.uncachedTokens) ?? 0) + extraMs;
+    if (predicted !== null) {
+      this.#predicted[this.#ratioAt] = predicted + extraMs;
       this.#actual[this.#ratioAt] = backendTtft;
       this.#ratioAt = (this.#ratioAt + 1) % RATIO_SAMPLES;
     }
@@ -736,11 +777,10 @@ export class Scheduler {
       current.push({ waitMs: backendTtft - own, targetMs: req.ttftTargetMs });
     }
     // The TTFT fit learns it now, not when the request ends a generation later.
-    const { grant } = slot;
-    this.#deps.live.recordFirstToken({
+    live.recordFirstToken({
       backend: slot.backend.name,
       backendTtftMs: backendTtft,
-      uncachedPromptTokens: grant.uncachedTokens,
+      uncachedPromptTokens: grant.uncachedTokens + (cold ? grant.cachedTokens : 0),
       prefillAheadTokens: grant.prefillAheadTokens,
       loadAtDispatch: grant.loadAtDispatch,
     });

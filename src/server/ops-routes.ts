@@ -56,6 +56,7 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
     const liveByName = new Map(live.backends.map((b) => [b.name, b]));
     const schedule = rt.scheduler.view();
     const limits = new Map(schedule.backends.map((b) => [b.name, b]));
+    const planning = rt.scheduler.planning();
     return {
       instance: live.instanceId,
       shutting_down: rt.lifecycle.shuttingDown,
@@ -75,6 +76,9 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
       },
       admission: {
         prediction_error: rt.admission.predictionError(),
+        plan_multiplier: planning.multiplier,
+        prefix_first_tokens: planning.prefixFirstTokens,
+        prefix_gone: planning.judgedCold,
         loop_delay_ms: rt.admission.loopDelayMs(),
         requests: await rt.metrics.decisionCounts(),
         prefix_hit_ratio: rt.metrics.prefixHit(),

@@ -86,6 +86,12 @@ describe('ops routes', () => {
     const loopDelay = (s.admission as { loop_delay_ms: unknown }).loop_delay_ms;
     expect(typeof loopDelay).toBe('number');
     expect(loopDelay as number).toBeGreaterThanOrEqual(0);
+    // Four first tokens are too few for a P99 of the predictions' ratios (it takes 50).
+    expect(s.admission).toMatchObject({
+      plan_multiplier: null,
+      prefix_first_tokens: expect.any(Number),
+      prefix_gone: expect.any(Number),
+    });
     const backends = s.backends as Record<string, unknown>[];
     expect(
       backends.map(({ name, url, weight, state, available, local_inflight }) => ({

@@ -1024,4 +1024,69 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
     expect(f.live.prefixMatch('a', prefix)).toBe(0);
     expect(await grantOf(f, ask('after'))).toBe('b');
   });
+
+  describe('a prefix the index counted on was gone', () => {
+    afterEach(() => {
+      vi.useRealTimers();
+    });
+
+    // The fit the fixture teaches: dispatch → first token = 20 ms + 0.1 ms per uncached token. With
+    // 1,600 of `ask`'s 1,700 tokens held, a request is predicted at 30 ms; prefilled cold, the
+    // cached part adds 160 ms.
+    async function serve(
+      f: ReturnType<typeof setup>,
+      firstTokenMs: (i: number) => number,
+      n: number,
+      target = 60_000,
+    ) {
+      for (let i = 0; i < n; i++) {
+        const at = { arrivedAt: f.now(), deadlineAt: f.now() + 60_000, ttftTargetMs: target };
+        const slot = await f.scheduler.ticket(ask(`gone${i}`, at)).acquire(first());
+        f.tick(firstTokenMs(i));
+        slot!.prefillDone();
+        slot!.release();
+      }
+      vi.advanceTimersByTime(100);
+    }
+    const withTimers = () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const s = settings({ concurrency: { ...settings().concurrency, initial: 64, intervalMs: 100 } });
+      const f = setup(['a'], s, cost, { sharedClock: true });
+      f.teach();
+      f.live.prefixInsert('a', prefix);
+      return f;
+    };
+
+    it('learns a first token that came as a cold prefill as one: it moves neither the P99 nor the fit', async () => {
+      const f = withTimers();
+      // Five of 100 requests find the prefix gone and take the cold prompt's 190 ms.
+      await serve(f, (i) => (i % 20 === 0 ? 190 : 30), 100);
+      expect(f.scheduler.planning()).toEqual({
+        multiplier: expect.any(Number),
+        prefixFirstTokens: 100,
+        judgedCold: 5,
+      });
+      // Learnt as predicted they would make every 30 ms prediction plan for 190 ms (a ratio of 6.3).
+      expect(f.scheduler.upperBackendMs(30)).toBeLessThan(31);
+      // The fit learnt 1,700 cold tokens in 190 ms, as it was taught, not 100 tokens in 190 ms.
+      expect(f.live.predictTtftMs('a', 100)).toBeCloseTo(30, 0);
+    });
+
+    it('a first token late by less than half the cached part is a wait, and counts as one', async () => {
+      const f = withTimers();
+      // 60 ms late, under half the cached part's 160 ms: a wait behind other prefills, not a miss.
+      await serve(f, (i) => (i % 20 === 0 ? 90 : 30), 100);
+      expect(f.scheduler.planning()).toMatchObject({ prefixFirstTokens: 100, judgedCold: 0 });
+      expect(f.scheduler.upperBackendMs(30)).toBeGreaterThan(80);
+    });
+
+    it('a cold prefill is not a wait the limit could take away', async () => {
+      const f = withTimers();
+      // Every request finds its prefix gone: 190 ms is 180 past its own predicted prefill, 0.45 of
+      // a 400 ms target, past the controller's TTFT setpoint (0.25 of it) if it counted as a wait.
+      await serve(f, () => 190, 20, 400);
+      expect(f.scheduler.planning().judgedCold).toBe(20);
+      expect(f.scheduler.limit('a')).toBe(64);
+    });
+  });
 });
