@@ -173,9 +173,11 @@ const MIN_RATIO_SAMPLES = 50;
  * A first token later than predicted by at least this share of the time the cached part of the
  * prompt would take to prefill is judged a cold prefill: the prefix the index counted on was gone.
  * A wait behind other requests' prefill delays a first token too, by up to a chunk of a long
- * prompt; judged by half the cached part (a few hundred ms for a shared 5,000-token system prompt)
- * such a wait is rarely taken for a miss, and a miss of most of the prefix is rarely taken for a
- * wait.
+ * prompt: on prefix-sharing traffic about 2% of the first tokens whose prefix was there came half
+ * their prediction late or more. So only a cached part whose prefill is at least the whole prediction is judged:
+ * a lateness of half of it is then already in the tail of the waits, and a miss of most of the
+ * prefix is rarely taken for a wait. A short shared system prompt (a block or two) is never judged:
+ * any wait would pass for its miss.
  */
 const COLD_SHARE = 0.5;
 
@@ -761,9 +763,9 @@ export class Scheduler {
     const predicted = slot.predictedBackendMs;
     const cachedMs =
       grant.cachedTokens > 0 ? (live.prefillMs(slot.backend.name, grant.cachedTokens) ?? 0) : 0;
-    const judged = predicted !== null && cachedMs > 0;
-    const cold = judged && backendTtft - predicted >= COLD_SHARE * cachedMs;
-    if (judged) this.#prefixFirstTokens++;
+    if (predicted !== null && cachedMs > 0) this.#prefixFirstTokens++;
+    const cold =
+      predicted !== null && cachedMs >= predicted && backendTtft - predicted >= COLD_SHARE * cachedMs;
     if (cold) this.#prefixColdFirstTokens++;
     const extraMs = cold ? cachedMs : 0;
     const own = (live.prefillMs(slot.backend.name, grant.uncachedTokens) ?? 0) + extraMs;

@@ -1080,6 +1080,29 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       expect(f.scheduler.upperBackendMs(30)).toBeGreaterThan(80);
     });
 
+    it('a short cached part is not judged: any wait would pass for its miss', async () => {
+      const f = withTimers();
+      // 80 tokens of a short system prompt held (8 ms to prefill), 1,600 of the request's own
+      // (predicted 180 ms): 60 ms late is eight times what the whole cached part could explain.
+      const system = chain(5_000, 5);
+      f.live.prefixInsert('a', system);
+      for (let i = 0; i < 5; i++) {
+        const blocks = [...system, ...chain(20_000 + 100 * i, 100)];
+        const r = req({
+          reqId: `short${i}`,
+          promptTokens: 1680,
+          route: route({ reqId: `short${i}`, promptTokens: 1680, blocks }),
+        });
+        const slot = await f.scheduler
+          .ticket({ ...r, arrivedAt: f.now(), deadlineAt: f.now() + 60_000 })
+          .acquire(first());
+        f.tick(240);
+        slot!.prefillDone();
+        slot!.release();
+      }
+      expect(f.scheduler.planning()).toMatchObject({ prefixFirstTokens: 5, judgedCold: 0 });
+    });
+
     it('a cold prefill is not a wait the limit could take away', async () => {
       const f = withTimers();
       // Every request finds its prefix gone: 190 ms is 180 past its own predicted prefill, 0.45 of
