@@ -171,15 +171,32 @@ const RATIO_SAMPLES = 1024;
 const MIN_RATIO_SAMPLES = 50;
 /**
  * A first token later than predicted by at least this share of the time the cached part of the
- * prompt would take to prefill is judged a cold prefill: the prefix the index counted on was gone.
- * A wait behind other requests' prefill delays a first token too, by up to a chunk of a long
- * prompt: on prefix-sharing traffic about 2% of the first tokens whose prefix was there came half
- * their prediction late or more. So only a cached part whose prefill is at least the whole prediction is judged:
- * a lateness of half of it is then already in the tail of the waits, and a miss of most of the
- * prefix is rarely taken for a wait. A short shared system prompt (a block or two) is never judged:
- * any wait would pass for its miss.
+ * prompt would take to prefill is judged to have found that part gone. On prefix-sharing traffic
+ * (docs/benchmarks.md, "A prefix the index counted on was gone") such first tokens came 0.9 to
+ * 1.3 times the cached part's prefill late, and first tokens late behind other requests' prefill
+ * thinned out from 0.5 of it to none past 0.8: a wait is rarely taken for a miss, a miss rarely
+ * for a wait.
  */
-const COLD_SHARE = 0.5;
+const GONE_SHARE = 0.8;
+
+/**
+ * The part of a first token's lateness that was a prefill of its cached part, ms: 0 unless judged
+ * gone (GONE_SHARE), then that part's prefill time, or the lateness where less (a prefix partly
+ * gone). Null when the request cannot be judged: no prediction, no fit, or a cached part whose
+ * prefill is shorter than the prediction (taken as at least `floorMs`, the quickest first tokens).
+ * A lateness of most of such a part is a lateness any wait may reach: a block or two of a short
+ * shared system prompt would pass for gone at every wait.
+ */
+export function gonePrefillMs(
+  predictedMs: number | null,
+  actualMs: number,
+  cachedMs: number,
+  floorMs: number,
+): number | null {
+  if (predictedMs === null || !(cachedMs > 0) || cachedMs < Math.max(predictedMs, floorMs)) return null;
+  const lateMs = actualMs - predictedMs;
+  return lateMs >= GONE_SHARE * cachedMs ? Math.min(cachedMs, lateMs) : 0;
+}
 
 interface Control {
   limit: number;
@@ -253,9 +270,9 @@ export class Scheduler {
   #floorMs: number | null = null;
   #ratioP99: number | null = null;
   #spread: number | null = null;
-  /** First tokens of requests sent where the index counted cached tokens, and those judged cold. */
-  #prefixFirstTokens = 0;
-  #prefixColdFirstTokens = 0;
+  /** First tokens that could be judged for a cached prefix gone (gonePrefillMs), and those judged so. */
+  #prefixJudged = 0;
+  #prefixGone = 0;
   /** The prefix index's match, bound once (the router's views call it per backend per grant). */
   readonly #match: PrefixMatch;
   #lastTick: number;
@@ -325,7 +342,7 @@ export class Scheduler {
    * their target.
    */
   upperBackendMs(predictedMs: number): number {
-    return Math.max(predictedMs, this.#floorMs ?? 0) * Math.max(1, this.#ratioP99 ?? 1);
+    return Math.max(predictedMs, this.#floorMs ?? 0) * (this.#multiplier() ?? 1);
   }
 
   /**
@@ -337,15 +354,19 @@ export class Scheduler {
   }
 
   /**
-   * The multiplier of upperBackendMs (the P99 of recent actual ÷ predicted, at least 1), and how
-   * many first tokens of requests sent to a cached prefix came as a cold prefill (firstToken).
+   * The multiplier upperBackendMs plans with (null until measured), and the first tokens judged for
+   * a cached prefix gone since this scheduler started, and those found so (gonePrefillMs).
    */
-  planning(): { multiplier: number | null; prefixFirstTokens: number; judgedCold: number } {
+  planning(): { multiplier: number | null; prefixJudged: number; prefixGone: number } {
     return {
-      multiplier: this.#ratioP99 === null ? null : Math.max(1, this.#ratioP99),
-      prefixFirstTokens: this.#prefixFirstTokens,
-      judgedCold: this.#prefixColdFirstTokens,
+      multiplier: this.#multiplier(),
+      prefixJudged: this.#prefixJudged,
+      prefixGone: this.#prefixGone,
     };
+  }
+
+  #multiplier(): number | null {
+    return this.#ratioP99 === null ? null : Math.max(1, this.#ratioP99);
   }
 
   /** Time for the queue as it stands to drain, for Retry-After; null when the drain rate is unknown. */
@@ -753,36 +774,32 @@ export class Scheduler {
     const { grant } = slot;
     const backendTtft = this.#now() - grant.grantedAt;
     const live = this.#deps.live;
-    // Invariant: what is learnt from a first token is the prefill the backend really ran. When the
-    // first token came as late as a prefill of the cached part too, the blocks the index counted on
-    // were gone (evicted since, or never kept), and the request is learnt as the cold prompt it
-    // was: in the planning ratio (taken at its P99, the bound every request is refused on), the
-    // fit, and the controller's wait. Learnt as predicted, the 1–2% of requests whose prefix was
-    // gone set that P99 alone, at two or three times every other request's prediction
-    // (docs/benchmarks.md, "A prefix the index counted on was gone").
+    // Invariant: what is learnt from a first token is the prefill the backend really ran. A first
+    // token as late as a prefill of the cached part too found the blocks the index counted on gone
+    // (evicted since, or not yet computed by the request that brought them), and that part is learnt
+    // as prefilled: in the planning ratio (taken at its P99, the bound every request is refused
+    // on), the fit, and the controller's wait. Learnt as waits, the few such requests set that
+    // P99 alone on prefix-sharing traffic, at two to three times every other request's prediction.
     const predicted = slot.predictedBackendMs;
-    const cachedMs =
-      grant.cachedTokens > 0 ? (live.prefillMs(slot.backend.name, grant.cachedTokens) ?? 0) : 0;
-    if (predicted !== null && cachedMs > 0) this.#prefixFirstTokens++;
-    const cold =
-      predicted !== null && cachedMs >= predicted && backendTtft - predicted >= COLD_SHARE * cachedMs;
-    if (cold) this.#prefixColdFirstTokens++;
-    const extraMs = cold ? cachedMs : 0;
-    const own = (live.prefillMs(slot.backend.name, grant.uncachedTokens) ?? 0) + extraMs;
+    const cachedMs = live.prefillMs(slot.backend.name, grant.cachedTokens) ?? 0;
+    const goneMs = gonePrefillMs(predicted, backendTtft, cachedMs, this.#floorMs ?? 0);
+    if (goneMs !== null) this.#prefixJudged++;
+    if (goneMs) this.#prefixGone++;
+    const prefilledMs = (live.prefillMs(slot.backend.name, grant.uncachedTokens) ?? 0) + (goneMs ?? 0);
     if (predicted !== null) {
-      this.#predicted[this.#ratioAt] = predicted + extraMs;
+      this.#predicted[this.#ratioAt] = predicted + (goneMs ?? 0);
       this.#actual[this.#ratioAt] = backendTtft;
       this.#ratioAt = (this.#ratioAt + 1) % RATIO_SAMPLES;
     }
     const current = slot.control.firstTokens.at(-1);
     if (current !== undefined && current.length < SAMPLE_CAP) {
-      current.push({ waitMs: backendTtft - own, targetMs: req.ttftTargetMs });
+      current.push({ waitMs: backendTtft - prefilledMs, targetMs: req.ttftTargetMs });
     }
     // The TTFT fit learns it now, not when the request ends a generation later.
     live.recordFirstToken({
       backend: slot.backend.name,
       backendTtftMs: backendTtft,
-      uncachedPromptTokens: grant.uncachedTokens + (cold ? grant.cachedTokens : 0),
+      uncachedPromptTokens: grant.uncachedTokens + (goneMs ? (grant.cachedTokens * goneMs) / cachedMs : 0),
       prefillAheadTokens: grant.prefillAheadTokens,
       loadAtDispatch: grant.loadAtDispatch,
     });

@@ -77,8 +77,8 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
       admission: {
         prediction_error: rt.admission.predictionError(),
         plan_multiplier: planning.multiplier,
-        prefix_first_tokens: planning.prefixFirstTokens,
-        prefix_gone: planning.judgedCold,
+        prefix_judged: planning.prefixJudged,
+        prefix_gone: planning.prefixGone,
         loop_delay_ms: rt.admission.loopDelayMs(),
         requests: await rt.metrics.decisionCounts(),
         prefix_hit_ratio: rt.metrics.prefixHit(),

@@ -89,7 +89,7 @@ describe('ops routes', () => {
     // Four first tokens are too few for a P99 of the predictions' ratios (it takes 50).
     expect(s.admission).toMatchObject({
       plan_multiplier: null,
-      prefix_first_tokens: expect.any(Number),
+      prefix_judged: expect.any(Number),
       prefix_gone: expect.any(Number),
     });
     const backends = s.backends as Record<string, unknown>[];

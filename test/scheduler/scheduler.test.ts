@@ -6,7 +6,7 @@ import type { RoutingPolicy } from '../../src/router/index.ts';
 import { leastLoaded } from '../../src/router/policies/least-loaded.ts';
 import { slagate } from '../../src/router/policies/slagate.ts';
 import type { BackendView } from '../../src/router/types.ts';
-import type { SchedulerSettings } from '../../src/scheduler/scheduler.ts';
+import { gonePrefillMs, type SchedulerSettings } from '../../src/scheduler/scheduler.ts';
 import type { ScheduledRequest } from '../../src/scheduler/types.ts';
 import { DEFAULT_CAPACITY } from '../../src/state/prefix-index.ts';
 import { Cancel } from '../../src/upstream/cancel.ts';
@@ -1063,8 +1063,8 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       await serve(f, (i) => (i % 20 === 0 ? 190 : 30), 100);
       expect(f.scheduler.planning()).toEqual({
         multiplier: expect.any(Number),
-        prefixFirstTokens: 100,
-        judgedCold: 5,
+        prefixJudged: 100,
+        prefixGone: 5,
       });
       // Learnt as predicted they would make every 30 ms prediction plan for 190 ms (a ratio of 6.3).
       expect(f.scheduler.upperBackendMs(30)).toBeLessThan(31);
@@ -1072,12 +1072,27 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       expect(f.live.predictTtftMs('a', 100)).toBeCloseTo(30, 0);
     });
 
-    it('a first token late by less than half the cached part is a wait, and counts as one', async () => {
+    it('a first token late by less than 0.8 of the cached part is a wait, and counts as one', async () => {
       const f = withTimers();
-      // 60 ms late, under half the cached part's 160 ms: a wait behind other prefills, not a miss.
-      await serve(f, (i) => (i % 20 === 0 ? 90 : 30), 100);
-      expect(f.scheduler.planning()).toMatchObject({ prefixFirstTokens: 100, judgedCold: 0 });
-      expect(f.scheduler.upperBackendMs(30)).toBeGreaterThan(80);
+      // 100 ms late, 0.625 of the cached part's 160 ms: a wait behind other prefills, not a miss.
+      await serve(f, (i) => (i % 20 === 0 ? 130 : 30), 100);
+      expect(f.scheduler.planning()).toMatchObject({ prefixJudged: 100, prefixGone: 0 });
+      // They set the P99 of the ratios: about 130 / 30 (the fit learns them too, so the later
+      // predictions are a little over 30 ms and the ratio a little under 4.3). Judged gone, none.
+      expect(f.scheduler.upperBackendMs(30)).toBeGreaterThan(100);
+    });
+
+    it('judges only a cached part whose prefill is at least the prediction, and learns what the lateness shows', () => {
+      // Predicted 30 ms, the cached part 160 ms, the quickest first tokens 30 ms.
+      expect(gonePrefillMs(30, 190, 160, 30)).toBe(160);
+      // Late by 140 ms, 0.875 of the part: that much of it was prefilled, not all of it.
+      expect(gonePrefillMs(30, 170, 160, 30)).toBe(140);
+      expect(gonePrefillMs(30, 130, 160, 30)).toBe(0);
+      // A part shorter than the prediction, or than the quickest first tokens: not judged.
+      expect(gonePrefillMs(180, 240, 8, 30)).toBeNull();
+      expect(gonePrefillMs(5, 45, 30, 40)).toBeNull();
+      expect(gonePrefillMs(5, 45, 30, 0)).toBe(30);
+      expect(gonePrefillMs(null, 190, 160, 30)).toBeNull();
     });
 
     it('a short cached part is not judged: any wait would pass for its miss', async () => {
@@ -1100,7 +1115,7 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
         slot!.prefillDone();
         slot!.release();
       }
-      expect(f.scheduler.planning()).toMatchObject({ prefixFirstTokens: 5, judgedCold: 0 });
+      expect(f.scheduler.planning()).toMatchObject({ prefixJudged: 0, prefixGone: 0 });
     });
 
     it('a cold prefill is not a wait the limit could take away', async () => {
@@ -1108,7 +1123,7 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       // Every request finds its prefix gone: 190 ms is 180 past its own predicted prefill, 0.45 of
       // a 400 ms target, past the controller's TTFT setpoint (0.25 of it) if it counted as a wait.
       await serve(f, () => 190, 20, 400);
-      expect(f.scheduler.planning().judgedCold).toBe(20);
+      expect(f.scheduler.planning().prefixGone).toBe(20);
       expect(f.scheduler.limit('a')).toBe(64);
     });
   });
