@@ -35,14 +35,7 @@ import { GatewayError } from '../errors/index.ts';
 import { cachedOn, type PrefixMatch } from '../router/cached.ts';
 import type { BackendView, Candidate, RoutingPolicy } from '../router/index.ts';
 import { currentTelemetry, type Lease, type LiveState } from '../state/index.ts';
-import {
-  type Backend,
-  DecodeMeter,
-  meanGapMs,
-  medianGapMs,
-  type Slot,
-  type SlotRequest,
-} from '../upstream/index.ts';
+import { type Backend, DecodeMeter, gapStats, type Slot, type SlotRequest } from '../upstream/index.ts';
 import { type LimitBounds, nextLimit, nextTpotShare, quantile, type Setpoints } from './controller.ts';
 import { Heap } from './heap.ts';
 import { FifoQueue, type QueueDiscipline, type QueueEntry, SlagateQueue } from './queue.ts';
@@ -952,8 +945,9 @@ export class Scheduler {
         // mean still bounds it): one period holds only a few decode steps.
         let gaps = 0;
         for (const m of c.gaps) gaps += m.gaps;
-        const itlMs = gaps >= MIN_GAPS ? medianGapMs(c.gaps) : null;
-        const meanItlMs = gaps >= MIN_GAPS ? meanGapMs(c.gaps) : null;
+        const pace = gaps >= MIN_GAPS ? gapStats(c.gaps) : null;
+        const itlMs = pace?.medianMs ?? null;
+        const meanItlMs = pace?.meanMs ?? null;
         if (itlMs !== null) c.lastItlMs = itlMs;
         // Every first token waits for the decode step under way and then its own: the waiting
         // beyond those two steps is what a lower limit can take away.

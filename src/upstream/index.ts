@@ -10,7 +10,7 @@ export type { BreakerOptions } from './breaker.ts';
 export { Cancel, CancelledError } from './cancel.ts';
 export type { FailureReason } from './failure.ts';
 export type { HealthOptions } from './health.ts';
-export { DecodeMeter, meanGapMs, medianGapMs } from './measure.ts';
+export { DecodeMeter, gapStats } from './measure.ts';
 export { DEFAULT_BACKEND_SET_OPTIONS, DEFAULT_PROXY_CONFIG, DEFAULT_RETRY_BUDGET } from './options.ts';
 export type { OutlierOptions } from './outlier.ts';
 export type {

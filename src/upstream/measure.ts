@@ -1,86 +1,49 @@
 // Per-request latency figures as vLLM's serving benchmark defines them, taken at the gateway.
 // Each gap also goes to the backend's decode-pace meter (DecodeMeter, handed out with a slot), which
 // the scheduler's concurrency controller reads: a comparison per token event, and per read a
-// count, a sum and one histogram bucket, nothing else on that path.
+// count, a sum and one histogram bin, nothing else on that path.
 // All times are performance.now() milliseconds. A "token event" is an SSE data event with a
 // non-empty `choices` array (for chat the first one is the role chunk, whose content is ""; vLLM's
 // benchmark counts it as the first token too), so ITL has one entry per chunk, not per token.
-
-// The gap histogram: log-spaced buckets, PER_OCTAVE to each doubling (each about 2.2% wide), from
-// 2^FLOOR_LOG2 ms up through GAP_BUCKETS / PER_OCTAVE doublings (about 17 minutes): any TPOT target
-// the configuration accepts is read to within a bucket, and a gap outside the range counts in the
-// first or the last bucket.
-const PER_OCTAVE = 32;
-const FLOOR_LOG2 = -4;
-export const GAP_BUCKETS = 24 * PER_OCTAVE;
-
-/** The bucket of a gap of `ms`. */
-export function gapBucket(ms: number): number {
-  if (!(ms > 0)) return 0;
-  const i = Math.floor((Math.log2(ms) - FLOOR_LOG2) * PER_OCTAVE);
-  return i < 0 ? 0 : i >= GAP_BUCKETS ? GAP_BUCKETS - 1 : i;
-}
-
-/** The gap a bucket stands for, ms: its geometric middle. */
-export function bucketMs(i: number): number {
-  return 2 ** ((i + 0.5) / PER_OCTAVE + FLOOR_LOG2);
-}
+import { binIndex, Histogram, quantiles } from '../state/histogram.ts';
 
 /**
- * Decode pace of one backend: every stream on it adds its gaps between token events, as a count
- * and a histogram (the scheduler moves each period's out with drainInto). A histogram, not a sum,
- * so that the controller can take the median gap: the pace of the typical decode step, which the
- * batch sets, apart from the few steps that carried a long prefill chunk (see controller.ts).
+ * Decode pace of one backend: every stream on it adds its gaps between token events to one
+ * histogram (the latency windows' own, src/state/histogram.ts: bins 5% wide from 1 ms to 10
+ * minutes; the clock below gives it no gap under SAME_READ_MS), and the scheduler moves each
+ * period's out with drainInto. A histogram, not a sum, so that the controller can take the median
+ * gap: the pace of the typical decode step, which the batch sets, apart from the few steps that
+ * carried a long prefill chunk (see controller.ts).
  */
 export class DecodeMeter {
+  readonly histogram = new Histogram();
+
   /** Gaps between consecutive token events. */
-  gaps = 0;
+  get gaps(): number {
+    return this.histogram.count;
+  }
+
   /** Their total, ms. */
-  totalMs = 0;
-  /** Those gaps by bucket (gapBucket). */
-  readonly counts = new Uint32Array(GAP_BUCKETS);
+  get totalMs(): number {
+    return this.histogram.sum;
+  }
 
   add(gapMs: number): void {
-    this.gaps++;
-    this.totalMs += gapMs;
-    this.counts[gapBucket(gapMs)]!++;
+    this.histogram.add(binIndex(gapMs), 1, gapMs);
   }
 
-  /** Moves what was added since the last drain into `into`, and starts afresh. */
+  /** Moves what was added since the last drain into `into` (replacing what it held), and starts afresh. */
   drainInto(into: DecodeMeter): void {
-    into.gaps = this.gaps;
-    into.totalMs = this.totalMs;
-    into.counts.set(this.counts);
-    this.gaps = 0;
-    this.totalMs = 0;
-    this.counts.fill(0);
+    into.histogram.clear();
+    into.histogram.addHistogram(this.histogram);
+    this.histogram.clear();
   }
 }
 
-/** The mean gap over `meters` together, ms; null when they hold no gap. */
-export function meanGapMs(meters: readonly DecodeMeter[]): number | null {
-  let total = 0;
-  let ms = 0;
-  for (const m of meters) {
-    total += m.gaps;
-    ms += m.totalMs;
-  }
-  return total === 0 ? null : ms / total;
-}
-
-/** The median gap over `meters` together, ms (to within a bucket); null when they hold no gap. */
-export function medianGapMs(meters: readonly DecodeMeter[]): number | null {
-  let total = 0;
-  for (const m of meters) total += m.gaps;
-  if (total === 0) return null;
-  // The lower median: the bucket holding the ceil(total / 2)-th gap in order.
-  const half = Math.ceil(total / 2);
-  let seen = 0;
-  for (let i = 0; i < GAP_BUCKETS; i++) {
-    for (const m of meters) seen += m.counts[i]!;
-    if (seen >= half) return bucketMs(i);
-  }
-  return bucketMs(GAP_BUCKETS - 1);
+/** The mean and the median gap over `meters` together, ms (the median to within its bin); null when they hold no gap. */
+export function gapStats(meters: readonly DecodeMeter[]): { meanMs: number; medianMs: number } | null {
+  const q = quantiles(meters.map((m) => m.histogram));
+  return q.mean === null || q.p50 === null ? null : { meanMs: q.mean, medianMs: q.p50 };
 }
 
 export interface Latencies {

@@ -733,7 +733,8 @@ describe('the control loop and the estimates', () => {
       }
       pace(meter, 5, 60);
       period();
-      expect(f.scheduler.limit('a')).toBeCloseTo(4 / 1.5, 1);
+      // The median is read to within its histogram bin (5%).
+      expect(Math.abs(f.scheduler.limit('a') / (4 / 1.5) - 1)).toBeLessThan(0.05);
     });
 
     it('a typical step over the setpoint lowers it', async () => {
@@ -741,7 +742,7 @@ describe('the control loop and the estimates', () => {
       pace(meter, 20, 60);
       pace(meter, 6, 5);
       period();
-      expect(f.scheduler.limit('a')).toBeCloseTo(4 / 1.5, 1);
+      expect(Math.abs(f.scheduler.limit('a') / (4 / 1.5) - 1)).toBeLessThan(0.05);
     });
   });
 
