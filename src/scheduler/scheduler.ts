@@ -175,8 +175,9 @@ const GONE_SHARE = 0.8;
 /**
  * The part of a first token's lateness that was a prefill of its cached part, ms: 0 unless judged
  * gone (GONE_SHARE), then that part's prefill time, or the lateness where less (a prefix partly
- * gone). Null when the request cannot be judged: no prediction, no fit, or a cached part whose
- * prefill is shorter than the prediction (taken as at least `floorMs`, the quickest first tokens).
+ * gone). The prediction counts as at least `floorMs`, the quickest first tokens, as in the planning
+ * ratio. Null when the request cannot be judged: no prediction, no fit, or a cached part whose
+ * prefill is shorter than the prediction.
  * A lateness of most of such a part is a lateness any wait may reach: a block or two of a short
  * shared system prompt would pass for gone at every wait.
  */
@@ -186,8 +187,11 @@ export function gonePrefillMs(
   cachedMs: number,
   floorMs: number,
 ): number | null {
-  if (predictedMs === null || !(cachedMs > 0) || cachedMs < Math.max(predictedMs, floorMs)) return null;
-  const lateMs = actualMs - predictedMs;
+  if (predictedMs === null) return null;
+  // As in the planning ratio, a prediction counts as at least the quickest first tokens.
+  const expectedMs = Math.max(predictedMs, floorMs);
+  if (!(cachedMs > 0) || cachedMs < expectedMs) return null;
+  const lateMs = actualMs - expectedMs;
   return lateMs >= GONE_SHARE * cachedMs ? Math.min(cachedMs, lateMs) : 0;
 }
 
@@ -771,8 +775,9 @@ export class Scheduler {
     // token as late as a prefill of the cached part too found the blocks the index counted on gone
     // (evicted since, or not yet computed by the request that brought them), and that part is learnt
     // as prefilled: in the planning ratio (taken at its P99, the bound every request is refused
-    // on), the fit, and the controller's wait. Learnt as waits, the few such requests set that
-    // P99 alone on prefix-sharing traffic, at two to three times every other request's prediction.
+    // on), the fit, and the controller's wait. Learnt as waits, the few such requests (under 1% of
+    // first tokens on prefix-sharing traffic) raised that P99 from about 2.2 to about 3 late in a
+    // run (docs/benchmarks.md, "A prefix the index counted on was gone").
     const predicted = slot.predictedBackendMs;
     const cachedMs = live.prefillMs(slot.backend.name, grant.cachedTokens) ?? 0;
     const goneMs = gonePrefillMs(predicted, backendTtft, cachedMs, this.#floorMs ?? 0);
@@ -780,7 +785,7 @@ export class Scheduler {
     if (goneMs) this.#prefixGone++;
     const prefilledMs = (live.prefillMs(slot.backend.name, grant.uncachedTokens) ?? 0) + (goneMs ?? 0);
     if (predicted !== null) {
-      this.#predicted[this.#ratioAt] = predicted + (goneMs ?? 0);
+      this.#predicted[this.#ratioAt] = goneMs ? Math.max(predicted, this.#floorMs ?? 0) + goneMs : predicted;
       this.#actual[this.#ratioAt] = backendTtft;
       this.#ratioAt = (this.#ratioAt + 1) % RATIO_SAMPLES;
     }

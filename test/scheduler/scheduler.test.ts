@@ -1073,6 +1073,59 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       expect(f.live.predictTtftMs('a', 100)).toBeCloseTo(30, 0);
     });
 
+    it('a prefix partly gone is learnt as partly prefilled', async () => {
+      const f = withTimers();
+      // Five of 100 requests come 140 ms late: 0.875 of the cached part, 1,400 of its 1,600 tokens.
+      await serve(f, (i) => (i % 20 === 0 ? 170 : 30), 100);
+      expect(f.scheduler.planning()).toMatchObject({ prefixJudged: 100, prefixGone: 5 });
+      // The fit learnt 1,500 tokens in 170 ms, on its line; all 1,700 in 170 ms would have bent it.
+      expect(f.live.predictTtftMs('a', 1700)).toBeCloseTo(190, 1);
+      expect(f.scheduler.upperBackendMs(30)).toBeLessThan(31);
+    });
+
+    it('a prefix gone under a prediction below the quickest first tokens is learnt from those', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const s = settings({ concurrency: { ...settings().concurrency, initial: 64, intervalMs: 100 } });
+      const f = setup(['a'], s, cost, { sharedClock: true });
+      // A fit that predicts next to nothing for a small prefill: 0.1 ms per token − 10 ms.
+      for (let i = 0; i < 20; i++) {
+        f.tick(10);
+        const tokens = 200 + 200 * (i % 5);
+        observe(
+          f.live,
+          latencySample({
+            backend: 'a',
+            uncachedPromptTokens: tokens,
+            queueMs: 0,
+            ttftMs: 0.1 * tokens - 10,
+            loadAtDispatch: 0,
+          }),
+        );
+      }
+      f.live.prefixInsert('a', prefix);
+      // Requests of 700–1,500 uncached tokens on the fit's line (60–140 ms) make the quickest first
+      // tokens 60 ms. Then the prefix's requests, predicted at 0 (100 uncached tokens): none comes
+      // in under 60 ms, and the first finds the prefix gone and takes 160 ms more.
+      for (let i = 0; i < 60; i++) {
+        const tokens = 700 + 200 * (i % 5);
+        const r = {
+          arrivedAt: f.now(),
+          deadlineAt: f.now() + 60_000,
+          uncachedTokens: tokens,
+          promptTokens: tokens,
+        };
+        const slot = await f.scheduler.ticket(req(r)).acquire(first());
+        f.tick(0.1 * tokens - 10);
+        slot!.prefillDone();
+        slot!.release();
+      }
+      vi.advanceTimersByTime(100);
+      await serve(f, (i) => (i % 12 === 0 ? 220 : 60), 12);
+      expect(f.scheduler.planning().prefixGone).toBe(1);
+      // Learnt as 60 + 160 ms predicted, not (a prediction under 60) + 160: nothing is late.
+      expect(f.scheduler.upperBackendMs(60)).toBeLessThan(62);
+    });
+
     it('a first token late by less than 0.8 of the cached part is a wait, and counts as one', async () => {
       const f = withTimers();
       // 100 ms late, 0.625 of the cached part's 160 ms: a wait behind other prefills, not a miss.
@@ -1094,6 +1147,12 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       expect(gonePrefillMs(5, 45, 30, 40)).toBeNull();
       expect(gonePrefillMs(5, 45, 30, 0)).toBe(30);
       expect(gonePrefillMs(null, 190, 160, 30)).toBeNull();
+      // Late from the quickest first tokens, not from a prediction under them: 10 ms past 40 ms.
+      expect(gonePrefillMs(10, 50, 45, 40)).toBe(0);
+      expect(gonePrefillMs(10, 80, 45, 40)).toBe(40);
+      // The line is 0.8 of the part: 0.75 of it late is a wait, 0.85 a prefix gone.
+      expect(gonePrefillMs(30, 150, 160, 30)).toBe(0);
+      expect(gonePrefillMs(30, 166, 160, 30)).toBe(136);
     });
 
     it('a short cached part is not judged: any wait would pass for its miss', async () => {
