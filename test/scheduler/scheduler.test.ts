@@ -59,6 +59,24 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
   };
 }
 
+/** Teaches backend a's fit: dispatch → first token = 0.1 ms per uncached token − 10 ms (20 samples). */
+function teachBelowZero(f: ReturnType<typeof setup>): void {
+  for (let i = 0; i < 20; i++) {
+    f.tick(10);
+    const tokens = 200 + 200 * (i % 5);
+    observe(
+      f.live,
+      latencySample({
+        backend: 'a',
+        uncachedPromptTokens: tokens,
+        queueMs: 0,
+        ttftMs: 0.1 * tokens - 10,
+        loadAtDispatch: 0,
+      }),
+    );
+  }
+}
+
 /** `n` gaps of `ms` each between token events, on the backend whose meter this is. */
 function pace(meter: DecodeMeter, n: number, ms: number): void {
   for (let i = 0; i < n; i++) meter.add(ms);
@@ -472,20 +490,7 @@ describe('refusals while waiting', () => {
       const s = settings({ concurrency: { ...settings().concurrency, initial: 64, intervalMs: 100 } });
       const f = setup(['a'], s, undefined, { sharedClock: true });
       // A fit with a negative intercept: dispatch → first token = 0.1 ms per uncached token − 10 ms.
-      for (let i = 0; i < 20; i++) {
-        f.tick(10);
-        const tokens = 200 + 200 * (i % 5);
-        observe(
-          f.live,
-          latencySample({
-            backend: 'a',
-            uncachedPromptTokens: tokens,
-            queueMs: 0,
-            ttftMs: 0.1 * tokens - 10,
-            loadAtDispatch: 0,
-          }),
-        );
-      }
+      teachBelowZero(f);
       // 95 requests of 1,000 tokens predicted (90 ms) and served exactly; 5 of 110 tokens predicted
       // at 1 ms that take 60 ms, as no first token comes faster.
       for (let i = 0; i < 100; i++) {
@@ -1088,20 +1093,7 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       const s = settings({ concurrency: { ...settings().concurrency, initial: 64, intervalMs: 100 } });
       const f = setup(['a'], s, cost, { sharedClock: true });
       // A fit that predicts next to nothing for a small prefill: 0.1 ms per token − 10 ms.
-      for (let i = 0; i < 20; i++) {
-        f.tick(10);
-        const tokens = 200 + 200 * (i % 5);
-        observe(
-          f.live,
-          latencySample({
-            backend: 'a',
-            uncachedPromptTokens: tokens,
-            queueMs: 0,
-            ttftMs: 0.1 * tokens - 10,
-            loadAtDispatch: 0,
-          }),
-        );
-      }
+      teachBelowZero(f);
       f.live.prefixInsert('a', prefix);
       // Requests of 700–1,500 uncached tokens on the fit's line (60–140 ms) make the quickest first
       // tokens 60 ms. Then the prefix's requests, predicted at 0 (100 uncached tokens): none comes
