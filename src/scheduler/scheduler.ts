@@ -38,6 +38,7 @@ import { currentTelemetry, type Lease, type LiveState } from '../state/index.ts'
 import { type Backend, DecodeMeter, gapStats, type Slot, type SlotRequest } from '../upstream/index.ts';
 import { type LimitBounds, nextLimit, nextTpotShare, quantile, type Setpoints } from './controller.ts';
 import { Heap } from './heap.ts';
+import { gonePrefillMs } from './prefix-gone.ts';
 import { FifoQueue, type QueueDiscipline, type QueueEntry, SlagateQueue } from './queue.ts';
 import { budgetWords, type ScheduledRequest } from './types.ts';
 
@@ -162,38 +163,6 @@ const RATE_ALPHA = 0.3;
 /** Recent actual ÷ predicted dispatch-to-first-token times kept, and the fewest that give a P99. */
 const RATIO_SAMPLES = 1024;
 const MIN_RATIO_SAMPLES = 50;
-/**
- * A first token later than predicted by at least this share of the time the cached part of the
- * prompt would take to prefill is judged to have found that part gone. On prefix-sharing traffic
- * (docs/benchmarks.md, "A prefix the index counted on was gone") such first tokens came 0.9 to
- * 1.3 times the cached part's prefill late, and first tokens late behind other requests' prefill
- * thinned out from 0.5 of it to none past 0.8: a wait is rarely taken for a miss, a miss rarely
- * for a wait.
- */
-const GONE_SHARE = 0.8;
-
-/**
- * The part of a first token's lateness that was a prefill of its cached part, ms: 0 unless judged
- * gone (GONE_SHARE), then that part's prefill time, or the lateness where less (a prefix partly
- * gone). The prediction counts as at least `floorMs`, the quickest first tokens, as in the planning
- * ratio. Null when the request cannot be judged: no prediction, no fit, or a cached part whose
- * prefill is shorter than the prediction.
- * A lateness of most of such a part is a lateness any wait may reach: a block or two of a short
- * shared system prompt would pass for gone at every wait.
- */
-export function gonePrefillMs(
-  predictedMs: number | null,
-  actualMs: number,
-  cachedMs: number,
-  floorMs: number,
-): number | null {
-  if (predictedMs === null) return null;
-  // As in the planning ratio, a prediction counts as at least the quickest first tokens.
-  const expectedMs = Math.max(predictedMs, floorMs);
-  if (!(cachedMs > 0) || cachedMs < expectedMs) return null;
-  const lateMs = actualMs - expectedMs;
-  return lateMs >= GONE_SHARE * cachedMs ? Math.min(cachedMs, lateMs) : 0;
-}
 
 interface Control {
   limit: number;
@@ -779,11 +748,12 @@ export class Scheduler {
     // first tokens on prefix-sharing traffic) raised that P99 from about 2.2 to about 3 late in a
     // run (docs/benchmarks.md, "A prefix the index counted on was gone").
     const predicted = slot.predictedBackendMs;
-    const cachedMs = live.prefillMs(slot.backend.name, grant.cachedTokens) ?? 0;
-    const goneMs = gonePrefillMs(predicted, backendTtft, cachedMs, this.#floorMs ?? 0);
+    // The fit's prefill cost is linear in tokens: one lookup serves both parts of the prompt.
+    const msPerToken = live.prefillMs(slot.backend.name, 1) ?? 0;
+    const goneMs = gonePrefillMs(predicted, backendTtft, msPerToken * grant.cachedTokens, this.#floorMs ?? 0);
     if (goneMs !== null) this.#prefixJudged++;
     if (goneMs) this.#prefixGone++;
-    const prefilledMs = (live.prefillMs(slot.backend.name, grant.uncachedTokens) ?? 0) + (goneMs ?? 0);
+    const prefilledMs = msPerToken * grant.uncachedTokens + (goneMs ?? 0);
     if (predicted !== null) {
       this.#predicted[this.#ratioAt] = goneMs ? Math.max(predicted, this.#floorMs ?? 0) + goneMs : predicted;
       this.#actual[this.#ratioAt] = backendTtft;
@@ -797,7 +767,7 @@ export class Scheduler {
     live.recordFirstToken({
       backend: slot.backend.name,
       backendTtftMs: backendTtft,
-      uncachedPromptTokens: grant.uncachedTokens + (goneMs ? (grant.cachedTokens * goneMs) / cachedMs : 0),
+      uncachedPromptTokens: grant.uncachedTokens + (goneMs ? goneMs / msPerToken : 0),
       prefillAheadTokens: grant.prefillAheadTokens,
       loadAtDispatch: grant.loadAtDispatch,
     });
@@ -948,9 +918,8 @@ export class Scheduler {
       } else {
         // The median gap over the last few periods (controller.ts says why it leads, and why the
         // mean still bounds it): one period holds only a few decode steps.
-        let gaps = 0;
-        for (const m of c.gaps) gaps += m.gaps;
-        const pace = gaps >= MIN_GAPS ? gapStats(c.gaps) : null;
+        const stats = gapStats(c.gaps);
+        const pace = stats !== null && stats.count >= MIN_GAPS ? stats : null;
         const itlMs = pace?.medianMs ?? null;
         const meanItlMs = pace?.meanMs ?? null;
         if (itlMs !== null) c.lastItlMs = itlMs;

@@ -28,8 +28,9 @@ export class DecodeMeter {
     return this.histogram.sum;
   }
 
-  add(gapMs: number): void {
-    this.histogram.add(binIndex(gapMs), 1, gapMs);
+  /** `count` gaps of `gapMs` each. */
+  add(gapMs: number, count = 1): void {
+    this.histogram.add(binIndex(gapMs), count, gapMs * count);
   }
 
   /** Moves what was added since the last drain into `into` (replacing what it held), and starts afresh. */
@@ -40,10 +41,15 @@ export class DecodeMeter {
   }
 }
 
-/** The mean and the median gap over `meters` together, ms (the median to within its bin); null when they hold no gap. */
-export function gapStats(meters: readonly DecodeMeter[]): { meanMs: number; medianMs: number } | null {
+/**
+ * The gaps over `meters` together: how many, their mean and their median, ms (the median to within
+ * its bin); null when they hold none.
+ */
+export function gapStats(
+  meters: readonly DecodeMeter[],
+): { count: number; meanMs: number; medianMs: number } | null {
   const q = quantiles(meters.map((m) => m.histogram));
-  return q.mean === null || q.p50 === null ? null : { meanMs: q.mean, medianMs: q.p50 };
+  return q.mean === null || q.p50 === null ? null : { count: q.count, meanMs: q.mean, medianMs: q.p50 };
 }
 
 export interface Latencies {
@@ -124,7 +130,7 @@ export class TokenClock {
   #flushMeter(): void {
     const n = this.#batchEvents;
     if (n === 0 || this.#meter === null) return;
-    for (let i = 0; i < n; i++) this.#meter.add(this.#batchMs / n);
+    this.#meter.add(this.#batchMs / n, n);
     this.#batchEvents = 0;
   }
 

@@ -6,7 +6,8 @@ import type { RoutingPolicy } from '../../src/router/index.ts';
 import { leastLoaded } from '../../src/router/policies/least-loaded.ts';
 import { slagate } from '../../src/router/policies/slagate.ts';
 import type { BackendView } from '../../src/router/types.ts';
-import { gonePrefillMs, type SchedulerSettings } from '../../src/scheduler/scheduler.ts';
+import { gonePrefillMs } from '../../src/scheduler/prefix-gone.ts';
+import type { SchedulerSettings } from '../../src/scheduler/scheduler.ts';
 import type { ScheduledRequest } from '../../src/scheduler/types.ts';
 import { DEFAULT_CAPACITY } from '../../src/state/prefix-index.ts';
 import { Cancel } from '../../src/upstream/cancel.ts';
@@ -569,10 +570,21 @@ describe('the control loop and the estimates', () => {
     const outer = () =>
       settings({ concurrency: { ...settings().concurrency, initial: 2, intervalMs: 100, outerPeriods: 2 } });
     const period = () => vi.advanceTimersByTime(100);
+    /** One outer period: two inner ones. */
+    const outerStep = () => {
+      period();
+      period();
+    };
     const share = (f: ReturnType<typeof setup>) => f.scheduler.view().backends[0]!.tpotShare;
     /** `n` completed requests on `a` with TPOT `ratio` × their 50 ms target. */
     const complete = (f: ReturnType<typeof setup>, n: number, ratio: number) => {
       for (let i = 0; i < n; i++) f.scheduler.ticket(req()).completed('a', 50 * ratio);
+    };
+    /** A scheduler with one request running on `a` (1 of 2: the limit does not bind). */
+    const oneRunning = async (s = outer()) => {
+      const f = setup(['a'], s);
+      await f.scheduler.ticket(req()).acquire(first());
+      return f;
     };
     afterEach(() => {
       vi.useRealTimers();
@@ -580,18 +592,15 @@ describe('the control loop and the estimates', () => {
 
     it('lowers the share when the P99 TPOT is above 95% of the target, bound or not', async () => {
       vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
-      const f = setup(['a'], outer());
-      await f.scheduler.ticket(req()).acquire(first()); // 1 of 2: the limit does not bind
+      const f = await oneRunning();
       complete(f, 60, 1.5);
-      period();
-      period();
+      outerStep();
       expect(share(f)).toBeCloseTo(0.8 * (1 + 0.1 * (1 - 1.5 / 0.95)), 9);
     });
 
     it('does not raise the share on fast completions while the backend has room', async () => {
       vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
-      const f = setup(['a'], outer());
-      await f.scheduler.ticket(req()).acquire(first());
+      const f = await oneRunning();
       complete(f, 60, 0.4);
       for (let i = 0; i < 6; i++) period();
       expect(share(f)).toBe(0.8);
@@ -616,80 +625,65 @@ describe('the control loop and the estimates', () => {
       // A backend that completes few requests: 30 slow ones, five outer periods with none, 30 more.
       // The window then spans six outer periods, so the step is 4/6 of the usual one.
       const lowered = 0.8 * (1 + (4 / 6) * 0.1 * (1 - 1.5 / 0.95));
-      const f = setup(['a'], outer());
-      await f.scheduler.ticket(req()).acquire(first());
+      const f = await oneRunning();
       complete(f, 30, 1.5);
       for (let i = 0; i < 2 * 5; i++) period();
       expect(share(f)).toBe(0.8);
       complete(f, 30, 1.5);
-      period();
-      period();
+      outerStep();
       expect(share(f)).toBeCloseTo(lowered, 9);
       // The same with 23 outer periods between them: the window holds 24, and moves.
-      const h = setup(['a'], outer());
-      await h.scheduler.ticket(req()).acquire(first());
+      const h = await oneRunning();
       complete(h, 30, 1.5);
       for (let i = 0; i < 2 * 23; i++) period();
       complete(h, 30, 1.5);
-      period();
-      period();
+      outerStep();
       expect(share(h)).toBeLessThan(0.8);
       // With 24 between them, the first 30 have left the window.
-      const g = setup(['a'], outer());
-      await g.scheduler.ticket(req()).acquire(first());
+      const g = await oneRunning();
       complete(g, 30, 1.5);
       for (let i = 0; i < 2 * 24; i++) period();
       complete(g, 30, 1.5);
-      period();
-      period();
+      outerStep();
       expect(share(g)).toBe(0.8);
     });
 
     it('judges a backend that completes many on its last four outer periods', async () => {
       vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
-      const f = setup(['a'], outer());
-      await f.scheduler.ticket(req()).acquire(first());
+      const f = await oneRunning();
       // One outer period of slow completions, then fast ones, 60 a period: the slow ones lower the
       // share while they are in the window (four steps), and not after.
       complete(f, 60, 1.5);
-      period();
-      period();
+      outerStep();
       for (let step = 0; step < 3; step++) {
         complete(f, 60, 0.4);
-        period();
-        period();
+        outerStep();
       }
       const after = share(f);
       expect(after).toBeCloseTo(0.8 * (1 + 0.1 * (1 - 1.5 / 0.95)) ** 4, 9);
       for (let step = 0; step < 2; step++) {
         complete(f, 60, 0.4);
-        period();
-        period();
+        outerStep();
       }
       expect(share(f)).toBe(after);
     });
 
     it('does not judge a reload to slagate on completions from the fixed limit of fcfs', async () => {
       vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
-      const fcfs = outer();
-      const f = setup(['a'], { ...fcfs, policy: 'fcfs' });
-      await f.scheduler.ticket(req()).acquire(first());
+      const f = await oneRunning({ ...outer(), policy: 'fcfs' });
       complete(f, 60, 1.5);
       period();
       f.set(outer());
       complete(f, 60, 0.4);
-      period();
-      period();
+      outerStep();
       expect(share(f)).toBe(0.8);
     });
 
     it('needs fifty completions in its window before it moves', async () => {
       vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
-      const f = setup(['a'], outer());
-      await f.scheduler.ticket(req()).acquire(first());
+      const f = await oneRunning();
       complete(f, 49, 1.5);
-      period();
-      period();
+      outerStep();
       expect(share(f)).toBe(0.8);
     });
   });

@@ -5,6 +5,14 @@ import { DecodeMeter, gapStats, TokenClock } from '../../src/upstream/measure.ts
 
 const medianGapMs = (meters: DecodeMeter[]) => gapStats(meters)?.medianMs ?? null;
 
+/** A stream's token events at `times` on a clock that feeds a fresh meter, finished at `endedAt`. */
+function metered(times: number[], endedAt: number, completionTokens: number) {
+  const m = new DecodeMeter();
+  const c = new TokenClock(0, m);
+  for (const t of times) c.token(t);
+  return { m, l: c.finish(endedAt, completionTokens) };
+}
+
 import { maxEjected, OutlierDetector } from '../../src/upstream/outlier.ts';
 import { RetryBudget } from '../../src/upstream/retry-budget.ts';
 
@@ -104,21 +112,15 @@ describe('TokenClock', () => {
   });
 
   it("feeds each gap to the backend's meter", () => {
-    const m = new DecodeMeter();
-    const c = new TokenClock(0, m);
-    for (const t of [10, 30, 60, 100]) c.token(t);
-    c.finish(110, 4);
+    const { m } = metered([10, 30, 60, 100], 110, 4);
     expect(m.gaps).toBe(3);
     expect(medianGapMs([m])).toBeCloseTo(30, -0.5);
   });
 
   it('spreads the wall time over events read together, and gives the meter no gap of 0', () => {
-    const m = new DecodeMeter();
-    const c = new TokenClock(0, m);
     // The role chunk and the first token in one read; then one event 40 ms later, two events
     // 40 ms after that (20 ms each), two 80 ms after those (40 ms each).
-    for (const t of [10, 10, 50, 90, 90, 170, 170]) c.token(t);
-    const l = c.finish(180, 6);
+    const { m, l } = metered([10, 10, 50, 90, 90, 170, 170], 180, 6);
     expect(l.itlMs).toEqual([0, 40, 40, 0, 80, 0]); // the events as read, for the ITL figures
     expect(m.gaps).toBe(5);
     expect(m.totalMs).toBe(160);
@@ -126,11 +128,8 @@ describe('TokenClock', () => {
   });
 
   it('takes events handled microseconds apart (one read, one HTTP chunk each) as read together', () => {
-    const m = new DecodeMeter();
-    const c = new TokenClock(0, m);
     // A loop that lagged by three 40 ms steps handles their events 10 µs apart.
-    for (const t of [10, 130, 130.01, 130.02]) c.token(t);
-    c.finish(140, 4);
+    const { m } = metered([10, 130, 130.01, 130.02], 140, 4);
     expect(m.gaps).toBe(3);
     expect(medianGapMs([m])).toBeCloseTo(40, -0.5);
   });
