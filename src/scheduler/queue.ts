@@ -37,6 +37,8 @@ export interface QueueEntry {
   readonly queuedAt: number;
   /** The order key (FifoQueue: queuedAt). */
   readonly key: number;
+  /** Its dispatch was charged already (a first attempt asked again): charged nothing this time. */
+  readonly alreadyCharged?: boolean;
   state: EntryState;
 }
 
@@ -156,13 +158,16 @@ export class SlagateQueue implements QueueDiscipline {
     }
   }
 
-  /** Invariant: a tenant is charged for work served, so never for an entry taken out 'removed' (refused). */
+  /**
+   * Invariant: a tenant is charged for work served, so never for an entry taken out 'removed'
+   * (refused), and once for a request granted twice because its first backend refused it unstarted.
+   */
   #take(best: { e: QueueEntry; t: TenantQueue; c: ClassQueue }): void {
     if (best.e.state === 'queued') best.e.state = 'granted';
     best.t.size--;
     best.c.size--;
     this.#size--;
-    if (best.e.state === 'granted') best.t.counter += work(best.e.req);
+    if (best.e.state === 'granted' && best.e.alreadyCharged !== true) best.t.counter += work(best.e.req);
     emptied(best.c);
   }
 

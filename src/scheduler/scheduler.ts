@@ -397,11 +397,16 @@ export class Scheduler {
   enqueue(ticket: Ticket, sr: SlotRequest): Promise<Slot | null> {
     const req = ticket.req;
     const retry = sr.attempt > 0;
+    // A first attempt asked again: granted once, refused by its backend before it started.
+    const reasked = !retry && sr.excluded.size > 0;
     if (sr.signal.aborted) return Promise.reject(sr.signal.reason);
     if (!anyUsable(this.#deps.backends(), sr.excluded)) return Promise.resolve(null);
     const settings = this.#deps.settings();
     const queue = this.#discipline(settings.policy);
-    const full = !retry && settings.maxQueue > 0 && queue.size + this.#retries.length >= settings.maxQueue;
+    // Invariant: a request the gateway took in is not refused for a full queue on its way back in;
+    // its place was counted when it first asked (retries are not counted against the bound either).
+    const full =
+      !retry && !reasked && settings.maxQueue > 0 && queue.size + this.#retries.length >= settings.maxQueue;
     // A full queue takes a protected request only in place of a sheddable one.
     if (full && (req.sheddable || queue.worstSheddable() === undefined)) {
       return Promise.reject(this.#refusal(req, 'queue_full'));
@@ -417,7 +422,10 @@ export class Scheduler {
       const w: Waiting = {
         req,
         queuedAt: now,
-        key: retry ? now : queue.keyFor(req, now),
+        // A first attempt asked again keeps the place its first ask gave it: its key is made of
+        // that time, so those who came after it do not pass it while it was away.
+        key: retry ? now : queue.keyFor(req, ticket.firstAskedAt(now)),
+        alreadyCharged: reasked,
         state: 'queued',
         retry,
         excluded: sr.excluded,
@@ -1087,6 +1095,14 @@ export class Ticket {
 
   /** The AcquireSlot the attempt loop calls. */
   readonly acquire = (sr: SlotRequest): Promise<Slot | null> => this.#scheduler.enqueue(this, sr);
+
+  #firstAskedAt: number | null = null;
+
+  /** When the request first asked for a slot (`now` on its first ask). */
+  firstAskedAt(now: number): number {
+    this.#firstAskedAt ??= now;
+    return this.#firstAskedAt;
+  }
 
   /** The last grant (the attempt that served, when one did). */
   get lastGrant(): Grant | null {

@@ -96,6 +96,18 @@ describe('SlagateQueue', () => {
     expect(drain(q)).toEqual(['a0', 'b0', 'a1', 'b1', 'a2', 'a3', 'a4', 'a5']);
   });
 
+  it('a request granted a second time (its first backend refused it unstarted) is not charged again', () => {
+    const q = new SlagateQueue(() => AGING);
+    const again = req({ reqId: 'a0', tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
+    q.push({ req: again, queuedAt: 0, key: q.keyFor(again, 0), alreadyCharged: true, state: 'queued' });
+    entry(q, 1, { reqId: 'a1', tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
+    entry(q, 2, { reqId: 'b0', tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0 });
+    entry(q, 3, { reqId: 'b1', tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0 });
+    // a0's work was charged at its first grant: a is still even with b after it, and goes first on
+    // the tie (charged again, b0 would come before a1).
+    expect(drain(q)).toEqual(['a0', 'a1', 'b0', 'b1']);
+  });
+
   it("fairness is by work, not request count: a tenant's large requests use its share faster", () => {
     const q = new SlagateQueue(() => AGING);
     for (let i = 0; i < 4; i++)

@@ -180,6 +180,90 @@ describe('late dispatch', () => {
     onA!.release();
   });
 
+  it('such a request is not refused for a full queue: its place was counted when it first asked', async () => {
+    const { scheduler } = setup(
+      ['a', 'b'],
+      settings({ maxQueue: 1, concurrency: { ...settings().concurrency, initial: 1 } }),
+    );
+    const onA = await scheduler.ticket(req()).acquire(firstExcluding('b'));
+    const ticket = scheduler.ticket(req({ reqId: 'refused-unstarted' }));
+    const onB = await ticket.acquire(first());
+    expect(onB!.backend.name).toBe('b');
+    // b's breaker refused the granted request before it started: b goes to the next request.
+    onB!.release();
+    const next = await scheduler.ticket(req()).acquire(first());
+    expect(next!.backend.name).toBe('b');
+    // One request waits: the queue is at its bound, and a new request is refused.
+    const behind = scheduler.ticket(req()).acquire(first());
+    expect(await state(behind)).toBe('waiting');
+    expect(await state(scheduler.ticket(req()).acquire(first()))).toMatchObject({
+      error: { code: 'queue_full' },
+    });
+    // The request b refused asks again: it waits.
+    const again = ticket.acquire(firstExcluding('b'));
+    expect(await state(again)).toBe('waiting');
+    expect(scheduler.view()).toMatchObject({ queued: 2 });
+    onA!.release();
+    expect((await again)!.backend.name).toBe('a');
+    next!.release();
+    (await behind)!.release();
+  });
+
+  it('…and keeps the place its first ask gave it: requests that came after it do not pass it', async () => {
+    const { scheduler } = oneSlotEach();
+    const onA = await scheduler.ticket(req()).acquire(firstExcluding('b'));
+    const ticket = scheduler.ticket(req({ reqId: 'earlier' }));
+    const onB = await ticket.acquire(first());
+    expect(onB!.backend.name).toBe('b');
+    // Both full. A later request queues; then b refuses the earlier one before it starts.
+    const later = scheduler.ticket(req({ reqId: 'later' })).acquire(first());
+    expect(await state(later)).toBe('waiting');
+    onB!.release();
+    // b is free now, and the later request takes it.
+    const laterSlot = await later;
+    expect(laterSlot!.backend.name).toBe('b');
+    const latest = scheduler.ticket(req({ reqId: 'latest' })).acquire(first());
+    const again = ticket.acquire(firstExcluding('b'));
+    expect(await state(again)).toBe('waiting');
+    expect(await state(latest)).toBe('waiting');
+    // a frees: the earlier request, asked again after the latest one queued, is served first.
+    onA!.release();
+    expect((await again)!.backend.name).toBe('a');
+    expect(await state(latest)).toBe('waiting');
+    laterSlot!.release();
+    (await latest)!.release();
+  });
+
+  it('…and its tenant is charged once for it, though it was granted twice', async () => {
+    const { scheduler } = oneSlotEach();
+    const of = (tenant: string, reqId: string, uncachedTokens = 100) =>
+      req({ reqId, tenant, uncachedTokens, expectedOutputTokens: 0 });
+    const hold = await scheduler.ticket(of('z', 'hold')).acquire(firstExcluding('b'));
+    const ticket = scheduler.ticket(of('x', 'x0'));
+    const onB = await ticket.acquire(first());
+    expect(onB!.backend.name).toBe('b');
+    // Both full. y queues first (work 50), then x and y again (100 each).
+    const y0 = scheduler.ticket(of('y', 'y0', 50)).acquire(first());
+    const x1 = scheduler.ticket(of('x', 'x1')).acquire(first());
+    const y1 = scheduler.ticket(of('y', 'y1')).acquire(first());
+    // b refused x0 before it started: b goes to y0 (y charged 50), and x0 asks again.
+    onB!.release();
+    const y0Slot = await y0;
+    expect(y0Slot!.backend.name).toBe('b');
+    const x0 = ticket.acquire(firstExcluding('b'));
+    hold!.release();
+    const x0Slot = await x0;
+    expect(x0Slot!.backend.name).toBe('a');
+    // x was charged for x0 at its first grant, not again: x 0 against y 50, so x1 goes before y1
+    // (charged again, x would be at 100 and y1 would go first).
+    y0Slot!.release();
+    expect(await state(x1)).not.toBe('waiting');
+    expect(await state(y1)).toBe('waiting');
+    x0Slot!.release();
+    (await x1)!.release();
+    (await y1)!.release();
+  });
+
   it('a retry never goes back to a backend it tried, and is served before fresh requests', async () => {
     const { scheduler } = setup(
       ['a', 'b'],
