@@ -288,8 +288,9 @@ class Summary {
   add(r: LogRecord): void {
     this.requests++;
     this.outcomes.set(r.outcome, (this.outcomes.get(r.outcome) ?? 0) + 1);
-    const key = `${r.decision}\u0000${r.reason}`;
-    const reason = this.reasons.get(key) ?? { decision: r.decision, reason: r.reason, count: 0 };
+    const decision = r.decision ?? 'none';
+    const key = `${decision}\u0000${r.reason}`;
+    const reason = this.reasons.get(key) ?? { decision, reason: r.reason, count: 0 };
     reason.count++;
     this.reasons.set(key, reason);
     const cls = r.class ?? 'none';

@@ -121,7 +121,8 @@ function beginRecord(rt: Runtime, id: string, res: ServerResponse): RequestRecor
     if (rt.lifecycle.connectionsCut) {
       endRecord(rt, record, 'refused', { decision: 'refused', reason: 'shutting_down' });
     } else {
-      endRecord(rt, record, 'client_cancelled', { reason: 'client_cancelled' });
+      // Gone before admission decided anything: no decision, not an admission.
+      endRecord(rt, record, 'client_cancelled', { decision: null, reason: 'client_cancelled' });
     }
   });
   return record;

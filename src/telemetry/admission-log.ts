@@ -20,7 +20,8 @@ export interface AdmissionRecord {
   max_tokens: number | null;
   prefix_blocks: number | null;
   prefix_hit_est: number | null;
-  decision: Decision;
+  /** Null when no decision was made: the client left before admission (mid-upload, say). */
+  decision: Decision | null;
   /** `ok`, or the error code / cause that ended the request (`sla_unattainable`, `queue_full`, ...). */
   reason: string;
   outcome: Outcome;
@@ -244,7 +245,8 @@ function buildRecord(
   f: AdmissionFields,
   elapsedMs: number,
 ): AdmissionRecord {
-  const decision: Decision = f.decision ?? (outcome === 'refused' ? 'refused' : 'admitted');
+  // An explicit null (the client left before admission) stays null; left out, the outcome says.
+  const decision = f.decision !== undefined ? f.decision : outcome === 'refused' ? 'refused' : 'admitted';
   const ttft = ms(f.ttft_ms);
   const completion = f.completion_tokens ?? null;
   const e2e = ms(f.e2e_ms ?? elapsedMs);

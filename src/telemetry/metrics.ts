@@ -64,6 +64,8 @@ interface ClassSeries {
   slaMet: CounterChild;
   admitted: Map<string, CounterChild>;
   refused: Map<string, CounterChild>;
+  /** Requests that ended before any decision (decision="none"). */
+  undecided: Map<string, CounterChild>;
   backends: Map<string, SeriesBundle>;
 }
 
@@ -254,10 +256,11 @@ export class GatewayMetrics {
       s.requests.set(r.outcome, req);
     }
     req.inc();
-    const byReason = r.decision === 'refused' ? c.refused : c.admitted;
+    const byReason =
+      r.decision === 'refused' ? c.refused : r.decision === 'admitted' ? c.admitted : c.undecided;
     let adm = byReason.get(r.reason);
     if (adm === undefined) {
-      adm = this.admission.labels(cls, r.decision, r.reason);
+      adm = this.admission.labels(cls, r.decision ?? NONE, r.reason);
       byReason.set(r.reason, adm);
     }
     adm.inc();
@@ -367,7 +370,7 @@ export class GatewayMetrics {
       const slaMet = this.slaMet.labels(cls);
       // A configured class's SLA counter exists from the start so rate() works from the first scrape.
       slaMet.inc(0);
-      c = { slaMet, admitted: new Map(), refused: new Map(), backends: new Map() };
+      c = { slaMet, admitted: new Map(), refused: new Map(), undecided: new Map(), backends: new Map() };
       this.series.set(cls, c);
     }
     return c;

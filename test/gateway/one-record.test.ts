@@ -2,10 +2,13 @@
 // request can take through the gateway: served, each refusal, each upstream failure, the client
 // leaving, a timeout, and shutdown. Checklist item 35.
 import { createHash } from 'node:crypto';
+import { subscribe, unsubscribe } from 'node:diagnostics_channel';
+import http from 'node:http';
 import { afterEach, expect, it } from 'vitest';
 import type { FaultSpec } from '../../src/sim/faults.ts';
 import type { SimReplica } from '../../src/sim/replica.ts';
 import { OUTCOMES } from '../../src/telemetry/outcome.ts';
+import { STAGE_CHANNEL, type StageMark } from '../../src/telemetry/stages.ts';
 import {
   chat,
   MODEL,
@@ -129,6 +132,45 @@ it('35: every path writes exactly one record with a known outcome', async () => 
     'cut-by-shutdown': ['failed_after_commit', 'shutting_down'],
     'during-shutdown': ['refused', 'shutting_down'],
   });
+});
+
+it('a client that leaves mid-upload ends with no admission decision: decision null, not admitted', async () => {
+  t = await startTestGateway({ replicas: 1 });
+  const body = JSON.stringify(chat());
+  const req = http.request(`${t.url}${CHAT}`, {
+    method: 'POST',
+    headers: {
+      'content-type': 'application/json',
+      'content-length': body.length,
+      'x-request-id': 'mid-upload',
+    },
+  });
+  req.on('error', () => {});
+  // Half the body; gone once the gateway has begun the request's record.
+  const received = new Promise<void>((resolve) => {
+    const onMark = (m: unknown) => {
+      const mark = m as StageMark;
+      if (mark.reqId !== 'mid-upload' || mark.stage !== 'received') return;
+      unsubscribe(STAGE_CHANNEL, onMark);
+      resolve();
+    };
+    subscribe(STAGE_CHANNEL, onMark);
+  });
+  req.write(body.slice(0, body.length >> 1));
+  await received;
+  req.destroy();
+  await waitFor(async () => (await t!.records()).length === 1, 2000, 'its record');
+  expect(await t.recordOf('mid-upload')).toMatchObject({
+    outcome: 'client_cancelled',
+    decision: null,
+    reason: 'client_cancelled',
+    attempts: 0,
+  });
+  const metrics = await (await fetch(`${t.url}/metrics`)).text();
+  expect(metrics).toMatch(
+    /slagate_admission_total\{class="none",decision="none",reason="client_cancelled"\} 1/,
+  );
+  expect(metrics).not.toMatch(/decision="admitted",reason="client_cancelled"/);
 });
 
 it('35: a gateway bug after the hand-off still answers the client and writes one record', async () => {
