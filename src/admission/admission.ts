@@ -60,8 +60,8 @@ export interface AdmissionDeps {
   backends: () => readonly Backend[];
   live: LiveState;
   scheduler: Scheduler;
-  /** This instance's event-loop delay now, ms (src/telemetry/loop-delay.ts); none counted without it. */
-  loopDelayMs?: () => number;
+  /** This instance's event-loop delay now, ms (src/telemetry/loop-delay.ts); none counted without it, or while it is null. */
+  loopDelayMs?: () => number | null;
   now?: () => number;
 }
 

@@ -10,12 +10,14 @@
 //
 //   a timer every TICK_MS: lateness = time since the last tick − TICK_MS
 //     └─ every WINDOW_MS: the window's largest lateness (about its P98: 50 ticks)
-//          └─ ms(): exponentially smoothed over windows (half of each new window)
+//          └─ ms(): the first window's reading, then exponentially smoothed over windows
+//                   (half of each new window)
 //
 // A timer of our own rather than perf_hooks' monitorEventLoopDelay: that histogram drops the
 // interval in progress when it is reset, so a stall just after a window closes went unseen.
 //
-// Invariant: ms() is a number read from memory, ≥ 0, and 0 until the first window has closed;
+// Invariant: ms() is read from memory, null until the first window has closed (nothing is
+// measured yet: not a delay of 0, and the first reading is not averaged with one), then ≥ 0;
 // nothing on the request path waits for it.
 
 /** The timer's period: lateness is measured to about this resolution. */
@@ -30,7 +32,7 @@ export class LoopDelay {
   #last = performance.now();
   #windowStart = this.#last;
   #windowMax = 0;
-  #ms = 0;
+  #ms: number | null = null;
   #waiting: ((ms: number) => void)[] = [];
 
   constructor() {
@@ -38,8 +40,8 @@ export class LoopDelay {
     this.#timer.unref();
   }
 
-  /** The estimate, ms: the smoothed largest lateness of the loop in recent windows. */
-  ms(): number {
+  /** The estimate, ms: the smoothed largest lateness of the loop in recent windows; null before the first. */
+  ms(): number | null {
     return this.#ms;
   }
 
@@ -58,9 +60,10 @@ export class LoopDelay {
     this.#last = now;
     if (late > this.#windowMax) this.#windowMax = late;
     if (now - this.#windowStart < WINDOW_MS) return;
-    this.#ms = SMOOTHING * this.#windowMax + (1 - SMOOTHING) * this.#ms;
+    const ms = this.#ms === null ? this.#windowMax : SMOOTHING * this.#windowMax + (1 - SMOOTHING) * this.#ms;
+    this.#ms = ms;
     this.#windowMax = 0;
     this.#windowStart = now;
-    for (const resolve of this.#waiting.splice(0)) resolve(this.#ms);
+    for (const resolve of this.#waiting.splice(0)) resolve(ms);
   }
 }

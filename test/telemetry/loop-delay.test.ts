@@ -17,10 +17,15 @@ function hold(ms: number): void {
 }
 
 describe('LoopDelay', () => {
-  it('is 0 before any window has closed', () => {
+  it('is null before any window has closed, and its first window is taken whole, not averaged with 0', async () => {
     const d = new LoopDelay();
     open.push(d);
-    expect(d.ms()).toBe(0);
+    expect(d.ms()).toBeNull();
+    // A 150 ms stall in the first window: the next tick is about 140 ms late.
+    hold(150);
+    const first = await d.nextWindow();
+    expect(first).toBeGreaterThanOrEqual(120);
+    expect(d.ms()).toBe(first);
   });
 
   it('a loop held busy raises the estimate, and it decays once the loop is free', async () => {
