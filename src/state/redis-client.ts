@@ -5,7 +5,7 @@
 // - autoResendUnfulfilledCommands false: a command sent just before the connection dropped is not
 //   resent either; RedisSync drops the connection when a call times out, so a Redis that stalls
 //   finds at most that one call on its socket when it wakes, never a backlog of ticks;
-// - commandTimeout and connectTimeout from the config; maxRetriesPerRequest 1;
+// - commandTimeout and connectTimeout from the config (a sentinel's commands too); maxRetriesPerRequest 1;
 // - lazyConnect: constructing the client never throws and never blocks startup;
 // - reconnect forever, backing off to 1 s, so recovery is noticed within about a second.
 // The caller must attach an 'error' listener (RedisSync does) or ioredis logs unhandled errors.
@@ -50,6 +50,10 @@ export function createRedisClient(cfg: RedisStateConfig): StateRedisClient {
       sentinels: cfg.sentinels.map(node),
       name: cfg.sentinel_name,
       sentinelRetryStrategy: (times: number) => Math.min(100 * times, RECONNECT_CAP_MS),
+      // A sentinel that accepts and never answers is given up on after this and the next one is
+      // asked; without it the client waited on that one for good, and its socket kept the process
+      // alive after close().
+      sentinelCommandTimeout: cfg.command_timeout_ms,
     });
   }
   const url = new URL(cfg.redis_url);

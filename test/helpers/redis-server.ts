@@ -3,7 +3,7 @@
 // same port, so tests can cut Redis the way production loses it.
 
 import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { connect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -143,4 +143,54 @@ function accepts(port: number): Promise<boolean> {
 
 function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
+}
+
+export interface RedisSentinel {
+  readonly port: number;
+  stop(): Promise<void>;
+}
+
+/** A real redis sentinel on a free port of 127.0.0.1, monitoring the master on `masterPort` as `name`. */
+export async function startRedisSentinel(masterPort: number, name: string): Promise<RedisSentinel> {
+  const port = await freePort();
+  const dir = await mkdtemp(join(tmpdir(), 'slagate-sentinel-'));
+  // Sentinel rewrites its config file: it lives in the sentinel's own directory.
+  const conf = join(dir, 'sentinel.conf');
+  await writeFile(
+    conf,
+    [
+      `port ${port}`,
+      'bind 127.0.0.1',
+      `dir ${dir}`,
+      'logfile ""',
+      `sentinel monitor ${name} 127.0.0.1 ${masterPort} 1`,
+    ].join('\n'),
+  );
+  const proc = spawn('redis-server', [conf, '--sentinel'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  proc.stdout?.on('data', (b: Buffer) => {
+    output += b.toString();
+  });
+  proc.stderr?.on('data', (b: Buffer) => {
+    output += b.toString();
+  });
+  const deadline = Date.now() + 10_000;
+  while (!(await accepts(port))) {
+    if (proc.exitCode !== null || Date.now() > deadline) {
+      proc.kill('SIGKILL');
+      throw new Error(`redis sentinel did not start on ${port}: ${output}`);
+    }
+    await sleep(20);
+  }
+  return {
+    port,
+    stop: async () => {
+      if (proc.exitCode === null && proc.signalCode === null) {
+        const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()));
+        proc.kill('SIGKILL');
+        await exited;
+      }
+      await rm(dir, { recursive: true, force: true });
+    },
+  };
 }

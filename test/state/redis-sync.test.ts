@@ -1,9 +1,10 @@
 // The exchange with Redis on its own (real redis-server), with scripted hosts: what one tick reads
-// from the shared log is bounded in bytes as well as in entries.
+// from the shared log is bounded in bytes as well as in entries; a silent sentinel is given up on.
+import { createServer, type Socket } from 'node:net';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { RedisStateConfig } from '../../src/config/index.ts';
 import { LOG_READ_BYTES, RedisSync, type SyncHost } from '../../src/state/redis-sync.ts';
-import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
+import { type RedisServer, startRedisSentinel, startRedisServer } from '../helpers/redis-server.ts';
 
 /** A host that sends what is queued and records each batch of log entries it is given. */
 function host(): SyncHost & { queue: string[]; batches: string[][] } {
@@ -86,5 +87,38 @@ describe('RedisSync', () => {
     }
     // One large entry a tick; the 20 small ones came with the last large one, in the same read.
     expect(reader.batches.map((b) => b.length)).toEqual([1, 1, 1 + small.length]);
+  });
+
+  it('a sentinel that accepts and never answers is given up on: the next one names the master', async () => {
+    const held: Socket[] = [];
+    const silent = createServer((sock) => {
+      held.push(sock);
+    });
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    const silentPort = (silent.address() as { port: number }).port;
+    const sentinel = await startRedisSentinel(redis.port, 'mymaster');
+    try {
+      const c: RedisStateConfig = {
+        ...cfg(),
+        topology: 'sentinel',
+        sentinels: [`127.0.0.1:${silentPort}`, `127.0.0.1:${sentinel.port}`],
+        command_timeout_ms: 200,
+      };
+      const s = start('behind-sentinels', host(), c);
+      const ready = new Promise<void>((resolve) => s.client.once('ready', () => resolve()));
+      let bound: NodeJS.Timeout | undefined;
+      const gaveUp = new Promise<never>((_, reject) => {
+        bound = setTimeout(() => reject(new Error('never connected past the silent sentinel')), 5_000);
+      });
+      await Promise.race([ready, gaveUp]).finally(() => clearTimeout(bound));
+      // The silent one was asked first, and held.
+      expect(held.length).toBeGreaterThan(0);
+      await s.tick();
+      expect(s.status()).toMatchObject({ degraded: false, lastError: null });
+    } finally {
+      for (const sock of held) sock.destroy();
+      silent.close();
+      await sentinel.stop();
+    }
   });
 });
