@@ -256,6 +256,8 @@ class LiveStateImpl implements LiveState {
   readonly #sync: RedisSync | null;
   #remote = new Map<string, RemoteBackend>();
   #remoteAt: number | null = null;
+  /** How many peers' snapshots #remote was merged from. */
+  #remotePeers = 0;
   /** Bumped when the peers' part of the view changes; with BackendState.version, keys the caches. */
   #remoteVersion = 0;
   readonly #latencyCache = new Map<
@@ -546,7 +548,12 @@ class LiveStateImpl implements LiveState {
   }
 
   status(): StoreStatus {
-    if (this.#sync !== null) return this.#sync.status();
+    if (this.#sync !== null) {
+      const s = this.#sync.status();
+      // The peers whose snapshots the view still holds: through an outage, until the TTL.
+      s.peers = this.#remoteFresh() ? this.#remotePeers : 0;
+      return s;
+    }
     return {
       store: 'memory',
       degraded: false,
@@ -554,6 +561,7 @@ class LiveStateImpl implements LiveState {
       lastSyncAgeMs: null,
       lastSyncDurationMs: null,
       peers: 0,
+      logError: null,
     };
   }
 
@@ -611,6 +619,7 @@ class LiveStateImpl implements LiveState {
     mergeSnapshots(snapshots, remote, tenants);
     this.#remote = remote;
     this.#remoteTenants = tenants;
+    this.#remotePeers = snapshots.length;
     this.#remoteAt = now;
     this.#remoteVersion++;
     for (const listener of this.#peerListeners) listener();

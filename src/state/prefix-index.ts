@@ -28,7 +28,9 @@
 //   other write applies what insert() kept first, so none ever sees the index without a block
 //   already sent; a timer applies it otherwise, after this turn's sends. The per-block work of
 //   telling peers happens in drainRecent(), on the sync timer, and what waits for it is bounded by
-//   MAX_RECENT_BLOCKS (past it, peers are told less, the local index is as exact).
+//   MAX_RECENT_BLOCKS (past it, peers are told less, the local index is as exact): what is kept
+//   is always the newest, in two generations of half the bound each (a full one becomes the older
+//   and the one before it goes), so a Redis outage leaves the blocks sent last to be told.
 
 import { HashSlots } from './hash-slots.ts';
 
@@ -40,16 +42,23 @@ export const DEFAULT_KV_TOKENS = 262_144;
 export const VLLM_BLOCK_TOKENS = 16;
 /** A block in use is told to peers again after this long: well within an LRU's lifetime. */
 export const SHARE_EVERY_MS = 2_000;
-/** Blocks kept for telling between two drains, at most (a Redis outage must not grow it). */
-export const MAX_RECENT_BLOCKS = 1 << 18;
+/**
+ * Blocks kept for telling between two drains, at most (a Redis outage must not grow it). Encoded
+ * for the shared log (at most 12 characters a block) they stay well under one entry's 1 MiB.
+ */
+export const MAX_RECENT_BLOCKS = 1 << 16;
 
 export class PrefixIndex {
   readonly #backends = new Map<string, Lru>();
   readonly #capacity: (backend: string) => number;
   readonly #now: () => number;
-  /** The hash lists sent to each backend since the last drain (what this instance tells its peers). */
-  readonly #recent = new Map<string, (readonly number[])[]>();
+  /**
+   * The hash lists sent to each backend since the last drain (what this instance tells its peers),
+   * newest generation first: each holds at most half of MAX_RECENT_BLOCKS.
+   */
+  #recent = new Map<string, (readonly number[])[]>();
   #recentBlocks = 0;
+  #older = new Map<string, (readonly number[])[]>();
   #recording = false;
   /** Inserts not yet applied (see settle()), in order. */
   readonly #pending: { backend: string; hashes: readonly number[] }[] = [];
@@ -67,10 +76,7 @@ export class PrefixIndex {
   record(on: boolean): void {
     this.settle();
     this.#recording = on;
-    if (!on) {
-      this.#recent.clear();
-      this.#recentBlocks = 0;
-    }
+    if (!on) this.#forgetRecent();
   }
 
   /**
@@ -93,7 +99,13 @@ export class PrefixIndex {
     for (let i = 0; i < pending.length; i++) {
       const { backend, hashes } = pending[i]!;
       this.#lru(backend).touchAll(hashes, Math.max(1, this.#capacity(backend)), null);
-      if (!this.#recording || this.#recentBlocks + hashes.length > MAX_RECENT_BLOCKS) continue;
+      if (!this.#recording || hashes.length > MAX_RECENT_BLOCKS / 2) continue;
+      if (this.#recentBlocks + hashes.length > MAX_RECENT_BLOCKS / 2) {
+        // The newest generation is full: it becomes the older one, and the older one goes.
+        this.#older = this.#recent;
+        this.#recent = new Map();
+        this.#recentBlocks = 0;
+      }
       this.#recentBlocks += hashes.length;
       const lists = this.#recent.get(backend);
       if (lists === undefined) this.#recent.set(backend, [hashes]);
@@ -140,8 +152,7 @@ export class PrefixIndex {
   clear(): void {
     this.#pending.length = 0;
     this.#backends.clear();
-    this.#recent.clear();
-    this.#recentBlocks = 0;
+    this.#forgetRecent();
   }
 
   /** Forget a backend (removed on reload). */
@@ -149,6 +160,7 @@ export class PrefixIndex {
     this.settle();
     this.#backends.delete(backend);
     this.#recent.delete(backend);
+    this.#older.delete(backend);
   }
 
   /**
@@ -160,16 +172,31 @@ export class PrefixIndex {
     this.settle();
     const now = this.#now();
     const out = new Map<string, number[]>();
-    for (const [backend, lists] of this.#recent) {
-      const lru = this.#backends.get(backend);
-      if (lru === undefined) continue;
-      const tell: number[] = [];
-      for (const hashes of lists) for (const h of hashes) if (lru.markTold(h, now)) tell.push(h);
-      if (tell.length > 0) out.set(backend, tell);
+    for (const generation of [this.#older, this.#recent]) {
+      for (const [backend, lists] of generation) {
+        const lru = this.#backends.get(backend);
+        if (lru === undefined) continue;
+        let tell = out.get(backend);
+        for (const hashes of lists) {
+          for (const h of hashes) {
+            if (!lru.markTold(h, now)) continue;
+            if (tell === undefined) {
+              tell = [];
+              out.set(backend, tell);
+            }
+            tell.push(h);
+          }
+        }
+      }
     }
-    this.#recent.clear();
-    this.#recentBlocks = 0;
+    this.#forgetRecent();
     return out;
+  }
+
+  #forgetRecent(): void {
+    this.#recent = new Map();
+    this.#older = new Map();
+    this.#recentBlocks = 0;
   }
 
   #lru(backend: string): Lru {

@@ -11,12 +11,17 @@
 //   the peers' view when it succeeds;
 // - at most one tick is in flight, and every await in it is bounded (command or connect timeout),
 //   so a hung Redis delays the view, never the process;
-// - at most one script is pending on the connection: a script call that fails (a timeout above
-//   all) drops the connection with it, and the client reconnects. A timeout only stops the
+// - at most one script is pending on the connection: a script call that gets no answer (a timeout
+//   above all) drops the connection with it, and the client reconnects; one Redis answers with an
+//   error does not (nothing is pending, and a new connection would get the same answer). A timeout only stops the
 //   waiting; the command itself would stay queued in the client and on the socket, the next tick
 //   would queue another behind it, each carrying the unsent entry, and a Redis that stalled for
 //   longer than a few ticks would, on waking, run that whole backlog and answer with replies that
-//   time out in turn. What a dropped connection held is never resent (redis-client.ts);
+//   time out in turn. What a dropped connection held is never resent (redis-client.ts), and no
+//   log entry is ever sent twice;
+// - the shared log is optional: its commands run under pcall, so a log key of the wrong type or a
+//   command Redis refuses costs the peers the prefix blocks, never the snapshots; and it reads from
+//   the last id it read, dropping that entry itself (no exclusive range: Redis 5.0 streams do);
 // - a read that timed out is retried smaller: each failed call halves the log entries asked for
 //   (down to one), each success doubles them back, so a backlog too big to send within the command
 //   timeout is still read, in parts; and no read returns more than LOG_READ_BYTES of entries
@@ -26,6 +31,7 @@
 //   the live instances and expired by PEXPIRE when no instance is left to refresh it;
 // - liveness is judged on Redis' own clock (TIME), so gateway clocks need not agree.
 
+import { ReplyError } from 'ioredis';
 import type { RedisStateConfig } from '../config/index.ts';
 import { createRedisClient, type StateRedisClient } from './redis-client.ts';
 
@@ -34,21 +40,38 @@ const MAX_INSTANCES = 256;
 
 const SYNC_SCRIPT = `
 local t = redis.call('TIME')
+local logged = {}
+local logErr = ''
 if ARGV[5] ~= '' then
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'i', ARGV[1], 'p', ARGV[5])
+  local r = redis.pcall('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'i', ARGV[1], 'p', ARGV[5])
+  if type(r) == 'table' and r.err then logErr = r.err end
 end
-local logged = redis.call('XRANGE', KEYS[3], ARGV[6], '+', 'COUNT', ARGV[8])
-local budget = tonumber(ARGV[10])
-local bytes = 0
-for i = 1, #logged do
-  local f = logged[i][2]
-  for j = 2, #f, 2 do bytes = bytes + #f[j] end
-  if bytes > budget and i > 1 then
-    for k = #logged, i, -1 do logged[k] = nil end
-    break
+if logErr == '' then
+  local from = ARGV[6]
+  local want = tonumber(ARGV[8])
+  local r = redis.pcall('XRANGE', KEYS[3], from, '+', 'COUNT', want + 1)
+  if type(r) == 'table' and r.err then
+    logErr = r.err
+  else
+    logged = r
+    if from ~= '-' and #logged > 0 and logged[1][1] == from then
+      table.remove(logged, 1)
+    elseif #logged > want then
+      logged[#logged] = nil
+    end
+    local budget = tonumber(ARGV[10])
+    local bytes = 0
+    for i = 1, #logged do
+      local f = logged[i][2]
+      for j = 2, #f, 2 do bytes = bytes + #f[j] end
+      if bytes > budget and i > 1 then
+        for k = #logged, i, -1 do logged[k] = nil end
+        break
+      end
+    end
+    redis.pcall('PEXPIRE', KEYS[3], ARGV[9])
   end
 end
-redis.call('PEXPIRE', KEYS[3], ARGV[9])
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
 local max = tonumber(ARGV[4])
@@ -77,7 +100,7 @@ for i = 1, #live do
     end
   end
 end
-return {out, logged}
+return {out, logged, logErr}
 `;
 
 interface SyncCommand {
@@ -98,18 +121,22 @@ interface SyncCommand {
   ): Promise<unknown>;
 }
 
-/** An entry not sent while Redis is away is kept up to this size, then only the newest part. */
-const MAX_UNSENT_CHARS = 1 << 20;
+/**
+ * An entry over this is not sent. The prefix index keeps at most MAX_RECENT_BLOCKS between two
+ * drains, which encode well below it, so only a pathological entry (a backend name of megabytes)
+ * is ever dropped here.
+ */
+const MAX_ENTRY_CHARS = 1 << 20;
 /** Entries the shared log keeps (about: Redis trims in whole nodes). */
 const LOG_MAX_LEN = 1_000;
 /** Entries read per tick at most: a late joiner catches up over several ticks. */
 const LOG_READ = 250;
 /**
  * Bytes of entries read per tick at most (at least one entry is read, and one is at most
- * MAX_UNSENT_CHARS): 250 entries each as large as an instance that was cut off for a while sends
+ * MAX_ENTRY_CHARS): 250 entries each as large as an instance that was cut off for a while sends
  * would be a reply of hundreds of MiB, parsed and decoded in one go on the event loop.
  */
-export const LOG_READ_BYTES = MAX_UNSENT_CHARS;
+export const LOG_READ_BYTES = MAX_ENTRY_CHARS;
 /** The log outlives its writers by this much (a restart within it relearns the index). */
 const LOG_TTL_MS = 10 * 60_000;
 
@@ -127,8 +154,13 @@ export interface StoreStatus {
   lastSyncAgeMs: number | null;
   /** How long the last exchange took (success or failure). */
   lastSyncDurationMs: number | null;
-  /** Live peer instances whose snapshots are in the view. */
+  /**
+   * Live peer instances whose snapshots are in the view: those of the last exchange, while it is
+   * within the liveness TTL (they are kept that long through an outage: live-state.ts).
+   */
   peers: number;
+  /** The shared prefix log's last error (the rest is shared all the same); null when none. */
+  logError: string | null;
 }
 
 export interface SyncHost {
@@ -179,14 +211,14 @@ export class RedisSync {
   #lastOkAt: number | null = null;
   #lastDurationMs: number | null = null;
   #peers = 0;
-  /** The log position read up to: '-' reads its history on the first tick; then exclusive. */
+  /** The id of the last log entry read ('-': none yet, so the first tick reads the history). */
   #logFrom = '-';
   /** Log entries asked for per tick: LOG_READ, less after a failed call (see the invariants). */
   #logRead = LOG_READ;
   /** Why the connection was dropped, until it has closed: ticks meanwhile fail with it, sending nothing. */
   #dropped: string | null = null;
-  /** An entry built for a tick that failed: sent again with the next one rather than lost. */
-  #unsent = '';
+  /** The log's last error (the snapshots are exchanged all the same), or null. */
+  #logError: string | null = null;
   #resolveReady!: () => void;
   readonly #ready = new Promise<void>((resolve) => {
     this.#resolveReady = resolve;
@@ -231,7 +263,8 @@ export class RedisSync {
       lastError: this.#lastError,
       lastSyncAgeMs: this.#lastOkAt === null ? null : Math.max(0, this.#opts.now() - this.#lastOkAt),
       lastSyncDurationMs: this.#lastDurationMs,
-      peers: this.#degraded ? 0 : this.#peers,
+      peers: this.#peers,
+      logError: this.#logError,
     };
   }
 
@@ -262,10 +295,13 @@ export class RedisSync {
       if (this.#dropped !== null) throw new Error(`${this.#dropped} (reconnecting)`);
       if (client.status !== 'ready') throw new Error(`redis connection ${client.status}`);
       const at = now();
+      // Invariant: an entry is sent once. A call that failed may have run on Redis all the same
+      // (a timeout says only that no reply came in time), so resending it would append it twice,
+      // and each resend of a growing backlog would carry everything before it again. A block in
+      // use is told again within SHARE_EVERY_MS (prefix-index.ts); one the failure lost is only
+      // learnt later by the peers.
       const fresh = this.#opts.host.logEntry();
-      let entry = this.#unsent === '' ? fresh : fresh === '' ? this.#unsent : `${this.#unsent};${fresh}`;
-      if (entry.length > MAX_UNSENT_CHARS) entry = fresh.length > MAX_UNSENT_CHARS ? '' : fresh;
-      this.#unsent = entry;
+      const entry = fresh.length > MAX_ENTRY_CHARS ? '' : fresh;
       const call = bounded(
         (client as unknown as SyncCommand).slagateSync(
           this.keys.instances,
@@ -289,6 +325,10 @@ export class RedisSync {
       try {
         reply = await call;
       } catch (e) {
+        // Redis answered with an error (out of memory, a key of the wrong type, a command the ACL
+        // denies): nothing is pending on the connection, and a new one would get the same answer.
+        // The next tick tries again, at the usual pace.
+        if (e instanceof ReplyError) throw e;
         this.#logRead = Math.max(1, this.#logRead >> 1);
         // Whatever is still pending on this connection goes with it (see the invariants). The
         // client ends the socket, destroys it if it is not closed within a command timeout
@@ -298,9 +338,17 @@ export class RedisSync {
         throw e;
       }
       this.#logRead = Math.min(LOG_READ, this.#logRead * 2);
-      this.#unsent = '';
-      const { peers, log, lastId } = parseReply(reply, this.#opts.instanceId);
-      if (lastId !== null) this.#logFrom = `(${lastId}`;
+      const { peers, log, lastId, logError } = parseReply(reply, this.#opts.instanceId);
+      if (lastId !== null) this.#logFrom = lastId;
+      if (logError !== this.#logError) {
+        this.#logError = logError;
+        if (logError !== null) {
+          this.#opts.logger?.warn(
+            { err: logError, key: this.keys.log },
+            'shared prefix log unusable: sharing the other state without it',
+          );
+        }
+      }
       if (this.#closed) return;
       // The log first: applyPeers tells the listeners, who then see both.
       if (log.length > 0) this.#opts.host.applyLog(log);
@@ -344,13 +392,18 @@ export class RedisSync {
 }
 
 /**
- * The script returns [[id, snapshot, id, snapshot, ...], [[logId, [field, value, ...]], ...]]: the
- * peers' snapshots, and the log entries read, of which this instance's own are dropped.
+ * The script returns [[id, snapshot, id, snapshot, ...], [[logId, [field, value, ...]], ...], error]:
+ * the peers' snapshots, the log entries read (of which this instance's own are dropped), and the
+ * error Redis gave the log's commands ('' when none; the snapshots were exchanged all the same).
  */
-function parseReply(reply: unknown, self: string): { peers: string[]; log: string[]; lastId: string | null } {
+function parseReply(
+  reply: unknown,
+  self: string,
+): { peers: string[]; log: string[]; lastId: string | null; logError: string | null } {
   if (!Array.isArray(reply) || !Array.isArray(reply[0]) || !Array.isArray(reply[1])) {
     throw new Error('unexpected reply from the sync script');
   }
+  const logError = typeof reply[2] === 'string' && reply[2] !== '' ? reply[2] : null;
   const peers: string[] = [];
   const snaps = reply[0] as unknown[];
   for (let i = 1; i < snaps.length; i += 2) {
@@ -371,7 +424,7 @@ function parseReply(reply: unknown, self: string): { peers: string[]; log: strin
     }
     if (who !== self && typeof payload === 'string') log.push(payload);
   }
-  return { peers, log, lastId };
+  return { peers, log, lastId, logError };
 }
 
 /** Rejects after `ms` whatever `p` does; a late rejection of `p` is swallowed. */

@@ -94,24 +94,32 @@ describe('PrefixIndex', () => {
     expect(idx.drainRecent()).toEqual(new Map([['c', chain(300, 4)]]));
   });
 
-  it('tells nothing of blocks evicted before the drain, and keeps a bounded backlog', () => {
+  it('tells nothing of blocks evicted before the drain', () => {
     const idx = new PrefixIndex(() => 10);
     idx.record(true);
     idx.insert('a', chain(1, 10));
     idx.insert('a', chain(100, 10)); // evicts the first chain from the index
     expect(idx.drainRecent()).toEqual(new Map([['a', chain(100, 10)]]));
-    // With no drain (the store unreachable), what waits stays bounded: past MAX_RECENT_BLOCKS,
-    // requests are not kept for telling (the local index still learns them).
-    const big = new PrefixIndex(() => 64);
+  });
+
+  it('with no drain (the store unreachable), keeps a bounded backlog of the newest blocks sent', () => {
+    const half = MAX_RECENT_BLOCKS / 2;
+    const big = new PrefixIndex(() => 4 * MAX_RECENT_BLOCKS);
     big.record(true);
-    big.insert('a', chain(0, MAX_RECENT_BLOCKS));
-    big.insert('a', chain(10_000_000, 5));
-    expect(big.match('a', chain(10_000_000, 5))).toBe(5);
-    // The first request filled the backlog and was kept (of it, what the index still holds: its
-    // leading 59 blocks); the second was not kept.
-    expect(big.drainRecent()).toEqual(new Map([['a', chain(0, 59)]]));
-    big.insert('a', chain(20_000_000, 5));
-    expect(big.drainRecent()).toEqual(new Map([['a', chain(20_000_000, 5)]]));
+    const a = chain(0, half);
+    const b = chain(10_000_000, 5);
+    const c = chain(20_000_000, half - 5);
+    const d = chain(30_000_000, 5);
+    for (const hashes of [a, b, c, d]) big.insert('x', hashes);
+    // a filled one half; b started the next; c filled it; d started a third, and a, the oldest,
+    // went. The local index learnt every one of them.
+    expect(big.match('x', a)).toBe(half);
+    expect(big.drainRecent()).toEqual(new Map([['x', [...b, ...c, ...d]]]));
+    // One request over half the bound is never kept for telling (the index still learns it).
+    const huge = chain(40_000_000, half + 1);
+    big.insert('x', huge);
+    expect(big.match('x', huge)).toBe(half + 1);
+    expect(big.drainRecent()).toEqual(new Map());
   });
 
   it('forgets a removed backend', () => {

@@ -1,6 +1,9 @@
 // The exchange with Redis on its own (real redis-server), with scripted hosts: what one tick reads
-// from the shared log is bounded in bytes as well as in entries; a silent sentinel is given up on.
+// from the shared log is bounded in bytes as well as in entries; no entry is sent twice; an error
+// Redis answers with keeps the connection; a broken log costs the log only; a silent sentinel is
+// given up on.
 import { createServer, type Socket } from 'node:net';
+import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { RedisStateConfig } from '../../src/config/index.ts';
 import { LOG_READ_BYTES, RedisSync, type SyncHost } from '../../src/state/redis-sync.ts';
@@ -120,5 +123,78 @@ describe('RedisSync', () => {
       silent.close();
       await sentinel.stop();
     }
+  });
+
+  /** The entries of the shared log, by payload. */
+  const logged = async (c: RedisStateConfig) =>
+    (await redis.cli('xrange', `{${c.key_prefix}}:log`, '-', '+'))
+      .split('\n')
+      .filter((l) => l.startsWith('e-'));
+
+  it('an entry whose call timed out is not sent again: it may have run (a stalled Redis runs it on waking)', async () => {
+    const c = { ...cfg(), command_timeout_ms: 150 };
+    const writer = host();
+    const w = start('w', writer, c);
+    await w.ready();
+    expect(w.status().degraded).toBe(false);
+    writer.queue.push('e-stalled');
+    redis.pause();
+    try {
+      // Sent, then no answer within the command timeout: the connection goes with it.
+      await w.tick();
+      expect(w.status().degraded).toBe(true);
+    } finally {
+      redis.resume();
+    }
+    // Redis finds the call on its socket when it wakes and runs it; the client reconnects.
+    await new Promise<void>((resolve) => w.client.once('ready', () => resolve()));
+    // The tick the reconnection starts (tick() joins it while it runs).
+    await w.tick();
+    writer.queue.push('e-after');
+    await w.tick();
+    expect(w.status().degraded).toBe(false);
+    expect(await logged(c)).toEqual(['e-stalled', 'e-after']);
+  });
+
+  it('an error Redis answers with keeps the connection, and sharing resumes at the next tick once it is gone', async () => {
+    const c = cfg();
+    const w = start('w', host(), c);
+    await w.ready();
+    const connection = () => (w.client as Redis).client('ID');
+    const before = await connection();
+    // The snapshots' hash is a string now: the script's HSET fails with WRONGTYPE.
+    await redis.cli('set', `{${c.key_prefix}}:snapshots`, 'not a hash');
+    for (let i = 0; i < 3; i++) await w.tick();
+    expect(w.status()).toMatchObject({ degraded: true, lastError: expect.stringMatching(/WRONGTYPE/) });
+    expect(await connection()).toBe(before);
+    await redis.cli('del', `{${c.key_prefix}}:snapshots`);
+    await w.tick();
+    expect(w.status()).toMatchObject({ degraded: false, lastError: null });
+  });
+
+  it('a log Redis refuses costs the peers the prefix blocks, not the snapshots', async () => {
+    const c = cfg();
+    await redis.cli('set', `{${c.key_prefix}}:log`, 'not a stream');
+    const a = host();
+    const b = host();
+    let aPeers: string[] = [];
+    a.applyPeers = (snapshots) => {
+      aPeers = snapshots;
+    };
+    b.snapshot = () => '{"from":"b"}';
+    const sa = start('a', a, c);
+    const sb = start('b', b, c);
+    await Promise.all([sa.ready(), sb.ready()]);
+    a.queue.push('e-lost');
+    await sb.tick();
+    await sa.tick();
+    expect(aPeers).toEqual(['{"from":"b"}']);
+    expect(sa.status()).toMatchObject({ degraded: false, logError: expect.stringMatching(/WRONGTYPE/) });
+    // Fixed: the log works again, and the error clears.
+    await redis.cli('del', `{${c.key_prefix}}:log`);
+    a.queue.push('e-kept');
+    await sa.tick();
+    expect(sa.status().logError).toBeNull();
+    expect(await logged(c)).toEqual(['e-kept']);
   });
 });

@@ -364,8 +364,11 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     // Local state keeps serving: a's own lease and records are there.
     expect(a.backendView('gpu-1')?.latency.ttft.count).toBe(5_000);
     expect(a.backendView('gpu-0')?.localInflight.requests).toBe(1);
+    // The status counts the peers whose data the view still holds: b's, until the liveness TTL.
+    expect(a.status().peers).toBe(a.load('gpu-0') - 1);
     // The peer's part lasts at most the liveness TTL, then only local data counts.
     await until(() => a.load('gpu-0') === 1, livenessTtlMs(cfg) + 1_000, 'peer data to expire');
+    expect(a.status().peers).toBe(0);
 
     await redis.restart();
     const recovered = await until(() => !a.status().degraded && !b.status().degraded, 5_000, 'recovery');
