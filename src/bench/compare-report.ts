@@ -171,7 +171,12 @@ export function formatCompareTable(
     rows.push([
       run.policy,
       rateText(run.rate),
-      f === null ? (run.error === null ? DASH : 'error') : `${f.ok}/${f.requests}`,
+      // An interrupted run's partial figures say so: the requests it cut count among its failed.
+      f === null
+        ? run.error === null
+          ? DASH
+          : 'error'
+        : `${f.ok}/${f.requests}${run.error === 'interrupted' ? ' interrupted' : ''}`,
       fixed(f?.goodput, 2),
       pct(f?.attainment),
       fixed(f?.ttftP50Ms, 1),

@@ -7,7 +7,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { RequestRecord } from '../../src/bench/client.ts';
 import { type CompareResult, runCompare } from '../../src/bench/compare.ts';
 import { gatewayConfig, parsePolicies, parsePolicyItem } from '../../src/bench/compare-config.ts';
-import { goodputRate, prefixHitRate, runFigures, sumCounter } from '../../src/bench/compare-report.ts';
+import {
+  formatCompareTable,
+  goodputRate,
+  prefixHitRate,
+  runFigures,
+  sumCounter,
+} from '../../src/bench/compare-report.ts';
 import { computeMetrics } from '../../src/bench/metrics.ts';
 import { ROUTER_POLICIES } from '../../src/config/schema.ts';
 import { runSlagate, SMALL_SWEEP } from '../helpers/cli.ts';
@@ -20,6 +26,32 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
+});
+
+describe('the table', () => {
+  it("marks an interrupted run's partial figures as such, and a failed run's missing ones", () => {
+    const figures = runFigures([], computeMetrics([], 1, { percentiles: [99], slo: SLO }), 2, SLO, null);
+    const run = (error: string | null, withFigures: boolean) => ({
+      policy: 'p',
+      router: 'slagate',
+      scheduler: 'slagate',
+      rate: 1,
+      error,
+      figures: withFigures ? figures : null,
+      benchJson: null,
+    });
+    const lines = formatCompareTable(
+      [run(null, true), run('interrupted', true), run('no start', false)],
+      {},
+      false,
+    )
+      .split('\n')
+      .slice(1);
+    expect(lines[0]).toMatch(/ 0\/0 /);
+    expect(lines[0]).not.toMatch(/interrupted/);
+    expect(lines[1]).toMatch(/ 0\/0 interrupted /);
+    expect(lines[2]).toMatch(/ error /);
+  });
 });
 
 describe('policy items', () => {
