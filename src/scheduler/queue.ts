@@ -35,8 +35,11 @@ export interface QueueEntry {
   readonly req: ScheduledRequest;
   /** performance.now() when it was queued. */
   readonly queuedAt: number;
-  /** The order key (FifoQueue: queuedAt). */
-  readonly key: number;
+  /**
+   * The order key (FifoQueue: queuedAt). Set before the entry is pushed, and only then: a queue
+   * whose discipline changes (a reload) keys its entries again before it pushes them into the new one.
+   */
+  key: number;
   /** Its dispatch was charged already (a first attempt asked again): charged nothing this time. */
   readonly alreadyCharged?: boolean;
   state: EntryState;

@@ -485,6 +485,8 @@ export class Scheduler {
   }
 
   #pumpOnce(): void {
+    // A reload's policy takes effect at its pump (the waiting entries move to its queue).
+    this.#discipline(this.#deps.settings().policy);
     // Nothing waits: nothing to grant (a release or a first token with an empty queue, the usual case).
     if (this.#queue.size === 0 && this.#retries.length === 0) {
       if (this.#passedBound || this.#waitedFor.size > 0) {
@@ -1030,21 +1032,29 @@ export class Scheduler {
     return free;
   }
 
-  /** The queue of the configured policy; a reload that changes it moves the waiting entries over. */
+  /**
+   * The queue of the configured policy; a reload that changes it moves the waiting entries over
+   * (at the reload's pump, or the first request after it). Invariant: every entry's key is the one
+   * its queue's discipline gives it: a moved entry is keyed again, from the time of its first ask,
+   * as if it had waited in the new queue all along (an fcfs key has no priority term, and a
+   * slagate key puts a lower class behind its aging).
+   */
   #discipline(policy: 'slagate' | 'fcfs'): QueueDiscipline {
     if (this.#queue.name === policy) return this.#queue;
     const old = this.#queue;
-    this.#queue = this.#makeQueue(policy);
-    const moving: QueueEntry[] = [];
+    const queue = this.#makeQueue(policy);
+    this.#queue = queue;
+    const moving: Waiting[] = [];
     old.scan((e) => {
-      moving.push(e);
+      moving.push(e as Waiting);
       return 'take';
     });
     for (const e of moving) {
       e.state = 'queued';
-      this.#queue.push(e);
+      e.key = queue.keyFor(e.req, e.ticket.firstAskedAt(e.queuedAt));
+      queue.push(e);
     }
-    return this.#queue;
+    return queue;
   }
 
   #makeQueue(policy: 'slagate' | 'fcfs'): QueueDiscipline {

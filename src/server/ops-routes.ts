@@ -26,8 +26,7 @@ function refreshGauges(rt: Runtime): void {
       prefill_tokens_per_second: view?.rates.prefillTokensPerS ?? null,
     });
   }
-  const depth = rt.scheduler.view().byClass;
-  for (const cls of Object.keys(rt.config.sla.classes)) rt.metrics.setQueueDepth(cls, depth[cls] ?? 0);
+  rt.metrics.setQueueDepths(rt.scheduler.view().byClass);
   rt.metrics.setStoreDegraded(rt.live.status().degraded);
 }
 

@@ -99,6 +99,8 @@ export class GatewayMetrics {
   private readonly series = new Map<string, ClassSeries>();
   /** The configured classes (their queue depths are exported). */
   private configured = new Set<string>();
+  /** Classes no longer configured whose queue depth is still shown (their requests wait). */
+  private readonly unconfigured = new Set<string>();
   private prefixHitTokens = 0;
   private prefixPromptTokens = 0;
 
@@ -324,13 +326,14 @@ export class GatewayMetrics {
 
   /**
    * The configured classes, at start and after a reload. A new class's series start at zero, so
-   * rate() and absent() behave from the first scrape; a removed class's queue depth goes (nothing
-   * queues in it any more); its counters stay, as counters do.
+   * rate() and absent() behave from the first scrape; a removed class's queue depth stays while
+   * its requests still wait (setQueueDepths), then goes; its counters stay, as counters do.
    */
   setClasses(classes: readonly string[]): void {
     const next = new Set(classes);
-    for (const cls of this.configured) if (!next.has(cls)) this.queueDepth.remove(cls);
+    for (const cls of this.configured) if (!next.has(cls)) this.unconfigured.add(cls);
     for (const cls of next) {
+      this.unconfigured.delete(cls);
       if (this.configured.has(cls)) continue;
       this.classSeries(cls);
       this.queueDepth.labels(cls).set(0);
@@ -338,8 +341,23 @@ export class GatewayMetrics {
     this.configured = next;
   }
 
-  setQueueDepth(cls: string, depth: number): void {
-    this.queueDepth.labels(cls).set(depth);
+  /**
+   * The queue's depth by class: every configured class (0 when none of its requests waits), and a
+   * class no longer configured while some of its requests still wait (its series goes at 0).
+   */
+  setQueueDepths(depth: Readonly<Record<string, number>>): void {
+    for (const cls of this.configured) this.queueDepth.labels(cls).set(depth[cls] ?? 0);
+    for (const [cls, n] of Object.entries(depth)) {
+      if (!this.configured.has(cls) && n > 0) this.unconfigured.add(cls);
+    }
+    for (const cls of this.unconfigured) {
+      const n = depth[cls] ?? 0;
+      if (n > 0) this.queueDepth.labels(cls).set(n);
+      else {
+        this.queueDepth.remove(cls);
+        this.unconfigured.delete(cls);
+      }
+    }
   }
 
   setStoreDegraded(degraded: boolean): void {

@@ -413,6 +413,33 @@ describe('refusals while waiting', () => {
     expect(refused).toEqual(['hurry:queue_full']);
   });
 
+  it("a reload that changes the queue's policy moves the waiting entries at its pump, keyed as the new policy keys them", async () => {
+    const fcfs = settings({ policy: 'fcfs', concurrency: { ...settings().concurrency, initial: 1 } });
+    const { scheduler, set } = setup(['a'], fcfs);
+    const held = await scheduler.ticket(req()).acquire(first());
+    // Under fcfs the batch request, first in, would go first.
+    const served: string[] = [];
+    const wait = (id: string, over: Partial<ScheduledRequest> = {}) =>
+      scheduler
+        .ticket(req({ reqId: id, ...over }))
+        .acquire(first())
+        .then((slot) => {
+          served.push(id);
+          return slot;
+        });
+    const batch = wait('batch', { className: 'batch', priority: 2 });
+    const interactive = wait('interactive');
+    expect(scheduler.view().policy).toBe('fcfs');
+    set(settings({ ...fcfs, policy: 'slagate' }));
+    scheduler.pump();
+    expect(scheduler.view()).toMatchObject({ policy: 'slagate', queued: 2 });
+    // Under slagate a class of priority 2 waits 2 × aging_ms behind the interactive one.
+    held!.release();
+    (await interactive)!.release();
+    (await batch)!.release();
+    expect(served).toEqual(['interactive', 'batch']);
+  });
+
   it('x-slagate-no-queue (and max_queue 0) refuse what cannot be dispatched at once', async () => {
     const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
     const { scheduler, set } = setup(['a'], s);

@@ -90,13 +90,22 @@ describe('bucketsWithTargets', () => {
 });
 
 describe('GatewayMetrics', () => {
-  it('classes set on reload: a new one starts at zero, a removed one loses its queue depth', async () => {
+  it('classes set on reload: a new one starts at zero, a removed one keeps its queue depth until none of its requests waits', async () => {
     const m = createMetrics(CLASSES, { processMetrics: false });
-    m.setQueueDepth('batch', 3);
+    m.setQueueDepths({ batch: 3 });
     m.setClasses(['interactive', 'completion', 'bulk']);
-    const s = parseSamples(await m.render());
+    let s = parseSamples(await m.render());
     expect(value(s, 'slagate_sla_met_total', { class: 'bulk' })).toBe(0);
     expect(value(s, 'slagate_queue_depth', { class: 'bulk' })).toBe(0);
+    expect(value(s, 'slagate_queue_depth', { class: 'interactive' })).toBe(0);
+    // batch is gone from the config, but two of its requests still wait: they are shown.
+    m.setQueueDepths({ batch: 2, interactive: 1 });
+    s = parseSamples(await m.render());
+    expect(value(s, 'slagate_queue_depth', { class: 'batch' })).toBe(2);
+    expect(value(s, 'slagate_queue_depth', { class: 'interactive' })).toBe(1);
+    // None of them waits any more: its series goes; a configured class's stays at 0.
+    m.setQueueDepths({});
+    s = parseSamples(await m.render());
     expect(s.some((x) => x.name === 'slagate_queue_depth' && x.labels.class === 'batch')).toBe(false);
     expect(value(s, 'slagate_queue_depth', { class: 'interactive' })).toBe(0);
   });
@@ -112,7 +121,7 @@ describe('GatewayMetrics', () => {
       waiting: 2,
       prefill_tokens_per_second: 20000,
     });
-    m.setQueueDepth('batch', 7);
+    m.setQueueDepths({ batch: 7 });
     m.setStoreDegraded(true);
     m.observeOverheadMs(0.8);
     const text = await m.render();
