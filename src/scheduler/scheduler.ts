@@ -75,6 +75,8 @@ export interface SchedulerDeps {
 /** What one granted attempt was dispatched with: the live state's fit sample needs it. */
 export interface Grant {
   readonly backend: string;
+  /** The origin of the server granted: another may hold the name after a reload. */
+  readonly origin: string;
   readonly grantedAt: number;
   /** In-flight requests on the backend (all instances) just before this one. */
   readonly loadAtDispatch: number;
@@ -165,6 +167,8 @@ const RATIO_SAMPLES = 1024;
 const MIN_RATIO_SAMPLES = 50;
 
 interface Control {
+  /** The origin of the server it was learnt on (null until a grant or a control step saw it). */
+  origin: string | null;
   limit: number;
   tpotShare: number;
   readonly meter: DecodeMeter;
@@ -722,10 +726,11 @@ export class Scheduler {
     const trial = b.takeTrial();
     // A half-open backend's one trial is taken: no other entry of this round goes there.
     round.room.set(b.name, b.available ? this.#room(b.name) : 0);
-    const control = this.#controlOf(b.name);
+    const control = this.#controlFor(b);
     control.targets.set(req.tpotTargetMs, (control.targets.get(req.tpotTargetMs) ?? 0) + 1);
     const grant: Grant = {
       backend: b.name,
+      origin: b.url,
       grantedAt: this.#now(),
       loadAtDispatch: before.requests,
       prefillAheadTokens: before.pendingPrefillTokens,
@@ -773,14 +778,16 @@ export class Scheduler {
     if (current !== undefined && current.length < SAMPLE_CAP) {
       current.push({ waitMs: backendTtft - prefilledMs, targetMs: req.ttftTargetMs });
     }
-    // The TTFT fit learns it now, not when the request ends a generation later.
-    live.recordFirstToken({
-      backend: slot.backend.name,
-      backendTtftMs: backendTtft,
-      uncachedPromptTokens: grant.uncachedTokens + (goneMs ? goneMs / msPerToken : 0),
-      prefillAheadTokens: grant.prefillAheadTokens,
-      loadAtDispatch: grant.loadAtDispatch,
-    });
+    // The TTFT fit learns it now, not when the request ends a generation later; not of a server
+    // a reload took away (the name may hold another server now).
+    if (slot.backend.state !== 'removed')
+      live.recordFirstToken({
+        backend: slot.backend.name,
+        backendTtftMs: backendTtft,
+        uncachedPromptTokens: grant.uncachedTokens + (goneMs ? goneMs / msPerToken : 0),
+        prefillAheadTokens: grant.prefillAheadTokens,
+        loadAtDispatch: grant.loadAtDispatch,
+      });
     // Its prefill is done: prefill room may have opened for the next entry.
     this.pump();
   }
@@ -796,9 +803,13 @@ export class Scheduler {
     this.pump();
   }
 
-  /** A finished request's TPOT, for the outer loop of the backend that served it. */
-  observeTpot(backend: string, tpotMs: number, targetMs: number): void {
+  /**
+   * A finished request's TPOT, for the outer loop of the backend that served it: of the server at
+   * `origin` (null: not known), so not of another a reload has since put under that name.
+   */
+  observeTpot(backend: string, origin: string | null, tpotMs: number, targetMs: number): void {
     const c = this.#controls.get(backend);
+    if (origin !== null && c?.origin !== origin) return;
     const period = c?.tpotRatios.at(-1);
     if (period !== undefined && period.length < SAMPLE_CAP && targetMs > 0) period.push(tpotMs / targetMs);
   }
@@ -908,7 +919,7 @@ export class Scheduler {
     const names = new Set<string>();
     for (const b of this.#deps.backends()) {
       names.add(b.name);
-      const c = this.#controlOf(b.name);
+      const c = this.#controlFor(b);
       const inflight = this.#deps.live.load(b.name);
       const freed = c.releases / elapsedS;
       if (c.releases > 0 || c.blocked) {
@@ -1001,6 +1012,7 @@ export class Scheduler {
     if (c === undefined) {
       const cc = this.#deps.settings().concurrency;
       c = {
+        origin: null,
         limit: cc.initial,
         tpotShare: cc.tpotShare,
         meter: new DecodeMeter(),
@@ -1020,6 +1032,25 @@ export class Scheduler {
       this.#controls.set(name, c);
     }
     return c;
+  }
+
+  /**
+   * The control of backend `b`. Invariant: a control describes one server: a reload that gives a
+   * name another URL puts another server under it, which starts from the initial limit and share
+   * (as the live state starts its fits afresh); the old server's requests, still draining, keep the
+   * control they were granted under.
+   */
+  #controlFor(b: Backend): Control {
+    const c = this.#controlOf(b.name);
+    if (c.origin === b.url) return c;
+    if (c.origin === null) {
+      c.origin = b.url;
+      return c;
+    }
+    this.#controls.delete(b.name);
+    const fresh = this.#controlOf(b.name);
+    fresh.origin = b.url;
+    return fresh;
   }
 
   #room(name: string): number {
@@ -1121,7 +1152,7 @@ export class Ticket {
 
   /** A completed request's TPOT on its backend: the outer loop's sample. */
   completed(backend: string, tpotMs: number): void {
-    this.#scheduler.observeTpot(backend, tpotMs, this.req.tpotTargetMs);
+    this.#scheduler.observeTpot(backend, this.lastGrant?.origin ?? null, tpotMs, this.req.tpotTargetMs);
   }
 }
 

@@ -89,6 +89,9 @@ export function finishProxied(
 
   const cls = got.identity.class;
   const grant = ticket.lastGrant;
+  // Served by a server a reload took away (removed, or its name given another URL): nothing in the
+  // live state or the controller is about it any more.
+  if (grant !== null && rt.backends.get(result.backend)?.url !== grant.origin) return;
   // Its first token taught the TTFT fit when it came (the scheduler's firstToken).
   rt.live.record({
     backend: result.backend,

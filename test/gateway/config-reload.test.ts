@@ -187,6 +187,49 @@ describe('on reload', () => {
     expect(metrics).toContain(`backend="${kept.name}"`);
   });
 
+  it("a reload that gives a backend's name another URL: the old server's stream finishes, and nothing of it is learnt for the new one", async () => {
+    const t = await startTestGateway({ replicas: 3, timeScale: 0.2 });
+    cleanups.push(() => t.close());
+    const urls = t.fleet!.urls as [string, string, string];
+    const admissionLog = t.gw.runtime.config.logging.admission_log;
+    // Two backends in service; the third replica is where one of the names will point.
+    await t.gw.reload(
+      toConfig(
+        baseConfig(
+          [
+            { name: 'r0', url: urls[0] },
+            { name: 'r1', url: urls[1] },
+          ],
+          admissionLog,
+        ),
+      ),
+    );
+    const s = await openStream(t.url, CHAT, chat({ stream: true, max_tokens: 200, ignore_eos: true }), {
+      'x-request-id': 'old-server',
+    }).response;
+    await s.until((text) => sseData(text).length >= 2);
+    const moved = s.headers['x-slagate-backend'] as 'r0' | 'r1';
+    const other = moved === 'r0' ? 'r1' : 'r0';
+    await t.gw.reload(
+      toConfig(
+        baseConfig(
+          [
+            { name: moved, url: urls[2] },
+            { name: other, url: urls[moved === 'r0' ? 1 : 0] },
+          ],
+          admissionLog,
+        ),
+      ),
+    );
+    expect(await s.ended).toEqual({ complete: true });
+    expect(await t.recordOf('old-server')).toMatchObject({ outcome: 'ok', backend: moved });
+    // The server now under that name has served nothing: its live window is empty.
+    const state = JSON.parse((await get(t.url, '/admin/state')).text) as {
+      backends: { name: string; latency: { ttft: { count: number } } | null }[];
+    };
+    expect(state.backends.find((b) => b.name === moved)!.latency!.ttft.count).toBe(0);
+  });
+
   it('a reload that adds backends while requests queue gives each new one no more than its limit, all counted', async () => {
     // Backends that hold every request: each keeps its slot until the test ends.
     const servers = await Promise.all([0, 1, 2].map(() => scripted(() => {})));

@@ -731,6 +731,30 @@ describe('the control loop and the estimates', () => {
       expect(share(f)).toBeCloseTo(0.8 * (1 + 0.1 * (1 - 0.4 / 0.95)), 9);
     });
 
+    it("a reload that gives the name another server starts it from the initial share, and the old one's completions do not count for it", async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const f = setup(['a'], outer());
+      const old = f.scheduler.ticket(req());
+      expect((await old.acquire(first()))!.backend.url).toBe('http://127.0.0.1:9');
+      complete(f, 60, 1.5);
+      outerStep();
+      expect(share(f)).toBeLessThan(0.8);
+      // The reload: `a` is another server now; the request granted on the old one still runs.
+      void f.backends.update([{ name: 'a', url: 'http://127.0.0.1:19' }]);
+      period();
+      expect(share(f)).toBe(0.8);
+      // The old server's request ends, slow, sixty times over: nothing of it reaches the new one.
+      for (let i = 0; i < 60; i++) old.completed('a', 50 * 1.5);
+      outerStep();
+      expect(share(f)).toBe(0.8);
+      // The new server's own slow completions do.
+      const fresh = f.scheduler.ticket(req());
+      expect((await fresh.acquire(first()))!.backend.url).toBe('http://127.0.0.1:19');
+      for (let i = 0; i < 60; i++) fresh.completed('a', 50 * 1.5);
+      outerStep();
+      expect(share(f)).toBeLessThan(0.8);
+    });
+
     it('reaches back past four outer periods for the fifty completions its P99 needs, but not past 24', async () => {
       vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
       // A backend that completes few requests: 30 slow ones, five outer periods with none, 30 more.
