@@ -10,15 +10,17 @@
 //
 //   a timer every TICK_MS: lateness = time since the last tick − TICK_MS
 //     └─ every WINDOW_MS: the window's largest lateness (about its P98: 50 ticks)
-//          └─ ms(): the first window's reading, then exponentially smoothed over windows
-//                   (half of each new window)
+//          └─ ms(): exponentially smoothed over windows (half of each new window, the first
+//                   one against an idle loop)
 //
 // A timer of our own rather than perf_hooks' monitorEventLoopDelay: that histogram drops the
 // interval in progress when it is reset, so a stall just after a window closes went unseen.
 //
 // Invariant: ms() is read from memory, null until the first window has closed (nothing is
-// measured yet: not a delay of 0, and the first reading is not averaged with one), then ≥ 0;
-// nothing on the request path waits for it.
+// measured yet), then ≥ 0; nothing on the request path waits for it. The first window counts half,
+// as every new one does, against an idle loop: it holds the gateway's start (its modules compiling,
+// the fleet starting), a stall no request waited behind, which taken whole would come out of the
+// first requests' budgets for a second or more.
 
 /** The timer's period: lateness is measured to about this resolution. */
 export const TICK_MS = 10;
@@ -60,7 +62,7 @@ export class LoopDelay {
     this.#last = now;
     if (late > this.#windowMax) this.#windowMax = late;
     if (now - this.#windowStart < WINDOW_MS) return;
-    const ms = this.#ms === null ? this.#windowMax : SMOOTHING * this.#windowMax + (1 - SMOOTHING) * this.#ms;
+    const ms = SMOOTHING * this.#windowMax + (1 - SMOOTHING) * (this.#ms ?? 0);
     this.#ms = ms;
     this.#windowMax = 0;
     this.#windowStart = now;

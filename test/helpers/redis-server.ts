@@ -58,23 +58,7 @@ export async function startRedisServer(opts: RedisServerOptions = {}): Promise<R
       args.push('--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf');
       args.push('--cluster-announce-ip', '127.0.0.1');
     }
-    const proc = spawn('redis-server', args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    child = proc;
-    let output = '';
-    proc.stdout?.on('data', (b: Buffer) => {
-      output += b.toString();
-    });
-    proc.stderr?.on('data', (b: Buffer) => {
-      output += b.toString();
-    });
-    const deadline = Date.now() + 10_000;
-    while (!(await accepts(port))) {
-      if (proc.exitCode !== null || Date.now() > deadline) {
-        proc.kill('SIGKILL');
-        throw new Error(`redis-server did not start on ${port}: ${output}`);
-      }
-      await sleep(20);
-    }
+    child = await spawnListening(args, port, 'redis-server');
   };
 
   const exit = async (signal: NodeJS.Signals) => {
@@ -130,6 +114,27 @@ export async function startRedisServer(opts: RedisServerOptions = {}): Promise<R
   };
 }
 
+/** `redis-server ARGS`, once it accepts connections on `port` (it is killed if it never does). */
+async function spawnListening(args: string[], port: number, what: string): Promise<ChildProcess> {
+  const proc = spawn('redis-server', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  proc.stdout?.on('data', (b: Buffer) => {
+    output += b.toString();
+  });
+  proc.stderr?.on('data', (b: Buffer) => {
+    output += b.toString();
+  });
+  const deadline = Date.now() + 10_000;
+  while (!(await accepts(port))) {
+    if (proc.exitCode !== null || Date.now() > deadline) {
+      proc.kill('SIGKILL');
+      throw new Error(`${what} did not start on ${port}: ${output}`);
+    }
+    await sleep(20);
+  }
+  return proc;
+}
+
 function accepts(port: number): Promise<boolean> {
   return new Promise((resolve) => {
     const s = connect(port, '127.0.0.1');
@@ -166,22 +171,7 @@ export async function startRedisSentinel(masterPort: number, name: string): Prom
       `sentinel monitor ${name} 127.0.0.1 ${masterPort} 1`,
     ].join('\n'),
   );
-  const proc = spawn('redis-server', [conf, '--sentinel'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let output = '';
-  proc.stdout?.on('data', (b: Buffer) => {
-    output += b.toString();
-  });
-  proc.stderr?.on('data', (b: Buffer) => {
-    output += b.toString();
-  });
-  const deadline = Date.now() + 10_000;
-  while (!(await accepts(port))) {
-    if (proc.exitCode !== null || Date.now() > deadline) {
-      proc.kill('SIGKILL');
-      throw new Error(`redis sentinel did not start on ${port}: ${output}`);
-    }
-    await sleep(20);
-  }
+  const proc = await spawnListening([conf, '--sentinel'], port, 'redis sentinel');
   return {
     port,
     stop: async () => {

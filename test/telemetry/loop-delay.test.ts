@@ -17,14 +17,16 @@ function hold(ms: number): void {
 }
 
 describe('LoopDelay', () => {
-  it('is null before any window has closed, and its first window is taken whole, not averaged with 0', async () => {
+  it('is null before any window has closed; its first window counts half, against an idle loop', async () => {
     const d = new LoopDelay();
     open.push(d);
     expect(d.ms()).toBeNull();
-    // A 150 ms stall in the first window: the next tick is about 140 ms late.
+    // A 150 ms stall in the first window (as a start-up's compiling is): the next tick is about
+    // 140 ms late, and the estimate takes half of it.
     hold(150);
     const first = await d.nextWindow();
-    expect(first).toBeGreaterThanOrEqual(120);
+    expect(first).toBeGreaterThanOrEqual(60);
+    expect(first).toBeLessThan(120);
     expect(d.ms()).toBe(first);
   });
 
