@@ -144,7 +144,13 @@ function backendConfigs(c: Config, fleet: FleetProcess | null): BackendConfig[] 
   if (fleet !== null && c.backends.length === 0) {
     return fleet.urls.map((url, i) => ({ name: `sim-${i}`, url, weight: 1 }));
   }
-  return c.backends.map((b: BackendSpec) => ({ name: b.name, url: b.url, weight: b.weight }));
+  // The key is read from its variable here, when the backends are built (checks.ts made sure it is set).
+  return c.backends.map((b: BackendSpec) => ({
+    name: b.name,
+    url: b.url,
+    weight: b.weight,
+    apiKey: b.api_key_env === undefined ? null : (process.env[b.api_key_env] ?? null),
+  }));
 }
 
 function classSet(c: Config): Set<string> {
@@ -274,7 +280,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     };
     const backends = new BackendSet(backendSetOptions(config, onBackendEvent), backendConfigs(config, fleet));
     undo.push(() => backends.close());
-    const backendUrls = () => backends.list().map((b) => b.url);
+    const catalogTargets = () => backends.list().map((b) => ({ url: b.url, authorization: b.authorization }));
     const scrapeTargets = () => backends.list().map((b) => ({ name: b.name, url: b.url }));
     // The live state and the scheduler read the swappable parts through rt (once it exists), so a
     // reload reaches them.
@@ -293,7 +299,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     undo.push(() => live.close());
     await live.ready();
     const initialModels = new ModelCatalog(config.models);
-    await initialModels.refresh(backendUrls());
+    await initialModels.refresh(catalogTargets());
 
     const lifecycle = new Lifecycle();
     let settingsOf = { config, settings: schedulerSettings(config) };
@@ -346,7 +352,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     rtRef = rt;
 
     // Backends that joined later (reload) or were down at start report their context length later.
-    const modelRefresh = setInterval(() => void rt.models.refresh(backendUrls()), 30_000);
+    const modelRefresh = setInterval(() => void rt.models.refresh(catalogTargets()), 30_000);
     modelRefresh.unref();
     undo.push(() => clearInterval(modelRefresh));
 
@@ -389,11 +395,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       // Against the list in force, not the last reload's: that one may still be waiting for its
       // catalog, and would throw it away once it saw this newer reload.
       if (isDeepStrictEqual(rt.models.names(), next.models)) {
-        void rt.models.refresh(backendUrls());
+        void rt.models.refresh(catalogTargets());
       } else {
         // A new served list gets a new catalog, swapped in once it knows the context lengths.
         const models = new ModelCatalog(next.models);
-        await models.refresh(backendUrls());
+        await models.refresh(catalogTargets());
         // A newer reload may have swapped in its own list meanwhile: this one's is stale then.
         if (rt.config === next) rt.models = models;
       }

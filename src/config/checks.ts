@@ -34,6 +34,12 @@ function checkBackends(config: Obj, add: Add): void {
   duplicates(backends, (b) => (isRecord(b) ? b.name : undefined), ['backends'], 'backend name', add, 'name');
   backends.forEach((backend, i) => {
     if (isRecord(backend) && backend.name === RESERVED_LABEL) add(['backends', i, 'name'], RESERVED_MESSAGE);
+    if (isRecord(backend) && typeof backend.api_key_env === 'string' && !process.env[backend.api_key_env]) {
+      add(
+        ['backends', i, 'api_key_env'],
+        `environment variable ${backend.api_key_env} is not set (or empty)`,
+      );
+    }
     if (!isRecord(backend) || typeof backend.url !== 'string') return;
     const problem = urlProblem(backend.url, ['http:', 'https:']);
     if (problem) add(['backends', i, 'url'], problem);

@@ -14,6 +14,7 @@ const SHA256_HEX = '^[0-9a-f]{64}$';
 const HEADER_NAME = "^[a-z0-9!#$%&'*+.^_`|~-]+$";
 const PROFILE_NAME = '^[a-z0-9][a-z0-9._-]*$';
 const HOST_PORT = '^[A-Za-z0-9.:\\[\\]-]+:[0-9]{1,5}$';
+const ENV_NAME = '^[A-Za-z_][A-Za-z0-9_]*$';
 
 /** What each pattern means, for error messages. */
 export const PATTERN_HINTS: Readonly<Record<string, string>> = {
@@ -22,6 +23,7 @@ export const PATTERN_HINTS: Readonly<Record<string, string>> = {
   [HEADER_NAME]: 'must be a lowercase HTTP header name',
   [PROFILE_NAME]: "must be a profile name: lowercase letters, digits, '.', '_' or '-'",
   [HOST_PORT]: 'must be host:port',
+  [ENV_NAME]: "must be an environment variable's name: letters, digits and '_', not starting with a digit",
 };
 
 const closed = { additionalProperties: false } as const;
@@ -48,6 +50,8 @@ export const BackendSchema = Type.Object(
     name: Type.String({ pattern: SAFE_NAME }),
     url: Type.String({ minLength: 1 }),
     weight: Type.Number({ exclusiveMinimum: 0, maximum: 1000, default: 1 }),
+    // The key itself never sits in the file: the variable holding it is named here.
+    api_key_env: Type.Optional(Type.String({ pattern: ENV_NAME })),
   },
   closed,
 );

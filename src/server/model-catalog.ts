@@ -22,6 +22,12 @@ const MAX_MODELS_BODY = 1024 * 1024;
 /** When no backend has told us its context length, refuse nothing on length grounds. */
 const UNKNOWN_MAX_LEN = Number.POSITIVE_INFINITY;
 
+/** A backend the catalog asks: its origin, and its Authorization header value (its API key) or null. */
+export interface CatalogTarget {
+  readonly url: string;
+  readonly authorization?: string | null;
+}
+
 export class ModelCatalog {
   readonly #served: readonly string[];
   readonly #created = Math.floor(Date.now() / 1000);
@@ -74,11 +80,11 @@ export class ModelCatalog {
    * MAX_MODELS_BODY bytes of each answer; a call made while one runs for the same backends shares it. The gateway's
    * start and a reload wait for a refresh, and a timer starts one every 30 s.
    */
-  refresh(urls: readonly string[], timeoutMs = 2000): Promise<void> {
-    const key = urls.join(' ');
+  refresh(backends: readonly CatalogTarget[], timeoutMs = 2000): Promise<void> {
+    const key = backends.map((b) => b.url).join(' ');
     const running = this.#refreshing.get(key);
     if (running !== undefined) return running;
-    const started = this.#refresh(urls, timeoutMs).finally(() => this.#refreshing.delete(key));
+    const started = this.#refresh(backends, timeoutMs).finally(() => this.#refreshing.delete(key));
     this.#refreshing.set(key, started);
     return started;
   }
@@ -90,7 +96,7 @@ export class ModelCatalog {
   #started = 0;
   #applied = 0;
 
-  async #refresh(urls: readonly string[], timeoutMs: number): Promise<void> {
+  async #refresh(backends: readonly CatalogTarget[], timeoutMs: number): Promise<void> {
     const seq = ++this.#started;
     const fresh = new Map<string, number>();
     // Not AbortSignal.timeout: its timer would outlive the refresh (and a closed gateway).
@@ -98,7 +104,7 @@ export class ModelCatalog {
     const timer = setTimeout(() => deadline.abort(), timeoutMs);
     const signal = deadline.signal;
     try {
-      await this.#ask(urls, signal, fresh);
+      await this.#ask(backends, signal, fresh);
     } finally {
       clearTimeout(timer);
     }
@@ -109,11 +115,18 @@ export class ModelCatalog {
     for (const [id, len] of fresh) this.#maxLen.set(id, len);
   }
 
-  async #ask(urls: readonly string[], signal: AbortSignal, fresh: Map<string, number>): Promise<void> {
+  async #ask(
+    backends: readonly CatalogTarget[],
+    signal: AbortSignal,
+    fresh: Map<string, number>,
+  ): Promise<void> {
     await Promise.all(
-      urls.map(async (url) => {
+      backends.map(async ({ url, authorization }) => {
         try {
-          const res = await request(new URL('/v1/models', url), { signal });
+          const res = await request(new URL('/v1/models', url), {
+            signal,
+            ...(authorization ? { headers: { authorization } } : {}),
+          });
           if (res.statusCode !== 200) {
             await res.body.dump();
             return;

@@ -14,6 +14,8 @@ export interface BackendConfig {
   /** Origin, e.g. http://10.0.0.10:8000 (a path is ignored). */
   url: string;
   weight?: number;
+  /** The backend's API key (vLLM's --api-key), sent as a bearer token on inference and model requests; null or absent: none. */
+  apiKey?: string | null;
 }
 
 export interface PoolOptions {
@@ -40,6 +42,11 @@ export class Backend {
   readonly url: string;
   /** Router hint from the config; updated in place on reload. */
   weight: number;
+  /**
+   * `Bearer <key>` for a backend that wants one, else null; updated in place on reload. Held here
+   * only, never logged: the config names the variable, not the key.
+   */
+  authorization: string | null;
   readonly pool: Pool;
   readonly breaker: AttemptBreaker;
   readonly outlier: OutlierDetector;
@@ -60,6 +67,7 @@ export class Backend {
     this.name = config.name;
     this.url = new URL(config.url).origin;
     this.weight = config.weight ?? 1;
+    this.authorization = authorizationOf(config);
     this.pool = new Pool(this.url, {
       connections: pool.connections,
       pipelining: 1,
@@ -163,4 +171,9 @@ export class Backend {
     this.breaker.shutdown();
     await Promise.all([this.probe?.stop(), this.pool.close()]);
   }
+}
+
+/** The Authorization header value for a backend's key, or null without one. */
+export function authorizationOf(config: BackendConfig): string | null {
+  return config.apiKey ? `Bearer ${config.apiKey}` : null;
 }

@@ -6,7 +6,7 @@
 // threshold); the breaker, whose reset is short, still guards a sole backend that fails them all.
 // Invariant: after close() resolves, the set owns no timer, socket or listener.
 import { EventEmitter } from 'node:events';
-import { Backend, type BackendConfig, type PoolOptions } from './backend.ts';
+import { authorizationOf, Backend, type BackendConfig, type PoolOptions } from './backend.ts';
 import { type BreakerOptions, createBreaker } from './breaker.ts';
 import { type HealthOptions, HealthProbe } from './health.ts';
 import { maxEjected, OutlierDetector, type OutlierOptions } from './outlier.ts';
@@ -71,6 +71,7 @@ export class BackendSet {
         drains.push(this.#retire(b));
       } else {
         b.weight = c.weight ?? 1;
+        b.authorization = authorizationOf(c);
       }
     }
     for (const c of configs) {

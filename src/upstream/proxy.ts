@@ -249,6 +249,7 @@ async function attemptLoop(
         : Math.min(slot.firstTokenTimeoutMs, cfg.firstTokenTimeoutMs);
     const attempt = new Attempt({
       backendName: backend.name,
+      authorization: backend.authorization,
       path: req.path,
       payload,
       requestId: req.requestId,

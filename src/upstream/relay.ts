@@ -59,6 +59,8 @@ export type ClientMode = 'stream' | 'assemble' | 'passthrough';
 
 export interface AttemptSpec {
   backendName: string;
+  /** The backend's Authorization header value (its API key), or null. */
+  authorization: string | null;
   path: string;
   /** The JSON body sent upstream (already rewritten: stream + include_usage unless passthrough). */
   payload: Buffer;
@@ -185,11 +187,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
           path: spec.path,
           method: 'POST',
           body: spec.payload,
-          headers: {
-            'content-type': 'application/json',
-            accept: spec.mode === 'passthrough' ? 'application/json' : 'text/event-stream',
-            'x-request-id': spec.requestId,
-          },
+          headers: upstreamHeaders(spec),
           // The gateway's own timers own every phase (see the header comment).
           headersTimeout: 0,
           bodyTimeout: 0,
@@ -753,4 +751,17 @@ function rejectFacts(body: Buffer[]): { message: string | null; param: string | 
 /** An upstream message as the client may be told it: at most MAX_REJECT_MESSAGE characters. */
 function capped(message: string | null): string | null {
   return message === null ? null : message.slice(0, MAX_REJECT_MESSAGE);
+}
+
+/** The upstream request's headers: the backend's key only when it has one. */
+function upstreamHeaders(spec: AttemptSpec): Record<string, string> {
+  const accept = spec.mode === 'passthrough' ? 'application/json' : 'text/event-stream';
+  return spec.authorization === null
+    ? { 'content-type': 'application/json', accept, 'x-request-id': spec.requestId }
+    : {
+        'content-type': 'application/json',
+        accept,
+        'x-request-id': spec.requestId,
+        authorization: spec.authorization,
+      };
 }

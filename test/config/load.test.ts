@@ -336,6 +336,19 @@ describe('violations are reported with the path of the key to fix', () => {
       /"none" is reserved/,
     ],
     [
+      "a backend's key in a variable that is not set",
+      (c) =>
+        c.backends.push({ name: 'keyed', url: 'http://127.0.0.1:9', api_key_env: 'SLAGATE_TEST_UNSET_KEY' }),
+      'backends[2].api_key_env',
+      /environment variable SLAGATE_TEST_UNSET_KEY is not set/,
+    ],
+    [
+      "a backend's key variable that is no variable name",
+      (c) => c.backends.push({ name: 'keyed', url: 'http://127.0.0.1:9', api_key_env: '1-KEY' }),
+      'backends[2].api_key_env',
+      /environment variable's name/,
+    ],
+    [
       'connection pool below the concurrency cap',
       (c) => (c.upstream = { max_connections_per_backend: 100 }),
       'upstream.max_connections_per_backend',

@@ -40,7 +40,10 @@ export function tempDir(): { dir: string; remove(): void } {
 }
 
 /** Test defaults: quiet logs, short timeouts, probes often, no ejection unless a test asks. */
-export function baseConfig(backends: { name: string; url: string }[], admissionLog: string): Json {
+export function baseConfig(
+  backends: { name: string; url: string; api_key_env?: string }[],
+  admissionLog: string,
+): Json {
   return {
     server: { host: '127.0.0.1', port: 0, shutdown_grace_ms: 3000 },
     models: [MODEL],
@@ -67,7 +70,7 @@ export interface TestGatewayOptions {
   replicas?: number;
   timeScale?: number;
   /** Backends instead of a fleet (e.g. scripted servers). */
-  backends?: { name: string; url: string }[];
+  backends?: { name: string; url: string; api_key_env?: string }[];
   /** Deep-merged over baseConfig. */
   config?: Json;
   /** Start from a file (watched) instead of a Config object. */

@@ -305,14 +305,14 @@ describe('ModelCatalog', () => {
     const long = await serve(32768);
     try {
       const cat = new ModelCatalog(['a']);
-      await cat.refresh([short.url, long.url]);
+      await cat.refresh([{ url: short.url }, { url: long.url }]);
       expect(cat.maxModelLen('a')).toBe(4096);
       // The short-context backend left the fleet.
-      await cat.refresh([long.url]);
+      await cat.refresh([{ url: long.url }]);
       expect(cat.maxModelLen('a')).toBe(32768);
       // Nobody answers: what was known stays.
       await long.close();
-      await cat.refresh([long.url], 200);
+      await cat.refresh([{ url: long.url }], 200);
       expect(cat.maxModelLen('a')).toBe(32768);
     } finally {
       await short.close();
@@ -339,8 +339,8 @@ describe('ModelCatalog', () => {
       const kept = await serve(8192, 0);
       const cat = new ModelCatalog(['a']);
       // The timer's refresh still asks the old list (a slow backend) when a reload asks the new one.
-      const old = cat.refresh([removed, kept]);
-      const fresh = cat.refresh([kept]);
+      const old = cat.refresh([{ url: removed }, { url: kept }]);
+      const fresh = cat.refresh([{ url: kept }]);
       await fresh;
       expect(cat.maxModelLen('a')).toBe(8192);
       await old;
@@ -385,11 +385,11 @@ describe('ModelCatalog', () => {
     });
     try {
       const cat = new ModelCatalog(['a']);
-      const refresh = cat.refresh([good.url, trickle.url, flood.url], 600);
+      const refresh = cat.refresh([{ url: good.url }, { url: trickle.url }, { url: flood.url }], 600);
       // A second call for the same backends while it runs shares it rather than start another;
       // one for another list (a reload's) runs on its own.
-      expect(cat.refresh([good.url, trickle.url, flood.url], 600)).toBe(refresh);
-      const other = cat.refresh([good.url]);
+      expect(cat.refresh([{ url: good.url }, { url: trickle.url }, { url: flood.url }], 600)).toBe(refresh);
+      const other = cat.refresh([{ url: good.url }]);
       expect(other).not.toBe(refresh);
       await other;
       let timer: NodeJS.Timeout | undefined;
