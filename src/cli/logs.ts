@@ -77,8 +77,13 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
     io.stdout.off('error', onOutputError);
   }
   if (args.values.pretty) return 0;
-  const report = summary.report();
-  io.stdout.write(args.values.json ? `${JSON.stringify(report, null, 2)}\n` : formatReport(report));
+  try {
+    const report = summary.report();
+    io.stdout.write(args.values.json ? `${JSON.stringify(report, null, 2)}\n` : formatReport(report));
+  } catch (err) {
+    io.stderr.write(`slagate logs: ${(err as Error).message}\n`);
+    return 1;
+  }
   return 0;
 }
 
@@ -98,6 +103,7 @@ function parse(argv: string[]) {
 }
 
 const AGE = /^(\d+(?:\.\d+)?)(ms|s|m|h|d)$/;
+const ISO_DATE = /^\d{4}-\d{2}-\d{2}/;
 const AGE_MS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
 
 /** The records the filters keep; `now` anchors an age such as --since 15m. Throws on a bad value. */
@@ -108,7 +114,10 @@ export function recordFilter(
   let from: number | null = null;
   if (opts.since !== undefined) {
     const age = AGE.exec(opts.since);
-    from = age !== null ? now - Number(age[1]) * AGE_MS[age[2]!]! : Date.parse(opts.since);
+    // A date must be written as one: Date.parse reads a bare number as a year (`--since 45`, a unit
+    // forgotten, would be 2045 and keep nothing, silently).
+    if (age !== null) from = now - Number(age[1]) * AGE_MS[age[2]!]!;
+    else from = ISO_DATE.test(opts.since) ? Date.parse(opts.since) : Number.NaN;
     if (Number.isNaN(from)) throw new Error(`--since ${opts.since}: not an ISO time or an age like 15m`);
   }
   const { class: cls, tenant } = opts;
@@ -130,9 +139,46 @@ export function parseAdmissionLine(line: string): LogRecord | null {
   if (typeof obj !== 'object' || obj === null) return null;
   const o = obj as Record<string, unknown>;
   if (o.kind !== 'admission' && o.msg !== 'admission') return null;
-  if (typeof o.req_id !== 'string' || typeof o.outcome !== 'string') return null;
+  if (typeof o.req_id !== 'string' || typeof o.outcome !== 'string' || typeof o.reason !== 'string')
+    return null;
+  // Every field the views read has its record's type, or the line is not a record (one line of
+  // another shape in a mixed stream must not end the report); a field a line lacks reads as null.
+  for (const [fields, type] of FIELD_TYPES) {
+    for (const k of fields) {
+      const v = o[k];
+      if (v === undefined) o[k] = null;
+      else if (v !== null && typeof v !== type) return null;
+    }
+  }
+  if (o.decision !== null && o.decision !== 'admitted' && o.decision !== 'refused') return null;
   return o as unknown as LogRecord;
 }
+
+const FIELD_TYPES: readonly (readonly [readonly string[], 'string' | 'number' | 'boolean'])[] = [
+  [['tenant', 'class', 'model', 'backend', 'runner_up', 'error', 'decision'], 'string'],
+  [
+    [
+      'time',
+      'prompt_tokens_est',
+      'prompt_tokens',
+      'completion_tokens',
+      'max_tokens',
+      'prefix_blocks',
+      'prefix_hit_est',
+      'attempts',
+      'predicted_ttft_ms',
+      'runner_up_predicted_ttft_ms',
+      'queue_ms',
+      'ttft_ms',
+      'tpot_ms',
+      'e2e_ms',
+      'ttft_target_ms',
+      'tpot_target_ms',
+    ],
+    'number',
+  ],
+  [['stream', 'sla_met'], 'boolean'],
+];
 
 // ---- pretty view --------------------------------------------------------------------------------
 

@@ -274,6 +274,47 @@ describe('slagate logs', () => {
     const bad = io();
     expect(await logsCommand([path, '--since', 'yesterday-ish'], bad.io)).toBe(2);
     expect(bad.err()).toContain('--since yesterday-ish');
+    // A bare number is no date (Date.parse would read it as a year) and no age without its unit.
+    for (const n of ['45', '90', '5']) {
+      const bare = io();
+      expect(await logsCommand([path, '--since', n], bare.io)).toBe(2);
+      expect(bare.err()).toContain(`--since ${n}: not an ISO time or an age like 15m`);
+    }
+  });
+
+  it("skips a line shaped like a record whose fields are not a record's, and reports the rest", async () => {
+    const path = join(dir, 'admission.log');
+    const good = {
+      kind: 'admission',
+      req_id: 'good',
+      decision: 'admitted',
+      reason: 'ok',
+      outcome: 'ok',
+      ttft_ms: 12,
+    };
+    const lines = [
+      good,
+      // No reason; a TTFT as a string; a decision nobody makes.
+      { kind: 'admission', req_id: 'x', outcome: 'ok', msg: 'admission' },
+      { ...good, req_id: 'y', ttft_ms: '700' },
+      { ...good, req_id: 'z', decision: 'maybe' },
+      // A cancel before admission: decision null, read as a record.
+      {
+        ...good,
+        req_id: 'gone',
+        decision: null,
+        reason: 'client_cancelled',
+        outcome: 'client_cancelled',
+        ttft_ms: null,
+      },
+    ].map((l) => JSON.stringify(l));
+    await appendFile(path, `${lines.join('\n')}\n`);
+    const text = io();
+    expect(await logsCommand([path], text.io)).toBe(0);
+    expect(text.out()).toContain('admission log: 2 requests (3 other lines skipped)');
+    const pretty = io();
+    expect(await logsCommand([path, '--pretty'], pretty.io)).toBe(0);
+    expect(pretty.out().trimEnd().split('\n')).toHaveLength(2);
   });
 
   it('prints the same summary as text', async () => {
