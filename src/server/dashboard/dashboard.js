@@ -3,8 +3,9 @@
 // internet: uPlot is served by the gateway from its installed package (/dashboard/uplot.js).
 //
 // A figure the gateway did not measure (a null in /admin/state) is a gap in a chart and "–" in
-// the table, never a 0. Rates (requests per second by decision) come from the difference of two
-// polls' counters, so the first poll draws none.
+// the table, never a 0; so is a poll that failed or got no answer within POLL_TIMEOUT_MS (the
+// banner says so), and no rate is drawn across it. Rates (requests per second by decision) come
+// from the difference of two polls' counters, so the first poll draws none.
 //
 // For tests and the curious: window.slagateDashboard holds the charts, the poll count and the
 // last state.
@@ -12,6 +13,8 @@
 'use strict';
 
 const POLL_MS = 1000;
+/** A poll not answered by then has failed: a stuck gateway must not leave old figures on screen as current. */
+const POLL_TIMEOUT_MS = 3 * POLL_MS;
 const KEEP = 300;
 const PALETTE = [
   '#3b6fd8', '#d84b3b', '#2f9e44', '#b06000', '#7b3fd8', '#0b8a8a', '#c2255c', '#5c7cfa',
@@ -57,6 +60,8 @@ function sample(s, t) {
     row.tpot[`${cls} target`] = target.tpot_p99_ms;
     row.queue[cls] = s.scheduler.queue_by_class[cls] ?? 0;
   }
+  // A class a reload removed while its requests still wait.
+  for (const [cls, n] of Object.entries(s.scheduler.queue_by_class)) row.queue[cls] = n;
   const counts = s.admission.requests;
   // A rate is a difference of one instance's counters. Behind a load balancer two polls may reach
   // two instances, and a restarted instance counts from 0 again: those polls draw no rate rather
@@ -243,26 +248,36 @@ function renderStatus(s) {
   $('s-updated').textContent = new Date().toLocaleTimeString();
 }
 
+/** The charts, redrawn from the history. */
+function drawAll() {
+  draw('ttft', 'c-ttft', true);
+  draw('tpot', 'c-tpot', true);
+  draw('decisions', 'c-decisions');
+  draw('queue', 'c-queue');
+  draw('inflight', 'c-inflight');
+  draw('kv', 'c-kv');
+}
+
+/** Appends a row to the history (its last KEEP rows are kept). */
+function keep(t, row) {
+  history.t.push(t);
+  history.rows.push(row);
+  if (history.t.length > KEEP) {
+    history.t.shift();
+    history.rows.shift();
+  }
+}
+
 async function poll() {
   try {
-    const res = await fetch('/admin/state', { cache: 'no-store' });
+    const res = await fetch('/admin/state', { cache: 'no-store', signal: AbortSignal.timeout(POLL_TIMEOUT_MS) });
     if (!res.ok) throw new Error(`GET /admin/state: ${res.status}`);
     const s = await res.json();
     const t = Date.now() / 1000;
-    history.t.push(t);
-    history.rows.push(sample(s, t));
-    if (history.t.length > KEEP) {
-      history.t.shift();
-      history.rows.shift();
-    }
+    keep(t, sample(s, t));
     renderStatus(s);
     renderTable(s);
-    draw('ttft', 'c-ttft', true);
-    draw('tpot', 'c-tpot', true);
-    draw('decisions', 'c-decisions');
-    draw('queue', 'c-queue');
-    draw('inflight', 'c-inflight');
-    draw('kv', 'c-kv');
+    drawAll();
     $('error').hidden = true;
     dash.state = s;
     dash.polls++;
@@ -270,6 +285,11 @@ async function poll() {
     dash.errors++;
     $('error').hidden = false;
     $('error').textContent = `gateway unreachable: ${err.message}`;
+    // Nothing was measured: a gap in every chart, and no rate across it.
+    keep(Date.now() / 1000, { ttft: {}, tpot: {}, queue: {}, decisions: {}, inflight: {}, kv: {} });
+    prevCounts = null;
+    prevInstance = null;
+    if (Object.keys(charts).length > 0) drawAll();
   } finally {
     setTimeout(poll, POLL_MS);
   }
