@@ -1,7 +1,8 @@
 // `slagate bench`: parse flags, run, print vLLM's table on stdout, save the JSON.
 // Exit codes: 0 when at least one request succeeded, 1 when none did or the run could not
 // start, 2 on bad flags. `slagate bench compare …` is its own subcommand (compareCommand below).
-import { writeFile } from 'node:fs/promises';
+import { mkdir, writeFile } from 'node:fs/promises';
+import { dirname } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { EndpointKind } from '../bench/client.ts';
 import { type CompareOptions, type CompareResult, runCompare } from '../bench/compare.ts';
@@ -19,6 +20,7 @@ import {
 } from '../bench/run.ts';
 import { WORKLOAD_NAMES, type WorkloadName } from '../bench/workloads.ts';
 import { getProfile } from '../sim/profiles.ts';
+import { appendProblem } from '../telemetry/logger.ts';
 
 export const BENCH_USAGE = `Usage: slagate bench --target URL [options]
        slagate bench compare --policies LIST [options]   (see slagate bench compare --help)
@@ -164,6 +166,7 @@ export function parseBenchArgs(argv: string[]): BenchArgs | null {
   }
   const saveResult = values['save-result'];
   const report = values.report;
+  checkOutputs(saveResult, report);
   return {
     options: opts,
     ...(saveResult === undefined ? {} : { saveResult }),
@@ -242,15 +245,11 @@ export async function benchCommand(argv: string[]): Promise<number> {
       });
     }
     process.stdout.write(result.table);
-    if (saveTo !== undefined) {
-      await writeFile(saveTo, `${JSON.stringify(result.json)}\n`);
-      process.stderr.write(`Result saved to ${saveTo}\n`);
-    }
-    if (report !== undefined) {
-      await writeFile(report, benchReport(opts, result));
-      process.stderr.write(`Report written to ${report}\n`);
-    }
-    return result.metrics.completed > 0 ? 0 : 1;
+    const written = await writeOutputs('slagate bench', false, [
+      { path: saveTo, what: 'Result saved', text: () => `${JSON.stringify(result.json)}\n` },
+      { path: report, what: 'Report written', text: () => benchReport(opts, result) },
+    ]);
+    return written && result.metrics.completed > 0 ? 0 : 1;
   } catch (err) {
     process.stderr.write(`slagate bench: ${(err as Error).message}\n`);
     return 1;
@@ -384,6 +383,7 @@ export function parseCompareArgs(argv: string[]): CompareArgs | null {
   const quiet = values.quiet ?? false;
   const saveResult = values['save-result'];
   const report = values.report;
+  checkOutputs(saveResult, report);
   return {
     options: opts,
     quiet,
@@ -468,15 +468,11 @@ export async function compareCommand(argv: string[]): Promise<number> {
       }
     }
     process.stdout.write(result.table);
-    if (saveResult !== undefined) {
-      await writeFile(saveResult, `${JSON.stringify(result.json)}\n`);
-      if (!quiet) process.stderr.write(`Result saved to ${saveResult}\n`);
-    }
-    if (report !== undefined) {
-      await writeFile(report, compareReport(result));
-      if (!quiet) process.stderr.write(`Report written to ${report}\n`);
-    }
-    return result.ok ? 0 : 1;
+    const written = await writeOutputs('slagate bench compare', quiet, [
+      { path: saveResult, what: 'Result saved', text: () => `${JSON.stringify(result.json)}\n` },
+      { path: report, what: 'Report written', text: () => compareReport(result) },
+    ]);
+    return written && result.ok ? 0 : 1;
   } catch (err) {
     process.stderr.write(`slagate bench compare: ${(err as Error).message}\n`);
     return 1;
@@ -525,4 +521,40 @@ function compareReport(result: CompareResult): string {
       error: r.error,
     })),
   });
+}
+
+/**
+ * The output files are checked before the run: a run of many minutes must not end by failing to
+ * write its results. A missing directory is created when they are written.
+ */
+function checkOutputs(saveResult: string | undefined, report: string | undefined): void {
+  for (const [flag, path] of [
+    ['--save-result', saveResult],
+    ['--report', report],
+  ] as const) {
+    if (path === undefined) continue;
+    const problem = appendProblem(path);
+    if (problem !== null) throw new UsageError(`${flag} ${path}: cannot be written (${problem})`);
+  }
+}
+
+/** Writes each output that was asked for; one that fails does not keep the others from being written. */
+async function writeOutputs(
+  command: string,
+  quiet: boolean,
+  outputs: readonly { path: string | undefined; what: string; text: () => string }[],
+): Promise<boolean> {
+  let ok = true;
+  for (const { path, what, text } of outputs) {
+    if (path === undefined) continue;
+    try {
+      await mkdir(dirname(path), { recursive: true });
+      await writeFile(path, text());
+      if (!quiet) process.stderr.write(`${what} to ${path}\n`);
+    } catch (err) {
+      process.stderr.write(`${command}: ${(err as Error).message}\n`);
+      ok = false;
+    }
+  }
+  return ok;
 }

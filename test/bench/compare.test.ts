@@ -342,6 +342,15 @@ describe('runCompare on real processes', () => {
 const cli = (args: string[]) => runSlagate(['bench', 'compare', ...args]);
 
 describe('slagate bench compare', () => {
+  it('refuses an output it could not write before it starts anything', async () => {
+    const file = join(dir, 'plain-file');
+    await writeFile(file, '');
+    const r = await cli(['--policies', 'round_robin', ...SMALL_SWEEP, '--report', join(file, 'r.html')]);
+    expect(r.code).toBe(2);
+    expect(r.err).toContain(`--report ${join(file, 'r.html')}: cannot be written (ENOTDIR)`);
+    expect(r.err).not.toContain('[1/2]');
+  });
+
   it('prints only the table on stdout and saves the JSON of a sweep', async () => {
     const file = join(dir, 'compare.json');
     const r = await cli(['--policies', 'round_robin', ...SMALL_SWEEP, '--save-result', file]);

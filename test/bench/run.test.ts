@@ -1,5 +1,5 @@
 // runBench and the CLI end to end against a scripted local server.
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
@@ -233,6 +233,17 @@ describe('slagate bench (CLI)', () => {
     expect(await benchCommand(['--target', server.url, '--rate', '0'])).toBe(2);
     expect(await benchCommand(['--target', server.url, '--slo', 'latency=5'])).toBe(2);
     expect(await benchCommand(['--target', server.url, '--workload', 'nope'])).toBe(2);
+    // An output that cannot be written is refused before the run, not after it.
+    const notADir = join(dir, 'a-file');
+    await writeFile(notADir, '');
+    const sentBefore = server.seen.length;
+    for (const flag of ['--save-result', '--report']) {
+      expect(
+        await benchCommand(['--target', server.url, '--requests', '2', flag, join(notADir, 'out')]),
+      ).toBe(2);
+      expect(io.err()).toContain(`${flag} ${join(notADir, 'out')}: cannot be written (ENOTDIR)`);
+    }
+    expect(server.seen.length).toBe(sentBefore);
     expect(await benchCommand(['--target', failing.url, '--model', 'm', '--requests', '2'])).toBe(1);
     expect(io.err()).toContain('Error 0: HTTP 500: nope');
     const down = await startServer(async () => {});
