@@ -78,7 +78,9 @@ function proxyConfig(c: Config): ProxyConfig {
     // A client that reads nothing for as long as the backend may stay silent is gone.
     clientStallTimeoutMs: c.upstream.idle_timeout_ms,
     retries: c.upstream.retries,
-    maxEventBytes: 1024 * 1024,
+    // One event may be as large as a whole body passed through: vLLM puts a long prompt's logprobs
+    // (echo with logprobs) or token ids (return_token_ids) in the first chunk, megabytes of it.
+    maxEventBytes: 16 * 1024 * 1024,
     maxBodyBytes: 16 * 1024 * 1024,
   };
 }

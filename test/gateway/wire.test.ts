@@ -148,3 +148,24 @@ it('an HTTP/1.0 client gets the stream unchunked, ended by the connection closin
   expect(data.at(-1)).toBe('[DONE]');
   expect(data.filter((d) => d.includes('"choices":[{'))).toHaveLength(7);
 });
+
+it('a first event of megabytes (a long prompt echoed with its logprobs) is relayed whole', async () => {
+  // vLLM sends the prompt's logprobs with the first chunk: 3 MiB of them here.
+  const big = 'x'.repeat(3 * 1024 * 1024);
+  const t = await gatewayWith((_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
+    const [role, ...rest] = chatStreamText(2).split('\n\n');
+    const first = JSON.parse(role!.slice('data: '.length)) as { choices: { delta: { content: string } }[] };
+    first.choices[0]!.delta.content = big;
+    res.end(`data: ${JSON.stringify(first)}\n\n${rest.join('\n\n')}`);
+  });
+  const res = await fetch(`${t.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(chat({ stream: true })),
+  });
+  expect(res.status).toBe(200);
+  const events = sseData(await res.text());
+  expect(events.at(-1)).toBe('[DONE]');
+  expect(events[0]!.length).toBeGreaterThan(big.length);
+});
