@@ -16,7 +16,7 @@ let dir: string;
 let browser: BrowserContext;
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'slagate-report-'));
-  browser = await launchChromium(join(dir, 'profile'));
+  browser = await launchChromium();
 });
 afterAll(async () => {
   await browser?.close();

@@ -141,3 +141,39 @@ export async function listenLoopback(server: http.Server): Promise<{ url: string
       }),
   };
 }
+
+/**
+ * A forwarding proxy on 127.0.0.1 (a balancer, or a path that stops answering): each request goes
+ * to the origin `route` names for it, or, when it names none, is accepted and never answered (its
+ * socket is destroyed at close()).
+ */
+export async function forwardingProxy(
+  route: (req: http.IncomingMessage) => string | null,
+): Promise<{ url: string; close(): Promise<void> }> {
+  const held: import('node:net').Socket[] = [];
+  const server = http.createServer((req, res) => {
+    const origin = route(req);
+    if (origin === null) {
+      held.push(req.socket);
+      return;
+    }
+    const target = new URL(origin);
+    const up = http.request(
+      { host: target.hostname, port: target.port, path: req.url, method: req.method, headers: req.headers },
+      (answer) => {
+        res.writeHead(answer.statusCode ?? 502, answer.headers);
+        answer.pipe(res);
+      },
+    );
+    up.on('error', () => res.destroy());
+    req.pipe(up);
+  });
+  const listening = await listenLoopback(server);
+  return {
+    url: listening.url,
+    close: () => {
+      for (const s of held) s.destroy();
+      return listening.close();
+    },
+  };
+}

@@ -1,16 +1,8 @@
-// /dashboard behind a load balancer that spreads its polls over two gateway instances, as the
-// compose stack's nginx does: each instance counts its own requests, so a rate is drawn only from
-// two polls of one instance, never one instance's total minus another's.
-import { once } from 'node:events';
-import { mkdtempSync, rmSync } from 'node:fs';
-import http from 'node:http';
-import type { AddressInfo } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import type { BrowserContext } from 'playwright-core';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { post, scripted, startTestGateway, type TestGateway } from '../gateway/harness.ts';
 import { launchChromium } from '../helpers/chromium.ts';
+import { forwardingProxy } from '../helpers/http.ts';
 
 const cleanups: (() => Promise<unknown> | unknown)[] = [];
 let a: TestGateway;
@@ -21,25 +13,9 @@ let browser: BrowserContext;
 /** Sends request n to targets[n % 2], as a balancer with two idle upstreams does. */
 async function roundRobin(targets: string[]): Promise<string> {
   let next = 0;
-  const server = http.createServer((req, res) => {
-    const target = new URL(targets[next++ % targets.length]!);
-    const up = http.request(
-      { host: target.hostname, port: target.port, path: req.url, method: req.method, headers: req.headers },
-      (answer) => {
-        res.writeHead(answer.statusCode ?? 502, answer.headers);
-        answer.pipe(res);
-      },
-    );
-    up.on('error', () => res.destroy());
-    req.pipe(up);
-  });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  cleanups.push(() => {
-    server.closeAllConnections();
-    server.close();
-  });
-  return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const proxy = await forwardingProxy(() => targets[next++ % targets.length]!);
+  cleanups.push(() => proxy.close());
+  return proxy.url;
 }
 
 beforeAll(async () => {
@@ -52,9 +28,7 @@ beforeAll(async () => {
     () => b.close(),
   );
   balancer = await roundRobin([a.url, b.url]);
-  const profile = mkdtempSync(join(tmpdir(), 'slagate-chromium-'));
-  cleanups.push(() => rmSync(profile, { recursive: true, force: true }));
-  browser = await launchChromium(profile);
+  browser = await launchChromium();
   cleanups.push(() => browser.close());
 });
 afterAll(async () => {

@@ -1,16 +1,8 @@
-// /dashboard when the gateway stops answering: a poll that gets no answer fails within its timeout
-// (the banner says so) instead of leaving the last figures on screen as current, and a failed poll
-// is a gap in the charts, not a line drawn across the outage.
-import { once } from 'node:events';
-import { mkdtempSync, rmSync } from 'node:fs';
-import http from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import type { BrowserContext, Page } from 'playwright-core';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { scripted, startTestGateway, type TestGateway } from '../gateway/harness.ts';
 import { launchChromium } from '../helpers/chromium.ts';
+import { forwardingProxy } from '../helpers/http.ts';
 
 const cleanups: (() => Promise<unknown> | unknown)[] = [];
 let gateway: TestGateway;
@@ -18,41 +10,19 @@ let front: string;
 let browser: BrowserContext;
 /** What the proxy in front of the gateway does with GET /admin/state. */
 let mode: 'pass' | 'hang' = 'pass';
-const held: Socket[] = [];
 
 beforeAll(async () => {
   const backend = await scripted((_req, res) => res.writeHead(500).end());
   cleanups.push(() => backend.close());
   gateway = await startTestGateway({ backends: [{ name: 'b0', url: backend.url }] });
   cleanups.push(() => gateway.close());
-  const target = new URL(gateway.url);
-  const server = http.createServer((req, res) => {
-    if (mode === 'hang' && req.url === '/admin/state') {
-      // Accepted, never answered: a gateway whose loop is stuck, or a half-open connection.
-      held.push(req.socket);
-      return;
-    }
-    const up = http.request(
-      { host: target.hostname, port: target.port, path: req.url, method: req.method, headers: req.headers },
-      (answer) => {
-        res.writeHead(answer.statusCode ?? 502, answer.headers);
-        answer.pipe(res);
-      },
-    );
-    up.on('error', () => res.destroy());
-    req.pipe(up);
-  });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  cleanups.push(() => {
-    for (const s of held) s.destroy();
-    server.closeAllConnections();
-    server.close();
-  });
-  front = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-  const profile = mkdtempSync(join(tmpdir(), 'slagate-chromium-'));
-  cleanups.push(() => rmSync(profile, { recursive: true, force: true }));
-  browser = await launchChromium(profile);
+  // Accepted, never answered: a gateway whose loop is stuck, or a half-open connection.
+  const proxy = await forwardingProxy((req) =>
+    mode === 'hang' && req.url === '/admin/state' ? null : gateway.url,
+  );
+  cleanups.push(() => proxy.close());
+  front = proxy.url;
+  browser = await launchChromium();
   cleanups.push(() => browser.close());
 });
 afterAll(async () => {

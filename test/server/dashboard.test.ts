@@ -1,9 +1,8 @@
 // /dashboard in a real browser (Debian's headless Chromium driven by playwright-core) in front of
 // a running simulated fleet: the page loads without errors, its backend table lists every backend,
 // and its charts gain data while a bench run sends load. A screenshot is kept in test-results/.
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import http from 'node:http';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { BrowserContext, Page } from 'playwright-core';
 import { afterAll, beforeAll, expect, it } from 'vitest';
@@ -15,16 +14,13 @@ import { listenLoopback } from '../helpers/http.ts';
 const ARTIFACTS = join(import.meta.dirname, '..', '..', 'test-results');
 
 let t: TestGateway;
-let profile: string;
 let browser: BrowserContext;
 beforeAll(async () => {
   t = await startTestGateway({ replicas: 3, timeScale: 0.2 });
-  profile = mkdtempSync(join(tmpdir(), 'slagate-chromium-'));
-  browser = await launchChromium(profile, { width: 1400, height: 1100 });
+  browser = await launchChromium({ width: 1400, height: 1100 });
 });
 afterAll(async () => {
   await browser?.close();
-  if (profile) rmSync(profile, { recursive: true, force: true });
   await t?.close();
 });
 
