@@ -26,7 +26,12 @@ export async function launchChromium(
         '--no-first-run',
       ],
     });
-    browser.once('close', () => rmSync(profile, { recursive: true, force: true }));
+    // Closing the browser removes its profile (once Chromium has let go of it).
+    const close = browser.close.bind(browser);
+    browser.close = async (options) => {
+      await close(options);
+      rmSync(profile, { recursive: true, force: true });
+    };
     return browser;
   } catch (err) {
     rmSync(profile, { recursive: true, force: true });
