@@ -34,11 +34,11 @@ function checkBackends(config: Obj, add: Add): void {
   duplicates(backends, (b) => (isRecord(b) ? b.name : undefined), ['backends'], 'backend name', add, 'name');
   backends.forEach((backend, i) => {
     if (isRecord(backend) && backend.name === RESERVED_LABEL) add(['backends', i, 'name'], RESERVED_MESSAGE);
-    if (isRecord(backend) && typeof backend.api_key_env === 'string' && !process.env[backend.api_key_env]) {
-      add(
-        ['backends', i, 'api_key_env'],
-        `environment variable ${backend.api_key_env} is not set (or empty)`,
-      );
+    if (isRecord(backend) && typeof backend.api_key_env === 'string') {
+      const problem = apiKeyProblem(process.env[backend.api_key_env]);
+      // The variable is named; its value, a secret, never is.
+      if (problem)
+        add(['backends', i, 'api_key_env'], `environment variable ${backend.api_key_env} ${problem}`);
     }
     if (!isRecord(backend) || typeof backend.url !== 'string') return;
     const problem = urlProblem(backend.url, ['http:', 'https:']);
@@ -229,5 +229,18 @@ function urlProblem(text: string, protocols: string[]): string | undefined {
   // The gateway sends the OpenAI paths (/v1/...) and its probes (/health, /metrics) from the
   // server's root: a path here would be dropped, not prefixed.
   if (backend && url.pathname !== '/') return `must not have a path; give the server's root (got ${shown})`;
+  return undefined;
+}
+
+/**
+ * What is wrong with a backend key's value as a bearer token (it is sent with surrounding
+ * whitespace trimmed, as a secret file's trailing newline), or undefined.
+ */
+function apiKeyProblem(value: string | undefined): string | undefined {
+  const key = value?.trim();
+  if (!key) return 'is not set (or empty)';
+  if (!/^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$/.test(key)) {
+    return 'holds characters a header cannot carry (control characters or non-ASCII)';
+  }
   return undefined;
 }

@@ -409,6 +409,8 @@ export class Scheduler {
     const queue = this.#discipline(settings.policy);
     // Invariant: a request the gateway took in is not refused for a full queue on its way back in;
     // its place was counted when it first asked (retries are not counted against the bound either).
+    // One that may not wait (x-slagate-no-queue, or max_queue 0) is still refused below when no
+    // backend can take it at once, as on its first ask.
     const full =
       !retry && !reasked && settings.maxQueue > 0 && queue.size + this.#retries.length >= settings.maxQueue;
     // A full queue takes a protected request only in place of a sheddable one.

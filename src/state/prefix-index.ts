@@ -30,7 +30,9 @@
 //   telling peers happens in drainRecent(), on the sync timer, and what waits for it is bounded by
 //   MAX_RECENT_BLOCKS (past it, peers are told less, the local index is as exact): what is kept
 //   is always the newest, in two generations of half the bound each (a full one becomes the older
-//   and the one before it goes), so a Redis outage leaves the blocks sent last to be told.
+//   and the one before it goes), so a Redis outage leaves the blocks sent last to be told; and one
+//   drain tells at most MAX_TOLD_BLOCKS, the newest, which encode to well under one shared-log
+//   entry's 1 MiB.
 
 import { HashSlots } from './hash-slots.ts';
 
@@ -42,23 +44,31 @@ export const DEFAULT_KV_TOKENS = 262_144;
 export const VLLM_BLOCK_TOKENS = 16;
 /** A block in use is told to peers again after this long: well within an LRU's lifetime. */
 export const SHARE_EVERY_MS = 2_000;
+/** Blocks kept for telling between two drains, at most, repeats included (a Redis outage must not grow it). */
+export const MAX_RECENT_BLOCKS = 1 << 18;
 /**
- * Blocks kept for telling between two drains, at most (a Redis outage must not grow it). Encoded
- * for the shared log (at most 12 characters a block) they stay well under one entry's 1 MiB.
+ * Blocks one drain tells, at most (the newest): encoded for the shared log, at most 12 characters
+ * a block, they stay well under one entry's 1 MiB.
  */
-export const MAX_RECENT_BLOCKS = 1 << 16;
+export const MAX_TOLD_BLOCKS = 1 << 16;
+
+/** One request's blocks, as sent to one backend. */
+interface Sent {
+  readonly backend: string;
+  readonly hashes: readonly number[];
+}
 
 export class PrefixIndex {
   readonly #backends = new Map<string, Lru>();
   readonly #capacity: (backend: string) => number;
   readonly #now: () => number;
   /**
-   * The hash lists sent to each backend since the last drain (what this instance tells its peers),
-   * newest generation first: each holds at most half of MAX_RECENT_BLOCKS.
+   * The hash lists sent since the last drain (what this instance tells its peers), in the order
+   * sent, in two generations of at most half of MAX_RECENT_BLOCKS each.
    */
-  #recent = new Map<string, (readonly number[])[]>();
+  #recent: Sent[] = [];
   #recentBlocks = 0;
-  #older = new Map<string, (readonly number[])[]>();
+  #older: Sent[] = [];
   #recording = false;
   /** Inserts not yet applied (see settle()), in order. */
   readonly #pending: { backend: string; hashes: readonly number[] }[] = [];
@@ -103,13 +113,11 @@ export class PrefixIndex {
       if (this.#recentBlocks + hashes.length > MAX_RECENT_BLOCKS / 2) {
         // The newest generation is full: it becomes the older one, and the older one goes.
         this.#older = this.#recent;
-        this.#recent = new Map();
+        this.#recent = [];
         this.#recentBlocks = 0;
       }
       this.#recentBlocks += hashes.length;
-      const lists = this.#recent.get(backend);
-      if (lists === undefined) this.#recent.set(backend, [hashes]);
-      else lists.push(hashes);
+      this.#recent.push(pending[i]!);
     }
     pending.length = 0;
   }
@@ -159,8 +167,8 @@ export class PrefixIndex {
   drop(backend: string): void {
     this.settle();
     this.#backends.delete(backend);
-    this.#recent.delete(backend);
-    this.#older.delete(backend);
+    this.#recent = this.#recent.filter((s) => s.backend !== backend);
+    this.#older = this.#older.filter((s) => s.backend !== backend);
   }
 
   /**
@@ -171,22 +179,40 @@ export class PrefixIndex {
   drainRecent(): Map<string, number[]> {
     this.settle();
     const now = this.#now();
+    const sent = [...this.#older, ...this.#recent];
+    // The newest lists whose distinct blocks number at most MAX_TOLD_BLOCKS (older ones are not
+    // told now, nor marked told: their next use tells them) ...
+    let from = sent.length;
+    const distinct = new Map<string, Set<number>>();
+    let count = 0;
+    while (from > 0) {
+      const { backend, hashes } = sent[from - 1]!;
+      let seen = distinct.get(backend);
+      if (seen === undefined) {
+        seen = new Set();
+        distinct.set(backend, seen);
+      }
+      let added = 0;
+      for (const h of hashes) if (!seen.has(h)) added++;
+      if (count + added > MAX_TOLD_BLOCKS) break;
+      for (const h of hashes) seen.add(h);
+      count += added;
+      from--;
+    }
+    // ... told in the order they were sent, so that a chain's blocks go in chain order.
     const out = new Map<string, number[]>();
-    for (const generation of [this.#older, this.#recent]) {
-      for (const [backend, lists] of generation) {
-        const lru = this.#backends.get(backend);
-        if (lru === undefined) continue;
-        let tell = out.get(backend);
-        for (const hashes of lists) {
-          for (const h of hashes) {
-            if (!lru.markTold(h, now)) continue;
-            if (tell === undefined) {
-              tell = [];
-              out.set(backend, tell);
-            }
-            tell.push(h);
-          }
+    for (let i = from; i < sent.length; i++) {
+      const { backend, hashes } = sent[i]!;
+      const lru = this.#backends.get(backend);
+      if (lru === undefined) continue;
+      let tell = out.get(backend);
+      for (const h of hashes) {
+        if (!lru.markTold(h, now)) continue;
+        if (tell === undefined) {
+          tell = [];
+          out.set(backend, tell);
         }
+        tell.push(h);
       }
     }
     this.#forgetRecent();
@@ -194,8 +220,8 @@ export class PrefixIndex {
   }
 
   #forgetRecent(): void {
-    this.#recent = new Map();
-    this.#older = new Map();
+    this.#recent = [];
+    this.#older = [];
     this.#recentBlocks = 0;
   }
 

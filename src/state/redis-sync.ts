@@ -325,10 +325,12 @@ export class RedisSync {
       try {
         reply = await call;
       } catch (e) {
-        // Redis answered with an error (out of memory, a key of the wrong type, a command the ACL
-        // denies): nothing is pending on the connection, and a new one would get the same answer.
-        // The next tick tries again, at the usual pace.
-        if (e instanceof ReplyError) throw e;
+        // Redis answered with an error (a key of the wrong type, a command the ACL denies):
+        // nothing is pending on the connection, and a new one would get the same answer. The next
+        // tick tries again, at the usual pace. Except READONLY: the server is a replica now (a
+        // failover behind a DNS name that has moved on), and only a new connection finds the
+        // primary.
+        if (e instanceof ReplyError && !String((e as Error).message).startsWith('READONLY')) throw e;
         this.#logRead = Math.max(1, this.#logRead >> 1);
         // Whatever is still pending on this connection goes with it (see the invariants). The
         // client ends the socket, destroys it if it is not closed within a command timeout
@@ -338,8 +340,11 @@ export class RedisSync {
         throw e;
       }
       this.#logRead = Math.min(LOG_READ, this.#logRead * 2);
-      const { peers, log, lastId, logError } = parseReply(reply, this.#opts.instanceId);
+      const { peers, log, lastId, logError: replied } = parseReply(reply, this.#opts.instanceId);
       if (lastId !== null) this.#logFrom = lastId;
+      // A tick with nothing to append only read the log: what it says of writes (refused under
+      // maxmemory, say) is not news, so the last append's verdict stands.
+      const logError = replied === null && entry === '' ? this.#logError : replied;
       if (logError !== this.#logError) {
         this.#logError = logError;
         if (logError !== null) {

@@ -175,5 +175,6 @@ export class Backend {
 
 /** The Authorization header value for a backend's key, or null without one. */
 export function authorizationOf(config: BackendConfig): string | null {
-  return config.apiKey ? `Bearer ${config.apiKey}` : null;
+  const key = config.apiKey?.trim();
+  return key ? `Bearer ${key}` : null;
 }

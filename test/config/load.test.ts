@@ -343,6 +343,15 @@ describe('violations are reported with the path of the key to fix', () => {
       /environment variable SLAGATE_TEST_UNSET_KEY is not set/,
     ],
     [
+      "a backend's key with a character no header carries (the value is never printed)",
+      (c) => {
+        process.env.SLAGATE_TEST_BAD_KEY = 'sk-ab\ncd';
+        c.backends.push({ name: 'keyed', url: 'http://127.0.0.1:9', api_key_env: 'SLAGATE_TEST_BAD_KEY' });
+      },
+      'backends[2].api_key_env',
+      /^environment variable SLAGATE_TEST_BAD_KEY holds characters a header cannot carry \(control characters or non-ASCII\)$/,
+    ],
+    [
       "a backend's key variable that is no variable name",
       (c) => c.backends.push({ name: 'keyed', url: 'http://127.0.0.1:9', api_key_env: '1-KEY' }),
       'backends[2].api_key_env',

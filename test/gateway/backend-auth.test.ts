@@ -54,7 +54,8 @@ async function keyedReplica(seen: string[]) {
 }
 
 it('a backend with api_key_env gets its key as a bearer token on requests and model fetches; the key shows nowhere', async () => {
-  process.env[VAR] = KEY;
+  // As a secret file mounted into the variable often has it: a trailing newline, trimmed.
+  process.env[VAR] = `${KEY}\n`;
   const seen: string[] = [];
   const url = await keyedReplica(seen);
   t = await startTestGateway({ backends: [{ name: 'keyed', url, api_key_env: VAR }] });

@@ -1,7 +1,12 @@
 // The prefix index (src/state/prefix-index.ts): what a backend is believed to hold, learnt from
 // dispatch, bounded and aged out least-recently-used.
 import { describe, expect, it } from 'vitest';
-import { MAX_RECENT_BLOCKS, PrefixIndex, SHARE_EVERY_MS } from '../../src/state/prefix-index.ts';
+import {
+  MAX_RECENT_BLOCKS,
+  MAX_TOLD_BLOCKS,
+  PrefixIndex,
+  SHARE_EVERY_MS,
+} from '../../src/state/prefix-index.ts';
 
 /** A chain of `n` distinct hashes starting at `from` (the values are opaque to the index). */
 const chain = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
@@ -112,14 +117,29 @@ describe('PrefixIndex', () => {
     const d = chain(30_000_000, 5);
     for (const hashes of [a, b, c, d]) big.insert('x', hashes);
     // a filled one half; b started the next; c filled it; d started a third, and a, the oldest,
-    // went. The local index learnt every one of them.
+    // went. The local index learnt every one of them. Of what is kept, one drain tells the newest
+    // MAX_TOLD_BLOCKS: d, and the end of what came before it, whole lists only (c, then b, do not
+    // fit), so here d alone.
     expect(big.match('x', a)).toBe(half);
-    expect(big.drainRecent()).toEqual(new Map([['x', [...b, ...c, ...d]]]));
+    expect(big.drainRecent()).toEqual(new Map([['x', d]]));
     // One request over half the bound is never kept for telling (the index still learns it).
     const huge = chain(40_000_000, half + 1);
     big.insert('x', huge);
     expect(big.match('x', huge)).toBe(half + 1);
     expect(big.drainRecent()).toEqual(new Map());
+  });
+
+  it('one drain tells at most MAX_TOLD_BLOCKS, the newest; the rest is told at its next use', () => {
+    const idx = new PrefixIndex(() => 4 * MAX_TOLD_BLOCKS);
+    idx.record(true);
+    const third = MAX_TOLD_BLOCKS / 2;
+    const [p, q, r] = [0, 1, 2].map((k) => chain(k * 10_000_000, third));
+    for (const hashes of [p, q, r]) idx.insert('x', hashes!);
+    // q and r fill the bound exactly; p, the oldest, waits.
+    expect(idx.drainRecent()).toEqual(new Map([['x', [...q!, ...r!]]]));
+    // Not marked told: sent again, it is told now.
+    idx.insert('x', p!);
+    expect(idx.drainRecent()).toEqual(new Map([['x', p]]));
   });
 
   it('forgets a removed backend', () => {

@@ -197,4 +197,30 @@ describe('RedisSync', () => {
     expect(sa.status().logError).toBeNull();
     expect(await logged(c)).toEqual(['e-kept']);
   });
+
+  it('a Redis turned replica (READONLY) is left for a new connection, which finds the primary once there is one', async () => {
+    const c = cfg();
+    const w = start('w', host(), c);
+    await w.ready();
+    const connection = () => (w.client as Redis).client('ID');
+    const before = await connection();
+    // A failover behind the same address: the server answers, read-only.
+    await redis.cli('replicaof', '127.0.0.1', '1');
+    try {
+      const reconnected = new Promise<void>((resolve) => w.client.once('ready', () => resolve()));
+      await w.tick();
+      expect(w.status()).toMatchObject({ degraded: true, lastError: expect.stringMatching(/READONLY/) });
+      await reconnected;
+      expect(await connection()).not.toBe(before);
+    } finally {
+      await redis.cli('replicaof', 'no', 'one');
+    }
+    // Primary again: once connected (the ticks meanwhile may have dropped another connection),
+    // an exchange succeeds.
+    if (w.client.status !== 'ready')
+      await new Promise<void>((resolve) => w.client.once('ready', () => resolve()));
+    await w.tick();
+    await w.tick();
+    expect(w.status()).toMatchObject({ degraded: false, lastError: null });
+  });
 });
