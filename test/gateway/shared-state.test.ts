@@ -47,6 +47,12 @@ function gatewayConfig(redisUrl: string, prefix: string) {
     models: [MODEL],
     backends: fleet.urls.map((url, i) => ({ name: `r${i}`, url })),
     router: { policy: 'least_loaded' },
+    // Targets no load here reaches: these tests are about Redis, and on a machine busy with the
+    // rest of the suite admission would otherwise refuse what the gateway's own loop delays.
+    sla: {
+      default_class: 'interactive',
+      classes: { interactive: { ttft_p99_ms: 60_000, tpot_p99_ms: 60_000, priority: 0 } },
+    },
     state: {
       store: 'redis',
       redis_url: redisUrl,
@@ -200,7 +206,7 @@ describe('Redis failures never fail a request', () => {
       await load;
 
       // No request failed because of Redis, before, during or after the outage.
-      expect(durations.every((d) => d.status === 200)).toBe(true);
+      expect(durations.filter((d) => d.status !== 200)).toEqual([]);
       const median = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)]!;
       const healthy = durations.slice(0, before).map((d) => d.ms);
       const outage = duringOutage.map((d) => d.ms);
