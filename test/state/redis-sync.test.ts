@@ -156,11 +156,16 @@ describe('RedisSync', () => {
     expect(await logged(c)).toEqual(['e-stalled', 'e-after']);
   });
 
-  it('an error Redis answers with keeps the connection, and sharing resumes at the next tick once it is gone', async () => {
+  /** One instance, its first exchange done, and the id of the connection it holds now. */
+  const oneInstance = async () => {
     const c = cfg();
     const w = start('w', host(), c);
     await w.ready();
-    const connection = () => (w.client as Redis).client('ID');
+    return { c, w, connection: () => (w.client as Redis).client('ID') };
+  };
+
+  it('an error Redis answers with keeps the connection, and sharing resumes at the next tick once it is gone', async () => {
+    const { c, w, connection } = await oneInstance();
     const before = await connection();
     // The snapshots' hash is a string now: the script's HSET fails with WRONGTYPE.
     await redis.cli('set', `{${c.key_prefix}}:snapshots`, 'not a hash');
@@ -199,10 +204,7 @@ describe('RedisSync', () => {
   });
 
   it('a Redis turned replica (READONLY) is left for a new connection, which finds the primary once there is one', async () => {
-    const c = cfg();
-    const w = start('w', host(), c);
-    await w.ready();
-    const connection = () => (w.client as Redis).client('ID');
+    const { c, w, connection } = await oneInstance();
     const before = await connection();
     // A failover behind the same address: the server answers, read-only.
     await redis.cli('replicaof', '127.0.0.1', '1');
