@@ -7,5 +7,5 @@ export type {
   SchedulerSettings,
   SchedulerView,
 } from './scheduler.ts';
-export { Scheduler, Ticket } from './scheduler.ts';
+export { retired, Scheduler, Ticket } from './scheduler.ts';
 export { type BackendPrediction, budgetWords, type ScheduledRequest } from './types.ts';

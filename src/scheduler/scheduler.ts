@@ -75,8 +75,11 @@ export interface SchedulerDeps {
 /** What one granted attempt was dispatched with: the live state's fit sample needs it. */
 export interface Grant {
   readonly backend: string;
-  /** The origin of the server granted: another may hold the name after a reload. */
-  readonly origin: string;
+  /**
+   * The server granted. A reload that removes it, or gives its name another URL, retires it
+   * (`state` 'removed'): nothing learnt of this grant is then about the server under the name.
+   */
+  readonly server: Backend;
   readonly grantedAt: number;
   /** In-flight requests on the backend (all instances) just before this one. */
   readonly loadAtDispatch: number;
@@ -167,8 +170,8 @@ const RATIO_SAMPLES = 1024;
 const MIN_RATIO_SAMPLES = 50;
 
 interface Control {
-  /** The origin of the server it was learnt on (null until a grant or a control step saw it). */
-  origin: string | null;
+  /** The server it was learnt on (null until a grant or a control step saw it). */
+  server: Backend | null;
   limit: number;
   tpotShare: number;
   readonly meter: DecodeMeter;
@@ -732,7 +735,7 @@ export class Scheduler {
     control.targets.set(req.tpotTargetMs, (control.targets.get(req.tpotTargetMs) ?? 0) + 1);
     const grant: Grant = {
       backend: b.name,
-      origin: b.url,
+      server: b,
       grantedAt: this.#now(),
       loadAtDispatch: before.requests,
       prefillAheadTokens: before.pendingPrefillTokens,
@@ -782,7 +785,7 @@ export class Scheduler {
     }
     // The TTFT fit learns it now, not when the request ends a generation later; not of a server
     // a reload took away (the name may hold another server now).
-    if (slot.backend.state !== 'removed')
+    if (!retired(grant))
       live.recordFirstToken({
         backend: slot.backend.name,
         backendTtftMs: backendTtft,
@@ -805,13 +808,9 @@ export class Scheduler {
     this.pump();
   }
 
-  /**
-   * A finished request's TPOT, for the outer loop of the backend that served it: of the server at
-   * `origin` (null: not known), so not of another a reload has since put under that name.
-   */
-  observeTpot(backend: string, origin: string | null, tpotMs: number, targetMs: number): void {
+  /** A finished request's TPOT, for the outer loop of the backend that served it. */
+  observeTpot(backend: string, tpotMs: number, targetMs: number): void {
     const c = this.#controls.get(backend);
-    if (origin !== null && c?.origin !== origin) return;
     const period = c?.tpotRatios.at(-1);
     if (period !== undefined && period.length < SAMPLE_CAP && targetMs > 0) period.push(tpotMs / targetMs);
   }
@@ -1014,7 +1013,7 @@ export class Scheduler {
     if (c === undefined) {
       const cc = this.#deps.settings().concurrency;
       c = {
-        origin: null,
+        server: null,
         limit: cc.initial,
         tpotShare: cc.tpotShare,
         meter: new DecodeMeter(),
@@ -1043,16 +1042,13 @@ export class Scheduler {
    * control they were granted under.
    */
   #controlFor(b: Backend): Control {
-    const c = this.#controlOf(b.name);
-    if (c.origin === b.url) return c;
-    if (c.origin === null) {
-      c.origin = b.url;
-      return c;
+    let c = this.#controlOf(b.name);
+    if (c.server !== null && c.server !== b) {
+      this.#controls.delete(b.name);
+      c = this.#controlOf(b.name);
     }
-    this.#controls.delete(b.name);
-    const fresh = this.#controlOf(b.name);
-    fresh.origin = b.url;
-    return fresh;
+    c.server = b;
+    return c;
   }
 
   #room(name: string): number {
@@ -1125,6 +1121,11 @@ function tightest(targets: ReadonlyMap<number, number>): number {
   return min;
 }
 
+/** A reload took the grant's server away: what its request shows is not about the server under the name now. */
+export function retired(grant: Grant): boolean {
+  return grant.server.state === 'removed';
+}
+
 /** One request's scheduling context: the attempts it has been granted. */
 export class Ticket {
   readonly req: ScheduledRequest;
@@ -1152,9 +1153,11 @@ export class Ticket {
     return this.grants.at(-1) ?? null;
   }
 
-  /** A completed request's TPOT on its backend: the outer loop's sample. */
+  /** A completed request's TPOT on its backend: the outer loop's sample (none of a retired server). */
   completed(backend: string, tpotMs: number): void {
-    this.#scheduler.observeTpot(backend, this.lastGrant?.origin ?? null, tpotMs, this.req.tpotTargetMs);
+    const grant = this.lastGrant;
+    if (grant !== null && retired(grant)) return;
+    this.#scheduler.observeTpot(backend, tpotMs, this.req.tpotTargetMs);
   }
 }
 

@@ -4,7 +4,7 @@
 // TTFT and TPOT (the windows, the TPOT fit), never a failure's or a cancel's. The TTFT fit learned
 // the request's first token when it was relayed (the scheduler's firstToken), a generation earlier.
 import { type Admitted, type Prediction, runnerUp } from '../admission/index.ts';
-import type { Ticket } from '../scheduler/index.ts';
+import { retired, type Ticket } from '../scheduler/index.ts';
 import type { AdmissionFields, RequestRecord } from '../telemetry/admission-log.ts';
 import type { ProxyResult } from '../upstream/index.ts';
 import type { Intake } from './intake.ts';
@@ -91,7 +91,7 @@ export function finishProxied(
   const grant = ticket.lastGrant;
   // Served by a server a reload took away (removed, or its name given another URL): nothing in the
   // live state or the controller is about it any more.
-  if (grant !== null && rt.backends.get(result.backend)?.url !== grant.origin) return;
+  if (grant !== null && retired(grant)) return;
   // Its first token taught the TTFT fit when it came (the scheduler's firstToken).
   rt.live.record({
     backend: result.backend,

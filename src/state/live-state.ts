@@ -256,8 +256,6 @@ class LiveStateImpl implements LiveState {
   readonly #sync: RedisSync | null;
   #remote = new Map<string, RemoteBackend>();
   #remoteAt: number | null = null;
-  /** How many peers' snapshots #remote was merged from. */
-  #remotePeers = 0;
   /** Bumped when the peers' part of the view changes; with BackendState.version, keys the caches. */
   #remoteVersion = 0;
   readonly #latencyCache = new Map<
@@ -551,7 +549,7 @@ class LiveStateImpl implements LiveState {
     if (this.#sync !== null) {
       const s = this.#sync.status();
       // The peers whose snapshots the view still holds: through an outage, until the TTL.
-      s.peers = this.#remoteFresh() ? this.#remotePeers : 0;
+      if (!this.#remoteFresh()) s.peers = 0;
       return s;
     }
     return {
@@ -619,7 +617,6 @@ class LiveStateImpl implements LiveState {
     mergeSnapshots(snapshots, remote, tenants);
     this.#remote = remote;
     this.#remoteTenants = tenants;
-    this.#remotePeers = snapshots.length;
     this.#remoteAt = now;
     this.#remoteVersion++;
     for (const listener of this.#peerListeners) listener();

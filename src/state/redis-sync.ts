@@ -122,9 +122,9 @@ interface SyncCommand {
 }
 
 /**
- * An entry over this is not sent. The prefix index keeps at most MAX_RECENT_BLOCKS between two
- * drains, which encode well below it, so only a pathological entry (a backend name of megabytes)
- * is ever dropped here.
+ * An entry over this is not sent. One drain of the prefix index tells at most MAX_TOLD_BLOCKS,
+ * which encode well below it, so only a pathological entry (a backend name of megabytes) is ever
+ * dropped here.
  */
 const MAX_ENTRY_CHARS = 1 << 20;
 /** Entries the shared log keeps (about: Redis trims in whole nodes). */
@@ -330,7 +330,7 @@ export class RedisSync {
         // tick tries again, at the usual pace. Except READONLY: the server is a replica now (a
         // failover behind a DNS name that has moved on), and only a new connection finds the
         // primary.
-        if (e instanceof ReplyError && !String((e as Error).message).startsWith('READONLY')) throw e;
+        if (e instanceof ReplyError && !(e as Error).message.startsWith('READONLY')) throw e;
         this.#logRead = Math.max(1, this.#logRead >> 1);
         // Whatever is still pending on this connection goes with it (see the invariants). The
         // client ends the socket, destroys it if it is not closed within a command timeout
