@@ -13,6 +13,7 @@ export type ErrorCode =
   | 'rate_limited' // 429: tenant concurrency or token budget
   | 'queue_full' // 429: gateway queue at max_queue
   | 'queue_timeout' // 429: deadline passed while queued
+  | 'not_implemented' // 501: the backends do not do what the request asks (their own 501, relayed)
   | 'upstream_error' // 502: backend failed and retries are exhausted
   | 'no_healthy_backend' // 503
   | 'shutting_down' // 503
@@ -37,6 +38,7 @@ const SPECS: Readonly<Record<ErrorCode, ErrorSpec>> = Object.freeze({
   rate_limited: { status: 429, type: 'rate_limit_error', retryAfterS: 1 },
   queue_full: { status: 429, type: 'rate_limit_error', retryAfterS: 1 },
   queue_timeout: { status: 429, type: 'rate_limit_error', retryAfterS: 1 },
+  not_implemented: { status: 501, type: 'not_implemented_error' },
   upstream_error: { status: 502, type: 'upstream_error' },
   no_healthy_backend: { status: 503, type: 'service_unavailable_error', retryAfterS: 2 },
   shutting_down: { status: 503, type: 'service_unavailable_error', retryAfterS: 5 },

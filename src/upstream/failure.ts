@@ -15,6 +15,7 @@ export type FailureReason =
   | 'in_band_error' // `data: {"error":...}` (or a 200 JSON error body)
   | 'in_band_rejection' // the same before the first token, naming a relayable 4xx: the request's fault or the engine's (see below)
   | 'upstream_not_found' // 404 for a model the gateway serves: this backend lacks it, or every backend does (see below)
+  | 'upstream_not_implemented' // 501: this backend does not do what the request asks, or no backend does (see below)
   | 'protocol_error' // bad JSON, oversized event, no token before [DONE], no [DONE]
   | 'response_too_large' // a body passed through whole grew past max_body_bytes: this request's answer is too big anywhere
   | 'idle_timeout' // no data event for idle_timeout_ms after the commit point
@@ -34,10 +35,15 @@ export type FailureReason =
  * against those it serves before sending, so a backend that answers 404 is one that lacks it (a
  * replica started without the adapter, or with another --served-model-name) unless every backend
  * does; relayed at once, it answered every request sent there with 404, fast and never ejected.
+ * A 501 likewise: vLLM answers it for a feature the request asks and the server lacks (beam search
+ * over prompt embeddings, a task the model does not serve, the Responses store unless enabled),
+ * the same on every replica started alike, so it is the request's once a second backend agrees;
+ * counted as the backend's failure, one client's requests would open every breaker in the fleet.
  */
 const NOT_BACKEND_FAULT: ReadonlySet<FailureReason> = new Set<FailureReason>([
   'in_band_rejection',
   'upstream_not_found',
+  'upstream_not_implemented',
   'upstream_busy',
   'deadline',
   'response_too_large',
@@ -114,7 +120,11 @@ export class AttemptFailure extends Error {
 
   /** A rejection another backend settles: the request's if it rejects too, else this backend's. */
   get unconfirmedRejection(): boolean {
-    return this.reason === 'in_band_rejection' || this.reason === 'upstream_not_found';
+    return (
+      this.reason === 'in_band_rejection' ||
+      this.reason === 'upstream_not_found' ||
+      this.reason === 'upstream_not_implemented'
+    );
   }
 }
 

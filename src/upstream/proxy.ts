@@ -481,6 +481,11 @@ function rejectedError(status: number, message: string | null, param: string | n
       param: param ?? 'model',
     });
   }
+  if (status === 501) {
+    return new GatewayError('not_implemented', message ?? 'The backends do not support this request', {
+      param,
+    });
+  }
   if (status === 413) {
     return new GatewayError('body_too_large', message ?? 'The request is too large for the backend', {
       param,

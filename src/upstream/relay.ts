@@ -30,7 +30,7 @@
 //   fails ends with the error envelope instead, since nothing was written yet.
 // - `done` always resolves, exactly once; `committed` settles exactly once: it resolves with how
 //   the attempt took the response (`first_token` for a stream, `body` for a whole body passed
-//   through, `rejected` when a 4xx is to be relayed), or rejects with the AttemptFailure of a
+//   through, `rejected` when a 4xx is to be relayed at once), or rejects with the AttemptFailure of a
 //   pre-commit failure. Only `first_token` is a first token (what the TTFT fit may learn).
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
@@ -46,10 +46,11 @@ import { type DecodeMeter, type Latencies, TokenClock } from './measure.ts';
 import { SseParser } from './sse-parser.ts';
 
 /**
- * 4xx statuses relayed to the client as an error envelope, not a backend failure; a 404 only once
- * a second backend agrees (failure.ts, upstream_not_found).
+ * Statuses relayed to the client as an error envelope, not a backend failure: the request's own
+ * 4xx, and 501 (a feature the request asks for and the server lacks); a 404 or a 501 only once a
+ * second backend agrees (failure.ts, upstream_not_found and upstream_not_implemented).
  */
-export const RELAYED_4XX: ReadonlySet<number> = new Set([400, 404, 413, 422]);
+const RELAYED_STATUSES: ReadonlySet<number> = new Set([400, 404, 413, 422, 501]);
 const BUSY_STATUSES: ReadonlySet<number> = new Set([408, 429]);
 /** Bytes of a 4xx body read for its message; the rest is discarded. */
 const MAX_REJECT_BODY = 16 * 1024;
@@ -109,10 +110,22 @@ export interface AttemptEnd {
 /** How an attempt took the response (what `committed` resolves with). */
 export type CommitKind = 'first_token' | 'body' | 'rejected';
 
+/** A response head's headers as undici hands them over (names in lower case). */
+type ResponseHeaders = Record<string, string | string[] | undefined>;
+
 /** After [DONE], how long the upstream has to end its response (vLLM ends it at once). */
 const CLOSE_WAIT_MS = 1_000;
 
-type Phase = 'waiting' | 'streaming' | 'buffering' | 'rejecting' | 'committed' | 'closing' | 'done';
+// 'unstreamed': a 200 with a JSON body where a stream was asked for (unstreamedFailure).
+type Phase =
+  | 'waiting'
+  | 'streaming'
+  | 'buffering'
+  | 'rejecting'
+  | 'unstreamed'
+  | 'committed'
+  | 'closing'
+  | 'done';
 
 export class Attempt implements Dispatcher.DispatchHandler {
   readonly spec: AttemptSpec;
@@ -207,12 +220,13 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (this.#pendingAbort !== null) controller.abort(this.#pendingAbort);
   }
 
-  onResponseStart(_c: Dispatcher.DispatchController, status: number): void {
+  onResponseStart(_c: Dispatcher.DispatchController, status: number, headers: ResponseHeaders): void {
     if (this.#phase !== 'waiting' || status < 200) return;
     this.#status = status;
     if (status === 200) {
-      this.#phase = this.spec.mode === 'passthrough' ? 'buffering' : 'streaming';
-    } else if (RELAYED_4XX.has(status)) {
+      this.#phase =
+        this.spec.mode === 'passthrough' ? 'buffering' : isJson(headers) ? 'unstreamed' : 'streaming';
+    } else if (RELAYED_STATUSES.has(status)) {
       this.#phase = 'rejecting';
     } else {
       const reason = BUSY_STATUSES.has(status) ? 'upstream_busy' : 'upstream_status';
@@ -237,6 +251,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
         }
         return;
       case 'rejecting':
+      case 'unstreamed':
         if (this.#bodyBytes < MAX_REJECT_BODY) {
           this.#body.push(chunk);
           this.#bodyBytes += chunk.length;
@@ -253,16 +268,21 @@ export class Attempt implements Dispatcher.DispatchHandler {
         this.#finishBuffered();
         return;
       case 'rejecting':
-        if (this.#status === 404) {
+        if (this.#status === 404 || this.#status === 501) {
+          const status = this.#status;
           this.#fail(
-            new AttemptFailure('upstream_not_found', 'upstream status 404', {
-              status: 404,
-              upstreamMessage: rejectFacts(this.#body).message,
-            }),
+            new AttemptFailure(
+              status === 404 ? 'upstream_not_found' : 'upstream_not_implemented',
+              `upstream status ${status}`,
+              { status, upstreamMessage: rejectFacts(this.#body).message },
+            ),
           );
         } else {
           this.#finish('rejected', null);
         }
+        return;
+      case 'unstreamed':
+        this.#fail(unstreamedFailure(this.#body));
         return;
       case 'streaming':
         this.#fail(new AttemptFailure('protocol_error', 'stream ended before the first token'));
@@ -726,7 +746,7 @@ export const MAX_REJECT_MESSAGE = 500;
  */
 function inBandFailure(msg: StreamChunk | null, committed: boolean, what: string): AttemptFailure {
   const { code, message, param } = errorPayloadFacts(msg);
-  if (!committed && code !== null && RELAYED_4XX.has(code)) {
+  if (!committed && code !== null && RELAYED_STATUSES.has(code)) {
     return new AttemptFailure('in_band_rejection', `upstream ${what} naming ${code}`, {
       status: code,
       upstreamMessage: capped(message),
@@ -734,6 +754,32 @@ function inBandFailure(msg: StreamChunk | null, committed: boolean, what: string
     });
   }
   return new AttemptFailure('in_band_error', `upstream ${what}`);
+}
+
+/** The response's content-type names JSON (a stream's is text/event-stream, or absent). */
+function isJson(headers: ResponseHeaders): boolean {
+  const type = headers['content-type'];
+  return typeof type === 'string' && type.toLowerCase().includes('json');
+}
+
+/**
+ * A 200 with a JSON body to a request sent as a stream. vLLM answers so with an error body for
+ * some requests it cannot serve (issue vllm#21704, and again in 0.15-0.16): that is an in-band
+ * error, a rejection when it names a relayed status, which a second backend settles like one in a
+ * stream. Anything else (a backend that ignored `stream`) is a protocol error: the client asked
+ * for a stream and this body cannot be relayed as one. Only the first MAX_REJECT_BODY bytes are
+ * kept: an error body is small, and a longer one is no error.
+ */
+function unstreamedFailure(body: Buffer[]): AttemptFailure {
+  let msg: StreamChunk | null = null;
+  try {
+    msg = JSON.parse(Buffer.concat(body).toString('utf8')) as StreamChunk | null;
+  } catch {
+    // Cut at MAX_REJECT_BODY, or not JSON at all: not an error body.
+  }
+  return isErrorPayload(msg)
+    ? inBandFailure(msg, false, 'answered a stream with a JSON error body')
+    : new AttemptFailure('protocol_error', 'upstream answered a stream with a JSON body, not events');
 }
 
 /** The upstream's error message (capped) and the field it names, from a 4xx body. */

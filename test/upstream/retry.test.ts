@@ -179,6 +179,87 @@ describe('a 404 status from a backend', () => {
   });
 });
 
+// vLLM answers 501 for a feature the request asks for and the server lacks: the same on every
+// replica started alike, so it is the request's once a second backend agrees, never a failure that
+// opens breakers.
+describe('a 501 status from a backend', () => {
+  const unsupported = status(
+    501,
+    '{"error":{"message":"beam search is not supported with prompt embeds","type":"NotImplementedError","param":null,"code":501}}',
+  );
+
+  it("is the request's when a second backend answers 501 too: relayed as not_implemented, nobody blamed", async () => {
+    const { ups, set, gw } = await fleet([[unsupported], [unsupported], [healthy(1)]]);
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(501);
+    expect(JSON.parse(res.text).error).toMatchObject({
+      code: 'not_implemented',
+      type: 'not_implemented_error',
+      message: 'beam search is not supported with prompt embeds',
+    });
+    expect(result).toMatchObject({ reason: 'upstream_rejected', attempts: 2, status: 501 });
+    expect(result.attemptLog.map((a) => a.reason)).toEqual([
+      'upstream_not_implemented',
+      'upstream_not_implemented',
+    ]);
+    expect(ups.map((u) => u.hits.length)).toEqual([1, 1, 0]);
+    for (const name of ['b0', 'b1']) {
+      expect(set.get(name)!.outlier.consecutiveFailures).toBe(0);
+      expect(set.get(name)!.breaker.stats.failures).toBe(0);
+    }
+  });
+
+  it("is that backend's when another serves the request: retried there, and the first blamed", async () => {
+    const { set, gw } = await fleet([[unsupported], [healthy(2)]]);
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(200);
+    expect(await gw.nextResult()).toMatchObject({ outcome: 'ok', backend: 'b1', attempts: 2 });
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(1);
+  });
+});
+
+// Some vLLM releases answer a request they cannot serve with an error body and status 200, as JSON
+// even when the request asked for a stream (vllm#21704).
+describe('a 200 with a JSON body to a request sent as a stream', () => {
+  const json =
+    (body: string): Script =>
+    (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(body);
+    };
+  const errorBody = json(
+    '{"object":"error","message":"The model does not support Chat Completions API","type":"BadRequestError","param":null,"code":400}',
+  );
+
+  it('is an in-band rejection: relayed once a second backend answers alike, nobody blamed', async () => {
+    const { ups, set, gw } = await fleet([[errorBody], [errorBody], [healthy(1)]]);
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(400);
+    expect(JSON.parse(res.text).error).toMatchObject({
+      code: 'invalid_request',
+      message: 'The model does not support Chat Completions API',
+    });
+    expect(result.attemptLog.map((a) => a.reason)).toEqual(['in_band_rejection', 'in_band_rejection']);
+    expect(ups.map((u) => u.hits.length)).toEqual([1, 1, 0]);
+    for (const name of ['b0', 'b1']) expect(set.get(name)!.breaker.stats.failures).toBe(0);
+  });
+
+  it('that is no error (a backend that ignored `stream`) is a protocol error of that backend', async () => {
+    const whole = json(
+      '{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}',
+    );
+    const { set, gw } = await fleet([[whole], [healthy(1)]]);
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(200);
+    expect(result).toMatchObject({ outcome: 'ok', backend: 'b1', attempts: 2 });
+    expect(result.attemptLog.map((a) => a.reason)).toEqual(['protocol_error', null]);
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(1);
+  });
+});
+
 // vLLM raises some of a request's own errors only after its 200 head, as one in-band error with
 // code 400, and gives the same code to some engine errors: a second backend tells them apart.
 describe('an in-band error naming a 4xx before the first token', () => {
