@@ -708,7 +708,9 @@ export class Scheduler {
       uncachedTokens: cached.uncached,
       predictedTtftMs: live.predictTtftMs(b.name, cached.uncached),
       prefillMs: live.prefillMs(b.name, cached.uncached),
-      tpotMs: live.predictTpotMs(b.name, inflight + 1),
+      // The TPOT fit is learnt at the load a request found when it was sent, itself not counted
+      // (the grant's loadAtDispatch): this request, sent now, finds `inflight`.
+      tpotMs: live.predictTpotMs(b.name, inflight),
       kvUsage: currentTelemetry(live.telemetry(b.name))?.kvCacheUsage ?? null,
       cacheFill: size.capacity > 0 ? Math.min(1, size.blocks / size.capacity) : 0,
     };

@@ -969,6 +969,32 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
     return slot!.backend.name;
   };
 
+  it('tells the router the TPOT the fit learnt for a request sent at the load it finds now', async () => {
+    const seen: BackendView[] = [];
+    const recorder: RoutingPolicy = {
+      name: 'recorder',
+      rank: (_r, views) => {
+        seen.push(...views);
+        return views.map((v) => ({ backend: v.name, cost: 0 }));
+      },
+    };
+    const f = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 8 } }), recorder);
+    // A request that found L others running decoded at 10 + 2·L ms per token.
+    for (let i = 0; i < 30; i++) {
+      f.tick(10);
+      const load = i % 6;
+      observe(f.live, latencySample({ backend: 'a', loadAtDispatch: load, tpotMs: 10 + 2 * load }));
+    }
+    const held = [];
+    for (let i = 0; i < 3; i++) held.push((await f.scheduler.ticket(req()).acquire(first()))!);
+    seen.length = 0;
+    held.push((await f.scheduler.ticket(req()).acquire(first()))!);
+    // It finds 3 running: TPOT(3), not TPOT(4).
+    expect(seen.map((v) => v.inflight)).toEqual([3]);
+    expect(seen[0]!.tpotMs).toBeCloseTo(16, 6);
+    for (const h of held) h.release();
+  });
+
   it('tells the router how full the index believes each cache is', async () => {
     const seen: BackendView[] = [];
     const recorder: RoutingPolicy = {
