@@ -11,7 +11,8 @@
 //
 // Rendering, for chat: `tools\n<JSON of tools>\n\n` when there are tools, then per message
 // `<role>[:<name>]\n<content>\n\n`, where a content array is its text parts joined by '\n' (as
-// vLLM renders them) and any other part (an image) is its JSON, and an assistant's tool calls
+// vLLM renders them) and any other part (an image) is a digest of its JSON followed by a fixed run
+// of filler standing for its tokens (`media`), and an assistant's tool calls
 // follow as their JSON; each text, tool calls and tool call id is preceded by a marker of its kind
 // and length (hashed, not counted as text), so no content can forge a boundary. For completions:
 // the first prompt's text as it is (several prompts are separate sequences to vLLM, each from its
@@ -22,6 +23,20 @@ import { blockHashes, namedRoot, ROOT_HASH, TextBlocks } from './chain-hash.ts';
 
 /** Characters of canonical text per token of a block (the endpoint picker's approximation: 4). */
 export const BLOCK_CHARS_PER_TOKEN = 4;
+
+/**
+ * Tokens a part that is not text (an image) is taken for until the backends' counts teach
+ * otherwise: LLaVA-1.5's 24 × 24 patches. The block stream gives every such part this many
+ * tokens' worth of filler, whatever its size, so the geometry never depends on an estimate.
+ */
+export const MEDIA_PART_TOKENS = 576;
+const MEDIA_FILLER = '\u0001'.repeat(MEDIA_PART_TOKENS * BLOCK_CHARS_PER_TOKEN);
+/** A string in a media part longer than this (a data URL) is digested from samples of it. */
+const MEDIA_STRING_WHOLE = 4096;
+const MEDIA_SAMPLES = 32;
+const MEDIA_SAMPLE_CHARS = 128;
+/** More tokens than this for one part is taken for a miscount, not learnt from. */
+const MAX_MEDIA_PART_TOKENS = 100_000;
 
 export type PromptSource =
   | { kind: 'chat'; messages: readonly unknown[]; tools?: unknown }
@@ -150,10 +165,7 @@ class CanonicalText {
         first = false;
         if (isRecord(part) && part.type === 'text' && typeof part.text === 'string')
           this.piece('t', part.text);
-        else {
-          this.opaque(JSON.stringify(part) ?? '');
-          this.mediaParts++;
-        }
+        else this.media(part);
       }
     }
     if (m.tool_calls !== undefined && m.tool_calls !== null) this.piece('c', JSON.stringify(m.tool_calls));
@@ -161,11 +173,39 @@ class CanonicalText {
     this.text('\n\n');
   }
 
+  /**
+   * A part that is not text: its JSON, with every long string (a data URL) replaced by its length
+   * and a hash of evenly spaced samples of it, after a marker; then MEDIA_FILLER. Invariant: a part
+   * costs the same blocks and the same hashing whatever its size (hashed whole, a 200 KB image was
+   * some 800 index blocks, enough to push every text prefix of a backend out of its index, and a
+   * millisecond of hashing), and its hash still changes with its content: two images alike in
+   * length and in all 32 samples of 128 characters are taken for one, which costs a misrouted
+   * request, never a wrong answer (the backend's cache keys on the image itself).
+   */
+  media(part: unknown): void {
+    const named = JSON.stringify(part, digestLongStrings) ?? '';
+    this.opaque(`\u0000m${named.length}\u0000${named}`);
+    this.opaque(MEDIA_FILLER);
+    this.mediaParts++;
+  }
+
   /** A client's text, after its marker (kind and length: hashed, not counted). */
   piece(kind: string, s: string): void {
     this.opaque(`\u0000${kind}${s.length}\u0000`);
     this.text(s);
   }
+}
+
+/** JSON.stringify's replacer for a media part: a long string becomes its length and a sampled hash. */
+function digestLongStrings(_key: string, v: unknown): unknown {
+  if (typeof v !== 'string' || v.length <= MEDIA_STRING_WHOLE) return v;
+  const stride = (v.length - MEDIA_SAMPLE_CHARS) / (MEDIA_SAMPLES - 1);
+  let sampled = '';
+  for (let i = 0; i < MEDIA_SAMPLES; i++) {
+    const at = Math.floor(i * stride);
+    sampled += v.slice(at, at + MEDIA_SAMPLE_CHARS);
+  }
+  return `${v.length}:${namedRoot(sampled).toString(36)}`;
 }
 
 /**
@@ -177,6 +217,9 @@ class CanonicalText {
 export class TokenEstimate {
   #charsPerToken: number;
   #samples = 0;
+  /** Tokens per part that is not text, learnt the same way from prompts that have such parts. */
+  #mediaTokens = MEDIA_PART_TOKENS;
+  #mediaSamples = 0;
   readonly #alpha: number;
 
   readonly #initial: number;
@@ -196,16 +239,32 @@ export class TokenEstimate {
     return this.#samples;
   }
 
-  /** Prompt tokens of a rendered prompt: characters over the learnt ratio, plus the template's. */
+  /** Tokens a part that is not text is taken for. */
+  get mediaTokens(): number {
+    return this.#mediaTokens;
+  }
+
+  /** Prompts with such parts learnt from so far. */
+  get mediaSamples(): number {
+    return this.#mediaSamples;
+  }
+
+  /**
+   * Prompt tokens of a rendered prompt: characters over the learnt ratio, plus the template's,
+   * plus the learnt tokens of each part that is not text.
+   */
   tokens(p: PromptBlocks): number {
     if (p.exactTokens !== null) return p.exactTokens;
-    return Math.ceil(p.textChars / this.#charsPerToken) + templateTokens(p);
+    return (
+      Math.ceil(p.textChars / this.#charsPerToken + p.mediaParts * this.#mediaTokens) + templateTokens(p)
+    );
   }
 
   /**
    * The fewest tokens `p` plausibly holds: its characters at the learnt ratio or at the initial
    * one, whichever counts fewer. A ratio learnt from other traffic (another script, say) may be
    * far below this prompt's own; a refusal on length is judged on this count, not on tokens().
+   * Parts that are not text count nothing here: their size varies by model and by image.
    */
   fewestTokens(p: PromptBlocks): number {
     if (p.exactTokens !== null) return p.exactTokens;
@@ -224,9 +283,19 @@ export class TokenEstimate {
 
   /** A backend counted `promptTokens` for this rendering. */
   learn(p: PromptBlocks, promptTokens: number): void {
-    // Short prompts are mostly template: their ratio says little about the text. An image's
-    // tokens are in the count and not in the characters: they would teach a ratio far too low.
-    if (p.exactTokens !== null || p.textChars < 256 || p.mediaParts > 0) return;
+    if (p.exactTokens !== null) return;
+    // An image's tokens are in the count and not in the characters: they would teach a ratio far
+    // too low. What the text does not account for, at the ratio learnt from text alone, is theirs.
+    if (p.mediaParts > 0) {
+      const perPart = (promptTokens - templateTokens(p) - p.textChars / this.#charsPerToken) / p.mediaParts;
+      if (!(perPart >= 1 && perPart <= MAX_MEDIA_PART_TOKENS)) return;
+      this.#mediaSamples++;
+      const weight = Math.max(this.#alpha, 1 / this.#mediaSamples);
+      this.#mediaTokens += weight * (perPart - this.#mediaTokens);
+      return;
+    }
+    // Short prompts are mostly template: their ratio says little about the text.
+    if (p.textChars < 256) return;
     const content = promptTokens - templateTokens(p);
     if (!(content > 0)) return;
     const ratio = p.textChars / content;

@@ -64,6 +64,8 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
         policy: rt.policy.name,
         chars_per_token: rt.tokens.charsPerToken,
         chars_per_token_samples: rt.tokens.samples,
+        media_part_tokens: rt.tokens.mediaTokens,
+        media_part_tokens_samples: rt.tokens.mediaSamples,
         tie_tolerance: rt.scheduler.predictionSpread(),
       },
       scheduler: {

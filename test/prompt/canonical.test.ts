@@ -5,6 +5,7 @@ import { syntheticText } from '../../src/bench/text.ts';
 import {
   BLOCK_CHARS_PER_TOKEN,
   cacheRoot,
+  MEDIA_PART_TOKENS,
   type PromptSource,
   promptBlocks,
   TokenEstimate,
@@ -239,7 +240,7 @@ describe('TokenEstimate', () => {
     expect(est.charsPerToken).toBe(BLOCK_CHARS_PER_TOKEN);
   });
 
-  it('does not learn from a prompt with an image: its tokens are in the count, not in the characters', () => {
+  it('learns an image’s tokens from what its text does not account for, never the character ratio', () => {
     const est = new TokenEstimate();
     const withImage = promptBlocks(
       chat([
@@ -254,10 +255,55 @@ describe('TokenEstimate', () => {
       BLOCK,
     );
     expect(withImage.mediaParts).toBe(1);
+    // Before any count, the image is taken for 576 tokens: 828 characters / 4 + 7 of template + 576.
+    expect(withImage.textChars).toBe(828);
+    expect(est.tokens(withImage)).toBe(207 + 7 + 576);
     // 820 characters and a 576-token image: 781 tokens would teach about 1 character per token.
     est.learn(withImage, 781);
     expect(est.samples).toBe(0);
     expect(est.charsPerToken).toBe(BLOCK_CHARS_PER_TOKEN);
+    // What the text does not account for is the image's: 781 − 207 − 7 = 567 tokens.
+    expect(est.mediaSamples).toBe(1);
+    expect(est.mediaTokens).toBeCloseTo(567, 9);
+    expect(est.tokens(withImage)).toBe(781);
+  });
+
+  it('an image costs the index the same blocks whatever its size, and still names its content', () => {
+    const base64 = (n: number, seed: number) => {
+      const rng = new Rng(seed);
+      const abc = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/';
+      let out = '';
+      for (let i = 0; i < n; i++) out += abc[Math.floor(rng.next() * 64)];
+      return out;
+    };
+    const withImage = (data: string) =>
+      promptBlocks(
+        chat([
+          { role: 'system', content: 'a'.repeat(CHARS * 3) },
+          {
+            role: 'user',
+            content: [
+              { type: 'image_url', image_url: { url: `data:image/png;base64,${data}` } },
+              { type: 'text', text: 'what is in this picture?' },
+            ],
+          },
+        ]),
+        BLOCK,
+      );
+    const small = withImage(base64(20_000, 1));
+    const big = withImage(base64(200_000, 2));
+    // Hashed whole, 200,000 characters were over 3,000 blocks of 64 characters here.
+    expect(big.hashes.length).toBe(small.hashes.length);
+    expect(big.hashes.length).toBeLessThan(3 + (MEDIA_PART_TOKENS * BLOCK_CHARS_PER_TOKEN) / CHARS + 2);
+    // The system prompt's blocks are shared; from the image on, the hashes name it.
+    expect(common(big.hashes, small.hashes)).toBe(3);
+    expect(withImage(base64(200_000, 2)).hashes).toEqual(big.hashes);
+    // Another image of the same length and the same first half (compressed image data differs
+    // from the first change on).
+    const data = base64(200_000, 2);
+    const edited = `${data.slice(0, 100_000)}${base64(100_000, 3)}`;
+    expect(common(withImage(edited).hashes, big.hashes)).toBe(3);
+    expect(big.textChars).toBe(small.textChars);
   });
 
   it('counts no fewer characters per token than it started with when judging the fewest tokens', () => {
