@@ -4,10 +4,14 @@
 // a limit holds across gateway instances up to one refresh interval of lag.
 //
 // Invariants: a usage lease subtracts exactly what it added, once (end() is idempotent); the token
-// window's total always equals the sum of its buckets inside the window, and expiring a bucket
-// subtracts it exactly, so the total never drifts; at most MAX_TENANTS tenants are tracked.
+// window's total always equals the sum of its buckets inside the window, and expiring a bucket or
+// refunding a lease's tokens subtracts exactly, so the total never drifts; every tenant with a
+// request in flight or tokens in the window is tracked (a limit that stopped applying past some
+// count of tenants would let the next ones through unmetered), and idle ones are dropped when the
+// table reaches MAX_TENANTS, so it holds at most the tenants active in the last minute: config
+// names only (the authenticator gives no other), including those a reload removed while in use.
 
-/** A tenant name must be a config name, so this bounds memory against nothing but a bug. */
+/** Tenants tracked before idle ones are dropped; the peers' view merges at most this many (snapshot.ts). */
 export const MAX_TENANTS = 4096;
 
 export interface TenantUsage {
@@ -18,7 +22,11 @@ export interface TenantUsage {
 }
 
 export interface TenantLease {
-  end(): void;
+  /**
+   * Ends the lease. With `refund`, the request never reached a backend (refused or cancelled while
+   * it waited, or no backend to send it to): its tokens leave the window too, as if never admitted.
+   */
+  end(refund?: boolean): void;
 }
 
 /** The peers' summed usage of one tenant (from their snapshots). */
@@ -68,6 +76,17 @@ class TokenWindow {
     this.#epoch = epoch;
   }
 
+  /** Takes back `tokens` added at `at`, if the bucket they went to is still in the window. */
+  remove(at: number, tokens: number): void {
+    const epoch = Math.floor(at / this.#bucketMs);
+    const n = this.#buckets.length;
+    if (epoch > this.#epoch || epoch <= this.#epoch - n) return;
+    const i = mod(epoch, n);
+    const take = Math.min(tokens, this.#buckets[i] as number);
+    this.#buckets[i] = (this.#buckets[i] as number) - take;
+    this.total -= take;
+  }
+
   /**
    * Milliseconds until at least `needed` tokens have left the window (this instance's buckets, the
    * oldest first); the whole window length when they never would.
@@ -96,25 +115,35 @@ export class TenantUsageTable {
   readonly #local = new Map<string, LocalTenant>();
   readonly #bucketMs: number;
   readonly #buckets: number;
+  readonly #sweepAt: number;
 
-  constructor(shape: { bucketMs: number; buckets: number } = { bucketMs: 1_000, buckets: 60 }) {
+  constructor(
+    shape: { bucketMs: number; buckets: number; sweepAt?: number } = { bucketMs: 1_000, buckets: 60 },
+  ) {
     this.#bucketMs = shape.bucketMs;
     this.#buckets = shape.buckets;
+    this.#sweepAt = shape.sweepAt ?? MAX_TENANTS;
     this.windowMs = shape.bucketMs * shape.buckets;
+  }
+
+  /** Tenants tracked now. */
+  get size(): number {
+    return this.#local.size;
   }
 
   /** Counts one admitted request (and its tokens, now) until the lease ends. */
   lease(tenant: string, tokens: number, now: number): TenantLease {
-    const t = this.#tenant(tenant);
-    if (t === undefined) return { end() {} };
+    const t = this.#tenant(tenant, now);
     t.inflight++;
-    t.window.add(now, Number.isFinite(tokens) && tokens > 0 ? tokens : 0);
+    const charged = Number.isFinite(tokens) && tokens > 0 ? tokens : 0;
+    t.window.add(now, charged);
     let open = true;
     return {
-      end() {
+      end(refund = false) {
         if (!open) return;
         open = false;
         t.inflight--;
+        if (refund && charged > 0) t.window.remove(now, charged);
       },
     };
   }
@@ -145,9 +174,15 @@ export class TenantUsageTable {
     }
   }
 
-  #tenant(name: string): LocalTenant | undefined {
+  #tenant(name: string, now: number): LocalTenant {
     let t = this.#local.get(name);
-    if (t === undefined && this.#local.size < MAX_TENANTS) {
+    if (t === undefined) {
+      if (this.#local.size >= this.#sweepAt) {
+        for (const [other, u] of this.#local) {
+          u.window.advance(now);
+          if (u.inflight === 0 && u.window.total === 0) this.#local.delete(other);
+        }
+      }
       t = { inflight: 0, window: new TokenWindow(this.#bucketMs, this.#buckets) };
       this.#local.set(name, t);
     }

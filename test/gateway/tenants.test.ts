@@ -163,6 +163,36 @@ describe('tenant limits (item 31)', () => {
     expect(Number(over.headers['retry-after'])).toBeLessThanOrEqual(60);
     expect(JSON.parse(over.text).error.message).toMatch(/tokens per minute/);
   });
+
+  it('tokens_per_minute: a request refused in the queue, never sent, gives its tokens back', async () => {
+    const g = await gated();
+    const tenants = [
+      { name: 'tpm', api_key_sha256: sha('key-t'), class: 'interactive', tokens_per_minute: 1200 },
+    ];
+    t = await startTestGateway({
+      backends: [{ name: 'g0', url: g.backend.url }],
+      config: { tenants, scheduler: { concurrency: { min: 1, max: 1, initial: 1 } } },
+    });
+    // One stream holds the backend's only slot (about 260 of the 1,200 tokens).
+    const holder = await openStream(t.url, CHAT, chat({ stream: true, max_tokens: 250 }), bearer('key-t'))
+      .response;
+    await holder.until((s) => s.includes('"role"'));
+    // Each of these is admitted (counted), then refused at once: it may not wait for the slot.
+    for (let i = 0; i < 8; i++) {
+      const refused = await post(t.url, CHAT, chat({ stream: true, max_tokens: 250 }), {
+        ...bearer('key-t'),
+        'x-slagate-no-queue': '1',
+      });
+      expect(JSON.parse(refused.text).error.code).toBe('queue_full');
+    }
+    g.releaseAll();
+    await holder.ended;
+    // Charged for the one it served only, the tenant still has room for another of ~260 tokens.
+    const again = post(t.url, CHAT, chat({ stream: true, max_tokens: 250 }), bearer('key-t'));
+    await waitFor(() => g.backend.hits.length === 2, 2000, 'the next request dispatched');
+    g.releaseAll();
+    expect((await again).status).toBe(200);
+  });
 });
 
 describe('fairness by work between tenants of one class', () => {

@@ -1,0 +1,37 @@
+// The tenant usage table (src/state/tenants.ts): a refunded lease's tokens leave the window, and
+// every tenant in use is tracked whatever their number, idle ones making room.
+import { describe, expect, it } from 'vitest';
+import { TenantUsageTable } from '../../src/state/tenants.ts';
+
+describe('TenantUsageTable', () => {
+  it('a lease ended with a refund takes its tokens out of the window, once', () => {
+    const table = new TenantUsageTable();
+    const kept = table.lease('a', 300, 10_000);
+    const refunded = table.lease('a', 200, 25_000);
+    expect(table.local('a', 25_000)).toEqual({ inflight: 2, tokens: 500 });
+    refunded.end(true);
+    refunded.end(true);
+    kept.end();
+    expect(table.local('a', 25_000)).toEqual({ inflight: 0, tokens: 300 });
+    // A refund after its bucket left the window takes nothing from newer tokens.
+    const late = table.lease('a', 50, 30_000);
+    table.lease('a', 70, 95_000).end();
+    late.end(true);
+    expect(table.local('a', 95_000).tokens).toBe(70);
+  });
+
+  it('past its size, drops idle tenants to make room, and never stops counting one in use', () => {
+    const table = new TenantUsageTable({ bucketMs: 1_000, buckets: 60, sweepAt: 3 });
+    const busy = ['a', 'b', 'c'].map((name) => table.lease(name, 100, 0));
+    // Every slot taken by a tenant in use: a fourth is still counted (its limits still apply).
+    table.lease('d', 100, 1_000);
+    expect(table.local('d', 1_000)).toEqual({ inflight: 1, tokens: 100 });
+    expect(table.size).toBe(4);
+    // a, b and c end, and a minute later their tokens have left: idle, dropped for the next one.
+    for (const l of busy) l.end();
+    table.lease('e', 10, 61_500);
+    expect(table.size).toBe(2);
+    expect(table.local('d', 61_500)).toEqual({ inflight: 1, tokens: 0 });
+    expect(table.local('e', 61_500)).toEqual({ inflight: 1, tokens: 10 });
+  });
+});
