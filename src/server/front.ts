@@ -11,6 +11,7 @@
 //       │       answered here: the envelope with x-request-id, the record ended refused
 //       │
 //       └── anything else ──▶ fastify: models, ops routes, dashboard, 404 / 405
+//               504 and the connection closed when its body is not all in by the request deadline
 //
 // Why the inference routes skip fastify: per request it built a request and a reply, routed, ran
 // hooks and a content-type parser, and then the handler took the raw response over anyway. Serving
@@ -103,11 +104,43 @@ export function frontDoor(
     const endpoint = method === 'POST' && path !== null ? ENDPOINT_OF.get(path) : undefined;
     if (endpoint === undefined || record === null) {
       (req as Marked)[FACTS] = { id, record };
+      bodyDeadline(rt, req, res, id, record);
       fallback(req, res);
       return;
     }
     serveInference(rt, endpoint, req, res, id, record, bodyLimit);
   };
+}
+
+/**
+ * Invariant: no request holds its connection by never finishing its body. fastify waits for a
+ * body before it routes (a POST to /healthz, or to a /v1 path it answers 404), with no deadline of
+ * its own, and node:http's requestTimeout is off (app.ts); so a request fastify gets that is not
+ * all in by the request deadline (upstream.first_token_timeout_ms, as for the inference routes'
+ * bodies, body.ts) is answered 504 and its connection closed.
+ */
+function bodyDeadline(
+  rt: Runtime,
+  req: IncomingMessage,
+  res: ServerResponse,
+  id: string,
+  record: RequestRecord | null,
+): void {
+  const timer = setTimeout(() => {
+    if (req.complete || res.writableEnded) return;
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    const err = new GatewayError(
+      'first_token_timeout',
+      'The request body did not arrive within the request deadline.',
+    );
+    noteRefusal(rt, id, record, err, err);
+    writeErrorResponse(res, err, { 'x-request-id': id, connection: 'close' });
+  }, rt.config.upstream.first_token_timeout_ms);
+  timer.unref();
+  res.once('close', () => clearTimeout(timer));
 }
 
 function beginRecord(rt: Runtime, id: string, res: ServerResponse): RequestRecord {

@@ -276,6 +276,36 @@ describe('26: the front door reads the body as fastify did', () => {
     expect(await t.recordOf('stalled')).toMatchObject({ outcome: 'refused', reason: 'first_token_timeout' });
     expect(b.hits).toHaveLength(0);
   });
+
+  it('the same on a route fastify serves (which waits for a body before it routes): 504, closed', async () => {
+    const b = await backend(healthyStream);
+    const t = await gateway({
+      backends: [{ name: 'b0', url: b.url }],
+      config: { upstream: { first_token_timeout_ms: 300 } },
+    });
+    for (const path of ['/healthz', '/v1/embeddings']) {
+      const socket = connect(Number(new URL(t.url).port), '127.0.0.1');
+      await once(socket, 'connect');
+      const reply: Buffer[] = [];
+      socket.on('data', (c: Buffer) => reply.push(c));
+      socket.write(
+        `POST ${path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+          'content-length: 100000\r\nx-request-id: slow-body\r\n\r\n{"a":',
+      );
+      await once(socket, 'close');
+      const text = Buffer.concat(reply).toString('utf8');
+      expect(text).toMatch(/^HTTP\/1\.1 504 /);
+      expect(text.toLowerCase()).toContain('connection: close');
+      expect(errorOf(text.slice(text.indexOf('\r\n\r\n') + 4))).toMatchObject({
+        code: 'first_token_timeout',
+      });
+    }
+    // The /v1 path had a record: ended refused, once.
+    expect(await t.recordOf('slow-body')).toMatchObject({
+      outcome: 'refused',
+      reason: 'first_token_timeout',
+    });
+  });
 });
 
 /** A gateway in front of one simulated replica whose context length is 256 tokens. */
