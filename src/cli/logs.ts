@@ -206,7 +206,18 @@ export function prettyLine(r: LogRecord): string {
     if (r.reason !== 'ok' && r.reason !== r.outcome) parts.push(r.reason);
   }
   if (r.error && r.error !== r.reason && r.error !== r.outcome) parts.push(`(${r.error})`);
-  return parts.join(' ').trimEnd();
+  return visible(parts.join(' ').trimEnd());
+}
+
+// C0 and C1 controls and DEL. A record's strings may carry a client's (the model a request named,
+// its path, a backend's message that echoes them): JSON escapes them in the log, and printed raw a
+// newline would forge a line of its own and an escape sequence would hide text on the terminal.
+// biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is the point
+const CONTROLS = /[\u0000-\u001f\u007f-\u009f]/g;
+
+/** `s` with every control character written as its JSON escape, so one record is one line. */
+function visible(s: string): string {
+  return s.replace(CONTROLS, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
 }
 
 function vsTarget(v: number | null, target: number | null): string {

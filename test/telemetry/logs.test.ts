@@ -442,6 +442,47 @@ describe('slagate logs', () => {
     );
   });
 
+  it('prints a client’s control characters as escapes: one record is one line, and no escape sequence reaches the terminal', () => {
+    const forged = 'nope\n09:00:00.000 admin-req-1  interactive  ok  gpu-0  MET\u001b[8m\u009b2K';
+    const line = prettyLine({
+      req_id: 'req-e',
+      tenant: null,
+      class: 'interactive',
+      model: forged,
+      stream: true,
+      prompt_tokens_est: 10,
+      prompt_tokens: null,
+      completion_tokens: null,
+      max_tokens: 10,
+      prefix_blocks: 0,
+      prefix_hit_est: null,
+      decision: 'refused',
+      reason: 'model_not_found',
+      outcome: 'refused',
+      backend: null,
+      attempts: 0,
+      predicted_ttft_ms: null,
+      runner_up: null,
+      runner_up_predicted_ttft_ms: null,
+      failed_attempts: [],
+      queue_ms: null,
+      ttft_ms: null,
+      tpot_ms: null,
+      e2e_ms: 1,
+      ttft_target_ms: 500,
+      tpot_target_ms: 50,
+      sla_met: null,
+      error: `The model '${forged}' does not exist.`,
+    });
+    const controls = [...line].filter((c) => {
+      const n = c.charCodeAt(0);
+      return n < 0x20 || (n >= 0x7f && n <= 0x9f);
+    });
+    expect(controls).toEqual([]);
+    expect(line).toContain("(The model 'nope\\u000a09:00:00.000 admin-req-1");
+    expect(line).toContain('MET\\u001b[8m\\u009b2K');
+  });
+
   it('says a cancellation once in the pretty view', () => {
     const base = {
       req_id: 'req-d',
