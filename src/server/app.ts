@@ -117,6 +117,10 @@ export function buildApp(rt: Runtime): FastifyInstance {
     // A line about a request gets the request's context where it is written (requestLogger).
     childLoggerFactory: (logger) => logger,
     clientErrorHandler: (err, socket) => answerClientError(rt, err, socket),
+    // A path whose percent-encoding is broken (or a parameter too long): the gateway's envelope,
+    // not fastify's own body, which echoed the whole URL, query string and any credential in it.
+    frameworkErrors: (_err, _request, reply) =>
+      sendError(reply, new GatewayError('invalid_request', 'The request path is not a valid URL.')),
     // The server's requests meet the front door first; fastify gets what the door does not serve.
     serverFactory: (handler) => {
       const door = frontDoor(rt, handler as (req: IncomingMessage, res: ServerResponse) => void);

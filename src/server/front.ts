@@ -97,7 +97,7 @@ export function frontDoor(
     const method = req.method;
     let record: RequestRecord | null = null;
     // Every request under /v1 is inference-shaped (a 404 there included) except listing models.
-    // A path whose encoding is broken gets fastify's 400 and no record, as before the door existed.
+    // A path whose encoding is broken gets a 400 from fastify (frameworkErrors, app.ts), no record.
     if (path?.startsWith('/v1/') && !(path === '/v1/models' && (method === 'GET' || method === 'HEAD'))) {
       record = beginRecord(rt, id, res);
     }

@@ -621,6 +621,22 @@ describe('28: keys and the route allowlist', () => {
     expect(v1.length).toBe(probes.filter(([, p]) => p.startsWith('/v1/')).length);
     expect(recs.filter((r) => r.reason === 'method_not_allowed')).toHaveLength(wrong.length);
   });
+
+  it('a path whose percent-encoding is broken → 400 in the envelope, with the id, and the URL not echoed', async () => {
+    const b = await backend(healthyStream);
+    const t = await gateway({ backends: [{ name: 'b0', url: b.url }] });
+    for (const [method, path] of [
+      ['GET', '/v1/x%ZZ?api_key=SECRETQ'],
+      ['POST', '/v1/chat%ZZcompletions'],
+    ] as const) {
+      const res = await send(t.url, method, path, method === 'POST' ? {} : undefined);
+      expect(res.status, path).toBe(400);
+      expect(errorOf(res.text)).toMatchObject({ code: 'invalid_request', type: 'invalid_request_error' });
+      expect(res.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);
+      expect(res.text).not.toContain('SECRETQ');
+    }
+    expect(b.hits).toHaveLength(0);
+  });
 });
 
 describe('what a client sends is bounded and kept out of the log', () => {
