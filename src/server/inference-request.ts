@@ -5,6 +5,9 @@
 import { GatewayError } from '../errors/index.ts';
 import { type AssembleKind, assemblable, type ClientMode } from '../upstream/index.ts';
 
+/** The most choices one request may ask for (`n`), as OpenAI's API allows. */
+export const MAX_N = 128;
+
 export type Endpoint = 'chat' | 'completions';
 
 export const ENDPOINT_PATHS: Readonly<Record<Endpoint, string>> = Object.freeze({
@@ -177,6 +180,11 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
   const n = body.n;
   if (n !== undefined && n !== null && !(Number.isInteger(n) && (n as number) >= 1)) {
     throw invalid("'n' must be an integer of at least 1", 'n');
+  }
+  // OpenAI's own bound. vLLM sets none and fans a request out into n sequences: `"n": 1e300`, an
+  // integer to JSON, would be work no replica can hold, and a count no ledger can add exactly.
+  if (typeof n === 'number' && n > MAX_N) {
+    throw invalid(`'n' must be at most ${MAX_N}`, 'n');
   }
   // Several choices come interleaved in one stream, where the gateway's TTFT and TPOT would be
   // the fastest choice's; a non-streamed request with n > 1 is passed through whole.

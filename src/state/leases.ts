@@ -38,10 +38,20 @@ export function addCounts(into: InflightCounts, c: InflightCounts): void {
   into.pendingPrefillTokens += c.pendingPrefillTokens;
 }
 
-/** Non-negative finite integer, so one bad caller value cannot poison a shared counter. */
+/**
+ * A lease's tokens counted at most this many: sums of up to 2^21 such leases stay exact integers
+ * (below 2^53), so adding and then subtracting one leaves every other lease's part intact.
+ */
+export const MAX_LEASE_COUNT = 2 ** 32;
+
+/**
+ * Non-negative integer at most MAX_LEASE_COUNT, so one bad caller value cannot poison a shared
+ * counter: not a NaN, and not a finite 1e300, which absorbs every other lease's add and subtract
+ * while it is open and leaves the counter off by their sum for good.
+ */
 function count(v: number | undefined, fallback: number): number {
   const n = v === undefined ? fallback : v;
-  return Number.isFinite(n) && n > 0 ? Math.round(n) : 0;
+  return Number.isFinite(n) && n > 0 ? Math.min(Math.round(n), MAX_LEASE_COUNT) : 0;
 }
 
 /** Begins a lease on `counts`. */

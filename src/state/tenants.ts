@@ -11,6 +11,8 @@
 // table reaches MAX_TENANTS, so it holds at most the tenants active in the last minute: config
 // names only (the authenticator gives no other), including those a reload removed while in use.
 
+import { MAX_LEASE_COUNT } from './leases.ts';
+
 /** Tenants tracked before idle ones are dropped; the peers' view merges at most this many (snapshot.ts). */
 export const MAX_TENANTS = 4096;
 
@@ -135,7 +137,8 @@ export class TenantUsageTable {
   lease(tenant: string, tokens: number, now: number): TenantLease {
     const t = this.#tenant(tenant, now);
     t.inflight++;
-    const charged = Number.isFinite(tokens) && tokens > 0 ? tokens : 0;
+    // Bounded as a backend lease's counts are (leases.ts), so that the window's sums stay exact.
+    const charged = Number.isFinite(tokens) && tokens > 0 ? Math.min(tokens, MAX_LEASE_COUNT) : 0;
     t.window.add(now, charged);
     let open = true;
     return {

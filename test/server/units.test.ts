@@ -116,6 +116,13 @@ describe('parseInferenceRequest', () => {
     expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, n: 1.5 }))).toBe(
       'invalid_request:n',
     );
+    // At most OpenAI's 128: 1e300 is an integer to JSON.
+    expect(parseInferenceRequest('chat', { model: 'm', messages: msg, n: 128 }).mode).toBe('passthrough');
+    for (const n of [129, 1e300]) {
+      expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, n }))).toBe(
+        'invalid_request:n',
+      );
+    }
     expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, max_tokens: 1.5 }))).toBe(
       'invalid_request:max_tokens',
     );

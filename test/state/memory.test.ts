@@ -58,6 +58,18 @@ describe('LiveState with the memory store', () => {
     });
     expect(s.load('gpu-1')).toBe(1);
     expect(s.backendView('gpu-1')?.localInflight.requests).toBe(1);
+    // A huge finite count (`"max_tokens": 1e300`) open alongside others does not absorb theirs.
+    const huge = s.lease('gpu-0', { promptTokens: 10, expectedOutputTokens: 1e300 });
+    const small = s.lease('gpu-0', { promptTokens: 10, expectedOutputTokens: 3 });
+    huge.end();
+    expect(s.inflight('gpu-0').expectedOutputTokens).toBe(3);
+    small.end();
+    expect(s.inflight('gpu-0')).toEqual({
+      requests: 0,
+      promptTokens: 0,
+      expectedOutputTokens: 0,
+      pendingPrefillTokens: 0,
+    });
   });
 
   it("a tenant's tokens leave the minute's window where they were counted; what this instance never saw leaves within the minute", () => {
