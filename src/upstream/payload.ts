@@ -9,10 +9,11 @@
 // parsers, Python's json that vLLM reads requests with among them, keep the last of duplicate
 // keys, so an appended `stream` overrides the client's). The parsed `stream_options` is merged,
 // not replaced: the client's other options (continuous_usage_stats, ...) go through.
-// When the raw bytes are not a plain object text (absent, a byte-order mark, trailing bytes after
-// the object) or not valid UTF-8 (the body parser decodes any body as UTF-8, replacing what is
-// not; vLLM's parser would refuse the bytes), the body is re-serialised instead: same result,
-// slower.
+// A leading UTF-8 byte-order mark is dropped (the body parser skips it too). When the raw bytes
+// are not a plain object text (absent, trailing bytes after the object) or not valid UTF-8 (vLLM's
+// parser would refuse the bytes), the body is re-serialised instead: the same JSON value, slower,
+// except that a number beyond double precision (a 64-bit seed) is rounded as JSON.parse read it;
+// spliced bytes keep it exact.
 import { isUtf8 } from 'node:buffer';
 
 const CLOSE_BRACE = 0x7d;
@@ -59,7 +60,7 @@ function overrides(spec: PayloadSpec): Record<string, unknown> {
 export function upstreamPayload(spec: PayloadSpec): Buffer {
   const set = overrides(spec);
   const keys = Object.keys(set);
-  const raw = spec.raw !== null && isUtf8(spec.raw) ? spec.raw : null;
+  const raw = spec.raw !== null && isUtf8(spec.raw) ? withoutBom(spec.raw) : null;
   if (keys.length === 0 && raw !== null) return raw;
   const close = raw === null ? -1 : closingBrace(raw);
   if (raw === null || close < 0) return Buffer.from(JSON.stringify({ ...spec.body, ...set }));
@@ -72,6 +73,11 @@ export function upstreamPayload(spec: PayloadSpec): Buffer {
   const end = close + out.write(tail, close);
   out[end] = CLOSE_BRACE;
   return out;
+}
+
+/** `raw` past a leading UTF-8 byte-order mark (EF BB BF), if it has one. */
+function withoutBom(raw: Buffer): Buffer {
+  return raw.length >= 3 && raw[0] === 0xef && raw[1] === 0xbb && raw[2] === 0xbf ? raw.subarray(3) : raw;
 }
 
 /**
