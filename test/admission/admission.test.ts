@@ -437,6 +437,9 @@ describe('predicted TTFT', () => {
     tick(SHED_WINDOW_MS + 1);
     admission.noteRefused({ sheddable: false, noQueue: true }, 'queue_full');
     expect(codeOf(() => admission.admit(req(batch)))).toBe('admitted');
+    // Nor one that found room only where it would be late, and may not wait for a busy backend.
+    admission.noteRefused({ sheddable: false, noQueue: true }, 'queue_timeout');
+    expect(codeOf(() => admission.admit(req(batch)))).toBe('admitted');
   });
 
   it("keeps the predictor's error: median and P90 of |predicted − actual| / actual, and the bias", () => {
