@@ -208,11 +208,11 @@ export class SlagateQueue implements QueueDiscipline {
   }
 
   /**
-   * Entries of more urgent classes (smaller priority); of other classes of the same priority,
-   * those with a smaller key (classes of one priority compete by key); plus, in its own class, the
-   * tenant's own entries with a smaller key and, from every other tenant, at most as many as the
-   * tenant's own plus one (the tenants take turns by work). An estimate: aging and the exact
-   * counters move it.
+   * Entries of more urgent classes (smaller priority); of every other class, those with a smaller
+   * key (classes compete by key: a less urgent entry that has waited longer than its aging offset
+   * leaves first); plus, in its own class, the tenant's own entries with a smaller key and, from
+   * every other tenant, at most as many as the tenant's own plus one (the tenants take turns by
+   * work). An estimate: aging and the exact counters move it.
    */
   aheadOf(req: ScheduledRequest, key: number): number {
     let n = 0;
@@ -223,10 +223,7 @@ export class SlagateQueue implements QueueDiscipline {
         continue;
       }
       if (c.name !== req.className) {
-        if (c.priority === req.priority) {
-          for (const t of c.tenants.values())
-            for (const e of t.heap.values()) if (alive(e) && e.key < key) n++;
-        }
+        for (const t of c.tenants.values()) for (const e of t.heap.values()) if (alive(e) && e.key < key) n++;
         continue;
       }
       const own = c.tenants.get(req.tenant);

@@ -215,6 +215,20 @@ describe('SlagateQueue', () => {
     expect(drain(q).indexOf('probe')).toBe(6);
   });
 
+  it('counts the entries of a less urgent class that have aged past a new request, by key', () => {
+    const q = new SlagateQueue(() => AGING);
+    // Batch (priority 2) entries keyed 2 × AGING later than they came; queued long enough ago,
+    // they leave before an interactive request that comes now.
+    for (let i = 0; i < 5; i++) entry(q, 0, { reqId: `old${i}`, className: 'batch', priority: 2 });
+    for (let i = 0; i < 3; i++) entry(q, 2_500, { reqId: `new${i}`, className: 'batch', priority: 2 });
+    const probe = req({ reqId: 'probe', priority: 0 });
+    const key = q.keyFor(probe, 2_500);
+    expect(q.aheadOf(probe, key)).toBe(5);
+    const e: QueueEntry = { req: probe, queuedAt: 2_500, key, state: 'queued' };
+    q.push(e);
+    expect(drain(q).indexOf('probe')).toBe(5);
+  });
+
   it('a scan shows entries in leaving order; a passed one keeps its place, and is not charged to its tenant', () => {
     const q = new SlagateQueue(() => AGING);
     // Tenant a: two entries; tenant b: one. Equal counters: the smallest key leaves first.
