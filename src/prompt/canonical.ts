@@ -35,6 +35,8 @@ const MEDIA_FILLER = '\u0001'.repeat(MEDIA_PART_TOKENS * BLOCK_CHARS_PER_TOKEN);
 const MEDIA_STRING_WHOLE = 4096;
 const MEDIA_SAMPLES = 32;
 const MEDIA_SAMPLE_CHARS = 128;
+/** Media parts of one prompt given the filler; later ones are their digest alone. */
+const MAX_FILLED_MEDIA = 16;
 /** More tokens than this for one part is taken for a miscount, not learnt from. */
 const MAX_MEDIA_PART_TOKENS = 100_000;
 
@@ -163,9 +165,11 @@ class CanonicalText {
       for (const part of c) {
         if (!first) this.text('\n');
         first = false;
-        if (isRecord(part) && part.type === 'text' && typeof part.text === 'string')
-          this.piece('t', part.text);
-        else this.media(part);
+        const text = partText(part);
+        if (text !== null) this.piece('t', text);
+        else if (isRecord(part) && typeof part.type === 'string') this.media(part);
+        // Not a part at all (vLLM refuses the request): named by its JSON, nothing counted.
+        else this.opaque(JSON.stringify(part) ?? '');
       }
     }
     if (m.tool_calls !== undefined && m.tool_calls !== null) this.piece('c', JSON.stringify(m.tool_calls));
@@ -182,10 +186,12 @@ class CanonicalText {
    * length and in all 32 samples of 128 characters are taken for one, which costs a misrouted
    * request, never a wrong answer (the backend's cache keys on the image itself).
    */
-  media(part: unknown): void {
-    const named = JSON.stringify(part, digestLongStrings) ?? '';
+  media(part: Record<string, unknown>): void {
+    const named = JSON.stringify(part, digestLongStrings);
     this.opaque(`\u0000m${named.length}\u0000${named}`);
-    this.opaque(MEDIA_FILLER);
+    // The filler's hashing is bounded per request, not per part: past MAX_FILLED_MEDIA parts a
+    // part is its digest alone (a request of thousands of tiny parts is not thousands of fillers).
+    if (this.mediaParts < MAX_FILLED_MEDIA) this.opaque(MEDIA_FILLER);
     this.mediaParts++;
   }
 
@@ -193,6 +199,24 @@ class CanonicalText {
   piece(kind: string, s: string): void {
     this.opaque(`\u0000${kind}${s.length}\u0000`);
     this.text(s);
+  }
+}
+
+/**
+ * The text of a content part vLLM reads as text (`text`, the Responses API's `input_text` and
+ * `output_text`, an assistant's `refusal`), else null.
+ */
+export function partText(part: unknown): string | null {
+  if (!isRecord(part)) return null;
+  switch (part.type) {
+    case 'text':
+    case 'input_text':
+    case 'output_text':
+      return typeof part.text === 'string' ? part.text : null;
+    case 'refusal':
+      return typeof part.refusal === 'string' ? part.refusal : null;
+    default:
+      return null;
   }
 }
 

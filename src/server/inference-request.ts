@@ -3,7 +3,11 @@
 // this file checks only what the gateway reads; vLLM validates the rest.
 
 import { GatewayError } from '../errors/index.ts';
+import { partText } from '../prompt/canonical.ts';
 import { type AssembleKind, assemblable, type ClientMode } from '../upstream/index.ts';
+
+/** The most content parts (texts, images) a chat request's messages may hold together. */
+export const MAX_CONTENT_PARTS = 4096;
 
 /** The most choices one request may ask for (`n`), as OpenAI's API allows. */
 export const MAX_N = 128;
@@ -69,7 +73,8 @@ function messageText(content: unknown, index: number): string {
     // Text parts joined by newlines, as vLLM renders them; other parts (images) are the backend's.
     const texts: string[] = [];
     for (const part of content) {
-      if (isRecord(part) && part.type === 'text' && typeof part.text === 'string') texts.push(part.text);
+      const text = partText(part);
+      if (text !== null) texts.push(text);
     }
     return texts.join('\n');
   }
@@ -84,6 +89,13 @@ function promptParts(endpoint: Endpoint, body: Record<string, unknown>): PromptP
     const messages = body.messages;
     if (!Array.isArray(messages) || messages.length === 0) {
       throw invalid("'messages' must be a non-empty array", 'messages');
+    }
+    // Each part is rendered and hashed on the event loop (src/prompt): a body of millions of
+    // tiny parts would hold it for seconds.
+    let parts = 0;
+    for (const m of messages) if (isRecord(m) && Array.isArray(m.content)) parts += m.content.length;
+    if (parts > MAX_CONTENT_PARTS) {
+      throw invalid(`'messages' may hold at most ${MAX_CONTENT_PARTS} content parts in all`, 'messages');
     }
     return messages.map((m, i) => {
       if (!isRecord(m) || typeof m.role !== 'string') {

@@ -268,6 +268,46 @@ describe('TokenEstimate', () => {
     expect(est.tokens(withImage)).toBe(781);
   });
 
+  it('parts vLLM reads as text are text; only the first 16 images get their filler', () => {
+    const est = new TokenEstimate();
+    const texts = promptBlocks(
+      chat([
+        {
+          role: 'assistant',
+          content: [
+            { type: 'input_text', text: 'hello there' },
+            { type: 'output_text', text: 'general kenobi' },
+            { type: 'refusal', refusal: 'no' },
+          ],
+        },
+      ]),
+      BLOCK,
+    );
+    expect(texts.mediaParts).toBe(0);
+    expect(texts.textChars).toBe('assistant\n'.length + 11 + 1 + 14 + 1 + 2 + 2);
+    expect(est.tokens(texts)).toBeLessThan(20);
+    const images = (k: number) =>
+      promptBlocks(
+        chat([
+          {
+            role: 'user',
+            content: Array.from({ length: k }, (_, i) => ({
+              type: 'image_url',
+              image_url: { url: `http://x/${i}` },
+            })),
+          },
+        ]),
+        BLOCK,
+      );
+    const filler = (MEDIA_PART_TOKENS * BLOCK_CHARS_PER_TOKEN) / CHARS;
+    // Thousands of tiny image parts cost 16 fillers' worth of blocks, plus their own short JSON.
+    const many = images(2_000);
+    expect(many.mediaParts).toBe(2_000);
+    // (With a filler each, 2,000 × 36 blocks.)
+    expect(many.hashes.length).toBeLessThan(16 * filler + (2_000 * 80) / CHARS);
+    expect(images(16).hashes.length).toBeGreaterThanOrEqual(16 * filler);
+  });
+
   it('an image costs the index the same blocks whatever its size, and still names its content', () => {
     const base64 = (n: number, seed: number) => {
       const rng = new Rng(seed);

@@ -116,6 +116,16 @@ describe('parseInferenceRequest', () => {
     expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, n: 1.5 }))).toBe(
       'invalid_request:n',
     );
+    // At most 4,096 content parts over all messages.
+    const parts = (k: number) => Array.from({ length: k }, () => ({ type: 'text', text: 'x' }));
+    const twoMessages = (k: number) => [
+      { role: 'user', content: parts(k) },
+      { role: 'user', content: parts(k) },
+    ];
+    expect(() => parseInferenceRequest('chat', { model: 'm', messages: twoMessages(2048) })).not.toThrow();
+    expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: twoMessages(2049) }))).toBe(
+      'invalid_request:messages',
+    );
     // At most OpenAI's 128: 1e300 is an integer to JSON.
     expect(parseInferenceRequest('chat', { model: 'm', messages: msg, n: 128 }).mode).toBe('passthrough');
     for (const n of [129, 1e300]) {
