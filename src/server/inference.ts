@@ -101,10 +101,11 @@ export async function handleInference(
   const shutdown = rt.lifecycle.enter();
   const ticket = rt.scheduler.ticket(admitted.scheduled);
   const responseHeaders = { 'x-request-id': request.id, 'x-slagate-class': identity.class };
-  // A request that never reached a backend (refused or cancelled while it waited, no backend) is
-  // not charged to its tenant's tokens per minute: a tenant retrying through an overload, as
-  // Retry-After tells it to, would otherwise spend its budget without being served once.
-  let dispatched = true;
+  // A request that never reached an engine (refused or cancelled while it waited, no backend,
+  // every attempt refused a connection) is not charged to its tenant's tokens per minute: a tenant
+  // retrying through an overload, as Retry-After tells it to, would otherwise spend its budget
+  // without being served once.
+  let reachedEngine = true;
   try {
     const result = await proxyRequest(
       {
@@ -127,7 +128,7 @@ export async function handleInference(
       rt.proxy,
       rt.retryBudget,
     );
-    dispatched = result.attempts > 0;
+    reachedEngine = result.reachedEngine;
     // The client has its answer: the record and what it teaches wait for the next request (afterwork.ts).
     rt.afterwork.defer(() => finishProxied(rt, record, got, admitted, ticket, result));
   } catch (err) {
@@ -147,7 +148,7 @@ export async function handleInference(
       error: err instanceof Error ? err.message : String(err),
     });
   } finally {
-    admitted.tenantLease.end(!dispatched);
+    admitted.tenantLease.end(!reachedEngine);
     rt.lifecycle.leave(shutdown);
   }
 }

@@ -14,7 +14,7 @@
 //   hist = [count, sum, bin, n, bin, n, ...]   (see histogram.ts; t = TTFT, o = TPOT, q = queue)
 
 import { type BackendState, RemoteBackend } from './backend-state.ts';
-import { MAX_TENANTS, type RemoteTenant, type TenantUsage } from './tenants.ts';
+import { MAX_REMOTE_TENANTS, type RemoteTenant, type TenantUsage } from './tenants.ts';
 import type { LatencyMetric } from './window.ts';
 
 const VERSION = 2;
@@ -102,7 +102,7 @@ export function mergeSnapshots(
     }
     if (isObject(snap.t)) {
       for (const [name, raw] of Object.entries(snap.t)) {
-        if (!isCounts(raw, 2) || (!tenants.has(name) && tenants.size >= MAX_TENANTS)) continue;
+        if (!isCounts(raw, 2) || (!tenants.has(name) && tenants.size >= MAX_REMOTE_TENANTS)) continue;
         const t = tenants.get(name) ?? { inflight: 0, tokens: 0 };
         t.inflight += raw[0] as number;
         t.tokens += raw[1] as number;

@@ -13,8 +13,14 @@
 
 import { MAX_LEASE_COUNT } from './leases.ts';
 
-/** Tenants tracked before idle ones are dropped; the peers' view merges at most this many (snapshot.ts). */
+/** Tenants tracked before idle ones are dropped. */
 export const MAX_TENANTS = 4096;
+
+/**
+ * Tenants the peers' merged view holds at most (snapshot.ts): their snapshots carry only tenants
+ * in use, config names, so this bounds memory against a corrupt snapshot, far above any config.
+ */
+export const MAX_REMOTE_TENANTS = 65_536;
 
 export interface TenantUsage {
   /** Requests admitted and not yet ended, all live instances. */
@@ -25,8 +31,9 @@ export interface TenantUsage {
 
 export interface TenantLease {
   /**
-   * Ends the lease. With `refund`, the request never reached a backend (refused or cancelled while
-   * it waited, or no backend to send it to): its tokens leave the window too, as if never admitted.
+   * Ends the lease. With `refund`, the request never reached a backend's engine (refused or
+   * cancelled while it waited, no backend, every attempt refused a connection): its tokens leave
+   * the window too, as if never admitted.
    */
   end(refund?: boolean): void;
 }

@@ -120,6 +120,11 @@ export interface ProxyResult {
   backend: string | null;
   attempts: number;
   attemptLog: AttemptRecord[];
+  /**
+   * Some attempt may have reached an engine (failure.ts, reachedEngine): false when none was made,
+   * or every one was refused a connection or reset before its response head.
+   */
+  reachedEngine: boolean;
   committed: boolean;
   /** Status sent to the client, or null when it was gone before anything was sent. */
   status: number | null;
@@ -172,6 +177,7 @@ interface LoopState {
   /** The last attempt that rejected the request (a relayed 4xx or an in-band rejection). */
   rejection: AttemptEnd | null;
   queueMs: number;
+  reachedEngine: boolean;
 }
 
 async function attemptLoop(
@@ -198,6 +204,7 @@ async function attemptLoop(
     refusal: null,
     rejection: null,
     queueMs: 0,
+    reachedEngine: false,
   };
   let engineRetries = 0;
   // The backend whose in-band rejection waits for a second backend's answer.
@@ -308,6 +315,7 @@ async function attemptLoop(
       status: end.status,
     });
     const f = end.failure;
+    if (f === null || f.reachedEngine) s.reachedEngine = true;
     if (end.kind === 'rejected' || f?.unconfirmedRejection) s.rejection = end;
     if (f?.unconfirmedRejection) {
       // A second backend rejected the request too: it is the request's.
@@ -419,6 +427,7 @@ function result(s: LoopState, e: Ending, lat: Latencies | null, e2eMs: number): 
     backend: s.lastBackend?.name ?? null,
     attempts: s.log.length,
     attemptLog: s.log,
+    reachedEngine: s.reachedEngine,
     committed: last?.committed ?? false,
     status: e.status,
     errorCode: e.errorCode,

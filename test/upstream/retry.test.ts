@@ -63,6 +63,18 @@ describe('retries before the commit point (item 3)', () => {
       ['b0', 'connect_error'],
       ['b1', null],
     ]);
+    expect(result.reachedEngine).toBe(true);
+  });
+
+  it('says no engine was reached when every attempt was refused a connection', async () => {
+    const set = makeSet([await deadUrl(), await deadUrl()]);
+    const gw = await gateway({ set });
+    cleanups.push(() => set.close(), gw.close);
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(502);
+    expect(result.attemptLog.map((a) => a.reason)).toEqual(['connect_error', 'connect_error']);
+    expect(result.reachedEngine).toBe(false);
   });
 
   it('a 503, a reset and a first-token timeout each move the request to another backend', async () => {
