@@ -137,6 +137,11 @@ function bodyDeadline(
       'The request body did not arrive within the request deadline.',
     );
     noteRefusal(rt, id, record, err, err);
+    // fastify never gets the rest of the body (its handler would answer a second time) and the
+    // connection goes as soon as the answer is written.
+    req.removeAllListeners('data');
+    req.removeAllListeners('end');
+    res.once('finish', () => req.socket.destroy());
     writeErrorResponse(res, err, { 'x-request-id': id, connection: 'close' });
   }, rt.config.upstream.first_token_timeout_ms);
   timer.unref();
