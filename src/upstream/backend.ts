@@ -104,6 +104,11 @@ export class Backend {
     return !this.#removed && (this.probe === null || this.probe.up) && !this.outlier.ejected();
   }
 
+  /** Its health probe has passed at least once (always, without a probe): what readiness waits for. */
+  get healthConfirmed(): boolean {
+    return this.probe === null || this.probe.confirmed;
+  }
+
   /** May take a new request now. A half-open backend is available only until its one trial starts. */
   get available(): boolean {
     return this.inService && breakerAdmits(this.breaker) && this.#trial === null;

@@ -1,8 +1,11 @@
-// Active health checking: GET <url><path> every interval on a dedicated one-connection client,
-// so probes never queue behind long streams in the backend's request pool. A backend starts up
-// (traffic is not refused while the first probe is pending); `unhealthyThreshold` consecutive
-// failed probes mark it down, `healthyThreshold` consecutive good ones (status 200) mark it up;
-// every probe's result is reported too (a passing one can end an outlier ejection).
+// Active health checking: GET <url><path> at start and then every interval, on a dedicated
+// one-connection client, so probes never queue behind long streams in the backend's request pool.
+// A backend starts up (traffic is not refused while the first probe is pending: a refused
+// connection is retried elsewhere at no cost to any engine), but not `confirmed` until a probe has
+// passed, and readiness waits for that (a gateway in front of replicas still loading their weights
+// is not ready); `unhealthyThreshold` consecutive failed probes mark it down, `healthyThreshold`
+// consecutive good ones (status 200) mark it up; every probe's result is reported too (a passing
+// one can end an outlier ejection).
 // Invariant: at most one probe is in flight and at most one timer is pending; stop() clears both.
 import { Client } from 'undici';
 
@@ -24,6 +27,7 @@ export class HealthProbe {
   #inflight: AbortController | null = null;
   #stopped = false;
   #up = true;
+  #confirmed = false;
   #streak = 0;
 
   constructor(
@@ -42,8 +46,16 @@ export class HealthProbe {
     return this.#up;
   }
 
+  /** A probe has passed (or probing is off: nothing to wait for). */
+  get confirmed(): boolean {
+    return this.#confirmed || this.#opts.intervalMs <= 0;
+  }
+
   start(): void {
-    if (this.#opts.intervalMs > 0) this.#schedule();
+    if (this.#opts.intervalMs <= 0) return;
+    void this.probe().then(() => {
+      if (!this.#stopped) this.#schedule();
+    });
   }
 
   /** One probe; updates the state and returns whether the backend answered 200 in time. */
@@ -63,6 +75,7 @@ export class HealthProbe {
       this.#inflight = null;
     }
     if (!this.#stopped) {
+      if (ok) this.#confirmed = true;
       this.#record(ok);
       this.#onResult(ok);
     }

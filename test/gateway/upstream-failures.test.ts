@@ -2,6 +2,7 @@
 // what the client gets, what the admission record says, and what happens to the backend.
 // Checklist items (research/reliability.md): 1, 2, 3, 6, 9, 10, 11, 15.
 import { afterEach, describe, expect, it } from 'vitest';
+import { deadUrl } from '../upstream/helpers.ts';
 import {
   chat,
   get,
@@ -213,6 +214,22 @@ describe('before the commit point (items 3, 6, 15)', () => {
       t = null;
       for (const b of backends) await b.close();
     }
+  });
+
+  it('readyz is not ready until a backend has answered its health probe once', async () => {
+    const dead = await deadUrl();
+    // Probes every minute: the dead replica is never marked down in this test, only never confirmed.
+    t = await startTestGateway({
+      backends: [{ name: 'dead', url: dead }],
+      config: { upstream: { health_interval_ms: 60_000 } },
+    });
+    const r = await get(t.url, '/readyz');
+    expect(r.status).toBe(503);
+    expect(JSON.parse(r.text)).toMatchObject({ status: 'not_ready', healthy_backends: 0 });
+    await t.close();
+    // A live one is confirmed by the probe at start, without waiting for the interval.
+    t = await startTestGateway({ replicas: 1, config: { upstream: { health_interval_ms: 60_000 } } });
+    await waitFor(async () => (await get(t!.url, '/readyz')).status === 200, 3000, 'readyz ready');
   });
 
   it('15: all replicas down → fast 503 no_healthy_backend with Retry-After, readyz not ready', async () => {
