@@ -90,6 +90,11 @@ export interface Grant {
   readonly cachedTokens: number;
   /** Prompt tokens it was expected to prefill. */
   readonly uncachedTokens: number;
+  /**
+   * cachedTokens ÷ the prompt's tokens; null when nothing was measured: no prompt tokens, or a
+   * prompt shorter than one index block, which the index cannot see whatever the backend holds.
+   */
+  readonly prefixHit: number | null;
   /** The router's best few candidates, best first, with their cost terms (the debug log line). */
   readonly candidates: readonly Candidate[];
 }
@@ -744,6 +749,10 @@ export class Scheduler {
       cachedBlocks: view.cachedBlocks,
       cachedTokens: view.cachedTokens,
       uncachedTokens: view.uncachedTokens,
+      prefixHit:
+        req.promptTokens > 0 && (req.route.blocks.length > 0 || view.cachedTokens > 0)
+          ? view.cachedTokens / req.promptTokens
+          : null,
       candidates: choice.ranked.slice(0, CANDIDATES_KEPT),
     };
     w.ticket.grants.push(grant);
@@ -1205,8 +1214,7 @@ class GrantedSlot implements Slot {
     this.meter = control.meter;
     this.firstTokenTimeoutMs = firstTokenTimeoutMs;
     this.predictedTtftMs = waiting.req.predictions.get(backend.name)?.totalMs ?? null;
-    const prompt = waiting.req.promptTokens;
-    this.prefixHit = prompt > 0 ? grant.cachedTokens / prompt : null;
+    this.prefixHit = grant.prefixHit;
   }
 
   prefillDone(): void {

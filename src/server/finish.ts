@@ -33,8 +33,8 @@ export function predictionFields(p: Prediction, backend: string | null): Admissi
 }
 
 /** The cached share of the prompt, rounded to a thousandth. */
-function hitShare(cachedTokens: number, promptTokens: number): number | null {
-  return promptTokens > 0 ? Math.round((cachedTokens / promptTokens) * 1000) / 1000 : null;
+function hitShare(hit: number | null): number | null {
+  return hit === null ? null : Math.round(hit * 1000) / 1000;
 }
 
 export function finishProxied(
@@ -63,8 +63,7 @@ export function finishProxied(
     failed_attempts: result.attemptLog
       .filter((a) => a.kind === 'failed' && a.reason !== null)
       .map((a) => ({ backend: a.backend, reason: a.reason as string })),
-    prefix_hit_est:
-      ticket.lastGrant === null ? null : hitShare(ticket.lastGrant.cachedTokens, got.promptTokens),
+    prefix_hit_est: hitShare(ticket.lastGrant?.prefixHit ?? null),
     queue_ms: result.queueMs,
     ttft_ms: result.ttftMs,
     tpot_ms: result.tpotMs,

@@ -294,12 +294,20 @@ function derivedTpot(e2e: number | null, ttft: number | null, completion: number
 }
 
 /**
+ * The client's own errors, as a backend answered them (a relayed 400, 413 or 501): not the
+ * fleet's to serve, as the same errors found by the gateway before admission are not.
+ */
+const CLIENT_ERRORS: ReadonlySet<string> = new Set(['invalid_request', 'body_too_large', 'not_implemented']);
+
+/**
  * Both class targets met (DistServe's "good" request). Not applicable (null) when refused, when the
- * client gave up, or without targets; unknown (null) when a completed request's TTFT was not
- * observable (a non-streamed body passed through whole). Any other failure after admission is a miss.
+ * client gave up, when a backend rejected the request as the client's error, or without targets;
+ * unknown (null) when a completed request's TTFT was not observable (a non-streamed body passed
+ * through whole). Any other failure after admission is a miss.
  */
 export function slaMet(r: AdmissionRecord): boolean | null {
   if (r.decision === 'refused' || r.outcome === 'refused' || r.outcome === 'client_cancelled') return null;
+  if (r.outcome === 'failed_before_commit' && CLIENT_ERRORS.has(r.reason)) return null;
   if (r.ttft_target_ms === null || r.tpot_target_ms === null) return null;
   if (r.outcome !== 'ok') return false;
   if (r.ttft_ms === null) return null;

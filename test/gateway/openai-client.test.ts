@@ -152,12 +152,22 @@ describe('response headers (DESIGN section 4)', () => {
     expect(res.headers['x-slagate-class']).toBe('interactive');
     // Measured: the time this request waited in the gateway's queue (none here), as the record says.
     expect(res.headers['x-slagate-queue-ms']).toMatch(/^\d+(\.\d)?$/);
-    // The router's estimate of the cached share: a first, unique prompt has nothing cached.
-    expect(res.headers['x-slagate-prefix-hit']).toBe('0');
+    // The router's estimate of the cached share: none for a prompt shorter than one index block,
+    // which the index cannot see (not measured, so no header)...
+    expect(res.headers['x-slagate-prefix-hit']).toBeUndefined();
+    // ...and 0 for a first, unique prompt it can see.
+    const long = await post(t.url, '/v1/chat/completions', {
+      model: MODEL,
+      messages: [{ role: 'user', content: `a first question ${'never asked before '.repeat(40)}` }],
+      max_tokens: 3,
+      stream: true,
+    });
+    expect(long.headers['x-slagate-prefix-hit']).toBe('0');
     const rec = await t.recordOf('client-id-42');
     expect(rec.backend).toBe(res.headers['x-slagate-backend']);
     expect(Number(res.headers['x-slagate-queue-ms'])).toBeCloseTo(rec.queue_ms!, 0);
-    expect(rec.prefix_hit_est).toBe(0);
+    expect(rec.prefix_hit_est).toBeNull();
+    expect(rec.prefix_blocks).toBe(0);
     // A prediction is sent only when there was one, and it is the one the record carries.
     const predicted = res.headers['x-slagate-predicted-ttft-ms'];
     if (rec.predicted_ttft_ms === null) expect(predicted).toBeUndefined();
