@@ -91,13 +91,14 @@ export function orderKeys(jsonSchema: object, value: unknown): unknown {
   if (branch) return orderKeys(branch, value);
   const ordered: Record<string, unknown> = {};
   for (const [key, sub] of Object.entries(schema.properties ?? {})) {
-    if (key in value) ordered[key] = orderKeys(sub, value[key]);
+    // Own keys only: `in` also finds what every object inherits (a class named `constructor`).
+    if (Object.hasOwn(value, key)) ordered[key] = orderKeys(sub, value[key]);
   }
   const patterns = Object.entries(schema.patternProperties ?? {}).map(
     ([p, sub]) => [new RegExp(p), sub] as const,
   );
   for (const key of Object.keys(value)) {
-    if (key in ordered) continue;
+    if (Object.hasOwn(ordered, key)) continue;
     const sub = patterns.find(([re]) => re.test(key))?.[1];
     ordered[key] = sub ? orderKeys(sub, value[key]) : value[key];
   }

@@ -201,6 +201,20 @@ describe('defaults', () => {
     expect(Object.keys(config).slice(0, 4)).toEqual(['server', 'models', 'backends', 'simulate']);
     expect(Object.keys(config.logging)).toEqual(['level', 'admission_log']);
   });
+
+  it('keep a class named like a property every object inherits', () => {
+    const c = base();
+    c.sla.default_class = 'constructor';
+    c.sla.classes = {
+      constructor: { ttft_p99_ms: 500, tpot_p99_ms: 50, priority: 0 },
+      toString: { ttft_p99_ms: 800, tpot_p99_ms: 60, priority: 1 },
+    };
+    c.tenants[0].class = 'constructor';
+    c.tenants[0].allowed_classes = ['constructor', 'toString'];
+    const config = parseConfig(stringify(c), 'x');
+    expect(Object.keys(config.sla.classes)).toEqual(['constructor', 'toString']);
+    expect(config.sla.classes.constructor).toMatchObject({ ttft_p99_ms: 500, tpot_p99_ms: 50 });
+  });
 });
 
 describe('the loaded configuration', () => {
