@@ -3,8 +3,11 @@
 // everything), hence every rule first checks the types it relies on.
 import { PROFILES } from '../sim/profiles.ts';
 import { isRecord, type Path } from './path.ts';
+import { ENV_NAME } from './schema.ts';
 import type { RawIssue } from './validate.ts';
 import { show } from './validate.ts';
+
+const ENV_NAME_RE = new RegExp(ENV_NAME);
 
 type Obj = Record<string, unknown>;
 
@@ -16,6 +19,7 @@ export function crossFieldIssues(config: Obj): RawIssue[] {
   const add = (path: Path, message: string) => issues.push({ path, message });
 
   duplicates(config.models, (m) => (typeof m === 'string' ? m : undefined), ['models'], 'model', add);
+  checkServer(config, add);
   checkBackends(config, add);
   checkSla(config, add);
   checkTenants(config, add);
@@ -29,12 +33,54 @@ type Add = (path: Path, message: string) => void;
 const RESERVED_LABEL = 'none';
 const RESERVED_MESSAGE = `"${RESERVED_LABEL}" is reserved: the metrics label requests that reached no backend or class with it`;
 
+/** The address the server listens on is a host, as `listen` takes it: no scheme, port or path. */
+function checkServer(config: Obj, add: Add): void {
+  const server = config.server;
+  if (!isRecord(server) || typeof server.host !== 'string') return;
+  if (/[/\s]/.test(server.host) || (server.host.includes(':') && !isIpv6(server.host))) {
+    add(
+      ['server', 'host'],
+      `must be a host name or an IP address, with no scheme, port or path (got ${show(server.host)})`,
+    );
+  }
+}
+
+/** An IPv6 address as `listen` takes it (no brackets), or an IPv4 one embedded in one. */
+function isIpv6(host: string): boolean {
+  return /^[0-9A-Fa-f:.]+$/.test(host) && host.split(':').length > 2;
+}
+
+/** A backend URL's origin (scheme, host, port), or undefined when it does not parse. */
+function originOf(url: unknown): string | undefined {
+  if (typeof url !== 'string') return undefined;
+  try {
+    return new URL(url).origin;
+  } catch {
+    return undefined;
+  }
+}
+
 function checkBackends(config: Obj, add: Add): void {
   const backends = list(config.backends);
   duplicates(backends, (b) => (isRecord(b) ? b.name : undefined), ['backends'], 'backend name', add, 'name');
+  // One server under two names would get two pools and two concurrency limits, and its own
+  // counts twice in every figure the gateway reads from it.
+  duplicates(
+    backends,
+    (b) => (isRecord(b) ? originOf(b.url) : undefined),
+    ['backends'],
+    'backend URL',
+    add,
+    'url',
+  );
   backends.forEach((backend, i) => {
     if (isRecord(backend) && backend.name === RESERVED_LABEL) add(['backends', i, 'name'], RESERVED_MESSAGE);
-    if (isRecord(backend) && typeof backend.api_key_env === 'string') {
+    // A value that is no variable name (the schema reports it) may be the key itself: not named here.
+    if (
+      isRecord(backend) &&
+      typeof backend.api_key_env === 'string' &&
+      ENV_NAME_RE.test(backend.api_key_env)
+    ) {
       const problem = apiKeyProblem(process.env[backend.api_key_env]);
       // The variable is named; its value, a secret, never is.
       if (problem)

@@ -14,7 +14,7 @@ const SHA256_HEX = '^[0-9a-f]{64}$';
 const HEADER_NAME = "^[a-z0-9!#$%&'*+.^_`|~-]+$";
 const PROFILE_NAME = '^[a-z0-9][a-z0-9._-]*$';
 const HOST_PORT = '^[A-Za-z0-9.:\\[\\]-]+:[0-9]{1,5}$';
-const ENV_NAME = '^[A-Za-z_][A-Za-z0-9_]*$';
+export const ENV_NAME = '^[A-Za-z_][A-Za-z0-9_]*$';
 
 /** What each pattern means, for error messages. */
 export const PATTERN_HINTS: Readonly<Record<string, string>> = {

@@ -53,9 +53,18 @@ function collect(schema: TSchema, value: unknown, prefix: Path): RawIssue[] {
   );
 }
 
+/**
+ * Keys whose value may be a secret written in the wrong place (a key where its variable's name
+ * belongs, a password in a sentinel's address): an issue there never shows the value it got.
+ */
+const SECRET_KEY = /api_key|password|secret|token|sentinels|cluster_nodes|redis_url/i;
+
 function translate(error: TLocalizedValidationError, root: TSchema, value: unknown): RawIssue[] {
   const path = pointerToPath(error.instancePath, value);
-  const actual = valueAt(value, path);
+  const raw = valueAt(value, path);
+  const secret = path.some((p) => typeof p === 'string' && SECRET_KEY.test(p));
+  // `show` of a stand-in: a string at such a key is never echoed, its type still is.
+  const actual = secret && typeof raw === 'string' ? SECRET_SHOWN : raw;
   const at = (message: string): RawIssue[] => [{ path, message }];
   switch (error.keyword) {
     case 'boolean':
@@ -143,7 +152,11 @@ function dedupe(issues: RawIssue[]): RawIssue[] {
   });
 }
 
+/** What an issue shows in place of a string that may be a secret. */
+const SECRET_SHOWN = Symbol('secret');
+
 export function show(value: unknown): string {
+  if (value === SECRET_SHOWN) return 'a value not shown here';
   if (value === undefined) return 'nothing';
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'a list';

@@ -202,6 +202,43 @@ describe('defaults', () => {
     expect(Object.keys(config.logging)).toEqual(['level', 'admission_log']);
   });
 
+  it('never show a secret written where a name or an address belongs', () => {
+    const issues = issuesFor((c) => {
+      c.backends[0].api_key_env = 'sk-live-9f8eSECRET1';
+      c.tenants[0].api_key_sha256 = 'sk-proj-SECRET2';
+      c.state = {
+        store: 'redis',
+        topology: 'sentinel',
+        redis_url: 'redis://h:6379',
+        sentinels: ['redis://:S3CRET3@10.0.0.6:26379'],
+      };
+    });
+    const paths = issues.map((i) => i.path);
+    expect(paths).toEqual(
+      expect.arrayContaining(['backends[0].api_key_env', 'tenants[0].api_key_sha256', 'state.sentinels[0]']),
+    );
+    for (const i of issues) expect(i.message).not.toMatch(/SECRET/);
+  });
+
+  it('a listen address with a scheme or a port, and one server listed under two names', () => {
+    for (const host of ['http://127.0.0.1', '127.0.0.1:8080', 'gw.local/x']) {
+      const issues = issuesFor((c) => (c.server = { host }));
+      expect(issues.map((i) => i.path)).toEqual(['server.host']);
+    }
+    for (const host of ['0.0.0.0', '::', '::1', 'gateway.internal', '::ffff:127.0.0.1']) {
+      const c = base();
+      c.server = { host };
+      expect(parseConfig(stringify(c), 'x').server.host).toBe(host);
+    }
+    const issues = issuesFor((c) => c.backends.push({ name: 'gpu-0-again', url: 'http://127.0.0.1:8000/' }));
+    expect(issues).toEqual([
+      expect.objectContaining({
+        path: 'backends[2].url',
+        message: expect.stringMatching(/duplicate backend URL .* \(first at index 0\)/),
+      }),
+    ]);
+  });
+
   it('keep a class named like a property every object inherits', () => {
     const c = base();
     c.sla.default_class = 'constructor';
