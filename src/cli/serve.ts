@@ -27,7 +27,9 @@ export async function serveCommand(argv: string[]): Promise<number> {
     process.stdout.write(`${USAGE}\n`);
     return 0;
   }
-  const port = values.port === undefined ? undefined : Number(values.port);
+  // Number('') is 0: an empty --port would listen on a random port.
+  const port =
+    values.port === undefined ? undefined : values.port.trim() === '' ? Number.NaN : Number(values.port);
   if (port !== undefined && !(Number.isInteger(port) && port >= 0 && port < 65536)) {
     process.stderr.write(`slagate serve: --port must be an integer in 0..65535\n`);
     return 2;

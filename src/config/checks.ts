@@ -50,6 +50,15 @@ function isIpv6(host: string): boolean {
   return /^[0-9A-Fa-f:.]+$/.test(host) && host.split(':').length > 2;
 }
 
+/** A URL's path, or '' when it does not parse (its own check reports that). */
+function pathOf(url: string): string {
+  try {
+    return new URL(url).pathname;
+  } catch {
+    return '';
+  }
+}
+
 /** A backend URL's origin (scheme, host, port), or undefined when it does not parse. */
 function originOf(url: unknown): string | undefined {
   if (typeof url !== 'string') return undefined;
@@ -121,9 +130,27 @@ function checkBackends(config: Obj, add: Add): void {
       const problem = urlProblem(state.redis_url, ['redis:', 'rediss:']);
       if (problem) add(['state', 'redis_url'], problem);
     }
+    if (typeof state.redis_url === 'string' && !/^\/?\d*$/.test(pathOf(state.redis_url))) {
+      // ioredis reads the path as a database number; anything else silently meant database 0.
+      add(
+        ['state', 'redis_url'],
+        `its path must be a database number (got ${show(maskedUrl(state.redis_url))})`,
+      );
+    }
     // Reported whatever is wrong with redis_url: every problem at once.
     if (state.topology === 'sentinel' && Array.isArray(state.sentinels) && state.sentinels.length === 0) {
       add(['state', 'sentinels'], "must list at least one sentinel (host:port) when topology is 'sentinel'");
+    }
+    // Given for another topology they would be ignored without a word.
+    if (state.topology !== 'sentinel' && Array.isArray(state.sentinels) && state.sentinels.length > 0) {
+      add(['state', 'sentinels'], "is used only when topology is 'sentinel'");
+    }
+    if (
+      state.topology !== 'cluster' &&
+      Array.isArray(state.cluster_nodes) &&
+      state.cluster_nodes.length > 0
+    ) {
+      add(['state', 'cluster_nodes'], "is used only when topology is 'cluster'");
     }
   }
 }
@@ -178,8 +205,16 @@ function checkOrdering(config: Obj, add: Add): void {
   const path = ['scheduler', 'concurrency'];
   if (int(c.min) && int(c.max) && c.min > c.max) {
     add([...path, 'min'], `must be <= scheduler.concurrency.max (${c.max}) (got ${c.min})`);
-  } else if (int(c.min) && int(c.max) && int(c.initial) && (c.initial < c.min || c.initial > c.max)) {
-    add([...path, 'initial'], `must be between min (${c.min}) and max (${c.max}) (got ${c.initial})`);
+  }
+  // Judged against max alone when min is past max too, so that one run reports both.
+  const low = int(c.min) && int(c.max) && c.min <= c.max ? c.min : null;
+  if (int(c.max) && int(c.initial) && (c.initial > c.max || (low !== null && c.initial < low))) {
+    add(
+      [...path, 'initial'],
+      low === null
+        ? `must be <= max (${c.max}) (got ${c.initial})`
+        : `must be between min (${low}) and max (${c.max}) (got ${c.initial})`,
+    );
   }
 
   const upstream = isRecord(config.upstream) ? config.upstream : {};

@@ -50,6 +50,14 @@ describe('slagate command line', () => {
     expect((await run(['bench', '--bogus'])).err).toContain("'--bogus'");
   });
 
+  it('serve refuses an empty or malformed --port (an empty one is not port 0), exit 2', async () => {
+    for (const port of ['', ' ', 'x', '70000']) {
+      const r = await run(['serve', '--port', port]);
+      expect(r.code, JSON.stringify(port)).toBe(2);
+      expect(r.err).toContain('--port');
+    }
+  });
+
   it('an unknown command names itself and exits 2', async () => {
     const r = await run(['frobnicate']);
     expect(r.code).toBe(2);

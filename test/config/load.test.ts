@@ -239,6 +239,11 @@ describe('defaults', () => {
     ]);
   });
 
+  it('concurrency min past max and initial past max, both in one run', () => {
+    const issues = issuesFor((c) => (c.scheduler = { concurrency: { min: 5, max: 3, initial: 100 } }));
+    expect(issues.map((i) => i.path)).toEqual(['scheduler.concurrency.min', 'scheduler.concurrency.initial']);
+  });
+
   it('keep a class named like a property every object inherits', () => {
     const c = base();
     c.sla.default_class = 'constructor';
@@ -421,6 +426,31 @@ describe('violations are reported with the path of the key to fix', () => {
       (c) => (c.state = { store: 'redis', topology: 'sentinel' }),
       'state.sentinels',
       /at least one sentinel/,
+    ],
+    [
+      'sentinels listed for a standalone Redis (they would be ignored)',
+      (c) => (c.state = { store: 'redis', redis_url: 'redis://h:6379', sentinels: ['s1:26379'] }),
+      'state.sentinels',
+      /only when topology is 'sentinel'/,
+    ],
+    [
+      'cluster nodes listed for a sentinel Redis',
+      (c) =>
+        (c.state = {
+          store: 'redis',
+          topology: 'sentinel',
+          redis_url: 'redis://h:6379',
+          sentinels: ['s1:26379'],
+          cluster_nodes: ['n1:6379'],
+        }),
+      'state.cluster_nodes',
+      /only when topology is 'cluster'/,
+    ],
+    [
+      'a redis URL whose path is no database number (it silently meant database 0)',
+      (c) => (c.state = { store: 'redis', redis_url: 'redis://:pw@h:6379/abc' }),
+      'state.redis_url',
+      /^its path must be a database number \(got "redis:\/\/:\*\*\*@h:6379\/abc"\)$/,
     ],
     [
       'redis key typo',
