@@ -37,17 +37,20 @@ const RESERVED_MESSAGE = `"${RESERVED_LABEL}" is reserved: the metrics label req
 function checkServer(config: Obj, add: Add): void {
   const server = config.server;
   if (!isRecord(server) || typeof server.host !== 'string') return;
-  if (/[/\s]/.test(server.host) || (server.host.includes(':') && !isIpv6(server.host))) {
+  const host = server.host;
+  if (host.startsWith('[') && host.endsWith(']')) {
+    add(['server', 'host'], `must be an IPv6 address without its brackets (got ${show(host)})`);
+  } else if (/[/\s]/.test(host) || (host.includes(':') && !isIpv6(host))) {
     add(
       ['server', 'host'],
-      `must be a host name or an IP address, with no scheme, port or path (got ${show(server.host)})`,
+      `must be a host name or an IP address, with no scheme, port or path (got ${show(host)})`,
     );
   }
 }
 
-/** An IPv6 address as `listen` takes it (no brackets), or an IPv4 one embedded in one. */
+/** An IPv6 address as `listen` takes it: no brackets, an IPv4 tail or a zone (%eth0) allowed. */
 function isIpv6(host: string): boolean {
-  return /^[0-9A-Fa-f:.]+$/.test(host) && host.split(':').length > 2;
+  return /^[0-9A-Fa-f:.]+(%[\w.-]+)?$/.test(host) && host.split(':').length > 2;
 }
 
 /** A URL's path, or '' when it does not parse (its own check reports that). */
@@ -130,12 +133,19 @@ function checkBackends(config: Obj, add: Add): void {
       const problem = urlProblem(state.redis_url, ['redis:', 'rediss:']);
       if (problem) add(['state', 'redis_url'], problem);
     }
-    if (typeof state.redis_url === 'string' && !/^\/?\d*$/.test(pathOf(state.redis_url))) {
-      // ioredis reads the path as a database number; anything else silently meant database 0.
-      add(
-        ['state', 'redis_url'],
-        `its path must be a database number (got ${show(maskedUrl(state.redis_url))})`,
-      );
+    if (typeof state.redis_url === 'string') {
+      const db = pathOf(state.redis_url);
+      const shown = show(maskedUrl(state.redis_url));
+      // ioredis reads the path as a database number; anything else silently meant database 0, and
+      // so does any path for a cluster, which has only database 0.
+      if (!/^\/?\d*$/.test(db)) {
+        add(['state', 'redis_url'], `its path must be a database number (got ${shown})`);
+      } else if (state.topology === 'cluster' && /\d/.test(db) && !/^\/?0$/.test(db)) {
+        add(
+          ['state', 'redis_url'],
+          `must name no database but 0 with topology 'cluster': a cluster has only database 0 (got ${shown})`,
+        );
+      }
     }
     // Reported whatever is wrong with redis_url: every problem at once.
     if (state.topology === 'sentinel' && Array.isArray(state.sentinels) && state.sentinels.length === 0) {
@@ -255,7 +265,8 @@ function duplicates(
     else
       add(
         field ? [...path, i, field] : [...path, i],
-        `duplicate ${what} ${show(key)} (first at index ${seen})`,
+        // A key's hash may be the key itself, pasted in the wrong field: never shown.
+        `duplicate ${what}${field === 'api_key_sha256' ? '' : ` ${show(key)}`} (first at index ${seen})`,
       );
   });
 }

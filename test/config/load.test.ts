@@ -206,6 +206,7 @@ describe('defaults', () => {
     const issues = issuesFor((c) => {
       c.backends[0].api_key_env = 'sk-live-9f8eSECRET1';
       c.tenants[0].api_key_sha256 = 'sk-proj-SECRET2';
+      c.tenants.push({ name: 'team-b', api_key_sha256: 'sk-proj-SECRET2', class: 'interactive' });
       c.state = {
         store: 'redis',
         topology: 'sentinel',
@@ -215,7 +216,12 @@ describe('defaults', () => {
     });
     const paths = issues.map((i) => i.path);
     expect(paths).toEqual(
-      expect.arrayContaining(['backends[0].api_key_env', 'tenants[0].api_key_sha256', 'state.sentinels[0]']),
+      expect.arrayContaining([
+        'backends[0].api_key_env',
+        'tenants[0].api_key_sha256',
+        'tenants[1].api_key_sha256',
+        'state.sentinels[0]',
+      ]),
     );
     for (const i of issues) expect(i.message).not.toMatch(/SECRET/);
   });
@@ -225,7 +231,8 @@ describe('defaults', () => {
       const issues = issuesFor((c) => (c.server = { host }));
       expect(issues.map((i) => i.path)).toEqual(['server.host']);
     }
-    for (const host of ['0.0.0.0', '::', '::1', 'gateway.internal', '::ffff:127.0.0.1']) {
+    expect(issuesFor((c) => (c.server = { host: '[::1]' }))[0]!.message).toMatch(/without its brackets/);
+    for (const host of ['0.0.0.0', '::', '::1', 'gateway.internal', '::ffff:127.0.0.1', 'fe80::1%eth0']) {
       const c = base();
       c.server = { host };
       expect(parseConfig(stringify(c), 'x').server.host).toBe(host);
@@ -451,6 +458,12 @@ describe('violations are reported with the path of the key to fix', () => {
       (c) => (c.state = { store: 'redis', redis_url: 'redis://:pw@h:6379/abc' }),
       'state.redis_url',
       /^its path must be a database number \(got "redis:\/\/:\*\*\*@h:6379\/abc"\)$/,
+    ],
+    [
+      'a database other than 0 for a Redis cluster (it has only database 0)',
+      (c) => (c.state = { store: 'redis', topology: 'cluster', redis_url: 'redis://h:6379/3' }),
+      'state.redis_url',
+      /a cluster has only database 0/,
     ],
     [
       'redis key typo',
