@@ -92,7 +92,9 @@ export interface Grant {
   readonly uncachedTokens: number;
   /**
    * cachedTokens ÷ the prompt's tokens; null when nothing was measured: no prompt tokens, or a
-   * prompt shorter than one index block, which the index cannot see whatever the backend holds.
+   * prompt shorter than one index block, which the index cannot see whatever the backend holds
+   * (null under `oracle` too, which could see it: counted only when it hit, such prompts would
+   * bias the ratio up).
    */
   readonly prefixHit: number | null;
   /** The router's best few candidates, best first, with their cost terms (the debug log line). */
@@ -750,9 +752,7 @@ export class Scheduler {
       cachedTokens: view.cachedTokens,
       uncachedTokens: view.uncachedTokens,
       prefixHit:
-        req.promptTokens > 0 && (req.route.blocks.length > 0 || view.cachedTokens > 0)
-          ? view.cachedTokens / req.promptTokens
-          : null,
+        req.promptTokens > 0 && req.route.blocks.length > 0 ? view.cachedTokens / req.promptTokens : null,
       candidates: choice.ranked.slice(0, CANDIDATES_KEPT),
     };
     w.ticket.grants.push(grant);

@@ -13,8 +13,9 @@ export function endRecord(
   outcome: Outcome,
   fields: AdmissionFields,
   itlMs?: ArrayLike<number>,
+  clientError = false,
 ): AdmissionRecord | null {
-  const written = record.end(outcome, fields);
+  const written = record.end(outcome, fields, clientError);
   if (written !== null) rt.metrics.observeRequest(written, itlMs);
   return written;
 }

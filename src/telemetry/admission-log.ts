@@ -228,11 +228,15 @@ export class RequestRecord {
    * Writes the record and returns it; a second call writes nothing and returns null. e2e_ms
    * defaults to the time since begin, tpot_ms to (e2e − ttft)/(completion_tokens − 1).
    */
-  end(outcome: Outcome, fields?: AdmissionFields): AdmissionRecord | null {
+  /**
+   * Writes the record. `clientError`: a backend rejected the request as the client's own error,
+   * surely (a 4xx status, or the same in-band rejection from a second backend): not judged.
+   */
+  end(outcome: Outcome, fields?: AdmissionFields, clientError = false): AdmissionRecord | null {
     if (this.done) return null;
     this.done = true;
     if (fields) Object.assign(this.fields, fields);
-    const record = buildRecord(this.req_id, outcome, this.fields, this.elapsedMs());
+    const record = buildRecord(this.req_id, outcome, this.fields, this.elapsedMs(), clientError);
     if (this.fields.candidates && this.sink.withCandidates()) record.candidates = this.fields.candidates;
     this.sink.write(record);
     return record;
@@ -244,6 +248,7 @@ function buildRecord(
   outcome: Outcome,
   f: AdmissionFields,
   elapsedMs: number,
+  clientError: boolean,
 ): AdmissionRecord {
   // An explicit null (the client left before admission) stays null; left out, the outcome says.
   const decision = f.decision !== undefined ? f.decision : outcome === 'refused' ? 'refused' : 'admitted';
@@ -283,7 +288,7 @@ function buildRecord(
     sla_met: null,
     error: f.error ?? null,
   };
-  record.sla_met = slaMet(record);
+  record.sla_met = slaMet(record, clientError);
   return record;
 }
 
@@ -294,20 +299,17 @@ function derivedTpot(e2e: number | null, ttft: number | null, completion: number
 }
 
 /**
- * The client's own errors, as a backend answered them (a relayed 400, 413 or 501): not the
- * fleet's to serve, as the same errors found by the gateway before admission are not.
- */
-const CLIENT_ERRORS: ReadonlySet<string> = new Set(['invalid_request', 'body_too_large', 'not_implemented']);
-
-/**
  * Both class targets met (DistServe's "good" request). Not applicable (null) when refused, when the
- * client gave up, when a backend rejected the request as the client's error, or without targets;
+ * client gave up, when a backend surely rejected the request as the client's own error (not the
+ * fleet's to serve, as the same errors found before admission are not; an in-band rejection no
+ * second backend confirmed may be an engine failure vLLM labelled 400, and is judged), or without
+ * targets;
  * unknown (null) when a completed request's TTFT was not observable (a non-streamed body passed
  * through whole). Any other failure after admission is a miss.
  */
-export function slaMet(r: AdmissionRecord): boolean | null {
+export function slaMet(r: AdmissionRecord, clientError = false): boolean | null {
   if (r.decision === 'refused' || r.outcome === 'refused' || r.outcome === 'client_cancelled') return null;
-  if (r.outcome === 'failed_before_commit' && CLIENT_ERRORS.has(r.reason)) return null;
+  if (clientError && r.outcome === 'failed_before_commit') return null;
   if (r.ttft_target_ms === null || r.tpot_target_ms === null) return null;
   if (r.outcome !== 'ok') return false;
   if (r.ttft_ms === null) return null;

@@ -125,6 +125,13 @@ export interface ProxyResult {
    * or every one was refused a connection or reset before its response head.
    */
   reachedEngine: boolean;
+  /**
+   * Answered with a backend's rejection that is surely the client's own error: a 400, 413 or 422
+   * status, or a rejection (in-band, 404, 501) a second backend gave too. An in-band rejection no
+   * second backend confirmed (no retry left, the next one failed otherwise) may be an engine
+   * failure vLLM labelled 400 (failure.ts): false.
+   */
+  clientError: boolean;
   committed: boolean;
   /** Status sent to the client, or null when it was gone before anything was sent. */
   status: number | null;
@@ -178,6 +185,8 @@ interface LoopState {
   rejection: AttemptEnd | null;
   queueMs: number;
   reachedEngine: boolean;
+  /** A second backend rejected the request too: the rejection is the request's. */
+  confirmedRejection: boolean;
 }
 
 async function attemptLoop(
@@ -205,6 +214,7 @@ async function attemptLoop(
     rejection: null,
     queueMs: 0,
     reachedEngine: false,
+    confirmedRejection: false,
   };
   let engineRetries = 0;
   // The backend whose in-band rejection waits for a second backend's answer.
@@ -319,7 +329,10 @@ async function attemptLoop(
     if (end.kind === 'rejected' || f?.unconfirmedRejection) s.rejection = end;
     if (f?.unconfirmedRejection) {
       // A second backend rejected the request too: it is the request's.
-      if (rejectedBy !== null) break;
+      if (rejectedBy !== null) {
+        s.confirmedRejection = true;
+        break;
+      }
       rejectedBy = { backend, failure: f };
     }
     // A deadline failure means the budget is spent (timers may fire a fraction of a ms early); a
@@ -428,6 +441,10 @@ function result(s: LoopState, e: Ending, lat: Latencies | null, e2eMs: number): 
     attempts: s.log.length,
     attemptLog: s.log,
     reachedEngine: s.reachedEngine,
+    clientError:
+      e.reason === 'upstream_rejected' &&
+      e.errorCode !== 'model_not_found' &&
+      (s.rejection?.kind === 'rejected' || s.confirmedRejection),
     committed: last?.committed ?? false,
     status: e.status,
     errorCode: e.errorCode,

@@ -4,6 +4,7 @@ import { createHash } from 'node:crypto';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
+import { deadUrl } from '../upstream/helpers.ts';
 import {
   chat,
   MODEL,
@@ -162,6 +163,22 @@ describe('tenant limits (item 31)', () => {
     expect(Number(over.headers['retry-after'])).toBeGreaterThan(50);
     expect(Number(over.headers['retry-after'])).toBeLessThanOrEqual(60);
     expect(JSON.parse(over.text).error.message).toMatch(/tokens per minute/);
+  });
+
+  it('tokens_per_minute: a request every backend refused a connection to gives its tokens back', async () => {
+    const tenants = [
+      { name: 'tpm', api_key_sha256: sha('key-t'), class: 'interactive', tokens_per_minute: 600 },
+    ];
+    // Probes every minute: the dead replica stays routable, and each request is refused a connection.
+    t = await startTestGateway({
+      backends: [{ name: 'dead', url: await deadUrl() }],
+      config: { tenants, upstream: { health_interval_ms: 60_000 } },
+    });
+    for (let i = 0; i < 4; i++) {
+      const res = await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'));
+      // Charged ~260 tokens each and never given back, the third would be refused rate_limited.
+      expect(res.status).toBe(502);
+    }
   });
 
   it('tokens_per_minute: a request refused in the queue, never sent, gives its tokens back', async () => {

@@ -173,10 +173,14 @@ describe('AdmissionLog', () => {
     expect(end('ok', { ttft_ms: 100, tpot_ms: null, completion_tokens: 3 })).toBeNull();
     expect(end('failed_after_commit', { ttft_ms: 100, tpot_ms: 10, completion_tokens: 10 })).toBe(false);
     expect(end('timeout', { reason: 'first_token_timeout' })).toBe(false);
-    // A backend's 400 (or 413, 501) relayed to the client: the client's error, not judged...
-    for (const reason of ['invalid_request', 'body_too_large', 'not_implemented'])
-      expect(end('failed_before_commit', { reason })).toBeNull();
-    // ...unlike the fleet's own failures before the first token.
+    // A backend's rejection that is surely the client's own error: not judged...
+    const rejected = (clientError: boolean) =>
+      log
+        .begin({ req_id: 'z', ...TARGETS })
+        .end('failed_before_commit', { reason: 'invalid_request' }, clientError)!.sla_met;
+    expect(rejected(true)).toBeNull();
+    // ...one that may be an engine failure vLLM labelled 400, and the fleet's own failures, are.
+    expect(rejected(false)).toBe(false);
     expect(end('failed_before_commit', { reason: 'upstream_error' })).toBe(false);
     expect(end('failed_before_commit', { reason: 'no_healthy_backend' })).toBe(false);
     expect(end('refused', { reason: 'sla_unattainable' })).toBeNull();

@@ -307,6 +307,8 @@ describe('an in-band error naming a 4xx before the first token', () => {
       upstreamMessage: 'grammar does not compile here',
     });
     expect(result.attemptLog.map((a) => a.reason)).toEqual(['in_band_rejection', 'in_band_rejection']);
+    // Confirmed by a second backend: surely the client's error (not judged against the SLA).
+    expect(result.clientError).toBe(true);
     expect(ups.map((u) => u.hits.length)).toEqual([1, 1, 0]);
     for (const name of ['b0', 'b1']) {
       expect(set.get(name)!.outlier.consecutiveFailures).toBe(0);
@@ -322,7 +324,12 @@ describe('an in-band error naming a 4xx before the first token', () => {
     const res = await post(gw.url, chatBody());
     expect(res.status).toBe(400);
     expect(JSON.parse(res.text).error.message).toBe('bad grammar');
-    expect(await gw.nextResult()).toMatchObject({ reason: 'upstream_rejected', attempts: 2 });
+    // A 4xx status: the frontend's own validation, surely the client's.
+    expect(await gw.nextResult()).toMatchObject({
+      reason: 'upstream_rejected',
+      attempts: 2,
+      clientError: true,
+    });
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
     expect(set.get('b1')!.outlier.consecutiveFailures).toBe(0);
   });
@@ -349,6 +356,17 @@ describe('an in-band error naming a 4xx before the first token', () => {
     });
     expect(await gw.nextResult()).toMatchObject({ reason: 'upstream_rejected', attempts: 1 });
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
+  });
+
+  it('unconfirmed by a second backend, is relayed but not surely the client’s (vLLM labels some engine failures 400)', async () => {
+    const { gw } = await fleet([[rejects(badGrammar)]]);
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(400);
+    expect(await gw.nextResult()).toMatchObject({
+      reason: 'upstream_rejected',
+      attempts: 1,
+      clientError: false,
+    });
   });
 
   it('a 200 body passed through whole that carries one is settled the same way', async () => {
