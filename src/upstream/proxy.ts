@@ -127,9 +127,10 @@ export interface ProxyResult {
   reachedEngine: boolean;
   /**
    * Answered with a backend's rejection that is surely the client's own error: a 400, 413 or 422
-   * status, or a rejection (in-band, 404, 501) a second backend gave too. An in-band rejection no
-   * second backend confirmed (no retry left, the next one failed otherwise) may be an engine
-   * failure vLLM labelled 400 (failure.ts): false.
+   * status, or an in-band rejection or a 501 a second backend gave alike (same kind, same status).
+   * An in-band rejection no second backend confirmed (no retry left, the next one failed otherwise)
+   * may be an engine failure vLLM labelled 400 (failure.ts): false. A 404 never is (the gateway
+   * sends only models it serves: one missing everywhere is the fleet's).
    */
   clientError: boolean;
   committed: boolean;
@@ -185,7 +186,7 @@ interface LoopState {
   rejection: AttemptEnd | null;
   queueMs: number;
   reachedEngine: boolean;
-  /** A second backend rejected the request too: the rejection is the request's. */
+  /** A second backend rejected the request as the first did (same kind and status). */
   confirmedRejection: boolean;
 }
 
@@ -328,9 +329,12 @@ async function attemptLoop(
     if (f === null || f.reachedEngine) s.reachedEngine = true;
     if (end.kind === 'rejected' || f?.unconfirmedRejection) s.rejection = end;
     if (f?.unconfirmedRejection) {
-      // A second backend rejected the request too: it is the request's.
+      // A second backend rejected the request too: it is the request's. Surely the client's error
+      // only when both said the same (a replica without the model, then an engine failure labelled
+      // 400, says nothing of the request).
       if (rejectedBy !== null) {
-        s.confirmedRejection = true;
+        s.confirmedRejection =
+          rejectedBy.failure.reason === f.reason && rejectedBy.failure.status === f.status;
         break;
       }
       rejectedBy = { backend, failure: f };

@@ -358,6 +358,18 @@ describe('an in-band error naming a 4xx before the first token', () => {
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
   });
 
+  it('after a different rejection (a 501), is relayed but not surely the client’s either', async () => {
+    const unsupported = status(501, '{"error":{"message":"no beam search here","code":501}}');
+    const { gw } = await fleet([[unsupported], [rejects(badGrammar)], [healthy(1)]]);
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(400);
+    expect(await gw.nextResult()).toMatchObject({
+      reason: 'upstream_rejected',
+      attempts: 2,
+      clientError: false,
+    });
+  });
+
   it('unconfirmed by a second backend, is relayed but not surely the client’s (vLLM labels some engine failures 400)', async () => {
     const { gw } = await fleet([[rejects(badGrammar)]]);
     const res = await post(gw.url, chatBody());
