@@ -969,7 +969,8 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
     return slot!.backend.name;
   };
 
-  it('tells the router the TPOT the fit learnt for a request sent at the load it finds now', async () => {
+  /** A router that ranks in the given order and keeps every view it was shown. */
+  const recording = () => {
     const seen: BackendView[] = [];
     const recorder: RoutingPolicy = {
       name: 'recorder',
@@ -978,6 +979,11 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
         return views.map((v) => ({ backend: v.name, cost: 0 }));
       },
     };
+    return { seen, recorder };
+  };
+
+  it('tells the router the TPOT the fit learnt for a request sent at the load it finds now', async () => {
+    const { seen, recorder } = recording();
     const f = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 8 } }), recorder);
     // A request that found L others running decoded at 10 + 2·L ms per token.
     for (let i = 0; i < 30; i++) {
@@ -996,14 +1002,7 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
   });
 
   it('tells the router how full the index believes each cache is', async () => {
-    const seen: BackendView[] = [];
-    const recorder: RoutingPolicy = {
-      name: 'recorder',
-      rank: (_r, views) => {
-        seen.push(...views);
-        return views.map((v) => ({ backend: v.name, cost: 0 }));
-      },
-    };
+    const { seen, recorder } = recording();
     const f = setup(['a', 'b'], settings(), recorder);
     f.live.prefixInsert('a', prefix);
     await grantOf(f, ask('fill'));
