@@ -10,7 +10,7 @@ export interface CommandIo {
   stderr: { write(text: string): unknown };
 }
 
-const USAGE = `usage: slagate check-config FILE
+const USAGE = `usage: slagate check-config FILE   (or --config FILE, as serve takes it)
 
 Validates a gateway configuration file. Prints the effective configuration (with every default
 applied) and exits 0, or prints each problem with its path and exits 1.
@@ -24,7 +24,9 @@ export async function checkConfigCommand(
     io.stdout.write(USAGE);
     return 0;
   }
-  const [file, ...rest] = argv;
+  // `--config FILE`, as serve takes it, names the same file.
+  const args = argv[0] === '--config' ? argv.slice(1) : argv;
+  const [file, ...rest] = args;
   if (file === undefined || file.startsWith('-') || rest.length > 0) {
     io.stderr.write(USAGE);
     return 2;

@@ -66,7 +66,8 @@ export async function simCommand(argv: string[]): Promise<number> {
     });
   } catch (e) {
     process.stderr.write(`slagate sim: ${e instanceof Error ? e.message : String(e)}\n`);
-    return 2;
+    // A system error (a port in use) is a failure to run, 1; a bad option is a usage error, 2.
+    return (e as { code?: unknown } | null)?.code !== undefined ? 1 : 2;
   }
   const first = fleet.replicas[0];
   process.stdout.write(

@@ -1,6 +1,7 @@
 // The command line as a new user meets it: the real bin/slagate.js in a child process, its exact
 // stdout, stderr and exit code.
 import { readFileSync } from 'node:fs';
+import { type AddressInfo, createServer } from 'node:net';
 import { describe, expect, it } from 'vitest';
 import { runSlagate } from '../helpers/cli.ts';
 
@@ -55,6 +56,19 @@ describe('slagate command line', () => {
       const r = await run(['serve', '--port', port]);
       expect(r.code, JSON.stringify(port)).toBe(2);
       expect(r.err).toContain('--port');
+    }
+  });
+
+  it('sim that cannot listen (its port in use) is a failure to run, exit 1, not a usage error', async () => {
+    const server = createServer();
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    try {
+      const port = (server.address() as AddressInfo).port;
+      const r = await run(['sim', '--replicas', '1', '--port', String(port)]);
+      expect(r.code).toBe(1);
+      expect(r.err).toContain('EADDRINUSE');
+    } finally {
+      server.close();
     }
   });
 

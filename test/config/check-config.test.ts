@@ -32,6 +32,14 @@ describe('slagate check-config', () => {
     expect(stdout).toContain('first_token_timeout_ms: 60000');
   });
 
+  it('takes the file as --config FILE too, as serve does', async () => {
+    const file = root('config/gateway.yaml');
+    const { code, stdout } = await run(['--config', file]);
+    expect(code).toBe(0);
+    expect(stdout).toBe((await run([file])).stdout);
+    expect((await run(['--config'])).code).toBe(2);
+  });
+
   it('shows API key hashes as they are and hides the Redis password', async () => {
     const { code, stdout } = await run([fixture('full.yaml')]);
     expect(code).toBe(0);
