@@ -4,8 +4,7 @@
 import { PROFILES } from '../sim/profiles.ts';
 import { isRecord, type Path } from './path.ts';
 import { ENV_NAME } from './schema.ts';
-import type { RawIssue } from './validate.ts';
-import { show } from './validate.ts';
+import { mayHoldSecret, type RawIssue, show } from './validate.ts';
 
 const ENV_NAME_RE = new RegExp(ENV_NAME);
 
@@ -53,22 +52,13 @@ function isIpv6(host: string): boolean {
   return /^[0-9A-Fa-f:.]+(%[\w.-]+)?$/.test(host) && host.split(':').length > 2;
 }
 
-/** A URL's path, or '' when it does not parse (its own check reports that). */
-function pathOf(url: string): string {
+/** `url` parsed, or null when it is no string or does not parse (its own check reports that). */
+function parsedUrl(url: unknown): URL | null {
+  if (typeof url !== 'string') return null;
   try {
-    return new URL(url).pathname;
+    return new URL(url);
   } catch {
-    return '';
-  }
-}
-
-/** A backend URL's origin (scheme, host, port), or undefined when it does not parse. */
-function originOf(url: unknown): string | undefined {
-  if (typeof url !== 'string') return undefined;
-  try {
-    return new URL(url).origin;
-  } catch {
-    return undefined;
+    return null;
   }
 }
 
@@ -79,7 +69,7 @@ function checkBackends(config: Obj, add: Add): void {
   // counts twice in every figure the gateway reads from it.
   duplicates(
     backends,
-    (b) => (isRecord(b) ? originOf(b.url) : undefined),
+    (b) => (isRecord(b) ? parsedUrl(b.url)?.origin : undefined),
     ['backends'],
     'backend URL',
     add,
@@ -134,13 +124,13 @@ function checkBackends(config: Obj, add: Add): void {
       if (problem) add(['state', 'redis_url'], problem);
     }
     if (typeof state.redis_url === 'string') {
-      const db = pathOf(state.redis_url);
+      const db = (parsedUrl(state.redis_url)?.pathname ?? '').replace(/^\//, '');
       const shown = show(maskedUrl(state.redis_url));
       // ioredis reads the path as a database number; anything else silently meant database 0, and
       // so does any path for a cluster, which has only database 0.
-      if (!/^\/?\d*$/.test(db)) {
+      if (!/^\d*$/.test(db)) {
         add(['state', 'redis_url'], `its path must be a database number (got ${shown})`);
-      } else if (state.topology === 'cluster' && /\d/.test(db) && !/^\/?0$/.test(db)) {
+      } else if (state.topology === 'cluster' && db !== '' && Number(db) !== 0) {
         add(
           ['state', 'redis_url'],
           `must name no database but 0 with topology 'cluster': a cluster has only database 0 (got ${shown})`,
@@ -261,13 +251,12 @@ function duplicates(
     const key = keyOf(item);
     if (typeof key !== 'string') return;
     const seen = first.get(key);
-    if (seen === undefined) first.set(key, i);
-    else
-      add(
-        field ? [...path, i, field] : [...path, i],
-        // A key's hash may be the key itself, pasted in the wrong field: never shown.
-        `duplicate ${what}${field === 'api_key_sha256' ? '' : ` ${show(key)}`} (first at index ${seen})`,
-      );
+    if (seen !== undefined) {
+      const at = field ? [...path, i, field] : [...path, i];
+      // A key's hash may be the key itself, pasted in the wrong field: shown as schema issues are.
+      const shown = mayHoldSecret(at) ? '' : ` ${show(key)}`;
+      add(at, `duplicate ${what}${shown} (first at index ${seen})`);
+    } else first.set(key, i);
   });
 }
 

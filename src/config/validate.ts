@@ -59,12 +59,16 @@ function collect(schema: TSchema, value: unknown, prefix: Path): RawIssue[] {
  */
 const SECRET_KEY = /api_key|password|secret|token|sentinels|cluster_nodes|redis_url/i;
 
+/** The value at `path` may be a secret (SECRET_KEY): an issue never shows it. */
+export function mayHoldSecret(path: Path): boolean {
+  return path.some((p) => typeof p === 'string' && SECRET_KEY.test(p));
+}
+
 function translate(error: TLocalizedValidationError, root: TSchema, value: unknown): RawIssue[] {
   const path = pointerToPath(error.instancePath, value);
   const raw = valueAt(value, path);
-  const secret = path.some((p) => typeof p === 'string' && SECRET_KEY.test(p));
   // `show` of a stand-in: a string at such a key is never echoed, its type still is.
-  const actual = secret && typeof raw === 'string' ? SECRET_SHOWN : raw;
+  const actual = mayHoldSecret(path) && typeof raw === 'string' ? SECRET_SHOWN : raw;
   const at = (message: string): RawIssue[] => [{ path, message }];
   switch (error.keyword) {
     case 'boolean':

@@ -233,44 +233,60 @@ function digestLongStrings(_key: string, v: unknown): unknown {
 }
 
 /**
- * Characters per token, learnt from what the backends count (usage.prompt_tokens against the
- * characters the gateway rendered): a running mean over the first 1/alpha prompts, then an
- * exponentially weighted one, so it follows a change of traffic. Until it has learnt anything it
- * assumes `initial` (English prose in Llama 3's and cl100k's BPE: about 4).
+ * A value learnt from samples: their running mean over the first 1/alpha, then an exponentially
+ * weighted one, so it follows a change of traffic; `initial` until the first sample.
  */
-export class TokenEstimate {
-  #charsPerToken: number;
-  #samples = 0;
-  /** Tokens per part that is not text, learnt the same way from prompts that have such parts. */
-  #mediaTokens = MEDIA_PART_TOKENS;
-  #mediaSamples = 0;
+class Learnt {
+  value: number;
+  samples = 0;
   readonly #alpha: number;
 
-  readonly #initial: number;
-
-  constructor(initial = BLOCK_CHARS_PER_TOKEN, alpha = 0.02) {
-    this.#charsPerToken = initial;
-    this.#initial = initial;
+  constructor(initial: number, alpha: number) {
+    this.value = initial;
     this.#alpha = alpha;
   }
 
+  learn(x: number): void {
+    this.samples++;
+    this.value += Math.max(this.#alpha, 1 / this.samples) * (x - this.value);
+  }
+}
+
+/**
+ * Characters per token, learnt from what the backends count (usage.prompt_tokens against the
+ * characters the gateway rendered), and tokens per part that is not text, learnt the same way
+ * from prompts that have such parts (Learnt). Until it has learnt anything it assumes `initial`
+ * characters per token (English prose in Llama 3's and cl100k's BPE: about 4) and
+ * MEDIA_PART_TOKENS per part.
+ */
+export class TokenEstimate {
+  readonly #charsPerTokenLearnt: Learnt;
+  readonly #mediaLearnt: Learnt;
+  readonly #initial: number;
+
+  constructor(initial = BLOCK_CHARS_PER_TOKEN, alpha = 0.02) {
+    this.#charsPerTokenLearnt = new Learnt(initial, alpha);
+    this.#mediaLearnt = new Learnt(MEDIA_PART_TOKENS, alpha);
+    this.#initial = initial;
+  }
+
   get charsPerToken(): number {
-    return this.#charsPerToken;
+    return this.#charsPerTokenLearnt.value;
   }
 
   /** Prompts learnt from so far. */
   get samples(): number {
-    return this.#samples;
+    return this.#charsPerTokenLearnt.samples;
   }
 
   /** Tokens a part that is not text is taken for. */
   get mediaTokens(): number {
-    return this.#mediaTokens;
+    return this.#mediaLearnt.value;
   }
 
   /** Prompts with such parts learnt from so far. */
   get mediaSamples(): number {
-    return this.#mediaSamples;
+    return this.#mediaLearnt.samples;
   }
 
   /**
@@ -280,7 +296,7 @@ export class TokenEstimate {
   tokens(p: PromptBlocks): number {
     if (p.exactTokens !== null) return p.exactTokens;
     return (
-      Math.ceil(p.textChars / this.#charsPerToken + p.mediaParts * this.#mediaTokens) + templateTokens(p)
+      Math.ceil(p.textChars / this.charsPerToken + p.mediaParts * this.#mediaLearnt.value) + templateTokens(p)
     );
   }
 
@@ -292,7 +308,7 @@ export class TokenEstimate {
    */
   fewestTokens(p: PromptBlocks): number {
     if (p.exactTokens !== null) return p.exactTokens;
-    return Math.ceil(p.textChars / Math.max(this.#charsPerToken, this.#initial)) + templateTokens(p);
+    return Math.ceil(p.textChars / Math.max(this.charsPerToken, this.#initial)) + templateTokens(p);
   }
 
   /** Tokens that one block of `p` stands for. */
@@ -302,7 +318,7 @@ export class TokenEstimate {
 
   /** Tokens that one block of text stands for, at the learnt ratio (`blockSizeTokens` × 4 characters). */
   textBlockTokens(blockSizeTokens: number): number {
-    return (blockSizeTokens * BLOCK_CHARS_PER_TOKEN) / this.#charsPerToken;
+    return (blockSizeTokens * BLOCK_CHARS_PER_TOKEN) / this.charsPerToken;
   }
 
   /** A backend counted `promptTokens` for this rendering. */
@@ -311,11 +327,9 @@ export class TokenEstimate {
     // An image's tokens are in the count and not in the characters: they would teach a ratio far
     // too low. What the text does not account for, at the ratio learnt from text alone, is theirs.
     if (p.mediaParts > 0) {
-      const perPart = (promptTokens - templateTokens(p) - p.textChars / this.#charsPerToken) / p.mediaParts;
+      const perPart = (promptTokens - templateTokens(p) - p.textChars / this.charsPerToken) / p.mediaParts;
       if (!(perPart >= 1 && perPart <= MAX_MEDIA_PART_TOKENS)) return;
-      this.#mediaSamples++;
-      const weight = Math.max(this.#alpha, 1 / this.#mediaSamples);
-      this.#mediaTokens += weight * (perPart - this.#mediaTokens);
+      this.#mediaLearnt.learn(perPart);
       return;
     }
     // Short prompts are mostly template: their ratio says little about the text.
@@ -324,9 +338,7 @@ export class TokenEstimate {
     if (!(content > 0)) return;
     const ratio = p.textChars / content;
     if (!(ratio > 0.5 && ratio < 20)) return;
-    this.#samples++;
-    const weight = Math.max(this.#alpha, 1 / this.#samples);
-    this.#charsPerToken += weight * (ratio - this.#charsPerToken);
+    this.#charsPerTokenLearnt.learn(ratio);
   }
 }
 

@@ -38,8 +38,7 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
     if (rt.lifecycle.shuttingDown) return reply.code(503).send({ status: 'shutting_down' });
     // Healthy: available, and its probe has passed at least once (a backend is routable while its
     // first probe is pending, but a gateway whose replicas never answered is not ready).
-    let healthy = 0;
-    for (const b of rt.backends.available()) if (b.healthConfirmed) healthy++;
+    const healthy = rt.backends.available().filter((b) => b.healthConfirmed).length;
     if (healthy === 0) return reply.code(503).send({ status: 'not_ready', healthy_backends: 0 });
     // A store outage degrades sharing, not service: still ready (200), but it says so.
     const store = rt.live.status();

@@ -303,9 +303,8 @@ function derivedTpot(e2e: number | null, ttft: number | null, completion: number
  * client gave up, when a backend surely rejected the request as the client's own error (not the
  * fleet's to serve, as the same errors found before admission are not; an in-band rejection no
  * second backend confirmed may be an engine failure vLLM labelled 400, and is judged), or without
- * targets;
- * unknown (null) when a completed request's TTFT was not observable (a non-streamed body passed
- * through whole). Any other failure after admission is a miss.
+ * targets; unknown (null) when a completed request's TTFT was not observable (a non-streamed body
+ * passed through whole). Any other failure after admission is a miss.
  */
 export function slaMet(r: AdmissionRecord, clientError = false): boolean | null {
   if (r.decision === 'refused' || r.outcome === 'refused' || r.outcome === 'client_cancelled') return null;

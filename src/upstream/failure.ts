@@ -23,6 +23,13 @@ export type FailureReason =
   | 'client_stalled' // the client stopped reading for client_stall_timeout_ms
   | 'cut'; // the caller ended the request with an error the client is told (e.g. shutdown)
 
+/** Rejections a second backend settles (below): none is the backend's fault until it does. */
+const UNCONFIRMED: ReadonlySet<FailureReason> = new Set<FailureReason>([
+  'in_band_rejection',
+  'upstream_not_found',
+  'upstream_not_implemented',
+]);
+
 /**
  * Reasons that are not the backend's fault: the gateway, the client or the request's budget. An
  * in-band rejection is not known to be either's when it arrives: vLLM gives code 400 to a
@@ -41,9 +48,7 @@ export type FailureReason =
  * counted as the backend's failure, one client's requests would open every breaker in the fleet.
  */
 const NOT_BACKEND_FAULT: ReadonlySet<FailureReason> = new Set<FailureReason>([
-  'in_band_rejection',
-  'upstream_not_found',
-  'upstream_not_implemented',
+  ...UNCONFIRMED,
   'upstream_busy',
   'deadline',
   'response_too_large',
@@ -120,11 +125,7 @@ export class AttemptFailure extends Error {
 
   /** A rejection another backend settles: the request's if it rejects too, else this backend's. */
   get unconfirmedRejection(): boolean {
-    return (
-      this.reason === 'in_band_rejection' ||
-      this.reason === 'upstream_not_found' ||
-      this.reason === 'upstream_not_implemented'
-    );
+    return UNCONFIRMED.has(this.reason);
   }
 }
 

@@ -41,7 +41,7 @@ import { type AssembleKind, Assembler, type StreamChunk } from './assemble.ts';
 import type { Cancel } from './cancel.ts';
 import { carriesOutput, DONE, errorPayloadFacts, isErrorPayload, OutputShape } from './chunk.ts';
 import { ChunkedWriter } from './chunked-writer.ts';
-import { AttemptFailure, abortFailure, failureFromError } from './failure.ts';
+import { AttemptFailure, abortFailure, type FailureReason, failureFromError } from './failure.ts';
 import { type DecodeMeter, type Latencies, TokenClock } from './measure.ts';
 import { SseParser } from './sse-parser.ts';
 
@@ -51,6 +51,11 @@ import { SseParser } from './sse-parser.ts';
  * second backend agrees (failure.ts, upstream_not_found and upstream_not_implemented).
  */
 const RELAYED_STATUSES: ReadonlySet<number> = new Set([400, 404, 413, 422, 501]);
+/** Of those, the statuses a second backend settles, and the reason each is until it does. */
+const SETTLED_BY_SECOND: ReadonlyMap<number, FailureReason> = new Map<number, FailureReason>([
+  [404, 'upstream_not_found'],
+  [501, 'upstream_not_implemented'],
+]);
 const BUSY_STATUSES: ReadonlySet<number> = new Set([408, 429]);
 /** Bytes of a 4xx body read for its message; the rest is discarded. */
 const MAX_REJECT_BODY = 16 * 1024;
@@ -267,20 +272,20 @@ export class Attempt implements Dispatcher.DispatchHandler {
       case 'buffering':
         this.#finishBuffered();
         return;
-      case 'rejecting':
-        if (this.#status === 404 || this.#status === 501) {
-          const status = this.#status;
+      case 'rejecting': {
+        const status = this.#status!;
+        const unsettled = SETTLED_BY_SECOND.get(status);
+        if (unsettled === undefined) this.#finish('rejected', null);
+        else {
           this.#fail(
-            new AttemptFailure(
-              status === 404 ? 'upstream_not_found' : 'upstream_not_implemented',
-              `upstream status ${status}`,
-              { status, upstreamMessage: rejectFacts(this.#body).message },
-            ),
+            new AttemptFailure(unsettled, `upstream status ${status}`, {
+              status,
+              upstreamMessage: rejectFacts(this.#body).message,
+            }),
           );
-        } else {
-          this.#finish('rejected', null);
         }
         return;
+      }
       case 'unstreamed':
         this.#fail(unstreamedFailure(this.#body));
         return;
@@ -771,12 +776,8 @@ function isJson(headers: ResponseHeaders): boolean {
  * kept: an error body is small, and a longer one is no error.
  */
 function unstreamedFailure(body: Buffer[]): AttemptFailure {
-  let msg: StreamChunk | null = null;
-  try {
-    msg = JSON.parse(Buffer.concat(body).toString('utf8')) as StreamChunk | null;
-  } catch {
-    // Cut at MAX_REJECT_BODY, or not JSON at all: not an error body.
-  }
+  // Cut at MAX_REJECT_BODY, or not JSON at all: not an error body.
+  const msg = parsedBody(body);
   return isErrorPayload(msg)
     ? inBandFailure(msg, false, 'answered a stream with a JSON error body')
     : new AttemptFailure('protocol_error', 'upstream answered a stream with a JSON body, not events');
@@ -784,14 +785,19 @@ function unstreamedFailure(body: Buffer[]): AttemptFailure {
 
 /** The upstream's error message (capped) and the field it names, from a 4xx body. */
 function rejectFacts(body: Buffer[]): { message: string | null; param: string | null } {
-  let msg: StreamChunk | null;
-  try {
-    msg = JSON.parse(Buffer.concat(body).toString('utf8')) as StreamChunk | null;
-  } catch {
-    return { message: null, param: null };
-  }
+  const msg = parsedBody(body);
+  if (msg === null) return { message: null, param: null };
   const { message, param } = errorPayloadFacts(msg);
   return { message: capped(message), param };
+}
+
+/** A kept error body as JSON, or null when it is not JSON (or was cut at MAX_REJECT_BODY). */
+function parsedBody(body: Buffer[]): StreamChunk | null {
+  try {
+    return JSON.parse(Buffer.concat(body).toString('utf8')) as StreamChunk | null;
+  } catch {
+    return null;
+  }
 }
 
 /** An upstream message as the client may be told it: at most MAX_REJECT_MESSAGE characters. */

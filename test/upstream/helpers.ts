@@ -1,8 +1,4 @@
-// Real loopback servers for the upstream tests: scripted "vLLM" backends that play one script per
-// attempt, and a tiny node:http gateway that hands its `res` to proxyRequest.
-import { once } from 'node:events';
 import http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { asksForUsage } from '../../src/server/inference-request.ts';
 import type { Backend } from '../../src/upstream/backend.ts';
 import { BackendSet, type BackendSetOptions } from '../../src/upstream/backends.ts';
@@ -85,14 +81,16 @@ export async function closedWithin(hit: Hit, withinMs = 2_000): Promise<number |
 }
 
 /** A port with nothing listening (connection refused). */
+/**
+ * A URL every connection to is refused, a different one each call. Invariant: nothing listens
+ * there while the suite runs: a privileged port below 20 (no test or service here takes one; a
+ * port freed by a server of this process could be taken again by another test file's server,
+ * running in parallel, and then answer).
+ */
+let deadPort = 0;
 export async function deadUrl(): Promise<string> {
-  const s = http.createServer();
-  s.listen(0, '127.0.0.1');
-  await once(s, 'listening');
-  const { port } = s.address() as AddressInfo;
-  s.close();
-  await once(s, 'close');
-  return `http://127.0.0.1:${port}`;
+  deadPort = (deadPort % 19) + 1;
+  return `http://127.0.0.1:${deadPort}`;
 }
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
