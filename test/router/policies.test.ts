@@ -135,6 +135,16 @@ describe('slagate', () => {
     expect(p.rank(req, roomy).map((c) => c.backend)).toEqual(['a', 'b']);
   });
 
+  it('logs a cost term whose input is not measured yet as null, not 0', () => {
+    const p = slagate(opts);
+    const r = route({ expectedOutputTokens: 100, tpotTargetMs: 50 });
+    const [c] = p.rank(r, [fitted('a', 300, { tpotMs: null, prefillMs: null, inflight: 4, cacheFill: 1 })]);
+    expect(c!.terms).toMatchObject({ decode_s: null, stall_s: null, evict_s: null, prefill_s: null });
+    // Measured, the same terms are numbers (0 where nothing is owed).
+    const [m] = p.rank(r, [fitted('a', 300, { tpotMs: 20, prefillMs: 100, inflight: 4, cacheFill: 1 })]);
+    expect(m!.terms).toMatchObject({ decode_s: 0, stall_s: 0.4, evict_s: 0.1, prefill_s: 0.1 });
+  });
+
   it('before every backend has a fit, uses uncached tokens × (running + 1)', () => {
     const p = slagate(opts);
     const ranked = p.rank(req, [

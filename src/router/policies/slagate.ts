@@ -114,9 +114,10 @@ function seconds(req: RouteRequest, b: BackendView): Candidate {
       wait_s: Number.isFinite(waitMs) ? round(waitMs / 1000) : null,
       ttft_s: round(ttftMs / 1000),
       prefill_s: b.prefillMs === null ? null : round(b.prefillMs / 1000),
-      decode_s: round(sufferMs / 1000),
-      stall_s: round(causeMs / 1000),
-      evict_s: round(evictMs / 1000),
+      // A term whose input is not measured yet is planned on as 0 and logged as null.
+      decode_s: b.tpotMs === null ? null : round(sufferMs / 1000),
+      stall_s: b.prefillMs === null ? null : round(causeMs / 1000),
+      evict_s: b.prefillMs === null ? null : round(evictMs / 1000),
       cached_tokens: Math.round(b.cachedTokens),
       inflight: b.inflight,
     },
