@@ -35,7 +35,7 @@ export interface AdmissionRecord {
   /** The backend with the next-best prediction, and that prediction. */
   runner_up: string | null;
   runner_up_predicted_ttft_ms: number | null;
-  /** Every attempt that failed before the one that ended the request: where, and why. */
+  /** Every attempt that failed, in order, the last one included when it ended the request: where, and why. */
   failed_attempts: readonly FailedAttempt[];
   queue_ms: number | null;
   ttft_ms: number | null;
