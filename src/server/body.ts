@@ -34,7 +34,14 @@ export function isJsonMediaType(header: string): boolean {
   return (semi < 0 ? header : header.slice(0, semi)).trim().toLowerCase() === 'application/json';
 }
 
-export function readJsonBody(req: IncomingMessage, limit: number, deadlineMs: number, done: BodyDone): void {
+/** `onRead`, if given, is called once the body's last byte is in, before it is parsed. */
+export function readJsonBody(
+  req: IncomingMessage,
+  limit: number,
+  deadlineMs: number,
+  done: BodyDone,
+  onRead?: () => void,
+): void {
   const { headers } = req;
   const type = headers['content-type'];
   const length = headers['content-length'];
@@ -91,6 +98,7 @@ export function readJsonBody(req: IncomingMessage, limit: number, deadlineMs: nu
   };
   const onEnd = (): void => {
     off();
+    onRead?.();
     const raw = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, received);
     let body: unknown;
     try {

@@ -178,18 +178,24 @@ function serveInference(
   // A refusal while the gateway shuts down also ends the connection, so that a keep-alive client
   // cannot hold the shutdown open with its next request (fastify does the same once it closes).
   if (rt.lifecycle.shuttingDown) res.setHeader('connection', 'close');
-  readJsonBody(req, bodyLimit, rt.config.upstream.first_token_timeout_ms, (err, body, raw) => {
-    if (err !== null) {
-      // The connection ends after a body the gateway refused (as fastify's body stage did): the
-      // rest of an oversized or endless upload is not read and discarded.
-      res.setHeader('connection', 'close');
-      refuse(rt, res, id, record, err);
-      return;
-    }
-    handleInference(rt, endpoint, { id, headers: req.headers, body, rawBody: raw, res, record }).catch(
-      (e: unknown) => refuse(rt, res, id, record, e),
-    );
-  });
+  readJsonBody(
+    req,
+    bodyLimit,
+    rt.config.upstream.first_token_timeout_ms,
+    (err, body, raw) => {
+      if (err !== null) {
+        // The connection ends after a body the gateway refused (as fastify's body stage did): the
+        // rest of an oversized or endless upload is not read and discarded.
+        res.setHeader('connection', 'close');
+        refuse(rt, res, id, record, err);
+        return;
+      }
+      handleInference(rt, endpoint, { id, headers: req.headers, body, rawBody: raw, res, record }).catch(
+        (e: unknown) => refuse(rt, res, id, record, e),
+      );
+    },
+    record.bodyRead,
+  );
 }
 
 /** A request answered before the proxy took it: the envelope, and the record ended refused. */

@@ -95,7 +95,7 @@ export async function handleInference(
     throw err;
   }
 
-  rt.metrics.observeOverheadMs(record.elapsedMs());
+  rt.metrics.observeOverheadMs(record.ownMs());
   markStage(request.id, 'admitted');
   proxied.add(record);
   const shutdown = rt.lifecycle.enter();

@@ -199,6 +199,8 @@ export class RequestRecord {
   readonly startedAt: number;
   private readonly fields: AdmissionFields;
   private done = false;
+  /** The log clock's reading when the request's body was in; null until then, or with no body. */
+  #bodyReadAt: number | null = null;
 
   constructor(
     private readonly sink: RecordSink,
@@ -217,6 +219,20 @@ export class RequestRecord {
   /** Milliseconds since begin. */
   elapsedMs(): number {
     return this.sink.now() - this.startedAt;
+  }
+
+  /** Marks the request's body as read: the client's upload ends here. */
+  readonly bodyRead = (): void => {
+    this.#bodyReadAt = this.sink.now();
+  };
+
+  /**
+   * Milliseconds since the request's body was read (since begin when none was): the gateway's own
+   * time from there on. A slow client's upload is not the gateway's time; the front door's few
+   * microseconds before the body are left out with it.
+   */
+  ownMs(): number {
+    return this.sink.now() - (this.#bodyReadAt ?? this.startedAt);
   }
 
   set(fields: AdmissionFields): this {

@@ -145,7 +145,7 @@ export class GatewayMetrics {
     this.queueWait = perRequest('queue_wait_seconds', 'Time spent in the gateway queue.', ttftBuckets);
     this.overhead = new BatchHistogram({
       name: `${PREFIX}overhead_seconds`,
-      help: "Time from a request's arrival to the end of admission (body, auth, validation, estimate, admission); queueing, routing and the relay are not in it.",
+      help: "Time from a request's body being read to the end of admission (parse, auth, validation, estimate, admission); the client's upload, queueing, routing and the relay are not in it.",
       labelNames: [],
       buckets: OVERHEAD_BUCKETS_S,
       registers: [reg],

@@ -21,6 +21,7 @@ import {
   type Script,
   scripted,
   send,
+  sleep,
   startTestGateway,
   type TestGateway,
 } from './harness.ts';
@@ -248,6 +249,40 @@ describe('26: the front door reads the body as fastify did', () => {
     expect(b.hits).toHaveLength(1);
     const sent = JSON.parse(b.hits[0]!.body) as { messages: unknown };
     expect(sent.messages).toEqual(JSON.parse(body.toString('utf8')).messages);
+  });
+
+  it("a slow upload is the client's time: the gateway's overhead is counted from the body's last byte", async () => {
+    const b = await backend(healthyStream);
+    const t = await gateway({ backends: [{ name: 'b0', url: b.url }] });
+    const body = Buffer.from(JSON.stringify(chat({ stream: true })));
+    const received = new Promise<void>((resolve) => {
+      const onMark = (m: unknown) => {
+        if ((m as StageMark).reqId !== 'slow-upload' || (m as StageMark).stage !== 'received') return;
+        unsubscribe(STAGE_CHANNEL, onMark);
+        resolve();
+      };
+      subscribe(STAGE_CHANNEL, onMark);
+    });
+    const { port } = new URL(t.url);
+    const socket = connect(Number(port), '127.0.0.1');
+    await once(socket, 'connect');
+    socket.resume();
+    socket.write(
+      `POST ${CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+        `content-length: ${body.length}\r\nx-request-id: slow-upload\r\nconnection: close\r\n\r\n`,
+    );
+    socket.write(body.subarray(0, 10));
+    await received;
+    // The upload itself is what is slow here: the rest of the body follows 400 ms after its start.
+    await sleep(400);
+    socket.write(body.subarray(10));
+    await once(socket, 'close');
+    expect(b.hits).toHaveLength(1);
+    const metrics = (await get(t.url, '/metrics')).text;
+    expect(metrics).toMatch(/^slagate_overhead_seconds_count 1$/m);
+    const sum = Number(/^slagate_overhead_seconds_sum (\S+)$/m.exec(metrics)![1]);
+    expect(sum).toBeGreaterThan(0);
+    expect(sum).toBeLessThan(0.2);
   });
 
   it('a client that stops sending mid-body → 504 at the request deadline and the connection closed', async () => {
