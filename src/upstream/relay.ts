@@ -408,7 +408,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     }
     if (this.#phase !== 'committed') return;
     if (sawData) this.#lastDataAt = now;
-    if (assembler === null) this.#write(out);
+    this.#write(out);
   }
 
   #hold(raw: Buffer): boolean {
@@ -467,10 +467,14 @@ export class Attempt implements Dispatcher.DispatchHandler {
   /**
    * Writes to the client. The first write (it carries the head) goes through res.write; a chunked
    * stream's later ones through its ChunkedWriter, at the end of the tick.
+   *
+   * Invariant: an answer assembled in memory writes nothing here. Its client asked for one JSON
+   * body, which #writeAssembled sends whole, or, on a failure, the error envelope: no event bytes
+   * may reach it first (they would go out under an implicit 200 with no head of ours).
    */
   #write(out: Buffer[]): void {
     const { res } = this.spec;
-    if (out.length === 0 || res.destroyed) return;
+    if (out.length === 0 || res.destroyed || this.#assembler !== null) return;
     if (this.#chunks !== null) {
       this.#chunks.push(out);
       return;

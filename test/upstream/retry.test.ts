@@ -562,6 +562,34 @@ describe('a non-streamed answer assembled from a stream that grows too large', (
   });
 });
 
+describe('a non-streamed answer whose stream fails after its first token', () => {
+  it('gets the error envelope, never event bytes under a bare 200, when a token and the error arrive in one read', async () => {
+    const tokenThenError: Script = (_req, res) => {
+      sseHead(res);
+      // One write: the role and token events and the in-band error that follows them.
+      res.end(
+        roleChunk() +
+          tokenChunk('Hello') +
+          frame({ error: { message: 'engine died', type: 'InternalServerError', code: 500 } }),
+      );
+    };
+    const notJson: Script = (_req, res) => {
+      sseHead(res);
+      res.end(`${roleChunk()}${tokenChunk('Hello')}data: {not json\n\n`);
+    };
+    for (const script of [tokenThenError, notJson]) {
+      const { gw } = await fleet([[script]], { nonStreamMode: 'assemble' });
+      const res = await post(gw.url, chatBody({ stream: false }));
+      const result = await gw.nextResult();
+      expect(res.status).toBe(502);
+      expect(res.headers['content-type']).toMatch(/^application\/json/);
+      expect(res.text).not.toContain('data:');
+      expect(JSON.parse(res.text).error.code).toBe('upstream_error');
+      expect(result.outcome).not.toBe('ok');
+    }
+  });
+});
+
 describe('fleet-wide failure (item 4)', () => {
   it('the retry budget caps retries at max(3, 20% of active requests)', async () => {
     const slow500: Script = async (_req, res) => {
