@@ -6,8 +6,9 @@
 // `signal` with a GatewayError: the client is told that error, never reset.
 //
 // Which failures are retried, and what bounds them:
-// - one that never reached the engine (connection refused or timed out, reset before the response
-//   head): always, on another backend, while the deadline allows: it cannot duplicate work;
+// - one that never reached the engine (connection refused or timed out): always, on another
+//   backend, while the deadline allows: it cannot duplicate work; a reset before the response head
+//   the same way once per request, then as below (a request that crashes a server would show so);
 // - one the engine may have caused (5xx, timeouts, resets mid-response, in-band errors): at most
 //   `retries` times, and only within the shared retry budget (Envoy's 20%), so a fleet-wide
 //   failure does not multiply the load;
@@ -218,6 +219,8 @@ async function attemptLoop(
     confirmedRejection: false,
   };
   let engineRetries = 0;
+  // Whether this request has had its one free retry of a reset before the response head.
+  let resetRetried = false;
   // The backend whose in-band rejection waits for a second backend's answer.
   let rejectedBy: { backend: Backend; failure: AttemptFailure } | null = null;
   while (!signal.aborted) {
@@ -226,8 +229,15 @@ async function attemptLoop(
       break;
     }
     // A retry of a failure the engine may have caused needs a retry and a budget slot; one that
-    // never reached the engine needs neither.
-    const budgeted = s.last?.failure?.reachedEngine === true;
+    // never reached the engine needs neither. A reset before the response head is free once per
+    // request, and then budgeted: vLLM sends a stream's head only after it has rendered, tokenized
+    // and loaded the request's media, so a request that crashes a server there also shows as a
+    // reset before the head, and free retries would carry it to every replica in turn. One free
+    // retry rides out a replica that resets connections (the breaker and outlier detection then
+    // take it out).
+    const failed = s.last?.failure;
+    const resetRetry = failed?.reason === 'upstream_reset' && !failed.reachedEngine;
+    const budgeted = failed?.reachedEngine === true || (resetRetry && resetRetried);
     if (budgeted) {
       if (engineRetries >= cfg.retries) break;
       if (!budget.tryAcquireRetry()) {
@@ -315,6 +325,7 @@ async function attemptLoop(
     // The breaker refused: not an attempt. Another slot, elsewhere.
     if (end === null) continue;
     if (budgeted) engineRetries++;
+    if (resetRetry) resetRetried = true;
     s.last = end;
     s.lastBackend = backend;
     s.lastSlot = slot;

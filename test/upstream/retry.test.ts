@@ -513,6 +513,26 @@ describe('a body passed through whose connection is reset before its head', () =
   });
 });
 
+describe('a request every backend resets before its head (one that crashes a server as it is prepared)', () => {
+  it('has one free retry, then needs a retry left: it is not carried to every replica', async () => {
+    const five = () => [[destroy], [destroy], [destroy], [destroy], [destroy]];
+    const none = await fleet(five(), { cfg: { ...FAST, retries: 0 } });
+    expect((await post(none.gw.url, chatBody())).status).toBe(502);
+    expect(await none.gw.nextResult()).toMatchObject({ attempts: 2 });
+    expect(none.ups.reduce((n, u) => n + u.hits.length, 0)).toBe(2);
+    const one = await fleet(five(), { cfg: { ...FAST, retries: 1 } });
+    expect((await post(one.gw.url, chatBody())).status).toBe(502);
+    const result = await one.gw.nextResult();
+    expect(result).toMatchObject({ attempts: 3 });
+    expect(result.attemptLog.map((a) => a.reason)).toEqual([
+      'upstream_reset',
+      'upstream_reset',
+      'upstream_reset',
+    ]);
+    expect(one.ups.reduce((n, u) => n + u.hits.length, 0)).toBe(3);
+  });
+});
+
 describe('a body passed through that is too large', () => {
   it('is not retried and not counted against the backend: it would be as large anywhere', async () => {
     const big: Script = (_req, res) => {
