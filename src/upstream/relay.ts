@@ -160,6 +160,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
   /** When the idle period began: the last data event, or the arming of the idle timer. */
   #lastDataAt = 0;
   #stallTimer: NodeJS.Timeout | null = null;
+  /** What the client had not read when the stall timer was last armed. */
+  #stallUnread = 0;
   /** After the first write of a chunked stream: frames and writes its events (chunked-writer.ts). */
   #chunks: ChunkedWriter | null = null;
   #resolveDone!: (end: AttemptEnd) => void;
@@ -500,6 +502,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     // The upstream is silent because we paused it, not because it stalled.
     if (this.#idleTimer !== null) clearTimeout(this.#idleTimer);
     this.#idleTimer = null;
+    this.#stallUnread = unreadBytes(this.spec.res);
     this.#stallTimer = setTimeout(this.#onStall, this.spec.clientStallTimeoutMs);
     this.#drainSource.once('drain', this.#onDrain);
   };
@@ -618,7 +621,18 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.#fail(new AttemptFailure('idle_timeout', `no data event for ${this.spec.idleTimeoutMs} ms`));
   };
 
+  /**
+   * Invariant: a client is cut as stalled only after it read nothing for clientStallTimeoutMs. One
+   * that reads, however slowly, keeps its stream ('drain' comes only once all of a large event is
+   * out, which a slow link may take longer than the timeout for).
+   */
   #onStall = (): void => {
+    const unread = unreadBytes(this.spec.res);
+    if (unread > 0 && unread < this.#stallUnread) {
+      this.#stallUnread = unread;
+      this.#stallTimer = setTimeout(this.#onStall, this.spec.clientStallTimeoutMs);
+      return;
+    }
     this.#stallTimer = null;
     this.#fail(
       new AttemptFailure('client_stalled', `client did not read for ${this.spec.clientStallTimeoutMs} ms`),
@@ -712,6 +726,16 @@ export class Attempt implements Dispatcher.DispatchHandler {
 }
 
 /**
+ * Bytes written to `res` not yet taken by the kernel. A large write is one chunk to the stream,
+ * whose length drops only when all of it is written; libuv's write queue (the handle's
+ * writeQueueSize, which node's net module reads too) drops as the client reads.
+ */
+function unreadBytes(res: ServerResponse): number {
+  const socket = res.socket as (Socket & { _handle?: { writeQueueSize?: number } | null }) | null;
+  return res.writableLength + (socket?.writableLength ?? 0) + (socket?._handle?.writeQueueSize ?? 0);
+}
+
+/**
  * Called after the last write of a response. Invariant: a client that reads none of what is still
  * buffered for it for `ms` loses its socket, as a stream's client does (the stall timer); one that
  * reads, however slowly, keeps it. With the response ended nothing else would close it: the
@@ -720,18 +744,11 @@ export class Attempt implements Dispatcher.DispatchHandler {
  */
 function lingerAtMost(res: ServerResponse, ms: number): void {
   if (res.writableFinished || res.destroyed) return;
-  // Bytes not yet taken by the kernel. A large last write is one chunk to the stream, whose length
-  // drops only when all of it is written; libuv's write queue (the handle's writeQueueSize, which
-  // node's net module reads too) drops as the client reads.
-  const pending = () => {
-    const socket = res.socket as (Socket & { _handle?: { writeQueueSize?: number } | null }) | null;
-    return res.writableLength + (socket?.writableLength ?? 0) + (socket?._handle?.writeQueueSize ?? 0);
-  };
   // All of it handed to the kernel: 'finish' follows, then the keep-alive timeout applies.
-  let last = pending();
+  let last = unreadBytes(res);
   if (last === 0) return;
   const check = () => {
-    const now = pending();
+    const now = unreadBytes(res);
     if (now < last) {
       last = now;
       linger = setTimeout(check, ms);

@@ -252,6 +252,53 @@ describe('a client that never reads (item 20)', () => {
     expect(got).toBeGreaterThan(whole.length);
   });
 
+  it('a stream whose one large event a client reads slowly, but steadily, reaches it whole', async () => {
+    // A 12 MiB event (a long prompt's logprobs, say), then [DONE]. The client reads 2 MiB, stops
+    // for 150 ms, and so on: the event takes well over the 300 ms stall timeout to drain, but no
+    // 300 ms pass without reading.
+    const big = tokenChunk('q'.repeat(12 << 20));
+    // The stream goes on (its [DONE] comes) only once the client has read the whole event: until
+    // then the relay waits for the client, not for the upstream.
+    let readWhole = () => {};
+    const wholeRead = new Promise<void>((r) => {
+      readWhole = r;
+    });
+    const { gw } = await setup(
+      async (_req, res) => {
+        sseHead(res);
+        res.write(roleChunk());
+        res.write(big);
+        await wholeRead;
+        res.end(DONE);
+      },
+      { ...FAST, maxEventBytes: 16 << 20, clientStallTimeoutMs: 300 },
+    );
+    const body = JSON.stringify(chatBody());
+    const sock = net.connect(Number(new URL(gw.url).port), '127.0.0.1');
+    cleanups.push(async () => void sock.destroy());
+    sock.on('error', () => {});
+    sock.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+        `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+    );
+    let got = 0;
+    let sinceRest = 0;
+    sock.on('data', (c: Buffer) => {
+      got += c.length;
+      sinceRest += c.length;
+      if (got > big.length) readWhole();
+      if (sinceRest >= 2 << 20) {
+        sinceRest = 0;
+        sock.pause();
+        setTimeout(() => sock.resume(), 150);
+      }
+    });
+    const result = await gw.nextResult();
+    await new Promise((r) => sock.once('close', r));
+    expect(result).toMatchObject({ outcome: 'ok', committed: true });
+    expect(got).toBeGreaterThan(big.length);
+  });
+
   it('a last write the client has not read yet does not hold the upstream once [DONE] is forwarded', async () => {
     // One 4 MB event and [DONE] in a single upstream write: the write that carries [DONE] to the
     // paused client returns false, and the response is ended right after it.
