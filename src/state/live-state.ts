@@ -611,15 +611,16 @@ class LiveStateImpl implements LiveState {
     for (const { state } of this.#backends.values()) yield state;
   }
 
-  #applyPeers(snapshots: string[], now: number): void {
+  #applyPeers(snapshots: string[], now: number): number {
     const remote = new Map<string, RemoteBackend>();
     const tenants = new Map<string, RemoteTenant>();
-    mergeSnapshots(snapshots, remote, tenants);
+    const merged = mergeSnapshots(snapshots, remote, tenants);
     this.#remote = remote;
     this.#remoteTenants = tenants;
     this.#remoteAt = now;
     this.#remoteVersion++;
     for (const listener of this.#peerListeners) listener();
+    return merged;
   }
 
   /** Whether the peers' part of the view is still current (else it is dropped). */

@@ -54,13 +54,17 @@ export function createRedisClient(cfg: RedisStateConfig): StateRedisClient {
       // asked; without it the client waited on that one for good, and its socket kept the process
       // alive after close().
       sentinelCommandTimeout: cfg.command_timeout_ms,
+      // ioredis reads `rediss:` into `tls` but, with sentinels, uses it for the primary only when
+      // told to: without this the primary was spoken to in plain text (the sentinels are asked
+      // in plain text either way, as ioredis does unless given sentinelTLS).
+      enableTLSForSentinelMode: new URL(cfg.redis_url).protocol === 'rediss:',
     });
   }
   const url = new URL(cfg.redis_url);
   const seed =
     cfg.cluster_nodes.length > 0
       ? cfg.cluster_nodes.map(node)
-      : [{ host: url.hostname, port: Number(url.port || 6379) }];
+      : [{ host: url.hostname.replace(/^\[|\]$/g, ''), port: Number(url.port || 6379) }];
   const { lazyConnect, enableOfflineQueue, retryStrategy, ...nodeOptions } = options;
   return new Cluster(seed, {
     lazyConnect,

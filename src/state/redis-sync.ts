@@ -38,6 +38,9 @@ import { createRedisClient, type StateRedisClient } from './redis-client.ts';
 /** Live instances kept at most; the oldest heartbeats go first (a bound, not a limit in practice). */
 const MAX_INSTANCES = 256;
 
+/** A write refused by a replica, whether Redis gives it bare (7+) or inside a script's error (≤6.2). */
+export const READONLY = /(?:^|-)READONLY /;
+
 const SYNC_SCRIPT = `
 local t = redis.call('TIME')
 local logged = {}
@@ -149,6 +152,7 @@ export interface StoreStatus {
   store: 'memory' | 'redis';
   /** True while the shared store is unreachable (or not reached yet): local state is serving. */
   degraded: boolean;
+  /** The error since the last successful exchange; null once one succeeds. */
   lastError: string | null;
   /** Time since the last successful exchange; null if none yet (or with the memory store). */
   lastSyncAgeMs: number | null;
@@ -166,8 +170,8 @@ export interface StoreStatus {
 export interface SyncHost {
   /** This instance's snapshot as of `now` (called once per tick). */
   snapshot(now: number): string;
-  /** Replaces the peers' part of the view with these snapshots. */
-  applyPeers(snapshots: string[], now: number): void;
+  /** Replaces the peers' part of the view with these snapshots; returns how many it took. */
+  applyPeers(snapshots: string[], now: number): number;
   /** This instance's new log entry since the last tick, '' when it has none (called once per tick). */
   logEntry(): string;
   /** Entries other instances added to the log, oldest first. */
@@ -329,8 +333,9 @@ export class RedisSync {
         // nothing is pending on the connection, and a new one would get the same answer. The next
         // tick tries again, at the usual pace. Except READONLY: the server is a replica now (a
         // failover behind a DNS name that has moved on), and only a new connection finds the
-        // primary.
-        if (e instanceof ReplyError && !(e as Error).message.startsWith('READONLY')) throw e;
+        // primary. Redis 7 starts the script's error with it; Redis 6 and earlier wrap it
+        // ("ERR Error running script (call to f_…): @user_script:…: -READONLY You can't write…").
+        if (e instanceof ReplyError && !READONLY.test((e as Error).message)) throw e;
         this.#logRead = Math.max(1, this.#logRead >> 1);
         // Whatever is still pending on this connection goes with it (see the invariants). The
         // client ends the socket, destroys it if it is not closed within a command timeout
@@ -357,13 +362,13 @@ export class RedisSync {
       if (this.#closed) return;
       // The log first: applyPeers tells the listeners, who then see both.
       if (log.length > 0) this.#opts.host.applyLog(log);
-      this.#opts.host.applyPeers(peers, now());
-      this.#peers = peers.length;
+      this.#peers = this.#opts.host.applyPeers(peers, now());
       this.#lastOkAt = now();
+      // An error the client reported between ticks (a reset it recovered from) is over too.
+      this.#lastError = null;
       if (this.#degraded) {
         this.#degraded = false;
-        this.#lastError = null;
-        this.#opts.logger?.info({ peers: peers.length }, 'state store reachable: sharing state');
+        this.#opts.logger?.info({ peers: this.#peers }, 'state store reachable: sharing state');
       }
     } catch (e) {
       this.#lastError = e instanceof Error ? e.message : String(e);

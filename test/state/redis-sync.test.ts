@@ -17,7 +17,7 @@ function host(): SyncHost & { queue: string[]; batches: string[][] } {
     queue,
     batches,
     snapshot: () => '{}',
-    applyPeers: () => {},
+    applyPeers: (snapshots) => snapshots.length,
     logEntry: () => queue.shift() ?? '',
     applyLog: (entries) => {
       batches.push(entries);
@@ -164,6 +164,17 @@ describe('RedisSync', () => {
     return { c, w, connection: () => (w.client as Redis).client('ID') };
   };
 
+  it('an error the client reported between ticks is not shown once an exchange succeeds', async () => {
+    const { w } = await oneInstance();
+    await w.tick();
+    expect(w.status()).toMatchObject({ degraded: false, lastError: null });
+    // What ioredis emits for a connection reset it then recovers from on its own.
+    w.client.emit('error', new Error('read ECONNRESET'));
+    expect(w.status().lastError).toBe('read ECONNRESET');
+    await w.tick();
+    expect(w.status()).toMatchObject({ degraded: false, lastError: null });
+  });
+
   it('an error Redis answers with keeps the connection, and sharing resumes at the next tick once it is gone', async () => {
     const { c, w, connection } = await oneInstance();
     const before = await connection();
@@ -185,6 +196,7 @@ describe('RedisSync', () => {
     let aPeers: string[] = [];
     a.applyPeers = (snapshots) => {
       aPeers = snapshots;
+      return snapshots.length;
     };
     b.snapshot = () => '{"from":"b"}';
     const sa = start('a', a, c);

@@ -4,6 +4,7 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import type { RedisStateConfig } from '../../src/config/index.ts';
 import { createLiveState, type LiveState, livenessTtlMs } from '../../src/state/index.ts';
 import { SHARE_EVERY_MS } from '../../src/state/prefix-index.ts';
+import { RedisSync } from '../../src/state/redis-sync.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
 import { latencySample, observe } from './fixtures/sample.ts';
 
@@ -139,6 +140,37 @@ describe('LiveState with the Redis store (real redis-server)', () => {
   });
   afterEach(async () => {
     await Promise.all(states.splice(0).map((s) => s.close()));
+  });
+
+  it("status counts as peers only the snapshots the view took: not another version's", async () => {
+    const a = make('a');
+    // A peer of another snapshot version (a rolling upgrade): its snapshot is skipped whole.
+    const old = new RedisSync(cfg, {
+      instanceId: 'old',
+      host: {
+        snapshot: () => '{"v":0,"b":{}}',
+        applyPeers: (s) => s.length,
+        logEntry: () => '',
+        applyLog: () => {},
+      },
+      now: () => Date.now(),
+    });
+    try {
+      await Promise.all([a.ready(), old.ready()]);
+      await old.tick();
+      const b = make('b');
+      await b.ready();
+      await until(
+        () => a.inflight('gpu-0').requests === 0 && a.status().lastSyncAgeMs !== null,
+        2_000,
+        'a tick',
+      );
+      b.lease('gpu-0', { promptTokens: 1, expectedOutputTokens: 1 });
+      await until(() => a.inflight('gpu-0').requests === 1, 2_000, "a to see b's lease");
+      expect(a.status().peers).toBe(1);
+    } finally {
+      await old.close();
+    }
   });
 
   it('two instances see each other’s in-flight counts, windows and fits within one refresh', async () => {
