@@ -626,7 +626,10 @@ class LiveStateImpl implements LiveState {
   /** Whether the peers' part of the view is still current (else it is dropped). */
   #remoteFresh(): boolean {
     if (this.#sync === null || this.#remoteAt === null) return false;
-    if (this.#now() - this.#remoteAt > this.#sync.ttlMs) {
+    const now = this.#now();
+    // The wall clock stepped back: the peers' view ages from now, not from a time still to come.
+    if (now < this.#remoteAt) this.#remoteAt = now;
+    if (now - this.#remoteAt > this.#sync.ttlMs) {
       this.#remote = new Map();
       this.#remoteTenants = new Map();
       this.#remoteAt = null;

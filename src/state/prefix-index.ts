@@ -271,10 +271,16 @@ class Lru {
     this.trim(cap);
   }
 
-  /** Marks `hash` told at `now` and returns true, unless it is not held or was told within SHARE_EVERY_MS. */
+  /**
+   * Marks `hash` told at `now` and returns true, unless it is not held or was told within
+   * SHARE_EVERY_MS. A time told after `now` (the wall clock stepped back) is due: otherwise nothing
+   * told in the span the clock went back would be told again until the clock caught up.
+   */
   markTold(hash: number, now: number): boolean {
     const s = this.#slot.get(hash);
-    if (s < 0 || now - this.#told[s]! < SHARE_EVERY_MS) return false;
+    if (s < 0) return false;
+    const age = now - this.#told[s]!;
+    if (age >= 0 && age < SHARE_EVERY_MS) return false;
     this.#told[s] = now;
     return true;
   }

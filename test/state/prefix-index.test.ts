@@ -83,6 +83,23 @@ describe('PrefixIndex', () => {
     expect(idx.drainRecent()).toEqual(new Map([['a', system]]));
   });
 
+  it('a wall clock stepped back does not hold back what is due to be told', () => {
+    let now = 1_000_000;
+    const idx = new PrefixIndex(undefined, () => now);
+    idx.record(true);
+    const system = chain(1, 10);
+    idx.insert('a', system);
+    expect(idx.drainRecent()).toEqual(new Map([['a', system]]));
+    // NTP steps the clock back a minute; the prefix is used again well after SHARE_EVERY_MS.
+    now -= 60_000;
+    idx.insert('a', system);
+    expect(idx.drainRecent()).toEqual(new Map([['a', system]]));
+    // And from the new time on, once per SHARE_EVERY_MS as before.
+    now += SHARE_EVERY_MS - 1;
+    idx.insert('a', system);
+    expect(idx.drainRecent().size).toBe(0);
+  });
+
   it('what a peer told of is learnt and not told on until it is due again', () => {
     let now = 0;
     const idx = new PrefixIndex(undefined, () => now);
