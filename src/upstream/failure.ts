@@ -60,6 +60,12 @@ const NOT_BACKEND_FAULT: ReadonlySet<FailureReason> = new Set<FailureReason>([
 /** Reasons another backend would not change: the budget is spent, or the answer is too big anywhere. */
 const FINAL: ReadonlySet<FailureReason> = new Set<FailureReason>(['deadline', 'response_too_large']);
 
+/**
+ * Where an undici/socket error came: the request never handed to a connection (dispatch threw),
+ * before a stream's response head, or later (or before the head of a body passed through whole).
+ */
+export type ErrorStage = 'unsent' | 'before_head' | 'later';
+
 /** Reasons that by themselves prove the request never reached the engine. */
 const BEFORE_ENGINE: ReadonlySet<FailureReason> = new Set<FailureReason>([
   'connect_error',
@@ -69,12 +75,19 @@ const BEFORE_ENGINE: ReadonlySet<FailureReason> = new Set<FailureReason>([
 export class AttemptFailure extends Error {
   readonly reason: FailureReason;
   /**
-   * False when the request cannot have reached the engine (connection refused or timed out, or a
-   * stream reset before any response head): retrying it elsewhere cannot duplicate work, so the
-   * retry budget does not bound it. (A body passed through whole gets its head only after its
-   * generation: a reset before that head may come after the whole generation.)
+   * False when the request cannot have reached the engine (connection refused or timed out, or
+   * never handed to a connection): retrying it elsewhere cannot duplicate work, so the retry
+   * budget does not bound it.
    */
   readonly reachedEngine: boolean;
+  /**
+   * A stream's connection reset before its response head. vLLM sends that head only once it has
+   * rendered, tokenized and loaded the request's media, so this is either a connection the server
+   * dropped (a restart) or a request that crashed it as it was prepared: the attempt loop retries
+   * it free once per request, then as a failure the engine may have caused (proxy.ts). (A body
+   * passed through whole gets its head only after its generation: not one of these.)
+   */
+  readonly beforeHead: boolean;
   /** Upstream HTTP status when one was received; for an in-band rejection, the status it names. */
   readonly status: number | null;
   /** For a cut: the error the client is told instead of the generic upstream_error. */
@@ -91,7 +104,8 @@ export class AttemptFailure extends Error {
       status?: number;
       cause?: unknown;
       clientError?: GatewayError;
-      beforeHead?: boolean;
+      /** Where the error came: the request never handed to a connection, or before a stream's head. */
+      stage?: ErrorStage;
       upstreamMessage?: string | null;
       upstreamParam?: string | null;
     } = {},
@@ -99,10 +113,8 @@ export class AttemptFailure extends Error {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
     this.name = 'AttemptFailure';
     this.reason = reason;
-    this.reachedEngine = !(
-      BEFORE_ENGINE.has(reason) ||
-      (reason === 'upstream_reset' && opts.beforeHead === true)
-    );
+    this.reachedEngine = !(BEFORE_ENGINE.has(reason) || opts.stage === 'unsent');
+    this.beforeHead = reason === 'upstream_reset' && opts.stage === 'before_head';
     this.status = opts.status ?? null;
     this.clientError = opts.clientError ?? null;
     this.upstreamMessage = opts.upstreamMessage ?? null;
@@ -140,10 +152,9 @@ export function abortFailure(signal: Cancel): AttemptFailure {
 }
 
 /**
- * Maps an undici/socket error raised before or during the response to a reason; `beforeHead`: no
- * response head had arrived yet.
+ * Maps an undici/socket error raised before or during the response to a reason, at `stage`.
  */
-export function failureFromError(err: unknown, beforeHead: boolean): AttemptFailure {
+export function failureFromError(err: unknown, stage: ErrorStage): AttemptFailure {
   if (err instanceof AttemptFailure) return err;
   const code = (err as { code?: unknown } | null)?.code;
   const message = err instanceof Error ? err.message : String(err);
@@ -157,6 +168,6 @@ export function failureFromError(err: unknown, beforeHead: boolean): AttemptFail
     case 'EAI_AGAIN':
       return new AttemptFailure('connect_error', message, { cause: err });
     default:
-      return new AttemptFailure('upstream_reset', message, { cause: err, beforeHead });
+      return new AttemptFailure('upstream_reset', message, { cause: err, stage });
   }
 }

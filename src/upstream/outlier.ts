@@ -2,7 +2,7 @@
 // ejected for base × (number of ejections), capped. Ejection ends lazily (checked when asked), so
 // it owns no timer. Only failures the backend is to blame for reach here (see failure.ts).
 //
-// An ejection caused only by failures to reach the backend (refused, reset before any response)
+// An ejection caused only by failures to reach the backend (connection refused or timed out)
 // ends early when an active probe passes (Envoy's successful_active_health_check_uneject_host): a
 // passing /health proves it is reachable again. One caused by errors the backend answered with
 // runs its course, since /health says nothing about those.

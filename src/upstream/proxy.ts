@@ -123,7 +123,7 @@ export interface ProxyResult {
   attemptLog: AttemptRecord[];
   /**
    * Some attempt may have reached an engine (failure.ts, reachedEngine): false when none was made,
-   * or every one was refused a connection or reset before its response head.
+   * or every one was refused a connection (or timed out connecting).
    */
   reachedEngine: boolean;
   /**
@@ -236,8 +236,8 @@ async function attemptLoop(
     // retry rides out a replica that resets connections (the breaker and outlier detection then
     // take it out).
     const failed = s.last?.failure;
-    const resetRetry = failed?.reason === 'upstream_reset' && !failed.reachedEngine;
-    const budgeted = failed?.reachedEngine === true || (resetRetry && resetRetried);
+    const freeReset = failed?.beforeHead === true && !resetRetried;
+    const budgeted = failed?.reachedEngine === true && !freeReset;
     if (budgeted) {
       if (engineRetries >= cfg.retries) break;
       if (!budget.tryAcquireRetry()) {
@@ -325,7 +325,7 @@ async function attemptLoop(
     // The breaker refused: not an attempt. Another slot, elsewhere.
     if (end === null) continue;
     if (budgeted) engineRetries++;
-    if (resetRetry) resetRetried = true;
+    if (freeReset) resetRetried = true;
     s.last = end;
     s.lastBackend = backend;
     s.lastSlot = slot;

@@ -215,7 +215,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
         this,
       );
     } catch (err) {
-      this.#fail(failureFromError(err, true));
+      this.#fail(failureFromError(err, 'unsent'));
     }
     return this.committed;
   }
@@ -309,9 +309,14 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (this.#phase === 'done') return;
     // The client already has the whole stream; the upstream's late error changes nothing.
     if (this.#phase === 'closing') this.#finish('ok', null, true);
-    // Before the head means before the engine only for a stream: vLLM sends a stream's head at
-    // once, a whole body's head with the body, after the generation.
-    else this.#fail(failureFromError(err, this.#status === null && this.spec.mode !== 'passthrough'));
+    // A whole body's head comes with the body, after the generation: only a stream's is early.
+    else
+      this.#fail(
+        failureFromError(
+          err,
+          this.#status === null && this.spec.mode !== 'passthrough' ? 'before_head' : 'later',
+        ),
+      );
   }
 
   // ---- streaming ----
