@@ -160,8 +160,10 @@ export class Attempt implements Dispatcher.DispatchHandler {
   /** When the idle period began: the last data event, or the arming of the idle timer. */
   #lastDataAt = 0;
   #stallTimer: NodeJS.Timeout | null = null;
-  /** What the client had not read when the stall timer was last armed. */
-  #stallUnread = 0;
+  /** Bytes handed to the client's response so far. */
+  #handed = 0;
+  /** How many of them the kernel had taken when the stall timer was last armed. */
+  #stallTaken = 0;
   /** After the first write of a chunked stream: frames and writes its events (chunked-writer.ts). */
   #chunks: ChunkedWriter | null = null;
   #resolveDone!: (end: AttemptEnd) => void;
@@ -482,6 +484,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
   #write(out: Buffer[]): void {
     const { res } = this.spec;
     if (out.length === 0 || res.destroyed || this.#assembler !== null) return;
+    for (const b of out) this.#handed += b.length;
     if (this.#chunks !== null) {
       this.#chunks.push(out);
       return;
@@ -507,7 +510,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     // The upstream is silent because we paused it, not because it stalled.
     if (this.#idleTimer !== null) clearTimeout(this.#idleTimer);
     this.#idleTimer = null;
-    this.#stallUnread = unreadBytes(this.spec.res);
+    this.#stallTaken = this.#handed - unreadBytes(this.spec.res);
     this.#stallTimer = setTimeout(this.#onStall, this.spec.clientStallTimeoutMs);
     this.#drainSource.once('drain', this.#onDrain);
   };
@@ -627,14 +630,15 @@ export class Attempt implements Dispatcher.DispatchHandler {
   };
 
   /**
-   * Invariant: a client is cut as stalled only after it read nothing for clientStallTimeoutMs. One
-   * that reads, however slowly, keeps its stream ('drain' comes only once all of a large event is
-   * out, which a slow link may take longer than the timeout for).
+   * Invariant: a client whose buffer stays full is cut as stalled unless it reads at least
+   * READ_AT_LEAST bytes in every clientStallTimeoutMs. 'drain' comes only once all of a large event
+   * is out, which a slow link may take longer than the timeout for; a client reading a trickle
+   * would hold its slot, the paused upstream and the engine's sequence for good.
    */
   #onStall = (): void => {
-    const unread = unreadBytes(this.spec.res);
-    if (unread > 0 && unread < this.#stallUnread) {
-      this.#stallUnread = unread;
+    const taken = this.#handed - unreadBytes(this.spec.res);
+    if (taken - this.#stallTaken >= READ_AT_LEAST) {
+      this.#stallTaken = taken;
       this.#stallTimer = setTimeout(this.#onStall, this.spec.clientStallTimeoutMs);
       return;
     }
@@ -731,9 +735,16 @@ export class Attempt implements Dispatcher.DispatchHandler {
 }
 
 /**
- * Bytes written to `res` not yet taken by the kernel. A large write is one chunk to the stream,
- * whose length drops only when all of it is written; libuv's write queue (the handle's
- * writeQueueSize, which node's net module reads too) drops as the client reads.
+ * What a client whose buffer is full must read in each stall period to keep its response: 256 KiB
+ * per clientStallTimeoutMs (about 70 kbit/s at the default 30 s).
+ */
+export const READ_AT_LEAST = 256 * 1024;
+
+/**
+ * A count of the bytes written to `res` and not yet taken by the kernel that falls as the client
+ * reads: compare its changes, not its value. A large write is one chunk to the stream, whose length
+ * drops only when all of it is written, and is also in libuv's write queue (the handle's
+ * writeQueueSize, which node's net module reads too), which drops as the client reads.
  */
 function unreadBytes(res: ServerResponse): number {
   const socket = res.socket as (Socket & { _handle?: { writeQueueSize?: number } | null }) | null;
@@ -741,9 +752,9 @@ function unreadBytes(res: ServerResponse): number {
 }
 
 /**
- * Called after the last write of a response. Invariant: a client that reads none of what is still
- * buffered for it for `ms` loses its socket, as a stream's client does (the stall timer); one that
- * reads, however slowly, keeps it. With the response ended nothing else would close it: the
+ * Called after the last write of a response. Invariant: a client that reads less than
+ * READ_AT_LEAST of what is still buffered for it in `ms` loses its socket, as a stream's client
+ * does (the stall timer); one that reads at least that much each period keeps it. With the response ended nothing else would close it: the
  * keep-alive timeout starts only once everything is flushed, and the server sets no socket
  * timeout (a long generation is silent between its head and its first token).
  */
@@ -754,7 +765,7 @@ function lingerAtMost(res: ServerResponse, ms: number): void {
   if (last === 0) return;
   const check = () => {
     const now = unreadBytes(res);
-    if (now < last) {
+    if (last - now >= READ_AT_LEAST) {
       last = now;
       linger = setTimeout(check, ms);
     } else {
