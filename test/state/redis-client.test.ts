@@ -36,7 +36,7 @@ describe('createRedisClient', () => {
       clients.push(c);
       return c.options;
     };
-    expect(sentinel('rediss://:pw@primary:6380')).toMatchObject({ enableTLSForSentinelMode: true, tls: {} });
+    expect(sentinel('rediss://:pw@primary:6380')).toMatchObject({ enableTLSForSentinelMode: true, tls: true });
     expect(sentinel('redis://:pw@primary:6379').enableTLSForSentinelMode).toBe(false);
   });
 
