@@ -10,7 +10,8 @@ const COMMANDS: Record<string, { summary: string; load: () => Promise<Command> }
     load: async () => (await import('./serve.ts')).serveCommand,
   },
   sim: {
-    summary: 'run a simulated vLLM fleet (--replicas N --port P --host H --profile NAME --model NAME --time-scale X)',
+    summary:
+      'run a simulated vLLM fleet (--replicas N --port P --host H --profile NAME --model NAME --time-scale X)',
     load: async () => (await import('./sim.ts')).simCommand,
   },
   bench: {

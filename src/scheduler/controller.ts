@@ -18,7 +18,7 @@
 // because it is long; what is left is queueing inside vLLM (KV cache full, too many sequences,
 // prefill budget spent on others). e = max(tpot, ttft),
 // and B = the requests the backend runs now (every gateway instance):
-//   e > 1                   → limit = min(limit, B ÷ min(e, 2))          (decrease)
+//   e > 1, B > 0            → limit = min(limit, B ÷ min(e, 2))          (decrease)
 //   e ≤ 1 and limit binding → limit = max(limit, B) × min(1.5, 1/√e), ≥ +1 (growth that vanishes
 //                                                                         at the setpoint)
 //   otherwise, or no signal → unchanged
@@ -111,8 +111,10 @@ const MAX_GROWTH = 1.5;
 
 export function controlError(s: ControlSignals, sp: Setpoints): number | null {
   const parts: number[] = [];
-  if (s.itlMs !== null && s.tpotTargetMs > 0) parts.push(s.itlMs / (sp.tpotShare * s.tpotTargetMs));
-  if (s.meanItlMs !== null && s.tpotTargetMs > 0) parts.push(s.meanItlMs / s.tpotTargetMs);
+  // No finite TPOT target (no class holds a slot there): the gaps are not judged, not judged as 0.
+  const tpotJudged = Number.isFinite(s.tpotTargetMs) && s.tpotTargetMs > 0;
+  if (s.itlMs !== null && tpotJudged) parts.push(s.itlMs / (sp.tpotShare * s.tpotTargetMs));
+  if (s.meanItlMs !== null && tpotJudged) parts.push(s.meanItlMs / s.tpotTargetMs);
   if (s.ttftQueueShare !== null) parts.push(s.ttftQueueShare / sp.ttftShare);
   return parts.length === 0 ? null : Math.max(...parts);
 }
@@ -127,7 +129,10 @@ export function nextLimit(
 ): ControlStep {
   const e = controlError(s, sp);
   let next = limit;
-  if (e !== null && e > 1) {
+  // With nothing running there is no batch to cut: the signal, a few periods long, describes one
+  // that has left (traffic stopped, the backend went down), and a step from 0 would throw away
+  // the limit learnt for it.
+  if (e !== null && e > 1 && inflight > 0) {
     next = Math.min(limit, inflight / Math.min(e, MAX_DECREASE));
   } else if (e !== null && s.binding) {
     const grown = Math.max(limit, inflight) * Math.min(MAX_GROWTH, 1 / Math.sqrt(Math.max(e, 1e-9)));

@@ -27,6 +27,13 @@ describe('controlError', () => {
     expect(controlError(signals({ itlMs: null, ttftQueueShare: null }), sp)).toBeNull();
     // No TPOT target running on the backend: only the TTFT signal is judged.
     expect(controlError(signals({ tpotTargetMs: Number.POSITIVE_INFINITY }), sp)).toBeCloseTo(0.4, 9);
+    // And with no TTFT signal either, no signal at all: not an error of 0 that grows the limit.
+    expect(
+      controlError(
+        signals({ tpotTargetMs: Number.POSITIVE_INFINITY, meanItlMs: 60, ttftQueueShare: null }),
+        sp,
+      ),
+    ).toBeNull();
   });
 
   it('the median gap is judged against the share of the target, the mean against the whole target', () => {
@@ -68,6 +75,12 @@ describe('nextLimit', () => {
       limit: 100,
       error: null,
     });
+  });
+
+  it('holds the limit when the backend has emptied: the signal describes a batch that has left', () => {
+    expect(nextLimit(64, 0, signals({ itlMs: 45, binding: false }), sp, bounds)).toMatchObject({ limit: 64 });
+    // One request still running: the step is from it, as before.
+    expect(nextLimit(64, 1, signals({ itlMs: 45, binding: false }), sp, bounds).limit).toBe(4);
   });
 
   it('stays within [min, max]', () => {

@@ -36,7 +36,10 @@ describe('createRedisClient', () => {
       clients.push(c);
       return c.options;
     };
-    expect(sentinel('rediss://:pw@primary:6380')).toMatchObject({ enableTLSForSentinelMode: true, tls: true });
+    expect(sentinel('rediss://:pw@primary:6380')).toMatchObject({
+      enableTLSForSentinelMode: true,
+      tls: true,
+    });
     expect(sentinel('redis://:pw@primary:6379').enableTLSForSentinelMode).toBe(false);
   });
 
