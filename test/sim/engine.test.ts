@@ -103,6 +103,18 @@ describe('engine timing', () => {
     expect(h.engine.stats().prefixCacheHits).toBe(2000 + 1984);
   });
 
+  it('requests admitted in one step with a shared prefix compute it once: the later ones hit the blocks being computed', () => {
+    const h = new Harness();
+    const shared = prompt(2000);
+    const traces = [0, 1, 2, 3].map((i) => h.add(spec(`co${i}`, [...shared, ...prompt(50)], 4)));
+    h.clock.run();
+    // All four fit one step's token budget; the first computes the 125 shared blocks, which the
+    // three admitted after it in the same step hit (as vLLM caches blocks when it schedules them).
+    expect(traces.every((t) => t.scheduledAt === traces[0]!.scheduledAt)).toBe(true);
+    expect(h.engine.stats().prefixCacheQueries).toBe(4 * 2050);
+    expect(h.engine.stats().prefixCacheHits).toBe(3 * 2000);
+  });
+
   it('output tokens fill blocks that later prompts can hit', () => {
     const h = new Harness();
     const p = prompt(32);

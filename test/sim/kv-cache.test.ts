@@ -25,6 +25,19 @@ describe('BlockPool', () => {
     expect(pool.longestHit([1000, 4242, 1002], 3)).toBe(1);
   });
 
+  it('a hash held by two blocks stays hittable while either copy lives: evicting the older keeps the newer', () => {
+    const pool = new BlockPool(4, 16); // usable blocks 1..3
+    const old = pool.allocate();
+    pool.cache(old, 777);
+    pool.release(old); // free, hittable, first in line to be evicted
+    const live = pool.allocate(); // a request computing the same block again, still running
+    pool.cache(live, 777);
+    expect(pool.allocate()).toBe(3);
+    expect(pool.allocate()).toBe(old); // the older copy is evicted
+    expect(pool.lookup(777)).toBe(live);
+    expect(pool.longestHit([777], 1)).toBe(1);
+  });
+
   it('evicts head-first: untouched free blocks, then a released request from its deepest block', () => {
     const pool = new BlockPool(7, 16); // usable blocks 1..6
     const req = [pool.allocate(), pool.allocate(), pool.allocate()]; // 1, 2, 3

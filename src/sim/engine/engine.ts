@@ -273,6 +273,7 @@ class SimEngine implements Engine {
       }
       if (selfPreempted) break;
       for (let k = 0; k < need; k++) r.blocks.push(pool.allocate());
+      this.cacheFullBlocks(r, r.numComputed + numNew);
       const decoding = r.outputs > 0 && numNew === 1 && r.numComputed === r.numTokens - 1;
       if (decoding) decodeSeqs++;
       else prefillTokens += numNew;
@@ -317,6 +318,7 @@ class SimEngine implements Engine {
       for (let k = 0; k < need; k++) r.blocks.push(pool.allocate());
       r.cachedBlocks = hitBlocks;
       r.numComputed = hitTokens;
+      this.cacheFullBlocks(r, hitTokens + numNew);
       r.place = 'running';
       this.running.push(r);
       r.stepNew = numNew;
@@ -356,17 +358,21 @@ class SimEngine implements Engine {
       if (r.place !== 'running') continue;
       r.numComputed += r.stepNew;
       r.stepNew = 0;
-      this.cacheFullBlocks(r);
       if (r.numComputed < r.numTokens) continue;
       if (this.emit(r, now)) finishedAny = true;
     }
     if (finishedAny) this.running = this.running.filter((r) => r.place === 'running');
   }
 
-  /** Registers blocks that became full of computed tokens, hashing output blocks on the way. */
-  private cacheFullBlocks(r: Req): void {
+  /**
+   * Registers the blocks that `upTo` tokens fill, hashing output blocks on the way. Called when a
+   * step is scheduled, for what it will compute, as vLLM's allocate_slots caches blocks: a request
+   * admitted later in the same step (or a later chunk) hits them, instead of computing the same
+   * prefix again beside them.
+   */
+  private cacheFullBlocks(r: Req, upTo: number): void {
     const B = this.B;
-    const full = Math.floor(r.numComputed / B);
+    const full = Math.floor(upTo / B);
     for (let j = r.cachedBlocks; j < full; j++) {
       if (j >= r.hashes.length) {
         const parent = r.hashes[j - 1]!;

@@ -84,10 +84,15 @@ export class BlockPool {
     for (let i = blocks.length - 1; i >= 0; i--) this.release(blocks[i]!);
   }
 
-  /** Register a full block under its chained hash so later requests can hit it. */
+  /**
+   * Register a full block under its chained hash so later requests can hit it. The newest copy of
+   * a hash is the one found (a prompt that hits whole recomputes its last block, a copy of one
+   * cached): the older copies were freed earlier and are evicted first, and an eviction drops the
+   * hash only if it takes the copy that is found, so a live copy stays hittable.
+   */
   cache(b: number, hash: number): void {
     this.hashOf[b] = hash;
-    if (!this.byHash.has(hash)) this.byHash.set(hash, b);
+    this.byHash.set(hash, b);
   }
 
   /** The cached block for `hash`, or NO_BLOCK. */
