@@ -36,6 +36,20 @@ describe('BlockPool', () => {
     expect(pool.allocate()).toBe(old); // the older copy is evicted
     expect(pool.lookup(777)).toBe(live);
     expect(pool.longestHit([777], 1)).toBe(1);
+    // The other way round: the copy registered later is freed and evicted while the first lives.
+    const p2 = new BlockPool(4, 16);
+    const first = p2.allocate();
+    p2.cache(first, 888); // a long decode's prompt block, in use throughout
+    const second = p2.allocate();
+    p2.cache(second, 888); // a shorter request with the same prompt and seed
+    p2.release(second);
+    expect(p2.allocate()).toBe(3);
+    expect(p2.allocate()).toBe(second);
+    expect(p2.lookup(888)).toBe(first);
+    // Gone with its last copy.
+    p2.release(first);
+    expect(p2.allocate()).toBe(first);
+    expect(p2.lookup(888)).toBe(NO_BLOCK);
   });
 
   it('evicts head-first: untouched free blocks, then a released request from its deepest block', () => {

@@ -3,8 +3,10 @@
 // - Block 0 is the null block and is never handed out, so at most numBlocks - 1 are usable.
 // - A block is in the free queue exactly when its refcount is 0. Free blocks keep their hash,
 //   so they stay hittable until a new allocation pops them from the head (LRU over free blocks).
-// - `byHash` maps a hash to the one block registered under it; a block whose hash is already
-//   registered by another block keeps the hash only for bookkeeping and is not hittable.
+// - Every block registered under a hash is findable while it keeps it, as vLLM's
+//   BlockHashToBlockMap keeps every copy: `byHash` names one, `copies` the others (two requests
+//   with one prompt and one seed compute the same blocks side by side). Evicting the one named
+//   hands the name to another copy.
 
 /** Returned by allocate() and lookup() when there is no block. */
 export const NO_BLOCK = -1;
@@ -18,6 +20,8 @@ export class BlockPool {
   private readonly next: Int32Array;
   private readonly prev: Int32Array;
   private readonly byHash = new Map<number, number>();
+  /** The other blocks registered under a hash `byHash` names, for the few hashes that have them. */
+  private readonly copies = new Map<number, number[]>();
   private free = 0;
 
   constructor(numBlocks: number, blockSize: number) {
@@ -35,6 +39,7 @@ export class BlockPool {
   clear(): void {
     const s = this.numBlocks;
     this.byHash.clear();
+    this.copies.clear();
     this.refCount.fill(0);
     this.hashOf.fill(Number.NaN);
     this.next[s] = s;
@@ -84,15 +89,17 @@ export class BlockPool {
     for (let i = blocks.length - 1; i >= 0; i--) this.release(blocks[i]!);
   }
 
-  /**
-   * Register a full block under its chained hash so later requests can hit it. The newest copy of
-   * a hash is the one found (a prompt that hits whole recomputes its last block, a copy of one
-   * cached): the older copies were freed earlier and are evicted first, and an eviction drops the
-   * hash only if it takes the copy that is found, so a live copy stays hittable.
-   */
+  /** Register a full block under its chained hash so later requests can hit it. */
   cache(b: number, hash: number): void {
+    if (this.hashOf[b] === hash) return;
     this.hashOf[b] = hash;
-    this.byHash.set(hash, b);
+    const named = this.byHash.get(hash);
+    if (named === undefined) this.byHash.set(hash, b);
+    else {
+      const more = this.copies.get(hash);
+      if (more === undefined) this.copies.set(hash, [b]);
+      else more.push(b);
+    }
   }
 
   /** The cached block for `hash`, or NO_BLOCK. */
@@ -115,8 +122,18 @@ export class BlockPool {
   private evictHash(b: number): void {
     const h = this.hashOf[b]!;
     if (Number.isNaN(h)) return;
-    if (this.byHash.get(h) === b) this.byHash.delete(h);
     this.hashOf[b] = Number.NaN;
+    const more = this.copies.get(h);
+    if (this.byHash.get(h) === b) {
+      if (more === undefined) this.byHash.delete(h);
+      else {
+        this.byHash.set(h, more.pop()!);
+        if (more.length === 0) this.copies.delete(h);
+      }
+    } else if (more !== undefined) {
+      more.splice(more.indexOf(b), 1);
+      if (more.length === 0) this.copies.delete(h);
+    }
   }
 
   private pushTail(b: number): void {
