@@ -131,9 +131,9 @@ export function nextLimit(
   let next = limit;
   // With nothing running there is no batch to cut: the signal, a few periods long, describes one
   // that has left (traffic stopped, the backend went down), and a step from 0 would throw away
-  // the limit learnt for it.
-  if (e !== null && e > 1 && inflight > 0) {
-    next = Math.min(limit, inflight / Math.min(e, MAX_DECREASE));
+  // the limit learnt for it. It holds (nor does that stale signal grow it).
+  if (e !== null && e > 1) {
+    if (inflight > 0) next = Math.min(limit, inflight / Math.min(e, MAX_DECREASE));
   } else if (e !== null && s.binding) {
     const grown = Math.max(limit, inflight) * Math.min(MAX_GROWTH, 1 / Math.sqrt(Math.max(e, 1e-9)));
     next = Math.max(limit + 1, grown);

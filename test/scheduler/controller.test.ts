@@ -79,6 +79,8 @@ describe('nextLimit', () => {
 
   it('holds the limit when the backend has emptied: the signal describes a batch that has left', () => {
     expect(nextLimit(64, 0, signals({ itlMs: 45, binding: false }), sp, bounds)).toMatchObject({ limit: 64 });
+    // Nor grows, when a request was blocked on it earlier in the period.
+    expect(nextLimit(64, 0, signals({ itlMs: 45, binding: true }), sp, bounds)).toMatchObject({ limit: 64 });
     // One request still running: the step is from it, as before.
     expect(nextLimit(64, 1, signals({ itlMs: 45, binding: false }), sp, bounds).limit).toBe(4);
   });
