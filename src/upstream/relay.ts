@@ -748,7 +748,8 @@ export const READ_AT_LEAST = 256 * 1024;
  */
 function unreadBytes(res: ServerResponse): number {
   const socket = res.socket as (Socket & { _handle?: { writeQueueSize?: number } | null }) | null;
-  return res.writableLength + (socket?.writableLength ?? 0) + (socket?._handle?.writeQueueSize ?? 0);
+  // res.writableLength already holds the socket's own buffered length.
+  return res.writableLength + (socket?._handle?.writeQueueSize ?? 0);
 }
 
 /**
