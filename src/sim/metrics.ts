@@ -64,20 +64,34 @@ export interface ReplicaMetricsOptions {
 
 export class ReplicaMetrics implements EngineObserver {
   private readonly labels: string;
-  private readonly createdS: number;
-  private readonly success = new Map<string, number>(FINISHED_REASONS.map((r) => [r, 0]));
-  private readonly ttft = new Histogram(TTFT_BUCKETS);
-  private readonly itl = new Histogram(ITL_BUCKETS);
-  private readonly tpot = new Histogram(ITL_BUCKETS);
-  private readonly e2e = new Histogram(REQUEST_BUCKETS);
-  private readonly queue = new Histogram(REQUEST_BUCKETS);
-  private readonly prefill = new Histogram(REQUEST_BUCKETS);
-  private readonly decode = new Histogram(REQUEST_BUCKETS);
-  private readonly inference = new Histogram(REQUEST_BUCKETS);
+  private createdS: number;
+  private success = new Map<string, number>(FINISHED_REASONS.map((r) => [r, 0]));
+  private ttft = new Histogram(TTFT_BUCKETS);
+  private itl = new Histogram(ITL_BUCKETS);
+  private tpot = new Histogram(ITL_BUCKETS);
+  private e2e = new Histogram(REQUEST_BUCKETS);
+  private queue = new Histogram(REQUEST_BUCKETS);
+  private prefill = new Histogram(REQUEST_BUCKETS);
+  private decode = new Histogram(REQUEST_BUCKETS);
+  private inference = new Histogram(REQUEST_BUCKETS);
 
   constructor(private readonly opts: ReplicaMetricsOptions) {
     this.labels = `model_name="${escapeLabel(opts.model)}",engine="0"`;
     this.createdS = opts.createdS ?? Date.now() / 1000;
+  }
+
+  /** A new process (a crash): every counter and histogram from 0, created now. */
+  restart(): void {
+    this.createdS = Date.now() / 1000;
+    this.success = new Map<string, number>(FINISHED_REASONS.map((r) => [r, 0]));
+    this.ttft = new Histogram(TTFT_BUCKETS);
+    this.itl = new Histogram(ITL_BUCKETS);
+    this.tpot = new Histogram(ITL_BUCKETS);
+    this.e2e = new Histogram(REQUEST_BUCKETS);
+    this.queue = new Histogram(REQUEST_BUCKETS);
+    this.prefill = new Histogram(REQUEST_BUCKETS);
+    this.decode = new Histogram(REQUEST_BUCKETS);
+    this.inference = new Histogram(REQUEST_BUCKETS);
   }
 
   onRequestFinished(r: {

@@ -95,7 +95,9 @@ export class SimReplica implements ReplicaContext {
       case 'crash':
         await this.stopListening();
         for (const s of this.sockets) s.destroy();
-        this.engine.reset({ clearCache: true });
+        // A crash is a new process: a cold cache, counters from 0, a new _created.
+        this.engine.reset({ restart: true });
+        this.metrics.restart();
         return;
       case 'refuse':
         await this.stopListening();

@@ -283,7 +283,7 @@ describe('engine abort, reset and determinism', () => {
     expect(h.engine.stats().running).toBe(0);
   });
 
-  it('reset drops requests silently and keeps the cache unless asked to clear it', () => {
+  it('reset drops requests silently and keeps the cache and counters unless it is a restart', () => {
     const h = new Harness();
     const p = prompt(160);
     h.ttftAlone(spec('warm', p, 2));
@@ -295,8 +295,16 @@ describe('engine abort, reset and determinism', () => {
     expect(dropped.tokens.length).toBe(seen);
     expect(h.engine.stats().running + h.engine.stats().waiting).toBe(0);
     expect(h.engine.cachedPrefixTokens(p)).toBe(160);
-    h.engine.reset({ clearCache: true });
+    expect(h.engine.stats().prefixCacheQueries).toBeGreaterThan(0);
+    h.engine.reset({ restart: true });
     expect(h.engine.cachedPrefixTokens(p)).toBe(0);
+    // A restart counts from 0, as a new vLLM process does.
+    expect(h.engine.stats()).toMatchObject({
+      prefixCacheQueries: 0,
+      promptTokens: 0,
+      generationTokens: 0,
+      steps: 0,
+    });
     // Still usable afterwards.
     const after = h.add(spec('after', prompt(20), 3));
     h.clock.run();

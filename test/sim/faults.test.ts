@@ -63,6 +63,10 @@ describe('crash', () => {
     await replica.reset();
     expect(await connectResult(base)).toBe('ok');
     expect(JSON.parse((await post(base, '/sim/cached-tokens', probe)).text).cached_tokens).toBe(0);
+    // A new process: its counters start from 0 (a scraper sees them go down).
+    const metrics = (await send(base, 'GET', '/metrics')).text;
+    expect(metrics).toMatch(/^vllm:prompt_tokens_total\{[^}]*\} 0(\.0)?$/m);
+    expect(metrics).toMatch(/^vllm:request_success_total\{[^}]*finished_reason="length"[^}]*\} 0(\.0)?$/m);
   });
 
   it('comes back by itself after duration_ms', async () => {

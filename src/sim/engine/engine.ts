@@ -183,7 +183,7 @@ class SimEngine implements Engine {
     this.slowdown = factor;
   }
 
-  reset(opts?: { clearCache?: boolean }): void {
+  reset(opts?: { restart?: boolean }): void {
     this.cancelTimer?.();
     this.cancelTimer = null;
     this.epoch++;
@@ -194,7 +194,11 @@ class SimEngine implements Engine {
     this.scheduled = [];
     this.waiting.clear();
     this.waitingCount = 0;
-    if (opts?.clearCache) this.pool.clear();
+    if (opts?.restart) {
+      this.pool.clear();
+      const c = this.counters;
+      for (const k of Object.keys(c) as (keyof typeof c)[]) c[k] = 0;
+    }
     this.phase = 'idle';
   }
 

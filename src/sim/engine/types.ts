@@ -78,8 +78,11 @@ export interface Engine {
   cachedPrefixTokens(tokens: readonly number[]): number;
   /** Slow every step down by `factor` (fault injection); 1 restores. */
   setSlowdown(factor: number): void;
-  /** Drop every request (crash) and, when `clearCache`, the prefix cache too. */
-  reset(opts?: { clearCache?: boolean }): void;
+  /**
+   * Drop every request; with `restart` (a crash: a new process), the prefix cache and the
+   * counters too, as a restarted vLLM starts cold and counts from 0.
+   */
+  reset(opts?: { restart?: boolean }): void;
   /** Stops the step loop; pending requests are dropped without callbacks. */
   close(): void;
 }
