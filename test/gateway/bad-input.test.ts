@@ -56,6 +56,25 @@ const healthyStream: Script = (_req, res) => {
 const errorOf = (text: string) =>
   (JSON.parse(text) as { error: { code: string; type: string; message: string } }).error;
 
+/** Resolves when the gateway marks request `reqId` at `stage` (its stage channel). */
+function stageMark(reqId: string, stage: StageMark['stage']): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const onMark = (m: unknown) => {
+      if ((m as StageMark).reqId !== reqId || (m as StageMark).stage !== stage) return;
+      unsubscribe(STAGE_CHANNEL, onMark);
+      resolve();
+    };
+    subscribe(STAGE_CHANNEL, onMark);
+  });
+}
+
+/** A connected raw socket to the gateway at `url`. */
+async function rawSocket(url: string) {
+  const socket = connect(Number(new URL(url).port), '127.0.0.1');
+  await once(socket, 'connect');
+  return socket;
+}
+
 describe('26: body limits and prototype poisoning', () => {
   it('an oversized body → 413 body_too_large, refused, never proxied', async () => {
     const t = await gateway({ replicas: 1, config: { server: { body_limit_bytes: 4096 } } });
@@ -222,17 +241,8 @@ describe('26: the front door reads the body as fastify did', () => {
     const body = Buffer.from(
       JSON.stringify(chat({ stream: true, messages: [{ role: 'user', content: 'ünïcödé 海 '.repeat(50) }] })),
     );
-    const received = new Promise<void>((resolve) => {
-      const onMark = (m: unknown) => {
-        if ((m as StageMark).reqId !== 'pieces' || (m as StageMark).stage !== 'received') return;
-        unsubscribe(STAGE_CHANNEL, onMark);
-        resolve();
-      };
-      subscribe(STAGE_CHANNEL, onMark);
-    });
-    const { port } = new URL(t.url);
-    const socket = connect(Number(port), '127.0.0.1');
-    await once(socket, 'connect');
+    const received = stageMark('pieces', 'received');
+    const socket = await rawSocket(t.url);
     const reply: Buffer[] = [];
     socket.on('data', (c: Buffer) => reply.push(c));
     socket.write(
@@ -255,17 +265,8 @@ describe('26: the front door reads the body as fastify did', () => {
     const b = await backend(healthyStream);
     const t = await gateway({ backends: [{ name: 'b0', url: b.url }] });
     const body = Buffer.from(JSON.stringify(chat({ stream: true })));
-    const received = new Promise<void>((resolve) => {
-      const onMark = (m: unknown) => {
-        if ((m as StageMark).reqId !== 'slow-upload' || (m as StageMark).stage !== 'received') return;
-        unsubscribe(STAGE_CHANNEL, onMark);
-        resolve();
-      };
-      subscribe(STAGE_CHANNEL, onMark);
-    });
-    const { port } = new URL(t.url);
-    const socket = connect(Number(port), '127.0.0.1');
-    await once(socket, 'connect');
+    const received = stageMark('slow-upload', 'received');
+    const socket = await rawSocket(t.url);
     socket.resume();
     socket.write(
       `POST ${CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
