@@ -131,7 +131,8 @@ export function nextLimit(
   let next = limit;
   // With nothing running there is no batch to cut: the signal, a few periods long, describes one
   // that has left (traffic stopped, the backend went down), and a step from 0 would throw away
-  // the limit learnt for it. It holds (nor does that stale signal grow it).
+  // the limit learnt for it. It holds. (Below the setpoint, a limit a request pressed against in the
+  // period still grows, as when anything runs.)
   if (e !== null && e > 1) {
     if (inflight > 0) next = Math.min(limit, inflight / Math.min(e, MAX_DECREASE));
   } else if (e !== null && s.binding) {

@@ -272,8 +272,8 @@ class Generation {
   }
 
   private abortEngine(): void {
-    this.ctx.engine.abort(this.engineId);
-    this.ctx.metrics.onAborted();
+    // A request a crash dropped is not an abort of the process that comes back.
+    if (this.ctx.engine.abort(this.engineId)) this.ctx.metrics.onAborted();
   }
 
   private admit(): void {

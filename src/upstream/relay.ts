@@ -744,7 +744,9 @@ export const READ_AT_LEAST = 256 * 1024;
  * A count of the bytes written to `res` and not yet taken by the kernel that falls as the client
  * reads: compare its changes, not its value. A large write is one chunk to the stream, whose length
  * drops only when all of it is written, and is also in libuv's write queue (the handle's
- * writeQueueSize, which node's net module reads too), which drops as the client reads.
+ * writeQueueSize, which node's net module reads too), which drops as the client reads. The part
+ * libuv has not sent counts in both, so the count may fall up to twice as fast as the client reads
+ * (READ_AT_LEAST may be met by half of it, near the end of a write).
  */
 function unreadBytes(res: ServerResponse): number {
   const socket = res.socket as (Socket & { _handle?: { writeQueueSize?: number } | null }) | null;

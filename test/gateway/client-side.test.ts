@@ -38,7 +38,7 @@ it('17: a client that hangs up mid-stream → the engine drops the request withi
   const abort = replica.engine.abort.bind(replica.engine);
   replica.engine.abort = (id) => {
     abortedAt = performance.now();
-    abort(id);
+    return abort(id);
   };
   const closedAt = performance.now();
   res.close();

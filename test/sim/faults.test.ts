@@ -67,6 +67,8 @@ describe('crash', () => {
     const metrics = (await send(base, 'GET', '/metrics')).text;
     expect(metrics).toMatch(/^vllm:prompt_tokens_total\{[^}]*\} 0(\.0)?$/m);
     expect(metrics).toMatch(/^vllm:request_success_total\{[^}]*finished_reason="length"[^}]*\} 0(\.0)?$/m);
+    // The stream the crash killed is not counted as an abort by the process that came back.
+    expect(metrics).toMatch(/^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} 0(\.0)?$/m);
   });
 
   it('comes back by itself after duration_ms', async () => {

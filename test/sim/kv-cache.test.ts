@@ -52,6 +52,15 @@ describe('BlockPool', () => {
     expect(p2.lookup(888)).toBe(NO_BLOCK);
   });
 
+  it('a block registered under another hash gives up the first', () => {
+    const pool = new BlockPool(4, 16);
+    const b = pool.allocate();
+    pool.cache(b, 1);
+    pool.cache(b, 2);
+    expect(pool.lookup(1)).toBe(NO_BLOCK);
+    expect(pool.lookup(2)).toBe(b);
+  });
+
   it('evicts head-first: untouched free blocks, then a released request from its deepest block', () => {
     const pool = new BlockPool(7, 16); // usable blocks 1..6
     const req = [pool.allocate(), pool.allocate(), pool.allocate()]; // 1, 2, 3

@@ -147,9 +147,9 @@ class SimEngine implements Engine {
     this.wake();
   }
 
-  abort(id: string): void {
+  abort(id: string): boolean {
     const r = this.byId.get(id);
-    if (r === undefined) return;
+    if (r === undefined) return false;
     this.byId.delete(id);
     if (r.place === 'running') {
       const i = this.running.indexOf(r);
@@ -160,6 +160,7 @@ class SimEngine implements Engine {
       this.waitingCount--;
     }
     r.place = 'gone';
+    return true;
   }
 
   stats(): EngineStats {

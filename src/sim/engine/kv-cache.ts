@@ -92,6 +92,8 @@ export class BlockPool {
   /** Register a full block under its chained hash so later requests can hit it. */
   cache(b: number, hash: number): void {
     if (this.hashOf[b] === hash) return;
+    // A block is registered once between allocations; one holding another hash gives it up first.
+    this.evictHash(b);
     this.hashOf[b] = hash;
     const named = this.byHash.get(hash);
     if (named === undefined) this.byHash.set(hash, b);

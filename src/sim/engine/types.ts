@@ -71,8 +71,11 @@ export interface EngineObserver {
 
 export interface Engine {
   add(spec: EngineRequestSpec, sink: EngineSink): void;
-  /** Client went away: the request leaves the running/waiting set within one step. */
-  abort(id: string): void;
+  /**
+   * Client went away: the request leaves the running/waiting set within one step. False when the
+   * engine no longer held it (it finished, or a crash dropped it with everything else).
+   */
+  abort(id: string): boolean;
   stats(): EngineStats;
   /** Oracle for benchmarks: how many leading tokens of `tokens` are cached right now. */
   cachedPrefixTokens(tokens: readonly number[]): number;
