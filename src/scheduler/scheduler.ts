@@ -780,7 +780,8 @@ export class Scheduler {
     // run (docs/benchmarks.md, "A prefix the index counted on was gone").
     const predicted = slot.predictedBackendMs;
     // The fit's prefill cost is linear in tokens: one lookup serves both parts of the prompt.
-    const msPerToken = live.prefillMs(slot.backend.name, 1) ?? 0;
+    const perToken = live.prefillMs(slot.backend.name, 1);
+    const msPerToken = perToken ?? 0;
     const goneMs = gonePrefillMs(predicted, backendTtft, msPerToken * grant.cachedTokens, this.#floorMs ?? 0);
     if (goneMs !== null) this.#prefixJudged++;
     if (goneMs) this.#prefixGone++;
@@ -790,7 +791,9 @@ export class Scheduler {
       this.#actual[this.#ratioAt] = backendTtft;
       this.#ratioAt = (this.#ratioAt + 1) % RATIO_SAMPLES;
     }
-    const current = slot.control.firstTokens.at(-1);
+    // Without a prefill fit (a backend's first few first tokens) the wait cannot be told from the
+    // prefill: taken whole as waiting, a cold first request cut every new backend's limit at once.
+    const current = perToken === null ? undefined : slot.control.firstTokens.at(-1);
     if (current !== undefined && current.length < SAMPLE_CAP) {
       current.push({ waitMs: backendTtft - prefilledMs, targetMs: req.ttftTargetMs });
     }

@@ -627,6 +627,33 @@ describe('refusals while waiting', () => {
     });
   });
 
+  it("learns no first token as waiting before the backend's prefill fit: a cold start does not cut its limit", async () => {
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    try {
+      const s = settings({ concurrency: { ...settings().concurrency, initial: 64, intervalMs: 100 } });
+      const f = setup(['a'], s, undefined, { sharedClock: true });
+      // One request stays running; 12 others take 0.1 ms per prompt token to their first token
+      // (cold prefills of 1,000 to 3,000 tokens, 100 to 300 ms) against a 500 ms target: up to
+      // 0.6 of it, over the 0.25 share, were it waiting.
+      await f.scheduler.ticket(req()).acquire(first());
+      for (let i = 0; i < 12; i++) {
+        const tokens = 3000 - 500 * (i % 5);
+        const at = { arrivedAt: f.now(), deadlineAt: f.now() + 60_000, ttftTargetMs: 500 };
+        const slot = await f.scheduler
+          .ticket(req({ ...at, promptTokens: tokens, uncachedTokens: tokens }))
+          .acquire(first());
+        f.tick(0.1 * tokens);
+        slot!.prefillDone();
+        slot!.release();
+      }
+      vi.advanceTimersByTime(100);
+      // Once fitted, the same first tokens are their prefill: nothing waited, the limit holds.
+      expect(f.scheduler.view().backends[0]!.limit).toBe(64);
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+
   it('a request large for its class may wait until its budget, not its class target', async () => {
     const { scheduler } = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
     await scheduler.ticket(req()).acquire(first());
