@@ -62,36 +62,35 @@ export interface ReplicaMetricsOptions {
   createdS?: number;
 }
 
+/** The counters and histograms of a process that starts now. */
+function freshSeries() {
+  return {
+    createdS: Date.now() / 1000,
+    success: new Map<string, number>(FINISHED_REASONS.map((r) => [r, 0])),
+    ttft: new Histogram(TTFT_BUCKETS),
+    itl: new Histogram(ITL_BUCKETS),
+    tpot: new Histogram(ITL_BUCKETS),
+    e2e: new Histogram(REQUEST_BUCKETS),
+    queue: new Histogram(REQUEST_BUCKETS),
+    prefill: new Histogram(REQUEST_BUCKETS),
+    decode: new Histogram(REQUEST_BUCKETS),
+    inference: new Histogram(REQUEST_BUCKETS),
+  };
+}
+
 export class ReplicaMetrics implements EngineObserver {
   private readonly labels: string;
-  private createdS: number;
-  private success = new Map<string, number>(FINISHED_REASONS.map((r) => [r, 0]));
-  private ttft = new Histogram(TTFT_BUCKETS);
-  private itl = new Histogram(ITL_BUCKETS);
-  private tpot = new Histogram(ITL_BUCKETS);
-  private e2e = new Histogram(REQUEST_BUCKETS);
-  private queue = new Histogram(REQUEST_BUCKETS);
-  private prefill = new Histogram(REQUEST_BUCKETS);
-  private decode = new Histogram(REQUEST_BUCKETS);
-  private inference = new Histogram(REQUEST_BUCKETS);
+  /** What this process has counted since it started; a crash (a new process) starts it again. */
+  private s = freshSeries();
 
   constructor(private readonly opts: ReplicaMetricsOptions) {
     this.labels = `model_name="${escapeLabel(opts.model)}",engine="0"`;
-    this.createdS = opts.createdS ?? Date.now() / 1000;
+    if (opts.createdS !== undefined) this.s.createdS = opts.createdS;
   }
 
   /** A new process (a crash): every counter and histogram from 0, created now. */
   restart(): void {
-    this.createdS = Date.now() / 1000;
-    this.success = new Map<string, number>(FINISHED_REASONS.map((r) => [r, 0]));
-    this.ttft = new Histogram(TTFT_BUCKETS);
-    this.itl = new Histogram(ITL_BUCKETS);
-    this.tpot = new Histogram(ITL_BUCKETS);
-    this.e2e = new Histogram(REQUEST_BUCKETS);
-    this.queue = new Histogram(REQUEST_BUCKETS);
-    this.prefill = new Histogram(REQUEST_BUCKETS);
-    this.decode = new Histogram(REQUEST_BUCKETS);
-    this.inference = new Histogram(REQUEST_BUCKETS);
+    this.s = freshSeries();
   }
 
   onRequestFinished(r: {
@@ -103,25 +102,25 @@ export class ReplicaMetrics implements EngineObserver {
     prefillS: number;
     decodeS: number;
   }): void {
-    this.success.set(r.reason, (this.success.get(r.reason) ?? 0) + 1);
-    this.e2e.observe(r.e2eS + this.opts.frontendOverheadS);
-    this.queue.observe(r.queueS);
+    this.s.success.set(r.reason, (this.s.success.get(r.reason) ?? 0) + 1);
+    this.s.e2e.observe(r.e2eS + this.opts.frontendOverheadS);
+    this.s.queue.observe(r.queueS);
     // A request aborted before its first token has no TTFT, prefill or decode interval.
     if (r.generationTokens === 0) return;
-    this.ttft.observe(r.ttftS + this.opts.frontendOverheadS);
-    this.prefill.observe(r.prefillS);
-    this.decode.observe(r.decodeS);
-    this.inference.observe(r.prefillS + r.decodeS);
-    if (r.generationTokens > 1) this.tpot.observe(r.decodeS / (r.generationTokens - 1));
+    this.s.ttft.observe(r.ttftS + this.opts.frontendOverheadS);
+    this.s.prefill.observe(r.prefillS);
+    this.s.decode.observe(r.decodeS);
+    this.s.inference.observe(r.prefillS + r.decodeS);
+    if (r.generationTokens > 1) this.s.tpot.observe(r.decodeS / (r.generationTokens - 1));
   }
 
   /** The front end aborted a request (client gone, injected fault): vLLM counts it as `abort`. */
   onAborted(): void {
-    this.success.set('abort', (this.success.get('abort') ?? 0) + 1);
+    this.s.success.set('abort', (this.s.success.get('abort') ?? 0) + 1);
   }
 
   onInterTokenLatency(seconds: number): void {
-    this.itl.observe(seconds);
+    this.s.itl.observe(seconds);
   }
 
   /** The exposition text for the engine's current stats. */
@@ -135,7 +134,7 @@ export class ReplicaMetrics implements EngineObserver {
       out.push(`# HELP ${name}_total ${help}`, `# TYPE ${name}_total counter`);
       for (const [extra, v] of series) out.push(`${name}_total{${L}${extra}} ${promFloat(v)}`);
       out.push(`# HELP ${name}_created ${help}`, `# TYPE ${name}_created gauge`);
-      for (const [extra] of series) out.push(`${name}_created{${L}${extra}} ${promFloat(this.createdS)}`);
+      for (const [extra] of series) out.push(`${name}_created{${L}${extra}} ${promFloat(this.s.createdS)}`);
     };
     const histogram = (name: string, help: string, h: Histogram) => {
       out.push(`# HELP ${name} ${help}`, `# TYPE ${name} histogram`);
@@ -147,7 +146,7 @@ export class ReplicaMetrics implements EngineObserver {
       }
       out.push(`${name}_count{${L}} ${promFloat(h.count)}`, `${name}_sum{${L}} ${promFloat(h.sum)}`);
       out.push(`# HELP ${name}_created ${help}`, `# TYPE ${name}_created gauge`);
-      out.push(`${name}_created{${L}} ${promFloat(this.createdS)}`);
+      out.push(`${name}_created{${L}} ${promFloat(this.s.createdS)}`);
     };
 
     gauge('vllm:num_requests_running', 'Number of requests in model execution batches.', stats.running);
@@ -169,35 +168,39 @@ export class ReplicaMetrics implements EngineObserver {
     counter(
       'vllm:request_success',
       'Count of successfully processed requests.',
-      [...this.success].map(([reason, n]): [string, number] => [`,finished_reason="${reason}"`, n]),
+      [...this.s.success].map(([reason, n]): [string, number] => [`,finished_reason="${reason}"`, n]),
     );
-    histogram('vllm:time_to_first_token_seconds', 'Histogram of time to first token in seconds.', this.ttft);
-    histogram('vllm:inter_token_latency_seconds', 'Histogram of inter-token latency in seconds.', this.itl);
+    histogram(
+      'vllm:time_to_first_token_seconds',
+      'Histogram of time to first token in seconds.',
+      this.s.ttft,
+    );
+    histogram('vllm:inter_token_latency_seconds', 'Histogram of inter-token latency in seconds.', this.s.itl);
     histogram(
       'vllm:request_time_per_output_token_seconds',
       'Histogram of time_per_output_token_seconds per request.',
-      this.tpot,
+      this.s.tpot,
     );
-    histogram('vllm:e2e_request_latency_seconds', 'Histogram of e2e request latency in seconds.', this.e2e);
+    histogram('vllm:e2e_request_latency_seconds', 'Histogram of e2e request latency in seconds.', this.s.e2e);
     histogram(
       'vllm:request_queue_time_seconds',
       'Histogram of time spent in WAITING phase for request.',
-      this.queue,
+      this.s.queue,
     );
     histogram(
       'vllm:request_prefill_time_seconds',
       'Histogram of time spent in PREFILL phase for request.',
-      this.prefill,
+      this.s.prefill,
     );
     histogram(
       'vllm:request_decode_time_seconds',
       'Histogram of time spent in DECODE phase for request.',
-      this.decode,
+      this.s.decode,
     );
     histogram(
       'vllm:request_inference_time_seconds',
       'Histogram of time spent in RUNNING phase for request.',
-      this.inference,
+      this.s.inference,
     );
     out.push(
       '# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig',

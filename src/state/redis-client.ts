@@ -33,10 +33,13 @@ function safeOptions(cfg: RedisStateConfig): RedisOptions {
   };
 }
 
+/** An IPv6 address as a URL writes it, `[fd00::5]`, without its brackets, as sockets take it. */
+const unbracketed = (host: string): string => host.replace(/^\[|\]$/g, '');
+
 /** host:port (IPv6 hosts in brackets) as ioredis wants it. */
 function node(hostPort: string): { host: string; port: number } {
   const i = hostPort.lastIndexOf(':');
-  return { host: hostPort.slice(0, i).replace(/^\[|\]$/g, ''), port: Number(hostPort.slice(i + 1)) };
+  return { host: unbracketed(hostPort.slice(0, i)), port: Number(hostPort.slice(i + 1)) };
 }
 
 /** The config's `topology` picks the client: standalone, through sentinels, or a cluster. */
@@ -64,7 +67,7 @@ export function createRedisClient(cfg: RedisStateConfig): StateRedisClient {
   const seed =
     cfg.cluster_nodes.length > 0
       ? cfg.cluster_nodes.map(node)
-      : [{ host: url.hostname.replace(/^\[|\]$/g, ''), port: Number(url.port || 6379) }];
+      : [{ host: unbracketed(url.hostname), port: Number(url.port || 6379) }];
   const { lazyConnect, enableOfflineQueue, retryStrategy, ...nodeOptions } = options;
   return new Cluster(seed, {
     lazyConnect,
