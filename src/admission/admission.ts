@@ -1,7 +1,8 @@
 // The admission controller: at arrival, before anything waits, decide whether a request may be
-// served at all. Each refusal is one stable code with Retry-After (DESIGN section 4):
+// served at all. Each refusal is one stable code, with Retry-After where waiting cures it (DESIGN section 4):
 //
 //   tenant over max_concurrency or tokens_per_minute (all instances) ── 429 rate_limited
+//   one request counting more than its tenant's tokens_per_minute ──── 400 invalid_request
 //   sheddable class while a protected class is being refused ───────── 429 sla_unattainable
 //   predicted TTFT over its budget on every backend ─────────────────── 429 sla_unattainable
 //   otherwise admitted: the tenant's usage lease starts, the request goes to the scheduler
@@ -46,7 +47,8 @@ export interface Admitted {
 export class Refusal extends GatewayError {
   readonly prediction: Prediction | null;
   constructor(err: GatewayError, prediction: Prediction | null) {
-    super(err.code, err.message, { retryAfterS: err.retryAfterS ?? 1 });
+    // Retry-After as the error has it (its code's own when it sets none): none on a 400.
+    super(err.code, err.message, err.retryAfterS === undefined ? {} : { retryAfterS: err.retryAfterS });
     this.prediction = prediction;
   }
 }
@@ -188,18 +190,28 @@ export class AdmissionController {
       );
     }
     const tpm = limits.tokens_per_minute;
-    if (tpm !== undefined && usage.tokens + req.budgetTokens > tpm) {
-      const whole = req.budgetTokens > tpm;
-      const freedMs = whole
-        ? MAX_RETRY_AFTER_S * 1000
-        : live.tenantTokensFreedInMs(req.tenant, usage.tokens + req.budgetTokens - tpm);
+    if (tpm === undefined) return;
+    // Invariant: a 429 is something waiting cures. A request that alone counts more than the
+    // budget never fits in a minute however long it waits; a 429 with Retry-After would have the
+    // client (the openai SDKs retry 429s, honouring Retry-After) wait and fail again. It is the
+    // request that must change: 400, as for prompt + max_tokens over the context.
+    if (req.budgetTokens > tpm) {
+      throw this.#refuse(
+        req,
+        new GatewayError(
+          'invalid_request',
+          `The request counts ${req.budgetTokens} tokens (prompt + max_tokens, times n); tenant '${req.tenant}' may use ${tpm} per minute. Lower max_tokens or shorten the prompt.`,
+        ),
+        null,
+      );
+    }
+    if (usage.tokens + req.budgetTokens > tpm) {
+      const freedMs = live.tenantTokensFreedInMs(req.tenant, usage.tokens + req.budgetTokens - tpm);
       throw this.#refuse(
         req,
         new GatewayError(
           'rate_limited',
-          whole
-            ? `The request counts ${req.budgetTokens} tokens (prompt + max_tokens); tenant '${req.tenant}' may use ${tpm} per minute.`
-            : `Tenant '${req.tenant}' has used ${Math.round(usage.tokens)} of its ${tpm} tokens per minute.`,
+          `Tenant '${req.tenant}' has used ${Math.round(usage.tokens)} of its ${tpm} tokens per minute.`,
           { retryAfterS: clampS(Math.ceil(freedMs / 1000)) },
         ),
         null,

@@ -118,8 +118,13 @@ describe('tenant limits (item 31)', () => {
     const refused = codeOf(() => admission.admit(req({ limits, budgetTokens: 1100 })));
     expect(refused).toMatch(/^rate_limited:(30|31)$/);
     expect(codeOf(() => admission.admit(req({ limits, budgetTokens: 700 })))).toBe('admitted');
-    // A request larger than the whole budget can never pass: told so, with the longest wait.
-    expect(codeOf(() => admission.admit(req({ limits, budgetTokens: 5000 })))).toBe('rate_limited:60');
+    // A request larger than the whole budget can never pass, however long it waits: a 400 with
+    // no Retry-After, and it charges nothing.
+    expect(codeOf(() => admission.admit(req({ limits, budgetTokens: 5000 })))).toBe(
+      'invalid_request:undefined',
+    );
+    // 2,900 used: the last 100 of the budget are still there.
+    expect(codeOf(() => admission.admit(req({ limits, budgetTokens: 100 })))).toBe('admitted');
     tick(31_000);
     expect(codeOf(() => admission.admit(req({ limits, budgetTokens: 1100 })))).toBe('admitted');
   });

@@ -165,6 +165,23 @@ describe('tenant limits (item 31)', () => {
     expect(JSON.parse(over.text).error.message).toMatch(/tokens per minute/);
   });
 
+  it('tokens_per_minute: a request that alone counts more than the budget gets 400 (waiting cannot cure it) and charges nothing', async () => {
+    const tenants = [
+      { name: 'tpm', api_key_sha256: sha('key-t'), class: 'interactive', tokens_per_minute: 600 },
+    ];
+    t = await startTestGateway({ replicas: 1, config: { tenants } });
+    const big = await post(t.url, CHAT, chat({ max_tokens: 5000 }), bearer('key-t'));
+    expect(big.status).toBe(400);
+    expect(big.headers['retry-after']).toBeUndefined();
+    const err = JSON.parse(big.text).error;
+    expect(err.code).toBe('invalid_request');
+    expect(err.type).toBe('invalid_request_error');
+    expect(err.message).toMatch(/may use 600 per minute/);
+    // Nothing was charged: two requests of ~260 tokens still fit in the 600.
+    expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(200);
+    expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(200);
+  });
+
   it('tokens_per_minute: a request every backend refused a connection to gives its tokens back', async () => {
     const tenants = [
       { name: 'tpm', api_key_sha256: sha('key-t'), class: 'interactive', tokens_per_minute: 600 },
