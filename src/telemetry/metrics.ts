@@ -346,12 +346,14 @@ export class GatewayMetrics {
    * class no longer configured while some of its requests still wait (its series goes at 0).
    */
   setQueueDepths(depth: Readonly<Record<string, number>>): void {
-    for (const cls of this.configured) this.queueDepth.labels(cls).set(depth[cls] ?? 0);
+    // Own keys only: a class may be named like a method of every object (`toString`).
+    const of = (cls: string) => (Object.hasOwn(depth, cls) ? (depth[cls] as number) : 0);
+    for (const cls of this.configured) this.queueDepth.labels(cls).set(of(cls));
     for (const [cls, n] of Object.entries(depth)) {
       if (!this.configured.has(cls) && n > 0) this.unconfigured.add(cls);
     }
     for (const cls of this.unconfigured) {
-      const n = depth[cls] ?? 0;
+      const n = of(cls);
       if (n > 0) this.queueDepth.labels(cls).set(n);
       else {
         this.queueDepth.remove(cls);

@@ -177,3 +177,34 @@ describe('a backend whose /metrics stops answering', () => {
     }
   });
 });
+
+describe('class names that are also names of an object’s own methods', () => {
+  it('a class named toString or constructor is served, scraped and shown like any other', async () => {
+    const g = await startTestGateway({
+      replicas: 1,
+      config: {
+        sla: {
+          default_class: 'toString',
+          classes: {
+            toString: { ttft_p99_ms: 5000, tpot_p99_ms: 500, priority: 0 },
+            constructor: { ttft_p99_ms: 5000, tpot_p99_ms: 500, sheddable: true, priority: 1 },
+          },
+        },
+      },
+    });
+    try {
+      const served = await post(g.url, '/v1/chat/completions', chat({ stream: true }));
+      expect(served.status).toBe(200);
+      const m = await get(g.url, '/metrics');
+      expect(m.status).toBe(200);
+      // Nothing waits in either class: each depth is 0, not a function of Object.prototype.
+      expect(sample(m.text, 'slagate_queue_depth', { class: 'toString' })).toBe(0);
+      expect(sample(m.text, 'slagate_queue_depth', { class: 'constructor' })).toBe(0);
+      expect(sample(m.text, 'slagate_requests_total', { class: 'toString', outcome: 'ok' })).toBe(1);
+      const s = await get(g.url, '/admin/state');
+      expect(s.status).toBe(200);
+    } finally {
+      await g.close();
+    }
+  });
+});

@@ -195,3 +195,46 @@ it('shows no KV usage for a backend whose last scrape is stale, rather than its 
     await s1.close();
   }
 });
+
+it('charts a class named like a method of every object (toString) as any other: a queue depth of 0, not a function', async () => {
+  const g = await startTestGateway({
+    replicas: 1,
+    config: {
+      sla: {
+        default_class: 'toString',
+        classes: {
+          toString: { ttft_p99_ms: 5000, tpot_p99_ms: 500, priority: 0 },
+          constructor: { ttft_p99_ms: 5000, tpot_p99_ms: 500, priority: 1, sheddable: true },
+        },
+      },
+    },
+  });
+  const page = await browser.newPage();
+  const errors: string[] = [];
+  page.on('pageerror', (err) => errors.push(err.message));
+  try {
+    await page.goto(`${g.url}/dashboard`);
+    await page.waitForFunction(
+      () =>
+        ((globalThis as unknown as { slagateDashboard?: { polls: number } }).slagateDashboard?.polls ?? 0) >=
+        2,
+    );
+    const queue = await page.evaluate(() => {
+      const c = (
+        globalThis as unknown as {
+          slagateDashboard: { charts: Record<string, { plot: { data: unknown[][] }; names: string[] }> };
+        }
+      ).slagateDashboard.charts.queue!;
+      return Object.fromEntries(c.names.map((n, i) => [n, (c.plot.data[i + 1] ?? []).map((v) => typeof v)]));
+    });
+    expect(Object.keys(queue).sort()).toEqual(['constructor', 'toString']);
+    for (const types of Object.values(queue)) {
+      expect(types.length).toBeGreaterThanOrEqual(2);
+      expect(new Set(types)).toEqual(new Set(['number']));
+    }
+    expect(errors).toEqual([]);
+  } finally {
+    await page.close();
+    await g.close();
+  }
+});

@@ -32,6 +32,8 @@ const dash = { polls: 0, charts, state: null, errors: 0 };
 window.slagateDashboard = dash;
 
 const $ = (id) => document.getElementById(id);
+/** `obj[key]` when it is obj's own: a class or backend may be named like a method of every object (`toString`). */
+const own = (obj, key) => (Object.hasOwn(obj, key) ? obj[key] : undefined);
 const fmt = (v, digits = 0) => (v === null || v === undefined || Number.isNaN(v) ? '–' : v.toFixed(digits));
 
 /** One row of history from one state: every series value keyed by chart and series name. */
@@ -58,7 +60,7 @@ function sample(s, t) {
   for (const [cls, target] of Object.entries(s.sla.classes)) {
     row.ttft[`${cls} target`] = target.ttft_p99_ms;
     row.tpot[`${cls} target`] = target.tpot_p99_ms;
-    row.queue[cls] = s.scheduler.queue_by_class[cls] ?? 0;
+    row.queue[cls] = own(s.scheduler.queue_by_class, cls) ?? 0;
   }
   // A class a reload removed while its requests still wait.
   for (const [cls, n] of Object.entries(s.scheduler.queue_by_class)) row.queue[cls] = n;
@@ -120,7 +122,7 @@ function chartWidth(el) {
 function draw(key, elId, log = false) {
   const el = $(elId);
   const names = seriesNames(key);
-  const data = [history.t, ...names.map((n) => history.rows.map((r) => r[key][n] ?? null))];
+  const data = [history.t, ...names.map((n) => history.rows.map((r) => own(r[key], n) ?? null))];
   const chart = charts[key];
   const sameSeries = chart && chart.names.join('\n') === names.join('\n');
   if (sameSeries) {
@@ -194,7 +196,7 @@ function textCell(text, over = false) {
 /** True when some class's P99 on this backend is over that class's own target. */
 function overTarget(s, b, metric, targetKey) {
   return Object.entries(b.by_class ?? {}).some(([cls, lat]) => {
-    const target = s.sla.classes[cls]?.[targetKey];
+    const target = own(s.sla.classes, cls)?.[targetKey];
     const p99 = lat?.[metric]?.p99 ?? null;
     return target !== undefined && p99 !== null && p99 > target;
   });
