@@ -62,6 +62,9 @@ function parsedUrl(url: unknown): URL | null {
   }
 }
 
+/** How environment variables are written by convention; a key seldom is. */
+const CONVENTIONAL_ENV_NAME = /^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*$/;
+
 function checkBackends(config: Obj, add: Add): void {
   const backends = list(config.backends);
   duplicates(backends, (b) => (isRecord(b) ? b.name : undefined), ['backends'], 'backend name', add, 'name');
@@ -84,9 +87,16 @@ function checkBackends(config: Obj, add: Add): void {
       ENV_NAME_RE.test(backend.api_key_env)
     ) {
       const problem = apiKeyProblem(process.env[backend.api_key_env]);
-      // The variable is named; its value, a secret, never is.
-      if (problem)
-        add(['backends', i, 'api_key_env'], `environment variable ${backend.api_key_env} ${problem}`);
+      // The variable's value, a secret, is never named. Nor is the field's own value unless it is
+      // written as variables are (upper case): a key pasted here by mistake (`sk_live_4eC3...`, a
+      // hex key) is often a valid variable name too, and this message reaches stderr and the
+      // operations log.
+      if (problem) {
+        const named = CONVENTIONAL_ENV_NAME.test(backend.api_key_env)
+          ? `environment variable ${backend.api_key_env}`
+          : 'the environment variable this names (not repeated: it may be a key pasted in by mistake)';
+        add(['backends', i, 'api_key_env'], `${named} ${problem}`);
+      }
     }
     if (!isRecord(backend) || typeof backend.url !== 'string') return;
     const problem = urlProblem(backend.url, ['http:', 'https:']);

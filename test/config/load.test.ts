@@ -205,6 +205,9 @@ describe('defaults', () => {
   it('never show a secret written where a name or an address belongs', () => {
     const issues = issuesFor((c) => {
       c.backends[0].api_key_env = 'sk-live-9f8eSECRET1';
+      // A key that is also a valid variable name (unset, as keys are): the check that it is set
+      // must not repeat it either.
+      c.backends[1].api_key_env = 'sk_live_4eC39HqLSECRET4';
       c.tenants[0].api_key_sha256 = 'sk-proj-SECRET2';
       c.tenants.push({ name: 'team-b', api_key_sha256: 'sk-proj-SECRET2', class: 'interactive' });
       c.state = {
@@ -218,6 +221,7 @@ describe('defaults', () => {
     expect(paths).toEqual(
       expect.arrayContaining([
         'backends[0].api_key_env',
+        'backends[1].api_key_env',
         'tenants[0].api_key_sha256',
         'tenants[1].api_key_sha256',
         'state.sentinels[0]',
@@ -657,6 +661,31 @@ describe('state.topology', () => {
       issues = (err as ConfigError).issues;
     }
     expect(issues.map((i) => i.path)).toContain('state.sentinels[0]');
+  });
+
+  it('refuses a sentinel or cluster node whose port no connection can use, by path', () => {
+    const issuesOf = (state: string): { path: string; message: string }[] => {
+      try {
+        parseConfig(`${base}state: ${state}\n`, 't');
+        return [];
+      } catch (err) {
+        return [...(err as ConfigError).issues];
+      }
+    };
+    const sentinel = (port: string) =>
+      issuesOf(
+        `{ store: redis, redis_url: "redis://x", topology: sentinel, sentinels: ["h:26379", "h:${port}"] }`,
+      );
+    for (const port of ['99999', '65536', '0', '080']) {
+      const issues = sentinel(port);
+      expect(issues.map((i) => i.path)).toEqual(['state.sentinels[1]']);
+      expect(issues[0]!.message).toMatch(/port from 1 to 65535/);
+    }
+    for (const port of ['1', '6379', '65535']) expect(sentinel(port)).toEqual([]);
+    const cluster = issuesOf(
+      '{ store: redis, redis_url: "redis://x", topology: cluster, cluster_nodes: ["[::1]:70000"] }',
+    );
+    expect(cluster.map((i) => i.path)).toEqual(['state.cluster_nodes[0]']);
   });
 
   it('caps refresh_interval_ms at 1000 so dead instances vanish within 5 s', () => {
