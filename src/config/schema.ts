@@ -13,7 +13,9 @@ export const SAFE_NAME = '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$';
 const SHA256_HEX = '^[0-9a-f]{64}$';
 const HEADER_NAME = "^[a-z0-9!#$%&'*+.^_`|~-]+$";
 const PROFILE_NAME = '^[a-z0-9][a-z0-9._-]*$';
-const HOST_PORT = '^[A-Za-z0-9.:\\[\\]-]+:[0-9]{1,5}$';
+/** host:port with a port ioredis connects to (1-65535; a leading zero is no port either). */
+const PORT = '(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])';
+const HOST_PORT = `^[A-Za-z0-9.:\\[\\]-]+:${PORT}$`;
 export const ENV_NAME = '^[A-Za-z_][A-Za-z0-9_]*$';
 
 /** What each pattern means, for error messages. */
@@ -22,7 +24,7 @@ export const PATTERN_HINTS: Readonly<Record<string, string>> = {
   [SHA256_HEX]: 'must be 64 lowercase hex characters (the SHA-256 of the API key, as sha256sum prints it)',
   [HEADER_NAME]: 'must be a lowercase HTTP header name',
   [PROFILE_NAME]: "must be a profile name: lowercase letters, digits, '.', '_' or '-'",
-  [HOST_PORT]: 'must be host:port',
+  [HOST_PORT]: 'must be host:port, the port from 1 to 65535',
   [ENV_NAME]: "must be an environment variable's name: letters, digits and '_', not starting with a digit",
 };
 
