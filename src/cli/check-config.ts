@@ -1,8 +1,15 @@
 // `slagate check-config FILE`: exit 0 and print the effective configuration (defaults applied), or
 // exit 1 and print every problem with its path and position. Usage errors exit 2. No stack traces:
 // the output is for the person editing the file.
-import { stringify } from 'yaml';
-import { type Config, formatIssue, isConfigError, loadConfigFile } from '../config/index.ts';
+import { readFileSync } from 'node:fs';
+import { parse, stringify } from 'yaml';
+import {
+  type Config,
+  type ConfigIssue,
+  formatIssue,
+  isConfigError,
+  loadConfigFile,
+} from '../config/index.ts';
 import { appendProblem } from '../telemetry/logger.ts';
 
 export interface CommandIo {
@@ -32,7 +39,8 @@ export async function checkConfigCommand(
     return 2;
   }
 
-  let config: Config;
+  let config: Config | null = null;
+  let issues: ConfigIssue[] = [];
   try {
     config = loadConfigFile(file);
   } catch (err) {
@@ -40,18 +48,19 @@ export async function checkConfigCommand(
       io.stderr.write(`${file}: ${(err as Error).message}\n`);
       return 1;
     }
-    const count = err.issues.length === 1 ? '1 problem' : `${err.issues.length} problems`;
-    io.stderr.write(`${file}: configuration is invalid (${count}):\n`);
-    for (const issue of err.issues) io.stderr.write(`  ${formatIssue(issue, file)}\n`);
-    return 1;
+    issues = [...err.issues];
   }
   // The one setting serve checks against the machine rather than the schema: it opens the log at
-  // its start and refuses to run when it cannot.
-  const log = config.logging.admission_log;
-  const problem = log === 'stdout' ? null : appendProblem(log);
-  if (problem !== null) {
-    io.stderr.write(`${file}: configuration is invalid (1 problem):\n`);
-    io.stderr.write(`  logging.admission_log: cannot write ${log} (${problem})\n`);
+  // its start and refuses to run when it cannot. Checked whatever else is wrong, so that one run
+  // reports every problem: from the file as written when the schema refused it.
+  const log = config !== null ? config.logging.admission_log : writtenLogPath(file);
+  const problem = log === null || log === 'stdout' ? null : appendProblem(log);
+  if (problem !== null)
+    issues.push({ path: 'logging.admission_log', message: `cannot write ${log} (${problem})` });
+  if (issues.length > 0 || config === null) {
+    const count = issues.length === 1 ? '1 problem' : `${issues.length} problems`;
+    io.stderr.write(`${file}: configuration is invalid (${count}):\n`);
+    for (const issue of issues) io.stderr.write(`  ${formatIssue(issue, file)}\n`);
     return 1;
   }
   io.stdout.write(`# ${file}: valid. Effective configuration, defaults applied:\n`);
@@ -66,4 +75,15 @@ function redactSecrets(config: Config): Config {
   if (url.password === '') return config;
   url.password = '***';
   return { ...config, state: { ...config.state, redis_url: url.toString() } };
+}
+
+/** `logging.admission_log` as the file writes it, when it is a path; null when unreadable or absent. */
+function writtenLogPath(file: string): string | null {
+  try {
+    const doc = parse(readFileSync(file, 'utf8')) as { logging?: { admission_log?: unknown } } | null;
+    const log = doc?.logging?.admission_log;
+    return typeof log === 'string' && log !== '' ? log : null;
+  } catch {
+    return null;
+  }
 }

@@ -65,6 +65,21 @@ describe('slagate check-config', () => {
       expect(underFile.stderr).toMatch(
         /logging\.admission_log: cannot write .*not-a-dir\/admission\.log \(ENOTDIR\)/,
       );
+      // With another problem in the file, one run reports both.
+      const both = join(dir, 'both.yaml');
+      writeFileSync(
+        both,
+        stringify({
+          ...base,
+          server: { ...(base.server as object), prot: 8080 },
+          logging: { admission_log: join(dir, 'not-a-dir', 'admission.log') },
+        }),
+      );
+      const two = await run([both]);
+      expect(two.code).toBe(1);
+      expect(two.stderr).toMatch(/\(2 problems\)/);
+      expect(two.stderr).toMatch(/server\.prot/);
+      expect(two.stderr).toMatch(/logging\.admission_log: cannot write .*\(ENOTDIR\)/);
       const aDirectory = await run([withLog(dir)]);
       expect(aDirectory.code).toBe(1);
       expect(aDirectory.stderr).toContain('(it is a directory)');
