@@ -32,6 +32,12 @@ export function predictionFields(p: Prediction, backend: string | null): Admissi
   };
 }
 
+/** What the last failed attempt's failure says, when the request ended on one. */
+function lastDetail(result: ProxyResult): string | null {
+  const last = result.attemptLog.at(-1);
+  return last !== undefined && last.kind === 'failed' ? last.detail : null;
+}
+
 /** The cached share of the prompt, rounded to a thousandth. */
 function hitShare(hit: number | null): number | null {
   return hit === null ? null : Math.round(hit * 1000) / 1000;
@@ -53,7 +59,7 @@ export function finishProxied(
     error =
       result.reason === 'cut'
         ? 'cut at the end of the shutdown grace period'
-        : truncate(result.upstreamMessage ?? result.reason);
+        : truncate(result.upstreamMessage ?? lastDetail(result) ?? result.reason);
   const fields: AdmissionFields = {
     decision: refused ? 'refused' : 'admitted',
     reason,
@@ -62,7 +68,12 @@ export function finishProxied(
     ...predictionFields(admitted.prediction, result.backend),
     failed_attempts: result.attemptLog
       .filter((a) => a.kind === 'failed' && a.reason !== null)
-      .map((a) => ({ backend: a.backend, reason: a.reason as string })),
+      .map((a) => ({
+        backend: a.backend,
+        reason: a.reason as string,
+        status: a.status,
+        detail: truncate(a.detail),
+      })),
     prefix_hit_est: hitShare(ticket.lastGrant?.prefixHit ?? null),
     queue_ms: result.queueMs,
     ttft_ms: result.ttftMs,

@@ -54,6 +54,10 @@ export interface AdmissionRecord {
 export interface FailedAttempt {
   backend: string;
   reason: string;
+  /** The upstream's HTTP status, when its response head came. */
+  status: number | null;
+  /** What failed (capped): `upstream status 503`, `read ECONNRESET`, an in-band error's own text. */
+  detail: string | null;
 }
 
 export interface RouteCandidate {

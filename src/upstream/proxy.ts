@@ -108,7 +108,10 @@ export interface AttemptRecord {
   kind: AttemptEnd['kind'];
   committed: boolean;
   reason: FailureReason | null;
+  /** The upstream HTTP status, when its head came. */
   status: number | null;
+  /** What failed, for the log only (the client is never told it): e.g. `upstream status 503`. */
+  detail: string | null;
 }
 
 export type ResultReason = FailureReason | 'upstream_rejected' | 'no_healthy_backend' | 'retry_budget';
@@ -335,6 +338,7 @@ async function attemptLoop(
       committed: end.committed,
       reason: end.failure?.reason ?? null,
       status: end.status,
+      detail: end.failure?.message ?? null,
     });
     const f = end.failure;
     if (f === null || f.reachedEngine) s.reachedEngine = true;

@@ -798,7 +798,11 @@ function inBandFailure(msg: StreamChunk | null, committed: boolean, what: string
       upstreamParam: param,
     });
   }
-  return new AttemptFailure('in_band_error', `upstream ${what}`);
+  // Its text is the one detail of an engine failure (vLLM's "EngineCore encountered an issue",
+  // an out-of-memory) the operator gets: kept in the failure, which only the log reads.
+  const named = code === null ? '' : ` naming ${code}`;
+  const text = message === null ? '' : `: ${capped(message)}`;
+  return new AttemptFailure('in_band_error', `upstream ${what}${named}${text}`);
 }
 
 /** The response's content-type names JSON (a stream's is text/event-stream, or absent). */

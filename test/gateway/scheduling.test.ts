@@ -144,7 +144,10 @@ describe('late dispatch and what is measured about the wait', () => {
     expect((await retried).status).toBe(200);
     const rec = await t.recordOf('retried');
     expect(rec).toMatchObject({ outcome: 'ok', attempts: 2, backend: 'g0' });
-    expect(rec.failed_attempts).toEqual([{ backend: 'bad', reason: 'upstream_status' }]);
+    // The status the backend answered, which the reason alone does not say (500 or 503).
+    expect(rec.failed_attempts).toEqual([
+      { backend: 'bad', reason: 'upstream_status', status: 503, detail: 'upstream status 503' },
+    ]);
     // The retry waited in the queue from soon after the 503 (its handling takes the gateway well
     // under 50 ms even on a loaded machine) until the release: that wait is in queue_ms.
     expect(rec.queue_ms!).toBeGreaterThanOrEqual(releasedAt - failedAt - 50);

@@ -121,7 +121,11 @@ describe('before the commit point (items 3, 6, 15)', () => {
     expect(failed.status).toBe(502);
     expect(JSON.parse(failed.text)).toMatchObject({ error: { code: 'upstream_error' } });
     expect(failed.text).not.toContain('secret-overload-detail');
-    expect(await t.recordOf('e503-all')).toMatchObject({ outcome: 'failed_before_commit', attempts: 2 });
+    const all = await t.recordOf('e503-all');
+    expect(all).toMatchObject({ outcome: 'failed_before_commit', attempts: 2 });
+    // The log says what the client is not told: which status each backend answered.
+    expect(all.error).toBe('upstream status 503');
+    expect(all.failed_attempts.map((f) => f.status)).toEqual([503, 503]);
   });
 
   it('6: a replica that sends headers and then nothing → its first-token timeout follows the class, then a retry elsewhere', async () => {
@@ -140,7 +144,14 @@ describe('before the commit point (items 3, 6, 15)', () => {
     const retried = recs.filter((r) => r.attempts === 2);
     expect(retried.length).toBeGreaterThan(0);
     for (const r of retried) {
-      expect(r.failed_attempts).toEqual([{ backend: 'r0', reason: 'first_token_timeout' }]);
+      expect(r.failed_attempts).toEqual([
+        {
+          backend: 'r0',
+          reason: 'first_token_timeout',
+          status: expect.toBeOneOf([null, 200]),
+          detail: expect.stringMatching(/^no first token within \d+ ms$/),
+        },
+      ]);
       // It waited at least the class target on the hung replica (never less), and far less than 60 s:
       // the factor × a prediction of a few ms, or × the target without one (4 × 500 ms).
       expect(r.ttft_ms!).toBeGreaterThanOrEqual(500);
@@ -386,7 +397,9 @@ describe('failures that never reached the engine, and coming back (found when tr
       const retried = recs.filter((r) => r.attempts === 2);
       expect(retried.length).toBeGreaterThan(3);
       for (const r of retried)
-        expect(r.failed_attempts).toEqual([{ backend: 'reset', reason: 'upstream_reset' }]);
+        expect(r.failed_attempts).toEqual([
+          { backend: 'reset', reason: 'upstream_reset', status: null, detail: expect.any(String) },
+        ]);
     } finally {
       await t.close();
       t = null;

@@ -242,7 +242,9 @@ describe('AdmissionLog', () => {
           ttft_ms: 100.1234567,
           completion_tokens: 5,
           predicted_ttft_ms: Number.POSITIVE_INFINITY,
-          failed_attempts: [{ backend: 'a', reason: 'upstream_status' }],
+          failed_attempts: [
+            { backend: 'a', reason: 'upstream_status', status: 503, detail: 'upstream status 503' },
+          ],
           candidates: [{ backend: 'a', cost: 0.25, cached_tokens: 512 }],
         });
       // The same record through pino's serialiser, on a child like the admission log's.

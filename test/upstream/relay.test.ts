@@ -165,6 +165,11 @@ describe('streaming relay', () => {
       reason: 'in_band_error',
       committed: false,
     });
+    // The engine's own words are kept for the log, and never told to the client.
+    expect(result.attemptLog.map((a) => a.detail)).toEqual([
+      'upstream sent an error event naming 500: engine dead secret',
+    ]);
+    expect(res.text).not.toContain('engine dead');
   });
 
   it('an in-band error after the first token ends the stream with one error event and [DONE] (item 2)', async () => {
@@ -181,6 +186,7 @@ describe('streaming relay', () => {
     expect(events[3]).toBe('[DONE]');
     expect(res.text).not.toContain('oops');
     expect(result).toMatchObject({ outcome: 'failed_after_commit', reason: 'in_band_error', status: 200 });
+    expect(result.attemptLog.map((a) => a.detail)).toEqual(['upstream sent an error event naming 500: oops']);
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(1);
   });
 
