@@ -93,12 +93,17 @@ export class AdmissionController {
   admit(req: AdmissionRequest): Admitted {
     const { live, scheduler } = this.#deps;
     this.#checkTenant(req);
+    // Invariant: the prediction and the budget run on one clock, from arrival. What the body's
+    // upload and parsing took is spent already; measured from now, a large prompt sent slowly
+    // would be admitted on the time it no longer has.
+    const spentMs = Math.max(0, this.#now() - req.arrivedAt);
     const { prediction, scheduled } = predict(
       req,
       this.#deps.backends(),
       live,
       scheduler,
       this.#deps.loopDelayMs?.() ?? 0,
+      spentMs,
     );
     if (req.sheddable && this.#now() - this.#protectedRefusedAt < SHED_WINDOW_MS) {
       throw this.#refuse(
@@ -115,7 +120,8 @@ export class AdmissionController {
     // its median, meets the target; the record keeps the point prediction. The budget is the class
     // target, or for a request large for its class twice its unavoidable time (predict.ts): what
     // the load adds past that is refused, not what the prompt itself must take.
-    const bound = prediction.complete ? soonest(prediction, scheduler) : null;
+    const soon = prediction.complete ? soonest(prediction, scheduler) : null;
+    const bound = soon === null ? null : spentMs + soon;
     const budget = scheduled.ttftBudgetMs;
     if (bound !== null && bound > budget) {
       throw this.#refuse(

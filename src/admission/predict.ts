@@ -1,7 +1,9 @@
 // The TTFT predictor: for each backend that could take the request, the time from arrival to its
 // first token if it went there:
 //
-//   predicted = wait in the gateway queue: none when that backend would start the request at once
+//   predicted = time already spent since arrival (the body's upload and its parsing: what a
+//               large prompt over a slow link takes before anything can be decided)
+//             + wait in the gateway queue: none when that backend would start the request at once
 //               (Scheduler.startsNow: a slot and prefill room free, no entry waiting for it, and
 //               the last pump did not stop at its bound, so whatever is queued waits for other
 //               backends), else the fleet's (scheduler: entries ahead ÷ the rate slots free up)
@@ -74,6 +76,7 @@ export function predict(
   live: LiveState,
   scheduler: Scheduler,
   loopDelayMs = 0,
+  spentMs = 0,
 ): { prediction: Prediction; scheduled: ScheduledRequest } {
   const backendMs = new Map<string, number | null>();
   // Backends that would start the request the moment it is queued: no queue wait there.
@@ -146,7 +149,7 @@ export function predict(
       backend: name,
       backendMs: ms,
       waitMs: wait,
-      totalMs: ms === null || wait === null ? null : wait + ms,
+      totalMs: ms === null || wait === null ? null : spentMs + wait + ms,
     };
     byBackend.set(name, p);
     if (p.totalMs === null) complete = false;

@@ -114,7 +114,9 @@ export function finishProxied(
     loadAtDispatch: grant?.loadAtDispatch ?? 0,
   });
   if (result.tpotMs !== null) ticket.completed(result.backend, result.tpotMs);
-  const predicted = written?.predicted_ttft_ms ?? null;
+  // A retried request's first token came after a failed attempt's time, which no prediction
+  // covers: not the predictor's error.
+  const predicted = result.attempts === 1 ? (written?.predicted_ttft_ms ?? null) : null;
   rt.admission.observe(predicted, result.ttftMs);
   if (predicted !== null && result.ttftMs > 0) {
     rt.metrics.observePredictionError(cls, Math.abs(predicted - result.ttftMs) / result.ttftMs);

@@ -176,6 +176,22 @@ describe('predicted TTFT', () => {
     expect(codeOf(() => admission.admit(req({ promptTokens: 1000 })))).toBe('admitted');
   });
 
+  it('counts from arrival: what the body took to arrive is spent, in the prediction and against the budget', () => {
+    const { admission, teach, tick } = setup();
+    teach();
+    tick(1_000);
+    // Arrived now: 20 + 0.1 × 1000 = 120 ms to its first token, admitted.
+    const fresh = admission.admit(req({ promptTokens: 1000, arrivedAt: 1_000, deadlineAt: 61_000 }));
+    expect(fresh.prediction.best!.totalMs).toBeCloseTo(120, 0);
+    // The same request whose upload took 400 ms: 520 ms from arrival, past its 500 ms target.
+    const slow = thrownBy(() =>
+      admission.admit(req({ promptTokens: 1000, arrivedAt: 600, deadlineAt: 60_600 })),
+    ) as { code: string; message: string; prediction: { best: { totalMs: number } } };
+    expect(slow).toMatchObject({ code: 'sla_unattainable' });
+    expect(slow.prediction.best.totalMs).toBeCloseTo(520, 0);
+    expect(slow.message).toMatch(/Predicted time to first token (5[2-9]\d|[6-9]\d\d) ms/);
+  });
+
   it('no budget reaches past the deadline: not the class target, nor twice the first token unloaded', () => {
     const { admission, teach, live } = setup();
     teach();
