@@ -24,6 +24,12 @@ import {
 } from './helpers.ts';
 
 const cleanups: (() => Promise<void>)[] = [];
+/**
+ * The stall period of the slow-reader tests, and the slow reader's rest between reads of 2 MiB:
+ * the rest well under the period, the whole read several periods long.
+ */
+const STALL_MS = 800;
+const REST_MS = 300;
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
@@ -201,7 +207,9 @@ describe('a client that never reads (item 20)', () => {
         res.writeHead(200, { 'content-type': 'application/json' });
         res.end(whole);
       },
-      { ...FAST, maxBodyBytes: 16 << 20, clientStallTimeoutMs: 300 },
+      // A stall period long enough that a loaded machine's pause (the gateway and this client share
+      // one process and its event loop) is not taken for a client that stopped reading.
+      { ...FAST, maxBodyBytes: 16 << 20, clientStallTimeoutMs: STALL_MS },
     );
     const body = JSON.stringify(chatBody({ stream: false }));
     const sock = net.connect(Number(new URL(gw.url).port), '127.0.0.1');
@@ -220,7 +228,7 @@ describe('a client that never reads (item 20)', () => {
     expect(await gw.nextResult()).toMatchObject({ outcome: 'ok', committed: true });
     // Well past the stall timeout, the client starts reading: the gateway has given up on it, and
     // what is left of the body never comes.
-    await sleep(1_000);
+    await sleep(2 * STALL_MS);
     let got = 0;
     sock.on('data', (c: Buffer) => {
       got += c.length;
@@ -232,8 +240,8 @@ describe('a client that never reads (item 20)', () => {
 
   it('a whole body the client reads slowly, but steadily, reaches it whole', async () => {
     const { whole, sock } = await wholeBodyTo('close');
-    // Reads 2 MiB, stops for 150 ms, reads 2 MiB more...: the whole body takes well over the
-    // 300 ms stall timeout, but no 300 ms pass without reading.
+    // Reads 2 MiB, stops for REST_MS, reads 2 MiB more...: the whole body takes well over the
+    // stall timeout, but no stall period passes without reading.
     let got = 0;
     let sinceRest = 0;
     sock.on('data', (c: Buffer) => {
@@ -242,20 +250,20 @@ describe('a client that never reads (item 20)', () => {
       if (sinceRest >= 2 << 20) {
         sinceRest = 0;
         sock.pause();
-        setTimeout(() => sock.resume(), 150);
+        setTimeout(() => sock.resume(), REST_MS);
       }
     });
     sock.resume();
     const startedAt = performance.now();
     await new Promise((r) => sock.once('close', r));
-    expect(performance.now() - startedAt).toBeGreaterThan(300);
+    expect(performance.now() - startedAt).toBeGreaterThan(STALL_MS);
     expect(got).toBeGreaterThan(whole.length);
   });
 
   it('a stream whose one large event a client reads slowly, but steadily, reaches it whole', async () => {
     // A 12 MiB event (a long prompt's logprobs, say), then [DONE]. The client reads 2 MiB, stops
-    // for 150 ms, and so on: the event takes well over the 300 ms stall timeout to drain, but no
-    // 300 ms pass without reading.
+    // for REST_MS, and so on: the event takes well over the stall timeout to drain, but no stall
+    // period passes without reading.
     const big = tokenChunk('q'.repeat(12 << 20));
     // The stream goes on (its [DONE] comes) only once the client has read the whole event: until
     // then the relay waits for the client, not for the upstream.
@@ -271,7 +279,10 @@ describe('a client that never reads (item 20)', () => {
         await wholeRead;
         res.end(DONE);
       },
-      { ...FAST, maxEventBytes: 16 << 20, clientStallTimeoutMs: 300 },
+      // This upstream sends [DONE] only once the client has read the event, and the kernel's
+      // buffers take the last megabytes before the client does ('drain' comes first): the idle
+      // timeout must not be what ends the wait.
+      { ...FAST, maxEventBytes: 16 << 20, clientStallTimeoutMs: STALL_MS, idleTimeoutMs: 10_000 },
     );
     const body = JSON.stringify(chatBody());
     const sock = net.connect(Number(new URL(gw.url).port), '127.0.0.1');
@@ -290,7 +301,7 @@ describe('a client that never reads (item 20)', () => {
       if (sinceRest >= 2 << 20) {
         sinceRest = 0;
         sock.pause();
-        setTimeout(() => sock.resume(), 150);
+        setTimeout(() => sock.resume(), REST_MS);
       }
     });
     const result = await gw.nextResult();
