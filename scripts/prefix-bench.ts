@@ -538,7 +538,7 @@ async function decision(): Promise<{ p50: number; p99: number; max: number; refu
       blocks,
       blockSizeTokens: BLOCK_TOKENS,
       tokensPerBlock: BLOCK_TOKENS,
-      expectedOutputTokens: 200,
+      outputTokensPerSequence: 200,
       tpotTargetMs: 50,
     };
     const req: ScheduledRequest = {

@@ -58,8 +58,11 @@ export interface RouteRequest {
   readonly blockSizeTokens: number;
   /** Tokens one block stands for (estimated from characters for text prompts). */
   readonly tokensPerBlock: number;
-  /** max_tokens, or the gateway's expectation without one. */
-  readonly expectedOutputTokens: number;
+  /**
+   * One sequence's max_tokens, or the gateway's expectation without one: the decode steps the
+   * request takes (its `n` choices, or several completion prompts, decode side by side).
+   */
+  readonly outputTokensPerSequence: number;
   /** The request's class TPOT target, ms. */
   readonly tpotTargetMs: number;
   readonly sessionId?: string | undefined;

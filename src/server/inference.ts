@@ -55,10 +55,10 @@ export async function handleInference(
   let route: RouteRequest = {
     reqId: request.id,
     promptTokens,
-    blocks: prompt.hashes,
+    blocks: got.blocks,
     blockSizeTokens: rt.config.router.block_size_tokens,
     tokensPerBlock: rt.tokens.tokensPerBlock(prompt, rt.config.router.block_size_tokens),
-    expectedOutputTokens: got.expectedOutputTokens,
+    outputTokensPerSequence: got.outputTokensPerSequence,
     tpotTargetMs: cls.tpot_p99_ms,
     sessionId: sessionKey(header(request, rt.config.router.session_header)),
   };

@@ -28,13 +28,22 @@ export interface Intake {
   readonly model: string;
   /** The canonical prompt's block hashes and size. */
   readonly prompt: PromptBlocks;
+  /**
+   * The block hashes the router and the prefix index go by: the prompt's, or none when the backend
+   * will cut it (truncate_prompt_tokens keeps its last tokens: what it caches starts past the
+   * leading blocks these name, which would count a hit that is not there and teach the index
+   * blocks the backend never holds).
+   */
+  readonly blocks: readonly number[];
   /** Prompt tokens as the backend will count them (estimated, exact for token ids). */
   readonly promptTokens: number;
   /**
    * max_tokens (without one, EXPECTED_OUTPUT_TOKENS for chat and vLLM's default of 16 for
-   * completions), times the completion prompts: vLLM generates for each.
+   * completions), times the completion prompts and `n`: vLLM generates for each.
    */
   readonly expectedOutputTokens: number;
+  /** The same for one sequence: its decode steps (several prompts' or choices' run side by side). */
+  readonly outputTokensPerSequence: number;
 }
 
 export function header(request: { readonly headers: IncomingHttpHeaders }, name: string): string | undefined {
@@ -99,22 +108,29 @@ export function intake(
     cacheRoot(model, ir.body.cache_salt),
   );
   // What the backend will prefill: vLLM keeps a prompt's last truncate_prompt_tokens tokens.
-  const promptTokens = truncatedTokens(ir, rt.tokens.tokens(prompt), rt.models.maxModelLen(model));
-  record.set({ prompt_tokens_est: promptTokens, prefix_blocks: prompt.hashes.length });
+  const wholeTokens = rt.tokens.tokens(prompt);
+  const promptTokens = truncatedTokens(ir, wholeTokens, rt.models.maxModelLen(model));
+  const blocks = promptTokens < wholeTokens ? NO_BLOCKS : prompt.hashes;
+  record.set({ prompt_tokens_est: promptTokens, prefix_blocks: blocks.length });
   checkContext(ir, prompt, promptTokens, rt.tokens.fewestTokens(prompt), rt.models.maxModelLen(model));
+  const perSequence = askedOutput(ir) ?? EXPECTED_OUTPUT_TOKENS;
   return {
     identity,
     cls,
     ir,
     model,
     prompt,
+    blocks,
     promptTokens,
     expectedOutputTokens:
-      (askedOutput(ir) ?? EXPECTED_OUTPUT_TOKENS) *
+      perSequence *
       (ir.endpoint === 'chat' ? 1 : Math.max(1, ir.promptParts.length)) *
       (typeof ir.body.n === 'number' ? ir.body.n : 1),
+    outputTokensPerSequence: perSequence,
   };
 }
+
+const NO_BLOCKS: readonly number[] = Object.freeze([]);
 
 /**
  * How far over the context length an estimated prompt must be for the gateway to refuse it itself.

@@ -489,8 +489,19 @@ describe('27c: a prompt the backend will truncate', () => {
       truncate_prompt_tokens: 100,
     });
     expect(cut.status, cut.text).toBe(200);
-    // Planned and charged as the backend will prefill it: its last 100 tokens.
-    expect((await t.records()).at(-1)!.prompt_tokens_est).toBe(100);
+    // Planned and charged as the backend will prefill it: its last 100 tokens. What it caches
+    // starts past the prompt's leading blocks: routed by none (no hit counted, none taught).
+    expect((await t.records()).at(-1)).toMatchObject({ prompt_tokens_est: 100, prefix_blocks: 0 });
+    // Cut by nothing (the prompt is shorter than 500), the same prompt is routed by its blocks.
+    const uncut = await post(t.url, '/v1/completions', {
+      model: MODEL,
+      prompt: ids.slice(0, 200),
+      max_tokens: 10,
+      truncate_prompt_tokens: 500,
+    });
+    expect(uncut.status, uncut.text).toBe(200);
+    expect((await t.records()).at(-1)).toMatchObject({ prompt_tokens_est: 200 });
+    expect((await t.records()).at(-1)!.prefix_blocks).toBeGreaterThan(0);
     // A text prompt the backend cuts teaches no characters-per-token ratio: it counts fewer than were sent.
     const learnt = t.gw.runtime.tokens.samples;
     const text = await post(t.url, CHAT, {

@@ -105,3 +105,41 @@ describe('router.policy: oracle (benchmarks only)', () => {
     expect(hits[Number(a.backend.slice(1))]).toBeGreaterThan(900);
   });
 });
+
+describe('the decode term of the slagate cost', () => {
+  it("counts one sequence's output: n choices decode side by side, not one after another", async () => {
+    t = await startTestGateway({
+      replicas: 1,
+      config: {
+        router: { policy: 'slagate', explore_ratio: 0 },
+        // A TPOT target every decode step exceeds: the term is never 0.
+        sla: {
+          default_class: 'interactive',
+          classes: { interactive: { ttft_p99_ms: 5000, tpot_p99_ms: 0.001, priority: 0 } },
+        },
+        logging: { level: 'debug' },
+      },
+    });
+    const ask = async (id: string, n: number) => {
+      const res = await post(
+        t!.url,
+        CHAT,
+        { model: MODEL, messages: [{ role: 'user', content: `question ${id}` }], max_tokens: 40, n },
+        { 'x-request-id': id },
+      );
+      // The simulator serves n = 1 only and answers 400 otherwise: the request was routed all the same.
+      expect(res.status, res.text).toBe(n === 1 ? 200 : 400);
+      return t!.recordOf(id);
+    };
+    // Completed requests give the backend its TPOT fit (three at least).
+    for (let i = 0; i < 4; i++) await ask(`warm-${i}`, 1);
+    const one = (await ask('one', 1)).candidates?.[0];
+    const four = (await ask('four', 4)).candidates?.[0];
+    const decode = (c: typeof one) => (c as { decode_s?: number | null } | undefined)?.decode_s ?? null;
+    expect(decode(one)).toBeGreaterThan(0);
+    expect(decode(four)).toBeGreaterThan(0);
+    // The same 40 steps of decoding either way (the fit moves a little between the two).
+    expect(decode(four)! / decode(one)!).toBeGreaterThan(0.5);
+    expect(decode(four)! / decode(one)!).toBeLessThan(2);
+  });
+});

@@ -8,7 +8,7 @@ export function route(over: Partial<RouteRequest> = {}): RouteRequest {
     blocks: [],
     blockSizeTokens: 16,
     tokensPerBlock: 16,
-    expectedOutputTokens: 100,
+    outputTokensPerSequence: 100,
     tpotTargetMs: 50,
     ...over,
   };

@@ -107,7 +107,7 @@ describe('slagate', () => {
 
   it('ranks by predicted TTFT in seconds, with the decode pressure the request would suffer', () => {
     const p = slagate(opts);
-    const r = route({ expectedOutputTokens: 100, tpotTargetMs: 50 });
+    const r = route({ outputTokensPerSequence: 100, tpotTargetMs: 50 });
     // c is fastest to a first token, but its TPOT with this request would be 60 ms against a
     // 50 ms target: 100 tokens × 10 ms = 1 s more.
     const ranked = p.rank(r, [fitted('a', 300), fitted('b', 200), fitted('c', 100, { tpotMs: 60 })]);
@@ -137,7 +137,7 @@ describe('slagate', () => {
 
   it('logs a cost term whose input is not measured yet as null, not 0', () => {
     const p = slagate(opts);
-    const r = route({ expectedOutputTokens: 100, tpotTargetMs: 50 });
+    const r = route({ outputTokensPerSequence: 100, tpotTargetMs: 50 });
     const [c] = p.rank(r, [fitted('a', 300, { tpotMs: null, prefillMs: null, inflight: 4, cacheFill: 1 })]);
     expect(c!.terms).toMatchObject({ decode_s: null, stall_s: null, evict_s: null, prefill_s: null });
     // Measured, the same terms are numbers (0 where nothing is owed).

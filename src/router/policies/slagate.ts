@@ -29,7 +29,7 @@ const SESSIONS = 65_536;
  *        + predicted TTFT on the backend with its own uncached tokens to prefill (the live
  *          state's fit: base + prefill waiting there + this prefill + load term)
  *        + decode pressure suffered: how much the request's output would take longer than its
- *          class allows there, max(0, TPOT with it added − TPOT target) × expected output tokens
+ *          class allows there, max(0, TPOT with it added − TPOT target) × one sequence's expected output tokens (n choices decode side by side)
  *        + decode pressure caused: its prefill time there × the requests running there, each of
  *          which waits about that long in the steps that carry the prefill
  *        + cache displaced: its prefill time there × how full that backend's cache is (the prefix
@@ -96,7 +96,9 @@ function seconds(req: RouteRequest, b: BackendView): Candidate {
   const ttftMs = b.predictedTtftMs as number;
   // Suffered: its own output decoded slower than its class allows there.
   const sufferMs =
-    b.tpotMs === null ? 0 : Math.max(0, b.tpotMs - req.tpotTargetMs) * Math.max(0, req.expectedOutputTokens);
+    b.tpotMs === null
+      ? 0
+      : Math.max(0, b.tpotMs - req.tpotTargetMs) * Math.max(0, req.outputTokensPerSequence);
   // Caused: its prefill runs in the steps of every sequence decoding there, each delayed by about
   // that prefill's time. This is what makes a miss expensive for the replica as well as for the
   // request, and what keeps a prefix where it is cached until the load says otherwise.
