@@ -9,10 +9,14 @@
 // characters into tokens is the calibrated estimate's job (`TokenEstimate`). Nothing here runs a
 // tokenizer: the whole pass is one read of the prompt's characters.
 //
-// Rendering, for chat: `tools\n<JSON of tools>\n\n` when there are tools, then per message
-// `<role>[:<name>]\n<content>\n\n`, where a content array is its text parts joined by '\n' (as
-// vLLM renders them) and any other part (an image) is a digest of its JSON followed by a fixed run
-// of filler standing for its tokens (`media`), and an assistant's tool calls
+// Rendering, for chat: per message `<role>[:<name>]\n<content>\n\n`, with the tool definitions as
+// `tools\n<JSON of tools>\n\n` after the leading system (or developer) messages, where chat
+// templates put them (Llama 3.1, Qwen, Hermes: the system prompt first, then the tools), so that
+// one system prompt with different tools shares its blocks, and different system prompts with one
+// tool list share none. A content array's consecutive text parts are one text, joined by '\n' as
+// vLLM joins them for a template that takes a string (so parts and the same text as a string hash
+// alike); any other part (an image) is a digest of its JSON followed by a fixed run of filler
+// standing for its tokens (`media`), '\n' between it and its neighbours; an assistant's tool calls
 // follow as their JSON; each text, tool calls and tool call id is preceded by a marker of its kind
 // and length (hashed, not counted as text), so no content can forge a boundary. For completions:
 // the first prompt's text as it is (several prompts are separate sequences to vLLM, each from its
@@ -65,6 +69,9 @@ export interface PromptBlocks {
 const isRecord = (v: unknown): v is Record<string, unknown> =>
   typeof v === 'object' && v !== null && !Array.isArray(v);
 
+/** A message a chat template renders before the tool definitions. */
+const isSystem = (m: unknown): boolean => isRecord(m) && (m.role === 'system' || m.role === 'developer');
+
 const roots = new Map<string, number>();
 const MAX_ROOTS = 256;
 
@@ -103,12 +110,15 @@ export function promptBlocks(source: PromptSource, blockSizeTokens: number, root
   }
   const out = new CanonicalText(blockSizeTokens * BLOCK_CHARS_PER_TOKEN, root);
   if (source.kind === 'chat') {
-    if (source.tools !== undefined && source.tools !== null) {
+    const { messages, tools } = source;
+    let i = 0;
+    if (tools !== undefined && tools !== null) {
+      while (i < messages.length && isSystem(messages[i])) out.message(messages[i++]);
       out.text('tools\n');
-      out.text(JSON.stringify(source.tools));
+      out.text(JSON.stringify(tools));
       out.text('\n\n');
     }
-    for (const m of source.messages) out.message(m);
+    for (; i < messages.length; i++) out.message(messages[i]);
   } else {
     source.texts.forEach((t, i) => {
       if (i === 0) out.text(t);
@@ -161,15 +171,30 @@ class CanonicalText {
     if (typeof c === 'string') {
       this.piece('t', c);
     } else if (Array.isArray(c)) {
+      // A run of text parts is one piece, as the same text sent as a string is.
+      let run: string | null = null;
       let first = true;
       for (const part of c) {
+        const text = partText(part);
+        if (text !== null) {
+          run = run === null ? text : `${run}\n${text}`;
+          continue;
+        }
+        if (run !== null) {
+          if (!first) this.text('\n');
+          this.piece('t', run);
+          run = null;
+          first = false;
+        }
         if (!first) this.text('\n');
         first = false;
-        const text = partText(part);
-        if (text !== null) this.piece('t', text);
-        else if (isRecord(part) && typeof part.type === 'string') this.media(part);
+        if (isRecord(part) && typeof part.type === 'string') this.media(part);
         // Not a part at all (vLLM refuses the request): named by its JSON, nothing counted.
         else this.opaque(JSON.stringify(part) ?? '');
+      }
+      if (run !== null) {
+        if (!first) this.text('\n');
+        this.piece('t', run);
       }
     }
     if (m.tool_calls !== undefined && m.tool_calls !== null) this.piece('c', JSON.stringify(m.tool_calls));

@@ -113,6 +113,62 @@ describe('promptBlocks', () => {
     }
   });
 
+  it('tool definitions follow the system prompt, as chat templates render them', () => {
+    const sys = (text: string) => ({ role: 'system', content: text.repeat(CHARS) });
+    const user = { role: 'user', content: 'what now?' };
+    const toolsA = [{ type: 'function', function: { name: 'search', parameters: { q: 'string' } } }];
+    const toolsB = [{ type: 'function', function: { name: 'calc', parameters: { x: 'number' } } }];
+    // One system prompt (a few blocks long) with two tool lists: its blocks are shared.
+    const a = promptBlocks(chat([sys('policy '), user], toolsA), BLOCK);
+    const b = promptBlocks(chat([sys('policy '), user], toolsB), BLOCK);
+    const sysBlocks = Math.floor(('system\n'.length + 'policy '.length * CHARS) / CHARS);
+    expect(sysBlocks).toBeGreaterThanOrEqual(5);
+    expect(b.hashes.slice(0, sysBlocks)).toEqual(a.hashes.slice(0, sysBlocks));
+    expect(b.hashes).not.toEqual(a.hashes);
+    // Two system prompts with one tool list: nothing shared from the first block.
+    const c = promptBlocks(chat([sys('charter '), user], toolsA), BLOCK);
+    expect(c.hashes[0]).not.toBe(a.hashes[0]);
+    // Without a system message the tools come first, and still name the prompt.
+    const bare = promptBlocks(chat([user], toolsA), BLOCK);
+    expect(bare.hashes[0]).not.toBe(promptBlocks(chat([user], toolsB), BLOCK).hashes[0]);
+  });
+
+  it('text parts hash as the same text sent as one string (vLLM joins them with a newline)', () => {
+    const one = 'a'.repeat(CHARS * 2 + 5);
+    const two = 'b'.repeat(CHARS * 3 + 7);
+    const asString = promptBlocks(chat([{ role: 'user', content: `${one}\n${two}` }]), BLOCK);
+    const asParts = promptBlocks(
+      chat([
+        {
+          role: 'user',
+          content: [
+            { type: 'text', text: one },
+            { type: 'text', text: two },
+          ],
+        },
+      ]),
+      BLOCK,
+    );
+    expect(asParts.hashes).toEqual(asString.hashes);
+    expect(asParts.textChars).toBe(asString.textChars);
+    // An image between them is no newline: another prompt.
+    const withImage = promptBlocks(
+      chat([
+        {
+          role: 'user',
+          content: [
+            { type: 'text', text: one },
+            { type: 'image_url', image_url: { url: 'http://x/1.png' } },
+            { type: 'text', text: two },
+          ],
+        },
+      ]),
+      BLOCK,
+    );
+    expect(withImage.hashes[0]).not.toBe(asString.hashes[0]);
+    expect(withImage.mediaParts).toBe(1);
+  });
+
   it('role, name, tools, tool calls and images are part of the prompt', () => {
     const base = promptBlocks(chat([{ role: 'user', content: 'a'.repeat(CHARS * 3) }]), BLOCK);
     const variants = [
