@@ -32,7 +32,10 @@ export interface Intake {
    * The block hashes the router and the prefix index go by: the prompt's, or none when the backend
    * will cut it (truncate_prompt_tokens keeps its last tokens: what it caches starts past the
    * leading blocks these name, which would count a hit that is not there and teach the index
-   * blocks the backend never holds).
+   * blocks the backend never holds), or when it is estimated over the context length (sent for the
+   * backend to judge, it is most likely refused and cached nowhere; taught at its grant, its
+   * blocks, as many as the context and more, would push the prefixes the backend does hold out of
+   * its index).
    */
   readonly blocks: readonly number[];
   /** Prompt tokens as the backend will count them (estimated, exact for token ids). */
@@ -109,10 +112,11 @@ export function intake(
   );
   // What the backend will prefill: vLLM keeps a prompt's last truncate_prompt_tokens tokens.
   const wholeTokens = rt.tokens.tokens(prompt);
-  const promptTokens = truncatedTokens(ir, wholeTokens, rt.models.maxModelLen(model));
-  const blocks = promptTokens < wholeTokens ? NO_BLOCKS : prompt.hashes;
+  const maxLen = rt.models.maxModelLen(model);
+  const promptTokens = truncatedTokens(ir, wholeTokens, maxLen);
+  const blocks = promptTokens < wholeTokens || promptTokens > maxLen ? NO_BLOCKS : prompt.hashes;
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: blocks.length });
-  checkContext(ir, prompt, promptTokens, rt.tokens.fewestTokens(prompt), rt.models.maxModelLen(model));
+  checkContext(ir, prompt, promptTokens, rt.tokens.fewestTokens(prompt), maxLen);
   const perSequence = askedOutput(ir) ?? EXPECTED_OUTPUT_TOKENS;
   return {
     identity,

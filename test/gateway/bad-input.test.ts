@@ -473,7 +473,15 @@ describe('27: context length', () => {
       reason: 'invalid_request',
       backend: 'small',
       attempts: 1,
+      // Estimated over the context: most likely refused and cached nowhere, so it is routed by no
+      // blocks and teaches the backend's index none.
+      prefix_blocks: 0,
     });
+    expect(t.gw.runtime.live.prefixSize('small').blocks).toBe(0);
+    // One that fits (about 130 tokens: two blocks) teaches its blocks.
+    const fits = chat({ max_tokens: 10, messages: [{ role: 'user', content: nearPrompt.slice(0, 540) }] });
+    expect((await post(t.url, CHAT, fits)).status).toBe(200);
+    expect(t.gw.runtime.live.prefixSize('small').blocks).toBeGreaterThan(0);
   });
 });
 
