@@ -7,9 +7,11 @@ import type { BackendView, Candidate, RouteRequest, RoutingPolicy } from '../typ
  * w slots; backends that are out (ejected, unhealthy) are simply absent from the list it is given.
  *
  * Invariant: a request keeps its place in the ring however often it is ranked (the scheduler ranks
- * a waiting request at every pump, a retry again): were the cursor to move per ranking, a request
- * that waits would be offered a different backend each time, and round robin would turn into
- * "whichever backend frees a slot first", a better baseline than the one it stands for.
+ * a waiting request at every pump, a retry again), so the cursor counts requests, not rankings.
+ * The ring is of the backends with room (withRoom, as for every baseline: the peers it copies
+ * dispatch at once and never hold a request back), so a request that waited for its place's
+ * backend while all were full goes to whichever frees a slot first. Under the benchmark's cap,
+ * which never binds, every backend has room and the ring is the whole fleet's.
  */
 export function roundRobin(): RoutingPolicy {
   let cursor = 0;
