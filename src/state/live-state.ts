@@ -287,7 +287,14 @@ class LiveStateImpl implements LiveState {
     this.#minSamples = opts.minFitSamples ?? 3;
     for (const b of opts.backends) this.#add(b);
     this.#scraper =
-      opts.scrape === false ? null : new TelemetryScraper({ ...opts.scrape, now: this.#now }, opts.backends);
+      opts.scrape === false
+        ? null
+        : new TelemetryScraper(
+            // A restarted engine's cache is empty: the index forgets what it held there, rather
+            // than count hits on it until each prefix has been sent there again.
+            { ...opts.scrape, now: this.#now, onRestart: (b) => this.#prefix.drop(b) },
+            opts.backends,
+          );
     this.#indexBlockTokens = opts.indexBlockTokens ?? null;
     this.#blockSizeTokens = opts.blockSizeTokens ?? null;
     this.#prefix = new PrefixIndex((b) => this.#indexCapacity(b), this.#now);

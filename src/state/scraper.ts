@@ -57,6 +57,11 @@ export interface ScraperOptions {
   /** A larger /metrics body is refused. Default 8 MiB (vLLM's is tens of KiB). */
   maxBodyBytes?: number;
   now?: () => number;
+  /**
+   * Called when a backend's engine restarted (a counter of its went down between two scrapes): a
+   * new process holds nothing of what the old one had cached.
+   */
+  onRestart?: (backend: string) => void;
 }
 
 interface TargetState {
@@ -78,6 +83,7 @@ export class TelemetryScraper {
   readonly #timeoutMs: number;
   readonly #maxBodyBytes: number;
   readonly #now: () => number;
+  readonly #onRestart: ((backend: string) => void) | null;
   readonly #agent = new Agent({ connections: 2, keepAliveTimeout: 10_000 });
   readonly #targets = new Map<string, TargetState>();
   #closed = false;
@@ -88,6 +94,7 @@ export class TelemetryScraper {
     this.#timeoutMs = opts.timeoutMs ?? Math.max(100, 2 * opts.intervalMs);
     this.#maxBodyBytes = opts.maxBodyBytes ?? 8 * 1024 * 1024;
     this.#now = opts.now ?? Date.now;
+    this.#onRestart = opts.onRestart ?? null;
     this.setTargets(targets);
   }
 
@@ -198,6 +205,7 @@ export class TelemetryScraper {
         throw new Error('/metrics has no vllm:num_requests_running or vllm:num_requests_waiting');
       }
       if (t.removed) return;
+      if (restarted(t.metrics, metrics)) this.#onRestart?.(t.name);
       t.prefixHitRate = hitRate(t.metrics, metrics, t.prefixHitRate);
       t.metrics = metrics;
       t.scrapedAt = this.#now();
@@ -213,6 +221,13 @@ export class TelemetryScraper {
 
 function metricsUrl(base: string): string {
   return `${base.replace(/\/+$/, '')}/metrics`;
+}
+
+/** A counter that went down: the engine restarted, and counts from 0 again. */
+function restarted(prev: VllmMetrics | null, cur: VllmMetrics): boolean {
+  if (prev === null) return false;
+  const fell = (a: number | null, b: number | null) => a !== null && b !== null && b < a;
+  return fell(prev.prefixQueries, cur.prefixQueries) || fell(prev.prefixHits, cur.prefixHits);
 }
 
 /** Hit rate over the last interval that saw lookups; else the previous one; else since start. */

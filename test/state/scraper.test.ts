@@ -241,4 +241,44 @@ describe('vLLM telemetry scraper', () => {
     );
     expect(live.prefixSize('x').capacity).toBe(250);
   });
+  it('forgets what the index held on a backend whose engine restarted (its counters went down)', async () => {
+    const counters = { x: [100, 50], y: [100, 50] };
+    const body = (name: 'x' | 'y') => () =>
+      'vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n' +
+      `vllm:prefix_cache_queries_total ${counters[name][0]}\nvllm:prefix_cache_hits_total ${counters[name][1]}\n`;
+    const x = await metricsServer(body('x'));
+    const y = await metricsServer(body('y'));
+    cleanups.push(
+      () => closeServer(x.server),
+      () => closeServer(y.server),
+    );
+    const state = createLiveState(
+      { store: 'memory' },
+      {
+        backends: [
+          { name: 'x', url: x.url },
+          { name: 'y', url: y.url },
+        ],
+        scrape: { intervalMs: 20 },
+      },
+    );
+    cleanups.push(() => state.close());
+    await until(() => state.telemetry('x')?.prefixQueries === 100, 2_000, 'first scrape of x');
+    await until(() => state.telemetry('y')?.prefixQueries === 100, 2_000, 'first scrape of y');
+    const blocks = [11, 12, 13, 14];
+    state.prefixInsert('x', blocks);
+    state.prefixInsert('y', blocks);
+    // Counters that only grow say nothing of a restart.
+    counters.x = [140, 70];
+    await until(() => state.telemetry('x')?.prefixQueries === 140, 2_000, 'x counting on');
+    expect(state.prefixMatch('x', blocks)).toBe(4);
+    // x restarts: a new process counts from 0, and holds nothing of what the old one cached.
+    counters.x = [3, 1];
+    await until(() => state.telemetry('x')?.prefixQueries === 3, 2_000, 'x after its restart');
+    expect(state.prefixMatch('x', blocks)).toBe(0);
+    expect(state.prefixMatch('y', blocks)).toBe(4);
+    // What is sent there afterwards is learnt again.
+    state.prefixInsert('x', blocks);
+    expect(state.prefixMatch('x', blocks)).toBe(4);
+  });
 });
