@@ -115,6 +115,9 @@ interface StreamChunk {
   choices?: { delta?: { content?: unknown }; text?: unknown }[];
   usage?: { prompt_tokens?: unknown; completion_tokens?: unknown } | null;
   error?: { message?: unknown } | string;
+  /** An old vLLM's flat in-band error: `object: "error"` with its `message` beside it. */
+  object?: unknown;
+  message?: unknown;
 }
 
 export async function sendRequest(
@@ -167,12 +170,21 @@ export async function sendRequest(
     let textChunks = 0;
     let usageOutput: number | null = null;
     let inBandError: string | null = null;
+    let done = false;
     const handle = (data: string, at: number) => {
-      if (data === '[DONE]') return;
+      if (data === '[DONE]') {
+        done = true;
+        return;
+      }
       const chunk = JSON.parse(data) as StreamChunk;
       if (chunk.error !== undefined) {
         inBandError ??=
           typeof chunk.error === 'string' ? chunk.error : String(chunk.error.message ?? 'error');
+        return;
+      }
+      // vLLM before 0.10 sends an in-band error as a flat object: {"object": "error", "message": …}.
+      if (chunk.object === 'error') {
+        inBandError ??= typeof chunk.message === 'string' ? chunk.message : 'error';
         return;
       }
       if (Array.isArray(chunk.choices) && chunk.choices.length > 0) {
@@ -200,6 +212,9 @@ export async function sendRequest(
     record.outputLen = usageOutput ?? textChunks;
     if (inBandError !== null) record.error = `stream error: ${inBandError}`;
     else if (!sawChoice) record.error = 'no choices chunk in the stream';
+    // vLLM ends every stream it finishes with [DONE], after an error too: one that ended without
+    // it was cut (by a proxy, or a dropped connection that closed cleanly), its answer partial.
+    else if (!done) record.error = 'stream ended without [DONE]';
     else record.success = true;
   } catch (err) {
     record.error = err instanceof Error ? `${err.name}: ${err.message}` : String(err);

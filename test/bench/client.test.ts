@@ -54,7 +54,28 @@ const scripts: Record<string, (seen: Seen, res: ServerResponse) => Promise<void>
     sseHead(res);
     const t = (x: string) =>
       `data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"${x}"}]}`;
-    return play(res, [': ping\r\n\r\n', `${t('x')}\r\n\r`, { wait: 20 }, `\n${t('y')}\r\n\r\n`, `${t('z')}`]);
+    return play(res, [
+      ': ping\r\n\r\n',
+      `${t('x')}\r\n\r`,
+      { wait: 20 },
+      `\n${t('y')}\r\n\r\n`,
+      `${t('z')}\r\n\r\ndata: [DONE]`,
+    ]);
+  },
+  // vLLM before 0.10: an in-band error as a flat object, then [DONE].
+  flatError: (_s, res) => {
+    sseHead(res);
+    return play(res, [
+      chat.role(),
+      chat.token('a'),
+      'data: {"object":"error","message":"engine died","type":"InternalServerError","param":null,"code":500}\n\n',
+      chat.done,
+    ]);
+  },
+  // Tokens, then the response ends cleanly without [DONE]: cut on its way.
+  noDone: (_s, res) => {
+    sseHead(res);
+    return play(res, [chat.role(), chat.token('a'), chat.token('b')]);
   },
 };
 
@@ -168,6 +189,19 @@ describe('sendRequest', () => {
     const r = await sendRequest(ctx('inband'), REQ);
     expect(r.success).toBe(false);
     expect(r.error).toContain('backend dropped');
+    expect(r.ttft).toBeGreaterThan(0);
+  });
+
+  it("an old vLLM's flat in-band error fails the request too", async () => {
+    const r = await sendRequest(ctx('flatError'), REQ);
+    expect(r.success).toBe(false);
+    expect(r.error).toBe('stream error: engine died');
+  });
+
+  it('a stream that ends without [DONE] was cut: a failure, its partial answer not a success', async () => {
+    const r = await sendRequest(ctx('noDone'), REQ);
+    expect(r.success).toBe(false);
+    expect(r.error).toBe('stream ended without [DONE]');
     expect(r.ttft).toBeGreaterThan(0);
   });
 
