@@ -187,7 +187,8 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
       ? DEFAULT_REQUESTS
       : rate === Number.POSITIVE_INFINITY
         ? Number.POSITIVE_INFINITY
-        : Math.ceil(rate * o.durationS));
+        : // Less a rounding: 0.07 × 100 is 7.000000000000001 in floating point, and 7 requests.
+          Math.ceil(rate * o.durationS - 1e-9));
 
   const workload =
     typeof o.workload === 'object'
@@ -197,8 +198,14 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
   const pregenerated = Number.isFinite(count) ? takeRequests(workload, count) : null;
   const nextRequest = (i: number): WorkloadRequest =>
     pregenerated ? (pregenerated[i] as WorkloadRequest) : workload.next();
+  // A count from the duration ends its schedule at the duration (ceil(rate × S) / rate may be past
+  // it, and what is scheduled past it would not be sent: a count that varied with the seed).
+  const endAt =
+    o.requests === undefined && o.durationS !== undefined && Number.isFinite(count)
+      ? Math.min(count / rate, o.durationS)
+      : count / rate;
   const offsets = Number.isFinite(count)
-    ? arrivalOffsets(count, rate, burstiness, new Rng(seed).fork('arrivals'))
+    ? arrivalOffsets(count, rate, burstiness, new Rng(seed).fork('arrivals'), endAt)
     : null;
 
   const dispatcher = new Agent({ connections: o.concurrency ?? null, pipelining: 1 });

@@ -120,6 +120,24 @@ describe('runBench', () => {
     expect(sent).toEqual(Array(8).fill(5));
   });
 
+  it('a rate and a duration whose product is no whole number send ceil(rate × S) requests, whatever the seed', async () => {
+    const sent: number[] = [];
+    for (let run = 0; run < 6; run++) {
+      const r = await runBench({
+        target: server.url,
+        model: 'm',
+        // 150 × 0.07 = 10.5: 11 requests, the last at 0.07 s. And 0.7 × 10 is 7.000000000000001.
+        rate: run % 2 === 0 ? 150 : 70,
+        durationS: run % 2 === 0 ? 0.07 : 0.1,
+        workload: 'code',
+        seed: run,
+        progress: false,
+      });
+      sent.push(r.records.length);
+    }
+    expect(sent).toEqual([11, 7, 11, 7, 11, 7]);
+  });
+
   it('a duration bounds an open-ended run under a concurrency cap', async () => {
     const r = await runBench({
       target: server.url,
