@@ -1,8 +1,10 @@
 // `--report FILE.html` of `slagate bench` and `slagate bench compare`: one self-contained page
 // (uPlot and the data inlined, nothing fetched) with charts of what the runs measured:
 //   - per policy: TTFT and TPOT by percentile (1st to 100th), one line per rate;
-//   - across rates (compare with several rates): P99 TTFT per policy with the SLA target,
-//     throughput and goodput per policy, refused share per policy;
+//   - across rates (compare with several rates): P99 TTFT against the throughput achieved, one
+//     line per policy with the SLA target (the curve a fleet lives on); P99 TTFT per policy with
+//     the SLA target, throughput and goodput per policy, refused share per policy, each against
+//     the offered rate;
 //   - a table of every run's figures and its requests per backend.
 // Pure: the page is a function of the runs; a figure that was not measured is null (a gap, "–").
 
@@ -10,7 +12,7 @@ import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import type { RequestRecord } from './client.ts';
 import { type RunFigures, rateText } from './compare-report.ts';
-import type { Slo } from './metrics.ts';
+import { percentile, type Slo } from './metrics.ts';
 
 export interface ReportRun {
   /** Policy label (ROUTER/SCHEDULER), or the target for a single bench run. */
@@ -31,16 +33,35 @@ export interface ReportInput {
   runs: readonly ReportRun[];
 }
 
-/** Value at each percentile 1..100 of `values` (nearest rank), or null when there are none. */
+/**
+ * Value at each percentile 1..100 of `values`, or null when there are none: numpy's linear
+ * method, as the table's and the saved result's percentiles are (a chart's P99 is the table's).
+ */
 export function byPercentile(values: readonly number[]): number[] | null {
   if (values.length === 0) return null;
   const sorted = [...values].sort((a, b) => a - b);
   const out: number[] = [];
-  for (let p = 1; p <= 100; p++) {
-    const rank = Math.max(1, Math.ceil((p / 100) * sorted.length));
-    out.push(sorted[rank - 1]!);
-  }
+  for (let p = 1; p <= 100; p++) out.push(percentile(sorted, p));
   return out;
+}
+
+/**
+ * P99 TTFT against the throughput each run achieved, one series per policy: the x axis is every
+ * run's throughput, sorted, and a series has a value only at its own runs' (its line spans the
+ * gaps). Every run with both figures counts, an unlimited rate's included.
+ */
+function latencyCurve(input: ReportInput, policies: readonly string[]) {
+  const points = input.runs.flatMap((r) =>
+    r.throughput !== null && r.figures?.ttftP99Ms != null
+      ? [{ policy: r.policy, x: r.throughput, y: r.figures.ttftP99Ms }]
+      : [],
+  );
+  const xs = [...new Set(points.map((p) => p.x))].sort((a, b) => a - b);
+  const series = policies.map((policy) => ({
+    label: policy,
+    values: xs.map((x) => points.find((p) => p.policy === policy && p.x === x)?.y ?? null),
+  }));
+  return { xs, series };
 }
 
 function chartData(input: ReportInput) {
@@ -78,6 +99,7 @@ function chartData(input: ReportInput) {
     throughput: across((_f, r) => r.throughput),
     goodput: across((f) => f.goodput),
     refused: across((f) => (f.refusedShare === null ? null : 100 * f.refusedShare)),
+    curve: latencyCurve(input, policies),
     slo: input.slo,
   };
 }
@@ -119,7 +141,7 @@ function chart(el, title, xs, series, opts = {}) {
     axes: [{ label: opts.xLabel }, { label: opts.yLabel, size: 70 }],
     series: [{ label: opts.xLabel }, ...series.map((s, i) => ({
       label: s.label, stroke: s.dash ? '#1d2330' : PALETTE[i % PALETTE.length], dash: s.dash ? [6, 4] : undefined,
-      width: s.dash ? 1 : 1.5, spanGaps: false, points: { show: opts.points === true },
+      width: s.dash ? 1 : 1.5, spanGaps: opts.spanGaps === true, points: { show: opts.points === true },
     }))],
   }, [xs, ...series.map((s) => s.values)], fig);
   charts.push({ title, policy: opts.policy ?? null, plot });
@@ -135,6 +157,11 @@ for (const p of DATA.perPolicy) {
   chart(dist, p.policy + ': TPOT by percentile (ms)', pct, tpot, { policy: p.policy, xLabel: 'percentile', yLabel: 'ms' });
 }
 const across = document.getElementById('across');
+if (DATA.curve.xs.length > 1) {
+  const curve = [...DATA.curve.series];
+  if (DATA.slo && DATA.slo.ttft !== undefined) curve.push({ label: 'TTFT target', values: DATA.curve.xs.map(() => DATA.slo.ttft), dash: true });
+  chart(across, 'P99 TTFT against throughput achieved (ms, log scale)', DATA.curve.xs, curve, { xLabel: 'req/s achieved', yLabel: 'ms', log: true, points: true, spanGaps: true });
+}
 if (DATA.rates.length > 1) {
   const p99 = [...DATA.p99];
   if (DATA.slo && DATA.slo.ttft !== undefined) p99.push({ label: 'TTFT target', values: DATA.rates.map(() => DATA.slo.ttft), dash: true });
@@ -144,7 +171,7 @@ if (DATA.rates.length > 1) {
      ...DATA.goodput.filter((s) => s.values.some((v) => v !== null)).map((s) => ({ label: s.label + ' goodput', values: s.values }))],
     { xLabel: 'offered req/s', yLabel: 'req/s', points: true });
   chart(across, 'Refused share against offered rate (%)', DATA.rates, DATA.refused, { xLabel: 'offered req/s', yLabel: '%', points: true });
-} else {
+} else if (DATA.curve.xs.length <= 1) {
   across.textContent = 'One rate only: run bench compare with --rates R1,R2,... for the charts across rates.';
 }
 window.slagateReport = { charts };

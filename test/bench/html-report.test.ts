@@ -25,12 +25,15 @@ afterAll(async () => {
 
 const compare = (args: string[]) => runSlagate(['bench', 'compare', ...args]);
 
-it('byPercentile takes the nearest rank at each percentile', () => {
+it("byPercentile takes numpy's linear percentiles, as the table does", () => {
   expect(byPercentile([])).toBeNull();
   const xs = byPercentile([5, 1, 4, 2, 3])!;
   expect(xs).toHaveLength(100);
-  // nearest rank: p ≤ 20 → 1st value, p ≤ 40 → 2nd, ..., p = 100 → 5th
-  expect([xs[0], xs[19], xs[20], xs[59], xs[60], xs[99]]).toEqual([1, 1, 2, 3, 4, 5]);
+  // Between the sorted values 1..5, at 1 + 4p/100: the chart's P99 is the table's, not the maximum.
+  expect(xs[0]).toBeCloseTo(1.04, 9);
+  expect(xs[49]).toBe(3);
+  expect(xs[98]).toBeCloseTo(4.96, 9);
+  expect(xs[99]).toBe(5);
 });
 
 it('bench compare --report writes a page that opens without errors, one chart per policy', async () => {
@@ -84,11 +87,14 @@ it('bench compare --report writes a page that opens without errors, one chart pe
   // Each distribution chart: both rates measured, plus the target line.
   for (const c of charts.filter((c) => c.policy !== null)) expect(c.measured).toBe(3);
   expect(charts.filter((c) => c.policy === null).map((c) => c.title)).toEqual([
+    'P99 TTFT against throughput achieved (ms, log scale)',
     'P99 TTFT against offered rate (ms, log scale)',
     'Throughput and goodput against offered rate (req/s)',
     'Refused share against offered rate (%)',
   ]);
-  expect(await page.locator('.uplot').count()).toBe(7);
+  // The latency curve: each policy's runs, and the target line.
+  expect(charts.find((c) => c.title.startsWith('P99 TTFT against throughput'))?.measured).toBe(3);
+  expect(await page.locator('.uplot').count()).toBe(8);
   expect(await page.locator('table.runs tbody tr').count()).toBe(4);
   expect(errors).toEqual([]);
 }, 120_000);
