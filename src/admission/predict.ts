@@ -12,9 +12,10 @@
 //               where "own uncached" is the prompt less what the prefix index says the backend
 //               holds (src/router/cached.ts, the same count the router weighs)
 //
-// and the least the request's first token can take anywhere, u: dispatch to first token on a
-// backend with nothing else on it (its own uncached prefill there and the fit's base), the best
-// backend's, taken at the P99 of how predictions turn out. The request's budget (ttftBudgetMs,
+// and the least the request's first token can take anywhere, u: the time already spent since
+// arrival plus dispatch to first token on a backend with nothing else on it (its own uncached
+// prefill there and the fit's base), the best backend's, taken at the P99 of how predictions turn
+// out. The request's budget (ttftBudgetMs,
 // what admission and the queue guard plan with) is
 //
 //   budget = max(min(class target, deadline), min(2u, max(deadline, u))) − the loop's own delay
@@ -57,7 +58,7 @@ export interface Prediction {
    * ms (null when no backend has a fit).
    */
   readonly unloadedMs: number | null;
-  /** u above: unloadedMs at the P99 multiplier is over half the class target (its budget is 2u). */
+  /** u above (the time spent since arrival plus unloadedMs at the P99 multiplier) is over half the class target (its budget is 2u). */
   readonly largeForClass: boolean;
 }
 
@@ -107,7 +108,11 @@ export function predict(
       uncachedTokens = own;
     }
   }
-  const u = unloadedMs === null ? 0 : scheduler.upperBackendMs(unloadedMs);
+  // The request's own unavoidable time from arrival: what its body took to arrive, and its first
+  // token on an unloaded backend. A slow upload is the request's, as a long prompt is: the load
+  // may delay it by what is left of its target, or by that time when it is more, not refuse it
+  // for what no retry would take less of (its body would arrive as slowly again).
+  const u = spentMs + (unloadedMs === null ? 0 : scheduler.upperBackendMs(unloadedMs));
   const largeForClass = 2 * u > req.ttftTargetMs;
   const deadline = req.deadlineAt - req.arrivedAt;
   // Spelled out, not `{ ...req, … }` (a spread followed by more properties is slow in Node 20's
