@@ -114,7 +114,7 @@ export function intake(
   const wholeTokens = rt.tokens.tokens(prompt);
   const maxLen = rt.models.maxModelLen(model);
   const promptTokens = truncatedTokens(ir, wholeTokens, maxLen);
-  const blocks = promptTokens < wholeTokens || promptTokens > maxLen ? NO_BLOCKS : prompt.hashes;
+  const blocks = routedBlocks(ir, prompt, wholeTokens, maxLen);
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: blocks.length });
   checkContext(ir, prompt, promptTokens, rt.tokens.fewestTokens(prompt), maxLen);
   const perSequence = askedOutput(ir) ?? EXPECTED_OUTPUT_TOKENS;
@@ -153,8 +153,8 @@ function checkContext(
 ): void {
   const exact = prompt.exactTokens !== null;
   // vLLM checks each completion prompt on its own: the longest decides.
-  const tokens = longestPrompt(ir, exact, allTokens);
-  const fewest = longestPrompt(ir, exact, fewestTokens);
+  const tokens = onePrompt(ir, exact, allTokens, 'longest');
+  const fewest = onePrompt(ir, exact, fewestTokens, 'longest');
   let least = exact ? fewest : Math.floor(fewest / CONTEXT_ESTIMATE_SLACK);
   // vLLM cuts the prompt to its last truncate_prompt_tokens tokens (-1: to the context length)
   // before it checks the length.
@@ -169,6 +169,24 @@ function checkContext(
       `${output} in the completion).`,
     { param: ir.endpoint === 'chat' ? 'messages' : 'prompt' },
   );
+}
+
+/**
+ * The blocks to route by (Intake.blocks): the prompt's, unless the backend will cut the prompt
+ * they name (the first of several completion prompts: theirs are its blocks) or the longest
+ * prompt is estimated over the context. vLLM cuts and checks each completion prompt on its own.
+ */
+function routedBlocks(
+  ir: InferenceRequest,
+  prompt: PromptBlocks,
+  allTokens: number,
+  maxLen: number,
+): readonly number[] {
+  const exact = prompt.exactTokens !== null;
+  const first = onePrompt(ir, exact, allTokens, 'first');
+  if (truncatedTokens(ir, first, maxLen) < first) return NO_BLOCKS;
+  if (truncatedTokens(ir, onePrompt(ir, exact, allTokens, 'longest'), maxLen) > maxLen) return NO_BLOCKS;
+  return prompt.hashes;
 }
 
 /**
@@ -191,20 +209,25 @@ function askedOutput(ir: InferenceRequest): number | null {
 }
 
 /**
- * Tokens of the longest of several completion prompts (`allTokens` counts them all): exact for
- * token ids, for texts the estimate shared out by characters.
+ * Tokens of the longest, or the first, of several completion prompts (`allTokens` counts them
+ * all): exact for token ids, for texts the estimate shared out by characters.
  */
-function longestPrompt(ir: InferenceRequest, exact: boolean, allTokens: number): number {
+function onePrompt(
+  ir: InferenceRequest,
+  exact: boolean,
+  allTokens: number,
+  which: 'longest' | 'first',
+): number {
   const parts = ir.promptParts;
   if (ir.endpoint === 'chat' || parts.length <= 1) return allTokens;
-  let longest = 0;
+  let size = 0;
   let total = 0;
   for (const p of parts) {
-    longest = Math.max(longest, p.length);
+    size = which === 'first' ? (parts[0]?.length ?? 0) : Math.max(size, p.length);
     total += p.length;
   }
-  if (exact) return longest;
-  return total === 0 ? allTokens : Math.ceil((allTokens * longest) / total);
+  if (exact) return size;
+  return total === 0 ? allTokens : Math.ceil((allTokens * size) / total);
 }
 
 /** What the canonical prompt is rendered from (the body was validated by parseInferenceRequest). */

@@ -542,6 +542,16 @@ describe('27b: context length of completion prompts, as vLLM counts it', () => {
     );
     expect(two.text).toContain('one prompt per request');
     expect(await t.recordOf('ctx-two')).toMatchObject({ backend: 'small', attempts: 1 });
+    // Neither is over the context, nor cut by a truncate_prompt_tokens of 300, though together they
+    // are 400 tokens: routed by the first prompt's blocks (200 ids: three of 64).
+    expect((await t.recordOf('ctx-two')).prefix_blocks).toBe(3);
+    await post(
+      t.url,
+      '/v1/completions',
+      { model: MODEL, prompt: [ids(200), ids(200)], max_tokens: 10, truncate_prompt_tokens: 300 },
+      { 'x-request-id': 'ctx-two-cut' },
+    );
+    expect((await t.recordOf('ctx-two-cut')).prefix_blocks).toBe(3);
     // 250 ids and no max_tokens: vLLM would generate up to 16, past 256. Refused here, exactly.
     const full = await post(
       t.url,
