@@ -113,7 +113,7 @@ export function intake(
   // What the backend will prefill: vLLM keeps a prompt's last truncate_prompt_tokens tokens.
   const wholeTokens = rt.tokens.tokens(prompt);
   const maxLen = rt.models.maxModelLen(model);
-  const promptTokens = truncatedTokens(ir, wholeTokens, maxLen);
+  const promptTokens = keptTokens(ir, prompt, wholeTokens, maxLen);
   const blocks = routedBlocks(ir, prompt, wholeTokens, maxLen);
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: blocks.length });
   checkContext(ir, prompt, promptTokens, rt.tokens.fewestTokens(prompt), maxLen);
@@ -169,6 +169,27 @@ function checkContext(
       `${output} in the completion).`,
     { param: ir.endpoint === 'chat' ? 'messages' : 'prompt' },
   );
+}
+
+/**
+ * The prompt tokens the backend prefills: each completion prompt cut on its own (a text's share of
+ * the estimate by its characters), so that two prompts under truncate_prompt_tokens are not cut
+ * together.
+ */
+function keptTokens(ir: InferenceRequest, prompt: PromptBlocks, allTokens: number, maxLen: number): number {
+  const parts = ir.promptParts;
+  if (ir.endpoint === 'chat' || parts.length <= 1) return truncatedTokens(ir, allTokens, maxLen);
+  if (prompt.exactTokens !== null) {
+    let kept = 0;
+    for (const p of parts) kept += truncatedTokens(ir, p.length, maxLen);
+    return kept;
+  }
+  let total = 0;
+  for (const p of parts) total += p.length;
+  if (total === 0) return truncatedTokens(ir, allTokens, maxLen);
+  let kept = 0;
+  for (const p of parts) kept += truncatedTokens(ir, Math.round((allTokens * p.length) / total), maxLen);
+  return kept;
 }
 
 /**

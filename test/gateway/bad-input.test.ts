@@ -551,7 +551,8 @@ describe('27b: context length of completion prompts, as vLLM counts it', () => {
       { model: MODEL, prompt: [ids(200), ids(200)], max_tokens: 10, truncate_prompt_tokens: 300 },
       { 'x-request-id': 'ctx-two-cut' },
     );
-    expect((await t.recordOf('ctx-two-cut')).prefix_blocks).toBe(3);
+    // Cut one by one, neither is: 400 tokens to prefill, not 300.
+    expect(await t.recordOf('ctx-two-cut')).toMatchObject({ prefix_blocks: 3, prompt_tokens_est: 400 });
     // 250 ids and no max_tokens: vLLM would generate up to 16, past 256. Refused here, exactly.
     const full = await post(
       t.url,
