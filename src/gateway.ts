@@ -10,6 +10,7 @@ import {
   type BackendSpec,
   type Config,
   type ConfigWatcher,
+  envValue,
   formatIssue,
   isConfigError,
   loadConfigFile,
@@ -151,7 +152,7 @@ function backendConfigs(c: Config, fleet: FleetProcess | null): BackendConfig[] 
     name: b.name,
     url: b.url,
     weight: b.weight,
-    apiKey: b.api_key_env === undefined ? null : (process.env[b.api_key_env] ?? null),
+    apiKey: b.api_key_env === undefined ? null : (envValue(b.api_key_env) ?? null),
   }));
 }
 

@@ -70,7 +70,8 @@ export function runFigures(
   const requests = records.length;
   const ok = records.filter((r) => r.success);
   const refused = records.filter((r) => !r.success && r.status === 429).length;
-  const backendRequests: Record<string, number> = {};
+  // No prototype: a backend may be named like a method of every object (`toString`).
+  const backendRequests: Record<string, number> = Object.create(null);
   for (const r of ok) {
     const b = r.headers['x-slagate-backend'];
     if (b !== undefined) backendRequests[b] = (backendRequests[b] ?? 0) + 1;

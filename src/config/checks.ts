@@ -86,7 +86,7 @@ function checkBackends(config: Obj, add: Add): void {
       typeof backend.api_key_env === 'string' &&
       ENV_NAME_RE.test(backend.api_key_env)
     ) {
-      const problem = apiKeyProblem(process.env[backend.api_key_env]);
+      const problem = apiKeyProblem(envValue(backend.api_key_env));
       // The variable's value, a secret, is never named. Nor is the field's own value unless it is
       // written as variables are (upper case): a key pasted here by mistake (`sk_live_4eC3...`, a
       // hex key) is often a valid variable name too, and this message reaches stderr and the
@@ -316,6 +316,9 @@ function urlProblem(text: string, protocols: string[]): string | undefined {
   if (backend && (url.username !== '' || url.password !== '')) {
     return 'must not carry credentials';
   }
+  // WHATWG URLs take port 0, which no connection can use: the store would stay degraded, the
+  // backend down, for good.
+  if (url.port === '0') return `must not name port 0 (got ${shown})`;
   if (url.search !== '' || url.hash !== '') return `must not have a query or fragment (got ${shown})`;
   // The gateway sends the OpenAI paths (/v1/...) and its probes (/health, /metrics) from the
   // server's root: a path here would be dropped, not prefixed.
@@ -327,6 +330,14 @@ function urlProblem(text: string, protocols: string[]): string | undefined {
  * What is wrong with a backend key's value as a bearer token (it is sent with surrounding
  * whitespace trimmed, as a secret file's trailing newline), or undefined.
  */
+/**
+ * An environment variable's value, or undefined: its own, never one process.env inherits (a
+ * variable named `constructor` is not set unless it is).
+ */
+export function envValue(name: string): string | undefined {
+  return Object.hasOwn(process.env, name) ? process.env[name] : undefined;
+}
+
 function apiKeyProblem(value: string | undefined): string | undefined {
   const key = value?.trim();
   if (!key) return 'is not set (or empty)';

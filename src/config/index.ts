@@ -1,3 +1,4 @@
+export { envValue } from './checks.ts';
 export {
   CONFIG_INVALID,
   CONFIG_UNREADABLE,

@@ -164,6 +164,13 @@ describe('run figures', () => {
     expect(f.tpotP99Ms).toBeCloseTo(10, 9);
   });
 
+  it('counts a backend named like a method of every object (toString) as any other', () => {
+    const records = [rec(0, 200, 'toString'), rec(1, 200, 'toString'), rec(2, 200, 'constructor')];
+    const f = runFigures(records, computeMetrics(records, 1, { percentiles: [99] }), 2, undefined, null);
+    expect({ ...f.backendRequests }).toEqual({ toString: 2, constructor: 1 });
+    expect(f.maxBackendShare).toBeCloseTo((2 / 3) * 2, 12);
+  });
+
   it('leaves what was not measured null, never 0', () => {
     const records = [rec(0, 429), rec(1, 500)];
     const f = runFigures(records, computeMetrics(records, 1, { percentiles: [99] }), 4, undefined, null);

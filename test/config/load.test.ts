@@ -419,6 +419,24 @@ describe('violations are reported with the path of the key to fix', () => {
       /^environment variable SLAGATE_TEST_BAD_KEY holds characters a header cannot carry \(control characters or non-ASCII\)$/,
     ],
     [
+      "a backend's key in a variable named like a method of every object, which is not set",
+      (c) => c.backends.push({ name: 'keyed', url: 'http://127.0.0.1:9', api_key_env: 'constructor' }),
+      'backends[2].api_key_env',
+      /is not set/,
+    ],
+    [
+      'a backend on port 0, which no connection can use',
+      (c) => c.backends.push({ name: 'zero', url: 'http://127.0.0.1:0' }),
+      'backends[2].url',
+      /port 0/,
+    ],
+    [
+      'a Redis URL on port 0',
+      (c) => (c.state = { store: 'redis', redis_url: 'redis://127.0.0.1:0' }),
+      'state.redis_url',
+      /port 0/,
+    ],
+    [
       "a backend's key variable that is no variable name",
       (c) => c.backends.push({ name: 'keyed', url: 'http://127.0.0.1:9', api_key_env: '1-KEY' }),
       'backends[2].api_key_env',
