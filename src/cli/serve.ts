@@ -67,7 +67,17 @@ async function serveUntilStopped(
       `  ops: ${gateway.url}/metrics ${gateway.url}/admin/state ${gateway.url}/readyz\n`,
   );
   return new Promise<number>((resolve) => {
+    let draining = false;
     const stop = (signal: string) => {
+      // Invariant: a stop signal during the drain leaves it running. With `once`, the next SIGTERM
+      // (a second `docker stop`, a runtime re-sending it) met Node's default action and killed
+      // the process mid-drain: streams reset, their records never written. The grace period
+      // bounds the drain; SIGKILL ends it at once.
+      if (draining) {
+        process.stderr.write(`slagate: ${signal}, already draining (SIGKILL ends it at once)\n`);
+        return;
+      }
+      draining = true;
       process.stderr.write(`slagate: ${signal}, draining\n`);
       gateway.close().then(
         ({ cut, logsFlushed }) => {
@@ -87,8 +97,8 @@ async function serveUntilStopped(
         },
       );
     };
-    process.once('SIGTERM', () => stop('SIGTERM'));
-    process.once('SIGINT', () => stop('SIGINT'));
+    process.on('SIGTERM', () => stop('SIGTERM'));
+    process.on('SIGINT', () => stop('SIGINT'));
     // Started over IPC by a parent (a benchmark, a test) that is gone: nobody will stop us otherwise.
     if (process.send !== undefined) {
       process.channel?.unref();

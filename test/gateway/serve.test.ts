@@ -31,7 +31,7 @@ async function serve(graceMs: number): Promise<ServedGateway> {
   return s;
 }
 
-it('SIGTERM: refuse new requests, drain the in-flight stream (a SIGHUP meanwhile changes nothing), flush every record, exit 0', async () => {
+it('SIGTERM: refuse new requests, drain the in-flight stream (a SIGHUP or a second SIGTERM meanwhile changes nothing), flush every record, exit 0', async () => {
   const s = await serve(10_000);
   for (let i = 0; i < 5; i++) {
     expect((await post(s.url, CHAT, chat(), { 'x-request-id': `before-${i}` })).status).toBe(200);
@@ -43,8 +43,11 @@ it('SIGTERM: refuse new requests, drain the in-flight stream (a SIGHUP meanwhile
   await stream.until((text) => sseData(text).length >= 2);
   s.child.kill('SIGTERM');
   await waitFor(() => s.stderr().includes('SIGTERM, draining'), 5000, 'SIGTERM seen');
-  // A reload signal during the drain (a config reloader, systemctl reload) does not end the process.
+  // A reload signal during the drain (a config reloader, systemctl reload) does not end the process,
+  // nor does a second stop signal (a second `docker stop`).
   s.child.kill('SIGHUP');
+  s.child.kill('SIGTERM');
+  await waitFor(() => s.stderr().includes('SIGTERM, already draining'), 5000, 'second SIGTERM seen');
   const refused = await post(s.url, CHAT, chat(), { 'x-request-id': 'after-sigterm' });
   expect(refused.status).toBe(503);
   expect(refused.headers['retry-after']).toMatch(/^\d+$/);
