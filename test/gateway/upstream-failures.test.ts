@@ -2,6 +2,7 @@
 // what the client gets, what the admission record says, and what happens to the backend.
 // Checklist items (research/reliability.md): 1, 2, 3, 6, 9, 10, 11, 15.
 import { afterEach, describe, expect, it } from 'vitest';
+import { startFleet } from '../../src/sim/fleet.ts';
 import { deadUrl } from '../upstream/helpers.ts';
 import {
   chat,
@@ -375,7 +376,6 @@ describe('failures that never reached the engine, and coming back (found when tr
     // Accepts the connection and resets it before any response: the request cannot have reached
     // an engine, so every one is retried on the other replica, whatever the retry budget says.
     const resetter = await scripted((req) => req.socket.destroy());
-    const { startFleet } = await import('../../src/sim/fleet.ts');
     const fleet = await startFleet({ replicas: 1, profile: 'llama3-8b-h100', timeScale: 0.1 });
     t = await startTestGateway({
       backends: [
@@ -458,5 +458,41 @@ describe('failures that never reached the engine, and coming back (found when tr
     // Several probe intervals pass, every probe answers 200: still ejected.
     await new Promise((r) => setTimeout(r, 500));
     expect((await adminBackends(t.url)).find((b) => b.name === 'r0')!.state).toBe('ejected');
+  });
+});
+
+describe("the predictor's error", () => {
+  it('is learnt from requests served by their first attempt only: a retry waited through a failure no prediction covers', async () => {
+    const broken = await scripted((_req, res) => res.writeHead(503).end());
+    const fleet = await startFleet({ replicas: 1, profile: 'llama3-8b-h100', timeScale: 0.1 });
+    try {
+      t = await startTestGateway({
+        backends: [
+          { name: 'bad', url: broken.url },
+          { name: 'good', url: fleet.urls[0]! },
+        ],
+        config: { router: { policy: 'round_robin' } },
+      });
+      // Round robin: about half go to `bad` first, answered 503, and are retried on `good`.
+      for (let i = 0; i < 12; i++) {
+        const res = await post(t.url, CHAT, chat({ max_tokens: 8 }), { 'x-request-id': `p-${i}` });
+        expect(res.status, res.text).toBe(200);
+      }
+      const recs = await t.records();
+      const predicted = recs.filter((r) => r.outcome === 'ok' && r.predicted_ttft_ms !== null);
+      const first = predicted.filter((r) => r.attempts === 1).length;
+      // Both kinds had a prediction (once `good` had its fit).
+      expect(first).toBeGreaterThan(0);
+      expect(predicted.filter((r) => r.attempts === 2).length).toBeGreaterThan(0);
+      const state = JSON.parse((await get(t.url, '/admin/state')).text) as {
+        admission: { prediction_error: { samples: number } };
+      };
+      expect(state.admission.prediction_error.samples).toBe(first);
+    } finally {
+      await t?.close();
+      t = null;
+      await fleet.close();
+      await broken.close();
+    }
   });
 });
