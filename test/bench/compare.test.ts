@@ -305,7 +305,9 @@ describe('runCompare on real processes', () => {
       expect(f.maxBackendShare).toBeCloseTo(Math.max(...Object.values(served)) / (f.ok / 2), 12);
     }
     const rr = result.runs[0]!.figures!;
-    expect(rr.ok).toBe(24);
+    // On a failure, what the requests that did not succeed were told.
+    const failures = result.runs[0]!.bench!.records.filter((x) => !x.success).map((x) => [x.status, x.error]);
+    expect(rr.ok, JSON.stringify(failures)).toBe(24);
     expect(Math.min(rr.backendRequests.r0!, rr.backendRequests.r1!)).toBeGreaterThanOrEqual(6);
   });
 
