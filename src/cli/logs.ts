@@ -1,12 +1,15 @@
 import { once } from 'node:events';
 import { createReadStream } from 'node:fs';
 import { createInterface } from 'node:readline';
+import { PassThrough, type Readable } from 'node:stream';
 import { parseArgs } from 'node:util';
+import { createGunzip } from 'node:zlib';
 import type { AdmissionRecord } from '../telemetry/admission-log.ts';
 import { OUTCOMES } from '../telemetry/outcome.ts';
 
-// `slagate logs [FILE]`: reads an admission log (a file, or stdin) and explains it. Lines that are
-// not admission records (other log lines, partial writes, anything not JSON) are skipped and counted.
+// `slagate logs [FILE]`: reads an admission log (a file, or stdin; gzip-compressed, as logrotate
+// leaves old ones, or not) and explains it. Lines that are not admission records (other log lines,
+// partial writes, anything not JSON) are skipped and counted.
 
 const USAGE = `usage: slagate logs [FILE|-] [--pretty] [--json] [--since T] [--class C] [--tenant T]
   Reads admission-log lines (from FILE, or stdin when FILE is absent or -).
@@ -15,7 +18,8 @@ const USAGE = `usage: slagate logs [FILE|-] [--pretty] [--json] [--since T] [--c
                  slowest requests
   --pretty       one human line per request, printed as lines arrive
   --json         the summary as JSON
-  --since T      only records from T on: an ISO time (2026-12-01T10:00:00Z) or an age (90s, 15m, 2h)
+  --since T      only records from T on: an ISO time (2026-12-01T10:00:00Z; one without a zone
+                 is UTC, as --pretty prints times) or an age (90s, 15m, 2h)
   --class C      only requests of class C
   --tenant T     only requests of tenant T
 `;
@@ -52,14 +56,24 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
     return 2;
   }
   const file = args.positionals[0];
-  const input = file === undefined || file === '-' ? io.stdin : createReadStream(file);
+  const raw = file === undefined || file === '-' ? io.stdin : createReadStream(file);
+  const input = maybeGunzip(raw as Readable);
   const lines = createInterface({ input, crlfDelay: Number.POSITIVE_INFINITY });
-  // A reader that goes away (`slagate logs --pretty | head`) ends the command quietly.
-  const onOutputError = () => lines.close();
+  // A reader that goes away (`slagate logs --pretty | head`, or the summary's reader) ends the
+  // command quietly: the handler stays until the report is written.
+  let readerGone = false;
+  const onOutputError = () => {
+    readerGone = true;
+    lines.close();
+  };
   io.stdout.on('error', onOutputError);
   const summary = new Summary();
+  let first = true;
   try {
-    for await (const line of lines) {
+    for await (const raw of lines) {
+      // A byte-order mark (a file saved by an editor) is not part of the first line's JSON.
+      const line = first && raw.charCodeAt(0) === 0xfeff ? raw.slice(1) : raw;
+      first = false;
       const record = parseAdmissionLine(line);
       if (record === null) {
         if (line.trim() !== '') summary.skipped++;
@@ -70,21 +84,58 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
       else if (!io.stdout.write(`${prettyLine(record)}\n`)) await once(io.stdout, 'drain');
     }
   } catch (err) {
+    io.stdout.off('error', onOutputError);
     if ((err as NodeJS.ErrnoException).code === 'EPIPE') return 0;
     io.stderr.write(`slagate logs: ${(err as Error).message}\n`);
     return 1;
-  } finally {
-    io.stdout.off('error', onOutputError);
   }
-  if (args.values.pretty) return 0;
+  if (args.values.pretty || readerGone) {
+    io.stdout.off('error', onOutputError);
+    return 0;
+  }
   try {
     const report = summary.report();
-    io.stdout.write(args.values.json ? `${JSON.stringify(report, null, 2)}\n` : formatReport(report));
+    const text = args.values.json ? `${JSON.stringify(report, null, 2)}\n` : formatReport(report);
+    // Written whole, then the handler goes: a reader that left meanwhile (EPIPE) ends it quietly.
+    // The write's callback comes once it is done or has failed, on a stream already gone too.
+    await new Promise<void>((resolve) => io.stdout.write(text, () => resolve()));
   } catch (err) {
+    io.stdout.off('error', onOutputError);
+    if ((err as NodeJS.ErrnoException).code === 'EPIPE') return 0;
     io.stderr.write(`slagate logs: ${(err as Error).message}\n`);
     return 1;
   }
+  io.stdout.off('error', onOutputError);
   return 0;
+}
+
+/**
+ * `input` as text: through gunzip when its first bytes are gzip's magic (1f 8b), as logrotate
+ * leaves old logs; as it is otherwise. A read error on either side reaches the reader.
+ */
+function maybeGunzip(input: Readable): Readable {
+  const out = new PassThrough();
+  let decided = false;
+  const onData = (chunk: Buffer | string) => {
+    if (decided) return;
+    decided = true;
+    input.off('data', onData);
+    input.pause();
+    const gz = typeof chunk !== 'string' && chunk.length >= 2 && chunk[0] === 0x1f && chunk[1] === 0x8b;
+    const target = gz ? createGunzip() : out;
+    if (gz) {
+      target.pipe(out);
+      target.on('error', (err) => out.destroy(err));
+    }
+    target.write(chunk);
+    input.pipe(target);
+  };
+  input.on('data', onData);
+  input.on('error', (err) => out.destroy(err));
+  input.on('end', () => {
+    if (!decided) out.end();
+  });
+  return out;
 }
 
 function parse(argv: string[]) {
@@ -117,7 +168,7 @@ export function recordFilter(
     // A date must be written as one: Date.parse reads a bare number as a year (`--since 45`, a unit
     // forgotten, would be 2045 and keep nothing, silently).
     if (age !== null) from = now - Number(age[1]) * AGE_MS[age[2]!]!;
-    else from = ISO_DATE.test(opts.since) ? Date.parse(opts.since) : Number.NaN;
+    else from = ISO_DATE.test(opts.since) ? Date.parse(asUtc(opts.since)) : Number.NaN;
     if (Number.isNaN(from)) throw new Error(`--since ${opts.since}: not an ISO time or an age like 15m`);
   }
   const { class: cls, tenant } = opts;
@@ -125,6 +176,16 @@ export function recordFilter(
     (from === null || (typeof r.time === 'number' && r.time >= from)) &&
     (cls === undefined || r.class === cls) &&
     (tenant === undefined || r.tenant === tenant);
+}
+
+/**
+ * An ISO time without a zone, taken as UTC (the times --pretty prints): Date.parse reads a date
+ * and time without one as the machine's local time, and only a date alone as UTC.
+ */
+function asUtc(text: string): string {
+  const t = text.trim().replace(' ', 'T');
+  if (!t.includes('T')) return t;
+  return /(?:Z|[+-]\d{2}:?\d{2})$/i.test(t) ? t : `${t}Z`;
 }
 
 /** The record on this line, or null when the line is not an admission record. */

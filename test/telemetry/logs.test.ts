@@ -267,6 +267,17 @@ describe('slagate logs', () => {
     expect(await run()).toBe(4);
     expect(await run('--since', '2026-12-01T10:00:00Z')).toBe(3);
     expect(await run('--since', '2026-12-01T10:00:00Z', '--class', 'interactive')).toBe(2);
+    // A time without a zone is UTC, as --pretty prints times, wherever the command runs.
+    const tz = process.env.TZ;
+    process.env.TZ = 'America/New_York';
+    try {
+      expect(await run('--since', '2026-12-01T10:00:00')).toBe(3);
+      expect(await run('--since', '2026-12-01 10:00:00.000')).toBe(3);
+      expect(await run('--since', '2026-12-01T05:00:00-05:00')).toBe(3);
+    } finally {
+      if (tz === undefined) delete process.env.TZ;
+      else process.env.TZ = tz;
+    }
     expect(await run('--tenant', 'b')).toBe(2);
     expect(await run('--tenant', 'b', '--class', 'batch')).toBe(1);
     // An age counts back from now: these records are long past.
@@ -330,6 +341,49 @@ describe('slagate logs', () => {
     expect(text).toMatch(/interactive\s+50\.0%\s+50\/100 met/);
     expect(text).toMatch(/25\s+TTFT over target: queued too long .* e\.g\. i-76, i-77, i-78/);
     expect(text).toContain('SLA misses explained');
+  });
+
+  it('reads a gzip-compressed log (as logrotate leaves it) and one that starts with a byte-order mark', async () => {
+    const path = join(dir, 'admission.log');
+    await writeMix(path);
+    const { readFile, writeFile } = await import('node:fs/promises');
+    const { gzipSync } = await import('node:zlib');
+    const content = await readFile(path);
+    await writeFile(`${path}.1.gz`, gzipSync(content));
+    await writeFile(`${path}.bom`, Buffer.concat([Buffer.from('\ufeff'), content]));
+    for (const file of [`${path}.1.gz`, `${path}.bom`]) {
+      const t = io();
+      expect(await logsCommand([file, '--json'], t.io)).toBe(0);
+      const report = JSON.parse(t.out()) as LogsReport;
+      expect(report.requests).toBe(135);
+    }
+  });
+
+  it('a summary whose reader has gone (EPIPE) ends quietly', async () => {
+    const path = join(dir, 'admission.log');
+    await writeMix(path);
+    for (const argv of [[path], [path, '--json']]) {
+      const gone = new Writable({
+        write(_chunk, _enc, cb) {
+          cb(Object.assign(new Error('write EPIPE'), { code: 'EPIPE' }));
+        },
+      });
+      // An 'error' nobody listens for would end a real process with a stack trace: caught here.
+      const unheard: unknown[] = [];
+      const emit = gone.emit.bind(gone);
+      gone.emit = ((event: string | symbol, ...args: unknown[]) => {
+        if (event === 'error' && gone.listenerCount('error') === 0) {
+          unheard.push(args[0]);
+          return false;
+        }
+        return emit(event, ...args);
+      }) as typeof gone.emit;
+      const t = io();
+      expect(await logsCommand(argv, { ...t.io, stdout: gone })).toBe(0);
+      await new Promise((r) => setImmediate(r));
+      expect(unheard).toEqual([]);
+      expect(t.err()).toBe('');
+    }
   });
 
   it('reads stdin when the file is - or absent', async () => {
