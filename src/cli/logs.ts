@@ -368,15 +368,20 @@ class Group {
   n = 0;
   readonly values: Record<Metric, number[]> = { ttft_ms: [], tpot_ms: [], e2e_ms: [], queue_ms: [] };
 
+  /**
+   * Whole measurements only, as /metrics takes them: a cancel's queue wait was cut short, a
+   * refusal's time-to-refuse is no TTFT, and a stream cut after its first token has a TTFT but
+   * no whole TPOT or e2e.
+   */
   add(r: LogRecord): void {
     this.n++;
-    if (r.queue_ms !== null) this.values.queue_ms.push(r.queue_ms);
-    // Latencies describe served requests; a refusal's time-to-refuse is not a TTFT.
+    if (r.queue_ms !== null && r.outcome !== 'client_cancelled') this.values.queue_ms.push(r.queue_ms);
     if (r.decision === 'refused') return;
-    for (const m of ['ttft_ms', 'tpot_ms', 'e2e_ms'] as const) {
-      const v = r[m];
-      if (v !== null && v !== undefined) this.values[m].push(v);
-    }
+    const firstToken = r.outcome === 'ok' || r.outcome === 'failed_after_commit';
+    if (firstToken && r.ttft_ms !== null && r.ttft_ms !== undefined) this.values.ttft_ms.push(r.ttft_ms);
+    if (r.outcome !== 'ok') return;
+    if (r.tpot_ms !== null && r.tpot_ms !== undefined) this.values.tpot_ms.push(r.tpot_ms);
+    if (r.e2e_ms !== null && r.e2e_ms !== undefined) this.values.e2e_ms.push(r.e2e_ms);
   }
 
   report(): GroupReport {

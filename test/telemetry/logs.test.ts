@@ -359,6 +359,52 @@ describe('slagate logs', () => {
     }
   });
 
+  it('takes whole measurements only, as /metrics does: no TPOT or e2e of a stream cut short, no queue wait of a cancel', async () => {
+    const path = join(dir, 'admission.log');
+    const base = { kind: 'admission', class: 'interactive', decision: 'admitted', ...INTERACTIVE };
+    const lines = [
+      {
+        ...base,
+        req_id: 'ok',
+        reason: 'ok',
+        outcome: 'ok',
+        ttft_ms: 100,
+        tpot_ms: 20,
+        e2e_ms: 1000,
+        queue_ms: 10,
+      },
+      {
+        ...base,
+        req_id: 'cut',
+        reason: 'upstream_error',
+        outcome: 'failed_after_commit',
+        ttft_ms: 200,
+        tpot_ms: 5,
+        e2e_ms: 300,
+        queue_ms: 20,
+      },
+      {
+        ...base,
+        req_id: 'gone',
+        reason: 'client_cancelled',
+        outcome: 'client_cancelled',
+        ttft_ms: 50,
+        tpot_ms: 4,
+        e2e_ms: 60,
+        queue_ms: 3000,
+      },
+    ].map((l) => JSON.stringify(l));
+    await appendFile(path, `${lines.join('\n')}\n`);
+    const t = io();
+    expect(await logsCommand([path, '--json'], t.io)).toBe(0);
+    const g = (JSON.parse(t.out()) as LogsReport).by_class.interactive!;
+    expect(g.n).toBe(3);
+    expect(g.ttft_ms).toMatchObject({ p50: 150 }); // ok and the cut stream: each had a first token
+    expect(g.tpot_ms).toMatchObject({ p50: 20, p99: 20 });
+    expect(g.e2e_ms).toMatchObject({ p50: 1000, p99: 1000 });
+    expect(g.queue_ms).toMatchObject({ p50: 15, p99: expect.closeTo(19.9, 9) });
+  });
+
   it('a summary whose reader has gone (EPIPE) ends quietly', async () => {
     const path = join(dir, 'admission.log');
     await writeMix(path);
