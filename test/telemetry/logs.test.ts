@@ -361,7 +361,7 @@ describe('slagate logs', () => {
 
   it('takes whole measurements only, as /metrics does: no TPOT or e2e of a stream cut short, no queue wait of a cancel', async () => {
     const path = join(dir, 'admission.log');
-    const base = { kind: 'admission', class: 'interactive', decision: 'admitted', ...INTERACTIVE };
+    const base = { kind: 'admission', decision: 'admitted', ...INTERACTIVE };
     const lines = [
       {
         ...base,
