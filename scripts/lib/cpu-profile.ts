@@ -10,8 +10,23 @@ interface ProfileNode {
 }
 interface Profile {
   nodes: ProfileNode[];
+  /** µs on the machine's monotonic clock (CLOCK_MONOTONIC on Linux: process.hrtime's, in any process). */
+  startTime: number;
   samples: number[];
   timeDeltas: number[];
+}
+
+/**
+ * The samples from `fromUs` on (µs of process.hrtime, which V8's profile clock is on Linux): each
+ * sample's index, its self time (the gap after it) and when it was taken. Without `fromUs`, all.
+ */
+function* window(prof: Profile, fromUs: number | null): Generator<{ i: number; us: number }> {
+  let at = prof.startTime;
+  for (let i = 0; i < prof.samples.length - 1; i++) {
+    at += prof.timeDeltas[i] ?? 0;
+    if (fromUs !== null && at < fromUs) continue;
+    yield { i, us: prof.timeDeltas[i + 1] ?? 0 };
+  }
 }
 
 /** A profile with its nodes by id (and, for walking a sample's stack, each node's parent). */
@@ -23,13 +38,13 @@ function loadProfile(file: string) {
   return { prof, byId, parent };
 }
 
-export function summarizeProfile(file: string, top: number): string[] {
+/** Self time per function; with `fromUs`, of the samples from then on only (the measured requests). */
+export function summarizeProfile(file: string, top: number, fromUs: number | null = null): string[] {
   const { prof, byId } = loadProfile(file);
   const self = new Map<string, number>();
   let total = 0;
   // timeDeltas[i] is the gap before sample i: it belongs to the sample before it.
-  for (let i = 0; i < prof.samples.length - 1; i++) {
-    const us = prof.timeDeltas[i + 1] ?? 0;
+  for (const { i, us } of window(prof, fromUs)) {
     const node = byId.get(prof.samples[i]!)!;
     const { functionName, url, lineNumber } = node.callFrame;
     const where = url === '' ? '' : `${shorten(url)}:${lineNumber + 1}`;
@@ -62,16 +77,21 @@ function shorten(url: string): string {
 /**
  * CPU per request by the gateway's own module: each sample goes to the deepest `src/` file on its
  * stack (so Node's and the libraries' work counts for the gateway code that called it; samples
- * with none of it on the stack go to the library, or to the V8/Node entry, they ran in). Only
- * samples from the first one inside `startAt` on are counted (start-up excluded).
+ * with none of it on the stack go to the library, or to the V8/Node entry, they ran in). With
+ * `fromUs`, the samples from then on (the measured requests, after a warm-up); without it, from the
+ * first one inside `startAt` on (start-up excluded, the first requests' cold path included).
  */
-export function summarizeByModule(file: string, requests: number, startAt = 'handleInference'): string[] {
+export function summarizeByModule(
+  file: string,
+  requests: number,
+  fromUs: number | null = null,
+  startAt = 'handleInference',
+): string[] {
   const { prof, byId, parent } = loadProfile(file);
   const sums = new Map<string, number>();
-  let started = false;
+  let started = fromUs !== null;
   let busy = 0;
-  for (let i = 0; i < prof.samples.length - 1; i++) {
-    const us = prof.timeDeltas[i + 1] ?? 0;
+  for (const { i, us } of window(prof, fromUs)) {
     const stack: ProfileNode[] = [];
     for (let id: number | undefined = prof.samples[i]; id !== undefined; id = parent.get(id)) {
       stack.push(byId.get(id)!);
@@ -96,7 +116,7 @@ export function summarizeByModule(file: string, requests: number, startAt = 'han
     sums.set(key, (sums.get(key) ?? 0) + us);
   }
   const lines = [
-    `steady state: busy ${(busy / 1e6).toFixed(2)} s, ${(busy / 1000 / requests).toFixed(2)} ms per request over ${requests} requests`,
+    `${fromUs === null ? 'from the first request' : 'after the warm-up'}: busy ${(busy / 1e6).toFixed(2)} s, ${(busy / 1000 / requests).toFixed(2)} ms per request over ${requests} requests`,
     '',
     '| µs per request | share of busy | where (deepest gateway file on the stack, else library or entry) |',
     '|---|---|---|',
