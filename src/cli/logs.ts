@@ -65,6 +65,8 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
   const onOutputError = () => {
     readerGone = true;
     lines.close();
+    // The input too: piped into the gunzip check, it would flow on (a `tail -f` never ends).
+    (raw as Readable).destroy();
   };
   io.stdout.on('error', onOutputError);
   const summary = new Summary();
@@ -116,24 +118,37 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
 function maybeGunzip(input: Readable): Readable {
   const out = new PassThrough();
   let decided = false;
-  const onData = (chunk: Buffer | string) => {
-    if (decided) return;
+  // The first bytes, until there are two to compare (a pipe may deliver one alone).
+  let head: Buffer[] = [];
+  let headBytes = 0;
+  const decide = (ended: boolean) => {
     decided = true;
     input.off('data', onData);
-    input.pause();
-    const gz = typeof chunk !== 'string' && chunk.length >= 2 && chunk[0] === 0x1f && chunk[1] === 0x8b;
+    const first = Buffer.concat(head);
+    head = [];
+    const gz = first.length >= 2 && first[0] === 0x1f && first[1] === 0x8b;
     const target = gz ? createGunzip() : out;
     if (gz) {
       target.pipe(out);
       target.on('error', (err) => out.destroy(err));
     }
-    target.write(chunk);
-    input.pipe(target);
+    if (first.length > 0) target.write(first);
+    if (ended) target.end();
+    else input.pipe(target);
+  };
+  const onData = (chunk: Buffer | string) => {
+    if (decided) return;
+    const b = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
+    head.push(b);
+    headBytes += b.length;
+    if (headBytes < 2) return;
+    input.pause();
+    decide(false);
   };
   input.on('data', onData);
   input.on('error', (err) => out.destroy(err));
   input.on('end', () => {
-    if (!decided) out.end();
+    if (!decided) decide(true);
   });
   return out;
 }
@@ -183,7 +198,7 @@ export function recordFilter(
  * and time without one as the machine's local time, and only a date alone as UTC.
  */
 function asUtc(text: string): string {
-  const t = text.trim().replace(' ', 'T');
+  const t = text.trim().replace(' ', 'T').toUpperCase();
   if (!t.includes('T')) return t;
   return /(?:Z|[+-]\d{2}:?\d{2})$/i.test(t) ? t : `${t}Z`;
 }

@@ -273,6 +273,7 @@ describe('slagate logs', () => {
     try {
       expect(await run('--since', '2026-12-01T10:00:00')).toBe(3);
       expect(await run('--since', '2026-12-01 10:00:00.000')).toBe(3);
+      expect(await run('--since', '2026-12-01t10:00:00')).toBe(3);
       expect(await run('--since', '2026-12-01T05:00:00-05:00')).toBe(3);
     } finally {
       if (tz === undefined) delete process.env.TZ;
@@ -357,6 +358,41 @@ describe('slagate logs', () => {
       const report = JSON.parse(t.out()) as LogsReport;
       expect(report.requests).toBe(135);
     }
+    // Compressed, from a pipe that delivers its first byte alone.
+    const gz = gzipSync(content);
+    const stdin = new PassThrough();
+    const t = io(stdin);
+    const done = logsCommand(['--json'], t.io);
+    stdin.write(gz.subarray(0, 1));
+    await new Promise((r) => setImmediate(r));
+    stdin.end(gz.subarray(1));
+    expect(await done).toBe(0);
+    expect((JSON.parse(t.out()) as LogsReport).requests).toBe(135);
+  });
+
+  it('--pretty whose reader has gone stops reading an input that never ends (tail -f)', async () => {
+    const stdin = new PassThrough();
+    const gone = new Writable({
+      write(_chunk, _enc, cb) {
+        cb(Object.assign(new Error('write EPIPE'), { code: 'EPIPE' }));
+      },
+    });
+    gone.on('error', () => {});
+    const t = io(stdin);
+    const done = logsCommand(['--pretty'], { ...t.io, stdout: gone });
+    const rec = {
+      kind: 'admission',
+      req_id: 'a',
+      decision: 'admitted',
+      reason: 'ok',
+      outcome: 'ok',
+      ...INTERACTIVE,
+    };
+    stdin.write(`${JSON.stringify(rec)}\n`);
+    stdin.write(`${JSON.stringify({ ...rec, req_id: 'b' })}\n`);
+    // stdin stays open, as a `tail -f` does: the command ends all the same, and lets go of it.
+    expect(await done).toBe(0);
+    expect(stdin.destroyed).toBe(true);
   });
 
   it('takes whole measurements only, as /metrics does: no TPOT or e2e of a stream cut short, no queue wait of a cancel', async () => {
