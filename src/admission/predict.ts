@@ -111,8 +111,11 @@ export function predict(
   // The request's own unavoidable time from arrival: what its body took to arrive, and its first
   // token on an unloaded backend. A slow upload is the request's, as a long prompt is: the load
   // may delay it by what is left of its target, or by that time when it is more, not refuse it
-  // for what no retry would take less of (its body would arrive as slowly again).
-  const u = spentMs + (unloadedMs === null ? 0 : scheduler.upperBackendMs(unloadedMs));
+  // for what no retry would take less of (its body would arrive as slowly again). What the
+  // gateway's own busy loop added to that time is not the request's: less the loop's delay now,
+  // or a gateway short of CPU would widen every budget by twice its own lag.
+  const ownSpentMs = Math.max(0, spentMs - loopDelayMs);
+  const u = ownSpentMs + (unloadedMs === null ? 0 : scheduler.upperBackendMs(unloadedMs));
   const largeForClass = 2 * u > req.ttftTargetMs;
   const deadline = req.deadlineAt - req.arrivedAt;
   // Spelled out, not `{ ...req, … }` (a spread followed by more properties is slow in Node 20's

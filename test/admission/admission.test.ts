@@ -177,7 +177,7 @@ describe('predicted TTFT', () => {
   });
 
   it('counts from arrival: what the body took to arrive is spent, against a budget that counts it as the request’s own', () => {
-    const { admission, teach, tick, live } = setup();
+    const { admission, teach, tick, live, loop } = setup();
     teach();
     tick(1_000);
     // 3,000 tokens of prefill waiting on each backend: 20 + 0.1 × 4000 = 420 ms to a first token.
@@ -200,6 +200,11 @@ describe('predicted TTFT', () => {
     expect(slow.prediction.best!.totalMs).toBeCloseTo(720, 0);
     expect(slow.scheduled.ttftBudgetMs).toBeCloseTo(1440, 0);
     expect(slow.prediction.largeForClass).toBe(true);
+    // What the gateway's own busy loop took of those 600 ms is not the request's own time: with
+    // 100 ms of loop delay now, u is 500 + 120 and the budget 2u less the delay.
+    loop.delayMs = 100;
+    const lagged = admission.admit(req({ promptTokens: 1000, arrivedAt: 400, deadlineAt: 60_400 }));
+    expect(lagged.scheduled.ttftBudgetMs).toBeCloseTo(2 * 620 - 100, 0);
   });
 
   it('no budget reaches past the deadline: not the class target, nor twice the first token unloaded', () => {
