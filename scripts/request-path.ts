@@ -210,6 +210,7 @@ if (values.profile !== undefined) {
   // clock is the machine's monotonic one, which process.hrtime reads here too).
   const warm = Math.max(Number(values.warmup), 2 * streams);
   let fromUs: number;
+  let toUs: number;
   try {
     await bench(prof.url, 32, uniqueWorkload('short', warm, 32, 5), warm, 5);
     await bench(
@@ -221,6 +222,8 @@ if (values.profile !== undefined) {
     );
     fromUs = Number(process.hrtime.bigint() / 1000n);
     await bench(prof.url, streams, uniqueWorkload(profiled, n, outputFor(streams), 4), n, 4);
+    // To the last response: the gateway's stop (its drain, the logs' flush) is no request's.
+    toUs = Number(process.hrtime.bigint() / 1000n);
   } finally {
     await prof.stop();
   }
@@ -230,9 +233,9 @@ if (values.profile !== undefined) {
   out(
     `CPU profile of slagate at ${streams} streams, ${n} requests of ${profiled} prompts (after ${warm} short and ${2 * streams} of its own to warm it), ${outputFor(streams)}-token outputs: ${join(dir, file)}`,
   );
-  for (const l of summarizeProfile(join(dir, file), 25, fromUs)) out(l);
+  for (const l of summarizeProfile(join(dir, file), 25, fromUs, toUs)) out(l);
   out('');
-  for (const l of summarizeByModule(join(dir, file), n, fromUs)) out(l);
+  for (const l of summarizeByModule(join(dir, file), n, fromUs, 'handleInference', toUs)) out(l);
 }
 // The helpers' pipes keep this process alive: stop them, so that a finished run exits.
 for (const h of helpers) h.stop();

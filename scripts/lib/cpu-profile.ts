@@ -20,11 +20,16 @@ interface Profile {
  * The samples from `fromUs` on (µs of process.hrtime, which V8's profile clock is on Linux): each
  * sample's index, its self time (the gap after it) and when it was taken. Without `fromUs`, all.
  */
-function* window(prof: Profile, fromUs: number | null): Generator<{ i: number; us: number }> {
+function* window(
+  prof: Profile,
+  fromUs: number | null,
+  toUs: number | null = null,
+): Generator<{ i: number; us: number }> {
   let at = prof.startTime;
   for (let i = 0; i < prof.samples.length - 1; i++) {
     at += prof.timeDeltas[i] ?? 0;
     if (fromUs !== null && at < fromUs) continue;
+    if (toUs !== null && at > toUs) break;
     yield { i, us: prof.timeDeltas[i + 1] ?? 0 };
   }
 }
@@ -39,12 +44,17 @@ function loadProfile(file: string) {
 }
 
 /** Self time per function; with `fromUs`, of the samples from then on only (the measured requests). */
-export function summarizeProfile(file: string, top: number, fromUs: number | null = null): string[] {
+export function summarizeProfile(
+  file: string,
+  top: number,
+  fromUs: number | null = null,
+  toUs: number | null = null,
+): string[] {
   const { prof, byId } = loadProfile(file);
   const self = new Map<string, number>();
   let total = 0;
   // timeDeltas[i] is the gap before sample i: it belongs to the sample before it.
-  for (const { i, us } of window(prof, fromUs)) {
+  for (const { i, us } of window(prof, fromUs, toUs)) {
     const node = byId.get(prof.samples[i]!)!;
     const { functionName, url, lineNumber } = node.callFrame;
     const where = url === '' ? '' : `${shorten(url)}:${lineNumber + 1}`;
@@ -86,12 +96,13 @@ export function summarizeByModule(
   requests: number,
   fromUs: number | null = null,
   startAt = 'handleInference',
+  toUs: number | null = null,
 ): string[] {
   const { prof, byId, parent } = loadProfile(file);
   const sums = new Map<string, number>();
   let started = fromUs !== null;
   let busy = 0;
-  for (const { i, us } of window(prof, fromUs)) {
+  for (const { i, us } of window(prof, fromUs, toUs)) {
     const stack: ProfileNode[] = [];
     for (let id: number | undefined = prof.samples[i]; id !== undefined; id = parent.get(id)) {
       stack.push(byId.get(id)!);

@@ -68,6 +68,15 @@ async function serveUntilStopped(
   );
   return new Promise<number>((resolve) => {
     let draining = false;
+    const onTerm = () => stop('SIGTERM');
+    const onInt = () => stop('SIGINT');
+    // Once the drain is over (or failed), a stop signal has its default action again: whatever
+    // keeps the process alive then, a signal ends it.
+    const done = (code: number) => {
+      process.off('SIGTERM', onTerm);
+      process.off('SIGINT', onInt);
+      resolve(code);
+    };
     const stop = (signal: string) => {
       // Invariant: a stop signal during the drain leaves it running. With `once`, the next SIGTERM
       // (a second `docker stop`, a runtime re-sending it) met Node's default action and killed
@@ -89,16 +98,16 @@ async function serveUntilStopped(
             gateway.abandonLogs();
             process.exit(0);
           }
-          resolve(0);
+          done(0);
         },
         (err: unknown) => {
           process.stderr.write(`slagate: shutdown failed: ${String(err)}\n`);
-          resolve(1);
+          done(1);
         },
       );
     };
-    process.on('SIGTERM', () => stop('SIGTERM'));
-    process.on('SIGINT', () => stop('SIGINT'));
+    process.on('SIGTERM', onTerm);
+    process.on('SIGINT', onInt);
     // Started over IPC by a parent (a benchmark, a test) that is gone: nobody will stop us otherwise.
     if (process.send !== undefined) {
       process.channel?.unref();
