@@ -61,6 +61,20 @@ export function baseConfig(
   };
 }
 
+/**
+ * Classes named like methods every object inherits (`toString`, `constructor`), which the config
+ * accepts: whatever reads a record by class name must read own keys only.
+ */
+export const METHOD_NAMED_CLASSES: Json = {
+  sla: {
+    default_class: 'toString',
+    classes: {
+      toString: { ttft_p99_ms: 5000, tpot_p99_ms: 500, priority: 0 },
+      constructor: { ttft_p99_ms: 5000, tpot_p99_ms: 500, priority: 1, sheddable: true },
+    },
+  },
+};
+
 export function toConfig(obj: Json): Config {
   return parseConfig(stringify(obj), 'test.yaml');
 }

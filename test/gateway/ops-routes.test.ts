@@ -3,7 +3,15 @@
 import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { listenLoopback } from '../helpers/http.ts';
-import { chat, get, post, startTestGateway, type TestGateway, waitFor } from './harness.ts';
+import {
+  chat,
+  get,
+  METHOD_NAMED_CLASSES,
+  post,
+  startTestGateway,
+  type TestGateway,
+  waitFor,
+} from './harness.ts';
 
 let t: TestGateway;
 beforeAll(async () => {
@@ -180,18 +188,7 @@ describe('a backend whose /metrics stops answering', () => {
 
 describe('class names that are also names of an object’s own methods', () => {
   it('a class named toString or constructor is served, scraped and shown like any other', async () => {
-    const g = await startTestGateway({
-      replicas: 1,
-      config: {
-        sla: {
-          default_class: 'toString',
-          classes: {
-            toString: { ttft_p99_ms: 5000, tpot_p99_ms: 500, priority: 0 },
-            constructor: { ttft_p99_ms: 5000, tpot_p99_ms: 500, sheddable: true, priority: 1 },
-          },
-        },
-      },
-    });
+    const g = await startTestGateway({ replicas: 1, config: METHOD_NAMED_CLASSES });
     try {
       const served = await post(g.url, '/v1/chat/completions', chat({ stream: true }));
       expect(served.status).toBe(200);

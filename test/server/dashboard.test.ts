@@ -7,7 +7,13 @@ import { join } from 'node:path';
 import type { BrowserContext, Page } from 'playwright-core';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { runBench } from '../../src/bench/run.ts';
-import { get, startTestGateway, type TestGateway, waitFor } from '../gateway/harness.ts';
+import {
+  get,
+  METHOD_NAMED_CLASSES,
+  startTestGateway,
+  type TestGateway,
+  waitFor,
+} from '../gateway/harness.ts';
 import { launchChromium } from '../helpers/chromium.ts';
 import { listenLoopback } from '../helpers/http.ts';
 
@@ -197,18 +203,7 @@ it('shows no KV usage for a backend whose last scrape is stale, rather than its 
 });
 
 it('charts a class named like a method of every object (toString) as any other: a queue depth of 0, not a function', async () => {
-  const g = await startTestGateway({
-    replicas: 1,
-    config: {
-      sla: {
-        default_class: 'toString',
-        classes: {
-          toString: { ttft_p99_ms: 5000, tpot_p99_ms: 500, priority: 0 },
-          constructor: { ttft_p99_ms: 5000, tpot_p99_ms: 500, priority: 1, sheddable: true },
-        },
-      },
-    },
-  });
+  const g = await startTestGateway({ replicas: 1, config: METHOD_NAMED_CLASSES });
   const page = await browser.newPage();
   const errors: string[] = [];
   page.on('pageerror', (err) => errors.push(err.message));
