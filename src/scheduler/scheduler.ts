@@ -434,6 +434,9 @@ export class Scheduler {
         if (w.retry) this.#dropRetry(w);
         else this.#queue.remove(w);
         w.settle(null, sr.signal.reason);
+        // It may have held a backend closed to those behind it (waiting there for prefill room),
+        // or used up the pump's bound: they are looked at again now, not at the next event.
+        this.pump();
       };
       const w: Waiting = {
         req,
@@ -895,6 +898,8 @@ export class Scheduler {
       }
     }
     this.#armExpiry();
+    // As after an abort: what the expired entries held closed is open to those behind them.
+    this.pump();
   }
 
   // ---- the control loop ----
@@ -1065,8 +1070,14 @@ export class Scheduler {
     return c;
   }
 
+  /**
+   * Slots free under `name`'s limit. The limit is read within the bounds the settings give now: a
+   * reload that lowers them takes effect at its own pump, not at the next control period.
+   */
   #room(name: string): number {
-    return Math.floor(this.#controlOf(name).limit) - this.#deps.live.load(name);
+    const cc = this.#deps.settings().concurrency;
+    const limit = Math.min(cc.max, Math.max(cc.min, this.#controlOf(name).limit));
+    return Math.floor(limit) - this.#deps.live.load(name);
   }
 
   #totalRoom(): number {

@@ -112,9 +112,6 @@ export class BackendSet {
   #build(c: BackendConfig): Backend {
     const { name } = c;
     const breaker = createBreaker(name, this.#opts.breaker, this.#rotate);
-    breaker.on('open', () => this.#emit({ type: 'breaker_open', backend: name }));
-    breaker.on('halfOpen', () => this.#emit({ type: 'breaker_half_open', backend: name }));
-    breaker.on('close', () => this.#emit({ type: 'breaker_close', backend: name }));
     const outlier = new OutlierDetector(this.#opts.outlier, this.#now);
     const probe =
       this.#opts.health.intervalMs > 0
@@ -134,6 +131,12 @@ export class BackendSet {
       mayEject: () => this.#mayEject(name),
       onEjected: (ms) => this.#emit({ type: 'ejected', backend: name, durationMs: ms }),
     });
+    // Invariant: a breaker's events reach the listeners (the scheduler pumps on them) after the
+    // backend's own state has followed: registered before it, a close was told while the half-open
+    // trial was still held, and that pump found the recovered backend unavailable.
+    breaker.on('open', () => this.#emit({ type: 'breaker_open', backend: name }));
+    breaker.on('halfOpen', () => this.#emit({ type: 'breaker_half_open', backend: name }));
+    breaker.on('close', () => this.#emit({ type: 'breaker_close', backend: name }));
     probe?.start();
     this.#emit({ type: 'added', backend: name });
     return backend;

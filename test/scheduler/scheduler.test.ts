@@ -341,6 +341,47 @@ describe('late dispatch', () => {
   });
 });
 
+describe('an entry that leaves the queue', () => {
+  it('opens what it held closed at once: the entry behind it, waiting for the same backend, is granted', async () => {
+    const s = settings({ concurrency: { ...settings().concurrency, initial: 8, prefillTokens: 1000 } });
+    const { scheduler } = setup(['a'], s);
+    const running = await scheduler.ticket(req({ uncachedTokens: 800, promptTokens: 800 })).acquire(first());
+    // 800 pending: the large one waits for prefill room, and the small one behind it (which would
+    // fit) waits because nobody passes the large one there.
+    const cancel = new Cancel();
+    const large = scheduler
+      .ticket(req({ reqId: 'large', uncachedTokens: 3000, promptTokens: 3000 }))
+      .acquire(first(cancel));
+    const small = scheduler
+      .ticket(req({ reqId: 'small', uncachedTokens: 100, promptTokens: 100 }))
+      .acquire(first());
+    expect(await state(small)).toBe('waiting');
+    // The large one's client leaves: the small one goes now, not at the next first token or tick.
+    cancel.abort(new Error('client gone'));
+    await large.catch(() => null);
+    expect(((await state(small)) as Slot).backend.name).toBe('a');
+    running!.release();
+  });
+});
+
+describe('a reload that lowers concurrency.max', () => {
+  it('holds at its own pump, not from the next control period on', async () => {
+    const s = settings({ concurrency: { ...settings().concurrency, initial: 8 } });
+    const f = setup(['a'], s);
+    const held = await Promise.all(
+      Array.from({ length: 2 }, () => f.scheduler.ticket(req()).acquire(first())),
+    );
+    f.set(settings({ concurrency: { ...settings().concurrency, initial: 8, min: 1, max: 3 } }));
+    const more = Array.from({ length: 4 }, (_, i) =>
+      f.scheduler.ticket(req({ reqId: `m${i}` })).acquire(first()),
+    );
+    const states = await Promise.all(more.map((m) => state(m)));
+    // 2 running, the new max 3: one more, the other three wait.
+    expect(states.filter((x) => x === 'waiting')).toHaveLength(3);
+    for (const h of held) h!.release();
+  });
+});
+
 describe('a backend whose breaker is half-open', () => {
   it('is granted its one trial, not as many waiting entries as its limit has room for', async () => {
     const s = settings({ concurrency: { ...settings().concurrency, initial: 4 } });
