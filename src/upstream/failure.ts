@@ -17,7 +17,7 @@ export type FailureReason =
   | 'upstream_not_found' // 404 for a model the gateway serves: this backend lacks it, or every backend does (see below)
   | 'upstream_not_implemented' // 501: this backend does not do what the request asks, or no backend does (see below)
   | 'protocol_error' // bad JSON, oversized event, no token before [DONE], no [DONE]
-  | 'response_too_large' // a body passed through whole grew past max_body_bytes: this request's answer is too big anywhere
+  | 'response_too_large' // a body passed through whole grew past max_body_bytes, or one streamed event past max_event_bytes: this request's answer is too big anywhere
   | 'idle_timeout' // no data event for idle_timeout_ms after the commit point
   | 'client_cancelled'
   | 'client_stalled' // the client stopped reading for client_stall_timeout_ms

@@ -43,7 +43,7 @@ import { carriesOutput, DONE, errorPayloadFacts, isErrorPayload, OutputShape } f
 import { ChunkedWriter } from './chunked-writer.ts';
 import { AttemptFailure, abortFailure, type FailureReason, failureFromError } from './failure.ts';
 import { type DecodeMeter, type Latencies, TokenClock } from './measure.ts';
-import { SseParser } from './sse-parser.ts';
+import { SseEventTooLargeError, SseParser } from './sse-parser.ts';
 
 /**
  * Statuses relayed to the client as an error envelope, not a backend failure: the request's own
@@ -328,7 +328,11 @@ export class Attempt implements Dispatcher.DispatchHandler {
     try {
       events = this.#parser.push(chunk);
     } catch (err) {
-      this.#fail(new AttemptFailure('protocol_error', (err as Error).message, { cause: err }));
+      // An event past max_event_bytes (an echoed long prompt's logprobs) is this request's size,
+      // as a body past max_body_bytes is: another backend would send it as large, so it is neither
+      // retried there nor counted against this one.
+      const reason = err instanceof SseEventTooLargeError ? 'response_too_large' : 'protocol_error';
+      this.#fail(new AttemptFailure(reason, (err as Error).message, { cause: err }));
       return;
     }
     const now = performance.now();

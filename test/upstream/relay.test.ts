@@ -218,8 +218,8 @@ describe('streaming relay', () => {
     expect(await gw.nextResult()).toMatchObject({ outcome: 'failed_after_commit', reason: 'protocol_error' });
   });
 
-  it('an oversized upstream event is an error, not a buffer that grows (item 22)', async () => {
-    const { gw } = await setup(async (_req, res) => {
+  it("an oversized upstream event is an error, not a buffer that grows (item 22), and not the backend's fault", async () => {
+    const { set, gw } = await setup(async (_req, res) => {
       sseHead(res);
       res.write(roleChunk());
       const blob = 'x'.repeat(16 * 1024);
@@ -233,7 +233,13 @@ describe('streaming relay', () => {
     const res = await post(gw.url, chatBody());
     expect(res.text.length).toBeLessThan(4096);
     expect(dataEvents(res.text).at(-1)).toBe('[DONE]');
-    expect(await gw.nextResult()).toMatchObject({ outcome: 'failed_after_commit', reason: 'protocol_error' });
+    expect(await gw.nextResult()).toMatchObject({
+      outcome: 'failed_after_commit',
+      reason: 'response_too_large',
+    });
+    // The size is the request's (an echoed prompt's logprobs, say): another backend would send it as large.
+    expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
+    expect(set.get('b0')!.breaker.stats.failures).toBe(0);
   });
 
   it('headers then no token: the first-token timeout fires and aborts the upstream (item 6)', async () => {
