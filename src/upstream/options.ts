@@ -21,7 +21,11 @@ export const DEFAULT_PROXY_CONFIG: Readonly<ProxyConfig> = Object.freeze({
 
 export const DEFAULT_BACKEND_SET_OPTIONS: Readonly<Omit<BackendSetOptions, 'onEvent' | 'now'>> =
   Object.freeze({
-    pool: { connections: 128, connectTimeoutMs: 2_000, keepAliveTimeoutMs: 30_000 },
+    // An idle connection is let go after 4 s: vLLM's API server (uvicorn, timeout_keep_alive 5 s)
+    // closes one after 5 s and sends no Keep-Alive hint, so a pool keeping it longer writes
+    // requests onto sockets the server is closing (a reset before the head, counted against a
+    // healthy backend and taking the request's one free retry).
+    pool: { connections: 128, connectTimeoutMs: 2_000, keepAliveTimeoutMs: 4_000 },
     outlier: {
       consecutiveFailures: 5,
       baseEjectionMs: 30_000,
