@@ -214,7 +214,8 @@ describe('a client that never reads (item 20)', () => {
       },
       // A stall period long enough that a loaded machine's pause (the gateway and this client share
       // one process and its event loop) is not taken for a client that stopped reading.
-      { ...FAST, maxBodyBytes: 16 << 20, clientStallTimeoutMs: STALL_MS },
+      // Its whole body comes at once, within the pass-through's time on any machine.
+      { ...FAST, maxBodyBytes: 16 << 20, clientStallTimeoutMs: STALL_MS, passthroughTimeoutMs: 10_000 },
     );
     const body = JSON.stringify(chatBody({ stream: false }));
     const sock = net.connect(Number(new URL(gw.url).port), '127.0.0.1');
@@ -287,7 +288,15 @@ describe('a client that never reads (item 20)', () => {
       // This upstream sends [DONE] only once the client has read the event, and the kernel's
       // buffers take the last megabytes before the client does ('drain' comes first): the idle
       // timeout must not be what ends the wait.
-      { ...FAST, maxEventBytes: 16 << 20, clientStallTimeoutMs: STALL_MS, idleTimeoutMs: 10_000 },
+      // Nor the first-token timeout: the role chunk and the 12 MiB event are one burst of writes,
+      // which a loaded machine may take long over.
+      {
+        ...FAST,
+        maxEventBytes: 16 << 20,
+        clientStallTimeoutMs: STALL_MS,
+        idleTimeoutMs: 10_000,
+        firstTokenTimeoutMs: 10_000,
+      },
     );
     const body = JSON.stringify(chatBody());
     const sock = net.connect(Number(new URL(gw.url).port), '127.0.0.1');
