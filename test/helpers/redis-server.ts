@@ -46,7 +46,7 @@ export async function freePort(): Promise<number> {
 }
 
 export async function startRedisServer(opts: RedisServerOptions = {}): Promise<RedisServer> {
-  const port = await freePort();
+  let port = await freePort();
   const dir = await mkdtemp(join(tmpdir(), 'slagate-redis-'));
   let child: ChildProcess | null = null;
 
@@ -82,7 +82,18 @@ export async function startRedisServer(opts: RedisServerOptions = {}): Promise<R
       proc.once('exit', () => resolve(out));
     });
 
-  await launch();
+  // A free port is free only when it was asked: another test file's server (the suite runs files in
+  // parallel) may take it first. Then ours exits and theirs answers, until its file ends. Each try
+  // checks the server that answers is ours, and the first launch moves to another port if not.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await launch();
+      break;
+    } catch (err) {
+      if (!(err instanceof PortTakenError) || attempt >= 5) throw err;
+      port = await freePort();
+    }
+  }
   if (opts.cluster) {
     await cli('cluster', 'addslotsrange', '0', '16383');
     const deadline = Date.now() + 10_000;
@@ -132,7 +143,34 @@ async function spawnListening(args: string[], port: number, what: string): Promi
     }
     await sleep(20);
   }
+  const pid = await processIdOn(port);
+  if (pid !== proc.pid) {
+    proc.kill('SIGKILL');
+    throw new PortTakenError(`${what}: port ${port} is answered by process ${pid}, not ours (${proc.pid})`);
+  }
   return proc;
+}
+
+class PortTakenError extends Error {}
+
+/** The process_id the Redis server (or sentinel) on `port` reports in INFO server; null if none. */
+function processIdOn(port: number): Promise<number | null> {
+  return new Promise((resolve) => {
+    const s = connect(port, '127.0.0.1');
+    let text = '';
+    const done = (v: number | null) => {
+      s.destroy();
+      resolve(v);
+    };
+    s.setTimeout(2_000, () => done(null));
+    s.once('error', () => done(null));
+    s.once('connect', () => s.write('*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n'));
+    s.on('data', (b: Buffer) => {
+      text += b.toString();
+      const m = /process_id:(\d+)/.exec(text);
+      if (m) done(Number(m[1]));
+    });
+  });
 }
 
 function accepts(port: number): Promise<boolean> {
