@@ -300,3 +300,30 @@ describe('reload', () => {
     expect(breakers.every((b) => b.isShutdown)).toBe(true);
   });
 });
+
+describe('breaker events', () => {
+  it('reach the listeners after the backend has followed: on a close, the half-open trial is let go', async () => {
+    const up = await upstream(healthy(1));
+    cleanups.push(() => up.close());
+    // What a listener (the scheduler's pump) finds when each event arrives.
+    const seen: { type: string; available: boolean }[] = [];
+    let set: BackendSet | null = null;
+    set = makeSet([up.url], {
+      onEvent: (e) => {
+        const b = set?.get('b0');
+        if (b !== undefined && e.type.startsWith('breaker'))
+          seen.push({ type: e.type, available: b.available });
+      },
+      breaker: { ...DEFAULT_BACKEND_SET_OPTIONS.breaker, resetTimeoutMs: 20 },
+    });
+    cleanups.push(() => set!.close());
+    const b = set.get('b0')!;
+    b.breaker.open();
+    await vi.waitFor(() => expect(b.breaker.halfOpen).toBe(true), { timeout: 2_000, interval: 5 });
+    expect(b.takeTrial()).not.toBeNull();
+    expect(b.available).toBe(false);
+    // The trial succeeded: the breaker closes, and the pump that event starts may use the backend.
+    b.breaker.close();
+    expect(seen.at(-1)).toEqual({ type: 'breaker_close', available: true });
+  });
+});
