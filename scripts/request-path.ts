@@ -233,9 +233,9 @@ if (values.profile !== undefined) {
   out(
     `CPU profile of slagate at ${streams} streams, ${n} requests of ${profiled} prompts (after ${warm} short and ${2 * streams} of its own to warm it), ${outputFor(streams)}-token outputs: ${join(dir, file)}`,
   );
-  for (const l of summarizeProfile(join(dir, file), 25, fromUs, toUs)) out(l);
+  for (const l of summarizeProfile(join(dir, file), 25, { fromUs, toUs })) out(l);
   out('');
-  for (const l of summarizeByModule(join(dir, file), n, fromUs, 'handleInference', toUs)) out(l);
+  for (const l of summarizeByModule(join(dir, file), n, { fromUs, toUs })) out(l);
 }
 // The helpers' pipes keep this process alive: stop them, so that a finished run exits.
 for (const h of helpers) h.stop();

@@ -16,20 +16,19 @@ interface Profile {
   timeDeltas: number[];
 }
 
-/**
- * The samples from `fromUs` on (µs of process.hrtime, which V8's profile clock is on Linux): each
- * sample's index, its self time (the gap after it) and when it was taken. Without `fromUs`, all.
- */
-function* window(
-  prof: Profile,
-  fromUs: number | null,
-  toUs: number | null = null,
-): Generator<{ i: number; us: number }> {
+/** A stretch of a profile, in µs of process.hrtime (which V8's profile clock is on Linux). */
+export interface ProfileWindow {
+  fromUs?: number;
+  toUs?: number;
+}
+
+/** The samples within `w` (all, without one): each sample's index and its self time (the gap after it). */
+function* samplesIn(prof: Profile, w: ProfileWindow): Generator<{ i: number; us: number }> {
   let at = prof.startTime;
   for (let i = 0; i < prof.samples.length - 1; i++) {
     at += prof.timeDeltas[i] ?? 0;
-    if (fromUs !== null && at < fromUs) continue;
-    if (toUs !== null && at > toUs) break;
+    if (w.fromUs !== undefined && at < w.fromUs) continue;
+    if (w.toUs !== undefined && at > w.toUs) break;
     yield { i, us: prof.timeDeltas[i + 1] ?? 0 };
   }
 }
@@ -43,18 +42,13 @@ function loadProfile(file: string) {
   return { prof, byId, parent };
 }
 
-/** Self time per function; with `fromUs`, of the samples from then on only (the measured requests). */
-export function summarizeProfile(
-  file: string,
-  top: number,
-  fromUs: number | null = null,
-  toUs: number | null = null,
-): string[] {
+/** Self time per function, of the samples within `w` (the measured requests). */
+export function summarizeProfile(file: string, top: number, w: ProfileWindow = {}): string[] {
   const { prof, byId } = loadProfile(file);
   const self = new Map<string, number>();
   let total = 0;
   // timeDeltas[i] is the gap before sample i: it belongs to the sample before it.
-  for (const { i, us } of window(prof, fromUs, toUs)) {
+  for (const { i, us } of samplesIn(prof, w)) {
     const node = byId.get(prof.samples[i]!)!;
     const { functionName, url, lineNumber } = node.callFrame;
     const where = url === '' ? '' : `${shorten(url)}:${lineNumber + 1}`;
@@ -87,22 +81,21 @@ function shorten(url: string): string {
 /**
  * CPU per request by the gateway's own module: each sample goes to the deepest `src/` file on its
  * stack (so Node's and the libraries' work counts for the gateway code that called it; samples
- * with none of it on the stack go to the library, or to the V8/Node entry, they ran in). With
- * `fromUs`, the samples from then on (the measured requests, after a warm-up); without it, from the
+ * with none of it on the stack go to the library, or to the V8/Node entry, they ran in). Within `w`
+ * (from `w.fromUs`: the measured requests, after a warm-up); without a start, from the
  * first one inside `startAt` on (start-up excluded, the first requests' cold path included).
  */
 export function summarizeByModule(
   file: string,
   requests: number,
-  fromUs: number | null = null,
+  w: ProfileWindow = {},
   startAt = 'handleInference',
-  toUs: number | null = null,
 ): string[] {
   const { prof, byId, parent } = loadProfile(file);
   const sums = new Map<string, number>();
-  let started = fromUs !== null;
+  let started = w.fromUs !== undefined;
   let busy = 0;
-  for (const { i, us } of window(prof, fromUs, toUs)) {
+  for (const { i, us } of samplesIn(prof, w)) {
     const stack: ProfileNode[] = [];
     for (let id: number | undefined = prof.samples[i]; id !== undefined; id = parent.get(id)) {
       stack.push(byId.get(id)!);
@@ -127,7 +120,7 @@ export function summarizeByModule(
     sums.set(key, (sums.get(key) ?? 0) + us);
   }
   const lines = [
-    `${fromUs === null ? 'from the first request' : 'after the warm-up'}: busy ${(busy / 1e6).toFixed(2)} s, ${(busy / 1000 / requests).toFixed(2)} ms per request over ${requests} requests`,
+    `${w.fromUs === undefined ? 'from the first request' : 'after the warm-up'}: busy ${(busy / 1e6).toFixed(2)} s, ${(busy / 1000 / requests).toFixed(2)} ms per request over ${requests} requests`,
     '',
     '| µs per request | share of busy | where (deepest gateway file on the stack, else library or entry) |',
     '|---|---|---|',

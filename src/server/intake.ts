@@ -172,23 +172,14 @@ function checkContext(
 }
 
 /**
- * The prompt tokens the backend prefills: each completion prompt cut on its own (a text's share of
- * the estimate by its characters), so that two prompts under truncate_prompt_tokens are not cut
- * together.
+ * The prompt tokens the backend prefills: each completion prompt cut on its own, so that two
+ * prompts under truncate_prompt_tokens are not cut together.
  */
 function keptTokens(ir: InferenceRequest, prompt: PromptBlocks, allTokens: number, maxLen: number): number {
-  const parts = ir.promptParts;
-  if (ir.endpoint === 'chat' || parts.length <= 1) return truncatedTokens(ir, allTokens, maxLen);
-  if (prompt.exactTokens !== null) {
-    let kept = 0;
-    for (const p of parts) kept += truncatedTokens(ir, p.length, maxLen);
-    return kept;
-  }
-  let total = 0;
-  for (const p of parts) total += p.length;
-  if (total === 0) return truncatedTokens(ir, allTokens, maxLen);
+  const each = eachPrompt(ir, prompt.exactTokens !== null, allTokens);
+  if (each === null) return truncatedTokens(ir, allTokens, maxLen);
   let kept = 0;
-  for (const p of parts) kept += truncatedTokens(ir, Math.round((allTokens * p.length) / total), maxLen);
+  for (const t of each) kept += truncatedTokens(ir, Math.round(t), maxLen);
   return kept;
 }
 
@@ -230,25 +221,31 @@ function askedOutput(ir: InferenceRequest): number | null {
 }
 
 /**
- * Tokens of the longest, or the first, of several completion prompts (`allTokens` counts them
- * all): exact for token ids, for texts the estimate shared out by characters.
+ * Each completion prompt's tokens when a request has several: exact for token ids, for texts the
+ * estimate `allTokens` shared out by characters (unrounded). Null for chat or a single prompt,
+ * whose tokens are `allTokens`.
  */
+function eachPrompt(ir: InferenceRequest, exact: boolean, allTokens: number): number[] | null {
+  const parts = ir.promptParts;
+  if (ir.endpoint === 'chat' || parts.length <= 1) return null;
+  if (exact) return parts.map((p) => p.length);
+  let total = 0;
+  for (const p of parts) total += p.length;
+  return total === 0 ? null : parts.map((p) => (allTokens * p.length) / total);
+}
+
+/** Tokens of the longest, or the first, of a request's completion prompts (all of them for one). */
 function onePrompt(
   ir: InferenceRequest,
   exact: boolean,
   allTokens: number,
   which: 'longest' | 'first',
 ): number {
-  const parts = ir.promptParts;
-  if (ir.endpoint === 'chat' || parts.length <= 1) return allTokens;
-  let size = 0;
-  let total = 0;
-  for (const p of parts) {
-    size = which === 'first' ? (parts[0]?.length ?? 0) : Math.max(size, p.length);
-    total += p.length;
-  }
-  if (exact) return size;
-  return total === 0 ? allTokens : Math.ceil((allTokens * size) / total);
+  const each = eachPrompt(ir, exact, allTokens);
+  if (each === null) return allTokens;
+  let size = each[0] as number;
+  if (which === 'longest') for (const t of each) size = Math.max(size, t);
+  return Math.ceil(size);
 }
 
 /** What the canonical prompt is rendered from (the body was validated by parseInferenceRequest). */

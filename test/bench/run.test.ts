@@ -102,38 +102,32 @@ describe('runBench', () => {
     }
   });
 
+  /** How many requests a run of `rate` for `durationS` (the code workload, seed `seed`) sends. */
+  const sentWith = async (rate: number, durationS: number, seed: number) =>
+    (
+      await runBench({
+        target: server.url,
+        model: 'm',
+        rate,
+        durationS,
+        workload: 'code',
+        seed,
+        progress: false,
+      })
+    ).records.length;
+
   it('a rate and a duration send every scheduled request, the last one (at the duration) included', async () => {
     // Whether a timer fires a little early or late must not decide it: several runs, all whole.
     const sent: number[] = [];
-    for (let run = 0; run < 8; run++) {
-      const r = await runBench({
-        target: server.url,
-        model: 'm',
-        rate: 100,
-        durationS: 0.05,
-        workload: 'code',
-        seed: run,
-        progress: false,
-      });
-      sent.push(r.records.length);
-    }
+    for (let run = 0; run < 8; run++) sent.push(await sentWith(100, 0.05, run));
     expect(sent).toEqual(Array(8).fill(5));
   });
 
   it('a rate and a duration whose product is no whole number send ceil(rate × S) requests, whatever the seed', async () => {
     const sent: number[] = [];
+    // 150 × 0.07 = 10.5: 11 requests, the last at 0.07 s. And 70 × 0.1 is 7.000000000000001: 7.
     for (let run = 0; run < 6; run++) {
-      const r = await runBench({
-        target: server.url,
-        model: 'm',
-        // 150 × 0.07 = 10.5: 11 requests, the last at 0.07 s. And 0.7 × 10 is 7.000000000000001.
-        rate: run % 2 === 0 ? 150 : 70,
-        durationS: run % 2 === 0 ? 0.07 : 0.1,
-        workload: 'code',
-        seed: run,
-        progress: false,
-      });
-      sent.push(r.records.length);
+      sent.push(run % 2 === 0 ? await sentWith(150, 0.07, run) : await sentWith(70, 0.1, run));
     }
     expect(sent).toEqual([11, 7, 11, 7, 11, 7]);
   });
