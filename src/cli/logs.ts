@@ -379,6 +379,12 @@ const SLOWEST = 5;
 // A miss whose queue wait is at least this share of its TTFT is blamed on queueing.
 const QUEUE_SHARE = 0.5;
 
+/** A served request's TTFT: a stream cut after its first token has one, a cancel or refusal not. */
+function wholeTtft(r: LogRecord): number | null {
+  const firstToken = r.outcome === 'ok' || r.outcome === 'failed_after_commit';
+  return firstToken && r.decision !== 'refused' ? (r.ttft_ms ?? null) : null;
+}
+
 class Group {
   n = 0;
   readonly values: Record<Metric, number[]> = { ttft_ms: [], tpot_ms: [], e2e_ms: [], queue_ms: [] };
@@ -391,9 +397,8 @@ class Group {
   add(r: LogRecord): void {
     this.n++;
     if (r.queue_ms !== null && r.outcome !== 'client_cancelled') this.values.queue_ms.push(r.queue_ms);
-    if (r.decision === 'refused') return;
-    const firstToken = r.outcome === 'ok' || r.outcome === 'failed_after_commit';
-    if (firstToken && r.ttft_ms !== null && r.ttft_ms !== undefined) this.values.ttft_ms.push(r.ttft_ms);
+    const ttft = wholeTtft(r);
+    if (ttft !== null) this.values.ttft_ms.push(ttft);
     if (r.outcome !== 'ok') return;
     if (r.tpot_ms !== null && r.tpot_ms !== undefined) this.values.tpot_ms.push(r.tpot_ms);
     if (r.e2e_ms !== null && r.e2e_ms !== undefined) this.values.e2e_ms.push(r.e2e_ms);
@@ -475,8 +480,10 @@ class Summary {
     }
     set.judged++;
     const samples = this.targetSamples.get(set)!;
-    if (r.ttft_ms !== null) samples.ttft.push(r.ttft_ms);
-    if (r.tpot_ms !== null) samples.tpot.push(r.tpot_ms);
+    // The same whole measurements as the latency tables: a cancel judged late adds no sample.
+    const ttft = wholeTtft(r);
+    if (ttft !== null) samples.ttft.push(ttft);
+    if (r.outcome === 'ok' && r.tpot_ms !== null && r.tpot_ms !== undefined) samples.tpot.push(r.tpot_ms);
     if (r.sla_met) {
       sla.met++;
       set.met++;
@@ -586,6 +593,10 @@ function reportGroups(groups: Map<string, Group>): Record<string, GroupReport> {
  * prediction recorded, no "slower than predicted".
  */
 export function missCause(r: LogRecord): string {
+  if (r.outcome === 'client_cancelled') {
+    const late = r.ttft_ms === null || r.ttft_ms === undefined;
+    return late ? 'client left: no first token within the TTFT target' : 'client left: TTFT over target';
+  }
   if (r.outcome !== 'ok') return `failed: ${r.outcome} (${r.reason})`;
   const ttftTarget = r.ttft_target_ms ?? Number.POSITIVE_INFINITY;
   if (r.ttft_ms === null) return 'no TTFT recorded';
@@ -644,7 +655,10 @@ function formatReport(rep: LogsReport): string {
   out.push(...latencyTable('Latency per class', rep.by_class));
   out.push(...latencyTable('Latency per backend', rep.by_backend));
 
-  out.push('', 'SLA attainment per class (both TTFT and TPOT targets met; refused and cancelled not judged)');
+  out.push(
+    '',
+    'SLA attainment per class (both TTFT and TPOT targets met; refusals not judged, nor a client that left before its target passed)',
+  );
   const pct = (a: number | null) => (a === null ? '-' : `${(100 * a).toFixed(1)}%`);
   for (const [cls, s] of Object.entries(rep.sla)) {
     for (const t of s.by_targets) {

@@ -319,23 +319,39 @@ function derivedTpot(e2e: number | null, ttft: number | null, completion: number
 }
 
 /**
- * Both class targets met (DistServe's "good" request). Not applicable (null) when refused, when the
- * client gave up, when a backend surely rejected the request as the client's own error (not the
- * fleet's to serve, as the same errors found before admission are not; an in-band rejection no
- * second backend confirmed may be an engine failure vLLM labelled 400, and is judged), or without
- * targets; unknown (null) when a completed request's TTFT was not observable (a non-streamed body
- * passed through whole). Any other failure after admission is a miss.
+ * Both class targets met (DistServe's "good" request). Not applicable (null) when refused, when a
+ * backend surely rejected the request as the client's own error (not the fleet's to serve, as the
+ * same errors found before admission are not; an in-band rejection no second backend confirmed may
+ * be an engine failure vLLM labelled 400, and is judged), or without targets; unknown (null) when a
+ * completed request's TTFT was not observable (a non-streamed body passed through whole). Any other
+ * failure after admission is a miss.
+ *
+ * A client that gave up is a miss when what it saw already was one: its first token came after
+ * the TTFT target, or none had come when the target passed (a client that times out waiting is the
+ * miss the SLA is about). Otherwise it left before the fleet's answer could be judged: null.
  */
 export function slaMet(r: AdmissionRecord, clientError = false): boolean | null {
-  if (r.decision === 'refused' || r.outcome === 'refused' || r.outcome === 'client_cancelled') return null;
+  if (r.decision === 'refused' || r.outcome === 'refused') return null;
   if (clientError && r.outcome === 'failed_before_commit') return null;
   if (r.ttft_target_ms === null || r.tpot_target_ms === null) return null;
+  if (r.outcome === 'client_cancelled') return leftLate(r, r.ttft_target_ms) ? false : null;
   if (r.outcome !== 'ok') return false;
   if (r.ttft_ms === null) return null;
   if (r.ttft_ms > r.ttft_target_ms) return false;
   // No TPOT with a single output token: TTFT alone is judged.
   if (r.tpot_ms === null) return (r.completion_tokens ?? 0) <= 1 ? true : null;
   return r.tpot_ms <= r.tpot_target_ms;
+}
+
+/**
+ * An admitted request whose client left once its TTFT target was past: with a first token, that
+ * token's time; without one, the time it had waited when it left. A client gone mid-upload (no
+ * decision) was promised nothing.
+ */
+function leftLate(r: AdmissionRecord, ttftTargetMs: number): boolean {
+  if (r.decision !== 'admitted') return false;
+  const seen = r.ttft_ms ?? r.e2e_ms;
+  return seen !== null && seen > ttftTargetMs;
 }
 
 // Microsecond resolution is plenty for a log and keeps lines short.

@@ -62,6 +62,7 @@ type CounterChild = ReturnType<Counter<string>['labels']>;
 // lookups of its own; prom-client's `labels()` builds objects on every call.
 interface ClassSeries {
   slaMet: CounterChild;
+  slaJudged: CounterChild;
   admitted: Map<string, CounterChild>;
   refused: Map<string, CounterChild>;
   /** Requests that ended before any decision (decision="none"). */
@@ -92,6 +93,7 @@ export class GatewayMetrics {
   private readonly requests: Counter<'class' | 'backend' | 'outcome'>;
   private readonly admission: Counter<'class' | 'decision' | 'reason'>;
   private readonly slaMet: Counter<'class'>;
+  private readonly slaJudged: Counter<'class'>;
   private readonly backendGauges: Record<keyof BackendGauges, Gauge<'backend'>>;
   private readonly queueDepth: Gauge<'class'>;
   private readonly prefixHitRatio: Gauge<string>;
@@ -172,6 +174,12 @@ export class GatewayMetrics {
     this.slaMet = new Counter({
       name: `${PREFIX}sla_met_total`,
       help: 'Requests that met both their class TTFT and TPOT targets.',
+      labelNames: ['class'] as const,
+      registers: [reg],
+    });
+    this.slaJudged = new Counter({
+      name: `${PREFIX}sla_judged_total`,
+      help: 'Requests judged against their class targets (met or missed): the denominator of SLA attainment.',
       labelNames: ['class'] as const,
       registers: [reg],
     });
@@ -266,7 +274,10 @@ export class GatewayMetrics {
       byReason.set(r.reason, adm);
     }
     adm.inc();
-    if (r.sla_met === true) c.slaMet.inc();
+    if (r.sla_met !== null) {
+      c.slaJudged.inc();
+      if (r.sla_met) c.slaMet.inc();
+    }
     if (r.queue_ms !== null && r.outcome !== 'client_cancelled') s.queue.observe(r.queue_ms / 1000);
     if (r.decision === 'refused') return;
     const gotFirstToken = r.outcome === 'ok' || r.outcome === 'failed_after_commit';
@@ -388,9 +399,18 @@ export class GatewayMetrics {
     let c = this.series.get(cls);
     if (c === undefined) {
       const slaMet = this.slaMet.labels(cls);
-      // A configured class's SLA counter exists from the start so rate() works from the first scrape.
+      const slaJudged = this.slaJudged.labels(cls);
+      // A configured class's SLA counters exist from the start so rate() works from the first scrape.
       slaMet.inc(0);
-      c = { slaMet, admitted: new Map(), refused: new Map(), undecided: new Map(), backends: new Map() };
+      slaJudged.inc(0);
+      c = {
+        slaMet,
+        slaJudged,
+        admitted: new Map(),
+        refused: new Map(),
+        undecided: new Map(),
+        backends: new Map(),
+      };
       this.series.set(cls, c);
     }
     return c;

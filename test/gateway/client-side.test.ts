@@ -1,14 +1,19 @@
 // The client's side of a request through the whole gateway: hanging up mid-stream, a healthy POST
 // that must not be aborted early (fastify #4690), hanging up while waiting for a connection.
-// Checklist items (research/reliability.md): 17, 18, 19.
+// Checklist items (research/reliability.md): 17, 18, 19. And how a client that left is judged
+// against its SLA.
+import type { ServerResponse } from 'node:http';
 import { afterEach, expect, it } from 'vitest';
 import { LoopLag } from '../helpers/loop-lag.ts';
 import {
   chat,
+  chatStreamText,
+  get,
   openStream,
   post,
   replicaAborts,
   replicaRequests,
+  scripted,
   sleep,
   sseData,
   startTestGateway,
@@ -17,9 +22,11 @@ import {
 } from './harness.ts';
 
 let t: TestGateway | null = null;
+const after: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
   await t?.close();
   t = null;
+  for (const f of after.splice(0)) await f();
 });
 
 const CHAT = '/v1/chat/completions';
@@ -113,4 +120,74 @@ it('19: a client that hangs up while its request waits for a connection → neve
   expect(await replicaAborts(replicaUrl)).toBe(0);
   expect(await t.recordOf('waiter')).toMatchObject({ outcome: 'client_cancelled', sla_met: null });
   expect(await t.recordOf('holder')).toMatchObject({ outcome: 'ok' });
+});
+
+it('a client that leaves once its TTFT target has passed is judged a miss; one that leaves sooner is not judged', async () => {
+  // The backend answers only when the test says: each request's response is held by its id.
+  const held = new Map<string, ServerResponse>();
+  const backend = await scripted((_req, res, hit) => {
+    held.set(String(hit.headers['x-request-id']), res);
+  });
+  after.push(() => {
+    for (const res of held.values()) res.destroy();
+    return backend.close();
+  });
+  const TARGET = 200;
+  t = await startTestGateway({
+    backends: [{ name: 'b0', url: backend.url }],
+    config: {
+      sla: {
+        default_class: 'fast',
+        classes: { fast: { ttft_p99_ms: TARGET, tpot_p99_ms: 50, priority: 0 } },
+      },
+    },
+  });
+  const body = chat({ stream: true, max_tokens: 5 });
+  // Waits until more than the target has gone by since the request was sent: that passing is the
+  // event each case is about.
+  const pastTarget = (sentAt: number) =>
+    waitFor(() => performance.now() - sentAt > TARGET + 50, 2000, 'the TTFT target passed');
+
+  // Left early, before any token: told nothing of what the fleet would have done.
+  const early = openStream(t.url, CHAT, body, { 'x-request-id': 'early' });
+  await waitFor(() => held.has('early'), 2000, 'early dispatched');
+  early.abort();
+  await waitFor(async () => (await t!.records()).length === 1, 2000, 'its record');
+
+  // Waited past the target with no first token, then gave up: what the SLA is about.
+  let sentAt = performance.now();
+  const gaveUp = openStream(t.url, CHAT, body, { 'x-request-id': 'gave-up' });
+  await waitFor(() => held.has('gave-up'), 2000, 'gave-up dispatched');
+  await pastTarget(sentAt);
+  gaveUp.abort();
+  await waitFor(async () => (await t!.records()).length === 2, 2000, 'its record');
+
+  // Got its first token late, then left mid-stream.
+  sentAt = performance.now();
+  const late = openStream(t.url, CHAT, body, { 'x-request-id': 'late' });
+  await waitFor(() => held.has('late'), 2000, 'late dispatched');
+  await pastTarget(sentAt);
+  const res = held.get('late')!;
+  res.writeHead(200, { 'content-type': 'text/event-stream' });
+  res.write(chatStreamText(5).split('\n\n').slice(0, 2).join('\n\n') + '\n\n');
+  const stream = await late.response;
+  await stream.until((text) => sseData(text).length >= 2);
+  stream.close();
+  await waitFor(async () => (await t!.records()).length === 3, 2000, 'its record');
+
+  const cancelled = { outcome: 'client_cancelled', class: 'fast', ttft_target_ms: TARGET };
+  const rEarly = await t.recordOf('early');
+  expect(rEarly).toMatchObject({ ...cancelled, ttft_ms: null, sla_met: null });
+  expect(rEarly.e2e_ms!).toBeLessThan(TARGET);
+  const rGaveUp = await t.recordOf('gave-up');
+  expect(rGaveUp).toMatchObject({ ...cancelled, ttft_ms: null, sla_met: false });
+  expect(rGaveUp.e2e_ms!).toBeGreaterThan(TARGET);
+  const rLate = await t.recordOf('late');
+  expect(rLate).toMatchObject({ ...cancelled, sla_met: false });
+  expect(rLate.ttft_ms!).toBeGreaterThan(TARGET);
+
+  // The metrics count the same: two judged, none met.
+  const metrics = (await get(t.url, '/metrics')).text;
+  expect(metrics).toMatch(/^slagate_sla_judged_total\{class="fast"\} 2$/m);
+  expect(metrics).toMatch(/^slagate_sla_met_total\{class="fast"\} 0$/m);
 });

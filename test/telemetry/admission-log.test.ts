@@ -184,7 +184,13 @@ describe('AdmissionLog', () => {
     expect(end('failed_before_commit', { reason: 'upstream_error' })).toBe(false);
     expect(end('failed_before_commit', { reason: 'no_healthy_backend' })).toBe(false);
     expect(end('refused', { reason: 'sla_unattainable' })).toBeNull();
-    expect(end('client_cancelled', { ttft_ms: 100 })).toBeNull();
+    // A client that left: judged only when what it saw was already a miss. TARGETS' TTFT is 500 ms.
+    expect(end('client_cancelled', { ttft_ms: 100, e2e_ms: 2000 })).toBeNull();
+    expect(end('client_cancelled', { ttft_ms: 501, e2e_ms: 900 })).toBe(false);
+    expect(end('client_cancelled', { e2e_ms: 400 })).toBeNull();
+    expect(end('client_cancelled', { e2e_ms: 501 })).toBe(false);
+    // One that left mid-upload, before any decision, was promised nothing.
+    expect(end('client_cancelled', { decision: null, e2e_ms: 900 })).toBeNull();
     // A request without a class has no targets to judge against.
     expect(
       log.begin({ req_id: 'y' }).end('ok', { ttft_ms: 1, tpot_ms: 1, completion_tokens: 2 })!.sla_met,

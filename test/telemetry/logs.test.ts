@@ -184,6 +184,39 @@ describe('slagate logs', () => {
     });
   });
 
+  it('counts a client that left after its TTFT target as a miss, with its cause, and its partial times nowhere', async () => {
+    const path = join(dir, 'admission.log');
+    const base = {
+      kind: 'admission',
+      class: 'interactive',
+      decision: 'admitted',
+      attempts: 1,
+      queue_ms: 5,
+      ttft_target_ms: 500,
+      tpot_target_ms: 50,
+    };
+    const cancelled = { ...base, reason: 'client_cancelled', outcome: 'client_cancelled' };
+    const lines = [
+      { ...base, req_id: 'met', reason: 'ok', outcome: 'ok', ttft_ms: 100, tpot_ms: 20, sla_met: true },
+      // Left with no first token 900 ms after arrival; left after a first token at 700 ms (its
+      // TPOT so far, 5 ms, is no whole TPOT); left early: not judged.
+      { ...cancelled, req_id: 'waited', ttft_ms: null, tpot_ms: null, e2e_ms: 900, sla_met: false },
+      { ...cancelled, req_id: 'late', ttft_ms: 700, tpot_ms: 5, e2e_ms: 800, sla_met: false },
+      { ...cancelled, req_id: 'early', ttft_ms: null, tpot_ms: null, e2e_ms: 80, sla_met: null },
+    ].map((l) => JSON.stringify(l));
+    await appendFile(path, `${lines.join('\n')}\n`);
+    const t = io();
+    expect(await logsCommand([path, '--json'], t.io)).toBe(0);
+    const rep = JSON.parse(t.out()) as LogsReport;
+    expect(rep.sla.interactive).toMatchObject({ judged: 3, met: 1 });
+    expect(rep.sla.interactive!.by_targets[0]).toMatchObject({ judged: 3, met: 1, tpot_p99_ms: 20 });
+    const causes = Object.fromEntries(rep.misses.interactive!.map((c) => [c.cause, c.examples]));
+    expect(causes).toEqual({
+      'client left: no first token within the TTFT target': ['waited'],
+      'client left: TTFT over target': ['late'],
+    });
+  });
+
   it('judges each record against its own targets in a file that spans a change of targets', async () => {
     const path = join(dir, 'admission.log');
     // 10 records under ttft 500 / tpot 50, then 10 under ttft 1000 / tpot 50 (a reload); TTFT

@@ -96,6 +96,7 @@ describe('GatewayMetrics', () => {
     m.setClasses(['interactive', 'completion', 'bulk']);
     let s = parseSamples(await m.render());
     expect(value(s, 'slagate_sla_met_total', { class: 'bulk' })).toBe(0);
+    expect(value(s, 'slagate_sla_judged_total', { class: 'bulk' })).toBe(0);
     expect(value(s, 'slagate_queue_depth', { class: 'bulk' })).toBe(0);
     expect(value(s, 'slagate_queue_depth', { class: 'interactive' })).toBe(0);
     // batch is gone from the config, but two of its requests still wait: they are shown.
@@ -289,9 +290,17 @@ describe('GatewayMetrics', () => {
         sla_met: null,
       }),
     );
+    // A client that left once its first token was late: judged, a miss. One that left sooner: not.
+    const cancelled = { outcome: 'client_cancelled' as const, reason: 'client_cancelled', tpot_ms: null };
+    m.observeRequest(record({ ...cancelled, ttft_ms: null, e2e_ms: 900, sla_met: false }));
+    m.observeRequest(record({ ...cancelled, ttft_ms: 100, e2e_ms: 150, sla_met: null }));
     const s = parseSamples(await m.render());
     expect(value(s, 'slagate_sla_met_total', { class: 'interactive' })).toBe(1);
     expect(value(s, 'slagate_sla_met_total', { class: 'batch' })).toBe(0);
+    // Judged: the one met, the two misses served and the cancel that missed; not the refusal, not
+    // the cancel that told nothing.
+    expect(value(s, 'slagate_sla_judged_total', { class: 'interactive' })).toBe(4);
+    expect(value(s, 'slagate_sla_judged_total', { class: 'batch' })).toBe(0);
     expect(
       value(s, 'slagate_requests_total', { class: 'interactive', backend: 'gpu-0', outcome: 'ok' }),
     ).toBe(2);
