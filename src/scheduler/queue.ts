@@ -23,6 +23,14 @@
 // queue empties every counter starts afresh, so work served while nobody waited is no debt. With one tenant
 // this is exactly the key order above; a tenant that bursts is served its share of the class's
 // work while the others' requests keep their place.
+//
+// The two meet in one place, on purpose: a class competes by its least-served tenant's entry, not
+// by its oldest. A tenant served more than the others waits for their turns in its class, and
+// while it does, an entry of a less urgent class may pass its older entries (the aging bound
+// holds between the entries that compete). It does not starve: every grant to the others raises
+// their counters, so its turn in the class comes. Competing by the oldest entry instead would
+// let a light tenant's fresh arrivals, served under a heavy tenant's old key, starve every less
+// urgent class.
 import { Heap } from './heap.ts';
 import type { ScheduledRequest } from './types.ts';
 
