@@ -175,9 +175,12 @@ function serveInference(
   record: RequestRecord,
   bodyLimit: number,
 ): void {
-  // A refusal while the gateway shuts down also ends the connection, so that a keep-alive client
-  // cannot hold the shutdown open with its next request (fastify does the same once it closes).
-  if (rt.lifecycle.shuttingDown) res.setHeader('connection', 'close');
+  // New work is refused from the moment the shutdown begins, judged at the request's head: a
+  // request whose upload was under way then is read and served like any in flight. The refusal
+  // also ends the connection, so that a keep-alive client cannot hold the shutdown open with its
+  // next request (fastify does the same once it closes).
+  const arrivedClosing = rt.lifecycle.shuttingDown;
+  if (arrivedClosing) res.setHeader('connection', 'close');
   readJsonBody(
     req,
     bodyLimit,
@@ -188,6 +191,10 @@ function serveInference(
         // rest of an oversized or endless upload is not read and discarded.
         res.setHeader('connection', 'close');
         refuse(rt, res, id, record, err);
+        return;
+      }
+      if (arrivedClosing) {
+        refuse(rt, res, id, record, new GatewayError('shutting_down', 'The gateway is shutting down.'));
         return;
       }
       handleInference(rt, endpoint, { id, headers: req.headers, body, rawBody: raw, res, record }).catch(

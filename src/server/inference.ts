@@ -49,7 +49,6 @@ export async function handleInference(
 ): Promise<void> {
   const { record, res } = request;
   markStage(request.id, 'parsed');
-  if (rt.lifecycle.shuttingDown) throw new GatewayError('shutting_down', 'The gateway is shutting down.');
   const got = intake(rt, endpoint, request, record);
   const { identity, cls, ir, promptTokens, prompt } = got;
   let route: RouteRequest = {

@@ -1,10 +1,13 @@
 // Graceful shutdown in-process (Gateway.close): refuse new work at once, let in-flight streams
 // finish within server.shutdown_grace_ms, cut the rest, answer every client, leave nothing open.
 // Checklist item 34 (the signal path through `slagate serve` is in serve.test.ts).
+
+import { channel } from 'node:diagnostics_channel';
 import { once } from 'node:events';
 import http from 'node:http';
 import { connect } from 'node:net';
 import { afterEach, expect, it } from 'vitest';
+import { STAGE_CHANNEL, type StageMark } from '../../src/telemetry/stages.ts';
 import { collect, type RawResponse } from '../helpers/http.ts';
 import { trackHandles } from '../state/handles.ts';
 import {
@@ -102,6 +105,48 @@ it('cuts a stream that outlives the grace period, and answers a request still wa
     reason: 'shutting_down',
   });
   expect(r0!.stats().engine.running).toBe(0);
+});
+
+it('a request whose upload was under way when the shutdown began is read and served', async () => {
+  t = await startTestGateway({
+    replicas: 1,
+    timeScale: 0.2,
+    config: { server: { shutdown_grace_ms: 5000 } },
+  });
+  const { port } = new URL(t.url);
+  const body = JSON.stringify(chat({ max_tokens: 8 }));
+  const socket = connect(Number(port), '127.0.0.1');
+  await once(socket, 'connect');
+  let answer = '';
+  socket.on('data', (c: Buffer) => (answer += c.toString('utf8')));
+  // Its head is in when the gateway begins its record (the stage channel says so).
+  const stages = channel(STAGE_CHANNEL);
+  const received = new Promise<void>((resolve) => {
+    const seen = (m: unknown) => {
+      const mark = m as StageMark;
+      if (mark.reqId !== 'uploading' || mark.stage !== 'received') return;
+      stages.unsubscribe(seen);
+      resolve();
+    };
+    stages.subscribe(seen);
+  });
+  socket.write(
+    'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
+      `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: uploading\r\n\r\n${body.slice(0, 10)}`,
+  );
+  await received;
+  const closing = t.gw.close();
+  expect(t.gw.runtime.lifecycle.shuttingDown).toBe(true);
+  // The rest of the body (not a half-close: node:http takes a client's FIN as its leaving).
+  socket.write(body.slice(10));
+  await once(socket, 'close');
+  expect(answer).toMatch(/^HTTP\/1\.1 200 /);
+  const json = JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)) as {
+    usage: { completion_tokens: number };
+  };
+  expect(json.usage.completion_tokens).toBeGreaterThan(0);
+  expect(await closing).toEqual({ cut: 0, logsFlushed: true });
+  expect(await t.recordOf('uploading')).toMatchObject({ outcome: 'ok' });
 });
 
 it('a client still uploading its body cannot hold the shutdown past the grace period', async () => {
