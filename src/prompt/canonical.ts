@@ -371,6 +371,50 @@ export class TokenEstimate {
  * Llama 3's chat template: BOS, a header and an end-of-turn per message (the role is in the text),
  * and the assistant header that opens the answer; each text completion prompt gets a BOS.
  */
+/**
+ * Pieces of text each at least one token in Llama 3's and cl100k's BPE, whatever the text around
+ * them: a special token written out (`<|eot_id|>`, one token though it holds words), a run of
+ * letters, a run of digits (one token per three).
+ */
+const FLOOR_PIECES = /(<\|[^|<>\s]{1,64}\|>)|(\p{L}+)|(\p{N}+)/gu;
+
+/**
+ * The fewest tokens `text` can be in Llama 3's (and cl100k's) BPE. Their pre-tokenizer splits text
+ * into pieces BPE never joins; no piece holds two runs of letters, letters and digits together, or
+ * more than three digits. So the runs counted here are at most the pieces, and the pieces at most
+ * the tokens. Prose counts about three quarters of its tokens; whitespace, punctuation and code
+ * count less, never more: a run of 128 spaces is one token, where a count of characters at four a
+ * token would take it for 32. Runs the regex once over the text: for a refusal, not every request.
+ */
+export function tokenFloor(text: string): number {
+  let n = 0;
+  for (const m of text.matchAll(FLOOR_PIECES)) n += m[3] === undefined ? 1 : Math.ceil(m[3].length / 3);
+  return n;
+}
+
+/**
+ * The fewest tokens each prompt of `source` can be (one entry for chat): exact for token ids; for
+ * text, the floor of the client's own text (message contents, completion prompts; roles and tool
+ * JSON, whose rendering varies by template, count nothing) plus the template's own tokens.
+ */
+export function promptFloors(source: PromptSource, p: PromptBlocks): number[] {
+  if (source.kind === 'ids') return source.ids.map((ids) => ids.length);
+  if (source.kind === 'text') return source.texts.map((t) => tokenFloor(t) + 1);
+  let n = templateTokens(p);
+  for (const m of source.messages) {
+    if (!isRecord(m)) continue;
+    const c = m.content;
+    if (typeof c === 'string') n += tokenFloor(c);
+    else if (Array.isArray(c)) {
+      for (const part of c) {
+        const text = partText(part);
+        if (text !== null) n += tokenFloor(text);
+      }
+    }
+  }
+  return [n];
+}
+
 function templateTokens(p: PromptBlocks): number {
   return p.messages > 0 ? 1 + 3 * p.messages + 3 : p.texts;
 }

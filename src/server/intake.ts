@@ -6,7 +6,13 @@ import { createHash } from 'node:crypto';
 import type { IncomingHttpHeaders } from 'node:http';
 import type { SlaClass } from '../config/index.ts';
 import { GatewayError } from '../errors/index.ts';
-import { cacheRoot, type PromptBlocks, type PromptSource, promptBlocks } from '../prompt/canonical.ts';
+import {
+  cacheRoot,
+  type PromptBlocks,
+  type PromptSource,
+  promptBlocks,
+  promptFloors,
+} from '../prompt/canonical.ts';
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { type Identity, namedTenant } from './auth.ts';
 import { type Endpoint, type InferenceRequest, parseInferenceRequest } from './inference-request.ts';
@@ -105,8 +111,9 @@ export function intake(
       param: 'model',
     });
   }
+  const source = promptSource(ir);
   const prompt = promptBlocks(
-    promptSource(ir),
+    source,
     rt.config.router.block_size_tokens,
     cacheRoot(model, ir.body.cache_salt),
   );
@@ -116,7 +123,7 @@ export function intake(
   const promptTokens = keptTokens(ir, prompt, wholeTokens, maxLen);
   const blocks = routedBlocks(ir, prompt, wholeTokens, maxLen);
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: blocks.length });
-  checkContext(ir, prompt, promptTokens, rt.tokens.fewestTokens(prompt), maxLen);
+  checkContext(ir, source, prompt, promptTokens, rt.tokens.fewestTokens(prompt), maxLen);
   const perSequence = askedOutput(ir) ?? EXPECTED_OUTPUT_TOKENS;
   return {
     identity,
@@ -137,15 +144,22 @@ export function intake(
 const NO_BLOCKS: readonly number[] = Object.freeze([]);
 
 /**
- * How far over the context length an estimated prompt must be for the gateway to refuse it itself.
+ * How far over the context length an estimated prompt must be for the gateway to look closer.
  * Closer than that, the backend decides: it counts with the model's own tokenizer, and its 400
  * reaches the client with vLLM's message. The estimate's error is a few percent on prose and
- * larger on code or other scripts; a quarter keeps a prompt that fits from being refused here.
+ * larger on code or other scripts.
  */
 export const CONTEXT_ESTIMATE_SLACK = 1.25;
 
+/**
+ * Invariant: a prompt that fits is never refused here. The estimate counts characters, and text
+ * can hold far more of them per token than it assumes (whitespace and separator runs: up to 128
+ * a token), so a prompt it puts over the context is refused only on a count that cannot exceed its
+ * tokens (promptFloors); otherwise the backend judges it.
+ */
 function checkContext(
   ir: InferenceRequest,
+  source: PromptSource,
   prompt: PromptBlocks,
   allTokens: number,
   fewestTokens: number,
@@ -155,12 +169,12 @@ function checkContext(
   // vLLM checks each completion prompt on its own: the longest decides.
   const tokens = onePrompt(ir, exact, allTokens, 'longest');
   const fewest = onePrompt(ir, exact, fewestTokens, 'longest');
-  let least = exact ? fewest : Math.floor(fewest / CONTEXT_ESTIMATE_SLACK);
+  const output = askedOutput(ir) ?? 1;
   // vLLM cuts the prompt to its last truncate_prompt_tokens tokens (-1: to the context length)
   // before it checks the length.
-  least = truncatedTokens(ir, least, maxLen);
-  const output = askedOutput(ir) ?? 1;
-  if (least + output <= maxLen) return;
+  const fits = (least: number) => truncatedTokens(ir, least, maxLen) + output <= maxLen;
+  if (fits(exact ? fewest : Math.floor(fewest / CONTEXT_ESTIMATE_SLACK))) return;
+  if (!exact && fits(promptFloors(source, prompt).reduce((a, b) => Math.max(a, b), 0))) return;
   const about = exact ? '' : 'about ';
   throw new GatewayError(
     'invalid_request',

@@ -454,6 +454,27 @@ describe('27: context length', () => {
     expect((await post(t.url, CHAT, chat({ max_tokens: 10 }))).status).toBe(200);
   });
 
+  it('a prompt that fits is never refused for its characters: a padded table, many characters a token, is served', async () => {
+    const { replica, t } = await smallContextGateway();
+    await get(t.url, '/v1/models');
+    // 20 rows of a padded table: about 2,600 characters, which the estimate (four a token) puts far
+    // over 256 tokens; the backend counts about 150 (a run of spaces is one token).
+    const row = (i: number) => `| item ${i}${' '.repeat(56)}| ${i * 7}${' '.repeat(56)}|\n`;
+    const table = Array.from({ length: 20 }, (_, i) => row(i)).join('');
+    expect(table.length).toBeGreaterThan(256 * 1.25 * 5);
+    const res = await post(
+      t.url,
+      CHAT,
+      chat({ max_tokens: 10, messages: [{ role: 'user', content: table }] }),
+      { 'x-request-id': 'padded' },
+    );
+    expect(res.status, res.text).toBe(200);
+    const served = await t.recordOf('padded');
+    expect(served).toMatchObject({ outcome: 'ok', backend: 'small' });
+    expect(served.prompt_tokens!).toBeLessThan(256);
+    expect(replica.stats().engine.promptTokens).toBe(served.prompt_tokens);
+  });
+
   it('a prompt near the limit is judged by the backend, which counts exactly, and its message reaches the client', async () => {
     const { t } = await smallContextGateway();
     // About 260 tokens with the template, against 256: within the estimate's slack (it estimates

@@ -1,5 +1,6 @@
 // The canonical prompt (src/prompt): the same prefix gives the same leading block hashes, and the
 // token estimate learns its ratio from what the backend counts.
+import { encode } from 'gpt-tokenizer/encoding/cl100k_base';
 import { describe, expect, it } from 'vitest';
 import { syntheticText } from '../../src/bench/text.ts';
 import {
@@ -8,7 +9,9 @@ import {
   MEDIA_PART_TOKENS,
   type PromptSource,
   promptBlocks,
+  promptFloors,
   TokenEstimate,
+  tokenFloor,
 } from '../../src/prompt/canonical.ts';
 import { blockHashes, TextBlocks } from '../../src/prompt/chain-hash.ts';
 import { Rng } from '../../src/sim/rng.ts';
@@ -416,5 +419,87 @@ describe('TokenEstimate', () => {
     expect(est.tokens(english)).toBeGreaterThan(5_000);
     expect(est.fewestTokens(english)).toBeLessThan(2_200);
     expect(est.fewestTokens(english)).toBeGreaterThan(2_000);
+  });
+});
+
+describe('tokenFloor: the fewest tokens a text can be, whatever it holds', () => {
+  const bpe = (text: string) => encode(text).length;
+
+  it('never counts more than the BPE tokens, on text of every kind', () => {
+    const fixed = [
+      'The quick brown fox jumps over the lazy dog.',
+      ' '.repeat(5000),
+      `| name${' '.repeat(60)}| value${' '.repeat(60)}|\n|${'-'.repeat(66)}|${'-'.repeat(67)}|\n`,
+      '//' + '-'.repeat(112),
+      'function f(a, b) {\n  return a.map((x) => x * 2).filter(Boolean);\n}\n',
+      '12345678901234567890 3.14159 1e300 0x7fffffff',
+      "don't can't won't it's we'll I'd they've",
+      'e\u0301te\u0301 cafe\u0301 na\u0131ve \u00c5ngstr\u00f6m',
+      '<|eot_id|><|start_header_id|>user<|end_header_id|>'.repeat(20),
+      '\u4f60\u597d\uff0c\u4e16\u754c\u3002\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8',
+      '\u{1f600}\u{1f680} emoji \u{1f469}\u200d\u{1f4bb} and \u0645\u0631\u062d\u0628\u0627',
+      'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa',
+    ];
+    for (const text of fixed)
+      expect(tokenFloor(text), JSON.stringify(text.slice(0, 40))).toBeLessThanOrEqual(bpe(text));
+    // Random text over an alphabet that mixes every kind of piece, from a fixed seed.
+    const alphabet = [
+      'a',
+      'Z',
+      'q',
+      ' ',
+      '  ',
+      '\n',
+      '\t',
+      '7',
+      '42',
+      '.',
+      ',',
+      '-',
+      '|',
+      "'s",
+      '\u00e9',
+      '\u4e2d',
+      '<|eot_id|>',
+      '\u{1f600}',
+    ];
+    let seed = 12345;
+    const next = () => {
+      seed = (seed * 1103515245 + 12345) % 2147483648;
+      return seed / 2147483648;
+    };
+    for (let i = 0; i < 300; i++) {
+      let text = '';
+      const n = 1 + Math.floor(next() * 200);
+      for (let j = 0; j < n; j++) text += alphabet[Math.floor(next() * alphabet.length)];
+      expect(tokenFloor(text), JSON.stringify(text)).toBeLessThanOrEqual(bpe(text));
+    }
+  });
+
+  it('counts most of the tokens of prose, and the prompts each on its own', () => {
+    const prose = syntheticText(new Rng(3), 1000);
+    expect(tokenFloor(prose)).toBeGreaterThan(0.6 * bpe(prose));
+    // Whitespace the character count would take for hundreds of tokens is next to nothing here.
+    expect(tokenFloor(`a${' '.repeat(3000)}b`)).toBe(2);
+    const texts: PromptSource = { kind: 'text', texts: ['one two three', 'four'] };
+    expect(promptFloors(texts, promptBlocks(texts, 16))).toEqual([4, 2]);
+    const ids: PromptSource = { kind: 'ids', ids: [[1, 2, 3], [4]] };
+    expect(promptFloors(ids, promptBlocks(ids, 16))).toEqual([3, 1]);
+    const chat: PromptSource = {
+      kind: 'chat',
+      messages: [
+        { role: 'system', content: 'Be brief.' },
+        {
+          role: 'user',
+          content: [
+            { type: 'text', text: 'Hello there' },
+            { type: 'image_url', image_url: { url: 'x' } },
+          ],
+        },
+      ],
+    };
+    const [chatFloor] = promptFloors(chat, promptBlocks(chat, 16));
+    // Four words and the template's tokens for two messages; the image counts nothing.
+    expect(chatFloor).toBe(4 + 1 + 3 * 2 + 3);
   });
 });
