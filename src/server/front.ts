@@ -5,8 +5,10 @@
 //       │       /v1/* except GET|HEAD /v1/models (a 404 or 405 under /v1 included)
 //       │       + the 'close' safety net (a client that leaves before any path ended the record)
 //       │
-//       ├── POST /v1/chat/completions, POST /v1/completions ──▶ body (body.ts) ──▶ handleInference
-//       │       400 not application/json · 413 · 400 bad JSON / __proto__ / nested > 128 deep ·
+//       ├── POST /v1/chat/completions, POST /v1/completions ──▶ key (auth.ts) ──▶ body (body.ts)
+//       │       ──▶ handleInference
+//       │       401 from the head, the body not read · 400 not application/json · 413 ·
+//       │       400 bad JSON / __proto__ / nested > 128 deep ·
 //       │       504 body not in by the request deadline, and every refusal of the pipeline,
 //       │       answered here: the envelope with x-request-id, the record ended refused
 //       │
@@ -28,9 +30,11 @@ import { GatewayError, INTERNAL_MESSAGE, isGatewayError, writeErrorResponse } fr
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { requestLogger } from '../telemetry/logger.ts';
 import { markStage } from '../telemetry/stages.ts';
+import type { Identity } from './auth.ts';
 import { readJsonBody } from './body.ts';
 import { handleInference, proxied } from './inference.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
+import { header } from './intake.ts';
 import { endRecord, endRefused } from './record.ts';
 import type { Runtime } from './runtime.ts';
 
@@ -181,6 +185,17 @@ function serveInference(
   // next request (fastify does the same once it closes).
   const arrivedClosing = rt.lifecycle.shuttingDown;
   if (arrivedClosing) res.setHeader('connection', 'close');
+  // The key first, from the head: a client without a valid one costs no body read or parse (OpenAI
+  // and vLLM answer 401 before the body too). As after every refusal made before the body is
+  // read, the connection ends: the rest of the upload is not read.
+  let identity: Identity;
+  try {
+    identity = rt.auth.identify(req.headers.authorization, header(req, 'x-slagate-class'));
+  } catch (err) {
+    res.setHeader('connection', 'close');
+    refuse(rt, res, id, record, err);
+    return;
+  }
   readJsonBody(
     req,
     bodyLimit,
@@ -197,9 +212,15 @@ function serveInference(
         refuse(rt, res, id, record, new GatewayError('shutting_down', 'The gateway is shutting down.'));
         return;
       }
-      handleInference(rt, endpoint, { id, headers: req.headers, body, rawBody: raw, res, record }).catch(
-        (e: unknown) => refuse(rt, res, id, record, e),
-      );
+      handleInference(rt, endpoint, {
+        id,
+        headers: req.headers,
+        identity,
+        body,
+        rawBody: raw,
+        res,
+        record,
+      }).catch((e: unknown) => refuse(rt, res, id, record, e));
     },
     record.bodyRead,
   );

@@ -20,7 +20,7 @@ import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { requestLogger } from '../telemetry/logger.ts';
 import { markStage } from '../telemetry/stages.ts';
 import { proxyRequest } from '../upstream/index.ts';
-import { namedTenant } from './auth.ts';
+import { type Identity, namedTenant } from './auth.ts';
 import { finishProxied, predictionFields } from './finish.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
 import { header, intake, sessionKey } from './intake.ts';
@@ -34,6 +34,8 @@ export const proxied = new WeakSet<RequestRecord>();
 export interface InferenceCall {
   readonly id: string;
   readonly headers: IncomingHttpHeaders;
+  /** Who sent it and in which class, from its key (checked at its head, before the body). */
+  readonly identity: Identity;
   /** The parsed body (undefined: the request had none). */
   readonly body: unknown;
   /** The body's bytes as received: the upstream body is built from them (upstream/payload.ts). */

@@ -77,10 +77,10 @@ export function sessionKey(value: string | undefined): string | undefined {
 export function intake(
   rt: Runtime,
   endpoint: Endpoint,
-  request: { readonly headers: IncomingHttpHeaders; readonly body: unknown },
+  request: { readonly headers: IncomingHttpHeaders; readonly identity: Identity; readonly body: unknown },
   record: RequestRecord,
 ): Intake {
-  const identity = rt.auth.identify(request.headers.authorization, header(request, 'x-slagate-class'));
+  const { identity } = request;
   const cls = rt.config.sla.classes[identity.class]!;
   record.set({
     tenant: namedTenant(identity),

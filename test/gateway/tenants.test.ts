@@ -1,6 +1,8 @@
 // Tenants: keys (item 28), limits (item 31) in one gateway and across two sharing one Redis, the
 // class a key may ask for, and fairness by work between tenants of one class under a burst.
 import { createHash } from 'node:crypto';
+import { once } from 'node:events';
+import { connect } from 'node:net';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
@@ -95,6 +97,31 @@ describe('keys and classes (item 28)', () => {
       reason: 'invalid_api_key',
       tenant: null,
     });
+  });
+});
+
+describe('a request without a valid key', () => {
+  it('is answered 401 from its head: its body is never waited for, read or judged', async () => {
+    t = await startTestGateway({ replicas: 1, config: { tenants: TENANTS } });
+    const { port } = new URL(t.url);
+    const socket = connect(Number(port), '127.0.0.1');
+    await once(socket, 'connect');
+    let answer = '';
+    socket.on('data', (c: Buffer) => (answer += c.toString('utf8')));
+    socket.on('error', () => {});
+    // A megabyte announced, ten bytes of it sent (and not JSON): reading it first would wait for
+    // the request deadline and answer 504, or 400 for the JSON.
+    socket.write(
+      'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
+        'authorization: Bearer key-x\r\ncontent-length: 1000000\r\nx-request-id: no-key\r\n\r\n{not json!',
+    );
+    await once(socket, 'close');
+    expect(answer).toMatch(/^HTTP\/1\.1 401 /);
+    expect(answer.toLowerCase()).toContain('connection: close');
+    expect(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4))).toMatchObject({
+      error: { code: 'invalid_api_key' },
+    });
+    expect(await t.recordOf('no-key')).toMatchObject({ outcome: 'refused', reason: 'invalid_api_key' });
   });
 });
 
