@@ -63,6 +63,22 @@ export function readJsonBody(
     );
     return;
   }
+  // A compressed body would be refused as bytes that are not UTF-8, which names the wrong fault.
+  const encoding = headers['content-encoding'];
+  if (encoding !== undefined && encoding.trim().toLowerCase() !== 'identity') {
+    done(
+      new GatewayError(
+        'invalid_request',
+        `Content-Encoding '${encoding.slice(0, 32)}' is not supported; send the body uncompressed.`,
+        {
+          param: 'content-encoding',
+        },
+      ),
+      undefined,
+      null,
+    );
+    return;
+  }
   if (length !== undefined && Number(length) > limit) {
     done(tooLarge(), undefined, null);
     return;

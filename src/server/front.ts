@@ -7,7 +7,8 @@
 //       │
 //       ├── POST /v1/chat/completions, POST /v1/completions ──▶ key (auth.ts) ──▶ body (body.ts)
 //       │       ──▶ handleInference
-//       │       401 from the head, the body not read · 400 not application/json · 413 ·
+//       │       401 from the head, the body not read · 400 not application/json, or compressed ·
+//       │       413 ·
 //       │       400 bad JSON / __proto__ / nested > 128 deep ·
 //       │       504 body not in by the request deadline, and every refusal of the pipeline,
 //       │       answered here: the envelope with x-request-id, the record ended refused

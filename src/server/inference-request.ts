@@ -106,6 +106,14 @@ function promptParts(endpoint: Endpoint, body: Record<string, unknown>): PromptP
   }
   // vLLM's shapes: a string, a list of strings, a list of token ids, or a list of such lists.
   const prompt = body.prompt;
+  // vLLM (with --enable-prompt-embeds) also takes embeddings in place of a prompt: the gateway
+  // could neither count nor route them, and says so rather than call the prompt malformed.
+  if (body.prompt_embeds !== undefined && body.prompt_embeds !== null) {
+    throw invalid(
+      "'prompt_embeds' is not supported by this gateway; send 'prompt' as text or token ids",
+      'prompt_embeds',
+    );
+  }
   if (typeof prompt === 'string') return [prompt];
   if (isTokenIds(prompt)) return [prompt];
   if (Array.isArray(prompt) && prompt.length > 0) {

@@ -160,6 +160,14 @@ describe('26: the front door reads the body as fastify did', () => {
     expect(upper.status).toBe(200);
     expect(b.hits).toHaveLength(1);
     expect(JSON.parse(b.hits[0]!.body)).toMatchObject({ model: MODEL, stream: true });
+    // A compressed body is refused for its encoding, not taken for bytes that are not UTF-8;
+    // `identity` is no encoding.
+    const gzipped = await post(t.url, CHAT, body, { 'content-encoding': 'gzip' });
+    expect(gzipped.status).toBe(400);
+    expect(errorOf(gzipped.text)).toMatchObject({ code: 'invalid_request', param: 'content-encoding' });
+    expect(errorOf(gzipped.text).message).toContain("Content-Encoding 'gzip' is not supported");
+    expect((await post(t.url, CHAT, body, { 'content-encoding': 'identity' })).status).toBe(200);
+    expect(b.hits).toHaveLength(2);
   });
 
   it('no body at all → 400 invalid_request from intake; a chunked body over the limit → 413', async () => {

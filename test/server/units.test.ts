@@ -142,6 +142,11 @@ describe('parseInferenceRequest', () => {
     expect(codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt: ['a', [1]] }))).toBe(
       'invalid_request:prompt',
     );
+    // Embeddings in place of a prompt (vLLM's --enable-prompt-embeds): named as what is not
+    // supported, not taken for a malformed prompt.
+    expect(codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt_embeds: 'AAAA' }))).toBe(
+      'invalid_request:prompt_embeds',
+    );
   });
 });
 
