@@ -9,11 +9,12 @@
 //   { "v": 1, "b": { <backend>: { "f": [requests, promptTokens, expectedOutputTokens, pendingPrefill],
 //                                 "w": { <class>: { "t": hist, "o": hist, "q": hist,
 //                                                   "n": [requests, promptTokens, completionTokens] } },
-//                                 "p": ttftFitSums, "d": tpotFitSums } },
+//                                 "p": ttftFitSums, "d": tpotFitSums,
+//                                 "h": [sinceMs, instanceId] (only while it holds the prefill) } },
 //     "t": { <tenant>: [inflight, tokensInWindow] } }
 //   hist = [count, sum, bin, n, bin, n, ...]   (see histogram.ts; t = TTFT, o = TPOT, q = queue)
 
-import { type BackendState, RemoteBackend } from './backend-state.ts';
+import { type BackendState, earlierHold, RemoteBackend } from './backend-state.ts';
 import { MAX_REMOTE_TENANTS, type RemoteTenant, type TenantUsage } from './tenants.ts';
 import type { LatencyMetric } from './window.ts';
 
@@ -47,6 +48,8 @@ export function encodeSnapshot(
       w,
       p: be.ttftFit.stats.encode(),
       d: be.tpotFit.stats.encode(),
+      // Optional, so that a peer of the same version without it reads the rest as before.
+      ...(be.prefillHold === null ? {} : { h: [be.prefillHold.since, be.prefillHold.instance] }),
     };
   }
   const t: Record<string, [number, number]> = {};
@@ -99,6 +102,11 @@ export function mergeSnapshots(
       }
       remote.ttft.addEncoded(raw.p);
       remote.tpot.addEncoded(raw.d);
+      const h = raw.h;
+      if (Array.isArray(h) && h.length === 2 && Number.isFinite(h[0]) && typeof h[1] === 'string') {
+        const hold = { since: h[0] as number, instance: h[1] };
+        if (earlierHold(hold, remote.prefillHold)) remote.prefillHold = hold;
+      }
     }
     if (isObject(snap.t)) {
       for (const [name, raw] of Object.entries(snap.t)) {
