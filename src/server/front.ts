@@ -7,7 +7,7 @@
 //       │
 //       ├── POST /v1/chat/completions, POST /v1/completions ──▶ key (auth.ts) ──▶ body (body.ts)
 //       │       ──▶ handleInference
-//       │       401 from the head, the body not read · 400 not application/json, or compressed ·
+//       │       401 from the head, the body not parsed · 400 not application/json, or compressed ·
 //       │       413 ·
 //       │       400 bad JSON / __proto__ / nested > 128 deep ·
 //       │       504 body not in by the request deadline, and every refusal of the pipeline,
@@ -31,6 +31,7 @@ import { GatewayError, INTERNAL_MESSAGE, isGatewayError, writeErrorResponse } fr
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { requestLogger } from '../telemetry/logger.ts';
 import { markStage } from '../telemetry/stages.ts';
+import type { Cancel } from '../upstream/index.ts';
 import type { Identity } from './auth.ts';
 import { readJsonBody } from './body.ts';
 import { handleInference, proxied } from './inference.ts';
@@ -186,17 +187,38 @@ function serveInference(
   // next request (fastify does the same once it closes).
   const arrivedClosing = rt.lifecycle.shuttingDown;
   if (arrivedClosing) res.setHeader('connection', 'close');
-  // The key first, from the head: a client without a valid one costs no body read or parse (OpenAI
-  // and vLLM answer 401 before the body too). As after every refusal made before the body is
-  // read, the connection ends: the rest of the upload is not read.
+  // The key first, from the head: a client without a valid one costs no body parse (OpenAI and
+  // vLLM answer 401 before the body too).
   let identity: Identity;
   try {
     identity = rt.auth.identify(req.headers.authorization, header(req, 'x-slagate-class'));
   } catch (err) {
-    res.setHeader('connection', 'close');
-    refuse(rt, res, id, record, err);
+    refuseBeforeBody(rt, req, res, id, record, err, bodyLimit);
     return;
   }
+  // A request in flight from its head on: a shutdown waits for it (and cuts it at the end of its
+  // grace period) even while its body is still coming. Left when its response closes, whichever
+  // way it ends.
+  if (!arrivedClosing) {
+    const shutdown = rt.lifecycle.enter();
+    res.once('close', () => rt.lifecycle.leave(shutdown));
+    serveBody(rt, endpoint, req, res, id, record, bodyLimit, identity, shutdown);
+    return;
+  }
+  serveBody(rt, endpoint, req, res, id, record, bodyLimit, identity, null);
+}
+
+function serveBody(
+  rt: Runtime,
+  endpoint: Endpoint,
+  req: IncomingMessage,
+  res: ServerResponse,
+  id: string,
+  record: RequestRecord,
+  bodyLimit: number,
+  identity: Identity,
+  shutdown: Cancel | null,
+): void {
   readJsonBody(
     req,
     bodyLimit,
@@ -209,7 +231,7 @@ function serveInference(
         refuse(rt, res, id, record, err);
         return;
       }
-      if (arrivedClosing) {
+      if (shutdown === null) {
         refuse(rt, res, id, record, new GatewayError('shutting_down', 'The gateway is shutting down.'));
         return;
       }
@@ -221,10 +243,41 @@ function serveInference(
         rawBody: raw,
         res,
         record,
+        shutdown,
       }).catch((e: unknown) => refuse(rt, res, id, record, e));
     },
     record.bodyRead,
   );
+}
+
+/**
+ * A refusal made from the head, before the body is read. Invariant: the client sees the answer,
+ * not a reset. Node reads and discards the rest of a body once the response has ended, and keeps
+ * the connection, so a body of a declared length within the limit is let in (and cut at the
+ * request deadline if it stalls); one of unknown or excessive length ends the connection instead.
+ */
+function refuseBeforeBody(
+  rt: Runtime,
+  req: IncomingMessage,
+  res: ServerResponse,
+  id: string,
+  record: RequestRecord,
+  err: unknown,
+  bodyLimit: number,
+): void {
+  const length = Number(req.headers['content-length'] ?? Number.NaN);
+  if (Number.isInteger(length) && length >= 0 && length <= bodyLimit && !req.complete) {
+    const timer = setTimeout(() => {
+      if (!req.complete) req.socket.destroy();
+    }, rt.config.upstream.first_token_timeout_ms);
+    timer.unref();
+    const clear = () => clearTimeout(timer);
+    req.once('end', clear);
+    req.socket.once('close', clear);
+  } else if (!req.complete) {
+    res.setHeader('connection', 'close');
+  }
+  refuse(rt, res, id, record, err);
 }
 
 /** A request answered before the proxy took it: the envelope, and the record ended refused. */

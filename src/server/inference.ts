@@ -19,7 +19,7 @@ import type { RouteRequest } from '../router/index.ts';
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { requestLogger } from '../telemetry/logger.ts';
 import { markStage } from '../telemetry/stages.ts';
-import { proxyRequest } from '../upstream/index.ts';
+import { type Cancel, proxyRequest } from '../upstream/index.ts';
 import { type Identity, namedTenant } from './auth.ts';
 import { finishProxied, predictionFields } from './finish.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
@@ -42,6 +42,8 @@ export interface InferenceCall {
   readonly rawBody: Buffer | null;
   readonly res: ServerResponse;
   readonly record: RequestRecord;
+  /** Its place among the requests a shutdown waits for (entered at its head, left when its response closes). */
+  readonly shutdown: Cancel;
 }
 
 export async function handleInference(
@@ -99,7 +101,7 @@ export async function handleInference(
   rt.metrics.observeOverheadMs(record.ownMs());
   markStage(request.id, 'admitted');
   proxied.add(record);
-  const shutdown = rt.lifecycle.enter();
+  const { shutdown } = request;
   const ticket = rt.scheduler.ticket(admitted.scheduled);
   const responseHeaders = { 'x-request-id': request.id, 'x-slagate-class': identity.class };
   // A request that never reached an engine (refused or cancelled while it waited, no backend,
@@ -150,6 +152,5 @@ export async function handleInference(
     });
   } finally {
     admitted.tenantLease.end(!reachedEngine);
-    rt.lifecycle.leave(shutdown);
   }
 }

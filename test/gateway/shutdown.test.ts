@@ -149,6 +149,50 @@ it('a request whose upload was under way when the shutdown began is read and ser
   expect(await t.recordOf('uploading')).toMatchObject({ outcome: 'ok' });
 });
 
+it('a request still uploading when the shutdown began is one the drain waits for, and cut like the others at its end', async () => {
+  t = await startTestGateway({
+    replicas: 1,
+    timeScale: 0.2,
+    config: { server: { shutdown_grace_ms: 300 } },
+  });
+  const { port } = new URL(t.url);
+  const body = JSON.stringify(chat({ stream: true, max_tokens: 5000, ignore_eos: true }));
+  const socket = connect(Number(port), '127.0.0.1');
+  await once(socket, 'connect');
+  let answer = '';
+  socket.on('data', (c: Buffer) => (answer += c.toString('utf8')));
+  socket.on('error', () => {});
+  const stages = channel(STAGE_CHANNEL);
+  const received = new Promise<void>((resolve) => {
+    const seen = (m: unknown) => {
+      const mark = m as StageMark;
+      if (mark.reqId !== 'long-upload' || mark.stage !== 'received') return;
+      stages.unsubscribe(seen);
+      resolve();
+    };
+    stages.subscribe(seen);
+  });
+  socket.write(
+    'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
+      `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: long-upload\r\n\r\n${body.slice(0, 10)}`,
+  );
+  await received;
+  expect(t.gw.runtime.lifecycle.active).toBe(1);
+  const closing = t.gw.close();
+  socket.write(body.slice(10));
+  // Its stream outlives the grace period: it is cut as every request in flight is, with the
+  // error event and [DONE], not by its connection being destroyed.
+  expect(await closing).toEqual({ cut: 1, logsFlushed: true });
+  if (!socket.destroyed) await once(socket, 'close');
+  const events = sseData(answer.slice(answer.indexOf('\r\n\r\n') + 4).replace(/\r\n[0-9a-f]+\r\n/g, ''));
+  expect(events.at(-1)).toBe('[DONE]');
+  expect(answer).toContain('"code":"shutting_down"');
+  expect(await t.recordOf('long-upload')).toMatchObject({
+    outcome: 'failed_after_commit',
+    reason: 'shutting_down',
+  });
+});
+
 it('a client still uploading its body cannot hold the shutdown past the grace period', async () => {
   t = await startTestGateway({ replicas: 1, config: { server: { shutdown_grace_ms: 200 } } });
   const { port } = new URL(t.url);

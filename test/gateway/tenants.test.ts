@@ -101,27 +101,78 @@ describe('keys and classes (item 28)', () => {
 });
 
 describe('a request without a valid key', () => {
-  it('is answered 401 from its head: its body is never waited for, read or judged', async () => {
-    t = await startTestGateway({ replicas: 1, config: { tenants: TENANTS } });
-    const { port } = new URL(t.url);
-    const socket = connect(Number(port), '127.0.0.1');
+  /** A raw connection to the gateway and everything it has answered on it so far. */
+  async function rawConnection(url: string) {
+    const socket = connect(Number(new URL(url).port), '127.0.0.1');
     await once(socket, 'connect');
     let answer = '';
-    socket.on('data', (c: Buffer) => (answer += c.toString('utf8')));
+    const waiters = new Set<() => void>();
+    socket.on('data', (c: Buffer) => {
+      answer += c.toString('utf8');
+      for (const w of waiters) w();
+    });
     socket.on('error', () => {});
-    // A megabyte announced, ten bytes of it sent (and not JSON): reading it first would wait for
-    // the request deadline and answer 504, or 400 for the JSON.
-    socket.write(
-      'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
-        'authorization: Bearer key-x\r\ncontent-length: 1000000\r\nx-request-id: no-key\r\n\r\n{not json!',
-    );
-    await once(socket, 'close');
-    expect(answer).toMatch(/^HTTP\/1\.1 401 /);
-    expect(answer.toLowerCase()).toContain('connection: close');
-    expect(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4))).toMatchObject({
+    /** Resolves once `n` whole answers (head and a content-length body) have arrived. */
+    const answers = (n: number) =>
+      new Promise<string[]>((resolve) => {
+        const check = () => {
+          const got = splitAnswers(answer);
+          if (got.length < n) return;
+          waiters.delete(check);
+          resolve(got);
+        };
+        waiters.add(check);
+        check();
+      });
+    return { socket, answers };
+  }
+  function splitAnswers(text: string): string[] {
+    const out: string[] = [];
+    let rest = text;
+    for (;;) {
+      const headEnd = rest.indexOf('\r\n\r\n');
+      if (headEnd < 0) return out;
+      const length = Number(/content-length: (\d+)/i.exec(rest.slice(0, headEnd))?.[1] ?? 0);
+      if (rest.length < headEnd + 4 + length) return out;
+      out.push(rest.slice(0, headEnd + 4 + length));
+      rest = rest.slice(headEnd + 4 + length);
+    }
+  }
+  const head = (extra: string) =>
+    'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
+    `authorization: Bearer key-x\r\n${extra}\r\n`;
+
+  it('is answered 401 from its head, its body neither waited for nor parsed; the connection stays for the next request', async () => {
+    t = await startTestGateway({ replicas: 1, config: { tenants: TENANTS } });
+    const { socket, answers } = await rawConnection(t.url);
+    // 1,000 bytes announced, ten sent (and not JSON): reading it first would wait for the request
+    // deadline and answer 504, or 400 for the JSON.
+    const body = `{not json!${' '.repeat(990)}`;
+    socket.write(`${head('content-length: 1000\r\nx-request-id: no-key\r\n')}${body.slice(0, 10)}`);
+    const [first] = await answers(1);
+    expect(first).toMatch(/^HTTP\/1\.1 401 /);
+    expect(first!.toLowerCase()).not.toContain('connection: close');
+    expect(JSON.parse(first!.slice(first!.indexOf('\r\n\r\n') + 4))).toMatchObject({
       error: { code: 'invalid_api_key' },
     });
+    // The rest of the body is read and dropped; the next request on the connection is answered.
+    socket.write(body.slice(10));
+    socket.write(`${head('content-length: 2\r\nx-request-id: no-key-2\r\n')}{}`);
+    const [, second] = await answers(2);
+    expect(second).toMatch(/^HTTP\/1\.1 401 /);
+    socket.destroy();
     expect(await t.recordOf('no-key')).toMatchObject({ outcome: 'refused', reason: 'invalid_api_key' });
+    expect(await t.recordOf('no-key-2')).toMatchObject({ outcome: 'refused', reason: 'invalid_api_key' });
+  });
+
+  it('a body of no declared length ends the connection after the 401', async () => {
+    t = await startTestGateway({ replicas: 1, config: { tenants: TENANTS } });
+    const { socket, answers } = await rawConnection(t.url);
+    socket.write(`${head('transfer-encoding: chunked\r\nx-request-id: no-key-chunked\r\n')}5\r\n{not \r\n`);
+    const [answer] = await answers(1);
+    expect(answer).toMatch(/^HTTP\/1\.1 401 /);
+    expect(answer!.toLowerCase()).toContain('connection: close');
+    await once(socket, 'close');
   });
 });
 
