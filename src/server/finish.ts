@@ -90,7 +90,15 @@ export function finishProxied(
       ...c.terms,
     }));
   }
-  const written = endRecord(rt, record, result.outcome, fields, result.itlMs, result.clientError);
+  const written = endRecord(
+    rt,
+    record,
+    result.outcome,
+    fields,
+    result.itlMs,
+    result.clientError,
+    got.ir.mode !== 'passthrough',
+  );
   // What the backend counted for the prompt the gateway rendered: the chars-per-token estimate.
   // Not a prompt the backend cut (truncate_prompt_tokens): it counted less than was rendered.
   if (result.promptTokens !== null && got.ir.body.truncate_prompt_tokens == null)

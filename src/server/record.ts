@@ -14,8 +14,9 @@ export function endRecord(
   fields: AdmissionFields,
   itlMs?: ArrayLike<number>,
   clientError = false,
+  ttftObservable = true,
 ): AdmissionRecord | null {
-  const written = record.end(outcome, fields, clientError);
+  const written = record.end(outcome, fields, clientError, ttftObservable);
   if (written !== null) rt.metrics.observeRequest(written, itlMs);
   return written;
 }

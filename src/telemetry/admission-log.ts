@@ -251,12 +251,25 @@ export class RequestRecord {
   /**
    * Writes the record. `clientError`: a backend rejected the request as the client's own error,
    * surely (a 4xx status, or the same in-band rejection from a second backend): not judged.
+   * `ttftObservable`: false for a body passed through whole, whose first token nobody sees.
    */
-  end(outcome: Outcome, fields?: AdmissionFields, clientError = false): AdmissionRecord | null {
+  end(
+    outcome: Outcome,
+    fields?: AdmissionFields,
+    clientError = false,
+    ttftObservable = true,
+  ): AdmissionRecord | null {
     if (this.done) return null;
     this.done = true;
     if (fields) Object.assign(this.fields, fields);
-    const record = buildRecord(this.req_id, outcome, this.fields, this.elapsedMs(), clientError);
+    const record = buildRecord(
+      this.req_id,
+      outcome,
+      this.fields,
+      this.elapsedMs(),
+      clientError,
+      ttftObservable,
+    );
     if (this.fields.candidates && this.sink.withCandidates()) record.candidates = this.fields.candidates;
     this.sink.write(record);
     return record;
@@ -269,6 +282,7 @@ function buildRecord(
   f: AdmissionFields,
   elapsedMs: number,
   clientError: boolean,
+  ttftObservable: boolean,
 ): AdmissionRecord {
   // An explicit null (the client left before admission) stays null; left out, the outcome says.
   const decision = f.decision !== undefined ? f.decision : outcome === 'refused' ? 'refused' : 'admitted';
@@ -308,7 +322,7 @@ function buildRecord(
     sla_met: null,
     error: f.error ?? null,
   };
-  record.sla_met = slaMet(record, clientError);
+  record.sla_met = slaMet(record, clientError, ttftObservable);
   return record;
 }
 
@@ -328,13 +342,15 @@ function derivedTpot(e2e: number | null, ttft: number | null, completion: number
  *
  * A client that gave up is a miss when what it saw already was one: its first token came after
  * the TTFT target, or none had come when the target passed (a client that times out waiting is the
- * miss the SLA is about). Otherwise it left before the fleet's answer could be judged: null.
+ * miss the SLA is about). Otherwise it left before the fleet's answer could be judged: null; so
+ * does one whose body was passed through whole (`ttftObservable` false), whose first token may
+ * have come in time unseen.
  */
-export function slaMet(r: AdmissionRecord, clientError = false): boolean | null {
+export function slaMet(r: AdmissionRecord, clientError = false, ttftObservable = true): boolean | null {
   if (r.decision === 'refused' || r.outcome === 'refused') return null;
   if (clientError && r.outcome === 'failed_before_commit') return null;
   if (r.ttft_target_ms === null || r.tpot_target_ms === null) return null;
-  if (r.outcome === 'client_cancelled') return leftLate(r, r.ttft_target_ms) ? false : null;
+  if (r.outcome === 'client_cancelled') return ttftObservable && leftLate(r, r.ttft_target_ms) ? false : null;
   if (r.outcome !== 'ok') return false;
   if (r.ttft_ms === null) return null;
   if (r.ttft_ms > r.ttft_target_ms) return false;

@@ -175,6 +175,22 @@ it('a client that leaves once its TTFT target has passed is judged a miss; one t
   stream.close();
   await waitFor(async () => (await t!.records()).length === 3, 2000, 'its record');
 
+  // A non-streamed request of a shape passed through whole (logprobs): no first token is seen, so
+  // a client that leaves after the target says nothing of when it came.
+  sentAt = performance.now();
+  const whole = openStream(t.url, CHAT, chat({ max_tokens: 5, logprobs: true }), {
+    'x-request-id': 'passed-through',
+  });
+  await waitFor(() => held.has('passed-through'), 2000, 'passed-through dispatched');
+  await pastTarget(sentAt);
+  whole.abort();
+  await waitFor(async () => (await t!.records()).length === 4, 2000, 'its record');
+  expect(await t.recordOf('passed-through')).toMatchObject({
+    outcome: 'client_cancelled',
+    ttft_ms: null,
+    sla_met: null,
+  });
+
   const cancelled = { outcome: 'client_cancelled', class: 'fast', ttft_target_ms: TARGET };
   const rEarly = await t.recordOf('early');
   expect(rEarly).toMatchObject({ ...cancelled, ttft_ms: null, sla_met: null });

@@ -191,6 +191,11 @@ describe('AdmissionLog', () => {
     expect(end('client_cancelled', { e2e_ms: 501 })).toBe(false);
     // One that left mid-upload, before any decision, was promised nothing.
     expect(end('client_cancelled', { decision: null, e2e_ms: 900 })).toBeNull();
+    // A body passed through whole shows no first token: its first token may have come in time.
+    const passedThrough = log
+      .begin({ req_id: 'p', ...TARGETS })
+      .end('client_cancelled', { e2e_ms: 900 }, false, false)!.sla_met;
+    expect(passedThrough).toBeNull();
     // A request without a class has no targets to judge against.
     expect(
       log.begin({ req_id: 'y' }).end('ok', { ttft_ms: 1, tpot_ms: 1, completion_tokens: 2 })!.sla_met,
