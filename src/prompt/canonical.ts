@@ -372,17 +372,18 @@ export class TokenEstimate {
  * and the assistant header that opens the answer; each text completion prompt gets a BOS.
  */
 /**
- * Pieces of text each at least one token in Llama 3's and cl100k's BPE, whatever the text around
- * them: a special token written out (`<|eot_id|>`, one token though it holds words), a run of
- * letters, a run of digits (one token per three).
+ * Pieces of text each at least one token, whatever the text around them: a special token written
+ * out (`<|eot_id|>`, one token though it holds words), a word (letters with their combining marks,
+ * and a contraction's apostrophe: o200k-style pre-tokenizers keep both in one piece), a run of
+ * digits (one token per three).
  */
-const FLOOR_PIECES = /(<\|[^|<>\s]{1,64}\|>)|(\p{L}+)|(\p{N}+)/gu;
+const FLOOR_PIECES = /(<\|[^|<>\s]{1,64}\|>)|([\p{L}\p{M}]+(?:['\u2019][\p{L}\p{M}]+)*)|(\p{N}+)/gu;
 
 /**
- * The fewest tokens `text` can be in Llama 3's (and cl100k's) BPE. Their pre-tokenizer splits text
- * into pieces BPE never joins; no piece holds two runs of letters, letters and digits together, or
- * more than three digits. So the runs counted here are at most the pieces, and the pieces at most
- * the tokens. Prose counts about three quarters of its tokens; whitespace, punctuation and code
+ * The fewest tokens `text` can be in Llama 3's (and cl100k's, and o200k-style) BPE. Their
+ * pre-tokenizers split text into pieces BPE never joins; no piece holds two of the words counted
+ * here, letters and digits together, or more than three digits. So the words and digit groups are
+ * at most the pieces, and the pieces at most the tokens. Prose counts about three quarters of its tokens; whitespace, punctuation and code
  * count less, never more: a run of 128 spaces is one token, where a count of characters at four a
  * token would take it for 32. Runs the regex once over the text: for a refusal, not every request.
  */

@@ -266,6 +266,7 @@ export class Scheduler {
   #again = false;
   /** The last pump's prefill holds (Round.holds). */
   #holds = new Map<string, number>();
+  readonly #sinceOf = new WeakMap<ScheduledRequest, number>();
   #closed = false;
 
   constructor(deps: SchedulerDeps) {
@@ -397,12 +398,14 @@ export class Scheduler {
     }
     this.#pumping = true;
     try {
+      const held = this.#holds.size > 0;
       do {
         this.#again = false;
-        this.#holds = new Map();
+        if (this.#holds.size > 0) this.#holds = new Map();
         this.#pumpOnce();
       } while (this.#again);
-      this.#deps.live.holdPrefill(this.#holds);
+      // The usual pump (a release with nothing queued) had no hold before and has none now.
+      if (held || this.#holds.size > 0) this.#deps.live.holdPrefill(this.#holds);
     } finally {
       this.#pumping = false;
     }
@@ -624,7 +627,7 @@ export class Scheduler {
     // peers are asked to leave its prefill alone (#prefillRoom there), or the prefill they keep
     // sending would keep its pending prefill from ever draining far enough for this one.
     if ((round.room.get(backend) ?? 0) > 0 && !round.closed.has(backend) && !round.holds.has(backend))
-      round.holds.set(backend, Date.now() - Math.max(0, this.#now() - req.arrivedAt));
+      round.holds.set(backend, this.#holdSince(req));
     round.ahead.set(backend, (round.ahead.get(backend) ?? 0) + 1);
     round.closed.add(backend);
     // Blocked by its limit, which the control loop may raise; not by prefill room or by an entry
@@ -633,6 +636,19 @@ export class Scheduler {
     const c = this.#controlOf(backend);
     if (this.#deps.live.load(backend) >= Math.floor(c.limit)) c.blocked = true;
     return null;
+  }
+
+  /**
+   * The wall-clock time `req` began to wait, taken once per request: computed again at each pump
+   * it would move by the two clocks' rounding, and two close holds could swap places between pumps.
+   */
+  #holdSince(req: ScheduledRequest): number {
+    let since = this.#sinceOf.get(req);
+    if (since === undefined) {
+      since = Date.now() - Math.max(0, this.#now() - req.arrivedAt);
+      this.#sinceOf.set(req, since);
+    }
+    return since;
   }
 
   #anyOpen(available: readonly Backend[], round: Round): boolean {

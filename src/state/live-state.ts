@@ -272,6 +272,8 @@ class LiveStateImpl implements LiveState {
   readonly #scraper: TelemetryScraper | null;
   readonly #sync: RedisSync | null;
   #remote = new Map<string, RemoteBackend>();
+  /** Every peer merged at the last exchange honours prefill holds (its snapshot says so). */
+  #peersHoldAware = true;
   #remoteAt: number | null = null;
   /** Bumped when the peers' part of the view changes; with BackendState.version, keys the caches. */
   #remoteVersion = 0;
@@ -451,6 +453,10 @@ class LiveStateImpl implements LiveState {
   }
 
   prefillHeldByPeer(backend: string): boolean {
+    // Invariant: a hold is honoured only where every peer honours holds. During a rolling upgrade
+    // an older peer keeps sending prefill there, and yielding to a hold it ignores would only take
+    // this instance's traffic off that backend while the held entry still waits.
+    if (!this.#peersHoldAware) return false;
     const peer = this.#remoteFor(backend)?.prefillHold ?? null;
     if (peer === null) return false;
     return earlierHold(peer, this.#backends.get(backend)?.state.prefillHold ?? null);
@@ -652,7 +658,9 @@ class LiveStateImpl implements LiveState {
   #applyPeers(snapshots: string[], now: number): number {
     const remote = new Map<string, RemoteBackend>();
     const tenants = new Map<string, RemoteTenant>();
-    const merged = mergeSnapshots(snapshots, remote, tenants);
+    const peers = { holdAware: true };
+    const merged = mergeSnapshots(snapshots, remote, tenants, peers);
+    this.#peersHoldAware = peers.holdAware;
     this.#remote = remote;
     this.#remoteTenants = tenants;
     this.#remoteAt = now;

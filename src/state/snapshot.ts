@@ -11,7 +11,7 @@
 //                                                   "n": [requests, promptTokens, completionTokens] } },
 //                                 "p": ttftFitSums, "d": tpotFitSums,
 //                                 "h": [sinceMs, instanceId] (only while it holds the prefill) } },
-//     "t": { <tenant>: [inflight, tokensInWindow] } }
+//     "t": { <tenant>: [inflight, tokensInWindow] }, "ph": 1 }
 //   hist = [count, sum, bin, n, bin, n, ...]   (see histogram.ts; t = TTFT, o = TPOT, q = queue)
 
 import { type BackendState, earlierHold, RemoteBackend } from './backend-state.ts';
@@ -54,7 +54,8 @@ export function encodeSnapshot(
   }
   const t: Record<string, [number, number]> = {};
   for (const [name, u] of tenants) t[name] = [u.inflight, u.tokens];
-  return JSON.stringify({ v: VERSION, b, t });
+  // `ph`: this instance honours its peers' prefill holds (an older instance neither sends nor reads them).
+  return JSON.stringify({ v: VERSION, b, t, ph: 1 });
 }
 
 /**
@@ -65,6 +66,7 @@ export function mergeSnapshots(
   texts: readonly string[],
   into: Map<string, RemoteBackend>,
   tenants: Map<string, RemoteTenant>,
+  peers: { holdAware: boolean } = { holdAware: true },
 ): number {
   let merged = 0;
   for (const text of texts) {
@@ -76,6 +78,7 @@ export function mergeSnapshots(
     }
     if (!isObject(snap) || snap.v !== VERSION || !isObject(snap.b)) continue;
     merged++;
+    if (snap.ph !== 1) peers.holdAware = false;
     for (const [name, raw] of Object.entries(snap.b)) {
       if (!isObject(raw)) continue;
       let remote = into.get(name);

@@ -361,6 +361,22 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     expect(a.prefillHeldByPeer('gpu-0')).toBe(true);
   });
 
+  it('a peer that does not honour prefill holds (an older version) turns them off: nobody yields to a hold it ignores', async () => {
+    const a = make('a');
+    const b = make('b');
+    await Promise.all([a.ready(), b.ready()]);
+    a.holdPrefill(new Map([['gpu-0', Date.now()]]));
+    await exchanges(a, 1);
+    await exchanges(b, 2);
+    expect(b.prefillHeldByPeer('gpu-0')).toBe(true);
+    // An instance of the version before holds joins: its snapshot carries no `ph`.
+    const tag = `{${cfg.key_prefix}}`;
+    await redis.cli('zadd', `${tag}:instances`, String(Date.now()), 'old');
+    await redis.cli('hset', `${tag}:snapshots`, 'old', JSON.stringify({ v: 2, b: {}, t: {} }));
+    await exchanges(b, 2);
+    expect(b.prefillHeldByPeer('gpu-0')).toBe(false);
+  });
+
   it('an instance that closes withdraws at once; one that is SIGKILLed stops counting within 5 s', async () => {
     const a = make('a');
     const b = make('b');
