@@ -28,7 +28,9 @@
 //
 // `shared`: three gateway instances with `state: { store: redis }` (a redis-server started here
 // on a free port) behind a round-robin spread of requests; the prefix hit rate is compared with
-// the one-instance run of the same policy in the same invocation.
+// the one-instance run of the same policy in the same invocation. `--shared-policy
+// slagate/slagate` runs the three as the whole product (the real targets, the slagate scheduler,
+// the product part's configuration) instead of `slagate/fcfs`.
 //
 // `micro`: the request-path cost of a prompt (canonical render + block hashes + token estimate,
 // against BPE-tokenizing the same prompt), and of one routing decision over 8 backends (prefix
@@ -64,6 +66,7 @@ const { values } = parseArgs({
     'duration-s': { type: 'string', default: '240' },
     'time-scale': { type: 'string', default: '1' },
     out: { type: 'string', default: 'results/prefix-bench.json' },
+    'shared-policy': { type: 'string', default: 'slagate/fcfs' },
   },
 });
 const PARTS = new Set(values.parts!.split(','));
@@ -353,7 +356,10 @@ async function routing(policies = POLICIES, yamlOf = (_policy: string) => GATEWA
 
 // ---- shared: three instances through Redis ----
 
-async function shared(): Promise<Row> {
+async function shared(policy: string): Promise<Row> {
+  if (policy !== 'slagate/fcfs' && policy !== 'slagate/slagate')
+    throw new Error(`--shared-policy: slagate/fcfs or slagate/slagate, not ${policy}`);
+  const product = policy === 'slagate/slagate';
   const redis = await startRedisServer();
   const fleet = await startChildFleet({ replicas: REPLICAS, profile: PROFILE, timeScale: TS, seed: SEED });
   const gateways: Awaited<ReturnType<typeof startChildGateway>>[] = [];
@@ -365,11 +371,15 @@ async function shared(): Promise<Row> {
         'backends:',
         ...fleet.urls.map((u, j) => `  - { name: r${j}, url: "${u}" }`),
         'router: { policy: slagate }',
-        'scheduler: { policy: fcfs, max_queue: 8192, concurrency: { initial: 512, max: 1024 } }',
         `state: { store: redis, redis_url: "${redis.url}", key_prefix: prefixbench }`,
-        GATEWAY_YAML.split('\n')
-          .filter((l) => !l.startsWith('scheduler:'))
-          .join('\n'),
+        ...(product
+          ? [PRODUCT_YAML]
+          : [
+              'scheduler: { policy: fcfs, max_queue: 8192, concurrency: { initial: 512, max: 1024 } }',
+              GATEWAY_YAML.split('\n')
+                .filter((l) => !l.startsWith('scheduler:'))
+                .join('\n'),
+            ]),
         `logging: { level: warn, admission_log: $DIR/admission-${i}.log }`,
       ].join('\n');
     for (let i = 0; i < 3; i++) gateways.push(await startChildGateway(yaml(i)));
@@ -396,7 +406,7 @@ async function shared(): Promise<Row> {
     const counts = Object.values(byBackend);
     const share = ok > 0 && counts.length > 0 ? Math.max(...counts) / (ok / REPLICAS) : null;
     return rowOf(
-      'slagate/fcfs × 3 instances (Redis)',
+      `${policy} × 3 instances (Redis)`,
       r.records,
       {
         goodput: r.metrics.requestGoodput,
@@ -614,13 +624,15 @@ if (PARTS.has('product')) {
   console.log(productTable(rows));
 }
 if (PARTS.has('shared')) {
-  const row = await shared();
+  const sharedPolicy = values['shared-policy']!;
+  const row = await shared(sharedPolicy);
   out.shared = row;
-  const single = one.find((r) => r.policy === 'slagate/fcfs');
+  const single = one.find((r) => r.policy === sharedPolicy);
   out.sharedHitOverSingle =
     single?.prefixHitRate && row.prefixHitRate !== null ? row.prefixHitRate / single.prefixHitRate : null;
   save();
   console.log('\n## three gateway instances sharing Redis');
-  console.log(table(single ? [single, row] : [row]));
+  const rows = single ? [single, row] : [row];
+  console.log(sharedPolicy === 'slagate/slagate' ? productTable(rows) : table(rows));
   console.log(`hit rate, 3 instances ÷ 1 instance: ${f(out.sharedHitOverSingle as number | null, 3)}`);
 }
