@@ -10,8 +10,7 @@
 //     pump ─▶ while some backend is open, the entries in order: the router ranks every available
 //              backend, each with whether it can start the entry now (room under its limit over
 //              every instance, prefill room: at most `prefill_tokens` waiting on it unless none
-//              is and no peer instance holds its prefill for an entry waiting longer, and no
-//              earlier entry waiting for it) and the predicted wait for a slot there.
+//              is, and no earlier entry waiting for it) and the predicted wait for a slot there.
 //              First one open: lease it ─▶ Slot. First one busy: the entry waits for it, and
 //              that backend is closed to the entries behind it until the next pump (nobody
 //              passes a waiting entry on the backend it waits for: the aging bound holds per
@@ -123,11 +122,6 @@ interface Round {
   readonly prefillCap: number;
   /** The gateway queues at all (`max_queue` > 0). */
   readonly queues: boolean;
-  /**
-   * Backends an entry of this round waits for for prefill room alone, with the wall-clock time it
-   * began waiting: what this instance asks its peers to leave to it (LiveState.holdPrefill).
-   */
-  readonly holds: Map<string, number>;
 }
 
 /**
@@ -264,9 +258,6 @@ export class Scheduler {
   #lastTick: number;
   #pumping = false;
   #again = false;
-  /** The last pump's prefill holds (Round.holds). */
-  #holds = new Map<string, number>();
-  readonly #sinceOf = new WeakMap<ScheduledRequest, number>();
   #closed = false;
 
   constructor(deps: SchedulerDeps) {
@@ -398,14 +389,10 @@ export class Scheduler {
     }
     this.#pumping = true;
     try {
-      const held = this.#holds.size > 0;
       do {
         this.#again = false;
-        if (this.#holds.size > 0) this.#holds = new Map();
         this.#pumpOnce();
       } while (this.#again);
-      // The usual pump (a release with nothing queued) had no hold before and has none now.
-      if (held || this.#holds.size > 0) this.#deps.live.holdPrefill(this.#holds);
     } finally {
       this.#pumping = false;
     }
@@ -562,7 +549,6 @@ export class Scheduler {
       closed: new Set(),
       prefillCap: this.#prefillCap(),
       queues: settings.maxQueue > 0,
-      holds: this.#holds,
     };
     for (const b of available) round.room.set(b.name, this.#room(b.name));
     const waiting = this.#queue.size + this.#retries.length > 0;
@@ -621,13 +607,6 @@ export class Scheduler {
     const choice = this.#choose(req, available, round, excluded, onTime);
     if (choice === null || choice.view.hasRoom) return choice;
     const backend = choice.backend.name;
-    // Waiting for prefill room alone (a slot free there, and no earlier entry of this round waits
-    // for it). Invariant: the entry that has waited longest for a backend's prefill room gets it,
-    // whichever instance holds it. Here, this round closes the backend to the entries behind; the
-    // peers are asked to leave its prefill alone (#prefillRoom there), or the prefill they keep
-    // sending would keep its pending prefill from ever draining far enough for this one.
-    if ((round.room.get(backend) ?? 0) > 0 && !round.closed.has(backend) && !round.holds.has(backend))
-      round.holds.set(backend, this.#holdSince(req));
     round.ahead.set(backend, (round.ahead.get(backend) ?? 0) + 1);
     round.closed.add(backend);
     // Blocked by its limit, which the control loop may raise; not by prefill room or by an entry
@@ -636,19 +615,6 @@ export class Scheduler {
     const c = this.#controlOf(backend);
     if (this.#deps.live.load(backend) >= Math.floor(c.limit)) c.blocked = true;
     return null;
-  }
-
-  /**
-   * The wall-clock time `req` began to wait, taken once per request: computed again at each pump
-   * it would move by the two clocks' rounding, and two close holds could swap places between pumps.
-   */
-  #holdSince(req: ScheduledRequest): number {
-    let since = this.#sinceOf.get(req);
-    if (since === undefined) {
-      since = Date.now() - Math.max(0, this.#now() - req.arrivedAt);
-      this.#sinceOf.set(req, since);
-    }
-    return since;
   }
 
   #anyOpen(available: readonly Backend[], round: Round): boolean {
@@ -721,13 +687,9 @@ export class Scheduler {
     return { open: false, waitMs: rate === null || rate <= 0 ? null : (needed / rate) * 1000 };
   }
 
-  /**
-   * Pending prefill on `name` leaves room for `uncached` more under `cap` (0: no cap), or none is
-   * pending; and no peer holds its prefill for an entry that has waited longer (#startable).
-   */
+  /** Pending prefill on `name` leaves room for `uncached` more under `cap` (0: no cap), or none is pending. */
   #prefillRoom(name: string, uncached: number, cap: number): boolean {
     if (cap <= 0) return true;
-    if (this.#deps.live.prefillHeldByPeer(name)) return false;
     const pending = this.#deps.live.inflight(name).pendingPrefillTokens;
     return pending === 0 || pending + uncached <= cap;
   }

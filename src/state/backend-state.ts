@@ -19,11 +19,6 @@ export interface WindowShape {
 }
 
 export class BackendState {
-  /**
-   * Since when (wall-clock ms) an entry of this instance's queue has waited for prefill room here,
-   * with the instance's id to order equal times; null when none does (PrefillHold).
-   */
-  prefillHold: PrefillHold | null = null;
   readonly inflight: InflightCounts;
   readonly windows = new Map<string, SlidingWindow>();
   readonly ttftFit: DecayingFit;
@@ -57,21 +52,8 @@ export class BackendState {
 }
 
 /** The sum of every live peer's snapshot for one backend. */
-/** An instance's claim on a backend's prefill for the entry that waits longest for room there. */
-export interface PrefillHold {
-  readonly since: number;
-  readonly instance: string;
-}
-
-/** The earlier of two holds: by time, then by instance id, so that every instance orders them alike. */
-export function earlierHold(a: PrefillHold, b: PrefillHold | null): boolean {
-  return b === null || a.since < b.since || (a.since === b.since && a.instance < b.instance);
-}
-
 export class RemoteBackend {
   readonly inflight: InflightCounts = zeroCounts();
-  /** The earliest of the peers' prefill holds on this backend, if any. */
-  prefillHold: PrefillHold | null = null;
   readonly classes = new Map<string, WindowTotals>();
   readonly ttft = new FitStats(TTFT_FEATURES);
   readonly tpot = new FitStats(TPOT_FEATURES);

@@ -12,13 +12,7 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { StateConfig } from '../config/index.ts';
-import {
-  BackendState,
-  earlierHold,
-  type RemoteBackend,
-  TPOT_FEATURES,
-  TTFT_FEATURES,
-} from './backend-state.ts';
+import { BackendState, type RemoteBackend, TPOT_FEATURES, TTFT_FEATURES } from './backend-state.ts';
 import { type FitCoefficients, FitStats, PooledSpread, predict } from './fit.ts';
 import { type Quantiles, quantiles } from './histogram.ts';
 import {
@@ -187,17 +181,6 @@ export interface LiveState {
   tenantTokensFreedInMs(tenant: string, needed: number): number;
   /** Called after every exchange with the store that changed the peers' part (e.g. to re-check room). */
   onPeersChanged(listener: () => void): void;
-  /**
-   * The backends on which an entry of this instance's queue waits for prefill room, each with the
-   * wall-clock time it began waiting; every other backend, none. Told to peers at the next exchange.
-   */
-  holdPrefill(holds: ReadonlyMap<string, number>): void;
-  /**
-   * A peer holds `backend`'s prefill for an entry that has waited longer than any of this
-   * instance's there: new prefill from here would keep that backend's pending prefill from ever
-   * draining for it (always false without peers).
-   */
-  prefillHeldByPeer(backend: string): boolean;
   /** Leading blocks of `hashes` that `backend` is believed to hold in its prefix cache. */
   prefixMatch(backend: string, hashes: readonly number[]): number;
   /**
@@ -272,8 +255,6 @@ class LiveStateImpl implements LiveState {
   readonly #scraper: TelemetryScraper | null;
   readonly #sync: RedisSync | null;
   #remote = new Map<string, RemoteBackend>();
-  /** Every peer merged at the last exchange honours prefill holds (its snapshot says so). */
-  #peersHoldAware = true;
   #remoteAt: number | null = null;
   /** Bumped when the peers' part of the view changes; with BackendState.version, keys the caches. */
   #remoteVersion = 0;
@@ -442,24 +423,6 @@ class LiveStateImpl implements LiveState {
 
   tenantTokensFreedInMs(tenant: string, needed: number): number {
     return this.#tenants.msUntilFreed(tenant, this.#now(), needed);
-  }
-
-  holdPrefill(holds: ReadonlyMap<string, number>): void {
-    for (const { state } of this.#backends.values()) {
-      const since = holds.get(state.name);
-      if (since === undefined) state.prefillHold = null;
-      else if (state.prefillHold?.since !== since) state.prefillHold = { since, instance: this.instanceId };
-    }
-  }
-
-  prefillHeldByPeer(backend: string): boolean {
-    // Invariant: a hold is honoured only where every peer honours holds. During a rolling upgrade
-    // an older peer keeps sending prefill there, and yielding to a hold it ignores would only take
-    // this instance's traffic off that backend while the held entry still waits.
-    if (!this.#peersHoldAware) return false;
-    const peer = this.#remoteFor(backend)?.prefillHold ?? null;
-    if (peer === null) return false;
-    return earlierHold(peer, this.#backends.get(backend)?.state.prefillHold ?? null);
   }
 
   onPeersChanged(listener: () => void): void {
@@ -658,9 +621,7 @@ class LiveStateImpl implements LiveState {
   #applyPeers(snapshots: string[], now: number): number {
     const remote = new Map<string, RemoteBackend>();
     const tenants = new Map<string, RemoteTenant>();
-    const peers = { holdAware: true };
-    const merged = mergeSnapshots(snapshots, remote, tenants, peers);
-    this.#peersHoldAware = peers.holdAware;
+    const merged = mergeSnapshots(snapshots, remote, tenants);
     this.#remote = remote;
     this.#remoteTenants = tenants;
     this.#remoteAt = now;

@@ -9,12 +9,11 @@
 //   { "v": 1, "b": { <backend>: { "f": [requests, promptTokens, expectedOutputTokens, pendingPrefill],
 //                                 "w": { <class>: { "t": hist, "o": hist, "q": hist,
 //                                                   "n": [requests, promptTokens, completionTokens] } },
-//                                 "p": ttftFitSums, "d": tpotFitSums,
-//                                 "h": [sinceMs, instanceId] (only while it holds the prefill) } },
-//     "t": { <tenant>: [inflight, tokensInWindow] }, "ph": 1 }
+//                                 "p": ttftFitSums, "d": tpotFitSums } },
+//     "t": { <tenant>: [inflight, tokensInWindow] } }
 //   hist = [count, sum, bin, n, bin, n, ...]   (see histogram.ts; t = TTFT, o = TPOT, q = queue)
 
-import { type BackendState, earlierHold, RemoteBackend } from './backend-state.ts';
+import { type BackendState, RemoteBackend } from './backend-state.ts';
 import { MAX_REMOTE_TENANTS, type RemoteTenant, type TenantUsage } from './tenants.ts';
 import type { LatencyMetric } from './window.ts';
 
@@ -48,14 +47,11 @@ export function encodeSnapshot(
       w,
       p: be.ttftFit.stats.encode(),
       d: be.tpotFit.stats.encode(),
-      // Optional, so that a peer of the same version without it reads the rest as before.
-      ...(be.prefillHold === null ? {} : { h: [be.prefillHold.since, be.prefillHold.instance] }),
     };
   }
   const t: Record<string, [number, number]> = {};
   for (const [name, u] of tenants) t[name] = [u.inflight, u.tokens];
-  // `ph`: this instance honours its peers' prefill holds (an older instance neither sends nor reads them).
-  return JSON.stringify({ v: VERSION, b, t, ph: 1 });
+  return JSON.stringify({ v: VERSION, b, t });
 }
 
 /**
@@ -66,7 +62,6 @@ export function mergeSnapshots(
   texts: readonly string[],
   into: Map<string, RemoteBackend>,
   tenants: Map<string, RemoteTenant>,
-  peers: { holdAware: boolean } = { holdAware: true },
 ): number {
   let merged = 0;
   for (const text of texts) {
@@ -78,7 +73,6 @@ export function mergeSnapshots(
     }
     if (!isObject(snap) || snap.v !== VERSION || !isObject(snap.b)) continue;
     merged++;
-    if (snap.ph !== 1) peers.holdAware = false;
     for (const [name, raw] of Object.entries(snap.b)) {
       if (!isObject(raw)) continue;
       let remote = into.get(name);
@@ -105,11 +99,6 @@ export function mergeSnapshots(
       }
       remote.ttft.addEncoded(raw.p);
       remote.tpot.addEncoded(raw.d);
-      const h = raw.h;
-      if (Array.isArray(h) && h.length === 2 && Number.isFinite(h[0]) && typeof h[1] === 'string') {
-        const hold = { since: h[0] as number, instance: h[1] };
-        if (earlierHold(hold, remote.prefillHold)) remote.prefillHold = hold;
-      }
     }
     if (isObject(snap.t)) {
       for (const [name, raw] of Object.entries(snap.t)) {

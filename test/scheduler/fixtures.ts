@@ -58,13 +58,7 @@ export function schedulerFixture(
   names: string[],
   settings = schedulerSettings(),
   router: RoutingPolicy = leastLoaded(() => 0.5),
-  opts: {
-    sharedClock?: boolean;
-    blockSizeTokens?: () => number;
-    breakerResetMs?: number;
-    /** A live state of the caller's (one shared through Redis, say) instead of a memory one. */
-    live?: LiveState;
-  } = {},
+  opts: { sharedClock?: boolean; blockSizeTokens?: () => number; breakerResetMs?: number } = {},
 ): SchedulerFixture {
   let clock = 1_000_000;
   const backends = new BackendSet(
@@ -78,17 +72,15 @@ export function schedulerFixture(
     },
     names.map((name, i) => ({ name, url: `http://127.0.0.1:${9 + i}` })),
   );
-  const live =
-    opts.live ??
-    createLiveState(
-      { store: 'memory' },
-      {
-        backends: names.map((name) => ({ name, url: 'http://127.0.0.1:9' })),
-        scrape: false,
-        now: () => clock,
-        ...(opts.blockSizeTokens ? { blockSizeTokens: opts.blockSizeTokens } : {}),
-      },
-    );
+  const live = createLiveState(
+    { store: 'memory' },
+    {
+      backends: names.map((name) => ({ name, url: 'http://127.0.0.1:9' })),
+      scrape: false,
+      now: () => clock,
+      ...(opts.blockSizeTokens ? { blockSizeTokens: opts.blockSizeTokens } : {}),
+    },
+  );
   const refused: string[] = [];
   let current = settings;
   const scheduler = new Scheduler({

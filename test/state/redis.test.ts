@@ -330,53 +330,6 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     expect(b.prefixMatch('gpu-0', chain(1_000_000, 1000))).toBe(0);
   });
 
-  it('prefill holds: a peer yields to the hold that began first, by time and then by instance id, and a cleared hold goes', async () => {
-    const a = make('a');
-    const b = make('b');
-    await Promise.all([a.ready(), b.ready()]);
-    const t = Date.now();
-    a.holdPrefill(new Map([['gpu-0', t]]));
-    await exchanges(a, 1);
-    await exchanges(b, 2);
-    expect(b.prefillHeldByPeer('gpu-0')).toBe(true);
-    expect(b.prefillHeldByPeer('gpu-1')).toBe(false);
-    expect(a.prefillHeldByPeer('gpu-0')).toBe(false);
-    // b's own entry waits there too, but began later: b still yields, a does not.
-    b.holdPrefill(new Map([['gpu-0', t + 5]]));
-    await exchanges(b, 1);
-    await exchanges(a, 2);
-    expect(b.prefillHeldByPeer('gpu-0')).toBe(true);
-    expect(a.prefillHeldByPeer('gpu-0')).toBe(false);
-    // The same time: the smaller instance id goes first, as both order it.
-    b.holdPrefill(new Map([['gpu-0', t]]));
-    await exchanges(b, 1);
-    await exchanges(a, 2);
-    expect(a.prefillHeldByPeer('gpu-0')).toBe(false);
-    expect(b.prefillHeldByPeer('gpu-0')).toBe(true);
-    // a's entry left: its hold goes at its next exchange, and b's is the one a yields to.
-    a.holdPrefill(new Map());
-    await exchanges(a, 1);
-    await exchanges(b, 2);
-    expect(b.prefillHeldByPeer('gpu-0')).toBe(false);
-    expect(a.prefillHeldByPeer('gpu-0')).toBe(true);
-  });
-
-  it('a peer that does not honour prefill holds (an older version) turns them off: nobody yields to a hold it ignores', async () => {
-    const a = make('a');
-    const b = make('b');
-    await Promise.all([a.ready(), b.ready()]);
-    a.holdPrefill(new Map([['gpu-0', Date.now()]]));
-    await exchanges(a, 1);
-    await exchanges(b, 2);
-    expect(b.prefillHeldByPeer('gpu-0')).toBe(true);
-    // An instance of the version before holds joins: its snapshot carries no `ph`.
-    const tag = `{${cfg.key_prefix}}`;
-    await redis.cli('zadd', `${tag}:instances`, String(Date.now()), 'old');
-    await redis.cli('hset', `${tag}:snapshots`, 'old', JSON.stringify({ v: 2, b: {}, t: {} }));
-    await exchanges(b, 2);
-    expect(b.prefillHeldByPeer('gpu-0')).toBe(false);
-  });
-
   it('an instance that closes withdraws at once; one that is SIGKILLed stops counting within 5 s', async () => {
     const a = make('a');
     const b = make('b');
