@@ -32,7 +32,7 @@ import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { requestLogger } from '../telemetry/logger.ts';
 import { markStage } from '../telemetry/stages.ts';
 import type { Cancel } from '../upstream/index.ts';
-import type { Identity } from './auth.ts';
+import type { Authenticator, Identity } from './auth.ts';
 import { readJsonBody } from './body.ts';
 import { handleInference, proxied } from './inference.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
@@ -190,8 +190,9 @@ function serveInference(
   // The key first, from the head: a client without a valid one costs no body parse (OpenAI and
   // vLLM answer 401 before the body too).
   let identity: Identity;
+  const auth = rt.auth;
   try {
-    identity = rt.auth.identify(req.headers.authorization, header(req, 'x-slagate-class'));
+    identity = auth.identify(req.headers.authorization, header(req, 'x-slagate-class'));
   } catch (err) {
     refuseBeforeBody(rt, req, res, id, record, err, bodyLimit);
     return;
@@ -202,10 +203,10 @@ function serveInference(
   if (!arrivedClosing) {
     const shutdown = rt.lifecycle.enter();
     res.once('close', () => rt.lifecycle.leave(shutdown));
-    serveBody(rt, endpoint, req, res, id, record, bodyLimit, identity, shutdown);
+    serveBody(rt, endpoint, req, res, id, record, bodyLimit, { auth, identity }, shutdown);
     return;
   }
-  serveBody(rt, endpoint, req, res, id, record, bodyLimit, identity, null);
+  serveBody(rt, endpoint, req, res, id, record, bodyLimit, { auth, identity }, null);
 }
 
 function serveBody(
@@ -216,14 +217,28 @@ function serveBody(
   id: string,
   record: RequestRecord,
   bodyLimit: number,
-  identity: Identity,
+  head: { auth: Authenticator; identity: Identity },
   shutdown: Cancel | null,
 ): void {
+  // Invariant: one answer. The grace period may end while the body is still coming: the request
+  // is answered 503 shutting_down then, as every request the drain cuts is, and what the body
+  // read brings later is dropped.
+  let answered = false;
+  const cut = () => {
+    if (answered || res.headersSent) return;
+    answered = true;
+    res.setHeader('connection', 'close');
+    refuse(rt, res, id, record, shutdown!.reason);
+  };
+  shutdown?.onAbort(cut);
   readJsonBody(
     req,
     bodyLimit,
     rt.config.upstream.first_token_timeout_ms,
     (err, body, raw) => {
+      shutdown?.offAbort(cut);
+      if (answered) return;
+      answered = true;
       if (err !== null) {
         // The connection ends after a body the gateway refused (as fastify's body stage did): the
         // rest of an oversized or endless upload is not read and discarded.
@@ -234,6 +249,17 @@ function serveBody(
       if (shutdown === null) {
         refuse(rt, res, id, record, new GatewayError('shutting_down', 'The gateway is shutting down.'));
         return;
+      }
+      // A reload while the body came may have changed the keys or removed the class the key
+      // named: the request is judged by the configuration it will run under.
+      let identity = head.identity;
+      if (rt.auth !== head.auth) {
+        try {
+          identity = rt.auth.identify(req.headers.authorization, header(req, 'x-slagate-class'));
+        } catch (e) {
+          refuse(rt, res, id, record, e);
+          return;
+        }
       }
       handleInference(rt, endpoint, {
         id,
@@ -271,7 +297,12 @@ function refuseBeforeBody(
       if (!req.complete) req.socket.destroy();
     }, rt.config.upstream.first_token_timeout_ms);
     timer.unref();
-    const clear = () => clearTimeout(timer);
+    // Removes itself: a kept connection would otherwise gather one listener per refusal.
+    const clear = () => {
+      clearTimeout(timer);
+      req.off('end', clear);
+      req.socket.off('close', clear);
+    };
     req.once('end', clear);
     req.socket.once('close', clear);
   } else if (!req.complete) {

@@ -55,8 +55,9 @@ export class Lifecycle {
   }
 
   /**
-   * Registers one proxied request; its cancellation (the proxy's `signal`) is aborted with a
-   * shutting_down GatewayError when the grace period runs out.
+   * Registers one inference request, from its head on (its body may still be coming); its
+   * cancellation (the proxy's `signal`) is aborted with a shutting_down GatewayError when the
+   * grace period runs out.
    */
   enter(): Cancel {
     const c = new Cancel();

@@ -1,5 +1,5 @@
 // A request's cancellation: its client left, or the gateway cut it (the shutdown's grace period
-// ran out). One per request, made where the request enters the proxy layer and fed by both: the
+// ran out). One per request, made at its head (the server's lifecycle) and fed by both: the
 // server aborts it with a GatewayError to cut, the proxy without a reason when the client's
 // response closes early. The scheduler's wait and the relay listen to it.
 //

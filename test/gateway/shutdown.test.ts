@@ -193,11 +193,13 @@ it('a request still uploading when the shutdown began is one the drain waits for
   });
 });
 
-it('a client still uploading its body cannot hold the shutdown past the grace period', async () => {
+it('a client still uploading its body cannot hold the shutdown past the grace period: it is answered 503 then', async () => {
   t = await startTestGateway({ replicas: 1, config: { server: { shutdown_grace_ms: 200 } } });
   const { port } = new URL(t.url);
   const socket = connect(Number(port), '127.0.0.1');
   await once(socket, 'connect');
+  let answer = '';
+  socket.on('data', (c: Buffer) => (answer += c.toString('utf8')));
   socket.write(
     'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
       'content-length: 1000\r\nx-request-id: slow-upload\r\n\r\n{"model":',
@@ -209,6 +211,9 @@ it('a client still uploading its body cannot hold the shutdown past the grace pe
   expect(performance.now() - started).toBeLessThan(1500);
   await waitFor(() => socket.destroyed || socket.readableEnded, 1000, 'upload connection closed');
   socket.destroy();
+  // Cut as every request in flight is: told so, not reset.
+  expect(answer).toMatch(/^HTTP\/1\.1 503 /);
+  expect(answer).toContain('"code":"shutting_down"');
   expect(await t.recordOf('slow-upload')).toMatchObject({ outcome: 'refused', reason: 'shutting_down' });
 });
 

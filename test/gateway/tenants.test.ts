@@ -1,15 +1,20 @@
 // Tenants: keys (item 28), limits (item 31) in one gateway and across two sharing one Redis, the
 // class a key may ask for, and fairness by work between tenants of one class under a burst.
 import { createHash } from 'node:crypto';
+import { channel } from 'node:diagnostics_channel';
 import { once } from 'node:events';
 import { connect } from 'node:net';
+import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
+import { STAGE_CHANNEL, type StageMark } from '../../src/telemetry/stages.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
 import { deadUrl } from '../upstream/helpers.ts';
 import {
+  baseConfig,
   chat,
   MODEL,
+  merge,
   openStream,
   post,
   readRecords,
@@ -18,6 +23,7 @@ import {
   serveChild,
   startTestGateway,
   type TestGateway,
+  toConfig,
   waitFor,
 } from './harness.ts';
 
@@ -163,6 +169,66 @@ describe('a request without a valid key', () => {
     socket.destroy();
     expect(await t.recordOf('no-key')).toMatchObject({ outcome: 'refused', reason: 'invalid_api_key' });
     expect(await t.recordOf('no-key-2')).toMatchObject({ outcome: 'refused', reason: 'invalid_api_key' });
+  });
+
+  it('many 401s on one kept connection leave nothing behind on it (no listener per refusal)', async () => {
+    t = await startTestGateway({ replicas: 1, config: { tenants: TENANTS } });
+    const warnings: string[] = [];
+    const onWarning = (w: Error) => warnings.push(w.name);
+    process.on('warning', onWarning);
+    try {
+      const { socket, answers } = await rawConnection(t.url);
+      for (let i = 1; i <= 15; i++) {
+        socket.write(`${head(`content-length: 2\r\nx-request-id: many-${i}\r\n`)}{}`);
+        const got = await answers(i);
+        expect(got[i - 1]).toMatch(/^HTTP\/1\.1 401 /);
+      }
+      socket.destroy();
+      await new Promise((resolve) => setImmediate(resolve));
+    } finally {
+      process.off('warning', onWarning);
+    }
+    expect(warnings).not.toContain('MaxListenersExceededWarning');
+  });
+
+  it('a reload while its body comes judges it by the new keys and classes', async () => {
+    t = await startTestGateway({ replicas: 1, config: { tenants: TENANTS } });
+    const { socket, answers } = await rawConnection(t.url);
+    const body = JSON.stringify(chat());
+    const stages = channel(STAGE_CHANNEL);
+    const received = new Promise<void>((resolve) => {
+      const seen = (m: unknown) => {
+        const mark = m as StageMark;
+        if (mark.reqId !== 'mid-reload' || mark.stage !== 'received') return;
+        stages.unsubscribe(seen);
+        resolve();
+      };
+      stages.subscribe(seen);
+    });
+    // team-b asks for batch, which its key allows; the upload stops half-way.
+    socket.write(
+      'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
+        'authorization: Bearer key-b\r\nx-slagate-class: batch\r\nx-request-id: mid-reload\r\n' +
+        `content-length: ${Buffer.byteLength(body)}\r\n\r\n${body.slice(0, 10)}`,
+    );
+    await received;
+    // The reload removes team-b and the batch class.
+    await t.gw.reload(
+      toConfig(
+        merge(baseConfig([{ name: 'r0', url: t.fleet!.urls[0]! }], join(t.dir, 'admission.log')), {
+          tenants: [TENANTS[0]!],
+          sla: {
+            default_class: 'interactive',
+            classes: { interactive: { ttft_p99_ms: 500, tpot_p99_ms: 50, priority: 0 } },
+          },
+        }),
+      ),
+    );
+    socket.write(body.slice(10));
+    const [answer] = await answers(1);
+    expect(answer).toMatch(/^HTTP\/1\.1 401 /);
+    socket.destroy();
+    expect(await t.recordOf('mid-reload')).toMatchObject({ outcome: 'refused', reason: 'invalid_api_key' });
   });
 
   it('a body of no declared length ends the connection after the 401', async () => {
