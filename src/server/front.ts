@@ -200,13 +200,9 @@ function serveInference(
   // A request in flight from its head on: a shutdown waits for it (and cuts it at the end of its
   // grace period) even while its body is still coming. Left when its response closes, whichever
   // way it ends.
-  if (!arrivedClosing) {
-    const shutdown = rt.lifecycle.enter();
-    res.once('close', () => rt.lifecycle.leave(shutdown));
-    serveBody(rt, endpoint, req, res, id, record, bodyLimit, { auth, identity }, shutdown);
-    return;
-  }
-  serveBody(rt, endpoint, req, res, id, record, bodyLimit, { auth, identity }, null);
+  const shutdown = arrivedClosing ? null : rt.lifecycle.enter();
+  if (shutdown !== null) res.once('close', () => rt.lifecycle.leave(shutdown));
+  serveBody(rt, endpoint, req, res, id, record, bodyLimit, { auth, identity }, shutdown);
 }
 
 function serveBody(

@@ -2,13 +2,12 @@
 // finish within server.shutdown_grace_ms, cut the rest, answer every client, leave nothing open.
 // Checklist item 34 (the signal path through `slagate serve` is in serve.test.ts).
 
-import { channel } from 'node:diagnostics_channel';
 import { once } from 'node:events';
 import http from 'node:http';
 import { connect } from 'node:net';
 import { afterEach, expect, it } from 'vitest';
-import { STAGE_CHANNEL, type StageMark } from '../../src/telemetry/stages.ts';
 import { collect, type RawResponse } from '../helpers/http.ts';
+import { stageReached } from '../helpers/stages.ts';
 import { trackHandles } from '../state/handles.ts';
 import {
   chat,
@@ -120,16 +119,7 @@ it('a request whose upload was under way when the shutdown began is read and ser
   let answer = '';
   socket.on('data', (c: Buffer) => (answer += c.toString('utf8')));
   // Its head is in when the gateway begins its record (the stage channel says so).
-  const stages = channel(STAGE_CHANNEL);
-  const received = new Promise<void>((resolve) => {
-    const seen = (m: unknown) => {
-      const mark = m as StageMark;
-      if (mark.reqId !== 'uploading' || mark.stage !== 'received') return;
-      stages.unsubscribe(seen);
-      resolve();
-    };
-    stages.subscribe(seen);
-  });
+  const received = stageReached('uploading', 'received');
   socket.write(
     'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
       `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: uploading\r\n\r\n${body.slice(0, 10)}`,
@@ -162,16 +152,7 @@ it('a request still uploading when the shutdown began is one the drain waits for
   let answer = '';
   socket.on('data', (c: Buffer) => (answer += c.toString('utf8')));
   socket.on('error', () => {});
-  const stages = channel(STAGE_CHANNEL);
-  const received = new Promise<void>((resolve) => {
-    const seen = (m: unknown) => {
-      const mark = m as StageMark;
-      if (mark.reqId !== 'long-upload' || mark.stage !== 'received') return;
-      stages.unsubscribe(seen);
-      resolve();
-    };
-    stages.subscribe(seen);
-  });
+  const received = stageReached('long-upload', 'received');
   socket.write(
     'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
       `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: long-upload\r\n\r\n${body.slice(0, 10)}`,

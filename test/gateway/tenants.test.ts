@@ -1,14 +1,13 @@
 // Tenants: keys (item 28), limits (item 31) in one gateway and across two sharing one Redis, the
 // class a key may ask for, and fairness by work between tenants of one class under a burst.
 import { createHash } from 'node:crypto';
-import { channel } from 'node:diagnostics_channel';
 import { once } from 'node:events';
 import { connect } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
-import { STAGE_CHANNEL, type StageMark } from '../../src/telemetry/stages.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
+import { stageReached } from '../helpers/stages.ts';
 import { deadUrl } from '../upstream/helpers.ts';
 import {
   baseConfig,
@@ -195,16 +194,7 @@ describe('a request without a valid key', () => {
     t = await startTestGateway({ replicas: 1, config: { tenants: TENANTS } });
     const { socket, answers } = await rawConnection(t.url);
     const body = JSON.stringify(chat());
-    const stages = channel(STAGE_CHANNEL);
-    const received = new Promise<void>((resolve) => {
-      const seen = (m: unknown) => {
-        const mark = m as StageMark;
-        if (mark.reqId !== 'mid-reload' || mark.stage !== 'received') return;
-        stages.unsubscribe(seen);
-        resolve();
-      };
-      stages.subscribe(seen);
-    });
+    const received = stageReached('mid-reload', 'received');
     // team-b asks for batch, which its key allows; the upload stops half-way.
     socket.write(
       'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
