@@ -142,6 +142,8 @@ const SAMPLING: Readonly<Record<string, FieldType>> = Object.freeze({
   seed: 'integer',
   min_tokens: 'integer',
   top_logprobs: 'integer',
+  // Read by the gateway too (intake.ts): a value it would misread is refused, not guessed at.
+  truncate_prompt_tokens: 'integer',
   ignore_eos: 'boolean',
   stop: 'stop',
 });
@@ -193,6 +195,10 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
   if (so !== undefined && so !== null && !isRecord(so)) {
     throw invalid("'stream_options' must be an object", 'stream_options');
   }
+  if (isRecord(so) && so.include_usage !== undefined && so.include_usage !== null) {
+    if (typeof so.include_usage !== 'boolean')
+      throw invalid("'stream_options.include_usage' must be a boolean", 'stream_options');
+  }
   // vLLM refuses stream options (a non-empty object) on a request that does not stream.
   if (isRecord(so) && Object.keys(so).length > 0 && body.stream !== true) {
     throw invalid('Stream options can only be defined when `stream=True`.', 'stream_options');
@@ -239,8 +245,8 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
 /**
  * Whether `stream_options` asks for the usage chunk. vLLM's include_usage defaults to true once the
  * options are sent: `{}` and `{"continuous_usage_stats": true}` ask for it, `false` and `null` do
- * not; any other value (a string, a number) is taken as not asking, the side that sends the
- * client nothing it declined.
+ * not. Any other value is refused when the request is parsed: `"true"`, which vLLM's lax models
+ * read as true, was taken here as not asking, and the usage chunk the client asked for withheld.
  */
 export function asksForUsage(so: unknown): boolean {
   return isRecord(so) && (so.include_usage === undefined || so.include_usage === true);

@@ -529,6 +529,16 @@ describe('27c: a prompt the backend will truncate', () => {
     // Planned and charged as the backend will prefill it: its last 100 tokens. What it caches
     // starts past the prompt's leading blocks: routed by none (no hit counted, none taught).
     expect((await t.records()).at(-1)).toMatchObject({ prompt_tokens_est: 100, prefix_blocks: 0 });
+    // The cut written as a string, which the gateway would otherwise misread as none: the
+    // gateway's own 400 naming the field, as for a sampling parameter of the wrong type.
+    const asText = await post(t.url, '/v1/completions', {
+      model: MODEL,
+      prompt: ids,
+      max_tokens: 10,
+      truncate_prompt_tokens: '100',
+    });
+    expect(asText.status).toBe(400);
+    expect(errorOf(asText.text)).toMatchObject({ code: 'invalid_request', param: 'truncate_prompt_tokens' });
     // Cut by nothing (the prompt is shorter than 500), the same prompt is routed by its blocks.
     const uncut = await post(t.url, '/v1/completions', {
       model: MODEL,

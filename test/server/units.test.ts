@@ -56,10 +56,17 @@ describe('parseInferenceRequest', () => {
     expect(usage({ continuous_usage_stats: true })).toBe(true);
     expect(usage({ include_usage: false })).toBe(false);
     expect(usage({ include_usage: null })).toBe(false);
-    // Not a boolean: taken as not asking (the client gets nothing it may have declined).
-    expect(usage({ include_usage: 'no' })).toBe(false);
-    expect(usage({ include_usage: 0 })).toBe(false);
     expect(usage(null)).toBe(false);
+    // Not a boolean: refused, never guessed at. vLLM's lax models read "true" as true; taken here
+    // as not asking, the usage chunk the client asked for was withheld.
+    const misread = (v: unknown) => () =>
+      parseInferenceRequest('completions', {
+        prompt: 'a',
+        stream: true,
+        stream_options: { include_usage: v },
+      });
+    for (const v of ['true', 'no', 0, 1])
+      expect(codeOf(misread(v)), String(v)).toBe('invalid_request:stream_options');
     // Stream options on a request that does not stream: vLLM's 400 (an empty object passes).
     expect(
       codeOf(() => parseInferenceRequest('chat', { messages: [], stream_options: { include_usage: true } })),
@@ -161,6 +168,7 @@ describe('parseInferenceRequest: sampling parameters of the wrong type', () => {
       [{ top_p: [0.9] }, 'top_p'],
       [{ top_k: 2.5 }, 'top_k'],
       [{ seed: '42' }, 'seed'],
+      [{ truncate_prompt_tokens: '100' }, 'truncate_prompt_tokens'],
       [{ ignore_eos: 'yes' }, 'ignore_eos'],
       [{ stop: ['a', 3] }, 'stop'],
       [{ logprobs: 5 }, 'logprobs'],
