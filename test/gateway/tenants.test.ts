@@ -221,6 +221,21 @@ describe('a request without a valid key', () => {
     expect(await t.recordOf('mid-reload')).toMatchObject({ outcome: 'refused', reason: 'invalid_api_key' });
   });
 
+  it('after a 401, a body of declared length that stops coming is cut at the request deadline', async () => {
+    t = await startTestGateway({
+      replicas: 1,
+      config: { tenants: TENANTS, upstream: { first_token_timeout_ms: 300 } },
+    });
+    const { socket, answers } = await rawConnection(t.url);
+    const sentAt = performance.now();
+    socket.write(`${head('content-length: 1000\r\nx-request-id: stalled\r\n')}{"model":`);
+    const [answer] = await answers(1);
+    expect(answer).toMatch(/^HTTP\/1\.1 401 /);
+    // The rest never comes: the connection is not held past the deadline.
+    await once(socket, 'close');
+    expect(performance.now() - sentAt).toBeGreaterThanOrEqual(250);
+  });
+
   it('a body of no declared length ends the connection after the 401', async () => {
     t = await startTestGateway({ replicas: 1, config: { tenants: TENANTS } });
     const { socket, answers } = await rawConnection(t.url);
