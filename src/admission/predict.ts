@@ -15,8 +15,7 @@
 // and the least the request's first token can take anywhere, u: the time already spent since
 // arrival plus dispatch to first token on a backend with nothing else on it (its own uncached
 // prefill there and the fit's base), the best backend's, taken at the P99 of how predictions turn
-// out. The request's budget (ttftBudgetMs,
-// what admission and the queue guard plan with) is
+// out. The request's budget (ttftBudgetMs, what admission and the queue guard plan with) is
 //
 //   budget = max(min(class target, deadline), min(2u, max(deadline, u))) − the loop's own delay
 //
@@ -58,7 +57,10 @@ export interface Prediction {
    * ms (null when no backend has a fit).
    */
   readonly unloadedMs: number | null;
-  /** u above (the time spent since arrival plus unloadedMs at the P99 multiplier) is over half the class target (its budget is 2u). */
+  /**
+   * u above (the time spent since arrival plus unloadedMs at the P99 multiplier) is over half the
+   * class target (its budget is 2u).
+   */
   readonly largeForClass: boolean;
 }
 

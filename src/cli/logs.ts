@@ -72,9 +72,9 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
   const summary = new Summary();
   let first = true;
   try {
-    for await (const raw of lines) {
+    for await (const text of lines) {
       // A byte-order mark (a file saved by an editor) is not part of the first line's JSON.
-      const line = first && raw.charCodeAt(0) === 0xfeff ? raw.slice(1) : raw;
+      const line = first && text.charCodeAt(0) === 0xfeff ? text.slice(1) : text;
       first = false;
       const record = parseAdmissionLine(line);
       if (record === null) {
@@ -85,30 +85,20 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
       if (!args.values.pretty) summary.add(record);
       else if (!io.stdout.write(`${prettyLine(record)}\n`)) await once(io.stdout, 'drain');
     }
-  } catch (err) {
-    io.stdout.off('error', onOutputError);
-    if ((err as NodeJS.ErrnoException).code === 'EPIPE') return 0;
-    io.stderr.write(`slagate logs: ${(err as Error).message}\n`);
-    return 1;
-  }
-  if (args.values.pretty || readerGone) {
-    io.stdout.off('error', onOutputError);
-    return 0;
-  }
-  try {
+    if (args.values.pretty || readerGone) return 0;
     const report = summary.report();
-    const text = args.values.json ? `${JSON.stringify(report, null, 2)}\n` : formatReport(report);
-    // Written whole, then the handler goes: a reader that left meanwhile (EPIPE) ends it quietly.
+    const out = args.values.json ? `${JSON.stringify(report, null, 2)}\n` : formatReport(report);
+    // Written whole before the handler goes: a reader that left meanwhile (EPIPE) ends it quietly.
     // The write's callback comes once it is done or has failed, on a stream already gone too.
-    await new Promise<void>((resolve) => io.stdout.write(text, () => resolve()));
+    await new Promise<void>((resolve) => io.stdout.write(out, () => resolve()));
+    return 0;
   } catch (err) {
-    io.stdout.off('error', onOutputError);
     if ((err as NodeJS.ErrnoException).code === 'EPIPE') return 0;
     io.stderr.write(`slagate logs: ${(err as Error).message}\n`);
     return 1;
+  } finally {
+    io.stdout.off('error', onOutputError);
   }
-  io.stdout.off('error', onOutputError);
-  return 0;
 }
 
 /**
@@ -594,8 +584,8 @@ function reportGroups(groups: Map<string, Group>): Record<string, GroupReport> {
  */
 export function missCause(r: LogRecord): string {
   if (r.outcome === 'client_cancelled') {
-    const late = r.ttft_ms === null || r.ttft_ms === undefined;
-    return late ? 'client left: no first token within the TTFT target' : 'client left: TTFT over target';
+    const noToken = r.ttft_ms === null || r.ttft_ms === undefined;
+    return noToken ? 'client left: no first token within the TTFT target' : 'client left: TTFT over target';
   }
   if (r.outcome !== 'ok') return `failed: ${r.outcome} (${r.reason})`;
   const ttftTarget = r.ttft_target_ms ?? Number.POSITIVE_INFINITY;

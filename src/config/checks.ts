@@ -327,10 +327,6 @@ function urlProblem(text: string, protocols: string[]): string | undefined {
 }
 
 /**
- * What is wrong with a backend key's value as a bearer token (it is sent with surrounding
- * whitespace trimmed, as a secret file's trailing newline), or undefined.
- */
-/**
  * An environment variable's value, or undefined: its own, never one process.env inherits (a
  * variable named `constructor` is not set unless it is).
  */
@@ -338,6 +334,10 @@ export function envValue(name: string): string | undefined {
   return Object.hasOwn(process.env, name) ? process.env[name] : undefined;
 }
 
+/**
+ * What is wrong with a backend key's value as a bearer token (it is sent with surrounding
+ * whitespace trimmed, as a secret file's trailing newline), or undefined.
+ */
 function apiKeyProblem(value: string | undefined): string | undefined {
   const key = value?.trim();
   if (!key) return 'is not set (or empty)';

@@ -368,10 +368,6 @@ export class TokenEstimate {
 }
 
 /**
- * Llama 3's chat template: BOS, a header and an end-of-turn per message (the role is in the text),
- * and the assistant header that opens the answer; each text completion prompt gets a BOS.
- */
-/**
  * Pieces of text each at least one token, whatever the text around them: a special token written
  * out (`<|eot_id|>`, one token though it holds words), a word (letters with their combining marks,
  * and a contraction's apostrophe: o200k-style pre-tokenizers keep both in one piece), a run of
@@ -383,9 +379,10 @@ const FLOOR_PIECES = /(<\|[^|<>\s]{1,64}\|>)|([\p{L}\p{M}]+(?:['\u2019][\p{L}\p{
  * The fewest tokens `text` can be in Llama 3's (and cl100k's, and o200k-style) BPE. Their
  * pre-tokenizers split text into pieces BPE never joins; no piece holds two of the words counted
  * here, letters and digits together, or more than three digits. So the words and digit groups are
- * at most the pieces, and the pieces at most the tokens. Prose counts about three quarters of its tokens; whitespace, punctuation and code
- * count less, never more: a run of 128 spaces is one token, where a count of characters at four a
- * token would take it for 32. Runs the regex once over the text: for a refusal, not every request.
+ * at most the pieces, and the pieces at most the tokens. Prose counts about three quarters of its
+ * tokens; whitespace, punctuation and code count less, never more: a run of 128 spaces is one
+ * token, where a count of characters at four a token would take it for 32. Runs the regex once
+ * over the text: for a refusal, not every request.
  */
 export function tokenFloor(text: string): number {
   let n = 0;
@@ -416,6 +413,10 @@ export function promptFloors(source: PromptSource, p: PromptBlocks): number[] {
   return [n];
 }
 
+/**
+ * Llama 3's chat template: BOS, a header and an end-of-turn per message (the role is in the text),
+ * and the assistant header that opens the answer; each text completion prompt gets a BOS.
+ */
 function templateTokens(p: PromptBlocks): number {
   return p.messages > 0 ? 1 + 3 * p.messages + 3 : p.texts;
 }

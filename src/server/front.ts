@@ -31,14 +31,13 @@ import { GatewayError, INTERNAL_MESSAGE, isGatewayError, writeErrorResponse } fr
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { requestLogger } from '../telemetry/logger.ts';
 import { markStage } from '../telemetry/stages.ts';
-import type { Cancel } from '../upstream/index.ts';
-import type { Authenticator, Identity } from './auth.ts';
+import type { Identity } from './auth.ts';
 import { readJsonBody } from './body.ts';
 import { handleInference, proxied } from './inference.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
 import { header } from './intake.ts';
 import { endRecord, endRefused } from './record.ts';
-import type { Runtime } from './runtime.ts';
+import { type Runtime, shuttingDownError } from './runtime.ts';
 
 /** What the front door learnt of a request, for fastify to pick up (app.ts). */
 export interface FrontFacts {
@@ -202,20 +201,6 @@ function serveInference(
   // way it ends.
   const shutdown = arrivedClosing ? null : rt.lifecycle.enter();
   if (shutdown !== null) res.once('close', () => rt.lifecycle.leave(shutdown));
-  serveBody(rt, endpoint, req, res, id, record, bodyLimit, { auth, identity }, shutdown);
-}
-
-function serveBody(
-  rt: Runtime,
-  endpoint: Endpoint,
-  req: IncomingMessage,
-  res: ServerResponse,
-  id: string,
-  record: RequestRecord,
-  bodyLimit: number,
-  head: { auth: Authenticator; identity: Identity },
-  shutdown: Cancel | null,
-): void {
   // Invariant: one answer. The grace period may end while the body is still coming: the request
   // is answered 503 shutting_down then, as every request the drain cuts is, and what the body
   // read brings later is dropped.
@@ -243,13 +228,12 @@ function serveBody(
         return;
       }
       if (shutdown === null) {
-        refuse(rt, res, id, record, new GatewayError('shutting_down', 'The gateway is shutting down.'));
+        refuse(rt, res, id, record, shuttingDownError());
         return;
       }
       // A reload while the body came may have changed the keys or removed the class the key
       // named: the request is judged by the configuration it will run under.
-      let identity = head.identity;
-      if (rt.auth !== head.auth) {
+      if (rt.auth !== auth) {
         try {
           identity = rt.auth.identify(req.headers.authorization, header(req, 'x-slagate-class'));
         } catch (e) {

@@ -195,10 +195,9 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
   if (so !== undefined && so !== null && !isRecord(so)) {
     throw invalid("'stream_options' must be an object", 'stream_options');
   }
-  if (isRecord(so) && so.include_usage !== undefined && so.include_usage !== null) {
-    if (typeof so.include_usage !== 'boolean')
-      throw invalid("'stream_options.include_usage' must be a boolean", 'stream_options');
-  }
+  const usage = isRecord(so) ? so.include_usage : undefined;
+  if (usage !== undefined && usage !== null && typeof usage !== 'boolean')
+    throw invalid("'stream_options.include_usage' must be a boolean", 'stream_options');
   // vLLM refuses stream options (a non-empty object) on a request that does not stream.
   if (isRecord(so) && Object.keys(so).length > 0 && body.stream !== true) {
     throw invalid('Stream options can only be defined when `stream=True`.', 'stream_options');

@@ -39,8 +39,13 @@ export interface Runtime {
   afterwork: Afterwork;
 }
 
+/** What a request refused or cut by the shutdown is told. */
+export function shuttingDownError(): GatewayError {
+  return new GatewayError('shutting_down', 'The gateway is shutting down.');
+}
+
 /**
- * In-flight proxied requests (queued ones included) and the shutdown switch. Its count is the one
+ * In-flight inference requests (from their head on, queued ones included) and the shutdown switch. Its count is the one
  * "requests active in this gateway" the retry budget reads.
  */
 export class Lifecycle {
@@ -87,7 +92,7 @@ export class Lifecycle {
     const cut = this.#active.size;
     // A GatewayError reason tells the proxy to answer the client (503, or an SSE error event and
     // [DONE] mid-stream) rather than treat the cut as a disconnect.
-    for (const c of this.#active) c.abort(new GatewayError('shutting_down', 'The gateway is shutting down.'));
+    for (const c of this.#active) c.abort(shuttingDownError());
     return { cut };
   }
 }

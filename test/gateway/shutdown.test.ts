@@ -4,9 +4,8 @@
 
 import { once } from 'node:events';
 import http from 'node:http';
-import { connect } from 'node:net';
 import { afterEach, expect, it } from 'vitest';
-import { collect, type RawResponse } from '../helpers/http.ts';
+import { collect, type RawResponse, rawConnection } from '../helpers/http.ts';
 import { stageReached } from '../helpers/stages.ts';
 import { trackHandles } from '../state/handles.ts';
 import {
@@ -112,12 +111,8 @@ it('a request whose upload was under way when the shutdown began is read and ser
     timeScale: 0.2,
     config: { server: { shutdown_grace_ms: 5000 } },
   });
-  const { port } = new URL(t.url);
   const body = JSON.stringify(chat({ max_tokens: 8 }));
-  const socket = connect(Number(port), '127.0.0.1');
-  await once(socket, 'connect');
-  let answer = '';
-  socket.on('data', (c: Buffer) => (answer += c.toString('utf8')));
+  const { socket, received: answer } = await rawConnection(t.url);
   // Its head is in when the gateway begins its record (the stage channel says so).
   const received = stageReached('uploading', 'received');
   socket.write(
@@ -130,8 +125,8 @@ it('a request whose upload was under way when the shutdown began is read and ser
   // The rest of the body (not a half-close: node:http takes a client's FIN as its leaving).
   socket.write(body.slice(10));
   await once(socket, 'close');
-  expect(answer).toMatch(/^HTTP\/1\.1 200 /);
-  const json = JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)) as {
+  expect(answer()).toMatch(/^HTTP\/1\.1 200 /);
+  const json = JSON.parse(answer().slice(answer().indexOf('\r\n\r\n') + 4)) as {
     usage: { completion_tokens: number };
   };
   expect(json.usage.completion_tokens).toBeGreaterThan(0);
@@ -145,13 +140,8 @@ it('a request still uploading when the shutdown began is one the drain waits for
     timeScale: 0.2,
     config: { server: { shutdown_grace_ms: 300 } },
   });
-  const { port } = new URL(t.url);
   const body = JSON.stringify(chat({ stream: true, max_tokens: 5000, ignore_eos: true }));
-  const socket = connect(Number(port), '127.0.0.1');
-  await once(socket, 'connect');
-  let answer = '';
-  socket.on('data', (c: Buffer) => (answer += c.toString('utf8')));
-  socket.on('error', () => {});
+  const { socket, received: answer } = await rawConnection(t.url);
   const received = stageReached('long-upload', 'received');
   socket.write(
     'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
@@ -165,9 +155,13 @@ it('a request still uploading when the shutdown began is one the drain waits for
   // error event and [DONE], not by its connection being destroyed.
   expect(await closing).toEqual({ cut: 1, logsFlushed: true });
   if (!socket.destroyed) await once(socket, 'close');
-  const events = sseData(answer.slice(answer.indexOf('\r\n\r\n') + 4).replace(/\r\n[0-9a-f]+\r\n/g, ''));
+  const events = sseData(
+    answer()
+      .slice(answer().indexOf('\r\n\r\n') + 4)
+      .replace(/\r\n[0-9a-f]+\r\n/g, ''),
+  );
   expect(events.at(-1)).toBe('[DONE]');
-  expect(answer).toContain('"code":"shutting_down"');
+  expect(answer()).toContain('"code":"shutting_down"');
   expect(await t.recordOf('long-upload')).toMatchObject({
     outcome: 'failed_after_commit',
     reason: 'shutting_down',
@@ -176,16 +170,11 @@ it('a request still uploading when the shutdown began is one the drain waits for
 
 it('a client still uploading its body cannot hold the shutdown past the grace period: it is answered 503 then', async () => {
   t = await startTestGateway({ replicas: 1, config: { server: { shutdown_grace_ms: 200 } } });
-  const { port } = new URL(t.url);
-  const socket = connect(Number(port), '127.0.0.1');
-  await once(socket, 'connect');
-  let answer = '';
-  socket.on('data', (c: Buffer) => (answer += c.toString('utf8')));
+  const { socket, received: answer } = await rawConnection(t.url);
   socket.write(
     'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
       'content-length: 1000\r\nx-request-id: slow-upload\r\n\r\n{"model":',
   );
-  socket.on('error', () => {});
   await waitFor(async () => (await get(t!.url, '/healthz')).status === 200, 1000, 'gateway up');
   const started = performance.now();
   await t.gw.close();
@@ -193,8 +182,8 @@ it('a client still uploading its body cannot hold the shutdown past the grace pe
   await waitFor(() => socket.destroyed || socket.readableEnded, 1000, 'upload connection closed');
   socket.destroy();
   // Cut as every request in flight is: told so, not reset.
-  expect(answer).toMatch(/^HTTP\/1\.1 503 /);
-  expect(answer).toContain('"code":"shutting_down"');
+  expect(answer()).toMatch(/^HTTP\/1\.1 503 /);
+  expect(answer()).toContain('"code":"shutting_down"');
   expect(await t.recordOf('slow-upload')).toMatchObject({ outcome: 'refused', reason: 'shutting_down' });
 });
 

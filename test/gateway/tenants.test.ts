@@ -2,10 +2,10 @@
 // class a key may ask for, and fairness by work between tenants of one class under a burst.
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
-import { connect } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
+import { rawConnection as openRaw } from '../helpers/http.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
 import { stageReached } from '../helpers/stages.ts';
 import { deadUrl } from '../upstream/helpers.ts';
@@ -106,30 +106,12 @@ describe('keys and classes (item 28)', () => {
 });
 
 describe('a request without a valid key', () => {
-  /** A raw connection to the gateway and everything it has answered on it so far. */
+  /** A raw connection and a wait for `n` whole answers (head and a content-length body). */
   async function rawConnection(url: string) {
-    const socket = connect(Number(new URL(url).port), '127.0.0.1');
-    await once(socket, 'connect');
-    let answer = '';
-    const waiters = new Set<() => void>();
-    socket.on('data', (c: Buffer) => {
-      answer += c.toString('utf8');
-      for (const w of waiters) w();
-    });
-    socket.on('error', () => {});
-    /** Resolves once `n` whole answers (head and a content-length body) have arrived. */
+    const conn = await openRaw(url);
     const answers = (n: number) =>
-      new Promise<string[]>((resolve) => {
-        const check = () => {
-          const got = splitAnswers(answer);
-          if (got.length < n) return;
-          waiters.delete(check);
-          resolve(got);
-        };
-        waiters.add(check);
-        check();
-      });
-    return { socket, answers };
+      conn.until((text) => splitAnswers(text).length >= n).then((text) => splitAnswers(text));
+    return { socket: conn.socket, answers };
   }
   function splitAnswers(text: string): string[] {
     const out: string[] = [];

@@ -1,7 +1,9 @@
 // Raw HTTP for tests: one connection per request (no pooling, no retries), exact status, headers
 // and body text, so a test sees precisely what a server sent.
 
+import { once } from 'node:events';
 import http from 'node:http';
+import { connect, type Socket } from 'node:net';
 
 export interface RawResponse {
   status: number;
@@ -175,5 +177,41 @@ export async function forwardingProxy(
       for (const s of held) s.destroy();
       return listening.close();
     },
+  };
+}
+
+/** A raw TCP connection to a server, for requests written byte by byte. */
+export interface RawConnection {
+  readonly socket: Socket;
+  /** Everything the server has written back so far. */
+  received(): string;
+  /** Resolves with what was received once `pred` holds of it. */
+  until(pred: (text: string) => boolean): Promise<string>;
+}
+
+/** Opens a raw connection to `base`'s server (a reset it sends is the test's to judge, not an error). */
+export async function rawConnection(base: string): Promise<RawConnection> {
+  const socket = connect(Number(new URL(base).port), '127.0.0.1');
+  await once(socket, 'connect');
+  let text = '';
+  const waiters = new Set<() => void>();
+  socket.on('data', (c: Buffer) => {
+    text += c.toString('utf8');
+    for (const w of waiters) w();
+  });
+  socket.on('error', () => {});
+  return {
+    socket,
+    received: () => text,
+    until: (pred) =>
+      new Promise((resolve) => {
+        const check = () => {
+          if (!pred(text)) return;
+          waiters.delete(check);
+          resolve(text);
+        };
+        waiters.add(check);
+        check();
+      }),
   };
 }

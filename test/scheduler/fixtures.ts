@@ -5,11 +5,9 @@ import type { GatewayError } from '../../src/errors/index.ts';
 import type { RoutingPolicy } from '../../src/router/index.ts';
 import { leastLoaded } from '../../src/router/policies/least-loaded.ts';
 import { Scheduler, type SchedulerSettings } from '../../src/scheduler/scheduler.ts';
-import type { ScheduledRequest } from '../../src/scheduler/types.ts';
 import { createLiveState, type LiveState } from '../../src/state/index.ts';
 import { BackendSet } from '../../src/upstream/backends.ts';
 import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
-import { route } from '../router/fixtures.ts';
 import { latencySample, observe } from '../state/fixtures/sample.ts';
 
 export function schedulerSettings(over: Partial<SchedulerSettings> = {}): SchedulerSettings {
@@ -126,33 +124,5 @@ export function schedulerFixture(
       await live.close();
       await backends.close();
     },
-  };
-}
-
-let requests = 0;
-/** A request as the scheduler gets it: 100 prompt tokens, none cached, 10 out, a 60 s target. */
-export function scheduledRequest(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
-  const id = over.reqId ?? `r${requests++}`;
-  return {
-    reqId: id,
-    className: 'interactive',
-    priority: 0,
-    sheddable: false,
-    tenant: 'anonymous',
-    arrivedAt: performance.now(),
-    ttftTargetMs: 60_000,
-    tpotTargetMs: 50,
-    deadlineAt: performance.now() + 60_000,
-    uncachedTokens: 100,
-    promptTokens: 100,
-    expectedOutputTokens: 10,
-    noQueue: false,
-    predictions: new Map(),
-    prefillMs: null,
-    bestBackendMs: null,
-    ...over,
-    ttftBudgetMs: over.ttftBudgetMs ?? over.ttftTargetMs ?? 60_000,
-    loopDelayMs: over.loopDelayMs ?? 0,
-    route: over.route ?? route({ reqId: id, promptTokens: over.promptTokens ?? 100 }),
   };
 }

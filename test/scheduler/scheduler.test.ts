@@ -15,7 +15,7 @@ import type { DecodeMeter } from '../../src/upstream/measure.ts';
 import type { Slot } from '../../src/upstream/slot.ts';
 import { route } from '../router/fixtures.ts';
 import { latencySample, observe } from '../state/fixtures/sample.ts';
-import { scheduledRequest, schedulerFixture, schedulerSettings as settings } from './fixtures.ts';
+import { schedulerFixture, schedulerSettings as settings } from './fixtures.ts';
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
@@ -33,7 +33,32 @@ function setup(
   return f;
 }
 
-const req = scheduledRequest;
+let n = 0;
+function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
+  const id = over.reqId ?? `r${n++}`;
+  return {
+    reqId: id,
+    className: 'interactive',
+    priority: 0,
+    sheddable: false,
+    tenant: 'anonymous',
+    arrivedAt: performance.now(),
+    ttftTargetMs: 60_000,
+    tpotTargetMs: 50,
+    deadlineAt: performance.now() + 60_000,
+    uncachedTokens: 100,
+    promptTokens: 100,
+    expectedOutputTokens: 10,
+    noQueue: false,
+    predictions: new Map(),
+    prefillMs: null,
+    bestBackendMs: null,
+    ...over,
+    ttftBudgetMs: over.ttftBudgetMs ?? over.ttftTargetMs ?? 60_000,
+    loopDelayMs: over.loopDelayMs ?? 0,
+    route: over.route ?? route({ reqId: id, promptTokens: over.promptTokens ?? 100 }),
+  };
+}
 
 /** Teaches backend a's fit: dispatch → first token = 0.1 ms per uncached token − 10 ms (20 samples). */
 function teachBelowZero(f: ReturnType<typeof setup>): void {
