@@ -1,8 +1,9 @@
 // Preloaded (node --import) into a proxy under scripts/stages.ts: when each stage of each request
 // happened in this process, from node:http's, undici's and the gateway's own diagnostics channels
 // (src/telemetry/stages.ts). A request is known by its x-request-id, which the client sets, the
-// gateway keeps and both the gateway and the undici floor send upstream; its client connection
-// serves one request at a time, so a write to that socket belongs to the request it carries now.
+// gateway keeps and both the gateway (with a suffix) and the undici floor send upstream; its client
+// connection serves one request at a time, so a write to that socket belongs to the request it
+// carries now.
 // On SIGUSR2 every request's marks are written as JSON to the file named by STAGE_PROBE_OUT, with
 // where this process's performance.now() starts on the system's monotonic clock (process.hrtime,
 // which every process shares; a mark plus it compares with the client's times).
@@ -46,7 +47,9 @@ subscribe('http.server.request.start', ({ request }) => {
 });
 subscribe('http.server.response.finish', ({ request }) => mark(bySocket.get(request.socket), 'finish'));
 subscribe('undici:request:create', ({ request }) => {
-  const row = byId.get(upstreamId(request.headers));
+  // The gateway sends `<id>.<suffix>` upstream (each attempt its own); the floor sends the id.
+  const id = upstreamId(request.headers) ?? '';
+  const row = byId.get(id) ?? byId.get(id.slice(0, id.lastIndexOf('.')));
   if (row !== undefined) byUpstream.set(request, row);
 });
 subscribe('undici:client:sendHeaders', ({ request }) => mark(byUpstream.get(request), 'upstreamSent'));

@@ -32,6 +32,7 @@
 //   the attempt took the response (`first_token` for a stream, `body` for a whole body passed
 //   through, `rejected` when a 4xx is to be relayed at once), or rejects with the AttemptFailure of a
 //   pre-commit failure. Only `first_token` is a first token (what the TTFT fit may learn).
+import { randomBytes } from 'node:crypto';
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Dispatcher } from 'undici';
@@ -853,15 +854,29 @@ function capped(message: string | null): string | null {
   return message === null ? null : message.slice(0, MAX_REJECT_MESSAGE);
 }
 
+/** This process's mark in the ids it sends upstream (random, so two gateway instances differ). */
+const PROCESS_MARK = randomBytes(4).toString('hex');
+let attemptsSent = 0;
+
+/**
+ * The x-request-id an attempt sends upstream: the request's id, then a suffix no other attempt of
+ * any gateway instance has. Invariant: no two attempts in flight anywhere send the same id. vLLM
+ * takes this header as the engine's request id, and from late 2024 up to 0.11 it refused a second
+ * request whose id was still running (400 "already running"); behind several API servers a repeat
+ * reached the engine and broke it. A client that reuses its id, or retries while the backend still
+ * runs its aborted first try, must not get that. The client's id comes first, so vLLM's log is
+ * still searched by it.
+ */
+function upstreamRequestId(requestId: string): string {
+  attemptsSent++;
+  return `${requestId}.${PROCESS_MARK}${attemptsSent.toString(36)}`;
+}
+
 /** The upstream request's headers: the backend's key only when it has one. */
 function upstreamHeaders(spec: AttemptSpec): Record<string, string> {
   const accept = spec.mode === 'passthrough' ? 'application/json' : 'text/event-stream';
+  const id = upstreamRequestId(spec.requestId);
   return spec.authorization === null
-    ? { 'content-type': 'application/json', accept, 'x-request-id': spec.requestId }
-    : {
-        'content-type': 'application/json',
-        accept,
-        'x-request-id': spec.requestId,
-        authorization: spec.authorization,
-      };
+    ? { 'content-type': 'application/json', accept, 'x-request-id': id }
+    : { 'content-type': 'application/json', accept, 'x-request-id': id, authorization: spec.authorization };
 }

@@ -126,7 +126,8 @@ it('a client that leaves once its TTFT target has passed is judged a miss; one t
   // The backend answers only when the test says: each request's response is held by its id.
   const held = new Map<string, ServerResponse>();
   const backend = await scripted((_req, res, hit) => {
-    held.set(String(hit.headers['x-request-id']), res);
+    // Sent upstream as `<id>.<suffix>` (src/upstream/relay.ts upstreamRequestId).
+    held.set(String(hit.headers['x-request-id']).split('.')[0]!, res);
   });
   after.push(() => {
     for (const res of held.values()) res.destroy();

@@ -25,6 +25,16 @@ const COMPLETIONS = '/v1/completions';
 /** vLLM's bodies carry `created` (seconds): the one field two requests may not share. */
 const sansCreated = (text: string) => text.replace(/"created":\d+/, '"created":0');
 
+/**
+ * The x-request-id the gateway sent upstream, read from the body's id (`<prefix><sent id>`): the
+ * client's id, then the attempt's own suffix.
+ */
+function upstreamId(body: string, prefix: string, clientId: string): string {
+  const id = (JSON.parse(body) as { id: string }).id;
+  expect(id.startsWith(`${prefix}${clientId}.`)).toBe(true);
+  return id.slice(prefix.length);
+}
+
 /** A backend that answers every request with `reply` as JSON, recording each body it was sent. */
 function jsonBackend(reply: string, bodies: Record<string, unknown>[]) {
   return scripted((_req, res, hit) => {
@@ -38,10 +48,12 @@ describe('assembled from a stream', () => {
   it('chat: byte for byte the body the replica sends for the same request non-streamed', async () => {
     t = await startTestGateway({ replicas: 1 });
     const body = chat({ max_tokens: 24, seed: 7 });
-    const direct = await post(t.fleet!.urls[0]!, CHAT, body, { 'x-request-id': 'same-id' });
     const via = await post(t.url, CHAT, body, { 'x-request-id': 'same-id' });
-    expect(direct.status).toBe(200);
     expect(via.status).toBe(200);
+    // The replica names its body by the x-request-id it was sent: the gateway's for its attempt.
+    const sent = upstreamId(via.text, 'chatcmpl-', 'same-id');
+    const direct = await post(t.fleet!.urls[0]!, CHAT, body, { 'x-request-id': sent });
+    expect(direct.status).toBe(200);
     expect(via.headers['content-type']).toBe('application/json');
     expect(sansCreated(via.text)).toBe(sansCreated(direct.text));
     const rec = await t.recordOf('same-id');
@@ -54,8 +66,9 @@ describe('assembled from a stream', () => {
   it('completions: byte for byte too, with its own key order and nulls', async () => {
     t = await startTestGateway({ replicas: 1 });
     const body = { model: MODEL, prompt: 'Once upon a time', max_tokens: 9, seed: 3 };
-    const direct = await post(t.fleet!.urls[0]!, COMPLETIONS, body, { 'x-request-id': 'cmpl-same' });
     const via = await post(t.url, COMPLETIONS, body, { 'x-request-id': 'cmpl-same' });
+    const sent = upstreamId(via.text, 'cmpl-', 'cmpl-same');
+    const direct = await post(t.fleet!.urls[0]!, COMPLETIONS, body, { 'x-request-id': sent });
     expect(via.status).toBe(200);
     expect(sansCreated(via.text)).toBe(sansCreated(direct.text));
     expect((await t.recordOf('cmpl-same')).tpot_ms!).toBeGreaterThan(0);

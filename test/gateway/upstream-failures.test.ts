@@ -6,6 +6,7 @@ import { startFleet } from '../../src/sim/fleet.ts';
 import { deadUrl } from '../upstream/helpers.ts';
 import {
   chat,
+  chatStreamText,
   get,
   openStream,
   post,
@@ -225,6 +226,52 @@ describe('before the commit point (items 3, 6, 15)', () => {
       await t.close();
       t = null;
       for (const b of backends) await b.close();
+    }
+  });
+
+  it('a client that reuses its x-request-id on requests in flight together gets each served', async () => {
+    // The backend acts as vLLM did from late 2024 up to 0.11: the header is the engine's request
+    // id, and a request whose id is still running is refused with a 400.
+    const running = new Map<string, () => void>();
+    let secondArrived: () => void = () => {};
+    const arrivedTwice = new Promise<void>((r) => {
+      secondArrived = r;
+    });
+    const strict: Script = (req, res) => {
+      const id = String(req.headers['x-request-id']);
+      if (running.has(id)) {
+        res.writeHead(400, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ object: 'error', message: `Request id ${id} already running.`, code: 400 }));
+        return;
+      }
+      const finish = () => {
+        running.delete(id);
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(chatStreamText(2));
+      };
+      running.set(id, finish);
+      // Both stay running until both have arrived.
+      if (running.size === 2) secondArrived();
+      arrivedTwice.then(finish);
+    };
+    const backend = await scripted(strict);
+    t = await startTestGateway({ backends: [{ name: 'b0', url: backend.url }] });
+    try {
+      const [a, b] = await Promise.all([
+        post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'reused' }),
+        post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'reused' }),
+      ]);
+      expect([a.status, b.status]).toEqual([200, 200]);
+      expect([a.headers['x-request-id'], b.headers['x-request-id']]).toEqual(['reused', 'reused']);
+      // Each attempt sent its own id, led by the client's, so the backend's log still finds it.
+      const sent = backend.hits.map((h) => String(h.headers['x-request-id']));
+      expect(sent).toHaveLength(2);
+      expect(new Set(sent).size).toBe(2);
+      for (const id of sent) expect(id.startsWith('reused.')).toBe(true);
+    } finally {
+      await t.close();
+      t = null;
+      await backend.close();
     }
   });
 
