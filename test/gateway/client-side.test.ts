@@ -5,6 +5,7 @@
 import type { ServerResponse } from 'node:http';
 import { afterEach, expect, it } from 'vitest';
 import { LoopLag } from '../helpers/loop-lag.ts';
+import { stageReached } from '../helpers/stages.ts';
 import {
   chat,
   chatStreamText,
@@ -14,7 +15,6 @@ import {
   replicaAborts,
   replicaRequests,
   scripted,
-  sleep,
   sseData,
   startTestGateway,
   type TestGateway,
@@ -107,18 +107,24 @@ it('19: a client that hangs up while its request waits for a connection → neve
   const first = openStream(t.url, CHAT, long({ max_tokens: 150 }), { 'x-request-id': 'holder' });
   const holder = await first.response;
   await holder.until((text) => sseData(text).length >= 2);
+  const admitted = stageReached('waiter', 'admitted');
   const second = openStream(t.url, CHAT, chat({ stream: true, max_tokens: 5 }), { 'x-request-id': 'waiter' });
-  await sleep(50);
+  await admitted;
   // Still waiting: nothing has been sent to it, not even headers (held until the first token).
   expect(t.gw.runtime.lifecycle.active).toBe(2);
   second.abort();
+  // Its record is written as it leaves: no attempt, no backend.
+  expect(await t.recordOf('waiter')).toMatchObject({
+    outcome: 'client_cancelled',
+    sla_met: null,
+    attempts: 0,
+    backend: null,
+  });
   await holder.ended;
   expect(sseData(holder.received()).at(-1)).toBe('[DONE]');
-  await sleep(100);
   // The replica finished exactly one request (the holder): the waiter never reached it.
   expect(await replicaRequests(replicaUrl)).toBe(1);
   expect(await replicaAborts(replicaUrl)).toBe(0);
-  expect(await t.recordOf('waiter')).toMatchObject({ outcome: 'client_cancelled', sla_met: null });
   expect(await t.recordOf('holder')).toMatchObject({ outcome: 'ok' });
 });
 

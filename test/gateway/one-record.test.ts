@@ -9,6 +9,7 @@ import type { FaultSpec } from '../../src/sim/faults.ts';
 import type { SimReplica } from '../../src/sim/replica.ts';
 import { OUTCOMES } from '../../src/telemetry/outcome.ts';
 import { STAGE_CHANNEL, type StageMark } from '../../src/telemetry/stages.ts';
+import { stageReached } from '../helpers/stages.ts';
 import {
   chat,
   MODEL,
@@ -88,8 +89,9 @@ it('35: every path writes exactly one record with a known outcome', async () => 
   gone.close();
   await r0.fault({ mode: 'hang' });
   await r1.fault({ mode: 'hang' });
+  const dispatched = stageReached('gone-early', 'dispatched');
   const early = openStream(t.url, CHAT, chat({ stream: true }), id('gone-early'));
-  await sleep(50);
+  await dispatched;
   early.abort();
   await waitFor(() => t!.gw.runtime.lifecycle.active === 0, 2000, 'cancelled requests ended');
   await both({ mode: 'reset' });

@@ -104,14 +104,14 @@ async function longStreams(url: string, n: number): Promise<OpenStream[]> {
 }
 
 describe('two gateway processes sharing one redis-server', () => {
-  it("see each other's in-flight counts and latency windows within one refresh interval", async () => {
+  it("see each other's in-flight counts and latency windows within a refresh of each", async () => {
     prefixN++;
     const a = await gateway();
     const b = await gateway();
     await waitFor(async () => (await admin(b.url)).store.peers >= 1, 5000, 'b sees a as a peer');
 
     await longStreams(a.url, 3);
-    // A's own counts are up the moment its streams are; B must see them within one refresh.
+    // A's own counts are up the moment its streams are; B must see them within a refresh of each.
     expect(sum((await admin(a.url)).backends, (x) => x.local_inflight)).toBe(3);
     const t0 = performance.now();
     await waitFor(
@@ -120,8 +120,9 @@ describe('two gateway processes sharing one redis-server', () => {
       "b sees a's 3 streams",
     );
     const seenAfter = performance.now() - t0;
-    // One refresh interval, plus the time of the polling request itself on a busy machine.
-    expect(seenAfter).toBeLessThan(REFRESH_MS + 150);
+    // Within a refresh of each side (A publishes on its tick, B reads on its own), plus the
+    // polling request itself on a busy machine.
+    expect(seenAfter).toBeLessThan(2 * REFRESH_MS + 400);
     const onB = (await admin(b.url)).backends;
     expect(sum(onB, (x) => x.local_inflight)).toBe(0);
     expect(sum(onB, (x) => x.inflight.promptTokens)).toBeGreaterThan(0);
@@ -143,7 +144,7 @@ describe('two gateway processes sharing one redis-server', () => {
       5000,
       "b sees a's latency samples",
     );
-    expect(performance.now() - t1).toBeLessThan(REFRESH_MS + 150);
+    expect(performance.now() - t1).toBeLessThan(2 * REFRESH_MS + 400);
     const withTtft = (await admin(b.url)).backends.filter((x) => x.latency.requests > 0);
     for (const x of withTtft) expect(x.latency.ttft.p50).toBeGreaterThan(0);
   });

@@ -96,10 +96,6 @@ function openStream(url: string): { firstData: Promise<void>; done: Promise<Stre
   return { firstData, done };
 }
 
-async function untilHit(up: Upstream): Promise<void> {
-  while (up.hits.length === 0) await sleep(5);
-}
-
 describe('cut after the commit point', () => {
   it('ends the stream with the cut error event and [DONE], cleanly, and closes the upstream', async () => {
     const { up, set, gw, shutdown } = await setup(endless);
@@ -141,7 +137,7 @@ describe('cut before the commit point', () => {
   it('answers with the cut error, its status and Retry-After, and closes the upstream', async () => {
     const { up, set, gw, shutdown } = await setup(hang());
     const pending = post(gw.url, chatBody());
-    await untilHit(up);
+    await up.arrived(0);
     await sleep(50);
     const lag = LoopLag.start();
     const cutAt = performance.now();
@@ -225,7 +221,7 @@ describe('an abort without a GatewayError reason', () => {
       responded = true;
     });
     req.end(JSON.stringify(chatBody()));
-    await untilHit(up);
+    await up.arrived(0);
     shutdown.abort();
     const result = await gw.nextResult();
     await sleep(50);

@@ -27,12 +27,15 @@ export type Script = (req: http.IncomingMessage, res: http.ServerResponse, hit: 
 export interface Upstream {
   url: string;
   hits: Hit[];
+  /** Resolves with the `index`-th request (from 0) once the upstream has it. */
+  arrived(index: number): Promise<Hit>;
   close(): Promise<void>;
 }
 
 /** A backend whose n-th request plays scripts[n] (the last script repeats). */
 export async function upstream(...scripts: Script[]): Promise<Upstream> {
   const hits: Hit[] = [];
+  const waiting: { index: number; resolve: (hit: Hit) => void }[] = [];
   const server = http.createServer(async (req, res) => {
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
@@ -49,6 +52,7 @@ export async function upstream(...scripts: Script[]): Promise<Upstream> {
       bytesWritten: 0,
     };
     hits.push(hit);
+    for (const w of waiting.filter((x) => x.index === hit.index)) w.resolve(hit);
     res.on('close', () => {
       hit.closedAt = performance.now();
       closed(hit.closedAt);
@@ -61,7 +65,12 @@ export async function upstream(...scripts: Script[]): Promise<Upstream> {
     }
   });
   server.keepAliveTimeout = 5_000;
-  return { ...(await listenLoopback(server)), hits };
+  const arrived = (index: number): Promise<Hit> => {
+    const hit = hits[index];
+    if (hit !== undefined) return Promise.resolve(hit);
+    return new Promise((resolve) => waiting.push({ index, resolve }));
+  };
+  return { ...(await listenLoopback(server)), hits, arrived };
 }
 
 /**
