@@ -392,6 +392,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       metrics.setClasses(Object.keys(next.sla.classes));
       const before = backends.list().map((b) => b.name);
       const drained = backends.update(backendConfigs(next, fleet));
+      const kept = new Set(backends.list().map((b) => b.name));
+      const removed = before.filter((name) => !kept.has(name));
+      metrics.setBackends(kept);
+      for (const name of removed) metrics.removeBackendGauges(name);
       live.setBackends(scrapeTargets());
       // New backends or larger queues may let waiting requests go now.
       scheduler.pump();
@@ -411,8 +415,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       // Only now: a request still draining on a removed backend would recreate its series, and so
       // would the bookkeeping it left queued (settled here first).
       rt.afterwork.settle();
-      const kept = new Set(backends.list().map((b) => b.name));
-      for (const name of before) if (!kept.has(name)) metrics.removeBackend(name);
+      // A newer reload may have brought a name back meanwhile: its series are that backend's.
+      const inService = new Set(backends.list().map((b) => b.name));
+      for (const name of removed) if (!inService.has(name)) metrics.removeBackend(name);
     }
 
     const app = buildApp(rt);

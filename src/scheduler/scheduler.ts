@@ -134,15 +134,17 @@ export interface BackendSchedule {
   name: string;
   limit: number;
   inflight: number;
-  /** The last control step's error (1 = at the setpoint); null before any signal. */
+  /** The last control step's error (1 = at the setpoint); null before any signal, and under fcfs. */
   error: number | null;
-  tpotShare: number;
+  /** The outer loop's setpoint; null under fcfs, where no loop runs. */
+  tpotShare: number | null;
 }
 
 export interface SchedulerView {
   policy: 'slagate' | 'fcfs';
   queued: number;
   retries: number;
+  /** Requests waiting, by class; a class with none waiting is left out. */
   byClass: Record<string, number>;
   /** Slots freed per second (smoothed): the drain rate the wait estimates use. */
   releasesPerS: number | null;
@@ -358,8 +360,10 @@ export class Scheduler {
 
   view(): SchedulerView {
     const byClass: Record<string, number> = {};
-    for (const [c, n] of this.#queue.depthByClass()) byClass[c] = n;
+    // Classes with requests waiting only: a class a reload removed goes once its last one leaves.
+    for (const [c, n] of this.#queue.depthByClass()) if (n > 0) byClass[c] = n;
     const backends: BackendSchedule[] = [];
+    const looping = this.#deps.settings().policy !== 'fcfs';
     for (const b of this.#deps.backends()) {
       const c = this.#controlOf(b.name);
       backends.push({
@@ -367,7 +371,7 @@ export class Scheduler {
         limit: Math.floor(c.limit),
         inflight: this.#deps.live.load(b.name),
         error: c.error,
-        tpotShare: c.tpotShare,
+        tpotShare: looping ? c.tpotShare : null,
       });
     }
     return {
@@ -956,6 +960,8 @@ export class Scheduler {
         c.tpotRatios = [[]];
         c.periods = 0;
         c.boundPeriods = 0;
+        // Nothing measures an error against a setpoint here: the last loop's would read as current.
+        c.error = null;
       } else {
         // The median gap over the last few periods (controller.ts says why it leads, and why the
         // mean still bounds it): one period holds only a few decode steps.

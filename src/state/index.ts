@@ -11,6 +11,7 @@ export type {
   LiveState,
   LiveStateOptions,
   LiveStateView,
+  PrefixSize,
   RatesView,
 } from './live-state.ts';
 export { createLiveState } from './live-state.ts';

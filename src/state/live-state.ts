@@ -148,6 +148,14 @@ export interface LatencySample {
   loadAtDispatch: number;
 }
 
+/** What the prefix index holds for one backend, in index blocks. */
+export interface PrefixSize {
+  blocks: number;
+  capacity: number;
+  /** The capacity comes from an assumed KV cache (DEFAULT_KV_TOKENS): vLLM's size is not scraped yet. */
+  capacityAssumed: boolean;
+}
+
 export interface LiveState {
   readonly instanceId: string;
   /** Counts a request as in flight on `backend` until lease.end(); not counted if the backend is unknown. */
@@ -190,7 +198,7 @@ export interface LiveState {
    */
   prefixInsert(backend: string, hashes: readonly number[], hashedAt?: number): void;
   /** Blocks the prefix index holds for `backend`, and its capacity. */
-  prefixSize(backend: string): { blocks: number; capacity: number };
+  prefixSize(backend: string): PrefixSize;
   telemetry(backend: string): BackendTelemetry | null;
   backendView(name: string): BackendLiveView | undefined;
   view(): LiveStateView;
@@ -461,10 +469,12 @@ class LiveStateImpl implements LiveState {
     return this.#indexedAt === undefined ? '' : `@${this.#indexedAt}`;
   }
 
-  prefixSize(backend: string): { blocks: number; capacity: number } {
+  prefixSize(backend: string): PrefixSize {
+    const m = this.#scraper?.get(backend);
     return {
       blocks: this.#prefix.size(backend),
       capacity: this.#indexCapacity(backend),
+      capacityAssumed: m === undefined || m.numGpuBlocks === null,
     };
   }
 

@@ -101,6 +101,8 @@ export class GatewayMetrics {
   private readonly series = new Map<string, ClassSeries>();
   /** The configured classes (their queue depths are exported). */
   private configured = new Set<string>();
+  /** Backends a reload removed and whose series are gone: a late record names none of them. */
+  private readonly retired = new Set<string>();
   /** Classes no longer configured whose queue depth is still shown (their requests wait). */
   private readonly unconfigured = new Set<string>();
   private prefixHitTokens = 0;
@@ -259,10 +261,14 @@ export class GatewayMetrics {
   observeRequest(r: AdmissionRecord, itlMs?: ArrayLike<number>): void {
     const cls = r.class ?? NONE;
     const c = this.classSeries(cls);
-    const s = this.bundle(c, cls, r.backend ?? NONE);
+    // A request that ends after its backend's series went (a retry still queued when the drain
+    // ended names the backend of its last attempt) is counted under none: a series of a backend no
+    // longer configured would come back and stay.
+    const backend = r.backend === null || this.retired.has(r.backend) ? NONE : r.backend;
+    const s = this.bundle(c, cls, backend);
     let req = s.requests.get(r.outcome);
     if (req === undefined) {
-      req = this.requests.labels(cls, r.backend ?? NONE, r.outcome);
+      req = this.requests.labels(cls, backend, r.outcome);
       s.requests.set(r.outcome, req);
     }
     req.inc();
@@ -323,9 +329,13 @@ export class GatewayMetrics {
     setOrDrop(gauges.prefill_tokens_per_second, backend, g.prefill_tokens_per_second);
   }
 
-  /** Drops every series labelled with this backend (after a reload removed it). */
+  /**
+   * Drops every series labelled with this backend (after a reload removed it and its requests
+   * drained); records that still name it count under none until a reload brings the name back.
+   */
   removeBackend(backend: string): void {
-    for (const gauge of Object.values(this.backendGauges)) gauge.remove(backend);
+    this.retired.add(backend);
+    this.removeBackendGauges(backend);
     for (const [cls, { backends: byBackend }] of this.series) {
       const s = byBackend.get(backend);
       if (s === undefined) continue;
@@ -333,6 +343,20 @@ export class GatewayMetrics {
       for (const outcome of s.requests.keys()) this.requests.remove(cls, backend, outcome);
       byBackend.delete(backend);
     }
+  }
+
+  /** The backends in service after a reload: a name that comes back is counted as itself again. */
+  setBackends(names: Iterable<string>): void {
+    for (const name of names) this.retired.delete(name);
+  }
+
+  /**
+   * A backend's current-state gauges, at once when a reload removes it: from then on nothing
+   * updates them (the scrape stops, /metrics refreshes the backends in service), and a frozen
+   * last value would read as current while its last requests drain.
+   */
+  removeBackendGauges(backend: string): void {
+    for (const gauge of Object.values(this.backendGauges)) gauge.remove(backend);
   }
 
   /**

@@ -167,9 +167,18 @@ describe('on reload', () => {
     await s.until((text) => sseData(text).length >= 2);
     const removed = s.headers['x-slagate-backend'] as string;
     const kept = removed === 'r0' ? { name: 'r1', url: u1 } : { name: 'r0', url: u0 };
+    // Scraped once while both serve: each backend's current-state gauges exist.
+    expect((await get(t.url, '/metrics')).text).toContain(`slagate_backend_healthy{backend="${removed}"}`);
     const admissionLog = t.gw.runtime.config.logging.admission_log;
     const reloaded = t.gw.reload(toConfig(baseConfig([kept], admissionLog)));
     await waitFor(() => t.gw.runtime.backends.list().length === 1, 1000, 'backend removed');
+    // While its stream drains, nothing updates the removed backend's current-state gauges: they
+    // are gone, not frozen at their last values (its request counters stay until the drain ends).
+    const draining = (await get(t.url, '/metrics')).text;
+    expect(sseData(s.received()).at(-1)).not.toBe('[DONE]');
+    expect(draining).not.toContain(`slagate_backend_healthy{backend="${removed}"}`);
+    expect(draining).not.toContain(`slagate_backend_inflight{backend="${removed}"}`);
+    expect(draining).toContain(`slagate_backend_healthy{backend="${kept.name}"}`);
     for (let i = 0; i < 3; i++) {
       expect((await post(t.url, CHAT, chat())).headers['x-slagate-backend']).toBe(kept.name);
     }

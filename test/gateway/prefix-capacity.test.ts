@@ -1,7 +1,7 @@
 // The prefix index's bound follows the characters per token the gateway learns from the backends'
 // counts: each backend's part holds as many tokens as its KV cache, not one hash per KV block.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { chat, get, post, startTestGateway, type TestGateway } from './harness.ts';
+import { chat, get, post, startTestGateway, type TestGateway, waitFor } from './harness.ts';
 
 let t: TestGateway;
 beforeAll(async () => {
@@ -11,21 +11,28 @@ afterAll(async () => {
   await t.close();
 });
 
-async function capacity(): Promise<number> {
-  const s = JSON.parse((await get(t.url, '/admin/state')).text) as {
-    backends: { prefix_index: { capacity: number } }[];
-  };
-  return s.backends[0]!.prefix_index.capacity;
+interface IndexSize {
+  capacity: number;
+  capacity_assumed: boolean;
 }
+
+async function indexSize(): Promise<IndexSize> {
+  const s = JSON.parse((await get(t.url, '/admin/state')).text) as {
+    backends: { prefix_index: IndexSize }[];
+  };
+  return s.backends[0]!.prefix_index;
+}
+const capacity = async () => (await indexSize()).capacity;
 
 describe('prefix index capacity', () => {
   it('shrinks to the KV cache in tokens once the text turns out to be 2 characters per token', async () => {
-    // Until the backend's cache config is scraped the index has its default bound (16,384).
-    let before = await capacity();
-    while (before === 16_384) {
-      await new Promise((r) => setTimeout(r, 20));
-      before = await capacity();
-    }
+    // Until the backend's cache config is scraped the index has its default bound (16,384), and
+    // says it is assumed.
+    const first = await indexSize();
+    if (first.capacity_assumed) expect(first.capacity).toBe(16_384);
+    await waitFor(async () => !(await indexSize()).capacity_assumed, 3000, 'cache config scraped');
+    expect((await indexSize()).capacity_assumed).toBe(false);
+    const before = await capacity();
     // 4 characters per token (the start): one index block per KV block of 16 tokens.
     expect(before).toBeGreaterThan(0);
     // "a a a …": each " a" is one token, 2 characters. The backend's count teaches the gateway.

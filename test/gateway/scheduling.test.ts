@@ -96,6 +96,9 @@ describe('late dispatch and what is measured about the wait', () => {
     g.release();
     await holder.ended;
     await waitFor(() => g.open() === 1, 2000, 'the waiter dispatched');
+    // None waits now: the class is left out, not listed at 0.
+    const drained = JSON.parse((await get(t.url, '/admin/state')).text) as AdminState;
+    expect(drained.scheduler.queue_by_class).toEqual({});
     g.release();
     const res = await waiting;
     expect(res.status).toBe(200);

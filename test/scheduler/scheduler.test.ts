@@ -882,6 +882,25 @@ describe('the control loop and the estimates', () => {
       expect(share(f)).toBe(0.8);
     });
 
+    it('under fcfs, after a reload from slagate, shows no control error and no share: no loop runs', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const f = setup(['a'], outer());
+      const slots = await Promise.all([1, 2].map(() => f.scheduler.ticket(req()).acquire(first())));
+      pace(slots[0]!.meter!, 20, 0.9 * 0.8 * 50);
+      period();
+      expect(f.scheduler.view().backends[0]!.error).toBeCloseTo(0.9, 1);
+      f.set({ ...outer(), policy: 'fcfs' });
+      pace(slots[0]!.meter!, 20, 0.9 * 0.8 * 50);
+      period();
+      expect(f.scheduler.view().backends[0]).toMatchObject({ error: null, tpotShare: null });
+      // Back under slagate, the loop measures again from its next step.
+      f.set(outer());
+      pace(slots[0]!.meter!, 20, 0.9 * 0.8 * 50);
+      period();
+      expect(f.scheduler.view().backends[0]).toMatchObject({ tpotShare: 0.8 });
+      expect(f.scheduler.view().backends[0]!.error).toBeCloseTo(0.9, 1);
+    });
+
     it('needs fifty completions in its window before it moves', async () => {
       vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
       const f = await oneRunning();

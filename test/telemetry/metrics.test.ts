@@ -201,6 +201,22 @@ describe('GatewayMetrics', () => {
     // A removed backend's series go with it.
     m.removeBackend('gpu-0');
     expect(value(parseSamples(await m.render()), 'slagate_itl_seconds_count', cb)).toBeUndefined();
+    // A record that ends later naming it (a retry queued past the drain) counts under none and
+    // brings none of its series back.
+    m.observeRequest(record({ backend: 'gpu-0', outcome: 'failed_before_commit' }), [3]);
+    const late = parseSamples(await m.render());
+    expect(late.filter((x) => x.labels.backend === 'gpu-0')).toEqual([]);
+    expect(
+      value(late, 'slagate_requests_total', {
+        class: 'interactive',
+        backend: 'none',
+        outcome: 'failed_before_commit',
+      }),
+    ).toBe(1);
+    // A reload that brings the name back: its requests are its own again.
+    m.setBackends(['gpu-0', 'gpu-1']);
+    m.observeRequest(record({}), [4]);
+    expect(value(parseSamples(await m.render()), 'slagate_itl_seconds_count', cb)).toBe(1);
   });
 
   it('counts TTFT, TPOT, E2E, queue wait and overhead as prom-client would', async () => {
@@ -414,7 +430,8 @@ describe('GatewayMetrics', () => {
       1,
     );
     expect(value(s, 'slagate_backend_inflight', { backend: 'gpu-1' })).toBe(1);
-    // A backend added back later starts from zero.
+    // A backend added back later (the reload names it again) starts from zero.
+    m.setBackends(['gpu-0', 'gpu-1']);
     m.observeRequest(record({ backend: 'gpu-0' }));
     const again = parseSamples(await m.render());
     expect(
