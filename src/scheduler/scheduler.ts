@@ -370,7 +370,8 @@ export class Scheduler {
         name: b.name,
         limit: Math.floor(c.limit),
         inflight: this.#deps.live.load(b.name),
-        error: c.error,
+        // From the reload on, not from the next control step: no loop runs under fcfs.
+        error: looping ? c.error : null,
         tpotShare: looping ? c.tpotShare : null,
       });
     }

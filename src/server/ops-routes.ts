@@ -2,7 +2,7 @@
 // the live page over it (dashboard.ts). None of them is proxied and none writes an admission record.
 
 import type { FastifyInstance } from 'fastify';
-import { currentTelemetry, type PrefixSize } from '../state/index.ts';
+import { currentTelemetry } from '../state/index.ts';
 import { registerDashboard } from './dashboard.ts';
 import type { Runtime } from './runtime.ts';
 
@@ -28,10 +28,6 @@ function refreshGauges(rt: Runtime): void {
   }
   rt.metrics.setQueueDepths(rt.scheduler.view().byClass);
   rt.metrics.setStoreDegraded(rt.live.status().degraded);
-}
-
-function prefixIndexView(size: PrefixSize) {
-  return { blocks: size.blocks, capacity: size.capacity, capacity_assumed: size.capacityAssumed };
 }
 
 export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
@@ -110,7 +106,10 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
           concurrency_limit: limits.get(b.name)?.limit ?? null,
           control_error: limits.get(b.name)?.error ?? null,
           tpot_share: limits.get(b.name)?.tpotShare ?? null,
-          prefix_index: prefixIndexView(rt.live.prefixSize(b.name)),
+          prefix_index: {
+            ...rt.live.prefixSize(b.name),
+            capacity_assumed: rt.live.prefixCapacityAssumed(b.name),
+          },
           latency: v?.latency ?? null,
           by_class: v?.byClass ?? null,
           rates: v?.rates ?? null,

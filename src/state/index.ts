@@ -11,7 +11,6 @@ export type {
   LiveState,
   LiveStateOptions,
   LiveStateView,
-  PrefixSize,
   RatesView,
 } from './live-state.ts';
 export { createLiveState } from './live-state.ts';

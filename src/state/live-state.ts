@@ -148,14 +148,6 @@ export interface LatencySample {
   loadAtDispatch: number;
 }
 
-/** What the prefix index holds for one backend, in index blocks. */
-export interface PrefixSize {
-  blocks: number;
-  capacity: number;
-  /** The capacity comes from an assumed KV cache (DEFAULT_KV_TOKENS): vLLM's size is not scraped yet. */
-  capacityAssumed: boolean;
-}
-
 export interface LiveState {
   readonly instanceId: string;
   /** Counts a request as in flight on `backend` until lease.end(); not counted if the backend is unknown. */
@@ -198,7 +190,12 @@ export interface LiveState {
    */
   prefixInsert(backend: string, hashes: readonly number[], hashedAt?: number): void;
   /** Blocks the prefix index holds for `backend`, and its capacity. */
-  prefixSize(backend: string): PrefixSize;
+  prefixSize(backend: string): { blocks: number; capacity: number };
+  /**
+   * Whether prefixSize's capacity rests on an assumed KV cache: vLLM's num_gpu_blocks (and, when
+   * index blocks are sized in tokens, its block_size) not scraped yet. For /admin/state only.
+   */
+  prefixCapacityAssumed(backend: string): boolean;
   telemetry(backend: string): BackendTelemetry | null;
   backendView(name: string): BackendLiveView | undefined;
   view(): LiveStateView;
@@ -469,13 +466,18 @@ class LiveStateImpl implements LiveState {
     return this.#indexedAt === undefined ? '' : `@${this.#indexedAt}`;
   }
 
-  prefixSize(backend: string): PrefixSize {
-    const m = this.#scraper?.get(backend);
+  prefixSize(backend: string): { blocks: number; capacity: number } {
     return {
       blocks: this.#prefix.size(backend),
       capacity: this.#indexCapacity(backend),
-      capacityAssumed: m === undefined || m.numGpuBlocks === null,
     };
+  }
+
+  prefixCapacityAssumed(backend: string): boolean {
+    const m = this.#scraper?.get(backend);
+    if (m === undefined || m.numGpuBlocks === null) return true;
+    const perBlock = this.#indexBlockTokens?.();
+    return perBlock !== undefined && perBlock > 0 && m.blockSize === null;
   }
 
   /**

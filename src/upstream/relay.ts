@@ -32,7 +32,7 @@
 //   the attempt took the response (`first_token` for a stream, `body` for a whole body passed
 //   through, `rejected` when a 4xx is to be relayed at once), or rejects with the AttemptFailure of a
 //   pre-commit failure. Only `first_token` is a first token (what the TTFT fit may learn).
-import { randomBytes } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Dispatcher } from 'undici';
@@ -854,22 +854,21 @@ function capped(message: string | null): string | null {
   return message === null ? null : message.slice(0, MAX_REJECT_MESSAGE);
 }
 
-/** This process's mark in the ids it sends upstream (random, so two gateway instances differ). */
-const PROCESS_MARK = randomBytes(4).toString('hex');
-let attemptsSent = 0;
-
 /**
- * The x-request-id an attempt sends upstream: the request's id, then a suffix no other attempt of
- * any gateway instance has. Invariant: no two attempts in flight anywhere send the same id. vLLM
- * takes this header as the engine's request id, and from late 2024 up to 0.11 it refused a second
- * request whose id was still running (400 "already running"); behind several API servers a repeat
- * reached the engine and broke it. A client that reuses its id, or retries while the backend still
- * runs its aborted first try, must not get that. The client's id comes first, so vLLM's log is
- * still searched by it.
+ * The x-request-id an attempt sends upstream: the request's id, then 60 random bits of its own.
+ * Invariant: two attempts in flight at once, of any gateway instance, send the same id only by a
+ * 2^-60 chance (and only with the same client id); the suffix tells nothing (no counter: vLLM
+ * names its response by this header, and the client reads that name). vLLM takes
+ * the header as the engine's request id, and from late 2024 up to 0.11 it refused a second request
+ * whose id was still running (400 "already running"); behind several API servers a repeat reached
+ * the engine and broke it. A client that reuses its id, or retries while the backend still runs
+ * its aborted first try, must not get that. The client's id comes first, so vLLM's log is still
+ * searched by it.
  */
 function upstreamRequestId(requestId: string): string {
-  attemptsSent++;
-  return `${requestId}.${PROCESS_MARK}${attemptsSent.toString(36)}`;
+  const r = randomUUID();
+  // A version-4 UUID's first 16 hex digits, less the dash: 60 random bits and the version digit.
+  return `${requestId}.${r.slice(0, 8)}${r.slice(9, 13)}${r.slice(14, 18)}`;
 }
 
 /** The upstream request's headers: the backend's key only when it has one. */

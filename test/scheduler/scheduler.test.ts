@@ -890,6 +890,8 @@ describe('the control loop and the estimates', () => {
       period();
       expect(f.scheduler.view().backends[0]!.error).toBeCloseTo(0.9, 1);
       f.set({ ...outer(), policy: 'fcfs' });
+      // At once, before any control step under fcfs, and after one.
+      expect(f.scheduler.view().backends[0]).toMatchObject({ error: null, tpotShare: null });
       pace(slots[0]!.meter!, 20, 0.9 * 0.8 * 50);
       period();
       expect(f.scheduler.view().backends[0]).toMatchObject({ error: null, tpotShare: null });

@@ -372,7 +372,7 @@ describe('LiveState with the memory store', () => {
       s.prefixInsert('gpu-0', [1, 2, 3, 4, 7]);
       expect(s.prefixSize('gpu-0').blocks).toBe(5);
       // Nothing scraped here: the capacity rests on an assumed KV cache, and says so.
-      expect(s.prefixSize('gpu-0').capacityAssumed).toBe(true);
+      expect(s.prefixCapacityAssumed('gpu-0')).toBe(true);
       // A reload to 64: the blocks hashed at 16 go; the new one is the only block held.
       size = 64;
       s.prefixInsert('gpu-0', [9]);

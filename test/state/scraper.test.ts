@@ -202,7 +202,7 @@ describe('vLLM telemetry scraper', () => {
     // Until scraped: a KV cache of DEFAULT_KV_TOKENS, or DEFAULT_CAPACITY blocks without a ratio.
     expect(sized.prefixSize('x').capacity).toBe(Math.floor(DEFAULT_KV_TOKENS / 12.5));
     expect(plain.prefixSize('x').capacity).toBe(DEFAULT_CAPACITY);
-    expect([sized, plain].map((s) => s.prefixSize('x').capacityAssumed)).toEqual([true, true]);
+    expect([sized, plain].map((s) => s.prefixCapacityAssumed('x'))).toEqual([true, true]);
     await until(
       () => sized.prefixSize('x').capacity === 1_280 && plain.prefixSize('x').capacity === 1_000,
       2_000,
@@ -211,7 +211,7 @@ describe('vLLM telemetry scraper', () => {
     // 16,000 tokens of KV: 1,280 index blocks of 12.5 tokens, or one per KV block without a ratio.
     expect(sized.prefixSize('x').capacity).toBe(1_280);
     expect(plain.prefixSize('x').capacity).toBe(1_000);
-    expect([sized, plain].map((s) => s.prefixSize('x').capacityAssumed)).toEqual([false, false]);
+    expect([sized, plain].map((s) => s.prefixCapacityAssumed('x'))).toEqual([false, false]);
     const unique = Array.from({ length: 2_000 }, (_, i) => i + 1);
     sized.prefixInsert('x', unique);
     plain.prefixInsert('x', unique);
@@ -220,7 +220,7 @@ describe('vLLM telemetry scraper', () => {
     // The ratio is read at every trim: text of fewer characters per token means bigger blocks.
     perIndexBlock = 32;
     sized.prefixInsert('x', [5_000]);
-    expect(sized.prefixSize('x')).toEqual({ blocks: 500, capacity: 500, capacityAssumed: false });
+    expect(sized.prefixSize('x')).toEqual({ blocks: 500, capacity: 500 });
     // The most recent survive: the new hash and the leading blocks of the chain (touched last).
     expect(sized.prefixMatch('x', [1, 2, 3])).toBe(3);
     expect(sized.prefixMatch('x', [5_000])).toBe(1);
