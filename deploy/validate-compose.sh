@@ -44,7 +44,8 @@ check() {
   done
   local out
   # --project-directory: relative paths in the file resolve as they would for `docker compose up`.
-  if out=$(cd "$dir" && env "${envs[@]}" "${compose[@]}" --project-directory "$dir" -f "$file" "$@" config -q 2>&1); then
+  # (The envs expansion guards an empty list: bash before 4.4 calls it unbound under set -u.)
+  if out=$(cd "$dir" && env ${envs[@]+"${envs[@]}"} "${compose[@]}" --project-directory "$dir" -f "$file" "$@" config -q 2>&1); then
     echo "ok: $label"
     [ -n "$out" ] && printf '%s\n' "$out"
   else

@@ -306,10 +306,13 @@ function composeProblems(compose: Obj, readFile: (p: string) => string): string[
     }
   }
 
-  // Only the load balancer publishes a port, exactly one.
+  // Only the load balancer publishes ports: exactly one to every address, any other on the
+  // host's loopback only.
   for (const [name, s] of Object.entries(services)) {
-    const ports = arr(obj(s).ports);
-    if (name === 'lb' && ports.length !== 1) problems.push(`lb publishes ${ports.length} ports`);
+    const ports = arr(obj(s).ports).map(String);
+    const open = ports.filter((p) => !p.startsWith('127.0.0.1:'));
+    if (name === 'lb' && open.length !== 1)
+      problems.push(`lb publishes ${open.length} ports beyond the loopback`);
     if (name !== 'lb' && ports.length > 0) problems.push(`${name} publishes ports`);
   }
   // The gateways' shutdown grace (30 s) fits in the stop timeout.
@@ -323,7 +326,7 @@ function composeProblems(compose: Obj, readFile: (p: string) => string): string[
 describe('docker-compose.yml', () => {
   const compose = obj(parse(read('docker-compose.yml'), { merge: true }));
 
-  it('has redis, sim, two gateways sharing Redis, one load balancer port and a gpu profile', () => {
+  it('has redis, sim, two gateways sharing Redis, one public load balancer port (the operational one on the loopback) and a gpu profile', () => {
     expect(composeProblems(compose, read)).toEqual([]);
     const services = obj(compose.services);
     expect(Object.keys(services)).toEqual(
@@ -355,7 +358,7 @@ describe('docker-compose.yml', () => {
       broken((s) => {
         obj(s.lb).ports = ['8080:8080', '8443:8443'];
       }),
-    ).toMatch(/lb publishes 2 ports/);
+    ).toMatch(/lb publishes 2 ports beyond the loopback/);
     expect(
       broken((s) => {
         obj(s['gateway-1']).ports = ['8081:8081'];
@@ -396,17 +399,26 @@ describe('docker-compose.yml', () => {
     );
     for (const directive of [
       /proxy_buffering\s+off;/,
+      // A 503 is retried on the other gateway only for a body nginx holds whole.
+      /proxy_request_buffering\s+on;/,
       /proxy_http_version\s+1\.1;/,
       /proxy_read_timeout\s+\d{3,}s;/,
     ])
       expect(nginx).toMatch(directive);
-    const [published] = arr(obj(services.lb).ports).map(String);
-    expect(published?.split(':').at(-1)).toBe(/listen\s+(\d+);/.exec(nginx)?.[1]);
-    // The operational routes, unauthenticated in the gateway, are denied to public addresses.
+    // No gateway is taken out for its own 503s (backends down): no passive failure accounting.
+    expect([...nginx.matchAll(/^\s*server\s+[\w.-]+:\d+([^;]*);/gm)].map((m) => m[1]!.trim())).toEqual([
+      'max_fails=0',
+      'max_fails=0',
+    ]);
+    // Inference on the first listener, published; the operational routes (unauthenticated in the
+    // gateway) refused there and served on the second, published on the host's loopback only.
+    const [inference, opsPort] = [...nginx.matchAll(/listen\s+(\d+);/g)].map((m) => m[1]);
+    expect(arr(obj(services.lb).ports).map(String).sort()).toEqual(
+      [`${inference}:${inference}`, `127.0.0.1:${opsPort}:${opsPort}`].sort(),
+    );
     const ops = /location\s+~\s+\^\/\(metrics\|admin\/\|dashboard\)\s*\{([^}]*)\}/.exec(nginx)?.[1];
     expect(ops).toBeDefined();
-    expect(ops).toMatch(/deny\s+all;/);
-    expect(ops).toMatch(/proxy_pass\s+http:\/\/slagate;/);
+    expect(ops).toMatch(/return\s+403;/);
   });
 
   it('`slagate sim` runs with the flags the sim service passes, --host included, and serves on that host', async () => {
