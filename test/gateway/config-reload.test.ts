@@ -15,11 +15,13 @@ import { alive, childPids } from '../helpers/processes.ts';
 import {
   baseConfig,
   chat,
+  chatStreamText,
   get,
   MODEL,
   merge,
   openStream,
   post,
+  type Script,
   scripted,
   serveChild,
   sseData,
@@ -194,6 +196,60 @@ describe('on reload', () => {
     const metrics = (await get(t.url, '/metrics')).text;
     expect(metrics).not.toContain(`backend="${removed}"`);
     expect(metrics).toContain(`backend="${kept.name}"`);
+  });
+
+  it("a name removed, brought back and removed again: the first removal's drain leaves the second's series alone", async () => {
+    // Backends that answer at once, except a request whose id starts with "hold": that one waits
+    // until the test releases it.
+    const held = new Map<string, () => void>();
+    const script: Script = (req, res) => {
+      const id = String(req.headers['x-request-id']).split('.')[0]!;
+      const answer = () => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(chatStreamText(2));
+      };
+      if (id.startsWith('hold')) held.set(id, answer);
+      else answer();
+    };
+    const [a, k] = await Promise.all([scripted(script), scripted(script)]);
+    cleanups.push(a.close, k.close);
+    // Patient targets: a held request is not cut while the test arranges the next step.
+    const patient = {
+      upstream: { first_token_timeout_ms: 30_000 },
+      sla: {
+        default_class: 'interactive',
+        classes: { interactive: { ttft_p99_ms: 30_000, tpot_p99_ms: 1000, priority: 0 } },
+      },
+    };
+    const t = await startTestGateway({ backends: [{ name: 'a', url: a.url }], config: patient });
+    cleanups.push(() => t.close());
+    const admissionLog = t.gw.runtime.config.logging.admission_log;
+    const only = (name: string, url: string) =>
+      toConfig(merge(baseConfig([{ name, url }], admissionLog), patient));
+    const series = async () => (await get(t.url, '/metrics')).text.includes('backend="a"');
+    const first = post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'hold-1' });
+    await waitFor(() => held.has('hold-1'), 2000, 'hold-1 on a');
+    // R1 removes `a` while hold-1 runs there; R2 brings the name back (a new backend), which
+    // serves one request; R3 removes it again while hold-2 runs on it.
+    const r1 = t.gw.reload(only('k', k.url));
+    await waitFor(() => t.gw.runtime.backends.list()[0]?.name === 'k', 2000, 'a removed');
+    await t.gw.reload(only('a', a.url));
+    expect((await post(t.url, CHAT, chat({ stream: true }))).status).toBe(200);
+    const second = post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'hold-2' });
+    await waitFor(() => held.has('hold-2'), 2000, 'hold-2 on a again');
+    const r3 = t.gw.reload(only('k', k.url));
+    await waitFor(() => t.gw.runtime.backends.list()[0]?.name === 'k', 2000, 'a removed again');
+    // R1's drain ends: R3's removal is the latest, and its requests still drain.
+    held.get('hold-1')!();
+    expect((await first).status).toBe(200);
+    await r1;
+    expect(await series()).toBe(true);
+    // R3's drain ends: now the name's series go.
+    held.get('hold-2')!();
+    expect((await second).status).toBe(200);
+    await r3;
+    expect(await series()).toBe(false);
+    expect(await t.recordOf('hold-2')).toMatchObject({ outcome: 'ok', backend: 'a' });
   });
 
   it("a reload that gives a backend's name another URL: the old server's stream finishes, and nothing of it is learnt for the new one", async () => {
