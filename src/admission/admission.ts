@@ -183,6 +183,22 @@ export class AdmissionController {
     if (limits === null) return;
     const { live } = this.#deps;
     const usage = live.tenantUsage(req.tenant);
+    const tpm = limits.tokens_per_minute;
+    // Invariant: a 429 is something waiting cures. A request that alone counts more than the
+    // budget never fits in a minute however long it waits; a 429 with Retry-After would have the
+    // client (the openai SDKs retry 429s, honouring Retry-After) wait and fail again. It is the
+    // request that must change: 400, as for prompt + max_tokens over the context; and before any
+    // 429, so that no limit a wait would cure answers first.
+    if (tpm !== undefined && req.budgetTokens > tpm) {
+      throw this.#refuse(
+        req,
+        new GatewayError(
+          'invalid_request',
+          `The request counts ${req.budgetTokens} tokens (prompt + max_tokens, times n); tenant '${req.tenant}' may use ${tpm} per minute. Lower max_tokens or shorten the prompt.`,
+        ),
+        null,
+      );
+    }
     const max = limits.max_concurrency;
     if (max !== undefined && usage.inflight >= max) {
       throw this.#refuse(
@@ -195,22 +211,7 @@ export class AdmissionController {
         null,
       );
     }
-    const tpm = limits.tokens_per_minute;
     if (tpm === undefined) return;
-    // Invariant: a 429 is something waiting cures. A request that alone counts more than the
-    // budget never fits in a minute however long it waits; a 429 with Retry-After would have the
-    // client (the openai SDKs retry 429s, honouring Retry-After) wait and fail again. It is the
-    // request that must change: 400, as for prompt + max_tokens over the context.
-    if (req.budgetTokens > tpm) {
-      throw this.#refuse(
-        req,
-        new GatewayError(
-          'invalid_request',
-          `The request counts ${req.budgetTokens} tokens (prompt + max_tokens, times n); tenant '${req.tenant}' may use ${tpm} per minute. Lower max_tokens or shorten the prompt.`,
-        ),
-        null,
-      );
-    }
     if (usage.tokens + req.budgetTokens > tpm) {
       const freedMs = live.tenantTokensFreedInMs(req.tenant, usage.tokens + req.budgetTokens - tpm);
       throw this.#refuse(

@@ -128,6 +128,17 @@ describe('tenant limits (item 31)', () => {
     tick(31_000);
     expect(codeOf(() => admission.admit(req({ limits, budgetTokens: 1100 })))).toBe('admitted');
   });
+
+  it('a request larger than the whole budget is a 400 even while the tenant is at its concurrency limit', () => {
+    const { admission } = setup();
+    const limits = { max_concurrency: 1, tokens_per_minute: 3000 };
+    admission.admit(req({ limits, budgetTokens: 100 }));
+    // A 429 would have the client wait and retry what can never pass.
+    expect(codeOf(() => admission.admit(req({ limits, budgetTokens: 5000 })))).toBe(
+      'invalid_request:undefined',
+    );
+    expect(codeOf(() => admission.admit(req({ limits, budgetTokens: 100 })))).toBe('rate_limited:1');
+  });
 });
 
 describe('predicted TTFT', () => {
