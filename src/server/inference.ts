@@ -109,6 +109,9 @@ export async function handleInference(
   // retrying through an overload, as Retry-After tells it to, would otherwise spend its budget
   // without being served once.
   let reachedEngine = true;
+  // What the backend counted the request used (its usage), when it said: charged to the tenant
+  // over what admission charged (TenantLease.end).
+  let usedTokens: number | null = null;
   try {
     const result = await proxyRequest(
       {
@@ -132,6 +135,8 @@ export async function handleInference(
       rt.retryBudget,
     );
     reachedEngine = result.reachedEngine;
+    if (result.completionTokens !== null)
+      usedTokens = (result.promptTokens ?? promptTokens) + result.completionTokens;
     // The client has its answer: the record and what it teaches wait for the next request (afterwork.ts).
     rt.afterwork.defer(() => finishProxied(rt, record, got, admitted, ticket, result));
   } catch (err) {
@@ -151,6 +156,6 @@ export async function handleInference(
       error: err instanceof Error ? err.message : String(err),
     });
   } finally {
-    admitted.tenantLease.end(!reachedEngine);
+    admitted.tenantLease.end(!reachedEngine, usedTokens);
   }
 }

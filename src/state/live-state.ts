@@ -414,7 +414,7 @@ class LiveStateImpl implements LiveState {
   }
 
   tenantLease(tenant: string, tokens: number): TenantLease {
-    return this.#tenants.lease(tenant, tokens, this.#now());
+    return this.#tenants.lease(tenant, tokens, this.#now(), this.#now);
   }
 
   tenantUsage(tenant: string): TenantUsage {

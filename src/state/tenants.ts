@@ -33,9 +33,12 @@ export interface TenantLease {
   /**
    * Ends the lease. With `refund`, the request never reached a backend's engine (refused or
    * cancelled while it waited, no backend, every attempt refused a connection): its tokens leave
-   * the window too, as if never admitted.
+   * the window too, as if never admitted. Otherwise, with `usedTokens` (prompt + completion, as
+   * the backend counted them), what it used over what it was charged at admission is charged now:
+   * a request without max_tokens is charged an estimate of its output, and may generate to the
+   * end of the context.
    */
-  end(refund?: boolean): void;
+  end(refund?: boolean, usedTokens?: number | null): void;
 }
 
 /** The peers' summed usage of one tenant (from their snapshots). */
@@ -140,20 +143,29 @@ export class TenantUsageTable {
     return this.#local.size;
   }
 
-  /** Counts one admitted request (and its tokens, now) until the lease ends. */
-  lease(tenant: string, tokens: number, now: number): TenantLease {
+  /**
+   * Counts one admitted request (and its tokens, now) until the lease ends. `clock` reads the time
+   * an excess is charged at when the lease ends (the admission's `now` without it).
+   */
+  lease(tenant: string, tokens: number, now: number, clock: () => number = () => now): TenantLease {
     const t = this.#tenant(tenant, now);
     t.inflight++;
     // Bounded as a backend lease's counts are (leases.ts), so that the window's sums stay exact.
-    const charged = Number.isFinite(tokens) && tokens > 0 ? Math.min(tokens, MAX_LEASE_COUNT) : 0;
+    const bounded = (n: number) => (Number.isFinite(n) && n > 0 ? Math.min(n, MAX_LEASE_COUNT) : 0);
+    const charged = bounded(tokens);
     t.window.add(now, charged);
     let open = true;
     return {
-      end(refund = false) {
+      end(refund = false, usedTokens = null) {
         if (!open) return;
         open = false;
         t.inflight--;
-        if (refund && charged > 0) t.window.remove(now, charged);
+        if (refund) {
+          if (charged > 0) t.window.remove(now, charged);
+        } else if (usedTokens !== null) {
+          const excess = bounded(usedTokens - charged);
+          if (excess > 0) t.window.add(clock(), excess);
+        }
       },
     };
   }

@@ -12,6 +12,7 @@ import { deadUrl } from '../upstream/helpers.ts';
 import {
   baseConfig,
   chat,
+  chatStreamText,
   MODEL,
   merge,
   openStream,
@@ -311,6 +312,31 @@ describe('tenant limits (item 31)', () => {
     // Nothing was charged: two requests of ~260 tokens still fit in the 600.
     expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(200);
     expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(200);
+  });
+
+  it('tokens_per_minute: a request without max_tokens is charged, as it ends, what its backend says it used', async () => {
+    const tenants = [
+      { name: 'tpm', api_key_sha256: sha('key-t'), class: 'interactive', tokens_per_minute: 1200 },
+    ];
+    // The backend generates 1,000 tokens for a request that named no max_tokens (as vLLM does, up
+    // to the end of the context): usage says prompt 5, completion 1,000.
+    const backend = await scripted((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(chatStreamText(1000));
+    });
+    cleanups.push(backend.close);
+    t = await startTestGateway({ backends: [{ name: 'b0', url: backend.url }], config: { tenants } });
+    const unbounded = () => {
+      const body = chat({ stream: true });
+      delete body.max_tokens;
+      return body;
+    };
+    // Charged at admission: the prompt and an estimated 256 output tokens, well under 1,200 twice.
+    expect((await post(t.url, CHAT, unbounded(), bearer('key-t'))).status).toBe(200);
+    // It used 1,005: with the next request's own charge, over the 1,200.
+    const over = await post(t.url, CHAT, unbounded(), bearer('key-t'));
+    expect(over.status).toBe(429);
+    expect(JSON.parse(over.text).error.message).toMatch(/tokens per minute/);
   });
 
   it('tokens_per_minute: a request every backend refused a connection to gives its tokens back', async () => {

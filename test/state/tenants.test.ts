@@ -1,5 +1,6 @@
-// The tenant usage table (src/state/tenants.ts): a refunded lease's tokens leave the window, and
-// every tenant in use is tracked whatever their number, idle ones making room.
+// The tenant usage table (src/state/tenants.ts): a refunded lease's tokens leave the window, one
+// that used more than its charge pays the rest as it ends, and every tenant in use is tracked
+// whatever their number, idle ones making room.
 import { describe, expect, it } from 'vitest';
 import { TenantUsageTable } from '../../src/state/tenants.ts';
 
@@ -18,6 +19,23 @@ describe('TenantUsageTable', () => {
     table.lease('a', 70, 95_000).end();
     late.end(true);
     expect(table.local('a', 95_000).tokens).toBe(70);
+  });
+
+  it('a lease that used more than it was charged is charged the rest as it ends, at that time', () => {
+    const table = new TenantUsageTable();
+    let clock = 10_000;
+    const lease = table.lease('a', 300, clock, () => clock);
+    clock = 40_000;
+    lease.end(false, 1000);
+    lease.end(false, 1000); // once
+    expect(table.local('a', 40_000)).toEqual({ inflight: 0, tokens: 1000 });
+    // The admission's 300 leave the window a minute after admission, the 700 a minute after the end.
+    expect(table.local('a', 70_500).tokens).toBe(700);
+    expect(table.local('a', 100_500).tokens).toBe(0);
+    // One that used less keeps its charge (the budget counts what was asked for).
+    clock = 100_500;
+    table.lease('a', 300, clock, () => clock).end(false, 10);
+    expect(table.local('a', 100_500).tokens).toBe(300);
   });
 
   it('past its size, drops idle tenants to make room, and never stops counting one in use', () => {
