@@ -76,15 +76,21 @@ const roots = new Map<string, number>();
 const MAX_ROOTS = 256;
 
 /**
- * The root of a request's chain: the model it names (a LoRA adapter is a model name here) and its
- * cache_salt. A model's root is remembered (the served models, already checked, are few); a salt's
- * is hashed per request, never kept: a client chooses its salts, and their size.
+ * The root of a request's chain: the model it names (a LoRA adapter is a model name here), its
+ * tenant when the gateway has tenants, and its cache_salt. A model's (and tenant's) root is
+ * remembered (the served models, already checked, and the configured tenants are few); a salt's is
+ * hashed per request, never kept: a client chooses its salts, and their size.
+ *
+ * Invariant: one tenant's blocks never match another's. The index learns from every request, and
+ * what it matches reaches the client (x-slagate-prefix-hit, the predicted TTFT): with one chain for
+ * all, a tenant could confirm another's prompt, block by block, from those headers.
  */
-export function cacheRoot(model: string, cacheSalt: unknown): number {
-  let root = roots.get(model);
+export function cacheRoot(model: string, cacheSalt: unknown, tenant: string | null = null): number {
+  const key = tenant === null ? model : `${tenant}\u0000${model}`;
+  let root = roots.get(key);
   if (root === undefined) {
-    root = namedRoot(model);
-    if (roots.size < MAX_ROOTS) roots.set(model, root);
+    root = tenant === null ? namedRoot(model) : namedRoot(tenant, namedRoot(model));
+    if (roots.size < MAX_ROOTS) roots.set(key, root);
   }
   return typeof cacheSalt === 'string' ? namedRoot(cacheSalt, root) : root;
 }

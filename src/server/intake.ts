@@ -115,7 +115,7 @@ export function intake(
   const prompt = promptBlocks(
     source,
     rt.config.router.block_size_tokens,
-    cacheRoot(model, ir.body.cache_salt),
+    cacheRoot(model, ir.body.cache_salt, namedTenant(identity)),
   );
   // What the backend will prefill: vLLM keeps a prompt's last truncate_prompt_tokens tokens.
   const wholeTokens = rt.tokens.tokens(prompt);

@@ -339,6 +339,27 @@ describe('tenant limits (item 31)', () => {
     expect(JSON.parse(over.text).error.message).toMatch(/tokens per minute/);
   });
 
+  it("a tenant's prompt is never matched for another tenant: the prefix hit it is told is its own", async () => {
+    const tenants = [
+      { name: 'a', api_key_sha256: sha('key-a'), class: 'interactive' },
+      { name: 'b', api_key_sha256: sha('key-b'), class: 'interactive' },
+    ];
+    t = await startTestGateway({ replicas: 1, timeScale: 0.05, config: { tenants } });
+    const secret = chat({
+      stream: true,
+      messages: [
+        { role: 'system', content: `Internal playbook of team a. ${'Step: escalate. '.repeat(80)}` },
+      ],
+    });
+    const hit = async (key: string) =>
+      Number((await post(t!.url, CHAT, secret, bearer(key))).headers['x-slagate-prefix-hit']);
+    expect(await hit('key-a')).toBe(0);
+    // Sent again by its own tenant, it is matched...
+    expect(await hit('key-a')).toBeGreaterThan(0.9);
+    // ...and by another, not at all.
+    expect(await hit('key-b')).toBe(0);
+  });
+
   it('tokens_per_minute: a request every backend refused a connection to gives its tokens back', async () => {
     const tenants = [
       { name: 'tpm', api_key_sha256: sha('key-t'), class: 'interactive', tokens_per_minute: 600 },

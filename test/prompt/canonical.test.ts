@@ -40,6 +40,15 @@ describe('promptBlocks', () => {
     expect(common(base.hashes, adapter.hashes)).toBe(0);
     expect(common(base.hashes, salted.hashes)).toBe(0);
     expect(common(adapter.hashes, salted.hashes)).toBe(0);
+    // Another tenant's is another chain too (the index never matches one tenant's prompt for another).
+    const tenantA = promptBlocks(prompt, BLOCK, cacheRoot('llama', undefined, 'team-a'));
+    expect(promptBlocks(prompt, BLOCK, cacheRoot('llama', undefined, 'team-a')).hashes).toEqual(
+      tenantA.hashes,
+    );
+    expect(
+      common(tenantA.hashes, promptBlocks(prompt, BLOCK, cacheRoot('llama', undefined, 'team-b')).hashes),
+    ).toBe(0);
+    expect(common(tenantA.hashes, base.hashes)).toBe(0);
     // Token-id prompts too.
     const ids: PromptSource = { kind: 'ids', ids: [Array.from({ length: 64 }, (_, i) => i)] };
     expect(
