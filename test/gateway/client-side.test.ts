@@ -114,6 +114,11 @@ it('19: a client that hangs up while its request waits for a connection → neve
   expect(t.gw.runtime.lifecycle.active).toBe(2);
   second.abort();
   // Its record is written as it leaves: no attempt, no backend.
+  await waitFor(
+    async () => (await t!.records()).some((r) => r.req_id === 'waiter'),
+    3000,
+    "the waiter's record",
+  );
   expect(await t.recordOf('waiter')).toMatchObject({
     outcome: 'client_cancelled',
     sla_met: null,
