@@ -73,12 +73,30 @@ export interface QueueDiscipline {
   /** How many queued entries would leave before a new one of `req` (an estimate, see aheadOf). */
   aheadOf(req: ScheduledRequest, key: number): number;
   depthByClass(): Map<string, number>;
-  /** The worst-placed queued entry of a sheddable class, if any (to make room for a protected one). */
-  worstSheddable(): QueueEntry | undefined;
+  /**
+   * The queued entry a full queue gives up to take `req` in, if any: for a protected request, the
+   * worst-placed entry of a sheddable class. Under slagate, failing that, the worst-placed entry of
+   * the tenant that holds the most entries `req` may take the place of (of classes no more urgent
+   * than its own; sheddable ones only, for a sheddable request), when that tenant holds more of
+   * them than `req`'s own tenant would with `req`: a full queue is shared by the tenants as its
+   * order is, and one tenant's burst does not keep the others out. `self`: `req`'s own entry when it
+   * is queued already (never its own victim, and counted once).
+   */
+  victimFor(req: ScheduledRequest, self?: QueueEntry): QueueEntry | undefined;
 }
 
 const alive = (e: QueueEntry) => e.state === 'queued';
+
 const byKey = (a: QueueEntry, b: QueueEntry) => a.key < b.key || (a.key === b.key && a.queuedAt < b.queuedAt);
+
+/** The worst-placed live entry of `entries` that `keep` accepts. */
+function worstOf(entries: Iterable<QueueEntry>, keep: (e: QueueEntry) => boolean): QueueEntry | undefined {
+  let worst: QueueEntry | undefined;
+  for (const e of entries) if (alive(e) && keep(e) && (worst === undefined || byKey(worst, e))) worst = e;
+  return worst;
+}
+
+const sheddable = (e: QueueEntry) => e.req.sheddable;
 
 /** Work a request is charged in its tenant's counter when it is dispatched. */
 function work(req: ScheduledRequest): number {
@@ -249,16 +267,42 @@ export class SlagateQueue implements QueueDiscipline {
     return out;
   }
 
-  worstSheddable(): QueueEntry | undefined {
-    let worst: QueueEntry | undefined;
+  victimFor(req: ScheduledRequest, self?: QueueEntry): QueueEntry | undefined {
+    if (!req.sheddable) {
+      const shed = worstOf(this.#entries(), (e) => e !== self && sheddable(e));
+      if (shed !== undefined) return shed;
+    }
+    // The entries req may take the place of, counted and the worst kept per tenant.
+    const eligible = (e: QueueEntry) => e !== self && (!req.sheddable || e.req.sheddable);
+    const held = new Map<string, { n: number; worst: QueueEntry }>();
     for (const c of this.#classes.values()) {
-      for (const t of c.tenants.values()) {
-        for (const e of t.heap.values()) {
-          if (alive(e) && e.req.sheddable && (worst === undefined || byKey(worst, e))) worst = e;
+      if (c.priority < req.priority) continue;
+      for (const [name, t] of c.tenants) {
+        const worst = worstOf(t.heap.values(), eligible);
+        if (worst === undefined) continue;
+        let n = 0;
+        for (const e of t.heap.values()) if (alive(e) && eligible(e)) n++;
+        const h = held.get(name);
+        if (h === undefined) held.set(name, { n, worst });
+        else {
+          h.n += n;
+          if (byKey(h.worst, worst)) h.worst = worst;
         }
       }
     }
-    return worst;
+    let most = (held.get(req.tenant)?.n ?? 0) + 1;
+    let victim: QueueEntry | undefined;
+    for (const [name, h] of held) {
+      if (name !== req.tenant && h.n > most) {
+        most = h.n;
+        victim = h.worst;
+      }
+    }
+    return victim;
+  }
+
+  *#entries(): Iterable<QueueEntry> {
+    for (const c of this.#classes.values()) for (const t of c.tenants.values()) yield* t.heap.values();
   }
 
   #classQueue(req: ScheduledRequest): ClassQueue {
@@ -354,12 +398,9 @@ export class FifoQueue implements QueueDiscipline {
     return new Map(this.#depth);
   }
 
-  worstSheddable(): QueueEntry | undefined {
-    let worst: QueueEntry | undefined;
-    for (const e of this.#heap.values()) {
-      if (alive(e) && e.req.sheddable && (worst === undefined || byKey(worst, e))) worst = e;
-    }
-    return worst;
+  /** First come, first served: no tenant's place is given up for another's; only a sheddable one. */
+  victimFor(req: ScheduledRequest, self?: QueueEntry): QueueEntry | undefined {
+    return req.sheddable ? undefined : worstOf(this.#heap.values(), (e) => e !== self && sheddable(e));
   }
 
   #forget(e: QueueEntry): void {

@@ -4,7 +4,8 @@
 // attempt, first or retry, gets its slot here, so retries obey the same limits.
 //
 //   acquire(attempt) ─▶ retry? ─▶ retry list (served before every fresh request)
-//        │               fresh ─▶ queue full? evict a sheddable entry, or 429 queue_full
+//        │               fresh ─▶ queue full? evict the entry that gives way (a sheddable one; under
+//        │                        slagate, else the biggest holder's), or 429 queue_full
 //        │                        x-slagate-no-queue and no room now? 429 queue_full
 //        ▼                        otherwise the queue discipline (queue.ts)
 //     pump ─▶ while some backend is open, the entries in order: the router ranks every available
@@ -428,8 +429,8 @@ export class Scheduler {
     // backend can take it at once, as on its first ask.
     const full =
       !retry && !reasked && settings.maxQueue > 0 && queue.size + this.#retries.length >= settings.maxQueue;
-    // A full queue takes a protected request only in place of a sheddable one.
-    if (full && (req.sheddable || queue.worstSheddable() === undefined)) {
+    // A full queue takes a request only in place of an entry it gives up for it (victimFor).
+    if (full && queue.victimFor(req) === undefined) {
       return Promise.reject(this.#refusal(req, 'queue_full'));
     }
     return new Promise<Slot | null>((resolve, reject) => {
@@ -484,10 +485,10 @@ export class Scheduler {
         w.settle(null, this.#refusal(req, 'queue_full', why));
         return;
       }
-      // It stays queued: only now, when it takes a place, does a sheddable entry lose its own, and
+      // It stays queued: only now, when it takes a place, does another entry lose its own, and
       // only if the queue is still over its bound (the pump may have let others go).
       if (full && queue.size - 1 + this.#retries.length >= settings.maxQueue) {
-        const victim = queue.worstSheddable() as Waiting | undefined;
+        const victim = queue.victimFor(req, w) as Waiting | undefined;
         if (victim === undefined) {
           queue.remove(w);
           w.settle(null, this.#refusal(req, 'queue_full'));
@@ -499,7 +500,9 @@ export class Scheduler {
           this.#refusal(
             victim.req,
             'queue_full',
-            'evicted from the queue to make room for a protected class',
+            victim.req.sheddable && !req.sheddable
+              ? 'evicted from the queue to make room for a protected class'
+              : "evicted from the queue: its tenant held the most of it, and another tenant's request needed a place",
           ),
         );
       }

@@ -162,7 +162,7 @@ describe('SlagateQueue', () => {
     expect(left.slice(0, 2)).toContain('h-late');
   });
 
-  it('removed entries never leave; depth and size follow; the worst sheddable entry is found', () => {
+  it('removed entries never leave; depth and size follow; a protected request is given the worst sheddable place', () => {
     const q = new SlagateQueue(() => AGING);
     const a = entry(q, 0, { reqId: 'a' });
     entry(q, 1, { reqId: 'b', className: 'batch', priority: 2, sheddable: true });
@@ -173,11 +173,33 @@ describe('SlagateQueue', () => {
         ['batch', 2],
       ]),
     );
-    expect(q.worstSheddable()).toBe(c);
+    expect(q.victimFor(req({ reqId: 'new' }))).toBe(c);
     q.remove(a);
     expect(q.size).toBe(2);
     expect(q.depthByClass().get('interactive')).toBe(0);
     expect(drain(q)).toEqual(['b', 'c']);
+  });
+
+  it("a full queue gives the place of the biggest holder's worst entry, never a tenant's own or a more urgent class's", () => {
+    const q = new SlagateQueue(() => AGING);
+    const a = [0, 1, 2].map((i) => entry(q, i, { reqId: `a${i}`, tenant: 'a', prefillMs: i }));
+    entry(q, 3, { reqId: 'b0', tenant: 'b' });
+    // b holds 1 (2 with a new one), a holds 3: a's worst-placed entry gives way.
+    expect(q.victimFor(req({ reqId: 'b1', tenant: 'b' }))).toBe(a[2]);
+    // a's own request takes nobody's place: it holds the most already.
+    expect(q.victimFor(req({ reqId: 'a3', tenant: 'a' }))).toBeUndefined();
+    // Once b would hold as many as a, no more.
+    const b1 = entry(q, 4, { reqId: 'b1', tenant: 'b' });
+    q.remove(a[2]!);
+    expect(q.victimFor(req({ reqId: 'b2', tenant: 'b' }))).toBeUndefined();
+    // Queued already, a request counts once and is never its own victim.
+    expect(q.victimFor(b1.req, b1)).toBeUndefined();
+    // A less urgent class does not take a more urgent class's place, whoever holds it.
+    expect(q.victimFor(req({ reqId: 'c0', tenant: 'c', className: 'batch', priority: 2 }))).toBeUndefined();
+    // Under fcfs, arrival order is the rule: no tenant's place is given up.
+    const f = new FifoQueue();
+    for (let i = 0; i < 3; i++) entry(f, i, { reqId: `fa${i}`, tenant: 'a' });
+    expect(f.victimFor(req({ reqId: 'fb', tenant: 'b' }))).toBeUndefined();
   });
 
   it('many removals below the top are compacted away', () => {

@@ -411,6 +411,27 @@ describe('a backend whose breaker is half-open', () => {
 });
 
 describe('refusals while waiting', () => {
+  it("queue full: a tenant's request takes the place of the worst entry of the tenant that holds the most", async () => {
+    const s = settings({ maxQueue: 3, concurrency: { ...settings().concurrency, initial: 1 } });
+    const { scheduler, refused } = setup(['a'], s);
+    await scheduler.ticket(req({ tenant: 'a' })).acquire(first());
+    const held = [0, 1, 2].map((i) =>
+      scheduler.ticket(req({ reqId: `a${i}`, tenant: 'a' })).acquire(first()),
+    );
+    // Tenant a's own next request is refused: it holds the whole queue already.
+    expect(await state(scheduler.ticket(req({ reqId: 'a3', tenant: 'a' })).acquire(first()))).toMatchObject({
+      error: { code: 'queue_full' },
+    });
+    // Tenant b's is queued, in place of a's worst-placed entry.
+    const b = scheduler.ticket(req({ reqId: 'b0', tenant: 'b' })).acquire(first());
+    expect(await state(b)).toBe('waiting');
+    expect(await state(held[2]!)).toMatchObject({
+      error: { code: 'queue_full', message: expect.stringMatching(/its tenant held the most/) },
+    });
+    expect(await state(held[0]!)).toBe('waiting');
+    expect(refused).toEqual(['a3:queue_full', 'a2:queue_full']);
+  });
+
   it('queue full: a protected request evicts the worst sheddable one; a sheddable one is refused', async () => {
     const s = settings({ maxQueue: 2, concurrency: { ...settings().concurrency, initial: 1 } });
     const { scheduler, refused } = setup(['a'], s);
