@@ -243,8 +243,20 @@ function good(records: readonly RequestRecord[]): number {
 
 describe('runCompare on real processes', () => {
   let result: CompareResult;
+  let dir = '';
   const progress: string[] = [];
+  afterAll(async () => {
+    if (dir !== '') await rm(dir, { recursive: true, force: true });
+  });
   beforeAll(async () => {
+    // A patient class: this is about the tool's accounting. With the 500 ms default, a loaded
+    // machine's event-loop delay (admission takes it out of every budget) refused requests.
+    dir = await mkdtemp(join(tmpdir(), 'slagate-compare-'));
+    const gatewayYaml = join(dir, 'gateway.yaml');
+    await writeFile(
+      gatewayYaml,
+      'sla:\n  default_class: interactive\n  classes:\n    interactive: { ttft_p99_ms: 60000, tpot_p99_ms: 1000, priority: 0 }\n',
+    );
     result = await runCompare({
       policies: ['round_robin', 'least_loaded/fcfs'],
       replicas: 2,
@@ -253,6 +265,7 @@ describe('runCompare on real processes', () => {
       rates: [40],
       seed: 3,
       slo: SLO,
+      gatewayYaml,
       onProgress: (line) => progress.push(line),
     });
   }, 120_000); // four child processes start in turn; under a full parallel suite that is slow
