@@ -422,12 +422,14 @@ describe('refusals while waiting', () => {
     expect(await state(scheduler.ticket(req({ reqId: 'a3', tenant: 'a' })).acquire(first()))).toMatchObject({
       error: { code: 'queue_full' },
     });
-    // Tenant b's is queued, in place of a's worst-placed entry.
+    // Tenant b's is queued, in place of a's worst-placed entry (refused as b's enters: both read
+    // in the same turn, so that no refusal goes unheard).
     const b = scheduler.ticket(req({ reqId: 'b0', tenant: 'b' })).acquire(first());
-    expect(await state(b)).toBe('waiting');
-    expect(await state(held[2]!)).toMatchObject({
+    const [victim, queued] = await Promise.all([state(held[2]!), state(b)]);
+    expect(victim).toMatchObject({
       error: { code: 'queue_full', message: expect.stringMatching(/its tenant held the most/) },
     });
+    expect(queued).toBe('waiting');
     expect(await state(held[0]!)).toBe('waiting');
     expect(refused).toEqual(['a3:queue_full', 'a2:queue_full']);
   });
