@@ -76,13 +76,18 @@ export interface QueueDiscipline {
   /**
    * The queued entry a full queue gives up to take `req` in, if any: for a protected request, the
    * worst-placed entry of a sheddable class. Under slagate, failing that, the worst-placed entry of
-   * the tenant that holds the most entries `req` may take the place of (of classes no more urgent
-   * than its own; sheddable ones only, for a sheddable request), when that tenant holds more of
-   * them than `req`'s own tenant would with `req`: a full queue is shared by the tenants as its
-   * order is, and one tenant's burst does not keep the others out. `self`: `req`'s own entry when it
-   * is queued already (never its own victim, and counted once).
+   * the tenant that holds the most places (its entries of every class and its `retries`), when that
+   * is more than `req`'s own tenant would hold with `req`, among its entries `req` may take the
+   * place of (of classes no more urgent than its own; sheddable ones only, for a sheddable
+   * request): a full queue is shared by the tenants as its order is, and one tenant's burst does
+   * not keep the others out. `self`: `req`'s own entry when it is queued already (never its own
+   * victim, and counted once).
    */
-  victimFor(req: ScheduledRequest, self?: QueueEntry): QueueEntry | undefined;
+  victimFor(
+    req: ScheduledRequest,
+    self?: QueueEntry,
+    retries?: ReadonlyMap<string, number>,
+  ): QueueEntry | undefined;
 }
 
 const alive = (e: QueueEntry) => e.state === 'queued';
@@ -267,36 +272,38 @@ export class SlagateQueue implements QueueDiscipline {
     return out;
   }
 
-  victimFor(req: ScheduledRequest, self?: QueueEntry): QueueEntry | undefined {
+  victimFor(
+    req: ScheduledRequest,
+    self?: QueueEntry,
+    retries?: ReadonlyMap<string, number>,
+  ): QueueEntry | undefined {
     if (!req.sheddable) {
       const shed = worstOf(this.#entries(), (e) => e !== self && sheddable(e));
       if (shed !== undefined) return shed;
     }
-    // The entries req may take the place of, counted and the worst kept per tenant.
-    const eligible = (e: QueueEntry) => e !== self && (!req.sheddable || e.req.sheddable);
-    const held = new Map<string, { n: number; worst: QueueEntry }>();
-    for (const c of this.#classes.values()) {
-      if (c.priority < req.priority) continue;
-      for (const [name, t] of c.tenants) {
-        const worst = worstOf(t.heap.values(), eligible);
-        if (worst === undefined) continue;
-        let n = 0;
-        for (const e of t.heap.values()) if (alive(e) && eligible(e)) n++;
-        const h = held.get(name);
-        if (h === undefined) held.set(name, { n, worst });
-        else {
-          h.n += n;
-          if (byKey(h.worst, worst)) h.worst = worst;
-        }
+    // Each tenant's places: its entries of every class (the live counts, no scan) and its retries.
+    const held = new Map<string, number>(retries);
+    for (const c of this.#classes.values())
+      for (const [name, t] of c.tenants) if (t.size > 0) held.set(name, (held.get(name) ?? 0) + t.size);
+    // req's own tenant with req counted once (queued already, it is in its tenant's count).
+    let most = (held.get(req.tenant) ?? 0) + (self === undefined ? 1 : 0);
+    let biggest: string | undefined;
+    for (const [name, n] of held) {
+      if (name !== req.tenant && n > most) {
+        most = n;
+        biggest = name;
       }
     }
-    let most = (held.get(req.tenant)?.n ?? 0) + 1;
+    if (biggest === undefined) return undefined;
+    // Its worst-placed entry that req may take the place of: of a class no more urgent than req's,
+    // and sheddable for a sheddable req.
     let victim: QueueEntry | undefined;
-    for (const [name, h] of held) {
-      if (name !== req.tenant && h.n > most) {
-        most = h.n;
-        victim = h.worst;
-      }
+    for (const c of this.#classes.values()) {
+      if (c.priority < req.priority) continue;
+      const t = c.tenants.get(biggest);
+      if (t === undefined || t.size === 0) continue;
+      const worst = worstOf(t.heap.values(), (e) => e !== self && (!req.sheddable || e.req.sheddable));
+      if (worst !== undefined && (victim === undefined || byKey(victim, worst))) victim = worst;
     }
     return victim;
   }

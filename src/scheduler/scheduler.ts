@@ -430,7 +430,7 @@ export class Scheduler {
     const full =
       !retry && !reasked && settings.maxQueue > 0 && queue.size + this.#retries.length >= settings.maxQueue;
     // A full queue takes a request only in place of an entry it gives up for it (victimFor).
-    if (full && queue.victimFor(req) === undefined) {
+    if (full && queue.victimFor(req, undefined, this.#retriesByTenant()) === undefined) {
       return Promise.reject(this.#refusal(req, 'queue_full'));
     }
     return new Promise<Slot | null>((resolve, reject) => {
@@ -488,7 +488,7 @@ export class Scheduler {
       // It stays queued: only now, when it takes a place, does another entry lose its own, and
       // only if the queue is still over its bound (the pump may have let others go).
       if (full && queue.size - 1 + this.#retries.length >= settings.maxQueue) {
-        const victim = queue.victimFor(req, w) as Waiting | undefined;
+        const victim = queue.victimFor(req, w, this.#retriesByTenant()) as Waiting | undefined;
         if (victim === undefined) {
           queue.remove(w);
           w.settle(null, this.#refusal(req, 'queue_full'));
@@ -509,6 +509,13 @@ export class Scheduler {
       this.#expiries.push(w);
       this.#armExpiry();
     });
+  }
+
+  /** The retries waiting for a slot, by tenant: places in the queue's bound a tenant holds. */
+  #retriesByTenant(): Map<string, number> {
+    const out = new Map<string, number>();
+    for (const w of this.#retries) out.set(w.req.tenant, (out.get(w.req.tenant) ?? 0) + 1);
+    return out;
   }
 
   #pumpOnce(): void {

@@ -196,6 +196,24 @@ describe('SlagateQueue', () => {
     expect(q.victimFor(b1.req, b1)).toBeUndefined();
     // A less urgent class does not take a more urgent class's place, whoever holds it.
     expect(q.victimFor(req({ reqId: 'c0', tenant: 'c', className: 'batch', priority: 2 }))).toBeUndefined();
+    // What a tenant holds counts whole: its entries of a more urgent class and its retries too.
+    const u = new SlagateQueue(() => AGING);
+    for (let i = 0; i < 4; i++) entry(u, i, { reqId: `ua${i}`, tenant: 'a' });
+    const small = [0, 1].map((i) =>
+      entry(u, 10 + i, { reqId: `ub${i}`, tenant: 'b', className: 'standard', priority: 1 }),
+    );
+    // a holds 5 with its new request, b 2: none of b's gives way to a's.
+    expect(
+      u.victimFor(req({ reqId: 'ua4', tenant: 'a', className: 'standard', priority: 1 })),
+    ).toBeUndefined();
+    // With 4 retries waiting, b holds 6 places: one of its standard entries gives way to a's.
+    expect(
+      u.victimFor(
+        req({ reqId: 'ua4', tenant: 'a', className: 'standard', priority: 1 }),
+        undefined,
+        new Map([['b', 4]]),
+      ),
+    ).toBe(small[1]);
     // Under fcfs, arrival order is the rule: no tenant's place is given up.
     const f = new FifoQueue();
     for (let i = 0; i < 3; i++) entry(f, i, { reqId: `fa${i}`, tenant: 'a' });
