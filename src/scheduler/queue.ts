@@ -278,7 +278,13 @@ export class SlagateQueue implements QueueDiscipline {
     retries?: ReadonlyMap<string, number>,
   ): QueueEntry | undefined {
     if (!req.sheddable) {
-      const shed = worstOf(this.#entries(), (e) => e !== self && sheddable(e));
+      let shed: QueueEntry | undefined;
+      for (const c of this.#classes.values()) {
+        for (const t of c.tenants.values()) {
+          const worst = worstOf(t.heap.values(), (e) => e !== self && sheddable(e));
+          if (worst !== undefined && (shed === undefined || byKey(shed, worst))) shed = worst;
+        }
+      }
       if (shed !== undefined) return shed;
     }
     // Each tenant's places: its entries of every class (the live counts, no scan) and its retries.
@@ -306,10 +312,6 @@ export class SlagateQueue implements QueueDiscipline {
       if (worst !== undefined && (victim === undefined || byKey(victim, worst))) victim = worst;
     }
     return victim;
-  }
-
-  *#entries(): Iterable<QueueEntry> {
-    for (const c of this.#classes.values()) for (const t of c.tenants.values()) yield* t.heap.values();
   }
 
   #classQueue(req: ScheduledRequest): ClassQueue {
