@@ -359,12 +359,6 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     modelRefresh.unref();
     undo.push(() => clearInterval(modelRefresh));
 
-    // Each backend name's latest removal by a reload. Invariant: only that one, once its drain
-    // ends, drops the name's series: an older reload's drain may end after the name came back and
-    // went again, while the newer removal's requests still drain under it.
-    const removals = new Map<string, number>();
-    let removalSeq = 0;
-
     async function reload(next: Config): Promise<void> {
       // `simulate` applies only at start: a file that moves to it from real backends would, applied,
       // leave no backend at all. Refused before anything changes (the watcher keeps the running one).
@@ -399,14 +393,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       const before = backends.list().map((b) => b.name);
       const drained = backends.update(backendConfigs(next, fleet));
       const kept = new Set(backends.list().map((b) => b.name));
+      metrics.setBackends(kept);
       const removed = before
         .filter((name) => !kept.has(name))
-        .map((name) => {
-          removals.set(name, ++removalSeq);
-          return { name, seq: removalSeq };
-        });
-      metrics.setBackends(kept);
-      for (const { name } of removed) metrics.removeBackendGauges(name);
+        .map((name) => ({ name, token: metrics.backendRemoved(name) }));
       live.setBackends(scrapeTargets());
       // New backends or larger queues may let waiting requests go now.
       scheduler.pump();
@@ -426,14 +416,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       // Only now: a request still draining on a removed backend would recreate its series, and so
       // would the bookkeeping it left queued (settled here first).
       rt.afterwork.settle();
-      // A newer reload may have brought a name back meanwhile (its series are that backend's), or
-      // removed it again (that reload's drain drops them).
-      const inService = new Set(backends.list().map((b) => b.name));
-      for (const { name, seq } of removed) {
-        if (inService.has(name) || removals.get(name) !== seq) continue;
-        removals.delete(name);
-        metrics.removeBackend(name);
-      }
+      for (const { name, token } of removed) metrics.backendDrained(name, token);
     }
 
     const app = buildApp(rt);

@@ -188,10 +188,12 @@ function serveInference(
   if (arrivedClosing) res.setHeader('connection', 'close');
   // The key first, from the head: a client without a valid one costs no body parse (OpenAI and
   // vLLM answer 401 before the body too).
-  let identity: Identity;
   const auth = rt.auth;
+  const identify = (): Identity =>
+    rt.auth.identify(req.headers.authorization, header(req, 'x-slagate-class'));
+  let identity: Identity;
   try {
-    identity = auth.identify(req.headers.authorization, header(req, 'x-slagate-class'));
+    identity = identify();
   } catch (err) {
     refuseBeforeBody(rt, req, res, id, record, err, bodyLimit);
     return;
@@ -235,7 +237,7 @@ function serveInference(
       // named: the request is judged by the configuration it will run under.
       if (rt.auth !== auth) {
         try {
-          identity = rt.auth.identify(req.headers.authorization, header(req, 'x-slagate-class'));
+          identity = identify();
         } catch (e) {
           refuse(rt, res, id, record, e);
           return;

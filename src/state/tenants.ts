@@ -122,6 +122,11 @@ interface LocalTenant {
   window: TokenWindow;
 }
 
+/** Bounded as a backend lease's counts are (leases.ts), so that the window's sums stay exact. */
+function bounded(n: number): number {
+  return Number.isFinite(n) && n > 0 ? Math.min(n, MAX_LEASE_COUNT) : 0;
+}
+
 export class TenantUsageTable {
   readonly windowMs: number;
   readonly #local = new Map<string, LocalTenant>();
@@ -150,8 +155,6 @@ export class TenantUsageTable {
   lease(tenant: string, tokens: number, now: number, clock: () => number = () => now): TenantLease {
     const t = this.#tenant(tenant, now);
     t.inflight++;
-    // Bounded as a backend lease's counts are (leases.ts), so that the window's sums stay exact.
-    const bounded = (n: number) => (Number.isFinite(n) && n > 0 ? Math.min(n, MAX_LEASE_COUNT) : 0);
     const charged = bounded(tokens);
     t.window.add(now, charged);
     let open = true;

@@ -103,6 +103,11 @@ export class GatewayMetrics {
   private configured = new Set<string>();
   /** Backends a reload removed and whose series are gone: a late record names none of them. */
   private readonly retired = new Set<string>();
+  /** The backends in service since the last reload (setBackends). */
+  private inService = new Set<string>();
+  /** Each removed name's latest removal, until its drain ends (backendRemoved, backendDrained). */
+  private readonly removals = new Map<string, number>();
+  private removalSeq = 0;
   /** Classes no longer configured whose queue depth is still shown (their requests wait). */
   private readonly unconfigured = new Set<string>();
   private prefixHitTokens = 0;
@@ -335,7 +340,7 @@ export class GatewayMetrics {
    */
   removeBackend(backend: string): void {
     this.retired.add(backend);
-    this.removeBackendGauges(backend);
+    for (const gauge of Object.values(this.backendGauges)) gauge.remove(backend);
     for (const [cls, { backends: byBackend }] of this.series) {
       const s = byBackend.get(backend);
       if (s === undefined) continue;
@@ -347,16 +352,32 @@ export class GatewayMetrics {
 
   /** The backends in service after a reload: a name that comes back is counted as itself again. */
   setBackends(names: Iterable<string>): void {
-    for (const name of names) this.retired.delete(name);
+    this.inService = new Set(names);
+    for (const name of this.inService) this.retired.delete(name);
   }
 
   /**
-   * A backend's current-state gauges, at once when a reload removes it: from then on nothing
-   * updates them (the scrape stops, /metrics refreshes the backends in service), and a frozen
-   * last value would read as current while its last requests drain.
+   * A reload removed this backend: its current-state gauges go at once (from then on nothing
+   * updates them: the scrape stops, /metrics refreshes the backends in service, and a frozen last
+   * value would read as current while its last requests drain). Returns the removal's token for
+   * backendDrained.
    */
-  removeBackendGauges(backend: string): void {
+  backendRemoved(backend: string): number {
     for (const gauge of Object.values(this.backendGauges)) gauge.remove(backend);
+    this.removals.set(backend, ++this.removalSeq);
+    return this.removalSeq;
+  }
+
+  /**
+   * The requests of the removal `token` names have drained: the backend's series go, unless a
+   * reload has brought the name back meanwhile (they are that backend's), or removed it again.
+   * Invariant: only a name's latest removal drops its series, so an older drain that ends after
+   * the name came back and went again leaves the newer removal's requests counted as the backend's.
+   */
+  backendDrained(backend: string, token: number): void {
+    if (this.inService.has(backend) || this.removals.get(backend) !== token) return;
+    this.removals.delete(backend);
+    this.removeBackend(backend);
   }
 
   /**
