@@ -22,7 +22,9 @@ const CRLF = 0x0a0d; // "\r\n" as a little-endian uint16
 export class ChunkedWriter {
   readonly socket: Socket;
   readonly #onWritten: (ok: boolean) => void;
-  #pending: Buffer[] = [];
+  /** What is queued for this tick's write: the first #n slots, the list kept from write to write. */
+  readonly #pending: (Buffer | undefined)[] = [];
+  #n = 0;
   #queued = false;
 
   private constructor(socket: Socket, onWritten: (ok: boolean) => void) {
@@ -46,8 +48,8 @@ export class ChunkedWriter {
   }
 
   /** Queues bytes for the write at the end of this tick. */
-  push(bufs: readonly Buffer[]): void {
-    for (const b of bufs) this.#pending.push(b);
+  push(b: Buffer): void {
+    this.#pending[this.#n++] = b;
     if (this.#queued) return;
     this.#queued = true;
     process.nextTick(this.#flushQueued);
@@ -55,17 +57,22 @@ export class ChunkedWriter {
 
   /** Writes what is queued now, as one chunk. */
   flush(): void {
-    const pending = this.#pending;
-    if (pending.length === 0) return;
-    this.#pending = [];
+    if (this.#n === 0) return;
+    // The framed chunk holds copies: the slots are emptied before the write, whose callbacks could
+    // push again. (Emptied slot by slot: a list cut to length 0 loses its storage, and would make
+    // it anew at every event.)
+    const chunk = frame(this.#pending, this.#n);
+    this.discard();
     const socket = this.socket;
     if (socket.destroyed || socket.writableEnded) return;
-    this.#onWritten(socket.write(frame(pending)));
+    this.#onWritten(socket.write(chunk));
   }
 
   /** Drops what is queued (the response is being destroyed). */
   discard(): void {
-    this.#pending = [];
+    const pending = this.#pending;
+    for (let i = 0; i < this.#n; i++) pending[i] = undefined;
+    this.#n = 0;
   }
 
   #flushQueued = (): void => {
@@ -74,15 +81,15 @@ export class ChunkedWriter {
   };
 }
 
-/** `bufs` as one HTTP/1.1 chunk: the size in hex, CRLF, the bytes, CRLF. */
-function frame(bufs: readonly Buffer[]): Buffer {
+/** The first `count` of `bufs` as one HTTP/1.1 chunk: the size in hex, CRLF, the bytes, CRLF. */
+function frame(bufs: readonly (Buffer | undefined)[], count: number): Buffer {
   let n = 0;
-  for (const b of bufs) n += b.length;
+  for (let i = 0; i < count; i++) n += bufs[i]!.length;
   const size = n.toString(16);
   const out = Buffer.allocUnsafe(size.length + 2 + n + 2);
   let at = out.write(size, 0, 'latin1');
   at = out.writeUInt16LE(CRLF, at);
-  for (const b of bufs) at += b.copy(out, at);
+  for (let i = 0; i < count; i++) at += bufs[i]!.copy(out, at);
   out.writeUInt16LE(CRLF, at);
   return out;
 }

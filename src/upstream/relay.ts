@@ -149,6 +149,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
   #assembler: Assembler | null;
   #held: Buffer[] = [];
   #heldBytes = 0;
+  /** The events one upstream read hands to the client (#onSse), kept from read to read. */
+  readonly #out: Buffer[] = [];
   #body: Buffer[] = [];
   #bodyBytes = 0;
   #promptTokens: number | null = null;
@@ -338,20 +340,24 @@ export class Attempt implements Dispatcher.DispatchHandler {
     }
     const now = performance.now();
     const assembler = this.#assembler;
-    const out: Buffer[] = [];
+    // What this read hands to the client, in order (#emit). Once the stream has a writer every
+    // event goes to it as it comes (the writer writes them together at the end of the tick), and
+    // this list, kept from read to read, stays empty; until then it collects them for #write.
+    const out = this.#out;
+    out.length = 0;
     let sawData = false;
     for (const ev of events) {
       const committed = this.#phase === 'committed';
       const bytes = ev.dataBytes;
       if (bytes === null) {
-        if (committed && assembler === null) out.push(ev.raw);
+        if (committed && assembler === null) this.#emit(ev.raw, out);
         continue;
       }
       sawData = true;
       if (committed && assembler === null && this.#shape.test(bytes)) {
         this.#outputEvents++;
         this.#clock.token(now);
-        out.push(ev.raw);
+        this.#emit(ev.raw, out);
         continue;
       }
       if (bytes.length === DONE.length && bytes.equals(DONE)) {
@@ -363,7 +369,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
           this.#writeAssembled(assembler);
           return;
         }
-        out.push(ev.raw);
+        this.#emit(ev.raw, out);
         this.#write(out);
         this.#closeClient();
         return;
@@ -411,11 +417,11 @@ export class Attempt implements Dispatcher.DispatchHandler {
           out.push(...this.#held);
           this.#held = [];
         }
-        out.push(ev.raw);
+        this.#emit(ev.raw, out);
       } else if (usage != null && !this.spec.clientWantsUsage) {
         // The usage-only chunk the client did not ask for: measured above, not forwarded.
       } else if (committed) {
-        out.push(ev.raw);
+        this.#emit(ev.raw, out);
       } else if (!this.#hold(ev.raw)) {
         return;
       }
@@ -479,8 +485,9 @@ export class Attempt implements Dispatcher.DispatchHandler {
   }
 
   /**
-   * Writes to the client. The first write (it carries the head) goes through res.write; a chunked
-   * stream's later ones through its ChunkedWriter, at the end of the tick.
+   * Writes what `out` collected to the client: the first write (it carries the head) through
+   * res.write, and every write of a stream that has no ChunkedWriter after it (an HTTP/1.0 client,
+   * a pass-through). Once a stream has its writer, #emit hands each event to it and `out` is empty.
    *
    * Invariant: an answer assembled in memory writes nothing here. Its client asked for one JSON
    * body, which #writeAssembled sends whole, or, on a failure, the error envelope: no event bytes
@@ -490,13 +497,23 @@ export class Attempt implements Dispatcher.DispatchHandler {
     const { res } = this.spec;
     if (out.length === 0 || res.destroyed || this.#assembler !== null) return;
     for (const b of out) this.#handed += b.length;
-    if (this.#chunks !== null) {
-      this.#chunks.push(out);
-      return;
-    }
     const ok = res.write(out.length === 1 ? out[0] : Buffer.concat(out));
     if (this.spec.mode === 'stream') this.#chunks = ChunkedWriter.of(res, this.#wrote);
     this.#wrote(ok);
+  }
+
+  /**
+   * `raw` for the client: straight to the stream's writer once it has one (which writes what it
+   * gets in one tick together), else into `out` for #write. The writer only exists from the first
+   * write on, which no event of the same read follows into `out`: the order is kept.
+   */
+  #emit(raw: Buffer, out: Buffer[]): void {
+    const chunks = this.#chunks;
+    if (chunks === null) out.push(raw);
+    else if (!this.spec.res.destroyed) {
+      this.#handed += raw.length;
+      chunks.push(raw);
+    }
   }
 
   /**

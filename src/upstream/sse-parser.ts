@@ -13,6 +13,7 @@ const COLON = 0x3a;
 const SPACE = 0x20;
 const BOM = Buffer.from([0xef, 0xbb, 0xbf]);
 const DATA = Buffer.from('data');
+const [DATA_0, DATA_1, DATA_2, DATA_3] = DATA;
 
 export interface SseEvent {
   /**
@@ -159,7 +160,9 @@ export class SseParser {
     const n = chunk.length;
     if (this.#skipLf || this.#eventParts.length > 0 || this.#lineParts.length > 0) return null;
     if (n < 7 || chunk[n - 1] !== LF || chunk[n - 2] !== LF) return null;
-    if (!(chunk[4] === COLON && chunk.subarray(0, 4).equals(DATA))) return null;
+    // `data:`, byte by byte (a view to compare with would be one more object per event).
+    if (chunk[0] !== DATA_0 || chunk[1] !== DATA_1 || chunk[2] !== DATA_2 || chunk[3] !== DATA_3) return null;
+    if (chunk[4] !== COLON) return null;
     // The general path counts the data line and its LF against the limit: so does this one.
     if (n - 1 > this.#maxEventBytes || chunk.indexOf(LF, 5) !== n - 2 || chunk.indexOf(CR) !== -1)
       return null;
