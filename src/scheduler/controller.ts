@@ -17,7 +17,9 @@
 // token waits for the decode step under way and then for its own step, and a long prompt is slow
 // because it is long; what is left is queueing inside vLLM (KV cache full, too many sequences,
 // prefill budget spent on others). e = max(tpot, ttft),
-// and B = the requests the backend runs now (every gateway instance):
+// and B = the requests the backend runs now (every gateway instance), or, when larger, the batch
+// the signals were measured on (the requests it ran over their periods, weighted by the gaps each
+// period measured):
 //   e > 1, B > 0            → limit = min(limit, B ÷ min(e, 2))          (decrease)
 //   e ≤ 1 and limit binding → limit = max(limit, B) × min(1.5, 1/√e), ≥ +1 (growth that vanishes
 //                                                                         at the setpoint)
@@ -98,6 +100,11 @@ export interface ControlSignals {
   ttftQueueShare: number | null;
   /** The backend ran at its limit, or requests waited for it while it was at its limit, in the period. */
   binding: boolean;
+  /**
+   * The batch the signals were measured on (the requests the backend ran over their periods,
+   * weighted by the gaps each measured); null when unknown.
+   */
+  batch: number | null;
 }
 
 export interface ControlStep {
@@ -132,9 +139,13 @@ export function nextLimit(
   // With nothing running there is no batch to cut: the signal, a few periods long, describes one
   // that has left (traffic stopped, the backend went down), and a step from 0 would throw away
   // the limit learnt for it. It holds. (Below the setpoint, a limit a request pressed against in the
-  // period still grows, as when anything runs.)
+  // period still grows, as when anything runs.) With some running, the step is from the larger of
+  // them and the batch the signal was measured on: a signal from 60 requests says nothing of what
+  // 1 would do, and the 1 left as traffic ebbs would otherwise take the limit to its minimum, for
+  // the next burst to climb back from.
   if (e !== null && e > 1) {
-    if (inflight > 0) next = Math.min(limit, inflight / Math.min(e, MAX_DECREASE));
+    const from = Math.max(inflight, s.batch ?? 0);
+    if (inflight > 0) next = Math.min(limit, from / Math.min(e, MAX_DECREASE));
   } else if (e !== null && s.binding) {
     const grown = Math.max(limit, inflight) * Math.min(MAX_GROWTH, 1 / Math.sqrt(Math.max(e, 1e-9)));
     next = Math.max(limit + 1, grown);

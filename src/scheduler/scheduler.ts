@@ -187,7 +187,11 @@ interface Control {
   readonly meter: DecodeMeter;
   /** Token gaps of the last SIGNAL_PERIODS periods, a ring: `gapsAt` is the oldest. */
   readonly gaps: DecodeMeter[];
+  /** The requests the backend ran in each of those periods (the mean of its two ends), the same ring. */
+  readonly batches: number[];
   gapsAt: number;
+  /** The requests the backend ran at the end of the last period (null before the first). */
+  lastInflight: number | null;
   /**
    * First tokens of the last few periods (the newest last): the wait from dispatch to first token
    * minus the request's own predicted prefill, and the request's TTFT target.
@@ -961,8 +965,10 @@ export class Scheduler {
         c.releaseRate = c.releaseRate === null ? freed : c.releaseRate + RATE_ALPHA * (freed - c.releaseRate);
       }
       c.releases = 0;
-      // This period's gaps replace the oldest period's in the window.
+      // This period's gaps, and the batch they were measured on, replace the oldest period's.
       c.meter.drainInto(c.gaps[c.gapsAt] as DecodeMeter);
+      c.batches[c.gapsAt] = ((c.lastInflight ?? inflight) + inflight) / 2;
+      c.lastInflight = inflight;
       c.gapsAt = (c.gapsAt + 1) % SIGNAL_PERIODS;
       if (settings.policy === 'fcfs') {
         c.limit = cc.initial;
@@ -997,6 +1003,7 @@ export class Scheduler {
             tpotTargetMs: tightest(c.targets),
             ttftQueueShare,
             binding,
+            batch: signalBatch(c),
           },
           setpoints,
           cc,
@@ -1054,7 +1061,9 @@ export class Scheduler {
         tpotShare: cc.tpotShare,
         meter: new DecodeMeter(),
         gaps: Array.from({ length: SIGNAL_PERIODS }, () => new DecodeMeter()),
+        batches: new Array<number>(SIGNAL_PERIODS).fill(0),
         gapsAt: 0,
+        lastInflight: null,
         firstTokens: [[]],
         lastItlMs: null,
         tpotRatios: [[]],
@@ -1156,6 +1165,21 @@ function anyUsable(backends: readonly Backend[], excluded: ReadonlySet<string>):
   return false;
 }
 
+/**
+ * The batch the window's token gaps were measured on: each period's requests weighted by the gaps
+ * it measured (a gap is one sequence's, so a period of a large batch speaks for more of them);
+ * null when the window holds no gap.
+ */
+function signalBatch(c: Control): number | null {
+  let gaps = 0;
+  let weighted = 0;
+  for (let k = 0; k < SIGNAL_PERIODS; k++) {
+    const n = (c.gaps[k] as DecodeMeter).gaps;
+    gaps += n;
+    weighted += n * (c.batches[k] as number);
+  }
+  return gaps === 0 ? null : weighted / gaps;
+}
 /** The tightest of the targets held (Infinity when none: no TPOT signal is judged then). */
 function tightest(targets: ReadonlyMap<number, number>): number {
   let min = Number.POSITIVE_INFINITY;

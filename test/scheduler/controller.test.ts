@@ -16,6 +16,7 @@ const signals = (over: Partial<Parameters<typeof nextLimit>[2]> = {}) => ({
   tpotTargetMs: 50,
   ttftQueueShare: 0.1,
   binding: true,
+  batch: null as number | null,
   ...over,
 });
 
@@ -81,8 +82,20 @@ describe('nextLimit', () => {
     expect(nextLimit(64, 0, signals({ itlMs: 45, binding: false }), sp, bounds)).toMatchObject({ limit: 64 });
     // Nor grows, when a request was blocked on it earlier in the period.
     expect(nextLimit(64, 0, signals({ itlMs: 45, binding: true }), sp, bounds)).toMatchObject({ limit: 64 });
-    // One request still running: the step is from it, as before.
+    // One request still running, and no batch known for the signal: the step is from it.
     expect(nextLimit(64, 1, signals({ itlMs: 45, binding: false }), sp, bounds).limit).toBe(4);
+  });
+
+  it('steps from the batch the signal was measured on when fewer requests run now (traffic ebbing)', () => {
+    // e = 1.125, measured on 60 requests; 1 is left: 60 / 1.125, not 1 / 1.125 (the minimum).
+    const ebb = nextLimit(64, 1, signals({ itlMs: 45, binding: false, batch: 60 }), sp, bounds);
+    expect(ebb.limit).toBeCloseTo(60 / 1.125, 9);
+    // More running now than the signal saw (traffic rising): the step is from those running.
+    expect(nextLimit(300, 200, signals({ itlMs: 50, batch: 120 }), sp, bounds).limit).toBeCloseTo(160, 9);
+    // Never above the limit: a batch the limit has since been cut below asks for no more.
+    expect(nextLimit(40, 30, signals({ itlMs: 50, batch: 64 }), sp, bounds).limit).toBe(40);
+    // Nothing running still holds, whatever the batch was.
+    expect(nextLimit(64, 0, signals({ itlMs: 45, batch: 60 }), sp, bounds).limit).toBe(64);
   });
 
   it('stays within [min, max]', () => {

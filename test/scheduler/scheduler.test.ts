@@ -983,6 +983,29 @@ describe('the control loop and the estimates', () => {
       expect(Math.abs(f.scheduler.limit('a') / (4 / 1.5) - 1)).toBeLessThan(0.05);
     });
 
+    it('steps from the batch its signal was measured on when traffic ebbs, not from the one request left', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const f = setup(
+        ['a'],
+        settings({ concurrency: { ...settings().concurrency, initial: 8, intervalMs: 100 } }),
+      );
+      const slots = await Promise.all(
+        Array.from({ length: 8 }, () => f.scheduler.ticket(req()).acquire(first())),
+      );
+      const meter = slots[0]!.meter!;
+      // 8 running, steps of 60 ms against the 40 ms setpoint (e = 1.5): 8 / 1.5.
+      pace(meter, 20, 60);
+      period();
+      expect(Math.abs(f.scheduler.limit('a') / (8 / 1.5) - 1)).toBeLessThan(0.05);
+      // Seven end; the one left decodes at the same pace through the next period. The window's
+      // signal was measured on 8 and then on 4.5 (the period's two ends), 20 gaps each: a batch of
+      // 6.25. From the one request left, the step would have been to the minimum (1 / 1.5).
+      for (const s of slots.slice(1)) s!.release();
+      pace(meter, 20, 60);
+      period();
+      expect(Math.abs(f.scheduler.limit('a') / (6.25 / 1.5) - 1)).toBeLessThan(0.05);
+    });
+
     it('a typical step over the setpoint lowers it', async () => {
       const { f, meter } = await paced();
       pace(meter, 20, 60);
