@@ -177,11 +177,6 @@ function restartOnlyChanges(prev: Config, next: Config): string[] {
   if (!same(prev.simulate, next.simulate)) changed.push('simulate');
   if (!same(prev.state, next.state)) changed.push('state');
   if (!same(prev.logging, next.logging)) changed.push('logging');
-  // Targets and the class set apply at once; only the histograms keep the buckets they were built with.
-  const targets = (c: Config) =>
-    Object.entries(c.sla.classes).map(([k, v]) => [k, v.ttft_p99_ms, v.tpot_p99_ms]);
-  if (!same(targets(prev), targets(next)))
-    changed.push('sla.classes targets (metric histogram buckets only)');
   // Built into the backend set and the scraper when the gateway starts.
   const built = (c: Config) => {
     const u = c.upstream;
@@ -389,7 +384,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       rt.auth = createAuthenticator(next.tenants, next.sla.default_class, classSet(next));
       rt.proxy = proxyConfig(next);
       rt.config = next;
-      metrics.setClasses(Object.keys(next.sla.classes));
+      metrics.setClasses(next.sla.classes);
       const before = backends.list().map((b) => b.name);
       const drained = backends.update(backendConfigs(next, fleet));
       const kept = new Set(backends.list().map((b) => b.name));

@@ -8,14 +8,36 @@ import type { Registry } from 'prom-client';
 
 /** One label set's counts: non-cumulative per bucket, +Inf last. */
 export class BatchHistogramChild {
-  readonly counts: Float64Array;
+  #counts: Float64Array;
   sum = 0;
   count = 0;
-  readonly #upper: Float64Array;
+  #upper: Float64Array;
 
   constructor(upper: Float64Array) {
     this.#upper = upper;
-    this.counts = new Float64Array(upper.length + 1);
+    this.#counts = new Float64Array(upper.length + 1);
+  }
+
+  /** Observations per bucket (not cumulative), the last one +Inf's. */
+  get counts(): Float64Array {
+    return this.#counts;
+  }
+
+  /**
+   * Onto `upper`, which holds every boundary the child has: each bucket's count moves to its own
+   * boundary there, and a new boundary's bucket starts empty (so its cumulative count starts at
+   * the boundary below it, and counts exactly from now on).
+   */
+  rebucket(upper: Float64Array): void {
+    const counts = new Float64Array(upper.length + 1);
+    let j = 0;
+    for (let i = 0; i < this.#upper.length; i++) {
+      while ((upper[j] as number) < (this.#upper[i] as number)) j++;
+      counts[j] = this.#counts[i] as number;
+    }
+    counts[upper.length] = this.#counts[this.#upper.length] as number;
+    this.#upper = upper;
+    this.#counts = counts;
   }
 
   /**
@@ -29,7 +51,7 @@ export class BatchHistogramChild {
     // Buckets are few (about 15): a linear scan beats a binary search at this size.
     let b = 0;
     while (b < n && v > (upper[b] as number)) b++;
-    this.counts[b] = (this.counts[b] as number) + 1;
+    this.#counts[b] = (this.#counts[b] as number) + 1;
     this.sum += v;
     this.count++;
   }
@@ -41,7 +63,7 @@ export class BatchHistogramChild {
 
   /** Back to no observations (the child stays valid: whoever holds it keeps observing). */
   clear(): void {
-    this.counts.fill(0);
+    this.#counts.fill(0);
     this.sum = 0;
     this.count = 0;
   }
@@ -59,7 +81,7 @@ export class BatchHistogram<L extends string> {
   readonly type = 'histogram';
   readonly aggregator = 'sum';
   readonly #labelNames: readonly L[];
-  readonly #upper: Float64Array;
+  #upper: Float64Array;
   readonly #children = new Map<string, { labels: string[]; child: BatchHistogramChild }>();
 
   constructor(opts: {
@@ -87,6 +109,24 @@ export class BatchHistogram<L extends string> {
       this.#children.set(key, entry);
     }
     return entry.child;
+  }
+
+  /**
+   * Adds boundaries (a reload's new class targets). Invariant: no boundary is ever taken away and
+   * no count is lost: every existing series goes on as it was, and a new boundary's series counts
+   * exactly from now on (before, it holds the count at the boundary below it).
+   */
+  addBuckets(more: readonly number[]): void {
+    const known = new Set(this.#upper);
+    const added = more.filter((b) => !known.has(b));
+    if (added.length === 0) return;
+    this.#upper = Float64Array.from([...this.#upper, ...new Set(added)].sort((a, b) => a - b));
+    for (const { child } of this.#children.values()) child.rebucket(this.#upper);
+  }
+
+  /** The bucket boundaries now (every `le` but +Inf). */
+  get buckets(): readonly number[] {
+    return [...this.#upper];
   }
 
   remove(...values: string[]): void {

@@ -115,15 +115,9 @@ export class GatewayMetrics {
 
   constructor(classes: Readonly<Record<string, ClassTargets>>, opts: MetricsOptions = {}) {
     const reg = this.registry;
-    const targets = Object.values(classes);
-    const ttftBuckets = bucketsWithTargets(
-      TTFT_BUCKETS_S,
-      targets.map((t) => t.ttft_p99_ms),
-    );
-    const tpotBuckets = bucketsWithTargets(
-      TPOT_BUCKETS_S,
-      targets.map((t) => t.tpot_p99_ms),
-    );
+    // The class targets join the buckets in setClasses, at start and at every reload.
+    const ttftBuckets = bucketsWithTargets(TTFT_BUCKETS_S, []);
+    const tpotBuckets = bucketsWithTargets(TPOT_BUCKETS_S, []);
     // Every histogram is a BatchHistogram (batch-histogram.ts): its children count straight into
     // their buckets, without prom-client's label hashing on each observation.
     const perRequest = (name: string, help: string, buckets: readonly number[]) =>
@@ -237,7 +231,7 @@ export class GatewayMetrics {
     });
     // Absent until a request carries an estimate (prom-client starts an unlabelled gauge at 0).
     this.prefixHitRatio.remove();
-    this.setClasses(Object.keys(classes));
+    this.setClasses(classes);
     this.storeDegraded.set(0);
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: reg });
   }
@@ -384,9 +378,17 @@ export class GatewayMetrics {
    * The configured classes, at start and after a reload. A new class's series start at zero, so
    * rate() and absent() behave from the first scrape; a removed class's queue depth stays while
    * its requests still wait (setQueueDepths), then goes; its counters stay, as counters do.
+   * Every class's targets become bucket boundaries of the TTFT and queue-wait histograms (TTFT
+   * target) and of the TPOT and ITL ones (TPOT target), so that the share under a target is an
+   * exact bucket. A reload adds the new targets; no boundary goes (BatchHistogram.addBuckets).
    */
-  setClasses(classes: readonly string[]): void {
-    const next = new Set(classes);
+  setClasses(classes: Readonly<Record<string, ClassTargets>>): void {
+    const targets = Object.values(classes);
+    const ttftMs = targets.map((t) => t.ttft_p99_ms);
+    const tpotMs = targets.map((t) => t.tpot_p99_ms);
+    for (const h of [this.ttft, this.queueWait]) h.addBuckets(bucketsWithTargets(h.buckets, ttftMs));
+    for (const h of [this.tpot, this.itl]) h.addBuckets(bucketsWithTargets(h.buckets, tpotMs));
+    const next = new Set(Object.keys(classes));
     for (const cls of this.configured) if (!next.has(cls)) this.unconfigured.add(cls);
     for (const cls of next) {
       this.unconfigured.delete(cls);

@@ -252,6 +252,35 @@ describe('on reload', () => {
     expect(await t.recordOf('hold-2')).toMatchObject({ outcome: 'ok', backend: 'a' });
   });
 
+  it("a reload's new class targets become bucket boundaries of the latency histograms, the old ones kept", async () => {
+    const t = await startTestGateway({ replicas: 1, timeScale: 0.1 });
+    cleanups.push(() => t.close());
+    const admissionLog = t.gw.runtime.config.logging.admission_log;
+    const url = t.fleet!.urls[0] as string;
+    const ttftLes = async () =>
+      [
+        ...(await get(t.url, '/metrics')).text.matchAll(
+          /^slagate_ttft_seconds_bucket\{[^}]*class="interactive"[^}]*le="([^"]+)"/gm,
+        ),
+      ].map((m) => m[1]);
+    expect((await post(t.url, CHAT, chat({ stream: true }))).status).toBe(200);
+    expect(await ttftLes()).toContain('0.5');
+    expect(await ttftLes()).not.toContain('0.35');
+    await t.gw.reload(
+      toConfig(
+        merge(baseConfig([{ name: 'r0', url }], admissionLog), {
+          sla: {
+            default_class: 'interactive',
+            classes: { interactive: { ttft_p99_ms: 350, tpot_p99_ms: 50, priority: 0 } },
+          },
+        }),
+      ),
+    );
+    expect((await post(t.url, CHAT, chat({ stream: true }))).status).toBe(200);
+    const les = await ttftLes();
+    expect(les).toEqual(expect.arrayContaining(['0.35', '0.5']));
+  });
+
   it("a reload that gives a backend's name another URL: the old server's stream finishes, and nothing of it is learnt for the new one", async () => {
     const t = await startTestGateway({ replicas: 3, timeScale: 0.2 });
     cleanups.push(() => t.close());

@@ -93,7 +93,11 @@ describe('GatewayMetrics', () => {
   it('classes set on reload: a new one starts at zero, a removed one keeps its queue depth until none of its requests waits', async () => {
     const m = createMetrics(CLASSES, { processMetrics: false });
     m.setQueueDepths({ batch: 3 });
-    m.setClasses(['interactive', 'completion', 'bulk']);
+    m.setClasses({
+      interactive: CLASSES.interactive,
+      completion: CLASSES.completion,
+      bulk: { ttft_p99_ms: 30_000, tpot_p99_ms: 200 },
+    });
     let s = parseSamples(await m.render());
     expect(value(s, 'slagate_sla_met_total', { class: 'bulk' })).toBe(0);
     expect(value(s, 'slagate_sla_judged_total', { class: 'bulk' })).toBe(0);
@@ -175,6 +179,41 @@ describe('GatewayMetrics', () => {
     m.observeRequest(record({ ttft_ms: 200, class: 'completion' }));
     const after = parseSamples(await m.render());
     expect(value(after, 'slagate_ttft_seconds_bucket', { class: 'completion', le: '0.2' })).toBe(1);
+  });
+
+  it('a reload adds its new targets as buckets: every series goes on, the new bucket counts from then on', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    const cb = { class: 'interactive', backend: 'gpu-0' };
+    // 150 ms and 400 ms: both under 0.5, neither under 0.3 (not a bucket yet).
+    m.observeRequest(record({ ttft_ms: 150, tpot_ms: 20 }));
+    m.observeRequest(record({ ttft_ms: 400, tpot_ms: 35 }));
+    const before = parseSamples(await m.render());
+    expect(bucketsOf(before, 'slagate_ttft_seconds', cb)).not.toContain('0.3');
+    m.setClasses({ ...CLASSES, interactive: { ttft_p99_ms: 300, tpot_p99_ms: 40 } });
+    m.observeRequest(record({ ttft_ms: 250, tpot_ms: 38 }), [38]);
+    m.observeRequest(record({ ttft_ms: 350, tpot_ms: 45 }));
+    const s = parseSamples(await m.render());
+    for (const name of ['slagate_ttft_seconds', 'slagate_queue_wait_seconds']) {
+      expect(bucketsOf(s, name, cb)).toEqual(expect.arrayContaining(['0.3', '0.5']));
+    }
+    for (const name of ['slagate_tpot_seconds', 'slagate_itl_seconds']) {
+      expect(bucketsOf(s, name, cb)).toEqual(expect.arrayContaining(['0.04', '0.05']));
+    }
+    const ttft = (le: string) => value(s, 'slagate_ttft_seconds_bucket', { ...cb, le });
+    // The old boundary kept every count; the new one counts the 250 ms request, and before the
+    // reload holds what the boundary below it (0.25) held: the 150 ms one.
+    expect(ttft('0.5')).toBe(4);
+    expect(ttft('0.25')).toBe(2);
+    expect(ttft('0.3')).toBe(2);
+    expect(ttft('+Inf')).toBe(value(s, 'slagate_ttft_seconds_count', cb));
+    // TPOT 20 and 35 ms before, 38 and 45 after: 0.04 holds the 20 (under 0.03, the boundary below
+    // it then) and the 38; the 35, counted before 0.04 was a boundary, stays above it.
+    expect(value(s, 'slagate_tpot_seconds_bucket', { ...cb, le: '0.04' })).toBe(2);
+    expect(value(s, 'slagate_tpot_seconds_bucket', { ...cb, le: '0.05' })).toBe(4);
+    // Cumulative all the way up.
+    const les = bucketsOf(s, 'slagate_ttft_seconds', cb);
+    const counts = les.map((le) => ttft(le as string) as number);
+    expect(counts).toEqual([...counts].sort((a, b) => a - b));
   });
 
   it("counts a request's gaps into the ITL histogram as prom-client would, one by one", async () => {
