@@ -6,6 +6,7 @@ import { parseArgs } from 'node:util';
 import { createGunzip } from 'node:zlib';
 import type { AdmissionRecord } from '../telemetry/admission-log.ts';
 import { OUTCOMES } from '../telemetry/outcome.ts';
+import { QuantileSketch } from './quantile-sketch.ts';
 
 // `slagate logs [FILE]`: reads an admission log (a file, or stdin; gzip-compressed, as logrotate
 // leaves old ones, or not) and explains it. Lines that are not admission records (other log lines,
@@ -377,7 +378,12 @@ function wholeTtft(r: LogRecord): number | null {
 
 class Group {
   n = 0;
-  readonly values: Record<Metric, number[]> = { ttft_ms: [], tpot_ms: [], e2e_ms: [], queue_ms: [] };
+  readonly values: Record<Metric, QuantileSketch> = {
+    ttft_ms: new QuantileSketch(),
+    tpot_ms: new QuantileSketch(),
+    e2e_ms: new QuantileSketch(),
+    queue_ms: new QuantileSketch(),
+  };
 
   /**
    * Whole measurements only, as /metrics takes them: a cancel's queue wait was cut short, a
@@ -386,12 +392,12 @@ class Group {
    */
   add(r: LogRecord): void {
     this.n++;
-    if (r.queue_ms !== null && r.outcome !== 'client_cancelled') this.values.queue_ms.push(r.queue_ms);
+    if (r.queue_ms !== null && r.outcome !== 'client_cancelled') this.values.queue_ms.add(r.queue_ms);
     const ttft = wholeTtft(r);
-    if (ttft !== null) this.values.ttft_ms.push(ttft);
+    if (ttft !== null) this.values.ttft_ms.add(ttft);
     if (r.outcome !== 'ok') return;
-    if (r.tpot_ms !== null && r.tpot_ms !== undefined) this.values.tpot_ms.push(r.tpot_ms);
-    if (r.e2e_ms !== null && r.e2e_ms !== undefined) this.values.e2e_ms.push(r.e2e_ms);
+    if (r.tpot_ms !== null && r.tpot_ms !== undefined) this.values.tpot_ms.add(r.tpot_ms);
+    if (r.e2e_ms !== null && r.e2e_ms !== undefined) this.values.e2e_ms.add(r.e2e_ms);
   }
 
   report(): GroupReport {
@@ -414,7 +420,7 @@ class Summary {
   private readonly backends = new Map<string, Group>();
   private readonly sla = new Map<string, ClassSla>();
   /** Per class, per target set: the judged requests' TTFT and TPOT samples. */
-  private readonly targetSamples = new Map<TargetSet, { ttft: number[]; tpot: number[] }>();
+  private readonly targetSamples = new Map<TargetSet, { ttft: QuantileSketch; tpot: QuantileSketch }>();
   private readonly misses = new Map<string, Map<string, MissCause>>();
   private readonly slowest: SlowRequest[] = [];
 
@@ -466,14 +472,14 @@ class Summary {
         tpot_p99_ms: null,
       };
       sla.by_targets.push(set);
-      this.targetSamples.set(set, { ttft: [], tpot: [] });
+      this.targetSamples.set(set, { ttft: new QuantileSketch(), tpot: new QuantileSketch() });
     }
     set.judged++;
     const samples = this.targetSamples.get(set)!;
     // The same whole measurements as the latency tables: a cancel judged late adds no sample.
     const ttft = wholeTtft(r);
-    if (ttft !== null) samples.ttft.push(ttft);
-    if (r.outcome === 'ok' && r.tpot_ms !== null && r.tpot_ms !== undefined) samples.tpot.push(r.tpot_ms);
+    if (ttft !== null) samples.ttft.add(ttft);
+    if (r.outcome === 'ok' && r.tpot_ms !== null && r.tpot_ms !== undefined) samples.tpot.add(r.tpot_ms);
     if (r.sla_met) {
       sla.met++;
       set.met++;
@@ -525,13 +531,7 @@ class Summary {
       if (n !== undefined) outcomes[o] = n;
     }
     const sla: LogsReport['sla'] = {};
-    const p99 = (xs: number[]) =>
-      xs.length === 0
-        ? null
-        : percentile(
-            [...xs].sort((a, b) => a - b),
-            99,
-          );
+    const p99 = (xs: QuantileSketch) => xs.percentiles([99])[0] as number | null;
     for (const [cls, s] of this.sla) {
       const byTargets = s.by_targets.map((t) => {
         const samples = this.targetSamples.get(t)!;
@@ -607,20 +607,10 @@ export function missCause(r: LogRecord): string {
   return 'TPOT over target: decode slow';
 }
 
-/** Percentiles by linear interpolation between closest ranks (numpy's default, as vLLM's bench). */
-export function percentile(sorted: readonly number[], p: number): number {
-  if (sorted.length === 0) return Number.NaN;
-  const rank = (p / 100) * (sorted.length - 1);
-  const lo = Math.floor(rank);
-  const hi = Math.ceil(rank);
-  const a = sorted[lo]!;
-  return a + (sorted[hi]! - a) * (rank - lo);
-}
-
-function percentiles(values: number[]): Percentiles {
-  if (values.length === 0) return null;
-  const sorted = [...values].sort((a, b) => a - b);
-  return { p50: percentile(sorted, 50), p90: percentile(sorted, 90), p99: percentile(sorted, 99) };
+/** p50 / p90 / p99 of a series (quantile-sketch.ts: each within 0.1%), null when it has none. */
+function percentiles(values: QuantileSketch): Percentiles {
+  const [p50, p90, p99] = values.percentiles([50, 90, 99]);
+  return p50 === null ? null : { p50: p50!, p90: p90!, p99: p99! };
 }
 
 // ---- text report --------------------------------------------------------------------------------
