@@ -19,9 +19,10 @@
 // on the allocating stack, else to the library, else to Node's or V8's entry (as the CPU profile's
 // summary does, scripts/lib/cpu-profile.ts). Sampling is an estimate: a few KB per request.
 import type { ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, statSync, watch } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, watch } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, relative, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { stopChild } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
@@ -44,7 +45,11 @@ const { values } = parseArgs({
 if (values.prompts !== 'short' && values.prompts !== 'long') throw new Error('--prompts is short or long');
 const streams = Number(values.streams);
 const requests = Number(values.requests);
-const PRELOAD = new URL('./lib/heap-sample.mjs', import.meta.url).pathname;
+const PRELOAD = fileURLToPath(new URL('./lib/heap-sample.mjs', import.meta.url));
+/** The checkout this script belongs to: HEAD, whatever the current directory. */
+const HEAD = join(import.meta.dirname, '..');
+/** How long a signal's file may take to appear (a profile of a few MB is written in well under it). */
+const SIGNAL_TIMEOUT_MS = 60_000;
 
 interface HeapNode {
   callFrame: { functionName: string; url: string; lineNumber: number };
@@ -82,19 +87,32 @@ function summarize(file: string, root: string) {
   return { total, byModule, byFunction };
 }
 
-/** Resolves once `file` exists (heap-sample.mjs writes each signal's file whole, by a rename). */
-function appeared(file: string): Promise<void> {
-  return new Promise((ok) => {
-    const watcher = watch(dirname(file), () => {
-      if (existsSync(file)) {
-        watcher.close();
-        ok();
-      }
-    });
-    if (existsSync(file)) {
+/**
+ * Resolves once `file` exists (heap-sample.mjs writes each signal's file whole, by a rename);
+ * rejects if `child` exits first (a crash, or a SIGUSR2 that found no handler and killed it) or
+ * after SIGNAL_TIMEOUT_MS.
+ */
+function appeared(file: string, child: ChildProcess): Promise<void> {
+  return new Promise((ok, fail) => {
+    let timer: NodeJS.Timeout | undefined;
+    const done = (err?: Error) => {
       watcher.close();
-      ok();
-    }
+      clearTimeout(timer);
+      child.off('exit', onExit);
+      if (err) fail(err);
+      else ok();
+    };
+    const onExit = (code: number | null, signal: string | null) =>
+      done(new Error(`the process exited (${signal ?? code}) before writing ${file}`));
+    const watcher = watch(dirname(file), () => {
+      if (existsSync(file)) done();
+    });
+    timer = setTimeout(
+      () => done(new Error(`${file} did not appear in ${SIGNAL_TIMEOUT_MS} ms`)),
+      SIGNAL_TIMEOUT_MS,
+    );
+    child.once('exit', onExit);
+    if (existsSync(file)) done();
   });
 }
 
@@ -102,15 +120,18 @@ interface Side {
   name: string;
   /** Where its source files are, to name them relative to it. */
   root: string;
-  /** Starts it with `env`; resolves with its URL, its process and how to stop it. */
-  start(env: NodeJS.ProcessEnv): Promise<{ url: string; child: ChildProcess; stop(): Promise<void> }>;
+  /** Starts it with `env`; resolves with its URL, its process, how to stop it and what to remove then. */
+  start(
+    env: NodeJS.ProcessEnv,
+  ): Promise<{ url: string; child: ChildProcess; stop(): Promise<void>; dir?: string }>;
 }
 
 async function profiled(side: Side) {
-  const out = join(mkdtempSync(join(tmpdir(), 'slagate-alloc-')), `${side.name}.heapprofile`);
+  const scratch = mkdtempSync(join(tmpdir(), 'slagate-alloc-'));
+  const out = join(scratch, 'heap.heapprofile');
   const env = {
     ...process.env,
-    NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import ${PRELOAD}`.trim(),
+    NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import ${JSON.stringify(PRELOAD)}`.trim(),
     SLAGATE_HEAP_OUT: out,
   };
   const proc = await side.start(env);
@@ -124,7 +145,7 @@ async function profiled(side: Side) {
       seed: 98,
       progress: false,
     });
-    const started = appeared(`${out}.started`);
+    const started = appeared(`${out}.started`, proc.child);
     proc.child.kill('SIGUSR2');
     await started;
     const res = await runBench({
@@ -135,15 +156,17 @@ async function profiled(side: Side) {
       seed: 7,
       progress: false,
     });
-    const written = appeared(out);
+    const written = appeared(out, proc.child);
     proc.child.kill('SIGUSR2');
     await written;
     if (res.metrics.failed > 0) console.error(`${side.name}: ${res.metrics.failed} requests failed`);
+    if (statSync(out).size === 0) throw new Error(`${side.name}: the heap profile was not taken`);
+    return { name: side.name, ...summarize(out, side.root) };
   } finally {
     await proc.stop();
+    rmSync(scratch, { recursive: true, force: true });
+    if (proc.dir !== undefined) rmSync(proc.dir, { recursive: true, force: true });
   }
-  if (statSync(out).size === 0) throw new Error(`${side.name}: the heap profile was not taken`);
-  return { name: side.name, ...summarize(out, side.root) };
 }
 
 const backend = await spawnFixedBackend(20, 5);
@@ -152,7 +175,7 @@ const gateway = (name: string, checkout: string): Side => ({
   root: checkout,
   async start(env) {
     const gw = await startCheckoutGateway(checkout, (dir) => undecidingGatewayYaml(backend.url, dir), env);
-    return { url: gw.url, child: gw.child, stop: () => stopChild(gw.child) };
+    return { url: gw.url, child: gw.child, stop: () => stopChild(gw.child), dir: gw.dir };
   },
 });
 const sides: Side[] = [];
@@ -161,7 +184,7 @@ if (values.floor !== undefined) {
   if (kind !== 'http' && kind !== 'undici') throw new Error('--floor is http or undici');
   sides.push({
     name: `${kind} floor`,
-    root: resolve('.'),
+    root: HEAD,
     async start(env) {
       const floor = await spawnFloor(kind, backend.url, env);
       return { url: floor.url, child: floor.child, stop: () => stopChild(floor.child) };
@@ -169,7 +192,7 @@ if (values.floor !== undefined) {
   });
 }
 if (values.base !== undefined) sides.push(gateway('base', resolve(values.base)));
-sides.push(gateway('head', resolve('.')));
+sides.push(gateway('head', HEAD));
 const results = [];
 try {
   for (const side of sides) results.push(await profiled(side));

@@ -17,10 +17,9 @@
 // token waits for the decode step under way and then for its own step, and a long prompt is slow
 // because it is long; what is left is queueing inside vLLM (KV cache full, too many sequences,
 // prefill budget spent on others). e = max(tpot, ttft),
-// and B = the requests the backend runs now (every gateway instance), or, when larger, the batch
-// the signals were measured on (the requests it ran over their periods, weighted by the gaps each
-// period measured):
-//   e > 1, B > 0            → limit = min(limit, B ÷ min(e, 2))          (decrease)
+// B = the requests the backend runs now (every gateway instance), and S = the batch the signals
+// were measured on (the requests it ran over their periods, weighted by the gaps each measured):
+//   e > 1, B > 0            → limit = min(limit, max(B, S) ÷ min(e, 2))  (decrease)
 //   e ≤ 1 and limit binding → limit = max(limit, B) × min(1.5, 1/√e), ≥ +1 (growth that vanishes
 //                                                                         at the setpoint)
 //   otherwise, or no signal → unchanged

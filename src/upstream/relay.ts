@@ -149,8 +149,6 @@ export class Attempt implements Dispatcher.DispatchHandler {
   #assembler: Assembler | null;
   #held: Buffer[] = [];
   #heldBytes = 0;
-  /** The events one upstream read hands to the client (#onSse), kept from read to read. */
-  readonly #out: Buffer[] = [];
   #body: Buffer[] = [];
   #bodyBytes = 0;
   #promptTokens: number | null = null;
@@ -342,9 +340,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
     const assembler = this.#assembler;
     // What this read hands to the client, in order (#emit). Once the stream has a writer every
     // event goes to it as it comes (the writer writes them together at the end of the tick), and
-    // this list, kept from read to read, stays empty; until then it collects them for #write.
-    const out = this.#out;
-    out.length = 0;
+    // this list stays empty (no storage is made for it); until then it collects them for #write.
+    const out: Buffer[] = [];
     let sawData = false;
     for (const ev of events) {
       const committed = this.#phase === 'committed';
