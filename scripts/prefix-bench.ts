@@ -3,6 +3,10 @@
 //
 //   npx tsx scripts/prefix-bench.ts [--parts routing,product,shared,micro] [--rate 8] [--duration-s 240]
 //                                   [--time-scale 1] [--policies LIST] [--out results/prefix-bench.json]
+//                                   [--keep-logs DIR]
+//
+// `--keep-logs DIR` writes each routing or product run's admission log to DIR/<router>-<scheduler>.log
+// (one JSON record a line, as the gateway wrote it), for `slagate logs` to explain.
 //
 // Workload: `prefix-shared` shaped like llm-d's published benchmark (150 tenants, each a 6k-token
 // shared context and 5 users with 1.2k-token questions; KV demand 73% of the cluster's), scaled to
@@ -67,6 +71,7 @@ const { values } = parseArgs({
     'time-scale': { type: 'string', default: '1' },
     out: { type: 'string', default: 'results/prefix-bench.json' },
     'shared-policy': { type: 'string', default: 'slagate/fcfs' },
+    'keep-logs': { type: 'string' },
   },
 });
 const PARTS = new Set(values.parts!.split(','));
@@ -348,6 +353,11 @@ async function routing(policies = POLICIES, yamlOf = (_policy: string) => GATEWA
     });
     const run = result.runs[0]!;
     if (run.error !== null || run.bench === null) throw new Error(`${policy}: ${run.error}`);
+    if (values['keep-logs'] !== undefined && run.admissionLog !== null) {
+      const file = join(values['keep-logs'], `${policy.replace('/', '-')}.log`);
+      mkdirSync(values['keep-logs'], { recursive: true });
+      writeFileSync(file, run.admissionLog.map((r) => `${JSON.stringify(r)}\n`).join(''));
+    }
     rows.push(rowOf(policy, run.bench.records, run.figures, run.bench.metrics.outputThroughput));
     console.error(table(rows.slice(-1)).split('\n')[2]);
   }
