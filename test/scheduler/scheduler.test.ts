@@ -1161,6 +1161,30 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
     expect(f.live.prefixMatch('b', t.req.route.blocks)).toBe(0);
   });
 
+  it("gives an attempt time to prefill the cached part too, should it be gone: a cold prefill is no backend's failure", async () => {
+    const f = setup(['a', 'b'], settings({ concurrency: { ...settings().concurrency, initial: 8 } }), cost);
+    f.teach(); // dispatch → first token = 20 ms + 0.1 ms per uncached token
+    f.live.prefixInsert('a', prefix);
+    const t = f.scheduler.ticket(ask('held', { ttftTargetMs: 100, ttftBudgetMs: 60_000 }));
+    const slot = await t.acquire(first());
+    expect(t.lastGrant).toMatchObject({ backend: 'a', cachedTokens: 1600, uncachedTokens: 100 });
+    // Predicted 20 + 0.1 × 100 = 30 ms as cached; 4 × that is under the 100 ms target, which was the
+    // timeout. With the 1,600 cached tokens prefilled too: 4 × (30 + 160) ms.
+    expect(slot!.firstTokenTimeoutMs).toBeCloseTo(4 * (30 + 0.1 * 1600), 0);
+    // Nothing cached: the prediction is the whole prompt's already.
+    const cold = f.scheduler.ticket(
+      req({
+        reqId: 'cold',
+        ttftTargetMs: 100,
+        ttftBudgetMs: 60_000,
+        promptTokens: 1000,
+        uncachedTokens: 1000,
+      }),
+    );
+    const coldSlot = await cold.acquire(first());
+    expect(coldSlot!.firstTokenTimeoutMs).toBeCloseTo(4 * (20 + 0.1 * 1000), 0);
+  });
+
   it('inserts no blocks hashed at a block size the index no longer holds (a reload while it queued)', async () => {
     let size = 16;
     const f = setup(['a', 'b'], settings(), cost, { blockSizeTokens: () => size });
