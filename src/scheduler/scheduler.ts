@@ -1187,6 +1187,7 @@ function signalBatch(c: Control): number | null {
   }
   return gaps === 0 ? null : weighted / gaps;
 }
+
 /** The tightest of the targets held (Infinity when none: no TPOT signal is judged then). */
 function tightest(targets: ReadonlyMap<number, number>): number {
   let min = Number.POSITIVE_INFINITY;

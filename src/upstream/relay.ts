@@ -484,7 +484,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
   /**
    * Writes what `out` collected to the client: the first write (it carries the head) through
    * res.write, and every write of a stream that has no ChunkedWriter after it (an HTTP/1.0 client,
-   * a pass-through). Once a stream has its writer, #emit hands each event to it and `out` is empty.
+   * whose response Node does not chunk). Once a stream has its writer, #emit hands each event to it
+   * and `out` is empty.
    *
    * Invariant: an answer assembled in memory writes nothing here. Its client asked for one JSON
    * body, which #writeAssembled sends whole, or, on a failure, the error envelope: no event bytes
