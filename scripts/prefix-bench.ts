@@ -5,7 +5,8 @@
 //                                   [--time-scale 1] [--policies LIST] [--out results/prefix-bench.json]
 //                                   [--keep-logs DIR]
 //
-// `--keep-logs DIR` writes each routing or product run's admission log to DIR/<router>-<scheduler>.log
+// `--keep-logs DIR` writes each routing or product run's admission log to
+// DIR/<part>-<router>-<scheduler>.log
 // (one JSON record a line, as the gateway wrote it), for `slagate logs` to explain.
 //
 // Workload: `prefix-shared` shaped like llm-d's published benchmark (150 tenants, each a 6k-token
@@ -333,7 +334,11 @@ const PRODUCT_POLICIES =
     ? ['slagate/slagate', 'cache_aware/fcfs', 'prefix_only/fcfs', 'least_loaded/fcfs']
     : values.policies.split(',');
 
-async function routing(policies = POLICIES, yamlOf = (_policy: string) => GATEWAY_YAML): Promise<Row[]> {
+async function routing(
+  part: 'routing' | 'product',
+  policies = POLICIES,
+  yamlOf = (_policy: string) => GATEWAY_YAML,
+): Promise<Row[]> {
   const rows: Row[] = [];
   for (const policy of policies) {
     const yaml = yamlFile(yamlOf(policy));
@@ -354,7 +359,7 @@ async function routing(policies = POLICIES, yamlOf = (_policy: string) => GATEWA
     const run = result.runs[0]!;
     if (run.error !== null || run.bench === null) throw new Error(`${policy}: ${run.error}`);
     if (values['keep-logs'] !== undefined && run.admissionLog !== null) {
-      const file = join(values['keep-logs'], `${policy.replace('/', '-')}.log`);
+      const file = join(values['keep-logs'], `${part}-${policy.replace('/', '-')}.log`);
       mkdirSync(values['keep-logs'], { recursive: true });
       writeFileSync(file, run.admissionLog.map((r) => `${JSON.stringify(r)}\n`).join(''));
     }
@@ -603,7 +608,7 @@ if (PARTS.has('micro')) {
 }
 let one: Row[] = [];
 if (PARTS.has('routing')) {
-  one = await routing();
+  one = await routing('routing');
   out.routing = one;
   save();
   console.log(`\n## prefix-shared at ${RATE} req/s, ${REPLICAS} × ${PROFILE} (time scale ${TS})`);
@@ -625,7 +630,9 @@ if (PARTS.has('routing')) {
   console.log(JSON.stringify(out.ratios, null, 2));
 }
 if (PARTS.has('product')) {
-  const rows = await routing(PRODUCT_POLICIES, (p) => (p.endsWith('/slagate') ? PRODUCT_YAML : GATEWAY_YAML));
+  const rows = await routing('product', PRODUCT_POLICIES, (p) =>
+    p.endsWith('/slagate') ? PRODUCT_YAML : GATEWAY_YAML,
+  );
   out.product = rows;
   save();
   console.log(

@@ -4,8 +4,8 @@
 // 2γ^k / (γ + 1), which is within α of each of them. A bucket is a map entry, so the memory is the
 // number of distinct buckets the values touch: at α = 0.1% about 1,150 per decade of range, however
 // many values there are. `slagate logs` keeps one per series (class or backend, and metric), where
-// it once kept every value (scripts/logs-memory.ts: 313 MB resident for a million records, 789 MB
-// for three million; with the sketches 116 and 118 MB).
+// it once kept every value (scripts/logs-memory.ts: 481 MB resident at most for a million records,
+// 1,004 MB for three million; with the sketches 113 and 118 MB).
 //
 // Values at or below MIN_VALUE (0 among them) are counted as 0 exactly.
 

@@ -781,15 +781,17 @@ export class Scheduler {
     const settings = this.#deps.settings();
     const predicted = view.predictedTtftMs;
     // Invariant: a first token late because the cached part the index counted on was gone (evicted
-    // since) is no backend failure: the backend is prefilling it. The timeout allows for the whole
-    // prompt prefilled. Allowing for the cached prediction only, a cold 5,000-token prompt the index
-    // took for cached was cut at the 500 ms target mid-prefill, blamed on its backend, and sent
-    // cold to another: its first token came later than if it had stayed (docs/benchmarks.md).
-    const perToken = this.#deps.live.prefillMs(b.name, 1);
-    const wholeMs = predicted === null ? null : predicted + (perToken ?? 0) * grant.cachedTokens;
+    // since) is no backend failure: the backend is prefilling it. The timeout adds that part's
+    // prefill, once, to the allowance on the prediction. Without it, a cold 5,000-token prompt the
+    // index took for cached was cut at the 500 ms target mid-prefill, blamed on its backend, and sent
+    // cold to another: its first token came later than if it had stayed (docs/benchmarks.md). Not
+    // the factor times it: a backend that hangs would then hold a request with 5,000 tokens cached
+    // about 2 s, one with 32,000 about 12 s, before it is let go.
+    const cachedPrefillMs = (this.#deps.live.prefillMs(b.name, 1) ?? 0) * grant.cachedTokens;
     const firstTokenTimeoutMs = Math.min(
       settings.firstTokenTimeoutMaxMs,
-      Math.max(req.ttftTargetMs, settings.firstTokenTimeoutFactor * (wholeMs ?? req.ttftTargetMs)),
+      Math.max(req.ttftTargetMs, settings.firstTokenTimeoutFactor * (predicted ?? req.ttftTargetMs)) +
+        cachedPrefillMs,
     );
     w.settle(new GrantedSlot(this, b, lease, grant, w, control, firstTokenTimeoutMs, predicted, trial));
   }
