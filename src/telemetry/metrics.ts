@@ -115,9 +115,7 @@ export class GatewayMetrics {
 
   constructor(classes: Readonly<Record<string, ClassTargets>>, opts: MetricsOptions = {}) {
     const reg = this.registry;
-    // The class targets join the buckets in setClasses, at start and at every reload.
-    const ttftBuckets = bucketsWithTargets(TTFT_BUCKETS_S, []);
-    const tpotBuckets = bucketsWithTargets(TPOT_BUCKETS_S, []);
+    // The base lists here; the class targets join them in setClasses, at start and at every reload.
     // Every histogram is a BatchHistogram (batch-histogram.ts): its children count straight into
     // their buckets, without prom-client's label hashing on each observation.
     const perRequest = (name: string, help: string, buckets: readonly number[]) =>
@@ -131,21 +129,21 @@ export class GatewayMetrics {
     this.ttft = perRequest(
       'ttft_seconds',
       'Time to first token: arrival at the gateway to first token.',
-      ttftBuckets,
+      TTFT_BUCKETS_S,
     );
     this.tpot = perRequest(
       'tpot_seconds',
       'Time per output token after the first, per request.',
-      tpotBuckets,
+      TPOT_BUCKETS_S,
     );
     // One request's gaps are counted in one call when it ends.
-    this.itl = perRequest('itl_seconds', 'Gap between successive streamed chunks.', tpotBuckets);
+    this.itl = perRequest('itl_seconds', 'Gap between successive streamed chunks.', TPOT_BUCKETS_S);
     this.e2e = perRequest(
       'e2e_seconds',
       'Arrival at the gateway to the last byte, requests that completed (outcome ok).',
       E2E_BUCKETS_S,
     );
-    this.queueWait = perRequest('queue_wait_seconds', 'Time spent in the gateway queue.', ttftBuckets);
+    this.queueWait = perRequest('queue_wait_seconds', 'Time spent in the gateway queue.', TTFT_BUCKETS_S);
     this.overhead = new BatchHistogram({
       name: `${PREFIX}overhead_seconds`,
       help: "Time from a request's body being read to the end of admission (parse, auth, validation, estimate, admission); the client's upload, queueing, routing and the relay are not in it.",
