@@ -7,8 +7,10 @@
 //               (Scheduler.startsNow: a slot and prefill room free, no entry waiting for it, and
 //               the last pump did not stop at its bound, so whatever is queued waits for other
 //               backends), else the fleet's (scheduler: entries ahead ÷ the rate slots free up)
-//             + dispatch-to-first-token on that backend (live state's fit at the backend's
-//               pending prefill work and load: base + a·(own uncached + pending) + b·in-flight),
+//             + dispatch-to-first-token on that backend (live state's fit at the prefill still
+//               ahead there and its load: base + a·(own uncached + ahead) + b·in-flight, where
+//               ahead is what the backend has left of the prefill sent to it, drained at 1 ÷ a
+//               since it was sent: src/state/prefill-backlog.ts),
 //               where "own uncached" is the prompt less what the prefix index says the backend
 //               holds (src/router/cached.ts, the same count the router weighs)
 //

@@ -706,10 +706,14 @@ export class Scheduler {
     return { open: false, waitMs: rate === null || rate <= 0 ? null : (needed / rate) * 1000 };
   }
 
-  /** Pending prefill on `name` leaves room for `uncached` more under `cap` (0: no cap), or none is pending. */
+  /**
+   * The prefill still ahead on `name` leaves room for `uncached` more under `cap` (0: no cap), or
+   * none is ahead. Ahead, not pending until the first token: a backend most of the way through a
+   * cold prompt larger than the cap has room for the next one's prefill to queue behind the rest.
+   */
   #prefillRoom(name: string, uncached: number, cap: number): boolean {
     if (cap <= 0) return true;
-    const pending = this.#deps.live.inflight(name).pendingPrefillTokens;
+    const pending = this.#deps.live.prefillAheadTokens(name);
     return pending === 0 || pending + uncached <= cap;
   }
 
@@ -749,7 +753,8 @@ export class Scheduler {
     const { live } = this.#deps;
     const { backend: b, view } = choice;
     const req = w.req;
-    const before = live.inflight(b.name);
+    const loadAtDispatch = live.load(b.name);
+    const prefillAheadTokens = live.prefillAheadTokens(b.name);
     const lease = live.lease(b.name, {
       promptTokens: req.promptTokens,
       expectedOutputTokens: req.expectedOutputTokens,
@@ -768,8 +773,8 @@ export class Scheduler {
       backend: b.name,
       server: b,
       grantedAt: this.#now(),
-      loadAtDispatch: before.requests,
-      prefillAheadTokens: before.pendingPrefillTokens,
+      loadAtDispatch,
+      prefillAheadTokens,
       cachedBlocks: view.cachedBlocks,
       cachedTokens: view.cachedTokens,
       uncachedTokens: view.uncachedTokens,

@@ -103,6 +103,9 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
           // This instance's attempts in flight, and the shared counts over every instance.
           local_inflight: v?.localInflight.requests ?? 0,
           inflight: v?.inflight ?? null,
+          // What a request sent there now would wait for: the prefill the backend has not yet
+          // worked off (docs/state.md, "Prefill still ahead").
+          prefill_ahead_tokens: rt.live.prefillAheadTokens(b.name),
           concurrency_limit: limits.get(b.name)?.limit ?? null,
           control_error: limits.get(b.name)?.error ?? null,
           tpot_share: limits.get(b.name)?.tpotShare ?? null,

@@ -3,7 +3,8 @@
 // only added at read time, so local data is never lost or double-counted when a sync fails.
 
 import { DecayingFit, FitStats } from './fit.ts';
-import { type InflightCounts, zeroCounts } from './leases.ts';
+import { type InflightCounts, type PrefillListener, zeroCounts } from './leases.ts';
+import { PrefillBacklog } from './prefill-backlog.ts';
 import { emptyTotals, SlidingWindow, type WindowTotals } from './window.ts';
 
 /** TTFT-after-queue fit features: [uncached prompt tokens, load]. */
@@ -18,8 +19,20 @@ export interface WindowShape {
   buckets: number;
 }
 
+/** A backend's in-flight counts and the backlog their prefill drains from: carried together. */
+export interface Inflight {
+  readonly counts: InflightCounts;
+  /** What this instance's leases on the backend tell the backlog. */
+  readonly listener: PrefillListener;
+  /** The backlog now, drained at `msPerToken`: this instance's prefill still ahead on the backend. */
+  ahead(msPerToken: number | null): number;
+}
+
 export class BackendState {
   readonly inflight: InflightCounts;
+  /** This instance's in-flight leases' prefill as it drains; `prefill` is what they tell it. */
+  readonly #carried: Inflight;
+  readonly prefill: PrefillListener;
   readonly windows = new Map<string, SlidingWindow>();
   readonly ttftFit: DecayingFit;
   readonly tpotFit: DecayingFit;
@@ -32,12 +45,27 @@ export class BackendState {
     readonly name: string,
     private readonly shape: WindowShape,
     fitHalfLifeMs: number,
-    /** The counts open leases still decrement (a backend removed and added back while they ran). */
-    inflight: InflightCounts = zeroCounts(),
+    /**
+     * Fresh (newInflight), or the counts and backlog that open leases still update (a backend
+     * removed and added back while they ran).
+     */
+    inflight: Inflight,
   ) {
-    this.inflight = inflight;
+    this.inflight = inflight.counts;
+    this.#carried = inflight;
+    this.prefill = inflight.listener;
     this.ttftFit = new DecayingFit(TTFT_FEATURES, fitHalfLifeMs);
     this.tpotFit = new DecayingFit(TPOT_FEATURES, fitHalfLifeMs);
+  }
+
+  /** What a backend added back while these leases run must keep updating. */
+  carry(): Inflight {
+    return this.#carried;
+  }
+
+  /** This instance's prefill still ahead on the backend now, at the fit's `msPerToken` (prefill-backlog.ts). */
+  prefillAhead(msPerToken: number | null): number {
+    return this.#carried.ahead(msPerToken);
   }
 
   /** The class's window, created on first use; undefined past MAX_CLASSES. */
@@ -66,4 +94,21 @@ export class RemoteBackend {
     }
     return t;
   }
+}
+
+/**
+ * Fresh counts, with a backlog told of every lease's prefill as the counts change, drained at
+ * `msPerToken()` (the backend's TTFT fit) on the clock `now`.
+ */
+export function newInflight(now: () => number, msPerToken: () => number | null): Inflight {
+  const counts = zeroCounts();
+  const backlog = new PrefillBacklog();
+  return {
+    counts,
+    listener: {
+      dispatched: (tokens) => backlog.add(tokens, now(), msPerToken()),
+      settled: () => backlog.settle(counts.pendingPrefillTokens, now(), msPerToken()),
+    },
+    ahead: (rate) => backlog.ahead(counts.pendingPrefillTokens, now(), rate),
+  };
 }

@@ -54,8 +54,19 @@ function count(v: number | undefined, fallback: number): number {
   return Number.isFinite(n) && n > 0 ? Math.min(Math.round(n), MAX_LEASE_COUNT) : 0;
 }
 
+/** Told when a lease's prefill is counted as pending and when it stops being (after the counts change). */
+export interface PrefillListener {
+  dispatched(tokens: number): void;
+  settled(): void;
+}
+
 /** Begins a lease on `counts`. */
-export function beginLease(backend: string, counts: InflightCounts, tokens: LeaseTokens): Lease {
+export function beginLease(
+  backend: string,
+  counts: InflightCounts,
+  tokens: LeaseTokens,
+  prefill?: PrefillListener,
+): Lease {
   const prompt = count(tokens.promptTokens, 0);
   const output = count(tokens.expectedOutputTokens, 0);
   const uncached = Math.min(prompt, count(tokens.uncachedPromptTokens, prompt));
@@ -63,12 +74,14 @@ export function beginLease(backend: string, counts: InflightCounts, tokens: Leas
   counts.promptTokens += prompt;
   counts.expectedOutputTokens += output;
   counts.pendingPrefillTokens += uncached;
+  prefill?.dispatched(uncached);
   let prefillPending = true;
   let open = true;
   const prefillDone = () => {
     if (!open || !prefillPending) return;
     prefillPending = false;
     counts.pendingPrefillTokens -= uncached;
+    prefill?.settled();
   };
   return {
     backend,

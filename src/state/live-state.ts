@@ -12,7 +12,14 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { StateConfig } from '../config/index.ts';
-import { BackendState, type RemoteBackend, TPOT_FEATURES, TTFT_FEATURES } from './backend-state.ts';
+import {
+  BackendState,
+  type Inflight,
+  newInflight,
+  type RemoteBackend,
+  TPOT_FEATURES,
+  TTFT_FEATURES,
+} from './backend-state.ts';
 import { type FitCoefficients, FitStats, PooledSpread, predict } from './fit.ts';
 import { type Quantiles, quantiles } from './histogram.ts';
 import {
@@ -162,9 +169,18 @@ export interface LiveState {
   load(backend: string): number;
   /**
    * Predicted dispatch-to-first-token time of a request with `uncachedTokens` to prefill, sent now:
-   * the fit at the backend's current pending prefill work and load. Null until the fit has samples.
+   * the fit at the prefill still ahead on the backend (prefillAheadTokens) and its load. Null until
+   * the fit has samples.
    */
   predictTtftMs(backend: string, uncachedTokens: number): number | null;
+  /**
+   * Uncached prompt tokens the backend still has to prefill ahead of a request sent now: this
+   * instance's as they drain at the backend's prefill rate since they were sent (prefill-backlog.ts),
+   * at most its exact pending count; each peer's as its last snapshot had it (not drained between
+   * snapshots). What predictTtftMs counts ahead, what the TTFT fit learns a first token against,
+   * and what the scheduler's prefill room counts.
+   */
+  prefillAheadTokens(backend: string): number;
   /** The prefill-work part alone (ms per prefill token × tokens); null without a fit. */
   prefillMs(backend: string, tokens: number): number | null;
   /**
@@ -256,7 +272,7 @@ class LiveStateImpl implements LiveState {
   readonly #minSamples: number;
   readonly #backends = new Map<string, { state: BackendState; url: string }>();
   /** Removed backends with requests still running on them: their counts, kept until those end. */
-  readonly #draining = new Map<string, { url: string; counts: InflightCounts }>();
+  readonly #draining = new Map<string, { url: string; inflight: Inflight }>();
   readonly #scraper: TelemetryScraper | null;
   readonly #sync: RedisSync | null;
   #remote = new Map<string, RemoteBackend>();
@@ -312,7 +328,10 @@ class LiveStateImpl implements LiveState {
             now: this.#now,
             logger: opts.logger,
             host: {
-              snapshot: (now) => encodeSnapshot(this.#states(), this.#tenants.entries(now), now),
+              snapshot: (now) =>
+                encodeSnapshot(this.#states(), this.#tenants.entries(now), now, (name) =>
+                  this.#msPerPrefillToken(name),
+                ),
               applyPeers: (snaps, now) => this.#applyPeers(snaps, now),
               logEntry: () => {
                 const tag = this.#blockTag();
@@ -332,9 +351,10 @@ class LiveStateImpl implements LiveState {
   }
 
   lease(backend: string, tokens: LeaseTokens): Lease {
-    const entry = this.#backends.get(backend);
-    const counts = entry?.state.inflight ?? zeroCounts();
-    return beginLease(backend, counts, tokens);
+    const be = this.#backends.get(backend)?.state;
+    return be === undefined
+      ? beginLease(backend, zeroCounts(), tokens)
+      : beginLease(backend, be.inflight, tokens, be.prefill);
   }
 
   record(s: LatencySample): void {
@@ -395,8 +415,27 @@ class LiveStateImpl implements LiveState {
     if (be === undefined) return null;
     const fit = this.#fits(backend, be).ttft;
     if (fit === null) return null;
-    const now = this.inflight(backend);
-    return predict(fit, [nonNegative(uncachedTokens) + now.pendingPrefillTokens, now.requests]);
+    const remote = this.#remoteFor(backend)?.inflight;
+    const ahead = be.prefillAhead(fit.slopes[0] as number) + (remote?.pendingPrefillTokens ?? 0);
+    return predict(fit, [
+      nonNegative(uncachedTokens) + ahead,
+      be.inflight.requests + (remote?.requests ?? 0),
+    ]);
+  }
+
+  prefillAheadTokens(backend: string): number {
+    const be = this.#backends.get(backend)?.state;
+    if (be === undefined) return 0;
+    const own = be.prefillAhead(this.#msPerPrefillToken(backend));
+    return own + (this.#remoteFor(backend)?.inflight.pendingPrefillTokens ?? 0);
+  }
+
+  /** The TTFT fit's ms per prefill token on `backend`; null without a fit or a backend. */
+  #msPerPrefillToken(backend: string): number | null {
+    const be = this.#backends.get(backend)?.state;
+    if (be === undefined) return null;
+    const fit = this.#fits(backend, be).ttft;
+    return fit === null ? null : (fit.slopes[0] as number);
   }
 
   unloadedTtftMs(backend: string, uncachedTokens: number): number | null {
@@ -590,7 +629,7 @@ class LiveStateImpl implements LiveState {
    */
   setBackends(list: readonly ScrapeTarget[]): void {
     const wanted = new Map(list.map((b) => [b.name, b.url]));
-    for (const [name, d] of this.#draining) if (d.counts.requests <= 0) this.#draining.delete(name);
+    for (const [name, d] of this.#draining) if (d.inflight.counts.requests <= 0) this.#draining.delete(name);
     for (const [name, entry] of this.#backends) {
       const url = wanted.get(name);
       if (url === entry.url) continue;
@@ -600,7 +639,7 @@ class LiveStateImpl implements LiveState {
       this.#fitCache.delete(name);
       this.#pool = null;
       if (url === undefined && entry.state.inflight.requests > 0) {
-        this.#draining.set(name, { url: entry.url, counts: entry.state.inflight });
+        this.#draining.set(name, { url: entry.url, inflight: entry.state.carry() });
       }
     }
     for (const b of list) if (!this.#backends.has(b.name)) this.#add(b);
@@ -619,9 +658,12 @@ class LiveStateImpl implements LiveState {
   #add(b: ScrapeTarget): void {
     const d = this.#draining.get(b.name);
     this.#draining.delete(b.name);
-    const counts = d !== undefined && d.url === b.url ? d.counts : undefined;
+    const carried =
+      d !== undefined && d.url === b.url
+        ? d.inflight
+        : newInflight(this.#now, () => this.#msPerPrefillToken(b.name));
     this.#backends.set(b.name, {
-      state: new BackendState(b.name, this.#shape, this.#halfLifeMs, counts),
+      state: new BackendState(b.name, this.#shape, this.#halfLifeMs, carried),
       url: b.url,
     });
   }

@@ -6,7 +6,9 @@
 // so during a rolling upgrade old and new instances do not count each other.
 //
 // Wire form (JSON):
-//   { "v": 1, "b": { <backend>: { "f": [requests, promptTokens, expectedOutputTokens, pendingPrefill],
+//   { "v": 1, "b": { <backend>: { "f": [requests, promptTokens, expectedOutputTokens, prefillAhead],
+// (prefillAhead: of the uncached tokens its requests have pending there, what the backend has not
+// yet worked off at its fitted rate, prefill-backlog.ts: what a request sent now would wait for)
 //                                 "w": { <class>: { "t": hist, "o": hist, "q": hist,
 //                                                   "n": [requests, promptTokens, completionTokens] } },
 //                                 "p": ttftFitSums, "d": tpotFitSums } },
@@ -24,6 +26,8 @@ export function encodeSnapshot(
   backends: Iterable<BackendState>,
   tenants: Iterable<[string, TenantUsage]>,
   now: number,
+  /** Each backend's fitted ms per prefill token, at which its prefill still ahead has drained. */
+  msPerPrefillToken: (backend: string) => number | null = () => null,
 ): string {
   const b: Record<string, unknown> = {};
   for (const be of backends) {
@@ -43,7 +47,7 @@ export function encodeSnapshot(
     be.tpotFit.decayTo(now);
     const f = be.inflight;
     b[be.name] = {
-      f: [f.requests, f.promptTokens, f.expectedOutputTokens, f.pendingPrefillTokens],
+      f: [f.requests, f.promptTokens, f.expectedOutputTokens, be.prefillAhead(msPerPrefillToken(be.name))],
       w,
       p: be.ttftFit.stats.encode(),
       d: be.tpotFit.stats.encode(),

@@ -187,6 +187,22 @@ describe('predicted TTFT', () => {
     expect(codeOf(() => admission.admit(req({ promptTokens: 1000 })))).toBe('admitted');
   });
 
+  it("a request sent while another's prefill is under way is predicted to wait for what is left of it, not all of it", () => {
+    const { admission, teach, live, tick } = setup();
+    teach();
+    // 4,000 tokens sent to each backend just now: 20 + 0.1 × (1000 + 4000) = 520 ms > 500.
+    const release = pendingPrefill(live, ['a', 'b'], 4000);
+    expect(codeOf(() => admission.admit(req({ promptTokens: 1000 })))).toMatch(/^sla_unattainable/);
+    // 250 ms on, at 10 tokens a millisecond, 1,500 are left: 20 + 0.1 × 2500 = 270 ms. No first
+    // token has come back (the counters still hold all 4,000), but the request is on time.
+    tick(250);
+    const admitted = admission.admit(req({ promptTokens: 1000 }));
+    expect(admitted.prediction.best!.totalMs).toBeCloseTo(270, -1);
+    expect(live.inflight('a').pendingPrefillTokens).toBe(4000);
+    admitted.tenantLease.end();
+    release();
+  });
+
   it('counts from arrival: what the body took to arrive is spent, against a budget that counts it as the request’s own', () => {
     const { admission, teach, tick, live, loop } = setup();
     teach();

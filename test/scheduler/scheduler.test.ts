@@ -339,6 +339,28 @@ describe('late dispatch', () => {
     s3.prefillDone();
     expect((await huge)!.backend.name).toBe('a');
   });
+
+  it('with a prefill cap, a backend most of the way through a prompt larger than the cap has room for the next before its first token', async () => {
+    const s = settings({ concurrency: { ...settings().concurrency, initial: 8, prefillTokens: 1000 } });
+    const f = setup(['a'], s);
+    f.teach(); // 20 ms + 0.1 ms per prefill token: 10 tokens a millisecond
+    const huge = await f.scheduler.ticket(req({ uncachedTokens: 5000, promptTokens: 5000 })).acquire(first());
+    const next = f.scheduler
+      .ticket(req({ reqId: 'next', uncachedTokens: 300, promptTokens: 300 }))
+      .acquire(first());
+    expect(await state(next)).toBe('waiting');
+    // 300 ms on, 2,000 are left: 2,000 + 300 > 1,000, still no room.
+    f.tick(300);
+    f.scheduler.pump();
+    expect(await state(next)).toBe('waiting');
+    // 460 ms on, 400 are left: room for 300 more, though no first token has come back.
+    f.tick(160);
+    f.scheduler.pump();
+    expect(((await state(next)) as Slot).backend.name).toBe('a');
+    expect(f.live.inflight('a').pendingPrefillTokens).toBe(5300);
+    huge!.release();
+    ((await next) as Slot).release();
+  });
 });
 
 describe('an entry that leaves the queue', () => {

@@ -247,6 +247,56 @@ describe('LiveState with the memory store', () => {
     expect(Math.abs(r.tpotError.bias!)).toBeLessThan(0.05);
   });
 
+  it("the prefill pending on a backend drains at its fitted rate from when it was sent, never past the counters' count", () => {
+    const s = make();
+    const rand = rng(3);
+    // gpu-0: 50 ms + 0.1 ms per prefill token (10 tokens per ms), at any load.
+    for (let i = 0; i < 400; i++) {
+      clock += 20;
+      const uncached = 100 + Math.floor(rand() * 8000);
+      observe(
+        s,
+        sample({
+          backend: 'gpu-0',
+          ttftMs: 50 + 0.1 * uncached,
+          uncachedPromptTokens: uncached,
+          loadAtDispatch: 0,
+        }),
+      );
+    }
+    const alone = s.predictTtftMs('gpu-0', 600)!;
+    expect(alone).toBeCloseTo(110, -1);
+    // A cold 7,000-token prompt sent at t.
+    const cold = s.lease('gpu-0', {
+      promptTokens: 7000,
+      expectedOutputTokens: 100,
+      uncachedPromptTokens: 7000,
+    });
+    expect(s.prefillAheadTokens('gpu-0')).toBe(7000);
+    expect(s.predictTtftMs('gpu-0', 600)! - alone).toBeCloseTo(700, -1);
+    // 300 ms later 3,000 of it are done: a follow-up with 600 tokens of its own waits for the rest.
+    clock += 300;
+    expect(s.prefillAheadTokens('gpu-0')).toBeCloseTo(4000, -2);
+    expect(s.predictTtftMs('gpu-0', 600)! - alone).toBeCloseTo(400, -1);
+    expect(s.inflight('gpu-0').pendingPrefillTokens).toBe(7000);
+    // Past its prefill time nothing of it is ahead, though no first token has come yet; and that
+    // idle time is no credit against the next prompt sent.
+    clock += 1000;
+    expect(s.prefillAheadTokens('gpu-0')).toBe(0);
+    const next = s.lease('gpu-0', {
+      promptTokens: 2000,
+      expectedOutputTokens: 100,
+      uncachedPromptTokens: 2000,
+    });
+    expect(s.prefillAheadTokens('gpu-0')).toBe(2000);
+    cold.prefillDone();
+    clock += 100;
+    expect(s.prefillAheadTokens('gpu-0')).toBeCloseTo(1000, -2);
+    next.end();
+    expect(s.prefillAheadTokens('gpu-0')).toBe(0);
+    cold.end();
+  });
+
   it('prediction error rises when the backend changes speed', () => {
     const s = make();
     for (let i = 0; i < 100; i++) {
@@ -418,6 +468,8 @@ describe('LiveState with the memory store', () => {
     s.setBackends(BACKENDS);
     expect(s.load('gpu-1')).toBe(1);
     expect(s.inflight('gpu-1').pendingPrefillTokens).toBe(100);
+    // Its prefill is still ahead of the next request there (no fit: whole, not drained).
+    expect(s.prefillAheadTokens('gpu-1')).toBe(100);
     running.end();
     expect(s.load('gpu-1')).toBe(0);
     // Added back at another URL, it is another server: the old requests are not on it.

@@ -222,6 +222,18 @@ describe('LiveState with the Redis store (real redis-server)', () => {
       expect(s.backendView('gpu-0')!.rates.prefillTokensPerS!).toBeCloseTo(10_000, -1);
       expect(s.predictTtftMs('gpu-0', 1000)!).toBeCloseTo(120, 3);
     }
+    // a sends 30,000 tokens to prefill (3 s at that rate): b counts what a's last snapshot had
+    // still ahead, as a's own prediction does, not the whole until its first token.
+    const cold = a.lease('gpu-0', { promptTokens: 30_000, expectedOutputTokens: 10 });
+    await until(
+      () => b.prefillAheadTokens('gpu-0') > 0 && b.prefillAheadTokens('gpu-0') < 30_000,
+      2_000,
+      "b to see a's prefill drain",
+    );
+    expect(b.inflight('gpu-0').requests).toBe(1);
+    expect(a.inflight('gpu-0').pendingPrefillTokens).toBe(30_000);
+    cold.end();
+    await until(() => b.prefillAheadTokens('gpu-0') === 0, 2_000, "b to see a's prefill end");
   });
 
   /** Resolves after the next `n` completed exchanges of `s` with Redis. */
