@@ -707,14 +707,16 @@ export class Scheduler {
   }
 
   /**
-   * The prefill still ahead on `name` leaves room for `uncached` more under `cap` (0: no cap), or
-   * none is ahead. Ahead, not pending until the first token: a backend most of the way through a
-   * cold prompt larger than the cap has room for the next one's prefill to queue behind the rest.
+   * Nothing is pending on `name`, or the prefill still ahead there leaves room for `uncached` more
+   * under `cap` (0: no cap). Ahead, not pending until the first token: a backend most of the way
+   * through a cold prompt larger than the cap has room for the next one's prefill to queue behind
+   * the rest. But a prompt larger than the cap goes alone, only when nothing at all is pending: an
+   * estimate that has drained too soon must not overlap two of them.
    */
   #prefillRoom(name: string, uncached: number, cap: number): boolean {
     if (cap <= 0) return true;
-    const pending = this.#deps.live.prefillAheadTokens(name);
-    return pending === 0 || pending + uncached <= cap;
+    const { live } = this.#deps;
+    return live.inflight(name).pendingPrefillTokens === 0 || live.prefillAheadTokens(name) + uncached <= cap;
   }
 
   /** The prefill cap a pump applies: `scheduler.concurrency.prefill_tokens` under slagate, else none. */

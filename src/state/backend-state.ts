@@ -82,6 +82,8 @@ export class BackendState {
 /** The sum of every live peer's snapshot for one backend. */
 export class RemoteBackend {
   readonly inflight: InflightCounts = zeroCounts();
+  /** The peers' prefill still ahead on the backend, as their snapshots had it. */
+  prefillAhead = 0;
   readonly classes = new Map<string, WindowTotals>();
   readonly ttft = new FitStats(TTFT_FEATURES);
   readonly tpot = new FitStats(TPOT_FEATURES);

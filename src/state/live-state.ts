@@ -267,6 +267,11 @@ export function createLiveState(config: StateConfig, opts: LiveStateOptions): Li
 class LiveStateImpl implements LiveState {
   readonly instanceId: string;
   readonly #now: () => number;
+  /**
+   * The prefill backlogs' clock: the injected one, else a steady one. A wall clock stepped forward
+   * (NTP, a resumed VM) would drain every backlog at once and open every prefill room.
+   */
+  readonly #steady: () => number;
   readonly #shape: { bucketMs: number; buckets: number };
   readonly #halfLifeMs: number;
   readonly #minSamples: number;
@@ -303,6 +308,7 @@ class LiveStateImpl implements LiveState {
   constructor(config: StateConfig, opts: LiveStateOptions) {
     this.instanceId = opts.instanceId ?? defaultInstanceId();
     this.#now = opts.now ?? Date.now;
+    this.#steady = opts.now ?? (() => performance.now());
     this.#shape = opts.window ?? { bucketMs: 1_000, buckets: 60 };
     this.#halfLifeMs = opts.fitHalfLifeMs ?? 60_000;
     this.#minSamples = opts.minFitSamples ?? 3;
@@ -330,7 +336,7 @@ class LiveStateImpl implements LiveState {
             host: {
               snapshot: (now) =>
                 encodeSnapshot(this.#states(), this.#tenants.entries(now), now, (name) =>
-                  this.#msPerPrefillToken(name),
+                  this.#drainMsPerToken(name),
                 ),
               applyPeers: (snaps, now) => this.#applyPeers(snaps, now),
               logEntry: () => {
@@ -415,27 +421,27 @@ class LiveStateImpl implements LiveState {
     if (be === undefined) return null;
     const fit = this.#fits(backend, be).ttft;
     if (fit === null) return null;
-    const remote = this.#remoteFor(backend)?.inflight;
-    const ahead = be.prefillAhead(fit.slopes[0] as number) + (remote?.pendingPrefillTokens ?? 0);
+    const remote = this.#remoteFor(backend);
+    const ahead =
+      be.prefillAhead(drainMsPerToken(fit.slopes[0] as number, be, remote)) + (remote?.prefillAhead ?? 0);
     return predict(fit, [
       nonNegative(uncachedTokens) + ahead,
-      be.inflight.requests + (remote?.requests ?? 0),
+      be.inflight.requests + (remote?.inflight.requests ?? 0),
     ]);
   }
 
   prefillAheadTokens(backend: string): number {
     const be = this.#backends.get(backend)?.state;
     if (be === undefined) return 0;
-    const own = be.prefillAhead(this.#msPerPrefillToken(backend));
-    return own + (this.#remoteFor(backend)?.inflight.pendingPrefillTokens ?? 0);
+    return be.prefillAhead(this.#drainMsPerToken(backend)) + (this.#remoteFor(backend)?.prefillAhead ?? 0);
   }
 
-  /** The TTFT fit's ms per prefill token on `backend`; null without a fit or a backend. */
-  #msPerPrefillToken(backend: string): number | null {
+  /** The ms per prefill token at which this instance's backlog on `backend` drains (drainMsPerToken). */
+  #drainMsPerToken(backend: string): number | null {
     const be = this.#backends.get(backend)?.state;
     if (be === undefined) return null;
     const fit = this.#fits(backend, be).ttft;
-    return fit === null ? null : (fit.slopes[0] as number);
+    return fit === null ? null : drainMsPerToken(fit.slopes[0] as number, be, this.#remoteFor(backend));
   }
 
   unloadedTtftMs(backend: string, uncachedTokens: number): number | null {
@@ -661,7 +667,7 @@ class LiveStateImpl implements LiveState {
     const carried =
       d !== undefined && d.url === b.url
         ? d.inflight
-        : newInflight(this.#now, () => this.#msPerPrefillToken(b.name));
+        : newInflight(this.#steady, () => this.#drainMsPerToken(b.name));
     this.#backends.set(b.name, {
       state: new BackendState(b.name, this.#shape, this.#halfLifeMs, carried),
       url: b.url,
@@ -898,4 +904,16 @@ function nonNegative(v: number): number {
 
 function defaultInstanceId(): string {
   return `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
+}
+
+/**
+ * The rate this instance's backlog on a backend drains at, in ms per token: the fit's, while no
+ * peer has prefill ahead there. The backend works everyone's prefill, so with the peers' ahead too
+ * this instance's part drains at its share of the rate (its pending over all that is ahead), and
+ * the parts every instance drains sum to the backend's rate, not to that rate once per instance.
+ */
+function drainMsPerToken(slope: number, be: BackendState, remote: RemoteBackend | undefined): number {
+  const peers = remote?.prefillAhead ?? 0;
+  const own = be.inflight.pendingPrefillTokens;
+  return peers > 0 && own > 0 ? slope * (1 + peers / own) : slope;
 }

@@ -6,14 +6,16 @@
 // so during a rolling upgrade old and new instances do not count each other.
 //
 // Wire form (JSON):
-//   { "v": 1, "b": { <backend>: { "f": [requests, promptTokens, expectedOutputTokens, prefillAhead],
-// (prefillAhead: of the uncached tokens its requests have pending there, what the backend has not
-// yet worked off at its fitted rate, prefill-backlog.ts: what a request sent now would wait for)
+//   { "v": 1, "b": { <backend>: { "f": [requests, promptTokens, expectedOutputTokens, pendingPrefill],
+//                                 "a": prefillAhead,
 //                                 "w": { <class>: { "t": hist, "o": hist, "q": hist,
 //                                                   "n": [requests, promptTokens, completionTokens] } },
 //                                 "p": ttftFitSums, "d": tpotFitSums } },
 //     "t": { <tenant>: [inflight, tokensInWindow] } }
 //   hist = [count, sum, bin, n, bin, n, ...]   (see histogram.ts; t = TTFT, o = TPOT, q = queue)
+//   prefillAhead: of the pendingPrefill, what the backend has not yet worked off at its fitted rate
+//   (prefill-backlog.ts): what a request sent now waits for. A key of its own, added after v2: a
+//   peer that predates it ignores it, and one that finds no "a" counts the whole pendingPrefill.
 
 import { type BackendState, RemoteBackend } from './backend-state.ts';
 import { MAX_REMOTE_TENANTS, type RemoteTenant, type TenantUsage } from './tenants.ts';
@@ -47,7 +49,8 @@ export function encodeSnapshot(
     be.tpotFit.decayTo(now);
     const f = be.inflight;
     b[be.name] = {
-      f: [f.requests, f.promptTokens, f.expectedOutputTokens, be.prefillAhead(msPerPrefillToken(be.name))],
+      f: [f.requests, f.promptTokens, f.expectedOutputTokens, f.pendingPrefillTokens],
+      a: be.prefillAhead(msPerPrefillToken(be.name)),
       w,
       p: be.ttftFit.stats.encode(),
       d: be.tpotFit.stats.encode(),
@@ -84,7 +87,7 @@ export function mergeSnapshots(
         remote = new RemoteBackend();
         into.set(name, remote);
       }
-      addInflight(remote, raw.f);
+      addInflight(remote, raw.f, raw.a);
       if (isObject(raw.w)) {
         for (const [cls, win] of Object.entries(raw.w)) {
           if (!isObject(win)) continue;
@@ -117,12 +120,15 @@ export function mergeSnapshots(
   return merged;
 }
 
-function addInflight(remote: RemoteBackend, f: unknown): void {
+function addInflight(remote: RemoteBackend, f: unknown, ahead: unknown): void {
   if (!isCounts(f, 4)) return;
   remote.inflight.requests += f[0] as number;
   remote.inflight.promptTokens += f[1] as number;
   remote.inflight.expectedOutputTokens += f[2] as number;
   remote.inflight.pendingPrefillTokens += f[3] as number;
+  const a = f[3] as number;
+  remote.prefillAhead +=
+    typeof ahead === 'number' && Number.isFinite(ahead) && ahead >= 0 ? Math.min(ahead, a) : a;
 }
 
 function isCounts(v: unknown, n: number): v is number[] {

@@ -356,10 +356,22 @@ describe('late dispatch', () => {
     // 460 ms on, 400 are left: room for 300 more, though no first token has come back.
     f.tick(160);
     f.scheduler.pump();
-    expect(((await state(next)) as Slot).backend.name).toBe('a');
+    const sent = (await state(next)) as Slot;
+    expect(sent.backend.name).toBe('a');
     expect(f.live.inflight('a').pendingPrefillTokens).toBe(5300);
-    huge!.release();
-    ((await next) as Slot).release();
+    // A second prompt larger than the cap still goes alone: not while the first one's first token
+    // is due, however far the estimate has drained.
+    const huge2 = f.scheduler
+      .ticket(req({ reqId: 'huge2', uncachedTokens: 5000, promptTokens: 5000 }))
+      .acquire(first());
+    f.tick(1000);
+    f.scheduler.pump();
+    expect(f.live.prefillAheadTokens('a')).toBe(0);
+    expect(await state(huge2)).toBe('waiting');
+    sent.prefillDone();
+    huge!.prefillDone();
+    expect(((await huge2) as Slot).backend.name).toBe('a');
+    for (const s of [huge!, sent, (await huge2)!]) s.release();
   });
 });
 

@@ -236,6 +236,48 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     await until(() => b.prefillAheadTokens('gpu-0') === 0, 2_000, "b to see a's prefill end");
   });
 
+  it('two instances sending prefill to one backend drain it at its rate between them, not each at the whole rate', async () => {
+    let clock = 1_000_000;
+    const on = (id: string) => {
+      const s = createLiveState(cfg, { instanceId: id, backends: BACKENDS, scrape: false, now: () => clock });
+      states.push(s);
+      return s;
+    };
+    const a = on('a');
+    const b = on('b');
+    await Promise.all([a.ready(), b.ready()]);
+    for (let i = 0; i < 40; i++) {
+      clock += 10;
+      observe(a, sample({ ttftMs: 20 + 0.1 * 100, uncachedPromptTokens: 100, loadAtDispatch: 0 }));
+      observe(b, sample({ ttftMs: 20 + 0.1 * 3000, uncachedPromptTokens: 3000, loadAtDispatch: 0 }));
+    }
+    await until(
+      () => {
+        clock += 1; // past the fit's re-solve interval, so each look sees the merged sums
+        return (a.backendView('gpu-0')?.rates.ttft?.samples ?? 0) === 80;
+      },
+      2_000,
+      'merged fit',
+    );
+    // 10,000 tokens each, sent together: 20,000 at 10 tokens a millisecond is 2 s of prefill.
+    const la = a.lease('gpu-0', { promptTokens: 10_000, expectedOutputTokens: 10 });
+    const lb = b.lease('gpu-0', { promptTokens: 10_000, expectedOutputTokens: 10 });
+    await until(
+      () => a.prefillAheadTokens('gpu-0') === 20_000 && b.prefillAheadTokens('gpu-0') === 20_000,
+      2_000,
+      "each to see the other's",
+    );
+    // Half a second on the backend has done 5,000 of them, not 5,000 of each instance's.
+    // a writes what it has left at its next exchange; b reads it at its own next one.
+    clock += 500;
+    await exchanges(a, 1);
+    await exchanges(b, 1);
+    expect(b.prefillAheadTokens('gpu-0')).toBeGreaterThan(13_500);
+    expect(b.prefillAheadTokens('gpu-0')).toBeLessThan(15_500);
+    la.end();
+    lb.end();
+  });
+
   /** Resolves after the next `n` completed exchanges of `s` with Redis. */
   const exchanges = (s: LiveState, n: number) =>
     new Promise<void>((resolve) => {
