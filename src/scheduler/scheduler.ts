@@ -707,16 +707,18 @@ export class Scheduler {
   }
 
   /**
-   * Nothing is pending on `name`, or the prefill still ahead there leaves room for `uncached` more
-   * under `cap` (0: no cap). Ahead, not pending until the first token: a backend most of the way
-   * through a cold prompt larger than the cap has room for the next one's prefill to queue behind
-   * the rest. But a prompt larger than the cap goes alone, only when nothing at all is pending: an
-   * estimate that has drained too soon must not overlap two of them.
+   * The prefill still ahead on `name` leaves room for `uncached` more under `cap` (0: no cap), or
+   * none is ahead. Ahead, not pending until the first token: a backend most of the way through a
+   * cold prompt has room for the next one's prefill to queue behind the rest, and a prompt larger
+   * than the cap goes alone, once the one before it is estimated done rather than once its first
+   * token is back (kept over the exact count on measurement: docs/benchmarks.md, "Prefill still
+   * ahead"). The estimate is the TTFT fit's, which every prediction trusts too, and it does not
+   * drain while a peer has prefill ahead there.
    */
   #prefillRoom(name: string, uncached: number, cap: number): boolean {
     if (cap <= 0) return true;
-    const { live } = this.#deps;
-    return live.inflight(name).pendingPrefillTokens === 0 || live.prefillAheadTokens(name) + uncached <= cap;
+    const ahead = this.#deps.live.prefillAheadTokens(name);
+    return ahead === 0 || ahead + uncached <= cap;
   }
 
   /** The prefill cap a pump applies: `scheduler.concurrency.prefill_tokens` under slagate, else none. */

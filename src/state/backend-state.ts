@@ -26,6 +26,8 @@ export interface Inflight {
   readonly listener: PrefillListener;
   /** The backlog now, drained at `msPerToken`: this instance's prefill still ahead on the backend. */
   ahead(msPerToken: number | null): number;
+  /** Drains the backlog up to now at `msPerToken`, the rate that held until now. */
+  catchUp(msPerToken: number | null): void;
 }
 
 export class BackendState {
@@ -66,6 +68,11 @@ export class BackendState {
   /** This instance's prefill still ahead on the backend now, at the fit's `msPerToken` (prefill-backlog.ts). */
   prefillAhead(msPerToken: number | null): number {
     return this.#carried.ahead(msPerToken);
+  }
+
+  /** Drains this instance's prefill backlog up to now at `msPerToken`, before its rate changes. */
+  catchUpPrefill(msPerToken: number | null): void {
+    this.#carried.catchUp(msPerToken);
   }
 
   /** The class's window, created on first use; undefined past MAX_CLASSES. */
@@ -112,5 +119,6 @@ export function newInflight(now: () => number, msPerToken: () => number | null):
       settled: () => backlog.settle(counts.pendingPrefillTokens, now(), msPerToken()),
     },
     ahead: (rate) => backlog.ahead(counts.pendingPrefillTokens, now(), rate),
+    catchUp: (rate) => backlog.settle(counts.pendingPrefillTokens, now(), rate),
   };
 }

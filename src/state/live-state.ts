@@ -176,8 +176,8 @@ export interface LiveState {
   /**
    * Uncached prompt tokens the backend still has to prefill ahead of a request sent now: this
    * instance's as they drain at the backend's prefill rate since they were sent (prefill-backlog.ts),
-   * at most its exact pending count; each peer's as its last snapshot had it (not drained between
-   * snapshots). What predictTtftMs counts ahead, what the TTFT fit learns a first token against,
+   * at most its exact pending count, and not while a peer has prefill ahead there (drainMsPerToken);
+   * each peer's as its last snapshot had it (not drained between snapshots). What predictTtftMs counts ahead, what the TTFT fit learns a first token against,
    * and what the scheduler's prefill room counts.
    */
   prefillAheadTokens(backend: string): number;
@@ -423,7 +423,7 @@ class LiveStateImpl implements LiveState {
     if (fit === null) return null;
     const remote = this.#remoteFor(backend);
     const ahead =
-      be.prefillAhead(drainMsPerToken(fit.slopes[0] as number, be, remote)) + (remote?.prefillAhead ?? 0);
+      be.prefillAhead(drainMsPerToken(fit.slopes[0] as number, remote)) + (remote?.prefillAhead ?? 0);
     return predict(fit, [
       nonNegative(uncachedTokens) + ahead,
       be.inflight.requests + (remote?.inflight.requests ?? 0),
@@ -441,7 +441,19 @@ class LiveStateImpl implements LiveState {
     const be = this.#backends.get(backend)?.state;
     if (be === undefined) return null;
     const fit = this.#fits(backend, be).ttft;
-    return fit === null ? null : drainMsPerToken(fit.slopes[0] as number, be, this.#remoteFor(backend));
+    return fit === null ? null : drainMsPerToken(fit.slopes[0] as number, this.#remoteFor(backend));
+  }
+
+  /**
+   * Brings every backlog up to now at the rate that held until now, before the peers' view changes
+   * (or is dropped as stale): a rate applies from when it changed, not to the time before it. Reads
+   * the view and the fits as they stand, without the freshness check (which calls this).
+   */
+  #catchUpPrefill(): void {
+    for (const [name, { state: be }] of this.#backends) {
+      const slope = (this.#fitCache.get(name)?.value.ttft?.slopes[0] as number | undefined) ?? null;
+      be.catchUpPrefill(drainMsPerToken(slope, this.#remote.get(name)));
+    }
   }
 
   unloadedTtftMs(backend: string, uncachedTokens: number): number | null {
@@ -682,6 +694,7 @@ class LiveStateImpl implements LiveState {
     const remote = new Map<string, RemoteBackend>();
     const tenants = new Map<string, RemoteTenant>();
     const merged = mergeSnapshots(snapshots, remote, tenants);
+    this.#catchUpPrefill();
     this.#remote = remote;
     this.#remoteTenants = tenants;
     this.#remoteAt = now;
@@ -697,6 +710,7 @@ class LiveStateImpl implements LiveState {
     // The wall clock stepped back: the peers' view ages from now, not from a time still to come.
     if (now < this.#remoteAt) this.#remoteAt = now;
     if (now - this.#remoteAt > this.#sync.ttlMs) {
+      this.#catchUpPrefill();
       this.#remote = new Map();
       this.#remoteTenants = new Map();
       this.#remoteAt = null;
@@ -907,13 +921,13 @@ function defaultInstanceId(): string {
 }
 
 /**
- * The rate this instance's backlog on a backend drains at, in ms per token: the fit's, while no
- * peer has prefill ahead there. The backend works everyone's prefill, so with the peers' ahead too
- * this instance's part drains at its share of the rate (its pending over all that is ahead), and
- * the parts every instance drains sum to the backend's rate, not to that rate once per instance.
+ * The rate this instance's backlog on a backend drains at, in ms per token: the fit's while no peer
+ * has prefill ahead there; none while one has. The backend works every instance's prefill, and which
+ * it works first no instance can tell: each draining its own part at the whole rate counted the work
+ * done once per instance, and any share of the rate drained the parts faster than the backend
+ * together. So with a peer's prefill ahead on the same backend the counts are whole, as the peers'
+ * exact counts were before there was a backlog; each part drains again once the peers' is done.
  */
-function drainMsPerToken(slope: number, be: BackendState, remote: RemoteBackend | undefined): number {
-  const peers = remote?.prefillAhead ?? 0;
-  const own = be.inflight.pendingPrefillTokens;
-  return peers > 0 && own > 0 ? slope * (1 + peers / own) : slope;
+function drainMsPerToken(slope: number | null, remote: RemoteBackend | undefined): number | null {
+  return (remote?.prefillAhead ?? 0) > 0 ? null : slope;
 }

@@ -359,18 +359,19 @@ describe('late dispatch', () => {
     const sent = (await state(next)) as Slot;
     expect(sent.backend.name).toBe('a');
     expect(f.live.inflight('a').pendingPrefillTokens).toBe(5300);
-    // A second prompt larger than the cap still goes alone: not while the first one's first token
-    // is due, however far the estimate has drained.
+    // A second prompt larger than the cap goes alone: not while any of the others is estimated
+    // ahead, and once they are estimated done, before their first tokens are back.
     const huge2 = f.scheduler
       .ticket(req({ reqId: 'huge2', uncachedTokens: 5000, promptTokens: 5000 }))
       .acquire(first());
+    f.tick(60);
+    f.scheduler.pump();
+    expect(f.live.prefillAheadTokens('a')).toBeGreaterThan(0);
+    expect(await state(huge2)).toBe('waiting');
     f.tick(1000);
     f.scheduler.pump();
-    expect(f.live.prefillAheadTokens('a')).toBe(0);
-    expect(await state(huge2)).toBe('waiting');
-    sent.prefillDone();
-    huge!.prefillDone();
     expect(((await huge2) as Slot).backend.name).toBe('a');
+    expect(f.live.inflight('a').pendingPrefillTokens).toBe(10_300);
     for (const s of [huge!, sent, (await huge2)!]) s.release();
   });
 });

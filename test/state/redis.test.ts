@@ -236,7 +236,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     await until(() => b.prefillAheadTokens('gpu-0') === 0, 2_000, "b to see a's prefill end");
   });
 
-  it('two instances sending prefill to one backend drain it at its rate between them, not each at the whole rate', async () => {
+  it('with two instances prefilling on one backend neither counts its part drained (it cannot tell whose goes first); once one is done, the other drains from then on', async () => {
     let clock = 1_000_000;
     const on = (id: string) => {
       const s = createLiveState(cfg, { instanceId: id, backends: BACKENDS, scrape: false, now: () => clock });
@@ -267,14 +267,20 @@ describe('LiveState with the Redis store (real redis-server)', () => {
       2_000,
       "each to see the other's",
     );
-    // Half a second on the backend has done 5,000 of them, not 5,000 of each instance's.
-    // a writes what it has left at its next exchange; b reads it at its own next one.
+    // Half a second on, the backend has done 5,000 of the 20,000, but whose no instance can tell:
+    // each drained its own at the whole rate, they would count 10,000 done. Neither drains.
+    // (a writes its part at its next exchange; b reads it at its own next one.)
     clock += 500;
     await exchanges(a, 1);
     await exchanges(b, 1);
-    expect(b.prefillAheadTokens('gpu-0')).toBeGreaterThan(13_500);
-    expect(b.prefillAheadTokens('gpu-0')).toBeLessThan(15_500);
+    expect(b.prefillAheadTokens('gpu-0')).toBe(20_000);
+    // a's request ends: b's part drains from when b learns so, not from when it was sent.
     la.end();
+    await exchanges(a, 1);
+    await exchanges(b, 1);
+    expect(b.prefillAheadTokens('gpu-0')).toBe(10_000);
+    clock += 300;
+    expect(b.prefillAheadTokens('gpu-0')).toBeCloseTo(7_000, -2);
     lb.end();
   });
 
