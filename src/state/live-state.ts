@@ -177,8 +177,9 @@ export interface LiveState {
    * Uncached prompt tokens the backend still has to prefill ahead of a request sent now: this
    * instance's as they drain at the backend's prefill rate since they were sent (prefill-backlog.ts),
    * at most its exact pending count, and not while a peer has prefill ahead there (drainMsPerToken);
-   * each peer's as its last snapshot had it (not drained between snapshots). What predictTtftMs counts ahead, what the TTFT fit learns a first token against,
-   * and what the scheduler's prefill room counts.
+   * each peer's as its last snapshot had it (not drained between snapshots). What predictTtftMs
+   * counts ahead, what the TTFT fit learns a first token against, and what the scheduler's prefill
+   * room counts.
    */
   prefillAheadTokens(backend: string): number;
   /** The prefill-work part alone (ms per prefill token × tokens); null without a fit. */

@@ -13,7 +13,10 @@
 //   fit that drains too slowly overstates no more than the counters did;
 // - drained only while there is something to drain: time with nothing pending earns no credit
 //   that new work would then be counted against;
-// - without a rate (no fit yet, or a slope of 0) nothing drains: the exact count, as before.
+// - without a rate (no fit yet, or a slope of 0) nothing drains: the exact count, as before. The
+//   caller passes none while a peer instance has prefill ahead on the same backend (whose the
+//   backend works first no instance can tell: live-state.ts, drainMsPerToken), and brings the
+//   backlog up to date (settle) before the rate it passes changes.
 
 export class PrefillBacklog {
   #tokens = 0;

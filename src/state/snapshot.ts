@@ -28,7 +28,7 @@ export function encodeSnapshot(
   backends: Iterable<BackendState>,
   tenants: Iterable<[string, TenantUsage]>,
   now: number,
-  /** Each backend's fitted ms per prefill token, at which its prefill still ahead has drained. */
+  /** The rate each backend's backlog drains at, ms per token (null: none, e.g. while a peer has prefill ahead there). */
   msPerPrefillToken: (backend: string) => number | null = () => null,
 ): string {
   const b: Record<string, unknown> = {};
