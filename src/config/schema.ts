@@ -81,6 +81,8 @@ export const RedisStateSchema = Type.Object(
     command_timeout_ms: ms(1, 100),
     /** At most 1 s: a dead instance must stop counting within 5 s (docs/state.md, liveness TTL). */
     refresh_interval_ms: Type.Integer({ minimum: 10, maximum: 1000, default: 500 }),
+    /** The in-flight counts' own pace (at most refresh_interval_ms: they go with every exchange). */
+    inflight_interval_ms: Type.Integer({ minimum: 10, maximum: 1000, default: 100 }),
     topology: Type.Enum(['standalone', 'sentinel', 'cluster'], { default: 'standalone' }),
     /** Sentinel: the sentinels as host:port; redis_url then gives only credentials and db. */
     sentinels: Type.Array(Type.String({ pattern: HOST_PORT }), { default: [] }),

@@ -86,14 +86,26 @@ export class BackendState {
   }
 }
 
-/** The sum of every live peer's snapshot for one backend. */
+/**
+ * The sum of every live peer's snapshot for one backend: the in-flight part (replaced at each
+ * exchange) and the full one (windows and fits, replaced when the full snapshots are).
+ */
 export class RemoteBackend {
   readonly inflight: InflightCounts = zeroCounts();
-  /** The peers' prefill still ahead on the backend, as their snapshots had it. */
+  /** The peers' prefill still ahead on the backend, as their in-flight parts had it. */
   prefillAhead = 0;
   readonly classes = new Map<string, WindowTotals>();
   readonly ttft = new FitStats(TTFT_FEATURES);
   readonly tpot = new FitStats(TPOT_FEATURES);
+
+  /** Forgets the in-flight part, before the next one is summed in. */
+  clearInflight(): void {
+    this.inflight.requests = 0;
+    this.inflight.promptTokens = 0;
+    this.inflight.expectedOutputTokens = 0;
+    this.inflight.pendingPrefillTokens = 0;
+    this.prefillAhead = 0;
+  }
 
   classTotals(cls: string): WindowTotals | undefined {
     let t = this.classes.get(cls);

@@ -33,7 +33,7 @@ import {
 import { DEFAULT_CAPACITY, DEFAULT_KV_TOKENS, PrefixIndex, VLLM_BLOCK_TOKENS } from './prefix-index.ts';
 import { RedisSync, type StateLogger, type StoreStatus } from './redis-sync.ts';
 import { type BackendTelemetry, type ScrapeTarget, TelemetryScraper } from './scraper.ts';
-import { encodeSnapshot, mergeSnapshots } from './snapshot.ts';
+import { encodeInflight, encodeSnapshot, mergeInflight, mergeSnapshots } from './snapshot.ts';
 import { type RemoteTenant, type TenantLease, type TenantUsage, TenantUsageTable } from './tenants.ts';
 import type { WindowTotals } from './window.ts';
 
@@ -335,11 +335,9 @@ class LiveStateImpl implements LiveState {
             now: this.#now,
             logger: opts.logger,
             host: {
-              snapshot: (now) =>
-                encodeSnapshot(this.#states(), this.#tenants.entries(now), now, (name) =>
-                  this.#drainMsPerToken(name),
-                ),
-              applyPeers: (snaps, now) => this.#applyPeers(snaps, now),
+              snapshot: (now) => encodeSnapshot(this.#states(), this.#tenants.entries(now), now),
+              inflight: () => encodeInflight(this.#states(), (name) => this.#drainMsPerToken(name)),
+              applyPeers: (snaps, inflight, now) => this.#applyPeers(snaps, inflight, now),
               logEntry: () => {
                 const tag = this.#blockTag();
                 return encodePrefixLog(this.#prefix.drainRecent(), tag);
@@ -691,17 +689,28 @@ class LiveStateImpl implements LiveState {
     for (const { state } of this.#backends.values()) yield state;
   }
 
-  #applyPeers(snapshots: string[], now: number): number {
-    const remote = new Map<string, RemoteBackend>();
-    const tenants = new Map<string, RemoteTenant>();
-    const merged = mergeSnapshots(snapshots, remote, tenants);
+  /**
+   * The peers' in-flight parts replace their counts at every exchange; their full snapshots (null:
+   * not exchanged this tick) replace the windows, fits and tenants. Only the latter changes what the
+   * caches keyed by #remoteVersion hold: the counts are read as they are, never cached.
+   */
+  #applyPeers(snapshots: string[] | null, inflight: string[], now: number): number {
+    // The drain rate depends on the peers' prefill ahead (drainMsPerToken): up to now at the old one.
     this.#catchUpPrefill();
-    this.#remote = remote;
-    this.#remoteTenants = tenants;
+    if (snapshots !== null) {
+      const remote = new Map<string, RemoteBackend>();
+      const tenants = new Map<string, RemoteTenant>();
+      mergeSnapshots(snapshots, remote, tenants);
+      this.#remote = remote;
+      this.#remoteTenants = tenants;
+      this.#remoteVersion++;
+    } else {
+      for (const r of this.#remote.values()) r.clearInflight();
+    }
+    const counted = mergeInflight(inflight, this.#remote);
     this.#remoteAt = now;
-    this.#remoteVersion++;
     for (const listener of this.#peerListeners) listener();
-    return merged;
+    return counted;
   }
 
   /** Whether the peers' part of the view is still current (else it is dropped). */

@@ -1,10 +1,14 @@
-// The background exchange with Redis: every refresh interval, ONE script call (one round trip)
-// publishes this instance's snapshot with a heartbeat, drops instances whose heartbeat is older
-// than the liveness TTL, and returns the live peers' snapshots; in the same call it appends this
-// instance's new entries to the shared log (a capped stream: the prefix blocks each instance has
-// sent to backends since its last tick, src/state/prefix-index.ts) and returns the log's entries
-// it has not read yet, so deltas travel, never the whole index, and an instance that joins late
-// reads the log's history.
+// The background exchange with Redis: every tick, ONE script call (one round trip) publishes this
+// instance's in-flight part (snapshot.ts) with a heartbeat, drops instances whose heartbeat is
+// older than the liveness TTL, and returns the live peers' in-flight parts; in the same call it
+// appends this instance's new entries to the shared log (a capped stream: the prefix blocks each
+// instance has sent to backends since its last tick, src/state/prefix-index.ts) and returns the
+// log's entries it has not read yet, so deltas travel, never the whole index, and an instance that
+// joins late reads the log's history. A tick half a refresh interval after the last full exchange
+// also publishes the full snapshot and returns the peers' (the large part, which changes slowly):
+//
+//   every inflight_interval_ms / 2:   heartbeat, in-flight parts, prefix log
+//   every refresh_interval_ms / 2:    the same, and the full snapshots
 //
 // Invariants:
 // - nothing on the request path waits for this: the tick runs on a timer and only ever replaces
@@ -41,6 +45,8 @@ const MAX_INSTANCES = 256;
 /** A write refused by a replica, whether Redis gives it bare (7+) or inside a script's error (≤6.2). */
 export const READONLY = /(?:^|-)READONLY /;
 
+// KEYS: instances (heartbeats), full snapshots, log, in-flight parts. ARGV[2] is the full snapshot,
+// '' on a tick that does not exchange it (then no peer's is read either); ARGV[11] the in-flight part.
 const SYNC_SCRIPT = `
 local t = redis.call('TIME')
 local logged = {}
@@ -80,30 +86,47 @@ local ttl = tonumber(ARGV[3])
 local max = tonumber(ARGV[4])
 local cutoff = '(' .. (now - ttl)
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff)
-for i = 1, #dead do redis.call('HDEL', KEYS[2], dead[i]) end
+for i = 1, #dead do
+  redis.call('HDEL', KEYS[2], dead[i])
+  redis.call('HDEL', KEYS[4], dead[i])
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff)
 redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+local full = ARGV[2] ~= ''
+if full then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[11])
 local n = redis.call('ZCARD', KEYS[1])
 if n > max then
   local extra = redis.call('ZRANGE', KEYS[1], 0, n - max - 1)
-  for i = 1, #extra do redis.call('HDEL', KEYS[2], extra[i]) end
+  for i = 1, #extra do
+    redis.call('HDEL', KEYS[2], extra[i])
+    redis.call('HDEL', KEYS[4], extra[i])
+  end
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - max - 1)
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', KEYS[2], ttl)
+redis.call('PEXPIRE', KEYS[4], ttl)
 local live = redis.call('ZRANGE', KEYS[1], 0, -1)
 local out = {}
+local counts = {}
 for i = 1, #live do
   if live[i] ~= ARGV[1] then
-    local s = redis.call('HGET', KEYS[2], live[i])
-    if s then
-      out[#out + 1] = live[i]
-      out[#out + 1] = s
+    if full then
+      local s = redis.call('HGET', KEYS[2], live[i])
+      if s then
+        out[#out + 1] = live[i]
+        out[#out + 1] = s
+      end
+    end
+    local c = redis.call('HGET', KEYS[4], live[i])
+    if c then
+      counts[#counts + 1] = live[i]
+      counts[#counts + 1] = c
     end
   end
 end
-return {out, logged, logErr}
+return {out, logged, logErr, counts, full and 1 or 0}
 `;
 
 interface SyncCommand {
@@ -111,6 +134,7 @@ interface SyncCommand {
     instances: string,
     snapshots: string,
     log: string,
+    inflight: string,
     id: string,
     snapshot: string,
     ttlMs: number,
@@ -121,6 +145,7 @@ interface SyncCommand {
     logCount: number,
     logTtlMs: number,
     logReadBytes: number,
+    inflightPart: string,
   ): Promise<unknown>;
 }
 
@@ -130,8 +155,12 @@ interface SyncCommand {
  * dropped here.
  */
 const MAX_ENTRY_CHARS = 1 << 20;
-/** Entries the shared log keeps (about: Redis trims in whole nodes). */
-const LOG_MAX_LEN = 1_000;
+/**
+ * Entries the shared log keeps (about: Redis trims in whole nodes) per full-snapshot interval's
+ * worth of ticks: an instance adds at most one entry a tick, so the log spans the same time
+ * whatever the pace of the ticks (about 250 s ÷ the instances telling, by default).
+ */
+const LOG_LEN_PER_FULL_INTERVAL = 1_000;
 /** Entries read per tick at most: a late joiner catches up over several ticks. */
 const LOG_READ = 250;
 /**
@@ -168,10 +197,16 @@ export interface StoreStatus {
 }
 
 export interface SyncHost {
-  /** This instance's snapshot as of `now` (called once per tick). */
+  /** This instance's full snapshot as of `now` (called on the ticks that exchange it). */
   snapshot(now: number): string;
-  /** Replaces the peers' part of the view with these snapshots; returns how many it took. */
-  applyPeers(snapshots: string[], now: number): number;
+  /** This instance's in-flight part (called once per tick). */
+  inflight(): string;
+  /**
+   * Replaces the peers' part of the view: their in-flight parts, and their full snapshots when
+   * this tick exchanged them (null when it did not: the last ones stand). Returns how many peers
+   * the in-flight parts counted.
+   */
+  applyPeers(snapshots: string[] | null, inflight: string[], now: number): number;
   /** This instance's new log entry since the last tick, '' when it has none (called once per tick). */
   logEntry(): string;
   /** Entries other instances added to the log, oldest first. */
@@ -185,9 +220,19 @@ export interface RedisSyncOptions {
   logger?: StateLogger | undefined;
 }
 
-/** The sync period: half the configured refresh interval (see the constructor). */
+/** The sync period: half the in-flight interval, at most half the refresh interval (see the constructor). */
 export function tickIntervalMs(cfg: RedisStateConfig): number {
+  return Math.max(5, Math.floor(Math.min(cfg.inflight_interval_ms, cfg.refresh_interval_ms) / 2));
+}
+
+/** How often the full snapshots are exchanged: half the refresh interval (see the constructor). */
+function fullIntervalMs(cfg: RedisStateConfig): number {
   return Math.max(5, Math.floor(cfg.refresh_interval_ms / 2));
+}
+
+/** The shared log's length: LOG_LEN_PER_FULL_INTERVAL for each full interval's ticks. */
+function logMaxLen(cfg: RedisStateConfig): number {
+  return Math.ceil((LOG_LEN_PER_FULL_INTERVAL * fullIntervalMs(cfg)) / tickIntervalMs(cfg));
 }
 
 /**
@@ -203,7 +248,7 @@ export function livenessTtlMs(cfg: RedisStateConfig): number {
 
 export class RedisSync {
   readonly ttlMs: number;
-  readonly keys: { instances: string; snapshots: string; log: string };
+  readonly keys: { instances: string; snapshots: string; log: string; inflight: string };
   readonly client: StateRedisClient;
   readonly #cfg: RedisStateConfig;
   readonly #opts: RedisSyncOptions;
@@ -215,6 +260,10 @@ export class RedisSync {
   #lastOkAt: number | null = null;
   #lastDurationMs: number | null = null;
   #peers = 0;
+  /** When the full snapshots were last exchanged (null: due at the next tick). */
+  #fullAt: number | null = null;
+  /** The peers whose full snapshot and in-flight part the last full exchange brought. */
+  #inFull: string[] = [];
   /** The id of the last log entry read ('-': none yet, so the first tick reads the history). */
   #logFrom = '-';
   /** Log entries asked for per tick: LOG_READ, less after a failed call (see the invariants). */
@@ -233,9 +282,14 @@ export class RedisSync {
     this.#opts = opts;
     this.ttlMs = livenessTtlMs(cfg);
     const tag = `{${cfg.key_prefix}}`;
-    this.keys = { instances: `${tag}:instances`, snapshots: `${tag}:snapshots`, log: `${tag}:log` };
+    this.keys = {
+      instances: `${tag}:instances`,
+      snapshots: `${tag}:snapshots`,
+      log: `${tag}:log`,
+      inflight: `${tag}:inflight`,
+    };
     this.client = createRedisClient(cfg);
-    this.client.defineCommand('slagateSync', { numberOfKeys: 3, lua: SYNC_SCRIPT });
+    this.client.defineCommand('slagateSync', { numberOfKeys: 4, lua: SYNC_SCRIPT });
     // Without a listener ioredis reports every failed reconnect as an unhandled error.
     this.client.on('error', (e: Error) => {
       this.#lastError = e.message;
@@ -243,13 +297,15 @@ export class RedisSync {
     this.client.on('close', () => {
       this.#dropped = null;
     });
-    // Reconnected: publish at once rather than at the next interval.
+    // Reconnected: publish everything at once rather than at the next interval.
     this.client.on('ready', () => {
       this.#dropped = null;
+      this.#fullAt = null;
       void this.tick();
     });
     // Every exchange both publishes and reads, so a change waits at most one tick here and one on
-    // the peer: ticking at half the refresh interval keeps that within refresh_interval_ms.
+    // the peer: ticking at half an interval keeps that within the interval, for the in-flight parts
+    // (inflight_interval_ms) and the full snapshots (refresh_interval_ms) alike.
     this.#timer = setInterval(() => void this.tick(), tickIntervalMs(cfg));
     this.#timer.unref();
     void this.tick();
@@ -299,6 +355,8 @@ export class RedisSync {
       if (this.#dropped !== null) throw new Error(`${this.#dropped} (reconnecting)`);
       if (client.status !== 'ready') throw new Error(`redis connection ${client.status}`);
       const at = now();
+      const full =
+        this.#fullAt === null || at - this.#fullAt >= fullIntervalMs(this.#cfg) || at < this.#fullAt;
       // Invariant: an entry is sent once. A call that failed may have run on Redis all the same
       // (a timeout says only that no reply came in time), so resending it would append it twice,
       // and each resend of a growing backlog would carry everything before it again. A block in
@@ -311,16 +369,18 @@ export class RedisSync {
           this.keys.instances,
           this.keys.snapshots,
           this.keys.log,
+          this.keys.inflight,
           this.#opts.instanceId,
-          this.#opts.host.snapshot(at),
+          full ? this.#opts.host.snapshot(at) : '',
           this.ttlMs,
           MAX_INSTANCES,
           entry,
           this.#logFrom,
-          LOG_MAX_LEN,
+          logMaxLen(this.#cfg),
           this.#logRead,
           LOG_TTL_MS,
           LOG_READ_BYTES,
+          this.#opts.host.inflight(),
         ),
         this.#cfg.command_timeout_ms,
         'sync',
@@ -345,7 +405,17 @@ export class RedisSync {
         throw e;
       }
       this.#logRead = Math.min(LOG_READ, this.#logRead * 2);
-      const { peers, log, lastId, logError: replied } = parseReply(reply, this.#opts.instanceId);
+      const parsed = parseReply(reply, this.#opts.instanceId);
+      const { peers, inflight, log, lastId, logError: replied } = parsed;
+      if (peers !== null) {
+        this.#fullAt = at;
+        this.#inFull = parsed.fullIds.filter((id) => parsed.inflightIds.has(id));
+      } else if (this.#inFull.some((id) => !parsed.inflightIds.has(id))) {
+        // A peer in the view's full part stopped (it left, or its heartbeat expired): its counts are
+        // gone already, and the next tick exchanges the full snapshots, so that its windows and fits
+        // leave a tick after them, not up to half a refresh interval.
+        this.#fullAt = null;
+      }
       if (lastId !== null) this.#logFrom = lastId;
       // A tick with nothing to append only read the log: what it says of writes (refused under
       // maxmemory, say) is not news, so the last append's verdict stands.
@@ -362,7 +432,7 @@ export class RedisSync {
       if (this.#closed) return;
       // The log first: applyPeers tells the listeners, who then see both.
       if (log.length > 0) this.#opts.host.applyLog(log);
-      this.#peers = this.#opts.host.applyPeers(peers, now());
+      this.#peers = this.#opts.host.applyPeers(peers, inflight, now());
       this.#lastOkAt = now();
       // An error the client reported between ticks (a reset it recovered from) is over too.
       this.#lastError = null;
@@ -392,6 +462,7 @@ export class RedisSync {
         .pipeline()
         .zrem(this.keys.instances, this.#opts.instanceId)
         .hdel(this.keys.snapshots, this.#opts.instanceId)
+        .hdel(this.keys.inflight, this.#opts.instanceId)
         .exec();
       // The log stays: what this instance routed is still in the backends' caches.
       await bounded(leave, this.#cfg.command_timeout_ms, 'leave').catch(() => {});
@@ -402,24 +473,48 @@ export class RedisSync {
 }
 
 /**
- * The script returns [[id, snapshot, id, snapshot, ...], [[logId, [field, value, ...]], ...], error]:
- * the peers' snapshots, the log entries read (of which this instance's own are dropped), and the
- * error Redis gave the log's commands ('' when none; the snapshots were exchanged all the same).
+ * The script returns [[id, snapshot, ...], [[logId, [field, value, ...]], ...], error, [id, part,
+ * ...], full]: the peers' full snapshots (none unless `full` is 1), the log entries read (of which
+ * this instance's own are dropped), the error Redis gave the log's commands ('' when none; the rest
+ * was exchanged all the same), and the peers' in-flight parts.
  */
 function parseReply(
   reply: unknown,
   self: string,
-): { peers: string[]; log: string[]; lastId: string | null; logError: string | null } {
-  if (!Array.isArray(reply) || !Array.isArray(reply[0]) || !Array.isArray(reply[1])) {
+): {
+  peers: string[] | null;
+  /** The peers whose full snapshots came (none unless the tick was full). */
+  fullIds: string[];
+  inflight: string[];
+  /** The peers whose in-flight parts came. */
+  inflightIds: Set<string>;
+  log: string[];
+  lastId: string | null;
+  logError: string | null;
+} {
+  if (
+    !Array.isArray(reply) ||
+    !Array.isArray(reply[0]) ||
+    !Array.isArray(reply[1]) ||
+    !Array.isArray(reply[3])
+  ) {
     throw new Error('unexpected reply from the sync script');
   }
   const logError = typeof reply[2] === 'string' && reply[2] !== '' ? reply[2] : null;
-  const peers: string[] = [];
-  const snaps = reply[0] as unknown[];
-  for (let i = 1; i < snaps.length; i += 2) {
-    const s = snaps[i];
-    if (typeof s === 'string') peers.push(s);
-  }
+  const split = (pairs: unknown[]) => {
+    const ids: string[] = [];
+    const values: string[] = [];
+    for (let i = 0; i + 1 < pairs.length; i += 2) {
+      const id = pairs[i];
+      const s = pairs[i + 1];
+      if (typeof id !== 'string' || typeof s !== 'string') continue;
+      ids.push(id);
+      values.push(s);
+    }
+    return { ids, values };
+  };
+  const full = reply[4] === 1 ? split(reply[0] as unknown[]) : null;
+  const counts = split(reply[3] as unknown[]);
   const log: string[] = [];
   let lastId: string | null = null;
   for (const e of reply[1] as unknown[]) {
@@ -434,7 +529,15 @@ function parseReply(
     }
     if (who !== self && typeof payload === 'string') log.push(payload);
   }
-  return { peers, log, lastId, logError };
+  return {
+    peers: full?.values ?? null,
+    fullIds: full?.ids ?? [],
+    inflight: counts.values,
+    inflightIds: new Set(counts.ids),
+    log,
+    lastId,
+    logError,
+  };
 }
 
 /** Rejects after `ms` whatever `p` does; a late rejection of `p` is swallowed. */

@@ -1,35 +1,67 @@
-// The compact state one instance publishes each refresh: its in-flight counts, its window totals
-// and its fit sums per backend, and its tenants' usage. A snapshot is STATE, never a delta: writing the current one after
-// an outage brings peers up to date at once, and nothing accumulated while Redis was down is
-// replayed (there is nothing to replay). Version 2 added the tenants ("t") and changed the TTFT
-// fit's first feature to the prefill work ahead of the request; a v1 peer's snapshot is skipped,
-// so during a rolling upgrade old and new instances do not count each other.
+// What one instance publishes for its peers, in two parts that travel at two paces (redis-sync.ts):
+//
+// - the in-flight part, every `state.inflight_interval_ms`: per backend, the requests this
+//   instance has running there and the prefill they still wait for. It is small (five numbers a
+//   backend) and it goes stale fast: a cold prompt a peer sent is 300-500 ms of prefill on the
+//   backend, and a peer's view half a second old missed most of it. Instances that saw each other's
+//   dispatches only every 250 ms planned on backends a peer had just filled, and each had to allow
+//   for that surprise in the P99 of how its predictions turned out (docs/benchmarks.md, "In-flight
+//   counts at their own pace");
+// - the full snapshot, every `state.refresh_interval_ms`: window totals and fit sums per backend,
+//   and the tenants' usage. Large (tens of KB) and slow to change: a few samples more move none
+//   of it by much.
+//
+// Each part is STATE, never a delta: writing the current one after an outage brings peers up to
+// date at once, and nothing accumulated while Redis was down is replayed (there is nothing to
+// replay). Version 2 added the tenants ("t") and changed the TTFT fit's first feature to the
+// prefill work ahead of the request; version 3 moved the in-flight counts out of the full
+// snapshot into their own part. A peer of another version is skipped, so during a rolling upgrade
+// old and new instances do not count each other.
 //
 // Wire form (JSON):
-//   { "v": 1, "b": { <backend>: { "f": [requests, promptTokens, expectedOutputTokens, pendingPrefill],
-//                                 "a": prefillAhead,
-//                                 "w": { <class>: { "t": hist, "o": hist, "q": hist,
-//                                                   "n": [requests, promptTokens, completionTokens] } },
-//                                 "p": ttftFitSums, "d": tpotFitSums } },
-//     "t": { <tenant>: [inflight, tokensInWindow] } }
+//   in-flight: { "v": 3, "b": { <backend>: [requests, promptTokens, expectedOutputTokens,
+//                                           pendingPrefill, prefillAhead] } }
+//   full:      { "v": 3, "b": { <backend>: { "w": { <class>: { "t": hist, "o": hist, "q": hist,
+//                                                              "n": [requests, promptTokens,
+//                                                                    completionTokens] } },
+//                                            "p": ttftFitSums, "d": tpotFitSums } },
+//                "t": { <tenant>: [inflight, tokensInWindow] } }
 //   hist = [count, sum, bin, n, bin, n, ...]   (see histogram.ts; t = TTFT, o = TPOT, q = queue)
 //   prefillAhead: of the pendingPrefill, what the backend has not yet worked off at its fitted rate
-//   (prefill-backlog.ts): what a request sent now waits for. A key of its own, added after v2: a
-//   peer that predates it ignores it, and one that finds no "a" counts the whole pendingPrefill.
+//   (prefill-backlog.ts): what a request sent now waits for; at most pendingPrefill.
 
 import { type BackendState, RemoteBackend } from './backend-state.ts';
 import { MAX_REMOTE_TENANTS, type RemoteTenant, type TenantUsage } from './tenants.ts';
 import type { LatencyMetric } from './window.ts';
 
-const VERSION = 2;
+const VERSION = 3;
 const WIRE: Record<LatencyMetric, 't' | 'o' | 'q'> = { ttft: 't', tpot: 'o', queue: 'q' };
 
+/** The in-flight part: each backend's counts, and the prefill still ahead there. */
+export function encodeInflight(
+  backends: Iterable<BackendState>,
+  /** The rate each backend's backlog drains at, ms per token (null: none, e.g. while a peer has prefill ahead there). */
+  msPerPrefillToken: (backend: string) => number | null = () => null,
+): string {
+  const b: Record<string, number[]> = {};
+  for (const be of backends) {
+    const f = be.inflight;
+    b[be.name] = [
+      f.requests,
+      f.promptTokens,
+      f.expectedOutputTokens,
+      f.pendingPrefillTokens,
+      be.prefillAhead(msPerPrefillToken(be.name)),
+    ];
+  }
+  return JSON.stringify({ v: VERSION, b });
+}
+
+/** The full snapshot: window totals and fit sums per backend, and the tenants' usage. */
 export function encodeSnapshot(
   backends: Iterable<BackendState>,
   tenants: Iterable<[string, TenantUsage]>,
   now: number,
-  /** The rate each backend's backlog drains at, ms per token (null: none, e.g. while a peer has prefill ahead there). */
-  msPerPrefillToken: (backend: string) => number | null = () => null,
 ): string {
   const b: Record<string, unknown> = {};
   for (const be of backends) {
@@ -47,10 +79,7 @@ export function encodeSnapshot(
     }
     be.ttftFit.decayTo(now);
     be.tpotFit.decayTo(now);
-    const f = be.inflight;
     b[be.name] = {
-      f: [f.requests, f.promptTokens, f.expectedOutputTokens, f.pendingPrefillTokens],
-      a: be.prefillAhead(msPerPrefillToken(be.name)),
       w,
       p: be.ttftFit.stats.encode(),
       d: be.tpotFit.stats.encode(),
@@ -62,7 +91,40 @@ export function encodeSnapshot(
 }
 
 /**
- * Sums peers' snapshots per backend. A snapshot that does not parse or has another version is
+ * Adds peers' in-flight parts into `into`, per backend (an entry is made for a backend only they
+ * name). A part that does not parse or has another version is skipped whole; a malformed backend
+ * of one on its own. Returns how many parts counted.
+ */
+export function mergeInflight(texts: readonly string[], into: Map<string, RemoteBackend>): number {
+  let merged = 0;
+  for (const text of texts) {
+    let part: unknown;
+    try {
+      part = JSON.parse(text);
+    } catch {
+      continue;
+    }
+    if (!isObject(part) || part.v !== VERSION || !isObject(part.b)) continue;
+    merged++;
+    for (const [name, f] of Object.entries(part.b)) {
+      if (!isCounts(f, 5)) continue;
+      let remote = into.get(name);
+      if (remote === undefined) {
+        remote = new RemoteBackend();
+        into.set(name, remote);
+      }
+      remote.inflight.requests += f[0] as number;
+      remote.inflight.promptTokens += f[1] as number;
+      remote.inflight.expectedOutputTokens += f[2] as number;
+      remote.inflight.pendingPrefillTokens += f[3] as number;
+      remote.prefillAhead += Math.min(f[4] as number, f[3] as number);
+    }
+  }
+  return merged;
+}
+
+/**
+ * Sums peers' full snapshots per backend. A snapshot that does not parse or has another version is
  * skipped whole; a malformed part of one is skipped on its own. Returns how many snapshots counted.
  */
 export function mergeSnapshots(
@@ -87,7 +149,6 @@ export function mergeSnapshots(
         remote = new RemoteBackend();
         into.set(name, remote);
       }
-      addInflight(remote, raw.f, raw.a);
       if (isObject(raw.w)) {
         for (const [cls, win] of Object.entries(raw.w)) {
           if (!isObject(win)) continue;
@@ -118,17 +179,6 @@ export function mergeSnapshots(
     }
   }
   return merged;
-}
-
-function addInflight(remote: RemoteBackend, f: unknown, ahead: unknown): void {
-  if (!isCounts(f, 4)) return;
-  remote.inflight.requests += f[0] as number;
-  remote.inflight.promptTokens += f[1] as number;
-  remote.inflight.expectedOutputTokens += f[2] as number;
-  remote.inflight.pendingPrefillTokens += f[3] as number;
-  const a = f[3] as number;
-  remote.prefillAhead +=
-    typeof ahead === 'number' && Number.isFinite(ahead) && ahead >= 0 ? Math.min(ahead, a) : a;
 }
 
 function isCounts(v: unknown, n: number): v is number[] {

@@ -149,6 +149,7 @@ describe('defaults', () => {
       connect_timeout_ms: 1000,
       command_timeout_ms: 50,
       refresh_interval_ms: 250,
+      inflight_interval_ms: 40,
       topology: 'standalone',
       sentinels: [],
       sentinel_name: 'mymaster',

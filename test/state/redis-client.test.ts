@@ -19,6 +19,7 @@ function config(over: Partial<RedisStateConfig>): RedisStateConfig {
     connect_timeout_ms: 500,
     command_timeout_ms: 500,
     refresh_interval_ms: 250,
+    inflight_interval_ms: 50,
     topology: 'standalone',
     sentinels: [],
     sentinel_name: 'mymaster',

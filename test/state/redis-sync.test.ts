@@ -17,7 +17,8 @@ function host(): SyncHost & { queue: string[]; batches: string[][] } {
     queue,
     batches,
     snapshot: () => '{}',
-    applyPeers: (snapshots) => snapshots.length,
+    inflight: () => '{}',
+    applyPeers: (_snapshots, inflight) => inflight.length,
     logEntry: () => queue.shift() ?? '',
     applyLog: (entries) => {
       batches.push(entries);
@@ -37,6 +38,7 @@ describe('RedisSync', () => {
     command_timeout_ms: 2_000,
     // The timer ticks rarely: the test drives every exchange itself.
     refresh_interval_ms: 1_000,
+    inflight_interval_ms: 1_000,
     topology: 'standalone',
     sentinels: [],
     sentinel_name: 'mymaster',
@@ -178,14 +180,49 @@ describe('RedisSync', () => {
   it('an error Redis answers with keeps the connection, and sharing resumes at the next tick once it is gone', async () => {
     const { c, w, connection } = await oneInstance();
     const before = await connection();
-    // The snapshots' hash is a string now: the script's HSET fails with WRONGTYPE.
-    await redis.cli('set', `{${c.key_prefix}}:snapshots`, 'not a hash');
+    // The in-flight parts' hash (written at every tick) is a string now: the script's HSET fails
+    // with WRONGTYPE.
+    await redis.cli('set', `{${c.key_prefix}}:inflight`, 'not a hash');
     for (let i = 0; i < 3; i++) await w.tick();
     expect(w.status()).toMatchObject({ degraded: true, lastError: expect.stringMatching(/WRONGTYPE/) });
     expect(await connection()).toBe(before);
-    await redis.cli('del', `{${c.key_prefix}}:snapshots`);
+    await redis.cli('del', `{${c.key_prefix}}:inflight`);
     await w.tick();
     expect(w.status()).toMatchObject({ degraded: false, lastError: null });
+  });
+
+  it('in-flight parts go at every tick, full snapshots at theirs; a peer that leaves takes its full snapshot from the view at the next tick', async () => {
+    const c = cfg();
+    const a = host();
+    const b = host();
+    b.snapshot = () => 'b-full';
+    b.inflight = () => 'b-counts';
+    const seen: { full: string[] | null; counts: string[] }[] = [];
+    a.applyPeers = (full, counts) => {
+      seen.push({ full, counts });
+      return counts.length;
+    };
+    const sa = start('a', a, c);
+    const sb = start('b', b, c);
+    await Promise.all([sa.ready(), sb.ready()]);
+    // a's first exchange (full, before b had published) is behind it; half a refresh interval
+    // (500 ms) has not passed since.
+    seen.length = 0;
+    await sa.tick();
+    expect(seen).toEqual([{ full: null, counts: ['b-counts'] }]);
+    // Due again (as after a reconnect): b's full snapshot comes with its counts.
+    sa.client.emit('ready');
+    await sa.tick();
+    expect(seen.at(-1)).toEqual({ full: ['b-full'], counts: ['b-counts'] });
+    await sa.tick();
+    expect(seen.at(-1)).toEqual({ full: null, counts: ['b-counts'] });
+    // b leaves: its counts are gone at a's next tick, and the tick after it brings the full
+    // snapshots again, without b's, though the interval is far from over.
+    await sb.close();
+    await sa.tick();
+    expect(seen.at(-1)).toEqual({ full: null, counts: [] });
+    await sa.tick();
+    expect(seen.at(-1)).toEqual({ full: [], counts: [] });
   });
 
   it('a log Redis refuses costs the peers the prefix blocks, not the snapshots', async () => {
@@ -194,11 +231,11 @@ describe('RedisSync', () => {
     const a = host();
     const b = host();
     let aPeers: string[] = [];
-    a.applyPeers = (snapshots) => {
-      aPeers = snapshots;
-      return snapshots.length;
+    a.applyPeers = (_snapshots, inflight) => {
+      aPeers = inflight;
+      return inflight.length;
     };
-    b.snapshot = () => '{"from":"b"}';
+    b.inflight = () => '{"from":"b"}';
     const sa = start('a', a, c);
     const sb = start('b', b, c);
     await Promise.all([sa.ready(), sb.ready()]);

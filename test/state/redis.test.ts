@@ -132,6 +132,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
       connect_timeout_ms: 500,
       command_timeout_ms: COMMAND_TIMEOUT_MS,
       refresh_interval_ms: REFRESH_MS,
+      inflight_interval_ms: REFRESH_MS,
       topology: 'standalone',
       sentinels: [],
       sentinel_name: 'mymaster',
@@ -149,7 +150,8 @@ describe('LiveState with the Redis store (real redis-server)', () => {
       instanceId: 'old',
       host: {
         snapshot: () => '{"v":0,"b":{}}',
-        applyPeers: (s) => s.length,
+        inflight: () => '{"v":0,"b":{}}',
+        applyPeers: (_s, inflight) => inflight.length,
         logEntry: () => '',
         applyLog: () => {},
       },
@@ -205,6 +207,31 @@ describe('LiveState with the Redis store (real redis-server)', () => {
 
     for (const l of leases) l.end();
     await until(() => b.inflight('gpu-0').requests === 1, 2_000, 'b to see a’s leases end');
+  });
+
+  it('in-flight counts travel at their own pace: a peer sees a lease and its end between two exchanges of the full snapshots', async () => {
+    // Full snapshots every 500 ms (half the refresh interval), in-flight parts every 10 ms.
+    const over = { refresh_interval_ms: 1_000, inflight_interval_ms: 20 };
+    const a = make('a', over);
+    const b = make('b', over);
+    await Promise.all([a.ready(), b.ready()]);
+    const windowCount = () => b.backendView('gpu-0')?.latency.ttft.count ?? 0;
+    // The first sample reaches b with a full exchange: b has just read a's full snapshot when it
+    // shows, so the next one is half a second away.
+    observe(a, sample({ ttftMs: 100 }));
+    await until(() => windowCount() === 1, 3_000, "b to read a's full snapshot");
+    observe(a, sample({ ttftMs: 200 }));
+    const lease = a.lease('gpu-0', { promptTokens: 1000, expectedOutputTokens: 100 });
+    await until(() => b.inflight('gpu-0').requests === 1, 400, "b to see a's lease");
+    expect(b.inflight('gpu-0')).toMatchObject({ promptTokens: 1000, expectedOutputTokens: 100 });
+    // The second sample travels with the full snapshot, not yet read.
+    expect(windowCount()).toBe(1);
+    lease.end();
+    await until(() => b.inflight('gpu-0').requests === 0, 400, "b to see a's lease end");
+    expect(windowCount()).toBe(1);
+    // And the full snapshot still comes, at its own pace.
+    await until(() => windowCount() === 2, 3_000, "b to read a's next full snapshot");
+    expect(b.status().peers).toBe(1);
   });
 
   it('fits combine across instances: each sees the rate learnt from both', async () => {
@@ -428,7 +455,13 @@ describe('LiveState with the Redis store (real redis-server)', () => {
       expect(stoppedAfter).toBeLessThan(5_000);
       // The TTL is what bounds it (plus the watcher's next refresh, with slack for a busy machine).
       expect(stoppedAfter).toBeLessThan(livenessTtlMs(cfg) + 1_000);
-      expect(watcher.backendView('gpu-0')?.latency.ttft.count).toBe(0);
+      // Its windows go with the watcher's next full exchange, which its leaving brings forward to
+      // the next tick.
+      await until(
+        () => watcher.backendView('gpu-0')?.latency.ttft.count === 0,
+        1_000,
+        "the dead instance's windows to leave",
+      );
     } finally {
       child.kill('SIGKILL');
     }
@@ -476,7 +509,8 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     // One script per instance per tick since the restart, nothing per request made while down.
     expect(scripts).toBeGreaterThan(0);
     expect(scripts).toBeLessThanOrEqual(2 * (elapsedTicks + 2));
-    expect(calls.hset ?? 0).toBeLessThanOrEqual(scripts);
+    // Each script writes the in-flight part, and on its ticks the full snapshot: nothing else.
+    expect(calls.hset ?? 0).toBeLessThanOrEqual(2 * scripts);
     const total = Object.values(calls).reduce((x, y) => x + y, 0);
     expect(total).toBeLessThan(5_000 / 5);
   });
@@ -565,6 +599,7 @@ describe('LiveState on Redis Cluster (single-node cluster, ioredis Cluster clien
       connect_timeout_ms: 1_000,
       command_timeout_ms: 200,
       refresh_interval_ms: REFRESH_MS,
+      inflight_interval_ms: REFRESH_MS,
       topology: 'cluster',
       sentinels: [],
       sentinel_name: 'mymaster',
