@@ -283,6 +283,8 @@ class LiveStateImpl implements LiveState {
   readonly #sync: RedisSync | null;
   #remote = new Map<string, RemoteBackend>();
   #remoteAt: number | null = null;
+  /** When the peers' full snapshots (their fit sums among them) were taken into the view. */
+  #remoteFullAt: number | null = null;
   /** Bumped when the peers' part of the view changes; with BackendState.version, keys the caches. */
   #remoteVersion = 0;
   readonly #latencyCache = new Map<
@@ -703,6 +705,7 @@ class LiveStateImpl implements LiveState {
       mergeSnapshots(snapshots, remote, tenants);
       this.#remote = remote;
       this.#remoteTenants = tenants;
+      this.#remoteFullAt = now;
       this.#remoteVersion++;
     } else {
       for (const r of this.#remote.values()) r.clearInflight();
@@ -719,11 +722,13 @@ class LiveStateImpl implements LiveState {
     const now = this.#now();
     // The wall clock stepped back: the peers' view ages from now, not from a time still to come.
     if (now < this.#remoteAt) this.#remoteAt = now;
+    if (this.#remoteFullAt !== null && now < this.#remoteFullAt) this.#remoteFullAt = now;
     if (now - this.#remoteAt > this.#sync.ttlMs) {
       this.#catchUpPrefill();
       this.#remote = new Map();
       this.#remoteTenants = new Map();
       this.#remoteAt = null;
+      this.#remoteFullAt = null;
       this.#remoteVersion++;
       return false;
     }
@@ -807,8 +812,8 @@ class LiveStateImpl implements LiveState {
       const sum = new FitStats(k);
       sum.addStats(local.stats);
       // Peers' sums were decayed to their exchange time; bring them to `now` like the local ones.
-      if (peers !== undefined && this.#remoteAt !== null)
-        sum.addStats(peers, local.decayFactor(now - this.#remoteAt));
+      if (peers !== undefined && this.#remoteFullAt !== null)
+        sum.addStats(peers, local.decayFactor(now - this.#remoteFullAt));
       return sum;
     };
     return {

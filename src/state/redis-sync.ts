@@ -47,6 +47,9 @@ export const READONLY = /(?:^|-)READONLY /;
 
 // KEYS: instances (heartbeats), full snapshots, log, in-flight parts. ARGV[2] is the full snapshot,
 // '' on a tick that does not exchange it (then no peer's is read either); ARGV[11] the in-flight part.
+// The heartbeat is written after both parts: Redis does not undo a script that fails half-way, and
+// a heartbeat refreshed over a part that could not be written would have the peers count this
+// instance's old leases for as long as the failure lasts; without it they drop them after the TTL.
 const SYNC_SCRIPT = `
 local t = redis.call('TIME')
 local logged = {}
@@ -91,10 +94,10 @@ for i = 1, #dead do
   redis.call('HDEL', KEYS[4], dead[i])
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff)
-redis.call('ZADD', KEYS[1], now, ARGV[1])
 local full = ARGV[2] ~= ''
 if full then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[11])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
 local n = redis.call('ZCARD', KEYS[1])
 if n > max then
   local extra = redis.call('ZRANGE', KEYS[1], 0, n - max - 1)
@@ -110,20 +113,17 @@ redis.call('PEXPIRE', KEYS[4], ttl)
 local live = redis.call('ZRANGE', KEYS[1], 0, -1)
 local out = {}
 local counts = {}
+local function add(into, key, id)
+  local v = redis.call('HGET', key, id)
+  if v then
+    into[#into + 1] = id
+    into[#into + 1] = v
+  end
+end
 for i = 1, #live do
   if live[i] ~= ARGV[1] then
-    if full then
-      local s = redis.call('HGET', KEYS[2], live[i])
-      if s then
-        out[#out + 1] = live[i]
-        out[#out + 1] = s
-      end
-    end
-    local c = redis.call('HGET', KEYS[4], live[i])
-    if c then
-      counts[#counts + 1] = live[i]
-      counts[#counts + 1] = c
-    end
+    if full then add(out, KEYS[2], live[i]) end
+    add(counts, KEYS[4], live[i])
   end
 end
 return {out, logged, logErr, counts, full and 1 or 0}
@@ -161,6 +161,8 @@ const MAX_ENTRY_CHARS = 1 << 20;
  * whatever the pace of the ticks (about 250 s ÷ the instances telling, by default).
  */
 const LOG_LEN_PER_FULL_INTERVAL = 1_000;
+/** …and at most this many in all: each entry may be large (MAX_ENTRY_CHARS), and fast ticks would otherwise multiply the bound. */
+const LOG_MAX_LEN = 10_000;
 /** Entries read per tick at most: a late joiner catches up over several ticks. */
 const LOG_READ = 250;
 /**
@@ -230,9 +232,12 @@ function fullIntervalMs(cfg: RedisStateConfig): number {
   return Math.max(5, Math.floor(cfg.refresh_interval_ms / 2));
 }
 
-/** The shared log's length: LOG_LEN_PER_FULL_INTERVAL for each full interval's ticks. */
+/** The shared log's length: LOG_LEN_PER_FULL_INTERVAL for each full interval's ticks, at most LOG_MAX_LEN. */
 function logMaxLen(cfg: RedisStateConfig): number {
-  return Math.ceil((LOG_LEN_PER_FULL_INTERVAL * fullIntervalMs(cfg)) / tickIntervalMs(cfg));
+  return Math.min(
+    LOG_MAX_LEN,
+    Math.ceil((LOG_LEN_PER_FULL_INTERVAL * fullIntervalMs(cfg)) / tickIntervalMs(cfg)),
+  );
 }
 
 /**
@@ -355,8 +360,12 @@ export class RedisSync {
       if (this.#dropped !== null) throw new Error(`${this.#dropped} (reconnecting)`);
       if (client.status !== 'ready') throw new Error(`redis connection ${client.status}`);
       const at = now();
+      // Due half a tick early: ticks drift by a fraction of a millisecond, and one that came 249 ms
+      // after the last full exchange would otherwise push the next to the tick after (300 ms).
       const full =
-        this.#fullAt === null || at - this.#fullAt >= fullIntervalMs(this.#cfg) || at < this.#fullAt;
+        this.#fullAt === null ||
+        at < this.#fullAt ||
+        at - this.#fullAt + tickIntervalMs(this.#cfg) / 2 >= fullIntervalMs(this.#cfg);
       // Invariant: an entry is sent once. A call that failed may have run on Redis all the same
       // (a timeout says only that no reply came in time), so resending it would append it twice,
       // and each resend of a growing backlog would carry everything before it again. A block in

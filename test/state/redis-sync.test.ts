@@ -191,7 +191,9 @@ describe('RedisSync', () => {
     expect(w.status()).toMatchObject({ degraded: false, lastError: null });
   });
 
-  it('in-flight parts go at every tick, full snapshots at theirs; a peer that leaves takes its full snapshot from the view at the next tick', async () => {
+  it('in-flight parts go at every tick, full snapshots half a refresh interval apart; a peer that leaves takes its full snapshot from the view at the next tick', async () => {
+    // Ticks every 500 ms (the timer may add some), full snapshots every 500 ms, on a's own clock,
+    // which only the test moves.
     const c = cfg();
     const a = host();
     const b = host();
@@ -202,27 +204,29 @@ describe('RedisSync', () => {
       seen.push({ full, counts });
       return counts.length;
     };
-    const sa = start('a', a, c);
+    let clock = 0;
+    const sa = new RedisSync(c, { instanceId: 'a', host: a, now: () => clock });
+    syncs.push(sa);
     const sb = start('b', b, c);
     await Promise.all([sa.ready(), sb.ready()]);
-    // a's first exchange (full, before b had published) is behind it; half a refresh interval
-    // (500 ms) has not passed since.
-    seen.length = 0;
+    // a's first exchange (full, before b had published) is behind it, at the same time.
     await sa.tick();
-    expect(seen).toEqual([{ full: null, counts: ['b-counts'] }]);
-    // Due again (as after a reconnect): b's full snapshot comes with its counts.
-    sa.client.emit('ready');
+    expect(seen.at(-1)).toEqual({ full: null, counts: ['b-counts'] });
+    // A tick drifts: one half a tick before the interval is up is due already, not one earlier.
+    clock += 249;
+    await sa.tick();
+    expect(seen.at(-1)).toEqual({ full: null, counts: ['b-counts'] });
+    clock += 1;
     await sa.tick();
     expect(seen.at(-1)).toEqual({ full: ['b-full'], counts: ['b-counts'] });
     await sa.tick();
     expect(seen.at(-1)).toEqual({ full: null, counts: ['b-counts'] });
-    // b leaves: its counts are gone at a's next tick, and the tick after it brings the full
-    // snapshots again, without b's, though the interval is far from over.
+    // b leaves: its counts are gone at a's next tick, and a full exchange, without b's snapshot,
+    // follows at once, though the clock has not moved.
+    const from = seen.length;
     await sb.close();
-    await sa.tick();
-    expect(seen.at(-1)).toEqual({ full: null, counts: [] });
-    await sa.tick();
-    expect(seen.at(-1)).toEqual({ full: [], counts: [] });
+    for (let i = 0; i < 3 && !seen.slice(from).some((x) => x.full !== null); i++) await sa.tick();
+    expect(seen.slice(from).find((x) => x.full !== null)).toEqual({ full: [], counts: [] });
   });
 
   it('a log Redis refuses costs the peers the prefix blocks, not the snapshots', async () => {

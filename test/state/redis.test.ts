@@ -4,7 +4,6 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import type { RedisStateConfig } from '../../src/config/index.ts';
 import { createLiveState, type LiveState, livenessTtlMs } from '../../src/state/index.ts';
 import { SHARE_EVERY_MS } from '../../src/state/prefix-index.ts';
-import { RedisSync } from '../../src/state/redis-sync.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
 import { latencySample, observe } from './fixtures/sample.ts';
 
@@ -143,36 +142,23 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     await Promise.all(states.splice(0).map((s) => s.close()));
   });
 
-  it("status counts as peers only the snapshots the view took: not another version's", async () => {
+  it('a peer of the last snapshot version (a rolling upgrade) is not counted: not its leases, not as a peer', async () => {
+    // What an instance of the version before writes: its heartbeat (kept live for the test) and a
+    // snapshot with its in-flight counts inside, and no in-flight part.
+    const [secs] = (await redis.cli('time')).trim().split(/\s+/);
+    const key = (k: string) => `{${cfg.key_prefix}}:${k}`;
+    await redis.cli('zadd', key('instances'), String(Number(secs) * 1000 + 60_000), 'old');
+    const v2 = { v: 2, b: { 'gpu-0': { f: [7, 700, 70, 0], a: 0, w: {}, p: [], d: [] } }, t: {} };
+    await redis.cli('hset', key('snapshots'), 'old', JSON.stringify(v2));
     const a = make('a');
-    // A peer of another snapshot version (a rolling upgrade): its snapshot is skipped whole.
-    const old = new RedisSync(cfg, {
-      instanceId: 'old',
-      host: {
-        snapshot: () => '{"v":0,"b":{}}',
-        inflight: () => '{"v":0,"b":{}}',
-        applyPeers: (_s, inflight) => inflight.length,
-        logEntry: () => '',
-        applyLog: () => {},
-      },
-      now: () => Date.now(),
-    });
-    try {
-      await Promise.all([a.ready(), old.ready()]);
-      await old.tick();
-      const b = make('b');
-      await b.ready();
-      await until(
-        () => a.inflight('gpu-0').requests === 0 && a.status().lastSyncAgeMs !== null,
-        2_000,
-        'a tick',
-      );
-      b.lease('gpu-0', { promptTokens: 1, expectedOutputTokens: 1 });
-      await until(() => a.inflight('gpu-0').requests === 1, 2_000, "a to see b's lease");
-      expect(a.status().peers).toBe(1);
-    } finally {
-      await old.close();
-    }
+    const b = make('b');
+    await Promise.all([a.ready(), b.ready()]);
+    b.lease('gpu-0', { promptTokens: 1, expectedOutputTokens: 1 });
+    await until(() => a.inflight('gpu-0').requests === 1, 2_000, "a to see b's lease");
+    // Several exchanges later, full ones among them (every 50 ms here), still only b's.
+    await exchanges(a, 4);
+    expect(a.inflight('gpu-0')).toMatchObject({ requests: 1, promptTokens: 1 });
+    expect(a.status().peers).toBe(1);
   });
 
   it('two instances see each other’s in-flight counts, windows and fits within one refresh', async () => {
@@ -455,8 +441,8 @@ describe('LiveState with the Redis store (real redis-server)', () => {
       expect(stoppedAfter).toBeLessThan(5_000);
       // The TTL is what bounds it (plus the watcher's next refresh, with slack for a busy machine).
       expect(stoppedAfter).toBeLessThan(livenessTtlMs(cfg) + 1_000);
-      // Its windows go with the watcher's next full exchange, which its leaving brings forward to
-      // the next tick.
+      // Its windows go with the watcher's next full exchange (every tick here; that a peer's leaving
+      // brings it forward is in redis-sync.test.ts).
       await until(
         () => watcher.backendView('gpu-0')?.latency.ttft.count === 0,
         1_000,
