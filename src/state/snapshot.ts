@@ -1,15 +1,14 @@
 // What one instance publishes for its peers, in two parts that travel at two paces (redis-sync.ts):
 //
-// - the in-flight part, every `state.inflight_interval_ms`: per backend, the requests this
+// - the in-flight part, at the pace of `state.inflight_interval_ms`: per backend, the requests this
 //   instance has running there and the prefill they still wait for. It is small (five numbers a
-//   backend) and it goes stale fast: a cold prompt a peer sent is 300-500 ms of prefill on the
-//   backend, and a peer's view half a second old missed most of it. Instances that saw each other's
-//   dispatches only every 250 ms planned on backends a peer had just filled, and each had to allow
-//   for that surprise in the P99 of how its predictions turned out (docs/benchmarks.md, "In-flight
-//   counts at their own pace");
-// - the full snapshot, every `state.refresh_interval_ms`: window totals and fit sums per backend,
-//   and the tenants' usage. Large (tens of KB) and slow to change: a few samples more move none
-//   of it by much.
+//   backend) and it goes stale fast: a cold prompt a peer sent is about half a second of prefill on
+//   its backend. Instances that saw each other's dispatches up to half a second late planned on
+//   backends a peer had just filled, and each had to allow for that surprise in the P99 of how its
+//   predictions turned out (docs/benchmarks.md, "In-flight counts at their own pace");
+// - the full snapshot, at the pace of `state.refresh_interval_ms`: window totals and fit sums per
+//   backend, and the tenants' usage. Large (tens of KB) and slow to change: a few samples more move
+//   none of it by much.
 //
 // Each part is STATE, never a delta: writing the current one after an outage brings peers up to
 // date at once, and nothing accumulated while Redis was down is replayed (there is nothing to
@@ -97,22 +96,11 @@ export function encodeSnapshot(
  */
 export function mergeInflight(texts: readonly string[], into: Map<string, RemoteBackend>): number {
   let merged = 0;
-  for (const text of texts) {
-    let part: unknown;
-    try {
-      part = JSON.parse(text);
-    } catch {
-      continue;
-    }
-    if (!isObject(part) || part.v !== VERSION || !isObject(part.b)) continue;
+  for (const part of ofThisVersion(texts)) {
     merged++;
     for (const [name, f] of Object.entries(part.b)) {
       if (!isCounts(f, 5)) continue;
-      let remote = into.get(name);
-      if (remote === undefined) {
-        remote = new RemoteBackend();
-        into.set(name, remote);
-      }
+      const remote = remoteOf(into, name);
       remote.inflight.requests += f[0] as number;
       remote.inflight.promptTokens += f[1] as number;
       remote.inflight.expectedOutputTokens += f[2] as number;
@@ -133,22 +121,11 @@ export function mergeSnapshots(
   tenants: Map<string, RemoteTenant>,
 ): number {
   let merged = 0;
-  for (const text of texts) {
-    let snap: unknown;
-    try {
-      snap = JSON.parse(text);
-    } catch {
-      continue;
-    }
-    if (!isObject(snap) || snap.v !== VERSION || !isObject(snap.b)) continue;
+  for (const snap of ofThisVersion(texts)) {
     merged++;
     for (const [name, raw] of Object.entries(snap.b)) {
       if (!isObject(raw)) continue;
-      let remote = into.get(name);
-      if (remote === undefined) {
-        remote = new RemoteBackend();
-        into.set(name, remote);
-      }
+      const remote = remoteOf(into, name);
       if (isObject(raw.w)) {
         for (const [cls, win] of Object.entries(raw.w)) {
           if (!isObject(win)) continue;
@@ -179,6 +156,31 @@ export function mergeSnapshots(
     }
   }
   return merged;
+}
+
+/** The texts that parse as an object of this version with a backend map; the others are skipped. */
+function* ofThisVersion(
+  texts: readonly string[],
+): Generator<Record<string, unknown> & { b: Record<string, unknown> }> {
+  for (const text of texts) {
+    let part: unknown;
+    try {
+      part = JSON.parse(text);
+    } catch {
+      continue;
+    }
+    if (isObject(part) && part.v === VERSION && isObject(part.b))
+      yield part as Record<string, unknown> & { b: Record<string, unknown> };
+  }
+}
+
+function remoteOf(into: Map<string, RemoteBackend>, name: string): RemoteBackend {
+  let remote = into.get(name);
+  if (remote === undefined) {
+    remote = new RemoteBackend();
+    into.set(name, remote);
+  }
+  return remote;
 }
 
 function isCounts(v: unknown, n: number): v is number[] {
