@@ -124,13 +124,15 @@ export class RemoteBackend {
 export function newInflight(now: () => number, msPerToken: () => number | null): Inflight {
   const counts = zeroCounts();
   const backlog = new PrefillBacklog();
+  const catchUp = (rate: number | null) => backlog.settle(counts.pendingPrefillTokens, now(), rate);
   return {
     counts,
     listener: {
       dispatched: (tokens) => backlog.add(tokens, now(), msPerToken()),
-      settled: () => backlog.settle(counts.pendingPrefillTokens, now(), msPerToken()),
+      // A request's prefill ended: the same step as a catch-up, at the rate that holds now.
+      settled: () => catchUp(msPerToken()),
     },
     ahead: (rate) => backlog.ahead(counts.pendingPrefillTokens, now(), rate),
-    catchUp: (rate) => backlog.settle(counts.pendingPrefillTokens, now(), rate),
+    catchUp,
   };
 }

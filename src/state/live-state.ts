@@ -4,8 +4,8 @@
 // shared store (Redis) and the /metrics scraper only ever run in the background and replace parts
 // of the view when they succeed.
 //
-// View = this instance's own data (always current) + the live peers' last snapshots (Redis store
-// only). While Redis is unreachable the peers' part is kept until it is older than the liveness
+// View = this instance's own data (always current) + the live peers' last in-flight parts and full
+// snapshots (Redis store only). While Redis is unreachable the peers' part is kept until it is older than the liveness
 // TTL, then dropped: a short blip does not make counts jump, and a peer that died during an outage
 // still stops counting within the TTL.
 
@@ -177,7 +177,7 @@ export interface LiveState {
    * Uncached prompt tokens the backend still has to prefill ahead of a request sent now: this
    * instance's as they drain at the backend's prefill rate since they were sent (prefill-backlog.ts),
    * at most its exact pending count, and not while a peer has prefill ahead there (drainMsPerToken);
-   * each peer's as its last snapshot had it (not drained between snapshots). What predictTtftMs
+   * each peer's as its last in-flight part had it (not drained between exchanges). What predictTtftMs
    * counts ahead, what the TTFT fit learns a first token against, and what the scheduler's prefill
    * room counts.
    */
