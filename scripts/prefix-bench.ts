@@ -6,7 +6,8 @@
 //                                   [--keep-logs DIR]
 //
 // `--keep-logs DIR` writes each routing or product run's admission log to
-// DIR/<part>-<router>-<scheduler>.log
+// DIR/<part>-<router>-<scheduler>.log, and each shared instance's to
+// DIR/shared-<router>-<scheduler>-<i>.log
 // (one JSON record a line, as the gateway wrote it), for `slagate logs` to explain.
 //
 // Workload: `prefix-shared` shaped like llm-d's published benchmark (150 tenants, each a 6k-token
@@ -40,7 +41,7 @@
 // `micro`: the request-path cost of a prompt (canonical render + block hashes + token estimate,
 // against BPE-tokenizing the same prompt), and of one routing decision over 8 backends (prefix
 // match on each, their views, the slagate cost, the grant), each over many unique prompts.
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -435,6 +436,17 @@ async function shared(policy: string): Promise<Row> {
     for (const g of gateways) await g.stop();
     await fleet.stop();
     await redis.stop();
+    // After the stops: a gateway flushes its admission log as it shuts down.
+    const keep = values['keep-logs'];
+    if (keep !== undefined) {
+      mkdirSync(keep, { recursive: true });
+      gateways.forEach((g, i) =>
+        copyFileSync(
+          join(g.dir, `admission-${i}.log`),
+          join(keep, `shared-${policy.replace('/', '-')}-${i}.log`),
+        ),
+      );
+    }
   }
 }
 
