@@ -440,12 +440,10 @@ async function shared(policy: string): Promise<Row> {
     const keep = values['keep-logs'];
     if (keep !== undefined) {
       mkdirSync(keep, { recursive: true });
-      gateways.forEach((g, i) =>
-        copyFileSync(
-          join(g.dir, `admission-${i}.log`),
-          join(keep, `shared-${policy.replace('/', '-')}-${i}.log`),
-        ),
-      );
+      for (const [i, g] of gateways.entries()) {
+        const to = join(keep, `shared-${policy.replace('/', '-')}-${i}.log`);
+        copyFileSync(join(g.dir, `admission-${i}.log`), to);
+      }
     }
   }
 }
