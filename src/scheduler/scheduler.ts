@@ -175,9 +175,14 @@ const TPOT_BOUND_ERROR = 0.8;
 const SAMPLE_CAP = 4096;
 /** Smoothing of the release rate, per control period. */
 const RATE_ALPHA = 0.3;
-/** Recent actual ÷ predicted dispatch-to-first-token times kept, and the fewest that give a P99. */
+/**
+ * Recent actual ÷ predicted dispatch-to-first-token times kept, and the fewest that give a P99.
+ * Of those, the planning P99 reads the ones of the last RATIO_WINDOW_MS, or the last
+ * MIN_RATIO_SAMPLES when fewer came in it.
+ */
 const RATIO_SAMPLES = 1024;
 const MIN_RATIO_SAMPLES = 50;
+const RATIO_WINDOW_MS = 300_000;
 
 interface Control {
   /** The server it was learnt on (null until a grant or a control step saw it). */
@@ -250,9 +255,11 @@ export class Scheduler {
    * reaches them or not.
    */
   readonly #reasked = new Set<Waiting>();
-  // Recent dispatch-to-first-token times, predicted and actual, side by side (a ring).
+  // Recent dispatch-to-first-token times, predicted and actual, and when each came, side by side
+  // (a ring).
   readonly #predicted: number[] = [];
   readonly #actual: number[] = [];
+  readonly #ratioAtMs: number[] = [];
   #ratioAt = 0;
   #floorMs: number | null = null;
   #ratioP99: number | null = null;
@@ -809,7 +816,8 @@ export class Scheduler {
   firstToken(slot: GrantedSlot): void {
     const req = slot.waiting.req;
     const { grant } = slot;
-    const backendTtft = this.#now() - grant.grantedAt;
+    const now = this.#now();
+    const backendTtft = now - grant.grantedAt;
     const live = this.#deps.live;
     // Invariant: what is learnt from a first token is the prefill the backend really ran. A first
     // token as late as a prefill of the cached part too found the blocks the index counted on gone
@@ -829,6 +837,7 @@ export class Scheduler {
     if (predicted !== null) {
       this.#predicted[this.#ratioAt] = goneMs ? Math.max(predicted, this.#floorMs ?? 0) + goneMs : predicted;
       this.#actual[this.#ratioAt] = backendTtft;
+      this.#ratioAtMs[this.#ratioAt] = now;
       this.#ratioAt = (this.#ratioAt + 1) % RATIO_SAMPLES;
     }
     // Without a prefill fit (a backend's first few first tokens) the wait cannot be told from the
@@ -941,6 +950,27 @@ export class Scheduler {
 
   // ---- the control loop ----
 
+  /**
+   * The ring's samples the planning P99 reads at `now`, newest first: those of the last
+   * RATIO_WINDOW_MS, or the last MIN_RATIO_SAMPLES when fewer came in it. Bounded in time as well
+   * as in number: the last 1,024 first tokens of an instance that sees a few requests a minute go
+   * back an hour or more, and a burst of late ones then (a backend restarted cold, say) set how
+   * every request was planned long after. Not shorter than five minutes: at one minute, each of
+   * three instances sharing a fleet planned on a P99 of a third of the samples one instance has,
+   * which swung more and refused more (docs/benchmarks.md, "The planning P99 over a window of time").
+   */
+  #recentRatioSamples(now: number): number[] {
+    const n = this.#actual.length;
+    const from = now - RATIO_WINDOW_MS;
+    const out: number[] = [];
+    for (let k = 1; k <= n; k++) {
+      const i = (this.#ratioAt - k + n) % n;
+      if ((this.#ratioAtMs[i] as number) < from && out.length >= MIN_RATIO_SAMPLES) break;
+      out.push(i);
+    }
+    return out;
+  }
+
   #control(): void {
     const now = this.#now();
     const elapsedS = Math.max(1e-3, (now - this.#lastTick) / 1000);
@@ -962,8 +992,12 @@ export class Scheduler {
         this.#releaseRate === null ? rate : this.#releaseRate + RATE_ALPHA * (rate - this.#releaseRate);
     }
     if (this.#actual.length >= MIN_RATIO_SAMPLES) {
-      const floor = quantile(this.#actual, 0.05);
-      const ratios = this.#actual.map((a, i) => a / Math.max(this.#predicted[i] as number, floor, 1e-3));
+      const recent = this.#recentRatioSamples(now);
+      const actual = recent.map((i) => this.#actual[i] as number);
+      const floor = quantile(actual, 0.05);
+      const ratios = recent.map(
+        (i, k) => (actual[k] as number) / Math.max(this.#predicted[i] as number, floor, 1e-3),
+      );
       this.#floorMs = floor;
       this.#ratioP99 = quantile(ratios, 0.99);
       this.#spread = quantile(

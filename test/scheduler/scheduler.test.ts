@@ -724,6 +724,35 @@ describe('refusals while waiting', () => {
       expect(f.scheduler.upperBackendMs(1)).toBeLessThan(64);
       expect(f.scheduler.predictionSpread()).toBeLessThan(0.05);
     });
+
+    it('reads the first tokens of the last five minutes: a burst of late ones older than that no longer sets it', async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const s = settings({ concurrency: { ...settings().concurrency, initial: 64, intervalMs: 100 } });
+      const f = setup(['a'], s, undefined, { sharedClock: true });
+      f.teach(); // dispatch → first token = 20 ms + 0.1 ms per uncached token: 120 ms for 1,000
+      const serve = async (n: number, ms: (i: number) => number) => {
+        for (let i = 0; i < n; i++) {
+          const at = { arrivedAt: f.now(), deadlineAt: f.now() + 60_000 };
+          const slot = await f.scheduler.ticket(req({ ...at, promptTokens: 1000 })).acquire(first());
+          f.tick(ms(i));
+          slot!.prefillDone();
+          slot!.release();
+        }
+        vi.advanceTimersByTime(100);
+      };
+      // Five of 100 first tokens come 2.5 times as late as predicted: they set the P99.
+      await serve(100, (i) => (i % 20 === 0 ? 300 : 120));
+      expect(f.scheduler.upperBackendMs(120)).toBeGreaterThan(240);
+      // Five minutes later, 10 on time: too few for a P99 alone, so the last 50 are read, two late
+      // ones among them.
+      f.tick(301_000);
+      await serve(10, () => 120);
+      expect(f.scheduler.upperBackendMs(120)).toBeGreaterThan(240);
+      // 50 more (still far fewer than the 1,024 the ring keeps): the late ones are out of the
+      // window, and the P99 is of these.
+      await serve(50, () => 120);
+      expect(f.scheduler.upperBackendMs(120)).toBeLessThan(130);
+    });
   });
 
   it("learns no first token as waiting before the backend's prefill fit: a cold start does not cut its limit", async () => {

@@ -6,6 +6,7 @@ import {
   createMetrics,
   E2E_BUCKETS_S,
   OVERHEAD_BUCKETS_S,
+  QUEUE_WAIT_BUCKETS_S,
   TPOT_BUCKETS_S,
   TTFT_BUCKETS_S,
 } from '../../src/telemetry/metrics.ts';
@@ -264,6 +265,7 @@ describe('GatewayMetrics', () => {
       record({ ttft_ms: 100, tpot_ms: 50, e2e_ms: 280, queue_ms: 0 }),
       record({ ttft_ms: 100.0001, tpot_ms: 49.999, e2e_ms: 9000, queue_ms: 500 }),
       record({ ttft_ms: 500, tpot_ms: 20, e2e_ms: 1e6, queue_ms: 12.5 }),
+      record({ ttft_ms: 30, tpot_ms: 20, e2e_ms: 300, queue_ms: 0.2 }),
     ];
     const overheadMs = [0.05, 0.1, 0.25, 40];
     const m = createMetrics(CLASSES, { processMetrics: false });
@@ -277,7 +279,7 @@ describe('GatewayMetrics', () => {
       ['slagate_ttft_seconds', 'ttft_ms', bucketsWithTargets(TTFT_BUCKETS_S, [500, 200, 30000])],
       ['slagate_tpot_seconds', 'tpot_ms', bucketsWithTargets(TPOT_BUCKETS_S, [50, 30, 200])],
       ['slagate_e2e_seconds', 'e2e_ms', E2E_BUCKETS_S],
-      ['slagate_queue_wait_seconds', 'queue_ms', bucketsWithTargets(TTFT_BUCKETS_S, [500, 200, 30000])],
+      ['slagate_queue_wait_seconds', 'queue_ms', bucketsWithTargets(QUEUE_WAIT_BUCKETS_S, [500, 200, 30000])],
     ];
     const check = async (
       name: string,
