@@ -35,7 +35,7 @@ import type { Identity } from './auth.ts';
 import { readJsonBody } from './body.ts';
 import { handleInference, proxied } from './inference.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
-import { header } from './intake.ts';
+import { header, recordIdentity } from './intake.ts';
 import { endRecord, endRefused } from './record.ts';
 import { type Runtime, shuttingDownError } from './runtime.ts';
 
@@ -62,11 +62,13 @@ export function requestId(req: IncomingMessage): string {
 }
 
 /**
- * The path a request is routed by, as fastify's router reads it: cut at '?' or '#', and
- * percent-decoded (reserved characters such as %2F stay encoded); null when the encoding is broken
- * (fastify answers that itself, with 400).
+ * The path a request is routed by, as fastify's router reads it: the target's scheme and authority
+ * dropped when it came in absolute form (`POST http://host/v1/chat/completions`, which a server
+ * must accept: RFC 9112, 3.2.2), cut at '?' or '#', and percent-decoded (reserved characters such
+ * as %2F stay encoded); null when the encoding is broken (fastify answers that itself, with 400).
  */
-export function routePath(url: string): string | null {
+export function routePath(target: string): string | null {
+  const url = target.charCodeAt(0) === 0x2f /* / */ ? target : originForm(target);
   const q = url.indexOf('?');
   const h = url.indexOf('#');
   const end = q < 0 ? h : h < 0 ? q : Math.min(q, h);
@@ -77,6 +79,16 @@ export function routePath(url: string): string | null {
   } catch {
     return null;
   }
+}
+
+const ABSOLUTE_FORM = /^[A-Za-z][A-Za-z0-9+.-]*:\/\/[^/?#]*/;
+
+/** An absolute-form target without its scheme and authority: `http://h/v1/x?y` is `/v1/x?y`. */
+function originForm(target: string): string {
+  const m = ABSOLUTE_FORM.exec(target);
+  if (m === null) return target;
+  const rest = target.slice(m[0].length);
+  return rest.charCodeAt(0) === 0x2f ? rest : `/${rest}`;
 }
 
 const ENDPOINT_OF: ReadonlyMap<string, Endpoint> = new Map(
@@ -198,6 +210,7 @@ function serveInference(
     refuseBeforeBody(rt, req, res, id, record, err, bodyLimit);
     return;
   }
+  recordIdentity(rt, identity, record);
   // A request in flight from its head on: a shutdown waits for it (and cuts it at the end of its
   // grace period) even while its body is still coming. Left when its response closes, whichever
   // way it ends.
@@ -242,6 +255,7 @@ function serveInference(
           refuse(rt, res, id, record, e);
           return;
         }
+        recordIdentity(rt, identity, record);
       }
       handleInference(rt, endpoint, {
         id,

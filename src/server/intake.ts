@@ -74,13 +74,12 @@ export function sessionKey(value: string | undefined): string | undefined {
   return createHash('sha256').update(value).digest('base64url');
 }
 
-export function intake(
-  rt: Runtime,
-  endpoint: Endpoint,
-  request: { readonly headers: IncomingHttpHeaders; readonly identity: Identity; readonly body: unknown },
-  record: RequestRecord,
-): Intake {
-  const { identity } = request;
+/**
+ * The tenant, class and targets the key and the class header settled, on the record: from the
+ * request's head on, so that a refusal of its body (too large, malformed, too slow) is counted to
+ * them too.
+ */
+export function recordIdentity(rt: Runtime, identity: Identity, record: RequestRecord): void {
   const cls = rt.config.sla.classes[identity.class]!;
   record.set({
     tenant: namedTenant(identity),
@@ -88,6 +87,17 @@ export function intake(
     ttft_target_ms: cls.ttft_p99_ms,
     tpot_target_ms: cls.tpot_p99_ms,
   });
+}
+
+export function intake(
+  rt: Runtime,
+  endpoint: Endpoint,
+  request: { readonly headers: IncomingHttpHeaders; readonly identity: Identity; readonly body: unknown },
+  record: RequestRecord,
+): Intake {
+  // The record has the identity already (the front door's, from the request's head).
+  const { identity } = request;
+  const cls = rt.config.sla.classes[identity.class]!;
 
   const ir = parseInferenceRequest(endpoint, request.body);
   // A body that names no model gets the one the gateway serves, as vLLM gives it its one model. The

@@ -11,17 +11,33 @@
 // characters are one string value, so an 8,000-token prompt costs what a short one does. (A scan
 // of the text for those keys, written plainly or with \u escapes, read all 42 KB of such a body
 // twice: about 35 µs on the event loop, more than parsing it.)
+//
+// Invariant: no body within the size limit holds the event loop much longer than the largest
+// plain one. Parsing an object or array and walking it costs about a microsecond each, so a body
+// of 4 MiB made of a million `[1],` (in any field, a known one or not) held every other stream for
+// seconds, before admission could refuse anything. A body of more than MAX_CONTAINERS objects and
+// arrays is refused before it is parsed: a count of its `{` and `[` bytes (Buffer.indexOf, at
+// memchr's pace) settles it for nearly every body, and only one with more brackets than that,
+// strings included (a long prompt of code, say), is read byte by byte to count those outside strings.
 import { isUtf8 } from 'node:buffer';
 import { GatewayError } from '../errors/index.ts';
 
 /** Deepest nesting of objects and arrays a body may have (the body itself is depth 1). */
 export const MAX_DEPTH = 128;
+/**
+ * Most objects and arrays a body may hold in all: a conversation of thousands of turns with
+ * content parts, or a hundred tools with their schemas, holds a few thousand.
+ */
+export const MAX_CONTAINERS = 10_000;
 
 /** The parsed body; throws GatewayError('invalid_request') for empty or malformed JSON and for a forbidden key. */
 export function parseJsonBody(bytes: Buffer): unknown {
   // Decoding would put U+FFFD in place of a bad byte, and the backend would get another text than
   // the client sent; vLLM refuses such a body, and so does the gateway.
   if (!isUtf8(bytes)) throw invalidBody('Request body is not valid UTF-8.');
+  if (bracketsOver(bytes, MAX_CONTAINERS) && containersOver(bytes, MAX_CONTAINERS)) {
+    throw invalidBody(`Request body holds more than ${MAX_CONTAINERS} JSON objects and arrays.`);
+  }
   let text = bytes.toString('utf8');
   if (text.charCodeAt(0) === 0xfeff) text = text.slice(1);
   if (text.length === 0) throw invalidBody('Request body is empty; it must be a JSON object.');
@@ -34,6 +50,41 @@ export function parseJsonBody(bytes: Buffer): unknown {
   const problem = shapeProblem(value);
   if (problem !== null) throw invalidBody(problem);
   return value;
+}
+
+const OPEN_BRACE = 0x7b;
+const OPEN_BRACKET = 0x5b;
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+
+/** Whether `bytes` hold more than `cap` bytes that are `{` or `[`, wherever they are. */
+function bracketsOver(bytes: Buffer, cap: number): boolean {
+  let n = 0;
+  for (const b of [OPEN_BRACE, OPEN_BRACKET]) {
+    for (let at = bytes.indexOf(b); at !== -1; at = bytes.indexOf(b, at + 1)) {
+      if (++n > cap) return true;
+    }
+  }
+  return false;
+}
+
+/**
+ * Whether `bytes` open more than `cap` objects and arrays: `{` and `[` outside strings. A JSON
+ * string ends at a quote no backslash escapes (the text may be malformed: then JSON.parse refuses
+ * it, whatever this counts).
+ */
+function containersOver(bytes: Buffer, cap: number): boolean {
+  let n = 0;
+  let inString = false;
+  for (let i = 0; i < bytes.length; i++) {
+    const c = bytes[i];
+    if (inString) {
+      if (c === BACKSLASH) i++;
+      else if (c === QUOTE) inString = false;
+    } else if (c === QUOTE) inString = true;
+    else if ((c === OPEN_BRACE || c === OPEN_BRACKET) && ++n > cap) return true;
+  }
+  return false;
 }
 
 function invalidBody(message: string): GatewayError {

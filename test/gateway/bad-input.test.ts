@@ -241,6 +241,20 @@ describe('26: the front door reads the body as fastify did', () => {
     await t.recordOf('after-models');
     expect((await t.records()).map((r) => r.req_id)).not.toContain('enc-models');
     expect(b.hits).toHaveLength(3);
+    // A request target in absolute form (as a client behind a forward proxy may send it) routes by
+    // its path, as fastify's routes do.
+    const socket = await rawSocket(t.url);
+    const reply: Buffer[] = [];
+    socket.on('data', (c: Buffer) => reply.push(c));
+    // Written, not ended: a client that half-closes before its answer has left (client_cancelled).
+    socket.write(
+      `POST http://gw.example:80${CHAT} HTTP/1.1\r\nhost: gw.example\r\ncontent-type: application/json\r\n` +
+        `content-length: ${Buffer.byteLength(good)}\r\nx-request-id: abs-chat\r\nconnection: close\r\n\r\n${good}`,
+    );
+    await once(socket, 'close');
+    expect(Buffer.concat(reply).toString('latin1')).toMatch(/^HTTP\/1\.1 200 /);
+    expect(await t.recordOf('abs-chat')).toMatchObject({ outcome: 'ok' });
+    expect(b.hits).toHaveLength(4);
   });
 
   it('a body that arrives in pieces reaches the backend byte for byte', async () => {

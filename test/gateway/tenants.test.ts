@@ -103,6 +103,28 @@ describe('keys and classes (item 28)', () => {
       reason: 'invalid_api_key',
       tenant: null,
     });
+    // A body refused (malformed; more objects and arrays than any request holds) is counted to the
+    // tenant and class its head settled.
+    const many = `{"messages":[${Array.from({ length: 20_000 }, () => '{}').join(',')}]}`;
+    for (const [rid, body] of [
+      ['b-malformed', '{"messages":'],
+      ['b-many', many],
+    ]) {
+      const r = await post(t.url, CHAT, body, {
+        ...bearer('key-b'),
+        'x-slagate-class': 'batch',
+        'x-request-id': rid,
+      });
+      expect(r.status).toBe(400);
+      expect(JSON.parse(r.text)).toMatchObject({ error: { code: 'invalid_request', param: 'body' } });
+      expect(await t.recordOf(rid!)).toMatchObject({
+        outcome: 'refused',
+        reason: 'invalid_request',
+        tenant: 'team-b',
+        class: 'batch',
+        ttft_target_ms: expect.any(Number),
+      });
+    }
   });
 });
 

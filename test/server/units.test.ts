@@ -10,7 +10,7 @@ import { answerClientError } from '../../src/server/app.ts';
 import { createAuthenticator } from '../../src/server/auth.ts';
 import { parseInferenceRequest } from '../../src/server/inference-request.ts';
 import { SESSION_ID_CHARS, sessionKey } from '../../src/server/intake.ts';
-import { parseJsonBody } from '../../src/server/json-body.ts';
+import { MAX_CONTAINERS, parseJsonBody } from '../../src/server/json-body.ts';
 import { ModelCatalog } from '../../src/server/model-catalog.ts';
 import { Lifecycle } from '../../src/server/runtime.ts';
 
@@ -253,6 +253,36 @@ describe('parseJsonBody', () => {
   it('refuses empty and malformed bodies', () => {
     for (const text of ['', '{"model":', '{"a":1}}', 'nul'])
       expect(refused(text), text).toBe('invalid_request:body');
+  });
+
+  it('refuses a body of more than MAX_CONTAINERS objects and arrays, in any field, before parsing it', () => {
+    const many = (n: number, item: string) => Array.from({ length: n }, () => item).join(',');
+    // At the cap (the body itself and its one array counted), and one over it.
+    const at = `{"x":[${many(MAX_CONTAINERS - 2, '[1]')}]}`;
+    expect(() => parse(at)).not.toThrow();
+    for (const text of [
+      `{"x":[${many(MAX_CONTAINERS - 1, '[1]')}]}`,
+      `{"prompt":[${many(MAX_CONTAINERS, '[1,2]')}],"max_tokens":1}`,
+      `{"tools":[${many(MAX_CONTAINERS, '{}')}]}`,
+    ]) {
+      expect(refused(text)).toBe('invalid_request:body');
+    }
+    expect(() => parse(`{"x":[${many(MAX_CONTAINERS, '{}')}]}`)).toThrow(
+      `Request body holds more than ${MAX_CONTAINERS} JSON objects and arrays.`,
+    );
+  });
+
+  it('counts only the brackets outside strings: a prompt of code full of them is no such body', () => {
+    // Escaped quotes and backslashes inside the strings do not end them.
+    const code = 'if (a[i]) { b["k\\"] = [{}]; } '.repeat(MAX_CONTAINERS);
+    const body = {
+      messages: [
+        { role: 'user', content: code },
+        // Written \"[[[…: the quote is escaped, the brackets are in the string.
+        { role: 'user', content: `"${'['.repeat(2 * MAX_CONTAINERS)}` },
+      ],
+    };
+    expect(parse(JSON.stringify(body))).toEqual(body);
   });
 });
 
