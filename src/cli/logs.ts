@@ -502,22 +502,24 @@ class Summary {
 
   /** Keeps the SLOWEST served requests by TTFT (a short sorted list: one insert per record). */
   private noteSlow(r: LogRecord, cause: string | null): void {
-    if (r.ttft_ms === null || r.ttft_ms === undefined) return;
+    // Served ones only, as the latency tables count them: a cancel's time to its first token is not.
+    const ttft = wholeTtft(r);
+    if (ttft === null) return;
     const list = this.slowest;
-    if (list.length === SLOWEST && list[SLOWEST - 1]!.ttft_ms >= r.ttft_ms) return;
+    if (list.length === SLOWEST && list[SLOWEST - 1]!.ttft_ms >= ttft) return;
     const entry: SlowRequest = {
       req_id: r.req_id,
       class: r.class ?? null,
       tenant: r.tenant ?? null,
       backend: r.backend ?? null,
-      ttft_ms: r.ttft_ms,
+      ttft_ms: ttft,
       ttft_target_ms: r.ttft_target_ms ?? null,
       queue_ms: r.queue_ms ?? null,
       attempts: r.attempts ?? null,
       outcome: r.outcome,
       cause,
     };
-    const at = list.findIndex((e) => e.ttft_ms < r.ttft_ms!);
+    const at = list.findIndex((e) => e.ttft_ms < ttft);
     if (at < 0) list.push(entry);
     else list.splice(at, 0, entry);
     if (list.length > SLOWEST) list.pop();

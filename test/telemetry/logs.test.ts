@@ -151,6 +151,32 @@ describe('slagate logs', () => {
     expect(queued.examples).toEqual(['i-76', 'i-77', 'i-78']);
   });
 
+  it('lists the slowest served requests: a cancel after its first token is not one', async () => {
+    const path = join(dir, 'admission.log');
+    const { logger, flush } = createLogger({ level: 'info', destination: path });
+    const log = new AdmissionLog(logger);
+    for (let i = 1; i <= 6; i++) {
+      log.begin({ req_id: `ok-${i}`, ...INTERACTIVE }).end('ok', {
+        backend: 'gpu-0',
+        attempts: 1,
+        ttft_ms: i * 10,
+        e2e_ms: i * 10 + 100,
+        completion_tokens: 5,
+      });
+    }
+    log.begin({ req_id: 'left', ...INTERACTIVE }).end('client_cancelled', {
+      backend: 'gpu-0',
+      attempts: 1,
+      ttft_ms: 900,
+      e2e_ms: 950,
+    });
+    await flush();
+    const t = io();
+    expect(await logsCommand([path, '--json'], t.io)).toBe(0);
+    const rep = JSON.parse(t.out()) as LogsReport;
+    expect(rep.slowest.map((r) => r.req_id)).toEqual(['ok-6', 'ok-5', 'ok-4', 'ok-3', 'ok-2']);
+  });
+
   it('names a cause only from the evidence a record holds', async () => {
     const path = join(dir, 'admission.log');
     const lines = [
