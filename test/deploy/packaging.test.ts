@@ -411,11 +411,18 @@ describe('docker-compose.yml', () => {
       'max_fails=0',
     ]);
     // Inference on the first listener, published; the operational routes (unauthenticated in the
-    // gateway) refused there and served on the second, published on the host's loopback only.
-    const [inference, opsPort] = [...nginx.matchAll(/listen\s+(\d+);/g)].map((m) => m[1]);
+    // gateway) refused there and served on one listener per gateway, each passing to that gateway
+    // alone (an instance's dashboard and metrics are its own), published on the host's loopback
+    // only.
+    const [inference, ...opsPorts] = [...nginx.matchAll(/listen\s+(\d+);/g)].map((m) => m[1]);
     expect(arr(obj(services.lb).ports).map(String).sort()).toEqual(
-      [`${inference}:${inference}`, `127.0.0.1:${opsPort}:${opsPort}`].sort(),
+      [`${inference}:${inference}`, ...opsPorts.map((p) => `127.0.0.1:${p}:${p}`)].sort(),
     );
+    const opsTargets = [
+      ...nginx.matchAll(/listen\s+(\d+);\s*location\s+\/\s*\{\s*proxy_pass\s+http:\/\/([\w.-]+:\d+);/g),
+    ].map((m) => m[2]);
+    expect(opsTargets).toHaveLength(opsPorts.length);
+    expect(opsTargets.sort()).toEqual(servers.sort());
     const ops = /location\s+~\s+\^\/\(metrics\|admin\/\|dashboard\)\s*\{([^}]*)\}/.exec(nginx)?.[1];
     expect(ops).toBeDefined();
     expect(ops).toMatch(/return\s+403;/);
