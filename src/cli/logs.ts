@@ -3,17 +3,21 @@ import { createReadStream } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { PassThrough, type Readable } from 'node:stream';
 import { parseArgs } from 'node:util';
-import { createGunzip } from 'node:zlib';
+import { createGunzip, constants as zlibConstants } from 'node:zlib';
 import type { AdmissionRecord } from '../telemetry/admission-log.ts';
 import { OUTCOMES } from '../telemetry/outcome.ts';
 import { QuantileSketch } from './quantile-sketch.ts';
 
-// `slagate logs [FILE]`: reads an admission log (a file, or stdin; gzip-compressed, as logrotate
-// leaves old ones, or not) and explains it. Lines that are not admission records (other log lines,
-// partial writes, anything not JSON) are skipped and counted.
+// `slagate logs [FILE...]`: reads admission logs (files in the order given, or stdin; each
+// gzip-compressed, as logrotate leaves old ones, or not) and explains them. Lines that are not
+// admission records (other log lines, partial writes, anything not JSON) are skipped and counted. A
+// compressed file cut short (still being written, or copied in part) gives the lines before the
+// cut.
 
-const USAGE = `usage: slagate logs [FILE|-] [--pretty] [--json] [--since T] [--class C] [--tenant T]
-  Reads admission-log lines (from FILE, or stdin when FILE is absent or -).
+const USAGE = `usage: slagate logs [FILE...|-] [--pretty] [--json] [--since T] [--class C] [--tenant T]
+  Reads admission-log lines from each FILE in turn (a rotated set: app.log.2.gz app.log.1 app.log),
+  or from stdin when there is none or for -. Give rotated files as arguments, not concatenated:
+  a file's compression is told from its first bytes.
   default        summary: outcomes, decisions and reasons, latency percentiles per class and
                  backend, SLA attainment per class and target set, SLA misses explained, the
                  slowest requests
@@ -45,7 +49,8 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
     io.stdout.write(USAGE);
     return 0;
   }
-  if (args.positionals.length > 1) {
+  const files = args.positionals.length === 0 ? ['-'] : args.positionals;
+  if (files.filter((f) => f === '-').length > 1) {
     io.stderr.write(USAGE);
     return 2;
   }
@@ -56,35 +61,43 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
     io.stderr.write(`slagate logs: ${(err as Error).message}\n`);
     return 2;
   }
-  const file = args.positionals[0];
-  const raw = file === undefined || file === '-' ? io.stdin : createReadStream(file);
-  const input = maybeGunzip(raw as Readable);
-  const lines = createInterface({ input, crlfDelay: Number.POSITIVE_INFINITY });
   // A reader that goes away (`slagate logs --pretty | head`, or the summary's reader) ends the
   // command quietly: the handler stays until the report is written.
   let readerGone = false;
+  let reading: { raw: Readable; lines: ReturnType<typeof createInterface> } | null = null;
   const onOutputError = () => {
     readerGone = true;
-    lines.close();
+    reading?.lines.close();
     // The input too: piped into the gunzip check, it would flow on (a `tail -f` never ends).
-    (raw as Readable).destroy();
+    reading?.raw.destroy();
   };
   io.stdout.on('error', onOutputError);
   const summary = new Summary();
-  let first = true;
   try {
-    for await (const text of lines) {
-      // A byte-order mark (a file saved by an editor) is not part of the first line's JSON.
-      const line = first && text.charCodeAt(0) === 0xfeff ? text.slice(1) : text;
-      first = false;
-      const record = parseAdmissionLine(line);
-      if (record === null) {
-        if (line.trim() !== '') summary.skipped++;
-        continue;
+    for (const file of files) {
+      if (readerGone) break;
+      const raw = (file === '-' ? io.stdin : createReadStream(file)) as Readable;
+      const input = maybeGunzip(raw, (err) =>
+        io.stderr.write(
+          `slagate logs: ${file === '-' ? 'stdin' : file}: compressed data unreadable from here on (${err.message}); read what came before it\n`,
+        ),
+      );
+      const lines = createInterface({ input, crlfDelay: Number.POSITIVE_INFINITY });
+      reading = { raw, lines };
+      let first = true;
+      for await (const text of lines) {
+        // A byte-order mark (a file saved by an editor) is not part of the first line's JSON.
+        const line = first && text.charCodeAt(0) === 0xfeff ? text.slice(1) : text;
+        first = false;
+        const record = parseAdmissionLine(line);
+        if (record === null) {
+          if (line.trim() !== '') summary.skipped++;
+          continue;
+        }
+        if (!keep(record)) continue;
+        if (!args.values.pretty) summary.add(record);
+        else if (!io.stdout.write(`${prettyLine(record)}\n`)) await once(io.stdout, 'drain');
       }
-      if (!keep(record)) continue;
-      if (!args.values.pretty) summary.add(record);
-      else if (!io.stdout.write(`${prettyLine(record)}\n`)) await once(io.stdout, 'drain');
     }
     if (args.values.pretty || readerGone) return 0;
     const report = summary.report();
@@ -104,9 +117,12 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
 
 /**
  * `input` as text: through gunzip when its first bytes are gzip's magic (1f 8b), as logrotate
- * leaves old logs; as it is otherwise. A read error on either side reaches the reader.
+ * leaves old logs; as it is otherwise. A read error of the input reaches the reader. Compressed
+ * data cut short gives what came before the cut (sync-flushed, as zcat gives it). Compressed data
+ * followed by bytes that are not gzip ends the text there, told to `onCut`; what zlib inflated from
+ * the same chunk of input as those bytes is lost with it.
  */
-function maybeGunzip(input: Readable): Readable {
+function maybeGunzip(input: Readable, onCut: (err: Error) => void): Readable {
   const out = new PassThrough();
   let decided = false;
   // The first bytes, until there are two to compare (a pipe may deliver one alone).
@@ -118,10 +134,15 @@ function maybeGunzip(input: Readable): Readable {
     const first = Buffer.concat(head);
     head = [];
     const gz = first.length >= 2 && first[0] === 0x1f && first[1] === 0x8b;
-    const target = gz ? createGunzip() : out;
+    const target = gz ? createGunzip({ finishFlush: zlibConstants.Z_SYNC_FLUSH }) : out;
     if (gz) {
       target.pipe(out);
-      target.on('error', (err) => out.destroy(err));
+      target.on('error', (err) => {
+        input.unpipe(target);
+        input.destroy();
+        onCut(err);
+        out.end();
+      });
     }
     if (first.length > 0) target.write(first);
     if (ended) target.end();

@@ -442,6 +442,40 @@ describe('slagate logs', () => {
     expect((JSON.parse(t.out()) as LogsReport).requests).toBe(135);
   });
 
+  it('reads a rotated set given as files, and of a compressed file cut short or followed by plain text, what comes before', async () => {
+    const path = join(dir, 'admission.log');
+    await writeMix(path);
+    const { readFile, writeFile } = await import('node:fs/promises');
+    const { gzipSync } = await import('node:zlib');
+    const content = await readFile(path);
+    const gz = gzipSync(content);
+    await writeFile(`${path}.1.gz`, gz);
+    // Being compressed still, or copied in part: the lines before the cut are read.
+    await writeFile(`${path}.cut.gz`, gz.subarray(0, gz.length - 100));
+    const report = async (args: string[], stdin?: NodeJS.ReadableStream) => {
+      const t = io(stdin);
+      expect(await logsCommand([...args, '--json'], t.io)).toBe(0);
+      return { rep: JSON.parse(t.out()) as LogsReport, err: t.err() };
+    };
+    // The old file compressed, then the current one: both counted.
+    expect((await report([`${path}.1.gz`, path])).rep.requests).toBe(270);
+    const cut = (await report([`${path}.cut.gz`])).rep;
+    expect(cut.requests).toBeGreaterThan(100);
+    expect(cut.requests).toBeLessThan(135);
+    // Concatenated into one stream (cat old.gz current): the compressed part is read up to the
+    // chunk the plain text starts in (lost with it, as zlib gives it up), and the rest is said to
+    // be unreadable rather than failing the whole report.
+    const both = await report(
+      [],
+      Readable.from([gz.subarray(0, gz.length - 1), Buffer.concat([gz.subarray(-1), content])]),
+    );
+    expect(both.rep.requests).toBeGreaterThan(100);
+    expect(both.err).toMatch(/stdin: compressed data unreadable from here on/);
+    // stdin at most once.
+    const t = io();
+    expect(await logsCommand(['-', '-'], t.io)).toBe(2);
+  });
+
   it('--pretty whose reader has gone stops reading an input that never ends (tail -f)', async () => {
     const stdin = new PassThrough();
     const gone = new Writable({
