@@ -162,15 +162,18 @@ it('a client that leaves mid-upload ends with no admission decision: decision nu
   await received;
   req.destroy();
   await waitFor(async () => (await t!.records()).length === 1, 2000, 'its record');
-  expect(await t.recordOf('mid-upload')).toMatchObject({
+  // The class is the one its head settled (the default here): counted to it, not to none.
+  const rec = await t.recordOf('mid-upload');
+  expect(rec).toMatchObject({
     outcome: 'client_cancelled',
     decision: null,
     reason: 'client_cancelled',
     attempts: 0,
+    class: 'interactive',
   });
   const metrics = await (await fetch(`${t.url}/metrics`)).text();
   expect(metrics).toMatch(
-    /slagate_admission_total\{class="none",decision="none",reason="client_cancelled"\} 1/,
+    /slagate_admission_total\{class="interactive",decision="none",reason="client_cancelled"\} 1/,
   );
   expect(metrics).not.toMatch(/decision="admitted",reason="client_cancelled"/);
 });
