@@ -28,6 +28,7 @@ import { GatewayError, INTERNAL_MESSAGE, isGatewayError } from '../errors/index.
 import { frontDoor, frontFacts, isInferencePath, noteRefusal, requestId, routePath } from './front.ts';
 import { parseJsonBody } from './json-body.ts';
 import { registerOpsRoutes } from './ops-routes.ts';
+import { endRefused } from './record.ts';
 import type { Runtime } from './runtime.ts';
 
 /** Maps what fastify itself throws (parsing, limits) onto the gateway's stable codes. */
@@ -68,12 +69,14 @@ function allowedMethods(app: FastifyInstance, url: string): string[] {
 
 /**
  * A request node:http could not parse (a malformed head, headers over its size limit, a head too
- * slow to arrive): answered in the gateway's error envelope, not fastify's, and logged with its
- * code alone. Invariant: the raw bytes Node attaches to the error (`rawPacket`, the request's head
- * with its Authorization header) reach no log line.
+ * slow to arrive, a body whose framing breaks): answered in the gateway's error envelope, not
+ * fastify's, and logged with its code alone. A body's framing error is the request's own: its
+ * answer carries its id, and its admission record ends as that refusal (not as a client that
+ * left, which the connection's close would make it). Invariant: the raw bytes Node attaches to the
+ * error (`rawPacket`, the request's head with its Authorization header) reach no log line.
  */
 export function answerClientError(
-  rt: Pick<Runtime, 'logger'>,
+  rt: Pick<Runtime, 'logger' | 'metrics'>,
   err: NodeJS.ErrnoException,
   socket: Socket,
 ): void {
@@ -94,11 +97,16 @@ export function answerClientError(
       : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
         ? [408, 'Request Timeout', 'The request head did not arrive in time.']
         : [400, 'Bad Request', 'The request is not valid HTTP/1.1.'];
-  const body = JSON.stringify(new GatewayError('invalid_request', message).toJSON());
+  const gErr = new GatewayError('invalid_request', message);
+  const own = inFlight != null && itsOwn ? frontFacts(inFlight.req) : undefined;
+  // A body cut short by the client's end of the connection is a client that left (the close ends
+  // its record so); a body whose framing breaks is a request refused.
+  if (own?.record != null && err.code !== 'HPE_INVALID_EOF_STATE') endRefused(rt, own.record, gErr);
+  const body = JSON.stringify(gErr.toJSON());
   // Invariant: the connection is closed, not half-closed. node:http leaves that to this handler,
   // and a client that never closes its side (or a head that timed out) would hold the socket.
   socket.write(
-    `HTTP/1.1 ${status} ${phrase}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+    `HTTP/1.1 ${status} ${phrase}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n${own === undefined ? '' : `x-request-id: ${own.id}\r\n`}connection: close\r\n\r\n${body}`,
   );
   socket.destroySoon();
 }

@@ -118,9 +118,11 @@ export function frontDoor(
     if (path?.startsWith('/v1/') && !(path === '/v1/models' && (method === 'GET' || method === 'HEAD'))) {
       record = beginRecord(rt, id, res);
     }
+    // Marked for whoever meets the request later: fastify (its id, its record), and a framing
+    // error in its body (answerClientError, app.ts: the answer and the record are this request's).
+    (req as Marked)[FACTS] = { id, record };
     const endpoint = method === 'POST' && path !== null ? ENDPOINT_OF.get(path) : undefined;
     if (endpoint === undefined || record === null) {
-      (req as Marked)[FACTS] = { id, record };
       bodyDeadline(rt, req, res, id, record);
       fallback(req, res);
       return;

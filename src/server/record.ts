@@ -8,7 +8,7 @@ import type { Outcome } from '../telemetry/outcome.ts';
 import type { Runtime } from './runtime.ts';
 
 export function endRecord(
-  rt: Runtime,
+  rt: Pick<Runtime, 'metrics'>,
   record: RequestRecord,
   outcome: Outcome,
   fields: AdmissionFields,
@@ -22,6 +22,10 @@ export function endRecord(
 }
 
 /** A request the gateway answered itself with `err`. */
-export function endRefused(rt: Runtime, record: RequestRecord, err: GatewayError): AdmissionRecord | null {
+export function endRefused(
+  rt: Pick<Runtime, 'metrics'>,
+  record: RequestRecord,
+  err: GatewayError,
+): AdmissionRecord | null {
   return endRecord(rt, record, 'refused', { decision: 'refused', reason: err.code, error: err.message });
 }

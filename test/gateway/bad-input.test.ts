@@ -408,13 +408,27 @@ describe('a request that is not HTTP', () => {
     expect(huge).toMatch(/^HTTP\/1\.1 431 /);
     expect(envelopeOf(huge)).toMatchObject({ type: 'invalid_request_error', code: 'invalid_request' });
     expect(huge).not.toContain('sk-secret');
-    // A bad chunk in the body of the request in flight: the answer is that request's own.
+    // A bad chunk in the body of the request in flight: the answer is that request's own, with
+    // its id, and so is its record: refused, not a client that left.
     const chunk = await raw(
       t.url,
-      `POST ${CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n`,
+      `POST ${CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nx-request-id: bad-chunk\r\n\r\nzz\r\n{}\r\n`,
     );
     expect(chunk).toMatch(/^HTTP\/1\.1 400 /);
+    expect(chunk).toMatch(/\r\nx-request-id: bad-chunk\r\n/);
     expect(envelopeOf(chunk)).toMatchObject({ code: 'invalid_request' });
+    // One good chunk, then a broken one.
+    const later = await raw(
+      t.url,
+      `POST ${CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nx-request-id: bad-chunk-2\r\n\r\n5\r\n{"mes\r\nZZ\r\n`,
+    );
+    expect(later).toMatch(/^HTTP\/1\.1 400 [^]*\r\nx-request-id: bad-chunk-2\r\n/);
+    for (const id of ['bad-chunk', 'bad-chunk-2'])
+      expect(await t.recordOf(id)).toMatchObject({
+        outcome: 'refused',
+        decision: 'refused',
+        reason: 'invalid_request',
+      });
     expect(b.hits).toHaveLength(0);
   });
 });

@@ -13,6 +13,7 @@ import { SESSION_ID_CHARS, sessionKey } from '../../src/server/intake.ts';
 import { MAX_CONTAINERS, parseJsonBody } from '../../src/server/json-body.ts';
 import { ModelCatalog } from '../../src/server/model-catalog.ts';
 import { Lifecycle } from '../../src/server/runtime.ts';
+import { createMetrics } from '../../src/telemetry/metrics.ts';
 
 function codeOf(fn: () => unknown): string | undefined {
   try {
@@ -495,7 +496,7 @@ describe('answerClientError', () => {
     const server = net.createServer({ allowHalfOpen: true }, (socket) => {
       serverSide = socket;
       const err = Object.assign(new Error('Parse Error'), { code: 'HPE_INVALID_HEADER_TOKEN' });
-      answerClientError({ logger }, err, socket);
+      answerClientError({ logger, metrics: createMetrics({}, { processMetrics: false }) }, err, socket);
     });
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
     const client = net.connect({
