@@ -422,7 +422,8 @@ describe('a request that is not HTTP', () => {
       t.url,
       `POST ${CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nx-request-id: bad-chunk-2\r\n\r\n5\r\n{"mes\r\nZZ\r\n`,
     );
-    expect(later).toMatch(/^HTTP\/1\.1 400 [^]*\r\nx-request-id: bad-chunk-2\r\n/);
+    expect(later).toMatch(/^HTTP\/1\.1 400 /);
+    expect(later).toMatch(/\r\nx-request-id: bad-chunk-2\r\n/);
     for (const id of ['bad-chunk', 'bad-chunk-2'])
       expect(await t.recordOf(id)).toMatchObject({
         outcome: 'refused',
