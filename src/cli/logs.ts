@@ -73,15 +73,17 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
   };
   io.stdout.on('error', onOutputError);
   const summary = new Summary();
+  let unreadable = false;
   try {
     for (const file of files) {
       if (readerGone) break;
       const raw = (file === '-' ? io.stdin : createReadStream(file)) as Readable;
-      const input = maybeGunzip(raw, (err) =>
+      const input = maybeGunzip(raw, (err) => {
+        unreadable = true;
         io.stderr.write(
           `slagate logs: ${file === '-' ? 'stdin' : file}: compressed data unreadable from here on (${err.message}); read what came before it\n`,
-        ),
-      );
+        );
+      });
       const lines = createInterface({ input, crlfDelay: Number.POSITIVE_INFINITY });
       reading = { raw, lines };
       let first = true;
@@ -99,13 +101,15 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
         else if (!io.stdout.write(`${prettyLine(record)}\n`)) await once(io.stdout, 'drain');
       }
     }
-    if (args.values.pretty || readerGone) return 0;
+    // Exit status 1 when some input could not be read (its report is of what could): a script
+    // can tell a damaged file from a whole one.
+    if (args.values.pretty || readerGone) return unreadable ? 1 : 0;
     const report = summary.report();
     const out = args.values.json ? `${JSON.stringify(report, null, 2)}\n` : formatReport(report);
     // Written whole before the handler goes: a reader that left meanwhile (EPIPE) ends it quietly.
     // The write's callback comes once it is done or has failed, on a stream already gone too.
     await new Promise<void>((resolve) => io.stdout.write(out, () => resolve()));
-    return 0;
+    return unreadable ? 1 : 0;
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'EPIPE') return 0;
     io.stderr.write(`slagate logs: ${(err as Error).message}\n`);

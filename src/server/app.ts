@@ -127,8 +127,12 @@ export function buildApp(rt: Runtime): FastifyInstance {
     clientErrorHandler: (err, socket) => answerClientError(rt, err, socket),
     // A path whose percent-encoding is broken (or a parameter too long): the gateway's envelope,
     // not fastify's own body, which echoed the whole URL, query string and any credential in it.
-    frameworkErrors: (_err, _request, reply) =>
-      sendError(reply, new GatewayError('invalid_request', 'The request path is not a valid URL.')),
+    // A record the front door began (a /v1 path as it read it) ends as this refusal.
+    frameworkErrors: (_err, request, reply) => {
+      const err = new GatewayError('invalid_request', 'The request path is not a valid URL.');
+      noteRefusal(rt, request.id, frontFacts(request.raw)?.record ?? null, err, err);
+      return sendError(reply, err);
+    },
     // The server's requests meet the front door first; fastify gets what the door does not serve.
     serverFactory: (handler) => {
       const door = frontDoor(rt, handler as (req: IncomingMessage, res: ServerResponse) => void);

@@ -81,12 +81,16 @@ export function routePath(target: string): string | null {
   }
 }
 
-const ABSOLUTE_FORM = /^[A-Za-z][A-Za-z0-9+.-]*:\/\/[^/?#]*/;
+/** An http(s) target in absolute form, its authority not empty: what fastify's router takes as one. */
+const ABSOLUTE_FORM = /^https?:\/\/[^/?#]+/i;
 
-/** An absolute-form target without its scheme and authority: `http://h/v1/x?y` is `/v1/x?y`. */
+/**
+ * An absolute-form target without its scheme and authority: `http://h/v1/x?y` is `/v1/x?y`. Any
+ * other target is returned as it is (fastify answers it: a path, or 400 for what is no URL).
+ */
 function originForm(target: string): string {
   const m = ABSOLUTE_FORM.exec(target);
-  if (m === null) return target;
+  if (m === null || target.includes('#')) return target;
   const rest = target.slice(m[0].length);
   return rest.charCodeAt(0) === 0x2f ? rest : `/${rest}`;
 }

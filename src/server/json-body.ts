@@ -12,13 +12,16 @@
 // of the text for those keys, written plainly or with \u escapes, read all 42 KB of such a body
 // twice: about 35 µs on the event loop, more than parsing it.)
 //
-// Invariant: no body within the size limit holds the event loop much longer than the largest
-// plain one. Parsing an object or array and walking it costs about a microsecond each, so a body
-// of 4 MiB made of a million `[1],` (in any field, a known one or not) held every other stream for
-// seconds, before admission could refuse anything. A body of more than MAX_CONTAINERS objects and
-// arrays is refused before it is parsed: a count of its `{` and `[` bytes (Buffer.indexOf, at
-// memchr's pace) settles it for nearly every body, and only one with more brackets than that,
-// strings included (a long prompt of code, say), is read byte by byte to count those outside strings.
+// Parsing an object or array and walking it costs about a microsecond each, and an object's key
+// about as much: a body of 4 MiB made of a million `[1],` (in any field, a known one or not) held
+// every other stream for seconds, and one object of 360,000 keys for most of a second, before
+// admission could refuse anything (where a plain 4 MiB prompt parses in about 30 ms). A body of more
+// than MAX_CONTAINERS objects and arrays, or MAX_KEYS keys, is refused before it is parsed. A body
+// shorter than a cap cannot hold more (each takes a byte); a longer one is counted: its `{` and `[`
+// bytes, or its `:` bytes (Buffer.indexOf, at memchr's pace), settle it for nearly every body, and
+// only one with more than a cap of them, strings included (a long prompt of code, say), is read
+// byte by byte to count those outside strings. What is left is bounded by the size limit: an array
+// of two million numbers parses in under 0.1 s.
 import { isUtf8 } from 'node:buffer';
 import { GatewayError } from '../errors/index.ts';
 
@@ -29,14 +32,21 @@ export const MAX_DEPTH = 128;
  * content parts, or a hundred tools with their schemas, holds a few thousand.
  */
 export const MAX_CONTAINERS = 10_000;
+/** Most keys a body's objects may hold in all: a `logit_bias` of a few hundred, schemas of thousands. */
+export const MAX_KEYS = 50_000;
 
 /** The parsed body; throws GatewayError('invalid_request') for empty or malformed JSON and for a forbidden key. */
 export function parseJsonBody(bytes: Buffer): unknown {
   // Decoding would put U+FFFD in place of a bad byte, and the backend would get another text than
   // the client sent; vLLM refuses such a body, and so does the gateway.
   if (!isUtf8(bytes)) throw invalidBody('Request body is not valid UTF-8.');
-  if (bracketsOver(bytes, MAX_CONTAINERS) && containersOver(bytes, MAX_CONTAINERS)) {
-    throw invalidBody(`Request body holds more than ${MAX_CONTAINERS} JSON objects and arrays.`);
+  if (bytes.length > MAX_CONTAINERS && bytesOver(bytes, OPENERS, MAX_CONTAINERS)) {
+    if (outsideStringsOver(bytes, OPENERS, MAX_CONTAINERS))
+      throw invalidBody(`Request body holds more than ${MAX_CONTAINERS} JSON objects and arrays.`);
+  }
+  if (bytes.length > MAX_KEYS && bytesOver(bytes, COLON, MAX_KEYS)) {
+    if (outsideStringsOver(bytes, COLON, MAX_KEYS))
+      throw invalidBody(`Request body holds more than ${MAX_KEYS} keys in its objects.`);
   }
   let text = bytes.toString('utf8');
   if (text.charCodeAt(0) === 0xfeff) text = text.slice(1);
@@ -56,11 +66,14 @@ const OPEN_BRACE = 0x7b;
 const OPEN_BRACKET = 0x5b;
 const QUOTE = 0x22;
 const BACKSLASH = 0x5c;
+/** The bytes that open an object or an array, and the one that ends each key. */
+const OPENERS = [OPEN_BRACE, OPEN_BRACKET] as const;
+const COLON = [0x3a] as const;
 
-/** Whether `bytes` hold more than `cap` bytes that are `{` or `[`, wherever they are. */
-function bracketsOver(bytes: Buffer, cap: number): boolean {
+/** Whether `bytes` hold more than `cap` bytes of `which`, wherever they are. */
+function bytesOver(bytes: Buffer, which: readonly number[], cap: number): boolean {
   let n = 0;
-  for (const b of [OPEN_BRACE, OPEN_BRACKET]) {
+  for (const b of which) {
     for (let at = bytes.indexOf(b); at !== -1; at = bytes.indexOf(b, at + 1)) {
       if (++n > cap) return true;
     }
@@ -69,11 +82,12 @@ function bracketsOver(bytes: Buffer, cap: number): boolean {
 }
 
 /**
- * Whether `bytes` open more than `cap` objects and arrays: `{` and `[` outside strings. A JSON
- * string ends at a quote no backslash escapes (the text may be malformed: then JSON.parse refuses
- * it, whatever this counts).
+ * Whether `bytes` hold more than `cap` bytes of `which` outside strings. A JSON string ends at a
+ * quote no backslash escapes (the text may be malformed: then JSON.parse refuses it, whatever this
+ * counts).
  */
-function containersOver(bytes: Buffer, cap: number): boolean {
+function outsideStringsOver(bytes: Buffer, which: readonly number[], cap: number): boolean {
+  const [a, b = a] = which;
   let n = 0;
   let inString = false;
   for (let i = 0; i < bytes.length; i++) {
@@ -82,7 +96,7 @@ function containersOver(bytes: Buffer, cap: number): boolean {
       if (c === BACKSLASH) i++;
       else if (c === QUOTE) inString = false;
     } else if (c === QUOTE) inString = true;
-    else if ((c === OPEN_BRACE || c === OPEN_BRACKET) && ++n > cap) return true;
+    else if ((c === a || c === b) && ++n > cap) return true;
   }
   return false;
 }

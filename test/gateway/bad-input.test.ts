@@ -255,6 +255,23 @@ describe('26: the front door reads the body as fastify did', () => {
     expect(Buffer.concat(reply).toString('latin1')).toMatch(/^HTTP\/1\.1 200 /);
     expect(await t.recordOf('abs-chat')).toMatchObject({ outcome: 'ok' });
     expect(b.hits).toHaveLength(4);
+    // Targets fastify takes for no URL (another scheme, no authority, a fragment): its 400, and no
+    // record the front door began and nobody ended (which the close would make a client's cancel).
+    for (const [i, target] of [`ftp://h${CHAT}`, `http://${CHAT}`, `http://h${CHAT}#x`].entries()) {
+      const s = await rawSocket(t.url);
+      const got: Buffer[] = [];
+      s.on('data', (c: Buffer) => got.push(c));
+      s.write(
+        `POST ${target} HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\n` +
+          `content-length: ${Buffer.byteLength(good)}\r\nx-request-id: abs-bad-${i}\r\nconnection: close\r\n\r\n${good}`,
+      );
+      await once(s, 'close');
+      expect(Buffer.concat(got).toString('latin1'), target).toMatch(/^HTTP\/1\.1 400 /);
+    }
+    await post(t.url, CHAT, good, { 'x-request-id': 'after-abs' });
+    await t.recordOf('after-abs');
+    const ended = (await t.records()).filter((r) => r.req_id.startsWith('abs-bad-'));
+    expect(ended.filter((r) => r.outcome !== 'refused')).toEqual([]);
   });
 
   it('a body that arrives in pieces reaches the backend byte for byte', async () => {

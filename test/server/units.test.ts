@@ -10,7 +10,7 @@ import { answerClientError } from '../../src/server/app.ts';
 import { createAuthenticator } from '../../src/server/auth.ts';
 import { parseInferenceRequest } from '../../src/server/inference-request.ts';
 import { SESSION_ID_CHARS, sessionKey } from '../../src/server/intake.ts';
-import { MAX_CONTAINERS, parseJsonBody } from '../../src/server/json-body.ts';
+import { MAX_CONTAINERS, MAX_KEYS, parseJsonBody } from '../../src/server/json-body.ts';
 import { ModelCatalog } from '../../src/server/model-catalog.ts';
 import { Lifecycle } from '../../src/server/runtime.ts';
 import { createMetrics } from '../../src/telemetry/metrics.ts';
@@ -273,6 +273,14 @@ describe('parseJsonBody', () => {
     );
   });
 
+  it('refuses a body of more than MAX_KEYS keys, though in one object', () => {
+    const keys = (n: number) => Array.from({ length: n }, (_, i) => `"k${i}":0`).join(',');
+    expect(() => parse(`{"logit_bias":{${keys(MAX_KEYS - 1)}}}`)).not.toThrow();
+    expect(() => parse(`{"logit_bias":{${keys(MAX_KEYS)}}}`)).toThrow(
+      `Request body holds more than ${MAX_KEYS} keys in its objects.`,
+    );
+  });
+
   it('counts only the brackets outside strings: a prompt of code full of them is no such body', () => {
     // Escaped quotes and backslashes inside the strings do not end them.
     const code = 'if (a[i]) { b["k\\"] = [{}]; } '.repeat(MAX_CONTAINERS);
@@ -281,6 +289,7 @@ describe('parseJsonBody', () => {
         { role: 'user', content: code },
         // Written \"[[[…: the quote is escaped, the brackets are in the string.
         { role: 'user', content: `"${'['.repeat(2 * MAX_CONTAINERS)}` },
+        { role: 'user', content: `"${'a: b, '.repeat(2 * MAX_KEYS)}` },
       ],
     };
     expect(parse(JSON.stringify(body))).toEqual(body);
