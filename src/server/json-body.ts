@@ -66,8 +66,9 @@ const OPEN_BRACE = 0x7b;
 const OPEN_BRACKET = 0x5b;
 const QUOTE = 0x22;
 const BACKSLASH = 0x5c;
-/** The bytes that open an object or an array, and the one that ends each key. */
+/** The bytes that open an object or an array. */
 const OPENERS = [OPEN_BRACE, OPEN_BRACKET] as const;
+/** The byte that ends each key. */
 const COLON = [0x3a] as const;
 
 /** Whether `bytes` hold more than `cap` bytes of `which`, wherever they are. */
