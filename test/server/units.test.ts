@@ -279,6 +279,14 @@ describe('parseJsonBody', () => {
     expect(() => parse(`{"logit_bias":{${keys(MAX_KEYS)}}}`)).toThrow(
       `Request body holds more than ${MAX_KEYS} keys in its objects.`,
     );
+    // The shortest bodies over the caps (a body too short to hold more is not counted).
+    const shortest = (n: number, item: string) => Array.from({ length: n }, () => item).join(',');
+    expect(refused(`{${shortest(MAX_KEYS + 1, '"":0')}}`)).toBe('invalid_request:body');
+    expect(refused(`[${shortest(MAX_CONTAINERS, '[]')}]`)).toBe('invalid_request:body');
+    const nested = `${'['.repeat(MAX_CONTAINERS + 1)}${']'.repeat(MAX_CONTAINERS + 1)}`;
+    expect(() => parse(nested)).toThrow(
+      `Request body holds more than ${MAX_CONTAINERS} JSON objects and arrays.`,
+    );
   });
 
   it('counts only the brackets outside strings: a prompt of code full of them is no such body', () => {
