@@ -25,7 +25,15 @@ import Fastify, {
   LogController,
 } from 'fastify';
 import { GatewayError, INTERNAL_MESSAGE, isGatewayError } from '../errors/index.ts';
-import { frontDoor, frontFacts, isInferencePath, noteRefusal, requestId, routePath } from './front.ts';
+import {
+  awaitContinue,
+  frontDoor,
+  frontFacts,
+  isInferencePath,
+  noteRefusal,
+  requestId,
+  routePath,
+} from './front.ts';
 import { parseJsonBody } from './json-body.ts';
 import { registerOpsRoutes } from './ops-routes.ts';
 import { endRefused } from './record.ts';
@@ -136,13 +144,19 @@ export function buildApp(rt: Runtime): FastifyInstance {
     // The server's requests meet the front door first; fastify gets what the door does not serve.
     serverFactory: (handler) => {
       const door = frontDoor(rt, handler as (req: IncomingMessage, res: ServerResponse) => void);
-      const server = createServer((req, res) => {
+      const onRequest = (req: IncomingMessage, res: ServerResponse) => {
         const socket = req.socket as ClientSocket;
         if (socket[AWAITING_REQUEST] === true) {
           socket[AWAITING_REQUEST] = false;
           socket.setTimeout(0);
         }
         door(req, res);
+      };
+      const server = createServer(onRequest);
+      // `Expect: 100-continue`: the 100 goes when the body is about to be read (awaitContinue).
+      server.on('checkContinue', (req: IncomingMessage, res: ServerResponse) => {
+        awaitContinue(req);
+        onRequest(req, res);
       });
       // Invariant: no client connection stays open without a request for longer than the
       // keep-alive timeout. Node closes one idle between requests after it, and one that has

@@ -34,13 +34,18 @@ export function isJsonMediaType(header: string): boolean {
   return (semi < 0 ? header : header.slice(0, semi)).trim().toLowerCase() === 'application/json';
 }
 
-/** `onRead`, if given, is called once the body's last byte is in, before it is parsed. */
+/**
+ * `onRead`, if given, is called once the body's last byte is in, before it is parsed;
+ * `beforeRead` once the head's checks have passed, before the first byte is asked for (a client
+ * that sent `Expect: 100-continue` is told to send it then).
+ */
 export function readJsonBody(
   req: IncomingMessage,
   limit: number,
   deadlineMs: number,
   done: BodyDone,
   onRead?: () => void,
+  beforeRead?: () => void,
 ): void {
   const { headers } = req;
   const type = headers['content-type'];
@@ -83,6 +88,7 @@ export function readJsonBody(
     done(tooLarge(), undefined, null);
     return;
   }
+  beforeRead?.();
   const chunks: Buffer[] = [];
   let received = 0;
   const off = (): void => {

@@ -46,7 +46,25 @@ export interface FrontFacts {
 }
 
 const FACTS = Symbol('slagate.front');
-type Marked = IncomingMessage & { [FACTS]?: FrontFacts };
+/** Set on a request whose client sent `Expect: 100-continue` and waits for the 100 (app.ts). */
+const AWAITS_CONTINUE = Symbol('slagate.continue');
+type Marked = IncomingMessage & { [FACTS]?: FrontFacts; [AWAITS_CONTINUE]?: boolean };
+
+/**
+ * A request whose client sent `Expect: 100-continue`: Node leaves the 100 to the server, and the
+ * gateway sends it only when it is about to read the body. A request refused on its head (a key, a
+ * length over the limit, a content type) is answered without the body being sent at all.
+ */
+export function awaitContinue(req: IncomingMessage): void {
+  (req as Marked)[AWAITS_CONTINUE] = true;
+}
+
+/** Tells a client that waits for it to send its body (a no-op for any other). */
+function sendContinue(req: IncomingMessage, res: ServerResponse): void {
+  if ((req as Marked)[AWAITS_CONTINUE] !== true) return;
+  (req as Marked)[AWAITS_CONTINUE] = false;
+  res.writeContinue();
+}
 
 /** The facts the front door attached to `req` (every request it handed to fastify has them). */
 export function frontFacts(req: IncomingMessage): FrontFacts | undefined {
@@ -128,6 +146,8 @@ export function frontDoor(
     const endpoint = method === 'POST' && path !== null ? ENDPOINT_OF.get(path) : undefined;
     if (endpoint === undefined || record === null) {
       bodyDeadline(rt, req, res, id, record);
+      // fastify reads the body of whatever it routes.
+      sendContinue(req, res);
       fallback(req, res);
       return;
     }
@@ -275,6 +295,7 @@ function serveInference(
       }).catch((e: unknown) => refuse(rt, res, id, record, e));
     },
     record.bodyRead,
+    () => sendContinue(req, res),
   );
 }
 
@@ -294,7 +315,9 @@ function refuseBeforeBody(
   bodyLimit: number,
 ): void {
   const length = Number(req.headers['content-length'] ?? Number.NaN);
-  if (Number.isInteger(length) && length >= 0 && length <= bodyLimit && !req.complete) {
+  // A client still waiting for a 100 may never send the body: the connection goes with the answer.
+  const awaited = (req as Marked)[AWAITS_CONTINUE] === true;
+  if (!awaited && Number.isInteger(length) && length >= 0 && length <= bodyLimit && !req.complete) {
     const timer = setTimeout(() => {
       if (!req.complete) req.socket.destroy();
     }, rt.config.upstream.first_token_timeout_ms);

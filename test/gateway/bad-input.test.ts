@@ -451,6 +451,50 @@ describe('a request that is not HTTP', () => {
   });
 });
 
+describe('Expect: 100-continue', () => {
+  it('the 100 goes when the body is about to be read: a request refused on its head is answered without it', async () => {
+    const b = await backend(healthyStream);
+    const t = await gateway({
+      backends: [{ name: 'b0', url: b.url }],
+      config: { server: { body_limit_bytes: 4096 } },
+    });
+    const good = JSON.stringify(chat({ stream: true }));
+    const head = (id: string, length: number) =>
+      `POST ${CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${length}\r\n` +
+      `expect: 100-continue\r\nx-request-id: ${id}\r\nconnection: close\r\n\r\n`;
+    const open = async () => {
+      const socket = await rawSocket(t.url);
+      let text = '';
+      const waiters: (() => void)[] = [];
+      socket.on('data', (c: Buffer) => {
+        text += c.toString('latin1');
+        for (const w of waiters.splice(0)) w();
+      });
+      const until = async (re: RegExp) => {
+        while (!re.test(text)) await new Promise<void>((r) => waiters.push(r));
+      };
+      return { socket, until, text: () => text };
+    };
+    // Over the limit by its length: 413 at once, no 100, nothing of the body sent.
+    const big = await open();
+    big.socket.write(head('exp-big', 100_000));
+    await once(big.socket, 'close');
+    expect(big.text()).toMatch(/^HTTP\/1\.1 413 /);
+    expect(big.text()).not.toContain('100 Continue');
+    // A request the head does not refuse: the 100, then the body, then the answer.
+    const ok = await open();
+    ok.socket.write(head('exp-ok', Buffer.byteLength(good)));
+    await ok.until(/^HTTP\/1\.1 100 Continue\r\n\r\n/);
+    expect(ok.text()).toBe('HTTP/1.1 100 Continue\r\n\r\n');
+    ok.socket.write(good);
+    await once(ok.socket, 'close');
+    expect(ok.text()).toMatch(/\r\n\r\nHTTP\/1\.1 200 /);
+    expect(await t.recordOf('exp-ok')).toMatchObject({ outcome: 'ok' });
+    expect(await t.recordOf('exp-big')).toMatchObject({ outcome: 'refused', reason: 'body_too_large' });
+    expect(b.hits).toHaveLength(1);
+  });
+});
+
 describe('connections without a request', () => {
   it('one that never sends a byte is closed after the keep-alive timeout; a slow request is not cut', async () => {
     // The backend takes longer than the keep-alive timeout to its first token.
