@@ -295,7 +295,8 @@ function serveInference(
       }).catch((e: unknown) => refuse(rt, res, id, record, e));
     },
     record.bodyRead,
-    () => sendContinue(req, res),
+    // No closure for a request that waits for no 100 (nearly every one).
+    (req as Marked)[AWAITS_CONTINUE] === true ? () => sendContinue(req, res) : undefined,
   );
 }
 
