@@ -31,11 +31,11 @@ import { GatewayError, INTERNAL_MESSAGE, isGatewayError, writeErrorResponse } fr
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { requestLogger } from '../telemetry/logger.ts';
 import { markStage } from '../telemetry/stages.ts';
-import type { Identity } from './auth.ts';
+import { type Identity, namedTenant } from './auth.ts';
 import { readJsonBody } from './body.ts';
 import { handleInference, proxied } from './inference.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
-import { header, recordIdentity } from './intake.ts';
+import { header } from './intake.ts';
 import { endRecord, endRefused } from './record.ts';
 import { type Runtime, shuttingDownError } from './runtime.ts';
 
@@ -298,6 +298,21 @@ function serveInference(
     // No closure for a request that waits for no 100 (nearly every one).
     (req as Marked)[AWAITS_CONTINUE] === true ? () => sendContinue(req, res) : undefined,
   );
+}
+
+/**
+ * The tenant, class and targets the key and the class header settled, on the record: from the
+ * request's head on, so that a refusal of its body (too large, malformed, too slow) is counted to
+ * them too.
+ */
+function recordIdentity(rt: Runtime, identity: Identity, record: RequestRecord): void {
+  const cls = rt.config.sla.classes[identity.class]!;
+  record.set({
+    tenant: namedTenant(identity),
+    class: identity.class,
+    ttft_target_ms: cls.ttft_p99_ms,
+    tpot_target_ms: cls.tpot_p99_ms,
+  });
 }
 
 /**

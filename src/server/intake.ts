@@ -74,21 +74,6 @@ export function sessionKey(value: string | undefined): string | undefined {
   return createHash('sha256').update(value).digest('base64url');
 }
 
-/**
- * The tenant, class and targets the key and the class header settled, on the record: from the
- * request's head on, so that a refusal of its body (too large, malformed, too slow) is counted to
- * them too.
- */
-export function recordIdentity(rt: Runtime, identity: Identity, record: RequestRecord): void {
-  const cls = rt.config.sla.classes[identity.class]!;
-  record.set({
-    tenant: namedTenant(identity),
-    class: identity.class,
-    ttft_target_ms: cls.ttft_p99_ms,
-    tpot_target_ms: cls.tpot_p99_ms,
-  });
-}
-
 export function intake(
   rt: Runtime,
   endpoint: Endpoint,
