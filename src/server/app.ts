@@ -31,6 +31,7 @@ import {
   frontFacts,
   isInferencePath,
   noteRefusal,
+  refuseExpectation,
   requestId,
   routePath,
 } from './front.ts';
@@ -158,6 +159,10 @@ export function buildApp(rt: Runtime): FastifyInstance {
         awaitContinue(req);
         onRequest(req, res);
       });
+      // Any other expectation: 417 in the gateway's envelope, not node:http's bare one.
+      server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) =>
+        refuseExpectation(rt, req, res),
+      );
       // Invariant: no client connection stays open without a request for longer than the
       // keep-alive timeout. Node closes one idle between requests after it, and one that has
       // started a head after headersTimeout; one that never sends a byte it would keep for good.
@@ -211,10 +216,13 @@ export function buildApp(rt: Runtime): FastifyInstance {
     return sendError(reply, err);
   });
 
-  // Listing models is not an inference request: no admission record.
-  app.get('/v1/models', async (request, reply) =>
-    reply.header('x-request-id', request.id).send(rt.models.list()),
-  );
+  // Listing models is not an inference request: no admission record. With tenants it takes a
+  // tenant's key, as OpenAI's API and vLLM's --api-key do (a 401 otherwise, through the error
+  // handler): the names served are the fleet's, not the public's.
+  app.get('/v1/models', async (request, reply) => {
+    rt.auth.identify(request.headers.authorization, undefined);
+    return reply.header('x-request-id', request.id).send(rt.models.list());
+  });
 
   registerOpsRoutes(app, rt);
   return app;

@@ -134,12 +134,7 @@ export function frontDoor(
     const id = requestId(req);
     const path = routePath(req.url ?? '/');
     const method = req.method;
-    let record: RequestRecord | null = null;
-    // Every request under /v1 is inference-shaped (a 404 there included) except listing models.
-    // A path whose encoding is broken gets a 400 from fastify (frameworkErrors, app.ts), no record.
-    if (path?.startsWith('/v1/') && !(path === '/v1/models' && (method === 'GET' || method === 'HEAD'))) {
-      record = beginRecord(rt, id, res);
-    }
+    const record = inferenceShaped(path, method) ? beginRecord(rt, id, res) : null;
     // Marked for whoever meets the request later: fastify (its id, its record), and a framing
     // error in its body (answerClientError, app.ts: the answer and the record are this request's).
     (req as Marked)[FACTS] = { id, record };
@@ -153,6 +148,41 @@ export function frontDoor(
     }
     serveInference(rt, endpoint, req, res, id, record, bodyLimit);
   };
+}
+
+/**
+ * Every request under /v1 is inference-shaped (a 404 there included) except listing models; it
+ * has an admission record. A path whose encoding is broken gets a 400 from fastify
+ * (frameworkErrors, app.ts), no record.
+ */
+function inferenceShaped(path: string | null, method: string | undefined): boolean {
+  return (
+    path?.startsWith('/v1/') === true && !(path === '/v1/models' && (method === 'GET' || method === 'HEAD'))
+  );
+}
+
+/**
+ * node:http's 'checkExpectation': a request whose `Expect` asks for anything but 100-continue, which
+ * the gateway cannot meet (RFC 9110, 10.1.1: answered 417). The envelope with the request's id,
+ * its record (when it has one) ended refused, and the connection closed: its body, sent or not,
+ * is never read, so the next bytes on the connection could not be told from it.
+ */
+export function refuseExpectation(rt: Runtime, req: IncomingMessage, res: ServerResponse): void {
+  const id = requestId(req);
+  const record = inferenceShaped(routePath(req.url ?? '/'), req.method) ? beginRecord(rt, id, res) : null;
+  const err = new GatewayError(
+    'invalid_request',
+    'The request asks for an expectation the gateway cannot meet: Expect takes only 100-continue.',
+  );
+  noteRefusal(rt, id, record, err, err);
+  const body = JSON.stringify(err.toJSON());
+  res.writeHead(417, {
+    'content-type': 'application/json',
+    'content-length': Buffer.byteLength(body),
+    'x-request-id': id,
+    connection: 'close',
+  });
+  res.end(body);
 }
 
 /**

@@ -495,6 +495,46 @@ describe('Expect: 100-continue', () => {
   });
 });
 
+describe('Expect: anything else', () => {
+  it('an expectation the gateway cannot meet → 417 in the envelope with the id, the record refused, the body never read', async () => {
+    const b = await backend(healthyStream);
+    const t = await gateway({ backends: [{ name: 'b0', url: b.url }] });
+    const body = JSON.stringify(chat({ stream: true }));
+    const ask = async (target: string, id: string) => {
+      const socket = await rawSocket(t.url);
+      let text = '';
+      socket.on('data', (c: Buffer) => {
+        text += c.toString('latin1');
+      });
+      socket.write(
+        `POST ${target} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+          `content-length: ${Buffer.byteLength(body)}\r\nexpect: 200-ok\r\nx-request-id: ${id}\r\n\r\n${body}`,
+      );
+      // The gateway closes the connection after the answer (the client never closes its side).
+      await once(socket, 'close');
+      return text;
+    };
+    const inference = await ask(CHAT, 'exp-other');
+    expect(inference).toMatch(/^HTTP\/1\.1 417 /);
+    expect(inference).toMatch(/\r\nx-request-id: exp-other\r\n/);
+    expect(inference).toMatch(/\r\ncontent-type: application\/json\r\n/);
+    expect(errorOf(inference.slice(inference.indexOf('\r\n\r\n') + 4))).toMatchObject({
+      code: 'invalid_request',
+      type: 'invalid_request_error',
+    });
+    expect(await t.recordOf('exp-other')).toMatchObject({
+      outcome: 'refused',
+      decision: 'refused',
+      reason: 'invalid_request',
+    });
+    // Not an inference path: the same answer, and no record.
+    const ops = await ask('/healthz', 'exp-ops');
+    expect(ops).toMatch(/^HTTP\/1\.1 417 /);
+    expect(errorOf(ops.slice(ops.indexOf('\r\n\r\n') + 4)).code).toBe('invalid_request');
+    expect(b.hits).toHaveLength(0);
+  });
+});
+
 describe('connections without a request', () => {
   it('one that never sends a byte is closed after the keep-alive timeout; a slow request is not cut', async () => {
     // The backend takes longer than the keep-alive timeout to its first token.

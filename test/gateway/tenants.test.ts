@@ -3,6 +3,7 @@
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { join } from 'node:path';
+import OpenAI from 'openai';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
 import { rawConnection as openRaw } from '../helpers/http.ts';
@@ -252,12 +253,34 @@ describe('a request without a valid key', () => {
   });
 });
 
+describe('listing the models', () => {
+  it('with tenants takes a tenant key (the openai client: a bad or missing key is 401, a good one lists)', async () => {
+    t = await startTestGateway({ replicas: 1, config: { tenants: TENANTS } });
+    const client = (apiKey: string) => new OpenAI({ baseURL: `${t!.url}/v1`, apiKey, maxRetries: 0 });
+    const refused = await client('key-x')
+      .models.list()
+      .then(
+        () => null,
+        (err: unknown) => err,
+      );
+    expect(refused).toBeInstanceOf(OpenAI.AuthenticationError);
+    expect((refused as InstanceType<typeof OpenAI.AuthenticationError>).code).toBe('invalid_api_key');
+    const bare = await fetch(`${t.url}/v1/models`);
+    expect(bare.status).toBe(401);
+    expect(bare.headers.get('x-request-id')).toBeTruthy();
+    const listed = await client('key-a').models.list();
+    expect(listed.data.map((m) => m.id)).toEqual([MODEL]);
+  });
+});
+
 describe('an open gateway (no tenants configured)', () => {
   it('serves any request, and its record names no tenant', async () => {
     t = await startTestGateway({ replicas: 1 });
     const res = await post(t.url, CHAT, chat(), { 'x-request-id': 'open-1' });
     expect(res.status).toBe(200);
     expect(await t.recordOf('open-1')).toMatchObject({ outcome: 'ok', tenant: null, class: 'interactive' });
+    // Listing the models takes no key here.
+    expect((await fetch(`${t.url}/v1/models`)).status).toBe(200);
   });
 });
 
