@@ -3,7 +3,7 @@ import { createReadStream } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { PassThrough, type Readable } from 'node:stream';
 import { parseArgs } from 'node:util';
-import { createGunzip, constants as zlibConstants } from 'node:zlib';
+import { createGunzip } from 'node:zlib';
 import type { AdmissionRecord } from '../telemetry/admission-log.ts';
 import { OUTCOMES } from '../telemetry/outcome.ts';
 import { QuantileSketch } from './quantile-sketch.ts';
@@ -80,8 +80,11 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
       const raw = (file === '-' ? io.stdin : createReadStream(file)) as Readable;
       const input = maybeGunzip(raw, (err) => {
         unreadable = true;
+        const name = file === '-' ? 'stdin' : file;
         io.stderr.write(
-          `slagate logs: ${file === '-' ? 'stdin' : file}: compressed data unreadable from here on (${err.message}); read what came before it\n`,
+          (err as NodeJS.ErrnoException).code === 'Z_BUF_ERROR'
+            ? `slagate logs: ${name}: compressed data cut short (${err.message}); read what came before the cut\n`
+            : `slagate logs: ${name}: compressed data unreadable from here on (${err.message}); read what came before it\n`,
         );
       });
       const lines = createInterface({ input, crlfDelay: Number.POSITIVE_INFINITY });
@@ -122,9 +125,11 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
 /**
  * `input` as text: through gunzip when its first bytes are gzip's magic (1f 8b), as logrotate
  * leaves old logs; as it is otherwise. A read error of the input reaches the reader. Compressed
- * data cut short gives what came before the cut (sync-flushed, as zcat gives it). Compressed data
- * followed by bytes that are not gzip ends the text there, told to `onCut`; what zlib inflated from
- * the same chunk of input as those bytes is lost with it.
+ * data cut short gives what came before the cut (zlib has handed it on before its last flush finds
+ * the end missing), and the cut is told to `onCut` (a file copied in part, or a disk that filled,
+ * is not read as a whole one). Compressed data followed by bytes that are not gzip ends the text
+ * there, told to `onCut`; what zlib inflated from the same chunk of input as those bytes is lost
+ * with it.
  */
 function maybeGunzip(input: Readable, onCut: (err: Error) => void): Readable {
   const out = new PassThrough();
@@ -138,7 +143,7 @@ function maybeGunzip(input: Readable, onCut: (err: Error) => void): Readable {
     const first = Buffer.concat(head);
     head = [];
     const gz = first.length >= 2 && first[0] === 0x1f && first[1] === 0x8b;
-    const target = gz ? createGunzip({ finishFlush: zlibConstants.Z_SYNC_FLUSH }) : out;
+    const target = gz ? createGunzip() : out;
     if (gz) {
       target.pipe(out);
       target.on('error', (err) => {

@@ -459,9 +459,15 @@ describe('slagate logs', () => {
     };
     // The old file compressed, then the current one: both counted.
     expect((await report([`${path}.1.gz`, path])).rep.requests).toBe(270);
-    const cut = (await report([`${path}.cut.gz`])).rep;
-    expect(cut.requests).toBeGreaterThan(100);
-    expect(cut.requests).toBeLessThan(135);
+    // ... and said to be cut (exit status 1), down to a cut in its last eight bytes (the length).
+    const cut = await report([`${path}.cut.gz`], undefined, 1);
+    expect(cut.rep.requests).toBeGreaterThan(100);
+    expect(cut.rep.requests).toBeLessThan(135);
+    expect(cut.err).toMatch(/cut\.gz: compressed data cut short \(unexpected end of file\)/);
+    await writeFile(`${path}.trailer.gz`, gz.subarray(0, gz.length - 2));
+    const trailer = await report([`${path}.trailer.gz`], undefined, 1);
+    expect(trailer.rep.requests).toBe(135);
+    expect(trailer.err).toMatch(/trailer\.gz: compressed data cut short/);
     // Concatenated into one stream (cat old.gz current): the compressed part is read up to the
     // chunk the plain text starts in (lost with it, as zlib gives it up), and the rest is said to
     // be unreadable: the report of what was read, and exit status 1.
