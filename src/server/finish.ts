@@ -7,7 +7,7 @@ import { type Admitted, type Prediction, runnerUp } from '../admission/index.ts'
 import { retired, type Ticket } from '../scheduler/index.ts';
 import type { AdmissionFields, RequestRecord } from '../telemetry/admission-log.ts';
 import type { ProxyResult } from '../upstream/index.ts';
-import type { Intake } from './intake.ts';
+import type { Served } from './intake.ts';
 import { endRecord } from './record.ts';
 import type { Runtime } from './runtime.ts';
 
@@ -46,7 +46,7 @@ function hitShare(hit: number | null): number | null {
 export function finishProxied(
   rt: Runtime,
   record: RequestRecord,
-  got: Intake,
+  got: Served,
   admitted: Admitted,
   ticket: Ticket,
   result: ProxyResult,
@@ -97,12 +97,11 @@ export function finishProxied(
     fields,
     result.itlMs,
     result.clientError,
-    got.ir.mode !== 'passthrough',
+    got.mode !== 'passthrough',
   );
   // What the backend counted for the prompt the gateway rendered: the chars-per-token estimate.
   // Not a prompt the backend cut (truncate_prompt_tokens): it counted less than was rendered.
-  if (result.promptTokens !== null && got.ir.body.truncate_prompt_tokens == null)
-    rt.tokens.learn(got.prompt, result.promptTokens);
+  if (result.promptTokens !== null && got.countsRendered) rt.tokens.learn(got.prompt, result.promptTokens);
   if (result.outcome !== 'ok' || result.backend === null || result.ttftMs === null) return;
 
   const cls = got.identity.class;

@@ -313,16 +313,13 @@ function serveInference(
         }
         recordIdentity(rt, identity, record);
       }
-      handleInference(rt, endpoint, {
-        id,
-        headers: req.headers,
-        identity,
+      handleInference(
+        rt,
+        endpoint,
+        { id, headers: req.headers, identity, res, record, shutdown },
         body,
-        rawBody: raw,
-        res,
-        record,
-        shutdown,
-      }).catch((e: unknown) => refuse(rt, res, id, record, e));
+        raw,
+      ).catch((e: unknown) => refuse(rt, res, id, record, e));
     },
     record.bodyRead,
     // No closure for a request that waits for no 100 (nearly every one).

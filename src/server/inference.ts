@@ -2,6 +2,8 @@
 //
 //   intake (server)      who, which class, what; 401 · 400 · 404          intake.ts
 //   admit  (admission)   tenant limits, predicted TTFT; 429               src/admission
+//   payload (upstream)   the client's bytes with stream_options; the     src/upstream/payload.ts
+//                        body's last use (handleInference)
 //   ── from here the upstream layer writes the response ──
 //   proxy  (upstream)    every attempt asks the scheduler for a slot      src/upstream/proxy.ts
 //            └ slot (scheduler): queue, late dispatch, router's pick       src/scheduler
@@ -19,60 +21,94 @@ import type { RouteRequest } from '../router/index.ts';
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import { requestLogger } from '../telemetry/logger.ts';
 import { markStage } from '../telemetry/stages.ts';
-import { type Cancel, proxyRequest } from '../upstream/index.ts';
+import { type Cancel, proxyRequest, upstreamPayload } from '../upstream/index.ts';
 import { type Identity, namedTenant } from './auth.ts';
 import { finishProxied, predictionFields } from './finish.ts';
 import { ENDPOINT_PATHS, type Endpoint } from './inference-request.ts';
-import { header, intake, sessionKey } from './intake.ts';
+import { header, type Intake, intake, type Served, sessionKey } from './intake.ts';
 import { endRecord } from './record.ts';
 import type { Runtime } from './runtime.ts';
 
 /** Records whose request is inside proxyRequest: only the proxy's result ends them. */
 export const proxied = new WeakSet<RequestRecord>();
 
-/** One inference request as the front door hands it over (front.ts). */
+/** One inference request as the front door hands it over (front.ts); its body comes apart. */
 export interface InferenceCall {
   readonly id: string;
   readonly headers: IncomingHttpHeaders;
   /** Who sent it and in which class, from its key (checked at its head, before the body). */
   readonly identity: Identity;
-  /** The parsed body (undefined: the request had none). */
-  readonly body: unknown;
-  /** The body's bytes as received: the upstream body is built from them (upstream/payload.ts). */
-  readonly rawBody: Buffer | null;
   readonly res: ServerResponse;
   readonly record: RequestRecord;
   /** Its place among the requests a shutdown waits for (entered at its head, left when its response closes). */
   readonly shutdown: Cancel;
 }
 
-export async function handleInference(
+/**
+ * Serves `call`, whose parsed body is `body` (undefined: it had none) and whose bytes as received
+ * are `rawBody`.
+ *
+ * Invariant: nothing that waits while the request is served holds its body. Intake reads it,
+ * admission judges what intake made of it, and the upstream payload is made from it, in one
+ * synchronous step (the benchmark-only oracle's question before admission aside); what then waits
+ * for the backend (serve) keeps the intake without it and the payload's bytes, which are outside
+ * the JavaScript heap. A string alive when the young generation is collected is copied at each
+ * collection until it dies, and then moved to the old generation, whose collections are longer: a
+ * long prompt's text held for its stream's whole life was copied by every collection in that time
+ * (docs/benchmarks.md, "The body dies at the send").
+ */
+export function handleInference(
   rt: Runtime,
   endpoint: Endpoint,
-  request: InferenceCall,
+  call: InferenceCall,
+  body: unknown,
+  rawBody: Buffer | null,
 ): Promise<void> {
-  const { record, res } = request;
-  markStage(request.id, 'parsed');
-  const got = intake(rt, endpoint, request, record);
-  const { identity, cls, ir, promptTokens, prompt } = got;
-  let route: RouteRequest = {
-    reqId: request.id,
-    promptTokens,
-    blocks: got.blocks,
-    blockSizeTokens: rt.config.router.block_size_tokens,
-    tokensPerBlock: rt.tokens.tokensPerBlock(prompt, rt.config.router.block_size_tokens),
-    outputTokensPerSequence: got.outputTokensPerSequence,
-    tpotTargetMs: cls.tpot_p99_ms,
-    sessionId: sessionKey(header(request, rt.config.router.session_header)),
-  };
-  // Only the benchmark-only oracle has anything to ask before admission.
-  const policy = rt.policy;
-  if (policy.prepare !== undefined) route = await policy.prepare(route, rt.backends.list(), ir.body);
+  try {
+    markStage(call.id, 'parsed');
+    const got = intake(rt, endpoint, call, body, call.record);
+    const route = routeOf(rt, call, got.served);
+    // Only the benchmark-only oracle has anything to ask before admission.
+    const prepare = rt.policy.prepare;
+    if (prepare === undefined) return admitThenServe(rt, endpoint, call, got, route, rawBody);
+    return prepare(route, rt.backends.list(), got.ir.body).then((asked) =>
+      admitThenServe(rt, endpoint, call, got, asked, rawBody),
+    );
+  } catch (err) {
+    return Promise.reject(err);
+  }
+}
 
+function routeOf(rt: Runtime, call: InferenceCall, served: Served): RouteRequest {
+  const blockSize = rt.config.router.block_size_tokens;
+  return {
+    reqId: call.id,
+    promptTokens: served.promptTokens,
+    blocks: served.blocks,
+    blockSizeTokens: blockSize,
+    tokensPerBlock: rt.tokens.tokensPerBlock(served.prompt, blockSize),
+    outputTokensPerSequence: served.outputTokensPerSequence,
+    tpotTargetMs: served.cls.tpot_p99_ms,
+    sessionId: sessionKey(header(call, rt.config.router.session_header)),
+  };
+}
+
+/** Admission (a refusal is thrown), then the upstream payload: the body's last use. */
+function admitThenServe(
+  rt: Runtime,
+  endpoint: Endpoint,
+  call: InferenceCall,
+  got: Intake,
+  route: RouteRequest,
+  rawBody: Buffer | null,
+): Promise<void> {
+  const { served, ir } = got;
+  const { record } = call;
+  const { identity, cls } = served;
   let admitted: Admitted;
   try {
     admitted = rt.admission.admit({
-      reqId: request.id,
+      reqId: call.id,
       className: identity.class,
       priority: cls.priority,
       sheddable: cls.sheddable,
@@ -87,23 +123,44 @@ export async function handleInference(
         (ir.mode === 'passthrough'
           ? rt.config.upstream.passthrough_timeout_ms
           : rt.config.upstream.first_token_timeout_ms),
-      promptTokens,
-      expectedOutputTokens: got.expectedOutputTokens,
-      budgetTokens: promptTokens + got.expectedOutputTokens,
-      noQueue: header(request, 'x-slagate-no-queue') === '1',
+      promptTokens: served.promptTokens,
+      expectedOutputTokens: served.expectedOutputTokens,
+      budgetTokens: served.promptTokens + served.expectedOutputTokens,
+      noQueue: header(call, 'x-slagate-no-queue') === '1',
       route,
     });
   } catch (err) {
     if (err instanceof Refusal && err.prediction !== null) record.set(predictionFields(err.prediction, null));
     throw err;
   }
-
   rt.metrics.observeOverheadMs(record.ownMs());
-  markStage(request.id, 'admitted');
+  markStage(call.id, 'admitted');
+  const payload = upstreamPayload({
+    raw: rawBody,
+    body: ir.body,
+    streamed: ir.mode !== 'passthrough',
+    priority: rt.config.upstream.forward_priority ? cls.priority : null,
+    clientWantsUsage: ir.wantsUsage,
+    model: ir.model === null ? served.model : null,
+  });
+  return serve(rt, endpoint, call, served, admitted, payload, Object.keys(ir.body));
+}
+
+/** The admitted request, proxied and finished. Holds no reference to the body (handleInference). */
+async function serve(
+  rt: Runtime,
+  endpoint: Endpoint,
+  call: InferenceCall,
+  got: Served,
+  admitted: Admitted,
+  payload: Buffer,
+  bodyFields: readonly string[],
+): Promise<void> {
+  const { record, res, shutdown } = call;
+  const { identity } = got;
   proxied.add(record);
-  const { shutdown } = request;
   const ticket = rt.scheduler.ticket(admitted.scheduled);
-  const responseHeaders = { 'x-request-id': request.id, 'x-slagate-class': identity.class };
+  const responseHeaders = { 'x-request-id': call.id, 'x-slagate-class': identity.class };
   // A request that never reached an engine (refused or cancelled while it waited, no backend,
   // every attempt refused a connection) is not charged to its tenant's tokens per minute: a tenant
   // retrying through an overload, as Retry-After tells it to, would otherwise spend its budget
@@ -116,18 +173,16 @@ export async function handleInference(
     const result = await proxyRequest(
       {
         res,
-        body: ir.body,
-        rawBody: request.rawBody,
+        payload,
+        bodyFields,
         path: ENDPOINT_PATHS[endpoint] as '/v1/chat/completions' | '/v1/completions',
-        mode: ir.mode,
-        assembleKind: ir.assembleKind,
-        clientWantsUsage: ir.wantsUsage,
-        model: ir.model === null ? got.model : null,
-        requestId: request.id,
+        mode: got.mode,
+        assembleKind: got.assembleKind,
+        clientWantsUsage: got.wantsUsage,
+        requestId: call.id,
         responseHeaders,
         startedAt: record.startedAt,
         deadlineAt: admitted.scheduled.deadlineAt,
-        priority: rt.config.upstream.forward_priority ? cls.priority : null,
         signal: shutdown,
         acquire: ticket.acquire,
       },
@@ -136,14 +191,14 @@ export async function handleInference(
     );
     reachedEngine = result.reachedEngine;
     if (result.completionTokens !== null)
-      usedTokens = (result.promptTokens ?? promptTokens) + result.completionTokens;
+      usedTokens = (result.promptTokens ?? got.promptTokens) + result.completionTokens;
     // The client has its answer: the record and what it teaches wait for the next request (afterwork.ts).
     rt.afterwork.defer(() => finishProxied(rt, record, got, admitted, ticket, result));
   } catch (err) {
     // Upstream failures are results, never throws: this is a bug (in a routing policy, say). The
     // client still gets an answer and the request its one record.
     requestLogger(rt.logger, {
-      req_id: request.id,
+      req_id: call.id,
       tenant: namedTenant(identity),
       class: identity.class,
     }).error({ err }, 'proxying failed');

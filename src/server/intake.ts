@@ -14,6 +14,7 @@ import {
   promptFloors,
 } from '../prompt/canonical.ts';
 import type { RequestRecord } from '../telemetry/admission-log.ts';
+import type { AssembleKind, ClientMode } from '../upstream/index.ts';
 import { type Identity, namedTenant } from './auth.ts';
 import { type Endpoint, type InferenceRequest, parseInferenceRequest } from './inference-request.ts';
 import type { Runtime } from './runtime.ts';
@@ -26,10 +27,13 @@ export const EXPECTED_OUTPUT_TOKENS = 256;
 /** vLLM's (and OpenAI's) max_tokens for /v1/completions when the request gives none. */
 export const COMPLETION_DEFAULT_MAX_TOKENS = 16;
 
-export interface Intake {
+/**
+ * What a request keeps of its intake while it is served: everything but its body (see
+ * handleInference, inference.ts).
+ */
+export interface Served {
   readonly identity: Identity;
   readonly cls: SlaClass;
-  readonly ir: InferenceRequest;
   /** The model served: the one the body names, or the gateway's only one when it names none. */
   readonly model: string;
   /** The canonical prompt's block hashes and size. */
@@ -53,6 +57,22 @@ export interface Intake {
   readonly expectedOutputTokens: number;
   /** The same for one sequence: its decode steps (several prompts' or choices' run side by side). */
   readonly outputTokensPerSequence: number;
+  /** How the client is answered (InferenceRequest.mode), and the body an assembly builds. */
+  readonly mode: ClientMode;
+  readonly assembleKind: AssembleKind;
+  /** The client asked for the usage chunk. */
+  readonly wantsUsage: boolean;
+  /**
+   * No truncate_prompt_tokens: the backend counts the prompt the gateway rendered, and its count
+   * teaches the characters-per-token estimate (a prompt it cut counts less than was rendered).
+   */
+  readonly countsRendered: boolean;
+}
+
+/** The intake of a request: what it keeps, and the parsed body, which it keeps until its payload is made. */
+export interface Intake {
+  readonly served: Served;
+  readonly ir: InferenceRequest;
 }
 
 export function header(request: { readonly headers: IncomingHttpHeaders }, name: string): string | undefined {
@@ -77,14 +97,15 @@ export function sessionKey(value: string | undefined): string | undefined {
 export function intake(
   rt: Runtime,
   endpoint: Endpoint,
-  request: { readonly headers: IncomingHttpHeaders; readonly identity: Identity; readonly body: unknown },
+  request: { readonly headers: IncomingHttpHeaders; readonly identity: Identity },
+  body: unknown,
   record: RequestRecord,
 ): Intake {
   // The record has the identity already (the front door's, from the request's head).
   const { identity } = request;
   const cls = rt.config.sla.classes[identity.class]!;
 
-  const ir = parseInferenceRequest(endpoint, request.body);
+  const ir = parseInferenceRequest(endpoint, body);
   // A body that names no model gets the one the gateway serves, as vLLM gives it its one model. The
   // upstream body then names it (payload.ts): a backend's own default could be another model (its
   // base model when the configured name is an adapter), which the configured names do not offer.
@@ -120,10 +141,9 @@ export function intake(
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: blocks.length });
   checkContext(ir, source, prompt, promptTokens, rt.tokens.fewestTokens(prompt), maxLen);
   const perSequence = askedOutput(ir) ?? EXPECTED_OUTPUT_TOKENS;
-  return {
+  const served: Served = {
     identity,
     cls,
-    ir,
     model,
     prompt,
     blocks,
@@ -133,7 +153,12 @@ export function intake(
       (ir.endpoint === 'chat' ? 1 : Math.max(1, ir.promptParts.length)) *
       (typeof ir.body.n === 'number' ? ir.body.n : 1),
     outputTokensPerSequence: perSequence,
+    mode: ir.mode,
+    assembleKind: ir.assembleKind,
+    wantsUsage: ir.wantsUsage,
+    countsRendered: ir.body.truncate_prompt_tokens == null,
   };
+  return { served, ir };
 }
 
 const NO_BLOCKS: readonly number[] = Object.freeze([]);

@@ -13,6 +13,8 @@ export type { HealthOptions } from './health.ts';
 export { DecodeMeter, gapStats } from './measure.ts';
 export { DEFAULT_BACKEND_SET_OPTIONS, DEFAULT_PROXY_CONFIG, DEFAULT_RETRY_BUDGET } from './options.ts';
 export type { OutlierOptions } from './outlier.ts';
+export type { PayloadSpec } from './payload.ts';
+export { upstreamPayload } from './payload.ts';
 export type {
   AttemptRecord,
   ProxyConfig,

@@ -37,7 +37,6 @@ import type { Backend } from './backend.ts';
 import { Cancel } from './cancel.ts';
 import type { AttemptFailure, FailureReason } from './failure.ts';
 import type { Latencies } from './measure.ts';
-import { upstreamPayload } from './payload.ts';
 import { Attempt, type AttemptEnd, type ClientMode } from './relay.ts';
 import type { RetryBudget } from './retry-budget.ts';
 import type { AcquireSlot, Slot } from './slot.ts';
@@ -47,18 +46,20 @@ export type UpstreamPath = '/v1/chat/completions' | '/v1/completions';
 export interface ProxyRequest {
   /** The client's response (node:http's, from the front door). Nothing else writes to it. */
   res: ServerResponse;
-  /** The parsed, validated JSON body. */
-  body: Record<string, unknown>;
-  /** The same body's bytes as the client sent them, or null (then it is re-serialised). */
-  rawBody: Buffer | null;
+  /**
+   * The upstream body (upstreamPayload, payload.ts), made once for every attempt. The proxy holds
+   * no reference to the client's parsed body: a long prompt's text is garbage from the send on
+   * (see the caller, server/inference.ts).
+   */
+  payload: Buffer;
+  /** The client body's top-level fields: a backend's rejection naming one is passed on as its param. */
+  bodyFields: readonly string[];
   path: UpstreamPath;
   /** How the client is answered: relayed stream, a body assembled from a stream, or passed through. */
   mode: ClientMode;
   assembleKind: AssembleKind;
   /** The client's stream_options ask for usage (asksForUsage): the usage chunk is forwarded to it. */
   clientWantsUsage: boolean;
-  /** The model the upstream body names when the client's named none (payload.ts), else null. */
-  model: string | null;
   /** Sent upstream as x-request-id. */
   requestId: string;
   /** Extra headers on every response the client gets (x-request-id, x-slagate-class). */
@@ -70,8 +71,6 @@ export interface ProxyRequest {
    * passed through: the whole body, which comes at the end of its generation).
    */
   deadlineAt: number;
-  /** vLLM's `priority` request field (lower runs first), or null to send none. */
-  priority: number | null;
   /**
    * Extra cancellation. Aborted with a GatewayError as its reason (e.g. `shutting_down` at the end
    * of the shutdown grace period) it is a cut: the upstream attempt is aborted at once and the
@@ -200,14 +199,7 @@ async function attemptLoop(
   budget: RetryBudget,
   signal: Cancel,
 ): Promise<ProxyResult> {
-  const payload = upstreamPayload({
-    raw: req.rawBody,
-    body: req.body,
-    streamed: req.mode !== 'passthrough',
-    priority: req.priority,
-    clientWantsUsage: req.clientWantsUsage,
-    model: req.model,
-  });
+  const { payload } = req;
   const excluded = new Set<string>();
   const s: LoopState = {
     log: [],
@@ -432,7 +424,7 @@ function conclude(req: ProxyRequest, s: LoopState, aborted: boolean, cut: Gatewa
     const err = rejectedError(
       rejection.failure?.status ?? rejection.status ?? 400,
       rejection.upstreamMessage,
-      requestField(req.body, rejection.upstreamParam),
+      requestField(req.bodyFields, rejection.upstreamParam),
     );
     ending = {
       outcome: 'failed_before_commit',
@@ -514,10 +506,10 @@ function failureResponse(s: LoopState): { err: GatewayError; reason: ResultReaso
  * `stream_options.include_usage`, `messages[2].content`): the client is told which to fix. Any
  * other value is the backend's and stays out, as the rest of its body does.
  */
-function requestField(body: Record<string, unknown>, param: string | null): string | null {
+function requestField(fields: readonly string[], param: string | null): string | null {
   if (param === null) return null;
   const top = /^[A-Za-z_][\w]*/.exec(param)?.[0];
-  return top !== undefined && Object.hasOwn(body, top) ? param : null;
+  return top !== undefined && fields.includes(top) ? param : null;
 }
 
 function rejectedError(status: number, message: string | null, param: string | null): GatewayError {

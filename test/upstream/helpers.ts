@@ -4,6 +4,7 @@ import type { Backend } from '../../src/upstream/backend.ts';
 import { BackendSet, type BackendSetOptions } from '../../src/upstream/backends.ts';
 import { Cancel } from '../../src/upstream/cancel.ts';
 import { DEFAULT_BACKEND_SET_OPTIONS, DEFAULT_RETRY_BUDGET } from '../../src/upstream/options.ts';
+import { upstreamPayload } from '../../src/upstream/payload.ts';
 import { type ProxyConfig, type ProxyResult, proxyRequest } from '../../src/upstream/proxy.ts';
 import type { ClientMode } from '../../src/upstream/relay.ts';
 import { RetryBudget } from '../../src/upstream/retry-budget.ts';
@@ -282,23 +283,30 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
     const onCut = (): void => signal.abort(shutdown?.reason);
     if (shutdown?.aborted) onCut();
     else shutdown?.onAbort(onCut);
+    const mode = body.stream === true ? 'stream' : (opts.nonStreamMode ?? 'passthrough');
+    const clientWantsUsage = asksForUsage(so);
     let result: ProxyResult;
     try {
       result = await proxyRequest(
         {
           res,
-          body,
-          rawBody,
+          payload: upstreamPayload({
+            raw: rawBody,
+            body,
+            streamed: mode !== 'passthrough',
+            priority: null,
+            clientWantsUsage,
+            model: null,
+          }),
+          bodyFields: Object.keys(body),
           path,
-          mode: body.stream === true ? 'stream' : (opts.nonStreamMode ?? 'passthrough'),
+          mode,
           assembleKind: path === '/v1/completions' ? 'completion' : 'chat',
-          clientWantsUsage: asksForUsage(so),
-          model: null,
+          clientWantsUsage,
           requestId: String(req.headers['x-request-id'] ?? 'req-1'),
           responseHeaders: opts.responseHeaders ?? { 'x-request-id': 'req-1' },
           startedAt,
           deadlineAt: startedAt + (opts.deadlineMs ?? 60_000),
-          priority: null,
           signal,
           acquire: opts.acquire ?? inOrder(opts.set),
         },

@@ -1,0 +1,77 @@
+// How long the gateway keeps a request's parsed body (server/inference.ts): until its upstream
+// payload is made, not for the life of its stream. A long prompt's text that outlives the send is
+// copied by every young-generation collection while the stream runs.
+import { randomUUID } from 'node:crypto';
+import v8 from 'node:v8';
+import vm from 'node:vm';
+import { afterEach, expect, it } from 'vitest';
+import { chat, chatStreamText, openStream, scripted, startTestGateway, type TestGateway } from './harness.ts';
+
+v8.setFlagsFromString('--expose-gc');
+const gc = vm.runInNewContext('gc') as () => void;
+
+const cleanups: (() => Promise<void> | void)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+it("a request's parsed body can be collected while its stream is still open", async () => {
+  // The backend sends the role chunk and one token, then holds the stream open until released.
+  const full = chatStreamText(3);
+  const cut = full.indexOf('\n\n', full.indexOf('\n\n') + 2) + 2;
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => {
+    release = resolve;
+  });
+  const b = await scripted(async (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
+    res.write(full.slice(0, cut));
+    await released;
+    res.end(full.slice(cut));
+  });
+  cleanups.push(() => b.close());
+  const t: TestGateway = await startTestGateway({ backends: [{ name: 'b0', url: b.url }] });
+  cleanups.push(() => t.close());
+
+  // The gateway's own parse of the client's body is watched: the first JSON.parse of a text that
+  // holds the marker and is not the upstream payload (which asks for usage: stream_options).
+  const marker = `body-lifetime-${randomUUID()}`;
+  const collected = new Set<string>();
+  const registry = new FinalizationRegistry<string>((m) => collected.add(m));
+  const parse = JSON.parse;
+  let watched = false;
+  JSON.parse = (text: string, reviver?: Parameters<typeof parse>[1]) => {
+    const value = parse(text, reviver);
+    if (!watched && typeof text === 'string' && text.includes(marker) && !text.includes('stream_options')) {
+      watched = true;
+      registry.register(value as object, marker);
+    }
+    return value;
+  };
+  cleanups.push(() => {
+    JSON.parse = parse;
+  });
+  const prompt = `${marker} ${'a long system prompt '.repeat(1500)}`;
+  const s = openStream(
+    t.url,
+    '/v1/chat/completions',
+    chat({ stream: true, messages: [{ role: 'user', content: prompt }] }),
+  );
+  const res = await s.response;
+  expect(res.status).toBe(200);
+  await res.until((text) => text.includes(' t0'));
+  JSON.parse = parse;
+  expect(watched).toBe(true);
+
+  // The stream is open (the backend holds it): the body is unreachable all the same. A finalizer
+  // runs in a task after the collection that found its object gone.
+  for (let i = 0; i < 10 && !collected.has(marker); i++) {
+    gc();
+    await new Promise<void>((resolve) => setImmediate(resolve));
+  }
+  expect(res.received()).not.toContain('[DONE]');
+  expect(collected.has(marker)).toBe(true);
+
+  release();
+  await res.until((text) => text.includes('[DONE]'));
+});
