@@ -3,7 +3,7 @@ import { createReadStream } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { PassThrough, type Readable } from 'node:stream';
 import { parseArgs } from 'node:util';
-import { createGunzip } from 'node:zlib';
+import { createGunzip, constants as zlibConstants } from 'node:zlib';
 import type { AdmissionRecord } from '../telemetry/admission-log.ts';
 import { OUTCOMES } from '../telemetry/outcome.ts';
 import { QuantileSketch } from './quantile-sketch.ts';
@@ -125,11 +125,15 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
 /**
  * `input` as text: through gunzip when its first bytes are gzip's magic (1f 8b), as logrotate
  * leaves old logs; as it is otherwise. A read error of the input reaches the reader. Compressed
- * data cut short gives what came before the cut (zlib has handed it on before its last flush finds
- * the end missing), and the cut is told to `onCut` (a file copied in part, or a disk that filled,
- * is not read as a whole one). Compressed data followed by bytes that are not gzip ends the text
- * there, told to `onCut`; what zlib inflated from the same chunk of input as those bytes is lost
- * with it.
+ * data cut short gives what came before the cut, and the cut is told to `onCut` (a file copied in
+ * part, or a disk that filled, is not read as a whole one). Compressed data followed by bytes that
+ * are not gzip ends the text there, told to `onCut`; what zlib inflated from the same chunk of
+ * input as those bytes is lost with it.
+ *
+ * Invariant: the end of the input is a sync flush, then the finishing flush. zlib's finishing
+ * flush is what finds compressed data cut short; given to the last chunk of input (as a stream
+ * that ends while that chunk waits has it), its error drops all that chunk inflated. After a sync
+ * flush every byte zlib can inflate has been handed on, and the finishing flush has no input.
  */
 function maybeGunzip(input: Readable, onCut: (err: Error) => void): Readable {
   const out = new PassThrough();
@@ -143,19 +147,27 @@ function maybeGunzip(input: Readable, onCut: (err: Error) => void): Readable {
     const first = Buffer.concat(head);
     head = [];
     const gz = first.length >= 2 && first[0] === 0x1f && first[1] === 0x8b;
-    const target = gz ? createGunzip() : out;
-    if (gz) {
-      target.pipe(out);
-      target.on('error', (err) => {
-        input.unpipe(target);
-        input.destroy();
-        onCut(err);
-        out.end();
-      });
+    if (!gz) {
+      if (first.length > 0) out.write(first);
+      if (ended) out.end();
+      else input.pipe(out);
+      return;
     }
-    if (first.length > 0) target.write(first);
-    if (ended) target.end();
-    else input.pipe(target);
+    const gunzip = createGunzip();
+    gunzip.pipe(out);
+    gunzip.on('error', (err) => {
+      input.unpipe(gunzip);
+      input.destroy();
+      onCut(err);
+      out.end();
+    });
+    gunzip.write(first);
+    const finish = () => gunzip.flush(zlibConstants.Z_SYNC_FLUSH, () => gunzip.end());
+    if (ended) finish();
+    else {
+      input.pipe(gunzip, { end: false });
+      input.once('end', finish);
+    }
   };
   const onData = (chunk: Buffer | string) => {
     if (decided) return;

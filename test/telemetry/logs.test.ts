@@ -468,6 +468,15 @@ describe('slagate logs', () => {
     const trailer = await report([`${path}.trailer.gz`], undefined, 1);
     expect(trailer.rep.requests).toBe(135);
     expect(trailer.err).toMatch(/trailer\.gz: compressed data cut short/);
+    // The same from a pipe whose end comes while its last pieces still wait to be inflated (all
+    // written at once): no line before the cut is lost with the last piece.
+    const piped = new PassThrough();
+    const cutTrailer = gz.subarray(0, gz.length - 2);
+    for (let at = 0; at < cutTrailer.length; at += 512) piped.write(cutTrailer.subarray(at, at + 512));
+    piped.end();
+    const fromPipe = await report([], piped, 1);
+    expect(fromPipe.rep.requests).toBe(135);
+    expect(fromPipe.err).toMatch(/stdin: compressed data cut short/);
     // Concatenated into one stream (cat old.gz current): the compressed part is read up to the
     // chunk the plain text starts in (lost with it, as zlib gives it up), and the rest is said to
     // be unreadable: the report of what was read, and exit status 1.
