@@ -163,9 +163,9 @@ function inferenceShaped(path: string | null, method: string | undefined): boole
 
 /**
  * node:http's 'checkExpectation': a request whose `Expect` asks for anything but 100-continue, which
- * the gateway cannot meet (RFC 9110, 10.1.1: answered 417). The envelope with the request's id,
- * its record (when it has one) ended refused, and the connection closed: its body, sent or not,
- * is never read, so the next bytes on the connection could not be told from it.
+ * the gateway cannot meet (RFC 9110, 10.1.1: answered 417). The envelope with the request's id and
+ * its record (when it has one) ended refused; its body is not read, and the connection is kept or
+ * closed as for any request refused on its head (dropUnreadBody).
  */
 export function refuseExpectation(rt: Runtime, req: IncomingMessage, res: ServerResponse): void {
   const id = requestId(req);
@@ -175,12 +175,12 @@ export function refuseExpectation(rt: Runtime, req: IncomingMessage, res: Server
     'The request asks for an expectation the gateway cannot meet: Expect takes only 100-continue.',
   );
   noteRefusal(rt, id, record, err, err);
+  dropUnreadBody(rt, req, res, rt.config.server.body_limit_bytes);
   const body = JSON.stringify(err.toJSON());
   res.writeHead(417, {
     'content-type': 'application/json',
     'content-length': Buffer.byteLength(body),
     'x-request-id': id,
-    connection: 'close',
   });
   res.end(body);
 }
@@ -342,12 +342,7 @@ function recordIdentity(rt: Runtime, identity: Identity, record: RequestRecord):
   });
 }
 
-/**
- * A refusal made from the head, before the body is read. Invariant: the client sees the answer,
- * not a reset. Node reads and discards the rest of a body once the response has ended, and keeps
- * the connection, so a body of a declared length within the limit is let in (and cut at the
- * request deadline if it stalls); one of unknown or excessive length ends the connection instead.
- */
+/** A refusal made from the head, before the body is read (its body: dropUnreadBody). */
 function refuseBeforeBody(
   rt: Runtime,
   req: IncomingMessage,
@@ -357,6 +352,18 @@ function refuseBeforeBody(
   err: unknown,
   bodyLimit: number,
 ): void {
+  dropUnreadBody(rt, req, res, bodyLimit);
+  refuse(rt, res, id, record, err);
+}
+
+/**
+ * The body of a request answered before it was read. Invariant: the client sees the answer, not a
+ * reset. Node reads and discards the rest of a body once the response has ended, and keeps the
+ * connection, so a body of a declared length within the limit is let in (and cut at the request
+ * deadline if it stalls); one of unknown or excessive length ends the connection with the answer.
+ * Called before the answer's head is written.
+ */
+function dropUnreadBody(rt: Runtime, req: IncomingMessage, res: ServerResponse, bodyLimit: number): void {
   const length = Number(req.headers['content-length'] ?? Number.NaN);
   // A client still waiting for a 100 may never send the body: the connection goes with the answer.
   const awaited = (req as Marked)[AWAITS_CONTINUE] === true;
@@ -376,7 +383,6 @@ function refuseBeforeBody(
   } else if (!req.complete) {
     res.setHeader('connection', 'close');
   }
-  refuse(rt, res, id, record, err);
 }
 
 /** A request answered before the proxy took it: the envelope, and the record ended refused. */

@@ -1,9 +1,9 @@
 // POST /v1/chat/completions and /v1/completions: the request pipeline, one stage after another.
 //
 //   intake (server)      who, which class, what; 401 · 400 · 404          intake.ts
-//   admit  (admission)   tenant limits, predicted TTFT; 429               src/admission
-//   payload (upstream)   the client's bytes with stream_options; the     src/upstream/payload.ts
+//   payload (upstream)   the client's bytes with stream_options: the      src/upstream/payload.ts
 //                        body's last use (handleInference)
+//   admit  (admission)   tenant limits, predicted TTFT; 429               src/admission
 //   ── from here the upstream layer writes the response ──
 //   proxy  (upstream)    every attempt asks the scheduler for a slot      src/upstream/proxy.ts
 //            └ slot (scheduler): queue, late dispatch, router's pick       src/scheduler
@@ -48,8 +48,8 @@ export interface InferenceCall {
  * Serves `call`, whose parsed body is `body` (undefined: it had none) and whose bytes as received
  * are `rawBody`.
  *
- * Invariant: nothing that waits while the request is served holds its body. Intake reads it,
- * admission judges what intake made of it, and the upstream payload is made from it, in one
+ * Invariant: nothing that waits while the request is served holds its body. Intake reads it, the
+ * upstream payload is made from it, and admission judges what intake made of it, in one
  * synchronous step (the benchmark-only oracle's question before admission aside); what then waits
  * for the backend (serve) keeps the intake without it and the payload's bytes, which are outside
  * the JavaScript heap. A string alive when the young generation is collected is copied at each
@@ -69,11 +69,11 @@ export function handleInference(
     const got = intake(rt, endpoint, call, body, call.record);
     const route = routeOf(rt, call, got.served);
     // Only the benchmark-only oracle has anything to ask before admission.
-    const prepare = rt.policy.prepare;
-    if (prepare === undefined) return admitThenServe(rt, endpoint, call, got, route, rawBody);
-    return prepare(route, rt.backends.list(), got.ir.body).then((asked) =>
-      admitThenServe(rt, endpoint, call, got, asked, rawBody),
-    );
+    const policy = rt.policy;
+    if (policy.prepare === undefined) return admitThenServe(rt, endpoint, call, got, route, rawBody);
+    return policy
+      .prepare(route, rt.backends.list(), got.ir.body)
+      .then((asked) => admitThenServe(rt, endpoint, call, got, asked, rawBody));
   } catch (err) {
     return Promise.reject(err);
   }
@@ -93,7 +93,10 @@ function routeOf(rt: Runtime, call: InferenceCall, served: Served): RouteRequest
   };
 }
 
-/** Admission (a refusal is thrown), then the upstream payload: the body's last use. */
+/**
+ * The upstream payload (the body's last use), then admission (a refusal is thrown). Nothing
+ * between a request's admission and serve's `finally`, which ends its tenant lease, may throw.
+ */
 function admitThenServe(
   rt: Runtime,
   endpoint: Endpoint,
@@ -105,6 +108,15 @@ function admitThenServe(
   const { served, ir } = got;
   const { record } = call;
   const { identity, cls } = served;
+  const payload = upstreamPayload({
+    raw: rawBody,
+    body: ir.body,
+    streamed: ir.mode !== 'passthrough',
+    priority: rt.config.upstream.forward_priority ? cls.priority : null,
+    clientWantsUsage: ir.wantsUsage,
+    model: ir.model === null ? served.model : null,
+  });
+  const bodyFields = Object.keys(ir.body);
   let admitted: Admitted;
   try {
     admitted = rt.admission.admit({
@@ -135,15 +147,7 @@ function admitThenServe(
   }
   rt.metrics.observeOverheadMs(record.ownMs());
   markStage(call.id, 'admitted');
-  const payload = upstreamPayload({
-    raw: rawBody,
-    body: ir.body,
-    streamed: ir.mode !== 'passthrough',
-    priority: rt.config.upstream.forward_priority ? cls.priority : null,
-    clientWantsUsage: ir.wantsUsage,
-    model: ir.model === null ? served.model : null,
-  });
-  return serve(rt, endpoint, call, served, admitted, payload, Object.keys(ir.body));
+  return serve(rt, endpoint, call, served, admitted, payload, bodyFields);
 }
 
 /** The admitted request, proxied and finished. Holds no reference to the body (handleInference). */

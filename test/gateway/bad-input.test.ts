@@ -500,37 +500,52 @@ describe('Expect: anything else', () => {
     const b = await backend(healthyStream);
     const t = await gateway({ backends: [{ name: 'b0', url: b.url }] });
     const body = JSON.stringify(chat({ stream: true }));
-    const ask = async (target: string, id: string) => {
+    const open = async () => {
       const socket = await rawSocket(t.url);
       let text = '';
+      const waiters: (() => void)[] = [];
       socket.on('data', (c: Buffer) => {
         text += c.toString('latin1');
+        for (const w of waiters.splice(0)) w();
       });
-      socket.write(
-        `POST ${target} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
-          `content-length: ${Buffer.byteLength(body)}\r\nexpect: 200-ok\r\nx-request-id: ${id}\r\n\r\n${body}`,
-      );
-      // The gateway closes the connection after the answer (the client never closes its side).
-      await once(socket, 'close');
-      return text;
+      const until = async (re: RegExp) => {
+        while (!re.test(text)) await new Promise<void>((r) => waiters.push(r));
+      };
+      return { socket, until, text: () => text };
     };
-    const inference = await ask(CHAT, 'exp-other');
-    expect(inference).toMatch(/^HTTP\/1\.1 417 /);
-    expect(inference).toMatch(/\r\nx-request-id: exp-other\r\n/);
-    expect(inference).toMatch(/\r\ncontent-type: application\/json\r\n/);
-    expect(errorOf(inference.slice(inference.indexOf('\r\n\r\n') + 4))).toMatchObject({
-      code: 'invalid_request',
-      type: 'invalid_request_error',
-    });
+    const envelope = (answer: string) => errorOf(answer.slice(answer.indexOf('\r\n\r\n') + 4));
+    // A body of declared length: answered, dropped unread, and the connection kept for the next
+    // request (which the client sends on it after the answer).
+    const kept = await open();
+    kept.socket.write(
+      `POST ${CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+        `content-length: ${Buffer.byteLength(body)}\r\nexpect: 200-ok\r\nx-request-id: exp-other\r\n\r\n${body}`,
+    );
+    await kept.until(/"code":"invalid_request"\}\}$/);
+    const answer = kept.text();
+    expect(answer).toMatch(/^HTTP\/1\.1 417 /);
+    expect(answer).toMatch(/\r\nx-request-id: exp-other\r\n/);
+    expect(answer).toMatch(/\r\ncontent-type: application\/json\r\n/);
+    expect(answer.toLowerCase()).not.toContain('connection: close');
+    expect(envelope(answer)).toMatchObject({ code: 'invalid_request', type: 'invalid_request_error' });
+    kept.socket.write('GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n');
+    await once(kept.socket, 'close');
+    expect(kept.text().slice(answer.length)).toMatch(/^HTTP\/1\.1 200 /);
     expect(await t.recordOf('exp-other')).toMatchObject({
       outcome: 'refused',
       decision: 'refused',
       reason: 'invalid_request',
     });
-    // Not an inference path: the same answer, and no record.
-    const ops = await ask('/healthz', 'exp-ops');
-    expect(ops).toMatch(/^HTTP\/1\.1 417 /);
-    expect(errorOf(ops.slice(ops.indexOf('\r\n\r\n') + 4)).code).toBe('invalid_request');
+    // A body of no declared length, to a route that is not an inference one: the same answer, and
+    // the connection ends with it.
+    const closed = await open();
+    closed.socket.write(
+      'POST /healthz HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nexpect: 200-ok\r\n\r\n5\r\nhello\r\n',
+    );
+    await once(closed.socket, 'close');
+    expect(closed.text()).toMatch(/^HTTP\/1\.1 417 /);
+    expect(closed.text().toLowerCase()).toContain('connection: close');
+    expect(envelope(closed.text()).code).toBe('invalid_request');
     expect(b.hits).toHaveLength(0);
   });
 });

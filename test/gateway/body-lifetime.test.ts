@@ -44,7 +44,11 @@ it("a request's parsed body can be collected while its stream is still open", as
     const value = parse(text, reviver);
     if (!watched && typeof text === 'string' && text.includes(marker) && !text.includes('stream_options')) {
       watched = true;
-      registry.register(value as object, marker);
+      // The body, its messages and each message (which holds the prompt's text).
+      registry.register(value as object, 'body');
+      const messages = (value as { messages: object[] }).messages;
+      registry.register(messages, 'messages');
+      for (const m of messages) registry.register(m, 'message');
     }
     return value;
   };
@@ -65,12 +69,13 @@ it("a request's parsed body can be collected while its stream is still open", as
 
   // The stream is open (the backend holds it): the body is unreachable all the same. A finalizer
   // runs in a task after the collection that found its object gone.
-  for (let i = 0; i < 10 && !collected.has(marker); i++) {
+  const all = () => ['body', 'messages', 'message'].every((k) => collected.has(k));
+  for (let i = 0; i < 10 && !all(); i++) {
     gc();
     await new Promise<void>((resolve) => setImmediate(resolve));
   }
   expect(res.received()).not.toContain('[DONE]');
-  expect(collected.has(marker)).toBe(true);
+  expect([...collected].sort()).toEqual(['body', 'message', 'messages']);
 
   release();
   await res.until((text) => text.includes('[DONE]'));
