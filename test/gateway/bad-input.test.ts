@@ -68,6 +68,21 @@ function stageMark(reqId: string, stage: StageMark['stage']): Promise<void> {
   });
 }
 
+/** A raw socket to the gateway that gathers what it reads; `until` resolves once that matches `re`. */
+async function readingSocket(url: string) {
+  const socket = await rawSocket(url);
+  let text = '';
+  const waiters: (() => void)[] = [];
+  socket.on('data', (c: Buffer) => {
+    text += c.toString('latin1');
+    for (const w of waiters.splice(0)) w();
+  });
+  const until = async (re: RegExp) => {
+    while (!re.test(text)) await new Promise<void>((r) => waiters.push(r));
+  };
+  return { socket, until, text: () => text };
+}
+
 /** A connected raw socket to the gateway at `url`. */
 async function rawSocket(url: string) {
   const socket = connect(Number(new URL(url).port), '127.0.0.1');
@@ -462,19 +477,7 @@ describe('Expect: 100-continue', () => {
     const head = (id: string, length: number) =>
       `POST ${CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${length}\r\n` +
       `expect: 100-continue\r\nx-request-id: ${id}\r\nconnection: close\r\n\r\n`;
-    const open = async () => {
-      const socket = await rawSocket(t.url);
-      let text = '';
-      const waiters: (() => void)[] = [];
-      socket.on('data', (c: Buffer) => {
-        text += c.toString('latin1');
-        for (const w of waiters.splice(0)) w();
-      });
-      const until = async (re: RegExp) => {
-        while (!re.test(text)) await new Promise<void>((r) => waiters.push(r));
-      };
-      return { socket, until, text: () => text };
-    };
+    const open = () => readingSocket(t.url);
     // Over the limit by its length: 413 at once, no 100, nothing of the body sent.
     const big = await open();
     big.socket.write(head('exp-big', 100_000));
@@ -500,19 +503,7 @@ describe('Expect: anything else', () => {
     const b = await backend(healthyStream);
     const t = await gateway({ backends: [{ name: 'b0', url: b.url }] });
     const body = JSON.stringify(chat({ stream: true }));
-    const open = async () => {
-      const socket = await rawSocket(t.url);
-      let text = '';
-      const waiters: (() => void)[] = [];
-      socket.on('data', (c: Buffer) => {
-        text += c.toString('latin1');
-        for (const w of waiters.splice(0)) w();
-      });
-      const until = async (re: RegExp) => {
-        while (!re.test(text)) await new Promise<void>((r) => waiters.push(r));
-      };
-      return { socket, until, text: () => text };
-    };
+    const open = () => readingSocket(t.url);
     const envelope = (answer: string) => errorOf(answer.slice(answer.indexOf('\r\n\r\n') + 4));
     // A body of declared length: answered, dropped unread, and the connection kept for the next
     // request (which the client sends on it after the answer).
