@@ -16,11 +16,15 @@ export function headersWith(base: OutgoingHttpHeaders, extra: OutgoingHttpHeader
   return Object.assign({}, base, extra);
 }
 
-/** Sends `err` as the whole response; returns the status sent, or null when the client is gone. */
+/**
+ * Sends `err` as the whole response; returns the status sent, or null when the client is gone.
+ * `status` is the code's own unless an HTTP-level refusal names another (417 for an unmet Expect).
+ */
 export function writeErrorResponse(
   res: ServerResponse,
   err: GatewayError,
   headers: OutgoingHttpHeaders,
+  status: number = err.status,
 ): number | null {
   if (res.headersSent || res.destroyed) return null;
   const body = JSON.stringify(err.toJSON());
@@ -29,9 +33,9 @@ export function writeErrorResponse(
     'content-length': Buffer.byteLength(body),
   });
   if (err.retryAfterS !== undefined) head['retry-after'] = String(err.retryAfterS);
-  res.writeHead(err.status, head);
+  res.writeHead(status, head);
   res.end(body);
-  return err.status;
+  return status;
 }
 
 /** The frames that end a committed stream that failed: one error event, then [DONE] (as vLLM does). */

@@ -176,13 +176,7 @@ export function refuseExpectation(rt: Runtime, req: IncomingMessage, res: Server
   );
   noteRefusal(rt, id, record, err, err);
   dropUnreadBody(rt, req, res, rt.config.server.body_limit_bytes);
-  const body = JSON.stringify(err.toJSON());
-  res.writeHead(417, {
-    'content-type': 'application/json',
-    'content-length': Buffer.byteLength(body),
-    'x-request-id': id,
-  });
-  res.end(body);
+  writeErrorResponse(res, err, { 'x-request-id': id }, 417);
 }
 
 /**
