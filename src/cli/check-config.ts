@@ -2,6 +2,7 @@
 // exit 1 and print every problem with its path and position. Usage errors exit 2. No stack traces:
 // the output is for the person editing the file.
 import { readFileSync } from 'node:fs';
+import { parseArgs } from 'node:util';
 import { parse, stringify } from 'yaml';
 import {
   type Config,
@@ -31,10 +32,21 @@ export async function checkConfigCommand(
     io.stdout.write(USAGE);
     return 0;
   }
-  // `--config FILE`, as serve takes it, names the same file.
-  const args = argv[0] === '--config' ? argv.slice(1) : argv;
-  const [file, ...rest] = args;
-  if (file === undefined || file.startsWith('-') || rest.length > 0) {
+  // `--config FILE` (or `--config=FILE`), read as serve reads it, names the same file.
+  let file: string | undefined;
+  try {
+    const { values, positionals } = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: { config: { type: 'string' } },
+    });
+    const named = values.config === undefined ? [] : [values.config];
+    const files = [...named, ...positionals];
+    file = files.length === 1 ? files[0] : undefined;
+  } catch {
+    file = undefined;
+  }
+  if (file === undefined) {
     io.stderr.write(USAGE);
     return 2;
   }

@@ -222,7 +222,8 @@ export function recordFilter(
   const { class: cls, tenant } = opts;
   return (r) =>
     (from === null || (typeof r.time === 'number' && r.time >= from)) &&
-    (cls === undefined || r.class === cls) &&
+    // A record without a class is what the summary lists under `none` (a reserved class name).
+    (cls === undefined || (r.class ?? 'none') === cls) &&
     (tenant === undefined || r.tenant === tenant);
 }
 
@@ -233,7 +234,10 @@ export function recordFilter(
 function asUtc(text: string): string {
   const t = text.trim().replace(' ', 'T').toUpperCase();
   if (!t.includes('T')) return t;
-  return /(?:Z|[+-]\d{2}:?\d{2})$/i.test(t) ? t : `${t}Z`;
+  if (/(?:Z|[+-]\d{2}:?\d{2})$/i.test(t)) return t;
+  // An offset of hours alone (`+01`, as ISO 8601 allows) is one Date.parse does not read.
+  const hours = /[+-]\d{2}$/.exec(t);
+  return hours !== null ? `${t}:00` : `${t}Z`;
 }
 
 /** The record on this line, or null when the line is not an admission record. */

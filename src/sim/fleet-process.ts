@@ -58,7 +58,8 @@ export async function startFleetProcess(opts: FleetProcessOptions): Promise<Flee
     '--seed',
     String(opts.seed ?? 0),
   ];
-  if (opts.model !== undefined) args.push('--model', opts.model);
+  // Inline: a name that starts with '-' is never taken for an option.
+  if (opts.model !== undefined) args.push(`--model=${opts.model}`);
   if (opts.admin) args.push('--admin-port', '0');
   const child = spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'pipe', 'ipc'] });
   let stderr = '';

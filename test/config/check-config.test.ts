@@ -38,6 +38,10 @@ describe('slagate check-config', () => {
     expect(code).toBe(0);
     expect(stdout).toBe((await run([file])).stdout);
     expect((await run(['--config'])).code).toBe(2);
+    // `--config=FILE` too, as serve's parser reads it; two files are one too many.
+    expect((await run([`--config=${file}`])).stdout).toBe((await run([file])).stdout);
+    expect((await run(['--config', file, file])).code).toBe(2);
+    expect((await run([file, '--bogus'])).code).toBe(2);
   });
 
   it('shows API key hashes as they are and hides the Redis password', async () => {

@@ -33,6 +33,25 @@ describe('the simulated fleet of simulate:', () => {
     expect(alive(fleet.pid)).toBe(false);
   });
 
+  it('serves a model whose name starts with a dash (passed to the fleet as one argument)', async () => {
+    const model = '-dashed/model';
+    const gw = await startGateway({
+      config: toConfig({
+        models: [model],
+        simulate: { replicas: 1, time_scale: 0.1 },
+        server: { port: 0 },
+        logging: { level: 'silent' },
+      }),
+      watch: false,
+    });
+    cleanups.push(async () => {
+      await gw.close();
+    });
+    const res = await post(gw.url, '/v1/chat/completions', chat({ model }));
+    expect(res.status).toBe(200);
+    expect((JSON.parse(res.text) as { model: string }).model).toBe(model);
+  });
+
   it('exits when the gateway process is killed without a chance to stop it', async () => {
     let served: ServedGateway | null = await serveChild({
       models: [MODEL],

@@ -324,6 +324,8 @@ describe('slagate logs', () => {
       { req_id: 'new-a', time: base + 1_000, class: 'interactive', tenant: 'a' },
       { req_id: 'new-b', time: base + 2_000, class: 'batch', tenant: 'b' },
       { req_id: 'new-b2', time: base + 3_000, class: 'interactive', tenant: 'b' },
+      // Refused before its class was known: the summary's `none`.
+      { req_id: 'anon', time: base + 4_000, class: null, tenant: null },
     ].map((f) =>
       JSON.stringify({ kind: 'admission', decision: 'admitted', reason: 'ok', outcome: 'ok', ...f }),
     );
@@ -333,17 +335,21 @@ describe('slagate logs', () => {
       expect(await logsCommand([path, '--json', ...args], t.io)).toBe(0);
       return (JSON.parse(t.out()) as LogsReport).requests;
     };
-    expect(await run()).toBe(4);
-    expect(await run('--since', '2026-12-01T10:00:00Z')).toBe(3);
+    expect(await run()).toBe(5);
+    expect(await run('--since', '2026-12-01T10:00:00Z')).toBe(4);
+    expect(await run('--class', 'none')).toBe(1);
     expect(await run('--since', '2026-12-01T10:00:00Z', '--class', 'interactive')).toBe(2);
     // A time without a zone is UTC, as --pretty prints times, wherever the command runs.
     const tz = process.env.TZ;
     process.env.TZ = 'America/New_York';
     try {
-      expect(await run('--since', '2026-12-01T10:00:00')).toBe(3);
-      expect(await run('--since', '2026-12-01 10:00:00.000')).toBe(3);
-      expect(await run('--since', '2026-12-01t10:00:00')).toBe(3);
-      expect(await run('--since', '2026-12-01T05:00:00-05:00')).toBe(3);
+      expect(await run('--since', '2026-12-01T10:00:00')).toBe(4);
+      expect(await run('--since', '2026-12-01 10:00:00.000')).toBe(4);
+      expect(await run('--since', '2026-12-01t10:00:00')).toBe(4);
+      expect(await run('--since', '2026-12-01T05:00:00-05:00')).toBe(4);
+      // An offset of hours alone, as ISO 8601 allows it.
+      expect(await run('--since', '2026-12-01T05:00:00-05')).toBe(4);
+      expect(await run('--since', '2026-12-01T11:00:01.500+01')).toBe(3);
     } finally {
       if (tz === undefined) delete process.env.TZ;
       else process.env.TZ = tz;
