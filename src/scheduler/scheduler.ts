@@ -290,9 +290,13 @@ export class Scheduler {
     return new Ticket(this, req);
   }
 
-  /** The current limit of a backend (its initial one before the loop has run). */
+  /**
+   * The current limit of a backend (its initial one before the loop has run), within the bounds the
+   * settings give now; the loop's own value, which moves in fractions.
+   */
   limit(backend: string): number {
-    return this.#controlOf(backend).limit;
+    const cc = this.#deps.settings().concurrency;
+    return Math.min(cc.max, Math.max(cc.min, this.#controlOf(backend).limit));
   }
 
   /**
@@ -380,7 +384,7 @@ export class Scheduler {
       const c = this.#controlOf(b.name);
       backends.push({
         name: b.name,
-        limit: Math.floor(c.limit),
+        limit: this.#limitOf(b.name),
         inflight: this.#deps.live.load(b.name),
         // From the reload on, not from the next control step: no loop runs under fcfs.
         error: looping ? c.error : null,
@@ -438,12 +442,10 @@ export class Scheduler {
     // its place was counted when it first asked (retries are not counted against the bound either).
     // One that may not wait (x-slagate-no-queue, or max_queue 0) is still refused below when no
     // backend can take it at once, as on its first ask.
+    // A full queue takes a request only in place of an entry it gives up for it (victimFor, below),
+    // and only when the request must wait: one a backend starts at once takes no place.
     const full =
       !retry && !reasked && settings.maxQueue > 0 && queue.size + this.#retries.length >= settings.maxQueue;
-    // A full queue takes a request only in place of an entry it gives up for it (victimFor).
-    if (full && queue.victimFor(req, undefined, this.#retriesByTenant()) === undefined) {
-      return Promise.reject(this.#refusal(req, 'queue_full'));
-    }
     return new Promise<Slot | null>((resolve, reject) => {
       const now = this.#now();
       const onAbort = () => {
@@ -487,7 +489,13 @@ export class Scheduler {
       }
       this.pump();
       if (w.state !== 'queued') return;
-      // Not granted at once: is it allowed to wait?
+      // Not granted at once: is it allowed to wait? A retry that may not is given up (null: the
+      // attempt loop answers with the failure before it), as a first attempt is refused.
+      if (retry && (req.noQueue || settings.maxQueue === 0)) {
+        this.#dropRetry(w);
+        w.settle(null);
+        return;
+      }
       if (!retry && (req.noQueue || settings.maxQueue === 0)) {
         queue.remove(w);
         const why = req.noQueue
@@ -638,8 +646,7 @@ export class Scheduler {
     // Blocked by its limit, which the control loop may raise; not by prefill room or by an entry
     // ahead, which a higher limit would not cure (counted as binding, they wound the limit up to
     // max with one request in flight).
-    const c = this.#controlOf(backend);
-    if (this.#deps.live.load(backend) >= Math.floor(c.limit)) c.blocked = true;
+    if (this.#deps.live.load(backend) >= this.#limitOf(backend)) this.#controlOf(backend).blocked = true;
     return null;
   }
 
@@ -1045,7 +1052,7 @@ export class Scheduler {
         const recent = c.firstTokens.flat().map((f) => Math.max(0, f.waitMs - steps) / f.targetMs);
         const ttftQueueShare = recent.length >= MIN_FIRST_TOKENS ? quantile(recent, 0.9) : null;
         const setpoints: Setpoints = { tpotShare: c.tpotShare, ttftShare: cc.ttftShare };
-        const binding = c.blocked || inflight >= Math.floor(c.limit);
+        const binding = c.blocked || inflight >= this.#limitOf(b.name);
         const step = nextLimit(
           c.limit,
           inflight,
@@ -1149,13 +1156,17 @@ export class Scheduler {
   }
 
   /**
-   * Slots free under `name`'s limit. The limit is read within the bounds the settings give now: a
-   * reload that lowers them takes effect at its own pump, not at the next control period.
+   * `name`'s limit, read within the bounds the settings give now. Invariant: every reader (the
+   * room to dispatch, the binding test, /admin/state and the limit gauge) sees this one value, so a
+   * reload that moves the bounds takes effect at its own pump, not at the next control period.
    */
+  #limitOf(name: string): number {
+    return Math.floor(this.limit(name));
+  }
+
+  /** Slots free under `name`'s limit. */
   #room(name: string): number {
-    const cc = this.#deps.settings().concurrency;
-    const limit = Math.min(cc.max, Math.max(cc.min, this.#controlOf(name).limit));
-    return Math.floor(limit) - this.#deps.live.load(name);
+    return this.#limitOf(name) - this.#deps.live.load(name);
   }
 
   #totalRoom(): number {

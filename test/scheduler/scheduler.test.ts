@@ -288,6 +288,25 @@ describe('late dispatch', () => {
     expect(await state(later)).toBe('waiting');
   });
 
+  it('a retry of a request that may not wait gets null at once when no backend has room, not a wait', async () => {
+    const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
+    const { scheduler, set } = setup(['a', 'b'], s);
+    const held = [
+      await scheduler.ticket(req()).acquire(first()),
+      await scheduler.ticket(req()).acquire(first()),
+    ];
+    const retryOf = (over: Partial<ScheduledRequest>) =>
+      scheduler.ticket(req(over)).acquire({ attempt: 1, excluded: new Set(['a']), signal: new Cancel() });
+    expect(await state(retryOf({ noQueue: true }))).toBeNull();
+    // One that may wait waits for b.
+    const patient = retryOf({});
+    expect(await state(patient)).toBe('waiting');
+    set(settings({ maxQueue: 0, concurrency: { ...s.concurrency } }));
+    expect(await state(retryOf({}))).toBeNull();
+    for (const h of held) h!.release();
+    expect((await patient)!.backend.name).toBe('b');
+  });
+
   it('a retry that has no backend left gets null at once; a fresh request with no available backend too', async () => {
     const { scheduler, backends } = setup(['a']);
     const none = await scheduler
@@ -413,6 +432,11 @@ describe('a reload that lowers concurrency.max', () => {
     const states = await Promise.all(more.map((m) => state(m)));
     // 2 running, the new max 3: one more, the other three wait.
     expect(states.filter((x) => x === 'waiting')).toHaveLength(3);
+    // What the limit's readers are shown is the limit dispatch obeys, from the reload on.
+    expect(f.scheduler.limit('a')).toBe(3);
+    expect(f.scheduler.view().backends.find((b) => b.name === 'a')!.limit).toBe(3);
+    f.set(settings({ concurrency: { ...settings().concurrency, initial: 8, min: 12, max: 20 } }));
+    expect(f.scheduler.limit('a')).toBe(12);
     for (const h of held) h!.release();
   });
 });
@@ -1336,9 +1360,12 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
      * Two backends with one slot each, fits taught, the shared prefix held on a, a release rate of
      * 10 slots in 0.9 s measured there (a control period), and a's one slot taken.
      */
-    async function busy(router: RoutingPolicy) {
+    async function busy(router: RoutingPolicy, maxQueue?: number) {
       vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
-      const s = settings({ concurrency: { ...settings().concurrency, initial: 1, max: 1, intervalMs: 100 } });
+      const s = settings({
+        concurrency: { ...settings().concurrency, initial: 1, max: 1, intervalMs: 100 },
+        ...(maxQueue === undefined ? {} : { maxQueue }),
+      });
       const f = setup(['a', 'b'], s, router, { sharedClock: true });
       // Arrived now on the scheduler's clock (the fixture's, moved by tick).
       const at = () => ({ arrivedAt: f.now(), deadlineAt: f.now() + 60_000 });
@@ -1380,6 +1407,35 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       const slot = await warm;
       expect(slot!.backend.name).toBe('a');
       expect(slot!.prefixHit).toBeCloseTo(1600 / 1700, 9);
+    });
+
+    it('a full queue refuses no request a backend starts at once; one that must wait, it does', async () => {
+      const { f, at } = await busy(cost, 1);
+      // The queue's one place: `warm`, waiting for a.
+      const warm = f.scheduler.ticket(ask('warm', at())).acquire(first());
+      expect(await state(warm)).toBe('waiting');
+      // A prompt held nowhere starts on b at once.
+      const blocks = chain(50_000, 106);
+      const cold = await f.scheduler
+        .ticket(
+          req({
+            reqId: 'cold',
+            promptTokens: 1700,
+            route: route({ reqId: 'cold', promptTokens: 1700, blocks }),
+            ...at(),
+          }),
+        )
+        .acquire(first());
+      expect(cold!.backend.name).toBe('b');
+      // Both busy now: another request would wait, and the queue is full.
+      expect(await state(f.scheduler.ticket(ask('late', at())).acquire(first()))).toMatchObject({
+        error: { code: 'queue_full' },
+      });
+      cold!.release();
+      expect(await state(warm)).toBe('waiting');
+      // One that may not wait takes b's free slot, the queue full or not.
+      const hurry = await f.scheduler.ticket(ask('hurry', { ...at(), noQueue: true })).acquire(first());
+      expect(hurry!.backend.name).toBe('b');
     });
 
     it('a request that may not wait (x-slagate-no-queue) takes the free slot rather than be refused', async () => {
