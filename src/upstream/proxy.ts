@@ -281,7 +281,10 @@ async function attemptLoop(
       clientWantsUsage: req.clientWantsUsage,
       res: req.res,
       commitHeaders: commitHeaders(req, backend.name, s.queueMs, slot),
-      errorHeaders: headersWith(req.responseHeaders, { 'x-slagate-backend': backend.name }),
+      errorHeaders: headersWith(req.responseHeaders, {
+        'x-slagate-backend': backend.name,
+        'x-slagate-queue-ms': ms(s.queueMs),
+      }),
       startedAt: req.startedAt,
       firstTokenMs: Math.min(firstTokenMs, remaining),
       // Cut by the deadline (not the backend's fault) only when earlier attempts or the wait took a
@@ -390,7 +393,11 @@ function conclude(req: ProxyRequest, s: LoopState, aborted: boolean, cut: Gatewa
     if (failure !== null) outcome = failure.byClient ? 'client_cancelled' : 'failed_after_commit';
     const errorCode =
       failure === null || failure.byClient ? null : (failure.clientError?.code ?? 'upstream_error');
-    const ending = { outcome, reason: failure?.reason ?? null, status: 200, errorCode, refusal: null };
+    // What was sent: the stream's 200, or the error an answer not yet begun got (an assembled
+    // body's 502); null when the client was gone before anything was.
+    const { res } = req;
+    const status = res.headersSent ? res.statusCode : null;
+    const ending = { outcome, reason: failure?.reason ?? null, status, errorCode, refusal: null };
     return result(s, ending, lat, lat.e2eMs);
   }
   const e2eMs = performance.now() - req.startedAt;

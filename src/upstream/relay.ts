@@ -58,8 +58,6 @@ const SETTLED_BY_SECOND: ReadonlyMap<number, FailureReason> = new Map<number, Fa
   [501, 'upstream_not_implemented'],
 ]);
 const BUSY_STATUSES: ReadonlySet<number> = new Set([408, 429]);
-/** Bytes of a 4xx body read for its message; the rest is discarded. */
-const MAX_REJECT_BODY = 16 * 1024;
 
 /** How the client is answered (see the header comment). */
 export type ClientMode = 'stream' | 'assemble' | 'passthrough';
@@ -262,7 +260,10 @@ export class Attempt implements Dispatcher.DispatchHandler {
         return;
       case 'rejecting':
       case 'unstreamed':
-        if (this.#bodyBytes < MAX_REJECT_BODY) {
+        // An error body is read for its message up to one event's bound (maxEventBytes): vLLM's
+        // validation errors can quote the request back, a long prompt's body and more, and a
+        // body cut short does not parse, which would lose the message that says what to fix.
+        if (this.#bodyBytes < this.spec.maxEventBytes) {
           this.#body.push(chunk);
           this.#bodyBytes += chunk.length;
         }
@@ -836,11 +837,11 @@ function isJson(headers: ResponseHeaders): boolean {
  * some requests it cannot serve (issue vllm#21704, and again in 0.15-0.16): that is an in-band
  * error, a rejection when it names a relayed status, which a second backend settles like one in a
  * stream. Anything else (a backend that ignored `stream`) is a protocol error: the client asked
- * for a stream and this body cannot be relayed as one. Only the first MAX_REJECT_BODY bytes are
+ * for a stream and this body cannot be relayed as one. Only the first maxEventBytes are
  * kept: an error body is small, and a longer one is no error.
  */
 function unstreamedFailure(body: Buffer[]): AttemptFailure {
-  // Cut at MAX_REJECT_BODY, or not JSON at all: not an error body.
+  // Cut at maxEventBytes, or not JSON at all: not an error body.
   const msg = parsedBody(body);
   return isErrorPayload(msg)
     ? inBandFailure(msg, false, 'answered a stream with a JSON error body')
@@ -855,7 +856,7 @@ function rejectFacts(body: Buffer[]): { message: string | null; param: string | 
   return { message: capped(message), param };
 }
 
-/** A kept error body as JSON, or null when it is not JSON (or was cut at MAX_REJECT_BODY). */
+/** A kept error body as JSON, or null when it is not JSON (or was cut at maxEventBytes). */
 function parsedBody(body: Buffer[]): StreamChunk | null {
   try {
     return JSON.parse(Buffer.concat(body).toString('utf8')) as StreamChunk | null;

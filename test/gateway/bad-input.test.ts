@@ -1003,6 +1003,41 @@ describe('30: upstream error bodies', () => {
   });
 });
 
+describe('30: a long upstream error body', () => {
+  it("a 400 whose body quotes a long request back keeps the backend's message and param", async () => {
+    // vLLM's validation errors can quote the request back: a body far past a small error's size,
+    // here written in 4 KiB pieces (each after the last is taken), so that it arrives in many reads.
+    const body = Buffer.from(
+      JSON.stringify({
+        error: {
+          message: `When using \`tool_choice\`, \`tools\` must be set. input: ${'x'.repeat(300_000)}`,
+          type: 'BadRequestError',
+          param: 'tool_choice',
+          code: 400,
+        },
+      }),
+    );
+    const b = await backend((_req, res) => {
+      res.writeHead(400, { 'content-type': 'application/json' });
+      const next = (at: number): void => {
+        if (at >= body.length) {
+          res.end();
+          return;
+        }
+        res.write(body.subarray(at, at + 4096), () => next(at + 4096));
+      };
+      next(0);
+    });
+    const t = await gateway({ backends: [{ name: 'b0', url: b.url }], config: { upstream: { retries: 0 } } });
+    const res = await post(t.url, CHAT, chat({ tool_choice: 'auto' }), { 'x-request-id': 'long-400' });
+    expect(res.status).toBe(400);
+    const error = errorOf(res.text) as ReturnType<typeof errorOf> & { param: string | null };
+    expect(error.message.startsWith('When using `tool_choice`, `tools` must be set.')).toBe(true);
+    expect(error.message.length).toBeLessThanOrEqual(500);
+    expect(error.param).toBe('tool_choice');
+  });
+});
+
 /** A POST with exactly the given headers (node:http would refuse some of them on its own agent). */
 function rawPost(
   base: string,

@@ -171,7 +171,11 @@ describe('assembled from a stream', () => {
     const res = await post(t.url, CHAT, chat({ max_tokens: 20 }), { 'x-request-id': 'asm-drop' });
     expect(res.status).toBe(502);
     expect(JSON.parse(res.text)).toMatchObject({ error: { code: 'upstream_error' } });
-    expect(await t.recordOf('asm-drop')).toMatchObject({ outcome: 'failed_after_commit', attempts: 1 });
+    const rec = await t.recordOf('asm-drop');
+    expect(rec).toMatchObject({ outcome: 'failed_after_commit', attempts: 1 });
+    // The headers of every answer to an admitted request (docs/architecture.md).
+    expect(res.headers['x-slagate-backend']).toBe(rec.backend);
+    expect(res.headers['x-slagate-queue-ms']).toMatch(/^\d+(\.\d)?$/);
   });
 });
 

@@ -607,6 +607,8 @@ describe('a non-streamed answer whose stream fails after its first token', () =>
       expect(res.text).not.toContain('data:');
       expect(JSON.parse(res.text).error.code).toBe('upstream_error');
       expect(result.outcome).not.toBe('ok');
+      // The result says what was sent: the 502, not the 200 a stream would have had.
+      expect(result).toMatchObject({ outcome: 'failed_after_commit', status: 502 });
     }
   });
 });
