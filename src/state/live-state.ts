@@ -33,7 +33,7 @@ import {
 import { DEFAULT_CAPACITY, DEFAULT_KV_TOKENS, PrefixIndex, VLLM_BLOCK_TOKENS } from './prefix-index.ts';
 import { RedisSync, type StateLogger, type StoreStatus } from './redis-sync.ts';
 import { type BackendTelemetry, type ScrapeTarget, TelemetryScraper } from './scraper.ts';
-import { encodeInflight, encodeSnapshot, mergeInflight, mergeSnapshots } from './snapshot.ts';
+import { encodeDeparted, encodeInflight, encodeSnapshot, mergeInflight, mergeSnapshots } from './snapshot.ts';
 import { type RemoteTenant, type TenantLease, type TenantUsage, TenantUsageTable } from './tenants.ts';
 import type { WindowTotals } from './window.ts';
 
@@ -64,6 +64,11 @@ export interface LiveStateOptions {
    * from untagged peers.
    */
   blockSizeTokens?: () => number;
+  /**
+   * How long a stopped instance's tenant tokens still count for the others (Redis store); default
+   * the token window, 60 s. Tests shorten it.
+   */
+  departedTokensMs?: number;
 }
 
 /** One latency metric or counter set over the sliding window. */
@@ -336,8 +341,10 @@ class LiveStateImpl implements LiveState {
             instanceId: this.instanceId,
             now: this.#now,
             logger: opts.logger,
+            departedMs: opts.departedTokensMs,
             host: {
               snapshot: (now) => encodeSnapshot(this.#states(), this.#tenants.entries(now), now),
+              departing: (now) => encodeDeparted(this.#tenants.entries(now)),
               inflight: () => encodeInflight(this.#states(), (name) => this.#drainMsPerToken(name)),
               applyPeers: (snaps, inflight, now) => this.#applyPeers(snaps, inflight, now),
               logEntry: () => {

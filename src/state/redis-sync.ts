@@ -10,6 +10,10 @@
 //   every inflight_interval_ms / 2:   heartbeat, in-flight parts, prefix log
 //   every refresh_interval_ms / 2:    the same, and the full snapshots
 //
+// An instance that leaves (close(), or its heartbeat expired) leaves its tenants' tokens of the last
+// minute behind, in inflight-free form, for a minute: they were spent, and a tenant's
+// tokens_per_minute holds over a rolling restart. The full exchange returns them with the peers'.
+//
 // Invariants:
 // - nothing on the request path waits for this: the tick runs on a timer and only ever replaces
 //   the peers' view when it succeeds;
@@ -45,8 +49,10 @@ const MAX_INSTANCES = 256;
 /** A write refused by a replica, whether Redis gives it bare (7+) or inside a script's error (≤6.2). */
 export const READONLY = /(?:^|-)READONLY /;
 
-// KEYS: instances (heartbeats), full snapshots, log, in-flight parts. ARGV[2] is the full snapshot,
-// '' on a tick that does not exchange it (then no peer's is read either); ARGV[11] the in-flight part.
+// KEYS: instances (heartbeats), full snapshots, log, in-flight parts, departed instances' tenant
+// tokens (id → "<redis ms>|<snapshot of tenants only, none in flight>"). ARGV[2] is the full
+// snapshot, '' on a tick that does not exchange it (then no peer's is read either); ARGV[11] the
+// in-flight part; ARGV[12] how long a departed instance's tokens count (ms).
 // The heartbeat is written after both parts: Redis does not undo a script that fails half-way, and
 // a heartbeat refreshed over a part that could not be written would have the peers count this
 // instance's old leases for as long as the failure lasts; without it they drop them after the TTL.
@@ -87,12 +93,32 @@ end
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
 local max = tonumber(ARGV[4])
+local keep = tonumber(ARGV[12])
+local function depart(id, snap)
+  if not snap or keep <= 0 then return end
+  local ok, d = pcall(cjson.decode, snap)
+  if not ok or type(d) ~= 'table' or type(d.t) ~= 'table' then return end
+  local tenants = {}
+  local any = false
+  for name, c in pairs(d.t) do
+    if type(c) == 'table' and type(c[2]) == 'number' and c[2] > 0 then
+      tenants[name] = {0, c[2]}
+      any = true
+    end
+  end
+  if not any or redis.call('HLEN', KEYS[5]) >= max then return end
+  redis.call('HSET', KEYS[5], id, now .. '|' .. cjson.encode({v = d.v, b = {}, t = tenants}))
+  redis.call('PEXPIRE', KEYS[5], keep)
+end
 local cutoff = '(' .. (now - ttl)
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff)
 for i = 1, #dead do
+  depart(dead[i], redis.call('HGET', KEYS[2], dead[i]))
   redis.call('HDEL', KEYS[2], dead[i])
   redis.call('HDEL', KEYS[4], dead[i])
 end
+-- An instance judged dead that comes back counts its own tokens again.
+redis.call('HDEL', KEYS[5], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff)
 local full = ARGV[2] ~= ''
 if full then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
@@ -126,7 +152,37 @@ for i = 1, #live do
     add(counts, KEYS[4], live[i])
   end
 end
-return {out, logged, logErr, counts, full and 1 or 0}
+local departed = {}
+if full then
+  local all = redis.call('HGETALL', KEYS[5])
+  for i = 1, #all, 2 do
+    local v = all[i + 1]
+    local sep = string.find(v, '|', 1, true)
+    local at = sep and tonumber(string.sub(v, 1, sep - 1))
+    if not at or at < now - keep then
+      redis.call('HDEL', KEYS[5], all[i])
+    else
+      departed[#departed + 1] = string.sub(v, sep + 1)
+    end
+  end
+end
+return {out, logged, logErr, counts, full and 1 or 0, departed}
+`;
+
+// close(): withdraws this instance, leaving its tenants' tokens (ARGV[2], '' when none) behind as a
+// departed instance's (the sync script's KEYS and layout).
+const LEAVE_SCRIPT = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+local keep = tonumber(ARGV[3])
+if ARGV[2] ~= '' and keep > 0 and redis.call('HLEN', KEYS[5]) < tonumber(ARGV[4]) then
+  redis.call('HSET', KEYS[5], ARGV[1], now .. '|' .. ARGV[2])
+  redis.call('PEXPIRE', KEYS[5], keep)
+end
+return 1
 `;
 
 interface SyncCommand {
@@ -135,6 +191,7 @@ interface SyncCommand {
     snapshots: string,
     log: string,
     inflight: string,
+    departed: string,
     id: string,
     snapshot: string,
     ttlMs: number,
@@ -146,6 +203,18 @@ interface SyncCommand {
     logTtlMs: number,
     logReadBytes: number,
     inflightPart: string,
+    departedMs: number,
+  ): Promise<unknown>;
+  slagateLeave(
+    instances: string,
+    snapshots: string,
+    log: string,
+    inflight: string,
+    departed: string,
+    id: string,
+    tenants: string,
+    departedMs: number,
+    max: number,
   ): Promise<unknown>;
 }
 
@@ -213,6 +282,11 @@ export interface SyncHost {
   logEntry(): string;
   /** Entries other instances added to the log, oldest first. */
   applyLog(entries: string[]): void;
+  /**
+   * What this instance leaves behind when it closes: a full snapshot of its tenants' tokens only,
+   * none in flight; '' when it has none.
+   */
+  departing(now: number): string;
 }
 
 export interface RedisSyncOptions {
@@ -220,7 +294,12 @@ export interface RedisSyncOptions {
   host: SyncHost;
   now: () => number;
   logger?: StateLogger | undefined;
+  /** How long a departed instance's tenant tokens still count; default the token window (60 s). */
+  departedMs?: number | undefined;
 }
+
+/** The tenants' token window (tenants.ts): how long a departed instance's tokens count by default. */
+const DEPARTED_MS = 60_000;
 
 /** The sync period: half the in-flight interval, at most half the refresh interval (see the constructor). */
 export function tickIntervalMs(cfg: RedisStateConfig): number {
@@ -253,7 +332,7 @@ export function livenessTtlMs(cfg: RedisStateConfig): number {
 
 export class RedisSync {
   readonly ttlMs: number;
-  readonly keys: { instances: string; snapshots: string; log: string; inflight: string };
+  readonly keys: { instances: string; snapshots: string; log: string; inflight: string; departed: string };
   readonly client: StateRedisClient;
   readonly #cfg: RedisStateConfig;
   readonly #opts: RedisSyncOptions;
@@ -292,9 +371,11 @@ export class RedisSync {
       snapshots: `${tag}:snapshots`,
       log: `${tag}:log`,
       inflight: `${tag}:inflight`,
+      departed: `${tag}:departed`,
     };
     this.client = createRedisClient(cfg);
-    this.client.defineCommand('slagateSync', { numberOfKeys: 4, lua: SYNC_SCRIPT });
+    this.client.defineCommand('slagateSync', { numberOfKeys: 5, lua: SYNC_SCRIPT });
+    this.client.defineCommand('slagateLeave', { numberOfKeys: 5, lua: LEAVE_SCRIPT });
     // Without a listener ioredis reports every failed reconnect as an unhandled error.
     this.client.on('error', (e: Error) => {
       this.#lastError = e.message;
@@ -379,6 +460,7 @@ export class RedisSync {
           this.keys.snapshots,
           this.keys.log,
           this.keys.inflight,
+          this.keys.departed,
           this.#opts.instanceId,
           full ? this.#opts.host.snapshot(at) : '',
           this.ttlMs,
@@ -390,6 +472,7 @@ export class RedisSync {
           LOG_TTL_MS,
           LOG_READ_BYTES,
           this.#opts.host.inflight(),
+          this.#departedMs(),
         ),
         this.#cfg.command_timeout_ms,
         'sync',
@@ -460,19 +543,31 @@ export class RedisSync {
     }
   }
 
-  /** Stops the timer, withdraws this instance (best effort, bounded) and disconnects. */
+  #departedMs(): number {
+    return this.#opts.departedMs ?? DEPARTED_MS;
+  }
+
+  /**
+   * Stops the timer, withdraws this instance, leaving its tenants' tokens behind (best effort,
+   * bounded), and disconnects.
+   */
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
     clearInterval(this.#timer);
     await this.#busy;
     if (this.client.status === 'ready') {
-      const leave = this.client
-        .pipeline()
-        .zrem(this.keys.instances, this.#opts.instanceId)
-        .hdel(this.keys.snapshots, this.#opts.instanceId)
-        .hdel(this.keys.inflight, this.#opts.instanceId)
-        .exec();
+      const leave = (this.client as unknown as SyncCommand).slagateLeave(
+        this.keys.instances,
+        this.keys.snapshots,
+        this.keys.log,
+        this.keys.inflight,
+        this.keys.departed,
+        this.#opts.instanceId,
+        this.#opts.host.departing(this.#opts.now()),
+        this.#departedMs(),
+        MAX_INSTANCES,
+      );
       // The log stays: what this instance routed is still in the backends' caches.
       await bounded(leave, this.#cfg.command_timeout_ms, 'leave').catch(() => {});
     }
@@ -483,14 +578,16 @@ export class RedisSync {
 
 /**
  * The script returns [[id, snapshot, ...], [[logId, [field, value, ...]], ...], error, [id, part,
- * ...], full]: the peers' full snapshots (none unless `full` is 1), the log entries read (of which
- * this instance's own are dropped), the error Redis gave the log's commands ('' when none; the rest
- * was exchanged all the same), and the peers' in-flight parts.
+ * ...], full, [departed, ...]]: the peers' full snapshots (none unless `full` is 1), the log entries
+ * read (of which this instance's own are dropped), the error Redis gave the log's commands ('' when
+ * none; the rest was exchanged all the same), the peers' in-flight parts, and the departed
+ * instances' tenant tokens (none unless `full` is 1), which join the peers' snapshots.
  */
 function parseReply(
   reply: unknown,
   self: string,
 ): {
+  /** The peers' full snapshots and the departed instances' tenant tokens (null unless the tick was full). */
   peers: string[] | null;
   /** The peers whose full snapshots came (none unless the tick was full). */
   fullIds: string[];
@@ -523,6 +620,10 @@ function parseReply(
     return { ids, values };
   };
   const full = reply[4] === 1 ? split(reply[0] as unknown[]) : null;
+  // Departed instances' tenant tokens, snapshots of their own (not peers: no id, nothing in flight).
+  const departed = Array.isArray(reply[5])
+    ? (reply[5] as unknown[]).filter((d) => typeof d === 'string')
+    : [];
   const counts = split(reply[3] as unknown[]);
   const log: string[] = [];
   let lastId: string | null = null;
@@ -539,7 +640,7 @@ function parseReply(
     if (who !== self && typeof payload === 'string') log.push(payload);
   }
   return {
-    peers: full?.values ?? null,
+    peers: full === null ? null : [...full.values, ...(departed as string[])],
     fullIds: full?.ids ?? [],
     inflight: counts.values,
     inflightIds: new Set(counts.ids),

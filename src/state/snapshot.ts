@@ -56,6 +56,21 @@ export function encodeInflight(
   return JSON.stringify({ v: VERSION, b });
 }
 
+/**
+ * What an instance leaves behind when it stops: a full snapshot of its tenants' tokens in the
+ * window alone, none in flight (its requests ended with it); '' when it has none.
+ */
+export function encodeDeparted(tenants: Iterable<[string, TenantUsage]>): string {
+  const t: Record<string, number[]> = {};
+  let any = false;
+  for (const [name, u] of tenants) {
+    if (u.tokens <= 0) continue;
+    t[name] = [0, u.tokens];
+    any = true;
+  }
+  return any ? JSON.stringify({ v: VERSION, b: {}, t }) : '';
+}
+
 /** The full snapshot: window totals and fit sums per backend, and the tenants' usage. */
 export function encodeSnapshot(
   backends: Iterable<BackendState>,

@@ -23,6 +23,7 @@ function host(): SyncHost & { queue: string[]; batches: string[][] } {
     applyLog: (entries) => {
       batches.push(entries);
     },
+    departing: () => '',
   };
 }
 

@@ -102,7 +102,12 @@ describe('LiveState with the Redis store (real redis-server)', () => {
   let prefixN = 0;
   let cfg: RedisStateConfig;
 
-  const make = (id: string, over: Partial<RedisStateConfig> = {}, blockSizeTokens?: number) => {
+  const make = (
+    id: string,
+    over: Partial<RedisStateConfig> = {},
+    blockSizeTokens?: number,
+    departedTokensMs?: number,
+  ) => {
     const s = createLiveState(
       { ...cfg, ...over },
       {
@@ -110,6 +115,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
         backends: BACKENDS,
         scrape: false,
         ...(blockSizeTokens === undefined ? {} : { blockSizeTokens: () => blockSizeTokens }),
+        ...(departedTokensMs === undefined ? {} : { departedTokensMs }),
       },
     );
     states.push(s);
@@ -430,6 +436,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
       });
       await until(() => watcher.load('gpu-0') === 5, 3_000, 'watcher to see the child’s leases');
       expect(watcher.backendView('gpu-0')?.latency.ttft.count).toBe(1);
+      await until(() => watcher.tenantUsage('acme').tokens === 300, 3_000, 'watcher to see its tenant');
       const exited = new Promise((r) => child.once('exit', r));
       child.kill('SIGKILL');
       await exited;
@@ -448,9 +455,35 @@ describe('LiveState with the Redis store (real redis-server)', () => {
         1_000,
         "the dead instance's windows to leave",
       );
+      // Its tenant's request died with it; the tokens it admitted were spent, and still count.
+      expect(watcher.tenantUsage('acme')).toEqual({ inflight: 0, tokens: 300 });
     } finally {
       child.kill('SIGKILL');
     }
+  });
+
+  it("a tenant's tokens stay counted after the instance that admitted them stops, until they leave the window", async () => {
+    // The window a departed instance's tokens count for, shortened from a minute.
+    const KEEP_MS = 1_500;
+    const a = make('a', {}, undefined, KEEP_MS);
+    const b = make('b', {}, undefined, KEEP_MS);
+    await Promise.all([a.ready(), b.ready()]);
+    const lease = a.tenantLease('acme', 700);
+    await until(() => b.tenantUsage('acme').tokens === 700, 2_000, "b to see a's tokens");
+    expect(b.tenantUsage('acme').inflight).toBe(1);
+    // A rolling restart: a stops with its request in flight.
+    await a.close();
+    await until(() => b.tenantUsage('acme').inflight === 0, 2_000, "a's request to leave the count");
+    expect(b.tenantUsage('acme').tokens).toBe(700);
+    // Its successor learns them at its first exchange.
+    const c = make('c', {}, undefined, KEEP_MS);
+    await c.ready();
+    await until(() => c.tenantUsage('acme').tokens === 700, 2_000, "the successor to count a's tokens");
+    expect(c.tenantUsage('acme').inflight).toBe(0);
+    // Once they are out of the window, nobody counts them.
+    await until(() => b.tenantUsage('acme').tokens === 0, KEEP_MS + 3_000, 'the departed tokens to expire');
+    await until(() => c.tenantUsage('acme').tokens === 0, 2_000, 'the departed tokens to expire at c');
+    lease.end();
   });
 
   it('Redis killed under load: calls answer from local state at once, degraded soon, recovery without backlog replay', async () => {
