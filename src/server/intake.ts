@@ -251,7 +251,10 @@ export function truncatedTokens(ir: InferenceRequest, tokens: number, maxLen: nu
  * for a completion; null for a chat request without one (vLLM fills the context).
  */
 function askedOutput(ir: InferenceRequest): number | null {
-  return ir.maxTokens ?? (ir.endpoint === 'chat' ? null : COMPLETION_DEFAULT_MAX_TOKENS);
+  if (ir.maxTokens !== null) return ir.maxTokens;
+  // vLLM's completions default (16) is for a max_tokens left out; sent as null it asks, as a chat
+  // request without a limit does, for up to the rest of the context.
+  return ir.endpoint !== 'chat' && ir.body.max_tokens === undefined ? COMPLETION_DEFAULT_MAX_TOKENS : null;
 }
 
 /**

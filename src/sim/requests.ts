@@ -7,6 +7,9 @@ import type { ChatMessageInput, ContentPart, Tokenizer } from '../tokenizer/toke
 import { TokenizeError } from '../tokenizer/tokenizer.ts';
 import { HttpError, type Kind } from './wire.ts';
 
+/** vLLM's CompletionRequest.max_tokens default (chat has none: to the end of the context). */
+const COMPLETION_DEFAULT_MAX_TOKENS = 16;
+
 export interface GenerationRequest {
   kind: Kind;
   model: string;
@@ -74,10 +77,13 @@ export function parseGeneration(
     // include_usage defaults to true once stream_options is sent, as in vLLM's StreamOptions.
     includeUsage = optionalBool(options as Body, 'include_usage') ?? !('include_usage' in options);
   }
-  // Chat prefers max_completion_tokens (OpenAI's newer name) over max_tokens, as vLLM does.
+  // Chat prefers max_completion_tokens (OpenAI's newer name) over max_tokens, as vLLM does. A
+  // completion that leaves max_tokens out gets vLLM's default of 16; sent as null (as a chat
+  // request's absent limit) it may generate to the end of the context.
   const maxTokens =
     (kind === 'chat' ? optionalInt(body, 'max_completion_tokens') : undefined) ??
-    optionalInt(body, 'max_tokens');
+    optionalInt(body, 'max_tokens') ??
+    (kind !== 'chat' && body.max_tokens === undefined ? COMPLETION_DEFAULT_MAX_TOKENS : undefined);
   if (maxTokens !== undefined && maxTokens < 1) {
     throw new HttpError(
       400,

@@ -738,6 +738,16 @@ describe('27b: context length of completion prompts, as vLLM counts it', () => {
     expect(full.status).toBe(400);
     expect(full.text).toContain('you requested 266 tokens (250 in the messages, 16 in the completion)');
     expect(await t.recordOf('ctx-default')).toMatchObject({ outcome: 'refused', backend: null, attempts: 0 });
+    // max_tokens sent as null is no default but no limit: vLLM serves it, up to the context's end.
+    const open = await post(
+      t.url,
+      '/v1/completions',
+      { model: MODEL, prompt: ids(250), max_tokens: null, ignore_eos: true },
+      { 'x-request-id': 'ctx-null' },
+    );
+    expect(open.status).toBe(200);
+    expect(JSON.parse(open.text).usage.completion_tokens).toBe(6);
+    expect(await t.recordOf('ctx-null')).toMatchObject({ outcome: 'ok', backend: 'small' });
   });
 });
 

@@ -189,6 +189,13 @@ describe('non-streaming', () => {
     });
   });
 
+  it("a completion without max_tokens stops at vLLM's default of 16", async () => {
+    const body = { model: MODEL, prompt: 'Hello', ignore_eos: true };
+    const absent = JSON.parse((await post(base, COMPLETIONS, body)).text);
+    expect(absent.usage.completion_tokens).toBe(16);
+    expect(absent.choices[0].finish_reason).toBe('length');
+  });
+
   it('generates the same text for the same seed on another replica, and other text for another seed', async () => {
     const other = await SimReplica.start({ profile: PROFILE, timeScale: 0.05, seed: 1 });
     try {
@@ -262,10 +269,11 @@ describe('errors', () => {
           "'max_tokens' or 'max_completion_tokens' is too large: 50. This model's maximum context length " +
           'is 64 tokens and your request has 21 input tokens (50 > 64 - 21).',
       });
-      // Without max_tokens the request may use the rest of the context.
+      // With max_tokens null the request may use the rest of the context (left out, it gets 16).
       const rest = await post(small.url, COMPLETIONS, {
         model: MODEL,
         prompt: shortPrompt,
+        max_tokens: null,
         ignore_eos: true,
       });
       expect(JSON.parse(rest.text).usage.completion_tokens).toBe(64 - 21);
