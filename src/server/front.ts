@@ -302,6 +302,8 @@ function serveInference(
         try {
           identity = identify();
         } catch (e) {
+          // Refused for its key now: what the head's key settled no longer holds.
+          record.set({ tenant: null, class: null, ttft_target_ms: null, tpot_target_ms: null });
           refuse(rt, res, id, record, e);
           return;
         }

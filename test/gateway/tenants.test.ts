@@ -14,6 +14,7 @@ import {
   baseConfig,
   chat,
   chatStreamText,
+  get,
   MODEL,
   merge,
   openStream,
@@ -224,7 +225,19 @@ describe('a request without a valid key', () => {
     const [answer] = await answers(1);
     expect(answer).toMatch(/^HTTP\/1\.1 401 /);
     socket.destroy();
-    expect(await t.recordOf('mid-reload')).toMatchObject({ outcome: 'refused', reason: 'invalid_api_key' });
+    // Refused for its key: no tenant, no class, no targets, as for any bad key (not team-b's batch).
+    expect(await t.recordOf('mid-reload')).toMatchObject({
+      outcome: 'refused',
+      reason: 'invalid_api_key',
+      tenant: null,
+      class: null,
+      ttft_target_ms: null,
+      tpot_target_ms: null,
+    });
+    // …and so in the metrics: the class the reload removed has no series again.
+    const metrics = (await get(t.url, '/metrics')).text;
+    expect(metrics).not.toMatch(/slagate_admission_total\{[^}]*class="batch"/);
+    expect(metrics).toMatch(/slagate_admission_total\{[^}]*class="none"[^}]*reason="invalid_api_key"/);
   });
 
   it('after a 401, a body of declared length that stops coming is cut at the request deadline', async () => {
