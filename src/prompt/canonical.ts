@@ -173,6 +173,10 @@ class CanonicalText {
     this.text(typeof m.role === 'string' ? m.role : '');
     if (typeof m.name === 'string') this.text(`:${m.name}`);
     this.text('\n');
+    // An assistant turn's reasoning, which vLLM hands to the chat template (interleaved thinking):
+    // text the backend prefills, ahead of the turn's content as templates put it.
+    const reasoning = typeof m.reasoning === 'string' ? m.reasoning : m.reasoning_content;
+    if (typeof reasoning === 'string') this.piece('r', reasoning);
     const c = m.content;
     if (typeof c === 'string') {
       this.piece('t', c);
@@ -195,7 +199,7 @@ class CanonicalText {
         if (!first) this.text('\n');
         first = false;
         if (isRecord(part) && typeof part.type === 'string') this.media(part);
-        // Not a part at all (vLLM refuses the request): named by its JSON, nothing counted.
+        // Neither text nor a typed part (vLLM refuses the request): named by its JSON, nothing counted.
         else this.opaque(JSON.stringify(part) ?? '');
       }
       if (run !== null) {
@@ -234,10 +238,12 @@ class CanonicalText {
 }
 
 /**
- * The text of a content part vLLM reads as text (`text`, the Responses API's `input_text` and
- * `output_text`, an assistant's `refusal`), else null.
+ * The text of a content part vLLM reads as text (a plain string among the parts, `text`, the
+ * Responses API's `input_text` and `output_text`, an assistant's `refusal`, a `thinking` part's
+ * thinking), else null.
  */
 export function partText(part: unknown): string | null {
+  if (typeof part === 'string') return part;
   if (!isRecord(part)) return null;
   switch (part.type) {
     case 'text':
@@ -246,6 +252,8 @@ export function partText(part: unknown): string | null {
       return typeof part.text === 'string' ? part.text : null;
     case 'refusal':
       return typeof part.refusal === 'string' ? part.refusal : null;
+    case 'thinking':
+      return typeof part.thinking === 'string' ? part.thinking : null;
     default:
       return null;
   }

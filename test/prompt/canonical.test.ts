@@ -376,6 +376,47 @@ describe('TokenEstimate', () => {
     expect(images(16).hashes.length).toBeGreaterThanOrEqual(16 * filler);
   });
 
+  it('plain strings among the parts, thinking parts and an assistant turn’s reasoning are text vLLM prefills', () => {
+    const doc = 'The quarterly report says revenue grew. '.repeat(200);
+    const asString = promptBlocks(chat([{ role: 'user', content: `${doc}\nSummarise it.` }]), BLOCK);
+    // vLLM takes a plain string among the content parts as a text part.
+    const asStrings = promptBlocks(chat([{ role: 'user', content: [doc, 'Summarise it.'] }]), BLOCK);
+    expect(asStrings.hashes).toEqual(asString.hashes);
+    expect(asStrings.textChars).toBe(asString.textChars);
+    expect(asStrings.mediaParts).toBe(0);
+    const thinking = promptBlocks(
+      chat([{ role: 'assistant', content: [{ type: 'thinking', thinking: doc, closed: true }] }]),
+      BLOCK,
+    );
+    expect(thinking.mediaParts).toBe(0);
+    expect(thinking.textChars).toBeGreaterThan(doc.length);
+    // Reasoning is counted, and two turns that reasoned differently are two prompts from there on.
+    const turn = (reasoning: string) =>
+      promptBlocks(
+        chat([
+          { role: 'user', content: 'Plan the migration.' },
+          { role: 'assistant', content: 'Done: three steps.', reasoning },
+          { role: 'user', content: 'Go on.' },
+        ]),
+        BLOCK,
+      );
+    const a = turn(doc);
+    const b = turn(`${doc.slice(0, -1)}!`);
+    expect(a.textChars).toBeGreaterThan(doc.length);
+    expect(a.hashes.at(-1)).not.toBe(b.hashes.at(-1));
+    expect(common(a.hashes, b.hashes)).toBeGreaterThan(0);
+    // The deprecated name is read too.
+    const old = promptBlocks(
+      chat([
+        { role: 'user', content: 'Plan the migration.' },
+        { role: 'assistant', content: 'Done: three steps.', reasoning_content: doc },
+        { role: 'user', content: 'Go on.' },
+      ]),
+      BLOCK,
+    );
+    expect(old.hashes).toEqual(a.hashes);
+  });
+
   it('an image costs the index the same blocks whatever its size, and still names its content', () => {
     const base64 = (n: number, seed: number) => {
       const rng = new Rng(seed);
