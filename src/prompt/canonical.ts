@@ -85,14 +85,50 @@ const MAX_ROOTS = 256;
  * what it matches reaches the client (x-slagate-prefix-hit, the predicted TTFT): with one chain for
  * all, a tenant could confirm another's prompt, block by block, from those headers.
  */
-export function cacheRoot(model: string, cacheSalt: unknown, tenant: string | null = null): number {
+export function cacheRoot(
+  model: string,
+  cacheSalt: unknown,
+  tenant: string | null = null,
+  rendering: string | null = null,
+): number {
   const key = tenant === null ? model : `${tenant}\u0000${model}`;
   let root = roots.get(key);
   if (root === undefined) {
     root = tenant === null ? namedRoot(model) : namedRoot(tenant, namedRoot(model));
     if (roots.size < MAX_ROOTS) roots.set(key, root);
   }
+  // Per request, like a salt: the fields that change how vLLM renders and tokenizes the prompt.
+  if (rendering !== null) root = namedRoot(rendering, root);
   return typeof cacheSalt === 'string' ? namedRoot(cacheSalt, root) : root;
+}
+
+/**
+ * Request fields that change the tokens vLLM makes of the same messages or prompt (its chat
+ * template and what it is given, the special tokens), each with its value when it is not vLLM's
+ * default; null when none is. Two requests that differ here share no cached block however alike
+ * their text, so they must not share a chain: a false hit would send a request where its prompt is
+ * not held and tell the client so. A default sent explicitly reads as the default; the same kwargs
+ * written in another key order are another chain: a missed hit, never a false one.
+ */
+export function renderingKey(kind: 'chat' | 'completion', body: Record<string, unknown>): string | null {
+  let key: string | null = null;
+  const add = (name: string, value: unknown) => {
+    if (value === undefined || value === null) return;
+    key = `${key ?? ''}\u0000${name}=${JSON.stringify(value) ?? ''}`;
+  };
+  if (kind === 'chat') {
+    add('chat_template', body.chat_template);
+    add('chat_template_kwargs', body.chat_template_kwargs);
+    add('documents', body.documents);
+    add('reasoning_effort', body.reasoning_effort);
+    add('mm_processor_kwargs', body.mm_processor_kwargs);
+    if (body.add_generation_prompt === false) add('add_generation_prompt', false);
+    if (body.continue_final_message === true) add('continue_final_message', true);
+    if (body.add_special_tokens === true) add('add_special_tokens', true);
+  } else if (body.add_special_tokens === false) {
+    add('add_special_tokens', false);
+  }
+  return key;
 }
 
 /**

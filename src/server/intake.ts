@@ -12,6 +12,7 @@ import {
   type PromptSource,
   promptBlocks,
   promptFloors,
+  renderingKey,
 } from '../prompt/canonical.ts';
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import type { AssembleKind, ClientMode } from '../upstream/index.ts';
@@ -131,7 +132,12 @@ export function intake(
   const prompt = promptBlocks(
     source,
     rt.config.router.block_size_tokens,
-    cacheRoot(model, ir.body.cache_salt, namedTenant(identity)),
+    cacheRoot(
+      model,
+      ir.body.cache_salt,
+      namedTenant(identity),
+      renderingKey(ir.endpoint === 'chat' ? 'chat' : 'completion', ir.body),
+    ),
   );
   // What the backend will prefill: vLLM keeps a prompt's last truncate_prompt_tokens tokens.
   const wholeTokens = rt.tokens.tokens(prompt);

@@ -10,6 +10,7 @@ import {
   type PromptSource,
   promptBlocks,
   promptFloors,
+  renderingKey,
   TokenEstimate,
   tokenFloor,
 } from '../../src/prompt/canonical.ts';
@@ -28,6 +29,24 @@ const common = (a: readonly number[], b: readonly number[]) => {
 
 describe('promptBlocks', () => {
   const system = { role: 'system', content: 'You are a careful assistant for ACME. '.repeat(60) };
+
+  it('fields that change how vLLM renders or tokenizes the prompt start another chain; their defaults do not', () => {
+    const messages = [system, { role: 'user', content: 'What is the refund policy?' }];
+    const hashesOf = (kind: 'chat' | 'completion', body: Record<string, unknown>) =>
+      promptBlocks(
+        kind === 'chat' ? chat(messages) : { kind: 'text', texts: [String(system.content)] },
+        BLOCK,
+        cacheRoot('m', undefined, null, renderingKey(kind, body)),
+      ).hashes;
+    const plain = hashesOf('chat', {});
+    expect(hashesOf('chat', { chat_template_kwargs: { date_string: '26 Jul 2024' } })[0]).not.toBe(plain[0]);
+    expect(hashesOf('chat', { reasoning_effort: 'high' })[0]).not.toBe(plain[0]);
+    expect(hashesOf('chat', { add_generation_prompt: false })[0]).not.toBe(plain[0]);
+    expect(hashesOf('chat', { add_generation_prompt: true, continue_final_message: false })).toEqual(plain);
+    const completion = hashesOf('completion', {});
+    expect(hashesOf('completion', { add_special_tokens: false })[0]).not.toBe(completion[0]);
+    expect(hashesOf('completion', { add_special_tokens: true })).toEqual(completion);
+  });
 
   it('the same text under another model (a LoRA adapter) or cache_salt is another chain, as in vLLM', () => {
     const prompt = chat([system, { role: 'user', content: 'What is the refund policy?' }]);
