@@ -153,14 +153,21 @@ export function promptBlocks(source: PromptSource, blockSizeTokens: number, root
   const out = new CanonicalText(blockSizeTokens * BLOCK_CHARS_PER_TOKEN, root);
   if (source.kind === 'chat') {
     const { messages, tools } = source;
+    // The reasoning chat templates render (Qwen3's, DeepSeek-R1's) is the current turn's: that of
+    // the assistant messages after the last user message. An earlier turn's is hashed, not counted.
+    let lastUser = -1;
+    for (let k = 0; k < messages.length; k++) {
+      const m = messages[k];
+      if (isRecord(m) && m.role === 'user') lastUser = k;
+    }
     let i = 0;
     if (tools !== undefined && tools !== null) {
-      while (i < messages.length && isSystem(messages[i])) out.message(messages[i++]);
+      while (i < messages.length && isSystem(messages[i])) out.message(messages[i++], i > lastUser);
       out.text('tools\n');
       out.text(JSON.stringify(tools));
       out.text('\n\n');
     }
-    for (; i < messages.length; i++) out.message(messages[i]);
+    for (; i < messages.length; i++) out.message(messages[i], i > lastUser);
   } else {
     source.texts.forEach((t, i) => {
       if (i === 0) out.text(t);
@@ -204,15 +211,21 @@ class CanonicalText {
    * counted, so a user text holding "\n\nassistant\n…" is not taken for two messages, nor a chat
    * for a completion of its rendered text: vLLM's template puts special tokens there.
    */
-  message(m: unknown): void {
+  message(m: unknown, currentTurn = true): void {
     if (!isRecord(m)) return;
     this.text(typeof m.role === 'string' ? m.role : '');
     if (typeof m.name === 'string') this.text(`:${m.name}`);
     this.text('\n');
-    // An assistant turn's reasoning, which vLLM hands to the chat template (interleaved thinking):
-    // text the backend prefills, ahead of the turn's content as templates put it.
+    // An assistant turn's reasoning, which vLLM hands to the chat template (interleaved thinking),
+    // ahead of the turn's content as templates put it: counted as text the backend prefills in the
+    // current turn (after the last user message), where templates render it; before it, hashed
+    // only (most templates drop it there, and some keep it: a miscount either way, never a prompt
+    // taken for another).
     const reasoning = typeof m.reasoning === 'string' ? m.reasoning : m.reasoning_content;
-    if (typeof reasoning === 'string') this.piece('r', reasoning);
+    if (typeof reasoning === 'string' && m.role === 'assistant') {
+      if (currentTurn) this.piece('r', reasoning);
+      else this.opaque(`\u0000r${reasoning.length}\u0000${reasoning}`);
+    }
     const c = m.content;
     if (typeof c === 'string') {
       this.piece('t', c);

@@ -511,6 +511,9 @@ export class Scheduler {
         if (victim === undefined) {
           queue.remove(w);
           w.settle(null, this.#refusal(req, 'queue_full'));
+          // Its pump counted it waiting for a backend (closed to those behind it, its pass used):
+          // the others are looked at again without it, as after a cancel.
+          this.pump();
           return;
         }
         queue.remove(victim);

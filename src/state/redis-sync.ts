@@ -94,8 +94,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
 local max = tonumber(ARGV[4])
 local keep = tonumber(ARGV[12])
-local function depart(id, snap)
-  if not snap or keep <= 0 then return end
+local function depart(id, snap, at)
+  if not snap or keep <= 0 or at < now - keep then return end
   local ok, d = pcall(cjson.decode, snap)
   if not ok or type(d) ~= 'table' or type(d.t) ~= 'table' then return end
   local tenants = {}
@@ -107,13 +107,14 @@ local function depart(id, snap)
     end
   end
   if not any or redis.call('HLEN', KEYS[5]) >= max then return end
-  redis.call('HSET', KEYS[5], id, now .. '|' .. cjson.encode({v = d.v, b = {}, t = tenants}))
+  redis.call('HSET', KEYS[5], id, at .. '|' .. cjson.encode({v = d.v, b = {}, t = tenants}))
   redis.call('PEXPIRE', KEYS[5], keep)
 end
 local cutoff = '(' .. (now - ttl)
-local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff)
-for i = 1, #dead do
-  depart(dead[i], redis.call('HGET', KEYS[2], dead[i]))
+-- Each with its last heartbeat: its tokens count from then, whoever finds it dead and when.
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff, 'WITHSCORES')
+for i = 1, #dead, 2 do
+  depart(dead[i], redis.call('HGET', KEYS[2], dead[i]), tonumber(dead[i + 1]))
   redis.call('HDEL', KEYS[2], dead[i])
   redis.call('HDEL', KEYS[4], dead[i])
 end
@@ -133,8 +134,11 @@ if n > max then
   end
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - max - 1)
 end
-redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PEXPIRE', KEYS[2], ttl)
+-- The heartbeats and full snapshots outlive the last instance for as long as its tenants' tokens
+-- count, so that a successor started after a crash of every instance still finds them (and drops
+-- the dead, their windows unread, at its first tick); the in-flight parts go with the TTL.
+redis.call('PEXPIRE', KEYS[1], math.max(ttl, keep))
+redis.call('PEXPIRE', KEYS[2], math.max(ttl, keep))
 redis.call('PEXPIRE', KEYS[4], ttl)
 local live = redis.call('ZRANGE', KEYS[1], 0, -1)
 local out = {}

@@ -58,6 +58,8 @@ const SETTLED_BY_SECOND: ReadonlyMap<number, FailureReason> = new Map<number, Fa
   [501, 'upstream_not_implemented'],
 ]);
 const BUSY_STATUSES: ReadonlySet<number> = new Set([408, 429]);
+/** Bytes of a 200 JSON body to a stream read for an in-band error; the rest is discarded. */
+const MAX_UNSTREAMED_BODY = 64 * 1024;
 
 /** How the client is answered (see the header comment). */
 export type ClientMode = 'stream' | 'assemble' | 'passthrough';
@@ -260,10 +262,12 @@ export class Attempt implements Dispatcher.DispatchHandler {
         return;
       case 'rejecting':
       case 'unstreamed':
-        // An error body is read for its message up to one event's bound (maxEventBytes): vLLM's
+        // A 4xx body is read for its message up to one event's bound (maxEventBytes): vLLM's
         // validation errors can quote the request back, a long prompt's body and more, and a
-        // body cut short does not parse, which would lose the message that says what to fix.
-        if (this.#bodyBytes < this.spec.maxEventBytes) {
+        // body cut short does not parse, which would lose the message that says what to fix. A
+        // 200 body to a stream is read only as far as an error body goes (MAX_UNSTREAMED_BODY):
+        // a backend that ignored `stream` sends its whole answer, which is no error.
+        if (this.#bodyBytes < (this.#phase === 'rejecting' ? this.spec.maxEventBytes : MAX_UNSTREAMED_BODY)) {
           this.#body.push(chunk);
           this.#bodyBytes += chunk.length;
         }
@@ -837,11 +841,11 @@ function isJson(headers: ResponseHeaders): boolean {
  * some requests it cannot serve (issue vllm#21704, and again in 0.15-0.16): that is an in-band
  * error, a rejection when it names a relayed status, which a second backend settles like one in a
  * stream. Anything else (a backend that ignored `stream`) is a protocol error: the client asked
- * for a stream and this body cannot be relayed as one. Only the first maxEventBytes are
- * kept: an error body is small, and a longer one is no error.
+ * for a stream and this body cannot be relayed as one. Only the first MAX_UNSTREAMED_BODY bytes
+ * are kept: an error body is small, and a longer one is no error.
  */
 function unstreamedFailure(body: Buffer[]): AttemptFailure {
-  // Cut at maxEventBytes, or not JSON at all: not an error body.
+  // Cut at MAX_UNSTREAMED_BODY, or not JSON at all: not an error body.
   const msg = parsedBody(body);
   return isErrorPayload(msg)
     ? inBandFailure(msg, false, 'answered a stream with a JSON error body')
@@ -856,7 +860,7 @@ function rejectFacts(body: Buffer[]): { message: string | null; param: string | 
   return { message: capped(message), param };
 }
 
-/** A kept error body as JSON, or null when it is not JSON (or was cut at maxEventBytes). */
+/** A kept error body as JSON, or null when it is not JSON (or was cut short). */
 function parsedBody(body: Buffer[]): StreamChunk | null {
   try {
     return JSON.parse(Buffer.concat(body).toString('utf8')) as StreamChunk | null;

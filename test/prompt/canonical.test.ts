@@ -409,31 +409,29 @@ describe('TokenEstimate', () => {
     );
     expect(thinking.mediaParts).toBe(0);
     expect(thinking.textChars).toBeGreaterThan(doc.length);
-    // Reasoning is counted, and two turns that reasoned differently are two prompts from there on.
-    const turn = (reasoning: string) =>
+    // The current turn's reasoning (after the last user message: what templates render) is
+    // counted; an earlier turn's only hashed. Either way two turns that reasoned differently are
+    // two prompts from there on.
+    const turn = (reasoning: string, key = 'reasoning', more: unknown[] = []) =>
       promptBlocks(
         chat([
           { role: 'user', content: 'Plan the migration.' },
-          { role: 'assistant', content: 'Done: three steps.', reasoning },
-          { role: 'user', content: 'Go on.' },
+          { role: 'assistant', content: 'Done: three steps.', [key]: reasoning },
+          ...more,
         ]),
         BLOCK,
       );
-    const a = turn(doc);
-    const b = turn(`${doc.slice(0, -1)}!`);
-    expect(a.textChars).toBeGreaterThan(doc.length);
-    expect(a.hashes.at(-1)).not.toBe(b.hashes.at(-1));
-    expect(common(a.hashes, b.hashes)).toBeGreaterThan(0);
+    const current = turn(doc);
+    expect(current.textChars).toBeGreaterThan(doc.length);
+    expect(current.hashes.at(-1)).not.toBe(turn(`${doc.slice(0, -1)}!`).hashes.at(-1));
+    const next = [{ role: 'user', content: 'Go on.' }];
+    const earlier = turn(doc, 'reasoning', next);
+    const other = turn(`${doc.slice(0, -1)}!`, 'reasoning', next);
+    expect(earlier.textChars).toBeLessThan(100);
+    expect(earlier.hashes.at(-1)).not.toBe(other.hashes.at(-1));
+    expect(common(earlier.hashes, other.hashes)).toBeGreaterThan(0);
     // The deprecated name is read too.
-    const old = promptBlocks(
-      chat([
-        { role: 'user', content: 'Plan the migration.' },
-        { role: 'assistant', content: 'Done: three steps.', reasoning_content: doc },
-        { role: 'user', content: 'Go on.' },
-      ]),
-      BLOCK,
-    );
-    expect(old.hashes).toEqual(a.hashes);
+    expect(turn(doc, 'reasoning_content').hashes).toEqual(current.hashes);
   });
 
   it('an image costs the index the same blocks whatever its size, and still names its content', () => {

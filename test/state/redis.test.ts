@@ -1,5 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { RedisStateConfig } from '../../src/config/index.ts';
 import { createLiveState, type LiveState, livenessTtlMs } from '../../src/state/index.ts';
@@ -18,9 +19,13 @@ function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
 }
 
-async function until(cond: () => boolean, timeoutMs: number, what: string): Promise<number> {
+async function until(
+  cond: () => boolean | Promise<boolean>,
+  timeoutMs: number,
+  what: string,
+): Promise<number> {
   const start = performance.now();
-  while (!cond()) {
+  while (!(await cond())) {
     if (performance.now() - start > timeoutMs)
       throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
     await sleep(5);
@@ -484,6 +489,44 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     await until(() => b.tenantUsage('acme').tokens === 0, KEEP_MS + 3_000, 'the departed tokens to expire');
     await until(() => c.tenantUsage('acme').tokens === 0, 2_000, 'the departed tokens to expire at c');
     lease.end();
+  });
+
+  it('the tokens of an instance killed with no peer left reach the successor that starts after its heartbeat expired', async () => {
+    const fixture = fileURLToPath(new URL('./fixtures/instance.ts', import.meta.url));
+    const prefix = `alone${prefixN++}`;
+    const child: ChildProcess = spawn(
+      process.execPath,
+      ['--import', 'tsx', fixture, redis.url, '1', prefix],
+      {
+        stdio: ['ignore', 'pipe', 'inherit'],
+      },
+    );
+    const raw = new Redis(redis.url, { lazyConnect: true });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        child.stdout?.on('data', (d: Buffer) => d.toString().includes('synced') && resolve());
+        child.once('exit', (code) => reject(new Error(`instance exited early (${code})`)));
+      });
+      const exited = new Promise((r) => child.once('exit', r));
+      child.kill('SIGKILL');
+      await exited;
+      // Its in-flight part expires with the liveness TTL: from then on it is dead to anyone.
+      await raw.connect();
+      await until(
+        async () => (await raw.exists(`{${prefix}}:inflight`)) === 0,
+        10_000,
+        'its heartbeat to expire',
+      );
+      const successor = make('successor', { key_prefix: prefix });
+      await successor.ready();
+      await until(() => successor.tenantUsage('acme').tokens === 300, 2_000, "the dead instance's tokens");
+      expect(successor.tenantUsage('acme').inflight).toBe(0);
+      // …and none of its leases or windows.
+      expect(successor.load('gpu-0')).toBe(0);
+    } finally {
+      child.kill('SIGKILL');
+      raw.disconnect();
+    }
   });
 
   it('Redis killed under load: calls answer from local state at once, degraded soon, recovery without backlog replay', async () => {
