@@ -218,13 +218,13 @@ class CanonicalText {
     this.text('\n');
     // An assistant turn's reasoning, which vLLM hands to the chat template (interleaved thinking),
     // ahead of the turn's content as templates put it: counted as text the backend prefills in the
-    // current turn (after the last user message), where templates render it; before it, hashed
-    // only (most templates drop it there, and some keep it: a miscount either way, never a prompt
-    // taken for another).
+    // current turn (after the last user message), where templates render it; before it, named by
+    // its digest as a media part is (most templates drop it there, and some keep it: a miscount
+    // either way, never a prompt taken for another, and a long one costs the index few blocks).
     const reasoning = typeof m.reasoning === 'string' ? m.reasoning : m.reasoning_content;
     if (typeof reasoning === 'string' && m.role === 'assistant') {
       if (currentTurn) this.piece('r', reasoning);
-      else this.opaque(`\u0000r${reasoning.length}\u0000${reasoning}`);
+      else this.opaque(`\u0000r${reasoning.length}\u0000${JSON.stringify(reasoning, digestLongStrings)}`);
     }
     const c = m.content;
     if (typeof c === 'string') {

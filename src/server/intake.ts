@@ -254,7 +254,8 @@ export function truncatedTokens(ir: InferenceRequest, tokens: number, maxLen: nu
 
 /**
  * The most output tokens the backend will generate per prompt: max_tokens, or vLLM's default of 16
- * for a completion; null for a chat request without one (vLLM fills the context).
+ * for a completion that leaves it out; null for a chat request without one, or a completion that
+ * sends it as null (vLLM fills the context).
  */
 function askedOutput(ir: InferenceRequest): number | null {
   if (ir.maxTokens !== null) return ir.maxTokens;

@@ -415,7 +415,7 @@ describe('TokenEstimate', () => {
     const turn = (reasoning: string, key = 'reasoning', more: unknown[] = []) =>
       promptBlocks(
         chat([
-          { role: 'user', content: 'Plan the migration.' },
+          { role: 'user', content: 'Plan the migration of the billing database. '.repeat(10) },
           { role: 'assistant', content: 'Done: three steps.', [key]: reasoning },
           ...more,
         ]),
@@ -423,11 +423,13 @@ describe('TokenEstimate', () => {
       );
     const current = turn(doc);
     expect(current.textChars).toBeGreaterThan(doc.length);
-    expect(current.hashes.at(-1)).not.toBe(turn(`${doc.slice(0, -1)}!`).hashes.at(-1));
-    const next = [{ role: 'user', content: 'Go on.' }];
+    expect(current.hashes.at(-1)).not.toBe(turn(`!${doc.slice(1)}`).hashes.at(-1));
+    const next = [{ role: 'user', content: 'Go on with the second step, carefully. '.repeat(5) }];
     const earlier = turn(doc, 'reasoning', next);
-    const other = turn(`${doc.slice(0, -1)}!`, 'reasoning', next);
-    expect(earlier.textChars).toBeLessThan(100);
+    const other = turn(`!${doc.slice(1)}`, 'reasoning', next);
+    expect(earlier.textChars).toBeLessThan(800);
+    // Named by a digest: a few blocks, however long the reasoning.
+    expect(earlier.hashes.length).toBeLessThan(current.hashes.length / 10);
     expect(earlier.hashes.at(-1)).not.toBe(other.hashes.at(-1));
     expect(common(earlier.hashes, other.hashes)).toBeGreaterThan(0);
     // The deprecated name is read too.
