@@ -189,36 +189,29 @@ end
 return 1
 `;
 
+/** Both scripts' KEYS, in their order. */
+type ScriptKeys = [instances: string, snapshots: string, log: string, inflight: string, departed: string];
+
 interface SyncCommand {
   slagateSync(
-    instances: string,
-    snapshots: string,
-    log: string,
-    inflight: string,
-    departed: string,
-    id: string,
-    snapshot: string,
-    ttlMs: number,
-    max: number,
-    logEntry: string,
-    logFrom: string,
-    logMaxLen: number,
-    logCount: number,
-    logTtlMs: number,
-    logReadBytes: number,
-    inflightPart: string,
-    departedMs: number,
+    ...args: [
+      ...keys: ScriptKeys,
+      id: string,
+      snapshot: string,
+      ttlMs: number,
+      max: number,
+      logEntry: string,
+      logFrom: string,
+      logMaxLen: number,
+      logCount: number,
+      logTtlMs: number,
+      logReadBytes: number,
+      inflightPart: string,
+      departedMs: number,
+    ]
   ): Promise<unknown>;
   slagateLeave(
-    instances: string,
-    snapshots: string,
-    log: string,
-    inflight: string,
-    departed: string,
-    id: string,
-    tenants: string,
-    departedMs: number,
-    max: number,
+    ...args: [...keys: ScriptKeys, id: string, tenants: string, departedMs: number, max: number]
   ): Promise<unknown>;
 }
 
@@ -460,11 +453,7 @@ export class RedisSync {
       const entry = fresh.length > MAX_ENTRY_CHARS ? '' : fresh;
       const call = bounded(
         (client as unknown as SyncCommand).slagateSync(
-          this.keys.instances,
-          this.keys.snapshots,
-          this.keys.log,
-          this.keys.inflight,
-          this.keys.departed,
+          ...this.#scriptKeys(),
           this.#opts.instanceId,
           full ? this.#opts.host.snapshot(at) : '',
           this.ttlMs,
@@ -547,6 +536,11 @@ export class RedisSync {
     }
   }
 
+  #scriptKeys(): ScriptKeys {
+    const k = this.keys;
+    return [k.instances, k.snapshots, k.log, k.inflight, k.departed];
+  }
+
   #departedMs(): number {
     return this.#opts.departedMs ?? DEPARTED_MS;
   }
@@ -562,11 +556,7 @@ export class RedisSync {
     await this.#busy;
     if (this.client.status === 'ready') {
       const leave = (this.client as unknown as SyncCommand).slagateLeave(
-        this.keys.instances,
-        this.keys.snapshots,
-        this.keys.log,
-        this.keys.inflight,
-        this.keys.departed,
+        ...this.#scriptKeys(),
         this.#opts.instanceId,
         this.#opts.host.departing(this.#opts.now()),
         this.#departedMs(),

@@ -1382,6 +1382,15 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       return { f, held: held!, at };
     }
 
+    /** A 1,700-token prompt no backend holds. */
+    const heldNowhere = (at: { arrivedAt: number; deadlineAt: number }) =>
+      req({
+        reqId: 'cold',
+        promptTokens: 1700,
+        route: route({ reqId: 'cold', promptTokens: 1700, blocks: chain(50_000, 106) }),
+        ...at,
+      });
+
     it('a request waits for the busy backend holding its prefix, while one with nothing cached goes where a slot is free', async () => {
       const { f, held, at } = await busy(cost);
       // On a: a slot in 0.9 s / 10 = 90 ms, then 20 + 0.1 × (100 + 100 waiting) = 40 ms, and its
@@ -1390,17 +1399,7 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       const warm = f.scheduler.ticket(ask('warm', at())).acquire(first());
       expect(await state(warm)).toBe('waiting');
       // A prompt held nowhere is cheaper on b at once than behind `warm` on a: it passes `warm`.
-      const blocks = chain(50_000, 106);
-      const cold = await f.scheduler
-        .ticket(
-          req({
-            reqId: 'cold',
-            promptTokens: 1700,
-            route: route({ reqId: 'cold', promptTokens: 1700, blocks }),
-            ...at(),
-          }),
-        )
-        .acquire(first());
+      const cold = await f.scheduler.ticket(heldNowhere(at())).acquire(first());
       expect(cold!.backend.name).toBe('b');
       expect(await state(warm)).toBe('waiting');
       held.release();
@@ -1415,17 +1414,7 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       const warm = f.scheduler.ticket(ask('warm', at())).acquire(first());
       expect(await state(warm)).toBe('waiting');
       // A prompt held nowhere starts on b at once.
-      const blocks = chain(50_000, 106);
-      const cold = await f.scheduler
-        .ticket(
-          req({
-            reqId: 'cold',
-            promptTokens: 1700,
-            route: route({ reqId: 'cold', promptTokens: 1700, blocks }),
-            ...at(),
-          }),
-        )
-        .acquire(first());
+      const cold = await f.scheduler.ticket(heldNowhere(at())).acquire(first());
       expect(cold!.backend.name).toBe('b');
       // Both busy now: another request would wait, and the queue is full.
       expect(await state(f.scheduler.ticket(ask('late', at())).acquire(first()))).toMatchObject({
