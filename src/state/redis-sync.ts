@@ -351,6 +351,8 @@ export class RedisSync {
   #logRead = LOG_READ;
   /** Why the connection was dropped, until it has closed: ticks meanwhile fail with it, sending nothing. */
   #dropped: string | null = null;
+  /** Connections that have become ready: which one a call went out on. */
+  #connections = 0;
   /** The log's last error (the snapshots are exchanged all the same), or null. */
   #logError: string | null = null;
   #resolveReady!: () => void;
@@ -382,6 +384,7 @@ export class RedisSync {
     });
     // Reconnected: publish everything at once rather than at the next interval.
     this.client.on('ready', () => {
+      this.#connections++;
       this.#dropped = null;
       this.#fullAt = null;
       void this.tick();
@@ -437,6 +440,7 @@ export class RedisSync {
       }
       if (this.#dropped !== null) throw new Error(`${this.#dropped} (reconnecting)`);
       if (client.status !== 'ready') throw new Error(`redis connection ${client.status}`);
+      const connection = this.#connections;
       const at = now();
       // Due half a tick early: ticks drift by a fraction of a millisecond, and one that came 249 ms
       // after the last full exchange would otherwise push the next to the tick after (300 ms).
@@ -485,8 +489,12 @@ export class RedisSync {
         // Whatever is still pending on this connection goes with it (see the invariants). The
         // client ends the socket, destroys it if it is not closed within a command timeout
         // (redis-client.ts), and reconnects.
-        this.#dropped = e instanceof Error ? e.message : String(e);
-        client.disconnect(true);
+        // Only the connection the call went out on: one that closed under it (its call is never
+        // answered, and times out) may have been replaced meanwhile by a fresh one, which stays.
+        if (this.#connections === connection) {
+          this.#dropped = e instanceof Error ? e.message : String(e);
+          client.disconnect(true);
+        }
         throw e;
       }
       this.#logRead = Math.min(LOG_READ, this.#logRead * 2);

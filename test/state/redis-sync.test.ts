@@ -2,7 +2,7 @@
 // from the shared log is bounded in bytes as well as in entries; no entry is sent twice; an error
 // Redis answers with keeps the connection; a broken log costs the log only; a silent sentinel is
 // given up on.
-import { createServer, type Socket } from 'node:net';
+import { connect, createServer, type Socket } from 'node:net';
 import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { RedisStateConfig } from '../../src/config/index.ts';
@@ -176,6 +176,61 @@ describe('RedisSync', () => {
     expect(w.status().lastError).toBe('read ECONNRESET');
     await w.tick();
     expect(w.status()).toMatchObject({ degraded: false, lastError: null });
+  });
+
+  it('a call whose connection closed under it times out without dropping the connection that replaced it', async () => {
+    // A proxy in front of Redis that, once told, cuts the client's connection right after passing
+    // on the sync call: the call is never answered, and the client reconnects at once.
+    let accepted = 0;
+    let cut = false;
+    const sockets: Socket[] = [];
+    const target = new URL(redis.url);
+    const proxy = createServer((client) => {
+      accepted++;
+      const upstream = connect(Number(target.port), target.hostname);
+      sockets.push(client, upstream);
+      upstream.on('data', (d) => client.write(d));
+      client.on('data', (d: Buffer) => {
+        upstream.write(d);
+        if (cut && /eval/i.test(d.toString('latin1'))) {
+          cut = false;
+          client.destroy();
+          upstream.destroy();
+        }
+      });
+      const close = () => {
+        client.destroy();
+        upstream.destroy();
+      };
+      client.on('error', close);
+      upstream.on('error', close);
+      client.on('close', close);
+      upstream.on('close', close);
+    });
+    await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', r));
+    try {
+      const port = (proxy.address() as { port: number }).port;
+      // Longer than the client's first reconnect (100 ms): the fresh connection is up before the
+      // call on the old one times out.
+      const c = { ...cfg(), redis_url: `redis://127.0.0.1:${port}`, command_timeout_ms: 600 };
+      const w = start('w', host(), c);
+      await w.ready();
+      expect(w.status().degraded).toBe(false);
+      expect(accepted).toBe(1);
+      const reconnected = new Promise((r) => w.client.once('ready', r));
+      cut = true;
+      const failed = w.tick();
+      await reconnected;
+      await failed;
+      expect(w.status().lastError).toMatch(/timed out/);
+      // The fresh connection stayed: the next exchange goes out on it.
+      await w.tick();
+      expect(w.status()).toMatchObject({ degraded: false, lastError: null });
+      expect(accepted).toBe(2);
+    } finally {
+      for (const sock of sockets) sock.destroy();
+      await new Promise((r) => proxy.close(r));
+    }
   });
 
   it('an error Redis answers with keeps the connection, and sharing resumes at the next tick once it is gone', async () => {
