@@ -236,8 +236,7 @@ function asUtc(text: string): string {
   if (!t.includes('T')) return t;
   if (/(?:Z|[+-]\d{2}:?\d{2})$/i.test(t)) return t;
   // An offset of hours alone (`+01`, as ISO 8601 allows) is one Date.parse does not read.
-  const hours = /[+-]\d{2}$/.exec(t);
-  return hours !== null ? `${t}:00` : `${t}Z`;
+  return /[+-]\d{2}$/.test(t) ? `${t}:00` : `${t}Z`;
 }
 
 /** The record on this line, or null when the line is not an admission record. */

@@ -6,6 +6,9 @@ import { GatewayError } from '../errors/index.ts';
 import { partText } from '../prompt/canonical.ts';
 import { type AssembleKind, assemblable, type ClientMode } from '../upstream/index.ts';
 
+/** vLLM's (and OpenAI's) max_tokens for /v1/completions when the request leaves it out. */
+export const COMPLETION_DEFAULT_MAX_TOKENS = 16;
+
 /** The most content parts (texts, images) a chat request's messages may hold together. */
 export const MAX_CONTENT_PARTS = 4096;
 
@@ -40,6 +43,12 @@ export interface InferenceRequest {
   wantsUsage: boolean;
   /** max_completion_tokens ?? max_tokens, or null when the client set none. */
   maxTokens: number | null;
+  /**
+   * The most output tokens the backend will generate per prompt, as vLLM reads the request:
+   * maxTokens, or vLLM's default of 16 for a completion that leaves max_tokens out; null for a chat
+   * request without a limit, or a completion that sends it as null (vLLM fills the context).
+   */
+  outputLimit: number | null;
   /**
    * What the prompt is made of, in order: one text per message (chat), or per prompt
    * (completions), where a completion prompt may also be given as token ids.
@@ -236,6 +245,9 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
     assembleKind,
     wantsUsage: asksForUsage(so),
     maxTokens,
+    outputLimit:
+      maxTokens ??
+      (endpoint !== 'chat' && body.max_tokens === undefined ? COMPLETION_DEFAULT_MAX_TOKENS : null),
     promptParts: parts,
     body,
   };

@@ -25,8 +25,6 @@ import type { Runtime } from './runtime.ts';
  * and the tenant token budget (ShareGPT's mean output is about 200 tokens; research/vllm.md F).
  */
 export const EXPECTED_OUTPUT_TOKENS = 256;
-/** vLLM's (and OpenAI's) max_tokens for /v1/completions when the request gives none. */
-export const COMPLETION_DEFAULT_MAX_TOKENS = 16;
 
 /**
  * What a request keeps of its intake while it is served: everything but its body (see
@@ -146,7 +144,7 @@ export function intake(
   const blocks = routedBlocks(ir, prompt, wholeTokens, maxLen);
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: blocks.length });
   checkContext(ir, source, prompt, promptTokens, rt.tokens.fewestTokens(prompt), maxLen);
-  const perSequence = askedOutput(ir) ?? EXPECTED_OUTPUT_TOKENS;
+  const perSequence = ir.outputLimit ?? EXPECTED_OUTPUT_TOKENS;
   const served: Served = {
     identity,
     cls,
@@ -195,7 +193,7 @@ function checkContext(
   // vLLM checks each completion prompt on its own: the longest decides.
   const tokens = onePrompt(ir, exact, allTokens, 'longest');
   const fewest = onePrompt(ir, exact, fewestTokens, 'longest');
-  const output = askedOutput(ir) ?? 1;
+  const output = ir.outputLimit ?? 1;
   // vLLM cuts the prompt to its last truncate_prompt_tokens tokens (-1: to the context length)
   // before it checks the length.
   const fits = (least: number) => truncatedTokens(ir, least, maxLen) + output <= maxLen;
@@ -250,18 +248,6 @@ export function truncatedTokens(ir: InferenceRequest, tokens: number, maxLen: nu
   if (cut === -1) return Math.min(tokens, maxLen);
   if (typeof cut === 'number' && Number.isInteger(cut) && cut > 0) return Math.min(tokens, cut);
   return tokens;
-}
-
-/**
- * The most output tokens the backend will generate per prompt: max_tokens, or vLLM's default of 16
- * for a completion that leaves it out; null for a chat request without one, or a completion that
- * sends it as null (vLLM fills the context).
- */
-function askedOutput(ir: InferenceRequest): number | null {
-  if (ir.maxTokens !== null) return ir.maxTokens;
-  // vLLM's completions default (16) is for a max_tokens left out; sent as null it asks, as a chat
-  // request without a limit does, for up to the rest of the context.
-  return ir.endpoint !== 'chat' && ir.body.max_tokens === undefined ? COMPLETION_DEFAULT_MAX_TOKENS : null;
 }
 
 /**

@@ -270,6 +270,11 @@ async function attemptLoop(
       req.mode === 'passthrough'
         ? cfg.passthroughTimeoutMs
         : Math.min(slot.firstTokenTimeoutMs, cfg.firstTokenTimeoutMs);
+    // Every answer of this attempt's, an error before the commit or after it included.
+    const answered = headersWith(req.responseHeaders, {
+      'x-slagate-backend': backend.name,
+      'x-slagate-queue-ms': ms(s.queueMs),
+    });
     const attempt = new Attempt({
       backendName: backend.name,
       authorization: backend.authorization,
@@ -280,11 +285,8 @@ async function attemptLoop(
       assembleKind: req.assembleKind,
       clientWantsUsage: req.clientWantsUsage,
       res: req.res,
-      commitHeaders: commitHeaders(req, backend.name, s.queueMs, slot),
-      errorHeaders: headersWith(req.responseHeaders, {
-        'x-slagate-backend': backend.name,
-        'x-slagate-queue-ms': ms(s.queueMs),
-      }),
+      commitHeaders: commitHeaders(answered, slot),
+      errorHeaders: answered,
       startedAt: req.startedAt,
       firstTokenMs: Math.min(firstTokenMs, remaining),
       // Cut by the deadline (not the backend's fault) only when earlier attempts or the wait took a
@@ -357,11 +359,9 @@ async function attemptLoop(
   return conclude(req, s, signal.aborted, cut);
 }
 
-function commitHeaders(req: ProxyRequest, backend: string, queueMs: number, slot: Slot): OutgoingHttpHeaders {
-  const h = headersWith(req.responseHeaders, {
-    'x-slagate-backend': backend,
-    'x-slagate-queue-ms': ms(queueMs),
-  });
+/** The headers of every answer an attempt gives, with the router's figures when it has them. */
+function commitHeaders(answered: OutgoingHttpHeaders, slot: Slot): OutgoingHttpHeaders {
+  const h = headersWith(answered, {});
   if (slot.predictedTtftMs !== null) h['x-slagate-predicted-ttft-ms'] = ms(slot.predictedTtftMs);
   if (slot.prefixHit !== null)
     h['x-slagate-prefix-hit'] = (Math.round(slot.prefixHit * 1000) / 1000).toString();
