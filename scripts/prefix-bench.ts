@@ -578,6 +578,7 @@ async function decision(): Promise<{ p50: number; p99: number; max: number; refu
       className: 'interactive',
       priority: 0,
       sheddable: false,
+      model: 'bench',
       tenant: 'anonymous',
       arrivedAt: performance.now(),
       ttftTargetMs: 60_000,

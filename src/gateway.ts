@@ -278,7 +278,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     };
     const backends = new BackendSet(backendSetOptions(config, onBackendEvent), backendConfigs(config, fleet));
     undo.push(() => backends.close());
-    const catalogTargets = () => backends.list().map((b) => ({ url: b.url, authorization: b.authorization }));
+    const catalogTargets = () =>
+      backends.list().map((b) => ({
+        url: b.url,
+        authorization: b.authorization,
+        learned: (models: ReadonlySet<string>) => {
+          b.models = models;
+        },
+      }));
     const scrapeTargets = () => backends.list().map((b) => ({ name: b.name, url: b.url }));
     // The live state and the scheduler read the swappable parts through rt (once it exists), so a
     // reload reaches them.

@@ -72,7 +72,7 @@ export type PredictInput = Omit<
 >;
 
 /**
- * Predicts `req` on every available backend; returns the prediction and the request as the
+ * Predicts `req` on every available backend that serves its model; returns the prediction and the request as the
  * scheduler will see it (its size and guard filled from the same numbers).
  */
 export function predict(
@@ -94,7 +94,7 @@ export function predict(
   let unloadedMs: number | null = null;
   const match = (backend: string, hashes: readonly number[]) => live.prefixMatch(backend, hashes);
   for (const b of backends) {
-    if (!b.available) continue;
+    if (!b.available || !b.serves(req.model)) continue;
     const own = cachedOn(req.route, b.name, match).uncached;
     const alone = live.unloadedTtftMs(b.name, own);
     if (alone !== null && (unloadedMs === null || alone < unloadedMs)) unloadedMs = alone;
@@ -132,6 +132,7 @@ export function predict(
     priority: req.priority,
     sheddable: req.sheddable,
     tenant: req.tenant,
+    model: req.model,
     arrivedAt: req.arrivedAt,
     ttftTargetMs: req.ttftTargetMs,
     // The load may not delay a request past its deadline (first_token_timeout_ms from arrival;

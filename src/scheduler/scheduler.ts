@@ -435,7 +435,7 @@ export class Scheduler {
     // A first attempt asked again: granted once, refused by its backend before it started.
     const reasked = !retry && sr.excluded.size > 0;
     if (sr.signal.aborted) return Promise.reject(sr.signal.reason);
-    if (!anyUsable(this.#deps.backends(), sr.excluded)) return Promise.resolve(null);
+    if (!anyUsable(this.#deps.backends(), sr.excluded, req.model)) return Promise.resolve(null);
     const settings = this.#deps.settings();
     const queue = this.#discipline(settings.policy);
     // Invariant: a request the gateway took in is not refused for a full queue on its way back in;
@@ -557,7 +557,7 @@ export class Scheduler {
     // Entries that can no longer be placed anywhere get null now (the loop decides what follows).
     if (this.#retries.length > 0) {
       for (const w of [...this.#retries]) {
-        if (!anyUsable(available, w.excluded)) {
+        if (!anyUsable(available, w.excluded, w.req.model)) {
           this.#dropRetry(w);
           w.settle(null);
         }
@@ -565,7 +565,7 @@ export class Scheduler {
     }
     for (const w of this.#reasked) {
       if (w.state !== 'queued') this.#reasked.delete(w);
-      else if (!anyUsable(available, w.excluded)) {
+      else if (!anyUsable(available, w.excluded, w.req.model)) {
         this.#reasked.delete(w);
         this.#queue.remove(w);
         w.settle(null);
@@ -660,7 +660,8 @@ export class Scheduler {
   }
 
   /**
-   * The backend chosen among every available backend the attempt may use (not excluded),
+   * The backend chosen among every available backend the attempt may use (not excluded, and
+   * serving the request's model),
    * each with whether it can start the request now and how long a slot there would take; with
    * what it read about it and the candidates it ranked. Null when there is no such backend.
    *
@@ -686,7 +687,7 @@ export class Scheduler {
     // backends that can start it now: waiting for a busy one would be refusing it.
     const mayWait = !req.noQueue && round.queues;
     for (const b of available) {
-      if (excluded?.has(b.name)) continue;
+      if (excluded?.has(b.name) || !b.serves(req.model)) continue;
       const view = this.#view(req, b, round);
       if (!mayWait && !view.hasRoom) continue;
       views.push(view);
@@ -1225,9 +1226,9 @@ function trimOuterWindow(periods: number[][]): void {
   }
 }
 
-/** Some backend of `backends` is available and not one the request was given already. */
-function anyUsable(backends: readonly Backend[], excluded: ReadonlySet<string>): boolean {
-  for (const b of backends) if (b.available && !excluded.has(b.name)) return true;
+/** Some backend of `backends` is available, serves `model`, and is not one the request was given already. */
+function anyUsable(backends: readonly Backend[], excluded: ReadonlySet<string>, model: string): boolean {
+  for (const b of backends) if (b.available && !excluded.has(b.name) && b.serves(model)) return true;
   return false;
 }
 

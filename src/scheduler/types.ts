@@ -23,6 +23,8 @@ export interface ScheduledRequest {
   readonly priority: number;
   readonly sheddable: boolean;
   readonly tenant: string;
+  /** The model it names: only backends that serve it are offered to it (Backend.serves). */
+  readonly model: string;
   /** performance.now() at arrival. */
   readonly arrivedAt: number;
   readonly ttftTargetMs: number;

@@ -125,6 +125,7 @@ function admitThenServe(
       priority: cls.priority,
       sheddable: cls.sheddable,
       tenant: identity.tenant,
+      model: served.model,
       limits: identity.limits,
       arrivedAt: record.startedAt,
       ttftTargetMs: cls.ttft_p99_ms,

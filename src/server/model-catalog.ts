@@ -22,10 +22,14 @@ const MAX_MODELS_BODY = 1024 * 1024;
 /** When no backend has told us its context length, refuse nothing on length grounds. */
 const UNKNOWN_MAX_LEN = Number.POSITIVE_INFINITY;
 
-/** A backend the catalog asks: its origin, and its Authorization header value (its API key) or null. */
+/**
+ * A backend the catalog asks: its origin, its Authorization header value (its API key) or null,
+ * and where the names it lists go (Backend.models, which the scheduler and admission filter on).
+ */
 export interface CatalogTarget {
   readonly url: string;
   readonly authorization?: string | null;
+  readonly learned?: (models: ReadonlySet<string>) => void;
 }
 
 export class ModelCatalog {
@@ -99,12 +103,13 @@ export class ModelCatalog {
   async #refresh(backends: readonly CatalogTarget[], timeoutMs: number): Promise<void> {
     const seq = ++this.#started;
     const fresh = new Map<string, number>();
+    const listed = new Map<CatalogTarget, Set<string>>();
     // Not AbortSignal.timeout: its timer would outlive the refresh (and a closed gateway).
     const deadline = new AbortController();
     const timer = setTimeout(() => deadline.abort(), timeoutMs);
     const signal = deadline.signal;
     try {
-      await this.#ask(backends, signal, fresh);
+      await this.#ask(backends, signal, fresh, listed);
     } finally {
       clearTimeout(timer);
     }
@@ -113,15 +118,20 @@ export class ModelCatalog {
     if (seq < this.#applied) return;
     this.#applied = seq;
     for (const [id, len] of fresh) this.#maxLen.set(id, len);
+    // A backend that did not answer keeps the names it last listed: down now, it serves them
+    // again when it comes back, most likely.
+    for (const [target, models] of listed) target.learned?.(models);
   }
 
   async #ask(
     backends: readonly CatalogTarget[],
     signal: AbortSignal,
     fresh: Map<string, number>,
+    listed: Map<CatalogTarget, Set<string>>,
   ): Promise<void> {
     await Promise.all(
-      backends.map(async ({ url, authorization }) => {
+      backends.map(async (target) => {
+        const { url, authorization } = target;
         try {
           const res = await request(new URL('/v1/models', url), {
             signal,
@@ -141,7 +151,10 @@ export class ModelCatalog {
             }
             chunks.push(chunk as Buffer);
           }
-          this.learn(JSON.parse(Buffer.concat(chunks).toString('utf8')), fresh);
+          const body: unknown = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+          this.learn(body, fresh);
+          const models = modelIds(body);
+          if (models !== null) listed.set(target, models);
         } catch {
           // A backend that cannot answer now is retried at the next refresh.
         }
@@ -164,4 +177,19 @@ export class ModelCatalog {
       })),
     };
   }
+}
+
+/**
+ * The ids an OpenAI /v1/models answer lists (vLLM's: its served names and its LoRA adapters), or
+ * null for a body of another shape (not read as "serves nothing").
+ */
+export function modelIds(body: unknown): Set<string> | null {
+  const data = (body as { data?: unknown } | null)?.data;
+  if (!Array.isArray(data)) return null;
+  const ids = new Set<string>();
+  for (const card of data) {
+    const id = (card as { id?: unknown } | null)?.id;
+    if (typeof id === 'string') ids.add(id);
+  }
+  return ids;
 }

@@ -100,6 +100,8 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
           // Ejected by outlier detection, whatever `state` shows first (a failing probe says 'down').
           ejected: b.outlier.ejected(),
           available: b.available,
+          // What its /v1/models last listed (null: not heard yet, so sent every configured model).
+          models: b.models === null ? null : [...b.models],
           // This instance's attempts in flight, and the shared counts over every instance.
           local_inflight: v?.localInflight.requests ?? 0,
           inflight: v?.inflight ?? null,

@@ -47,6 +47,11 @@ export class Backend {
    * only, never logged: the config names the variable, not the key.
    */
   authorization: string | null;
+  /**
+   * The model names (served names and adapters) its last readable /v1/models answer listed; null
+   * until it has given one. Set by the model catalog's refresh (src/server/model-catalog.ts).
+   */
+  models: ReadonlySet<string> | null = null;
   readonly pool: Pool;
   readonly breaker: AttemptBreaker;
   readonly outlier: OutlierDetector;
@@ -107,6 +112,16 @@ export class Backend {
   /** Its health probe has passed at least once (always, without a probe): what readiness waits for. */
   get healthConfirmed(): boolean {
     return this.probe === null || this.probe.confirmed;
+  }
+
+  /**
+   * May be sent a request for `model`. Invariant: a backend that has listed its models is sent
+   * only those; one that has not (it never answered /v1/models, or not yet) is taken to serve every
+   * configured model, as a fleet of one model is, and a wrong guess comes back as vLLM's 404, which
+   * the attempt loop settles on another backend (failure.ts, upstream_not_found).
+   */
+  serves(model: string): boolean {
+    return this.models === null || this.models.has(model);
   }
 
   /** May take a new request now. A half-open backend is available only until its one trial starts. */

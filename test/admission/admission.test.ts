@@ -32,6 +32,7 @@ function setup(names = ['a', 'b']) {
   });
   return {
     admission,
+    backends,
     loop,
     live,
     scheduler,
@@ -50,6 +51,7 @@ function req(over: Partial<AdmissionRequest> = {}): AdmissionRequest {
     priority: 0,
     sheddable: false,
     tenant: 'team-a',
+    model: 'm',
     limits: null,
     arrivedAt: performance.now(),
     ttftTargetMs: 500,
@@ -157,6 +159,18 @@ describe('predicted TTFT', () => {
     // The scheduler sees the same numbers: size and guard.
     expect(warm.scheduled.bestBackendMs).toBeCloseTo(120, 0);
     expect(warm.scheduled.prefillMs).toBeCloseTo(100, 0);
+  });
+
+  it("predicts on the backends that serve the request's model only", () => {
+    const f = setup(['a', 'b', 'c']);
+    f.teach();
+    f.backends.get('a')!.models = new Set(['other']);
+    f.backends.get('c')!.models = new Set(['m', 'other']);
+    const p = f.admission.admit(req({ model: 'm' })).prediction;
+    expect([...p.byBackend.keys()].sort()).toEqual(['b', 'c']);
+    f.backends.get('b')!.models = new Set(['other']);
+    f.backends.get('c')!.models = new Set(['other']);
+    expect(f.admission.admit(req({ model: 'm' })).prediction.byBackend.size).toBe(0);
   });
 
   it('what the load makes miss its class target on every backend is refused at once, with the prediction', () => {

@@ -13,6 +13,7 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
     priority: 0,
     sheddable: false,
     tenant: 'anonymous',
+    model: 'm',
     arrivedAt: 0,
     ttftTargetMs: 500,
     tpotTargetMs: 50,

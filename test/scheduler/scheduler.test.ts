@@ -42,6 +42,7 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
     priority: 0,
     sheddable: false,
     tenant: 'anonymous',
+    model: 'm',
     arrivedAt: performance.now(),
     ttftTargetMs: 60_000,
     tpotTargetMs: 50,
@@ -314,6 +315,24 @@ describe('late dispatch', () => {
       .acquire({ attempt: 1, excluded: new Set(['a']), signal: new Cancel() });
     expect(none).toBeNull();
     backends.get('a')!.breaker.open();
+    expect(await scheduler.ticket(req()).acquire(first())).toBeNull();
+  });
+
+  it('offers a request only the backends that list its model, and none when none does', async () => {
+    const { scheduler, backends } = setup(
+      ['a', 'b'],
+      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
+    );
+    backends.get('a')!.models = new Set(['other']);
+    // b has not listed its models: taken to serve every one.
+    const first1 = await scheduler.ticket(req()).acquire(first());
+    expect(first1!.backend.name).toBe('b');
+    // b is full and a has room, but a does not serve 'm': the next one waits for b.
+    const waiting = scheduler.ticket(req({ reqId: 'waits' })).acquire(first());
+    expect(await state(waiting)).toBe('waiting');
+    first1!.release();
+    expect((await waiting)!.backend.name).toBe('b');
+    backends.get('b')!.models = new Set(['other']);
     expect(await scheduler.ticket(req()).acquire(first())).toBeNull();
   });
 
