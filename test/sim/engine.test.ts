@@ -126,6 +126,16 @@ describe('engine timing', () => {
     expect(h.engine.cachedPrefixTokens([...history, ...prompt(20)])).toBe(64);
   });
 
+  it('output fills blocks a later prompt can hit when the prompt itself was shorter than a block', () => {
+    const h = new Harness();
+    const p = prompt(10);
+    const t = h.add(spec('short', p, 40, { seed: 3 }));
+    h.clock.run();
+    // 10 + 40 tokens, the last never computed: 49 computed, three full blocks of 16.
+    const history = [...p, ...t.tokens];
+    expect(h.engine.cachedPrefixTokens(history)).toBe(48);
+  });
+
   it('cachedPrefixTokens is an oracle: it changes no counter and no eviction order', () => {
     const h = new Harness();
     const p = prompt(320);

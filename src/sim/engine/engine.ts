@@ -2,7 +2,7 @@
 // prefill, a KV block pool with automatic prefix caching, recompute preemption, and step
 // durations from the profile's roofline. See README.md next to this file for what it leaves out.
 
-import { blockHashes, hashBlock } from '../../prompt/chain-hash.ts';
+import { blockHashes, hashBlock, ROOT_HASH } from '../../prompt/chain-hash.ts';
 import { type EngineClock, realClock } from './clock.ts';
 import { Deque } from './deque.ts';
 import { BlockPool } from './kv-cache.ts';
@@ -380,7 +380,9 @@ class SimEngine implements Engine {
     const full = Math.floor(upTo / B);
     for (let j = r.cachedBlocks; j < full; j++) {
       if (j >= r.hashes.length) {
-        const parent = r.hashes[j - 1]!;
+        // A prompt shorter than a block hashed none: the first block output fills starts the chain
+        // at the root, as blockHashes starts every prompt's (the next turn's prompt holds it).
+        const parent = j === 0 ? ROOT_HASH : r.hashes[j - 1]!;
         const base = j * B;
         for (let k = 0; k < B; k++) this.scratch[k] = this.tokenAt(r, base + k);
         r.hashes.push(hashBlock(parent, this.scratch, 0, B));
