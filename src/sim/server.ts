@@ -215,6 +215,8 @@ function generate(ctx: ReplicaContext, req: Req, res: ServerResponse, kind: Kind
       ) {
         void ctx.applyFault(headerFault);
         if (headerFault.mode === 'crash') return;
+        // Overridden for this request too: it is served (the fault read above was the replica's).
+        fault = null;
       } else fault = headerFault as RequestFault;
     }
     if (fault?.mode === 'error') {

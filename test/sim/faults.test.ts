@@ -146,6 +146,20 @@ describe('error', () => {
     expect((await send(base, 'DELETE', '/sim/fault')).status).toBe(200);
     expect((await post(base, CHAT, { model: MODEL, messages: MESSAGES, max_tokens: 2 })).status).toBe(200);
   });
+
+  it('is overridden by a reset or refuse header for the request that carries it', async () => {
+    await post(base, '/sim/fault', { mode: 'error' });
+    const req = { model: MODEL, messages: MESSAGES, max_tokens: 2 };
+    // reset clears the replica's fault, and the carrying request is served.
+    expect((await post(base, CHAT, req, { 'x-sim-fault': 'reset' })).status).toBe(200);
+    expect((await post(base, CHAT, req)).status).toBe(200);
+    await post(base, '/sim/fault', { mode: 'error' });
+    // refuse replaces it (the port closes); the carrying request is served.
+    expect((await post(base, CHAT, req, { 'x-sim-fault': 'refuse;duration_ms=50' })).status).toBe(200);
+    // Listening again once its 50 ms are over.
+    while ((await connectResult(base)) !== 'ok') await new Promise((r) => setTimeout(r, 10));
+    expect((await post(base, CHAT, req)).status).toBe(200);
+  });
 });
 
 describe('drop', () => {
