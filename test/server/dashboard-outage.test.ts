@@ -56,6 +56,11 @@ it('a poll the gateway never answers fails within its timeout, and leaves a gap;
   expect(await page.locator('#error').textContent()).toMatch(/gateway unreachable/);
   // The failed poll is a gap where the in-flight line was.
   expect((await dash(page)).inflight.at(-1)).toBeNull();
+  // And the table and header no longer show the last answer's figures as current.
+  const row = page.locator('#backends tbody tr[data-backend="b0"] td');
+  expect(await row.allTextContents()).toEqual(['b0', 'unknown', '–', '–', '–', '–', '–', '–']);
+  expect(await page.locator('#s-inflight').textContent()).toBe('–');
+  expect(await page.locator('#s-queued').textContent()).toBe('–');
 
   mode = 'pass';
   const polls = (await dash(page)).polls;
@@ -63,6 +68,8 @@ it('a poll the gateway never answers fails within its timeout, and leaves a gap;
   const after = await dash(page);
   expect(after.inflight.at(-1)).toBe(0);
   expect(after.inflight).toContain(null);
+  expect(await page.locator('#s-inflight').textContent()).toBe('0');
+  expect((await row.allTextContents())[1]).not.toBe('unknown');
   expect(await page.locator('#error').isHidden()).toBe(true);
   expect(errors).toEqual([]);
 });

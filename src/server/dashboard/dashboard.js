@@ -250,6 +250,27 @@ function renderStatus(s) {
   $('s-updated').textContent = new Date().toLocaleTimeString();
 }
 
+/**
+ * After a failed poll: what the table and the header showed is no longer known. Each backend keeps
+ * its row and name, every figure becomes "–" and its state "unknown"; the header keeps what names
+ * the gateway (instance, policies) and the time of the last poll that was answered.
+ */
+function renderUnknown() {
+  for (const tr of $('backends').tBodies[0].rows) {
+    const [, state, ...figures] = tr.cells;
+    state.textContent = 'unknown';
+    state.className = 'state-unknown';
+    for (const td of figures) {
+      td.replaceChildren('–');
+      td.className = 'num';
+    }
+  }
+  for (const id of ['s-queued', 's-inflight', 's-store', 's-prefix']) {
+    $(id).textContent = '–';
+    $(id).className = '';
+  }
+}
+
 /** The charts, redrawn from the history. */
 function drawAll() {
   draw('ttft', 'c-ttft', true);
@@ -289,6 +310,7 @@ async function poll() {
     $('error').textContent = `gateway unreachable: ${err.message}`;
     // Nothing was measured: a gap in every chart, and no rate across it.
     keep(Date.now() / 1000, { ttft: {}, tpot: {}, queue: {}, decisions: {}, inflight: {}, kv: {} });
+    renderUnknown();
     prevCounts = null;
     prevInstance = null;
     if (Object.keys(charts).length > 0) drawAll();
