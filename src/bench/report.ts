@@ -15,6 +15,11 @@ export interface RunInfo {
   tokenizerId: string;
   /** Requests issued. */
   numPrompts: number;
+  /**
+   * Requests of the arrival schedule never sent: the concurrency cap held them until the duration
+   * was over (--duration with --concurrency). Null without a schedule (an unlimited rate).
+   */
+  notSent: number | null;
   requestRate: number;
   burstiness: number;
   maxConcurrency: number | null;
@@ -64,6 +69,8 @@ export function formatTable(m: BenchMetrics, info: RunInfo): string {
     row('Successful requests:', m.completed),
     row('Failed requests:', m.failed),
   ];
+  if (info.notSent !== null && info.notSent > 0)
+    lines.push(row('Not sent (cap held past duration):', info.notSent));
   if (info.maxConcurrency !== null) lines.push(row('Maximum request concurrency:', info.maxConcurrency));
   if (info.requestRate !== Number.POSITIVE_INFINITY) {
     lines.push(rowF('Request rate configured (RPS):', info.requestRate));
@@ -149,6 +156,7 @@ export function resultJson(
   }
   out.workload = info.workload;
   out.seed = info.seed;
+  out.not_sent = info.notSent;
   out.slo = info.slo;
   out.good_completed = info.slo === null ? null : m.goodCompleted;
   out.slo_attainment = info.slo === null || records.length === 0 ? null : m.goodCompleted / records.length;

@@ -245,6 +245,8 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
 
     const contexts = [ctx, ...(o.moreTargets ?? []).map((t) => ({ ...ctx, url: `${baseUrl(t)}${path}` }))];
     const inflight: Promise<RequestRecord>[] = [];
+    // Scheduled requests the concurrency cap held until past the duration: never sent, and said so.
+    let notSent = 0;
     for (let i = 0; i < count; i++) {
       const arrival = offsets?.[i] ?? 0;
       // The schedule's last arrival is at the duration itself (arrivals.ts), give or take a
@@ -264,6 +266,10 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
       // A run with no schedule (no rate) ends at the duration whatever it waited for.
       if (stop.signal.aborted || ((waitedForSlot || offsets === null) && clock() > durationS)) {
         slots?.release();
+        // This one and every later one of the schedule were due by the duration (arrivals.ts).
+        if (!stop.signal.aborted && offsets !== null) {
+          for (let j = i; j < count; j++) if ((offsets[j] ?? 0) <= durationS + 1e-6) notSent++;
+        }
         break;
       }
       const queueTime = Math.max(0, clock() - arrival);
@@ -288,6 +294,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
       modelId: model,
       tokenizerId: 'cl100k_base',
       numPrompts: records.length,
+      notSent: offsets === null ? null : notSent,
       requestRate: rate,
       burstiness,
       maxConcurrency: o.concurrency ?? null,

@@ -132,6 +132,24 @@ describe('runBench', () => {
     expect(sent).toEqual([11, 7, 11, 7, 11, 7]);
   });
 
+  it('a rate and a duration under a concurrency cap count the scheduled requests the cap held past the duration', async () => {
+    // 20 due by 0.1 s; one at a time, each some 30 ms long: most are still waiting at the duration.
+    const r = await runBench({
+      target: server.url,
+      model: 'm',
+      rate: 200,
+      durationS: 0.1,
+      concurrency: 1,
+      workload: 'code',
+      seed: 1,
+      progress: false,
+    });
+    expect(r.info.notSent).toBeGreaterThan(0);
+    expect(r.records.length + r.info.notSent!).toBe(20);
+    expect(r.json.not_sent).toBe(r.info.notSent);
+    expect(r.table).toContain('Not sent (cap held past duration):');
+  });
+
   it('a duration bounds an open-ended run under a concurrency cap', async () => {
     const r = await runBench({
       target: server.url,
