@@ -8,6 +8,7 @@
 //   npx tsx scripts/engine-sweep.ts llama3-8b-h100 load 50 - 10    (8 replicas, 50 req/s, 10 s, real timers)
 
 import { monitorEventLoopDelay } from 'node:perf_hooks';
+import { percentile } from '../src/bench/metrics.ts';
 import { VirtualClock } from '../src/sim/engine/clock.ts';
 import { createEngine } from '../src/sim/engine/engine.ts';
 import { getProfile } from '../src/sim/profiles.ts';
@@ -28,9 +29,14 @@ function mulberry32(seed: number): () => number {
   };
 }
 
+/** numpy's linear median (src/bench/metrics.ts); NaN with no sample. */
 function p50(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.floor((s.length - 1) / 2)] ?? Number.NaN;
+  return xs.length === 0
+    ? Number.NaN
+    : percentile(
+        [...xs].sort((a, b) => a - b),
+        50,
+      );
 }
 
 export interface SweepPoint {

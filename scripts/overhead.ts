@@ -19,6 +19,7 @@
 
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import { percentile } from '../src/bench/metrics.ts';
 import { startChildFleet, startChildGateway } from '../src/bench/processes.ts';
 import { type BenchResult, runBench } from '../src/bench/run.ts';
 import { spawnFixedBackend } from './lib/spawn-fixed-backend.ts';
@@ -114,7 +115,7 @@ const fixedRows = [
         return `${a_.toFixed(2)} / ${b_.toFixed(2)} (${b_ - a_ >= 0 ? '+' : ''}${(b_ - a_).toFixed(2)})`;
       };
       fixedRows.push(
-        `| ${c} | ${n} | ${cell('ttft', 50)} | ${cell('ttft', 99)} | ${cell('tpot', 50)} | ${(gwTtft[Math.floor(gwTtft.length / 2)] ?? Number.NaN).toFixed(2)} | ${direct.metrics.failed + via.metrics.failed} |`,
+        `| ${c} | ${n} | ${cell('ttft', 50)} | ${cell('ttft', 99)} | ${cell('tpot', 50)} | ${gwTtft.length === 0 ? '–' : percentile(gwTtft, 50).toFixed(2)} | ${direct.metrics.failed + via.metrics.failed} |`,
       );
       console.error(fixedRows.at(-1));
     }

@@ -27,10 +27,12 @@ import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import type { RequestRecord } from '../src/bench/client.ts';
 import { type CompareRun, runCompare } from '../src/bench/compare.ts';
+import { percentile } from '../src/bench/metrics.ts';
 import { createWorkload, type WorkloadName } from '../src/bench/workloads.ts';
 import { VirtualClock } from '../src/sim/engine/clock.ts';
 import { createEngine } from '../src/sim/engine/engine.ts';
 import { getProfile } from '../src/sim/profiles.ts';
+import { Rng } from '../src/sim/rng.ts';
 
 const { values } = parseArgs({
   options: {
@@ -90,7 +92,7 @@ const VARIANTS = {
 type Variant = keyof typeof VARIANTS;
 
 const f = (x: number | null, d = 0) => (x === null ? '–' : x.toFixed(d));
-const p = (x: number) => `${(100 * x).toFixed(1)}%`;
+const p = (x: number | null) => (x === null ? '–' : `${(100 * x).toFixed(1)}%`);
 
 // ---- capacity: the engine alone, virtual time ----
 
@@ -98,11 +100,9 @@ function engineAttainment(workload: WorkloadName, ratePerReplica: number): numbe
   const clock = new VirtualClock();
   const engine = createEngine(getProfile(PROFILE), { timeScale: TS, clock });
   const w = createWorkload(workload, SEED);
-  let seed = 12345;
-  const rand = () => {
-    seed = (seed * 1103515245 + 12345) % 2147483648;
-    return seed / 2147483648;
-  };
+  // Exponential gaps from the simulator's generator (an LCG written in doubles lost its low bits
+  // past 2^53 and cycled after some 16,000 draws, fewer than a long run's arrivals).
+  const rng = new Rng(12345);
   const DURATION = 900_000;
   const WARM = 300_000;
   let n = 0;
@@ -110,7 +110,7 @@ function engineAttainment(workload: WorkloadName, ratePerReplica: number): numbe
   let t = 0;
   let id = 0;
   while (t < DURATION) {
-    t += (-Math.log(1 - rand()) / ratePerReplica) * 1000;
+    t += (-Math.log(1 - rng.next()) / ratePerReplica) * 1000;
     clock.run(t);
     const r = w.next();
     const cls = r.classHint === 'batch' ? T.batch : T.interactive;
@@ -188,9 +188,10 @@ interface Steady {
   sent: number;
   offeredPerS: number;
   goodPerS: number;
-  attainment: number;
-  refusedShare: number;
-  failedShare: number;
+  /** Null when no request fell in the steady window (nothing to divide). */
+  attainment: number | null;
+  refusedShare: number | null;
+  failedShare: number | null;
   ttftP50: number | null;
   ttftP99: number | null;
   tpotP99: number | null;
@@ -199,10 +200,13 @@ interface Steady {
 const tpotOf = (r: RequestRecord) =>
   r.outputLen > 1 ? ((r.latency - r.ttft) / (r.outputLen - 1)) * 1000 : null;
 
+/** numpy's linear percentile, as every other figure here (src/bench/metrics.ts); null with no sample. */
 function pct(xs: number[], q: number): number | null {
   if (xs.length === 0) return null;
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil(q * s.length) - 1))] as number;
+  return percentile(
+    [...xs].sort((a, b) => a - b),
+    q * 100,
+  );
 }
 
 function steadyOf(
@@ -221,10 +225,12 @@ function steadyOf(
     sent: steady.length,
     offeredPerS: steady.length / window,
     goodPerS: good.length / window,
-    attainment: steady.length === 0 ? 0 : good.length / steady.length,
-    refusedShare: steady.length === 0 ? 0 : steady.filter((r) => r.status === 429).length / steady.length,
+    attainment: steady.length === 0 ? null : good.length / steady.length,
+    refusedShare: steady.length === 0 ? null : steady.filter((r) => r.status === 429).length / steady.length,
     failedShare:
-      steady.length === 0 ? 0 : steady.filter((r) => !r.success && r.status !== 429).length / steady.length,
+      steady.length === 0
+        ? null
+        : steady.filter((r) => !r.success && r.status !== 429).length / steady.length,
     ttftP50: pct(
       ok.map((r) => r.ttft * 1000),
       0.5,
