@@ -59,6 +59,7 @@ const median = (xs: number[]) => {
 };
 
 const backend = await spawnFixedBackend(20, Number(values['itl-ms']));
+process.on('exit', () => backend.stop());
 const cpu: Record<keyof typeof SIDES, number[]> = { base: [], head: [] };
 let failed = 0;
 try {

@@ -64,6 +64,9 @@ if (values.arrivals !== 'closed' && values.arrivals !== 'poisson')
 const POISSON = values.arrivals === 'poisson';
 
 const backend = await spawnFixedBackend(20, Number(values['itl-ms']));
+// It has no IPC channel: whatever way this script ends (a gateway that fails to start included),
+// it goes with it.
+process.on('exit', () => backend.stop());
 const direct = backend.url;
 const head = await startChildGateway((dir) => undecidingGatewayYaml(direct, dir));
 const base = await startCheckoutGateway(values.base, (dir) => undecidingGatewayYaml(direct, dir));

@@ -41,7 +41,7 @@
 // `micro`: the request-path cost of a prompt (canonical render + block hashes + token estimate,
 // against BPE-tokenizing the same prompt), and of one routing decision over 8 backends (prefix
 // match on each, their views, the slagate cost, the grant), each over many unique prompts.
-import { copyFileSync, mkdirSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -377,7 +377,13 @@ async function shared(policy: string): Promise<Row> {
     throw new Error(`--shared-policy: slagate/fcfs or slagate/slagate, not ${policy}`);
   const product = policy === 'slagate/slagate';
   const redis = await startRedisServer();
-  const fleet = await startChildFleet({ replicas: REPLICAS, profile: PROFILE, timeScale: TS, seed: SEED });
+  let fleet: Awaited<ReturnType<typeof startChildFleet>>;
+  try {
+    fleet = await startChildFleet({ replicas: REPLICAS, profile: PROFILE, timeScale: TS, seed: SEED });
+  } catch (err) {
+    await redis.stop();
+    throw err;
+  }
   const gateways: Awaited<ReturnType<typeof startChildGateway>>[] = [];
   try {
     const yaml = (i: number) =>
@@ -442,7 +448,10 @@ async function shared(policy: string): Promise<Row> {
       mkdirSync(keep, { recursive: true });
       for (const [i, g] of gateways.entries()) {
         const to = join(keep, `shared-${policy.replace('/', '-')}-${i}.log`);
-        copyFileSync(join(g.dir, `admission-${i}.log`), to);
+        // A gateway that failed before it wrote a record has no log: the error that ended the run
+        // is the one to see, not this copy's.
+        if (existsSync(join(g.dir, `admission-${i}.log`)))
+          copyFileSync(join(g.dir, `admission-${i}.log`), to);
       }
     }
   }

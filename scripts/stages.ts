@@ -88,6 +88,7 @@ interface ClientSide {
 }
 
 const backend = await spawnFixedBackend(20, 5);
+process.on('exit', () => backend.stop());
 const paths: Path[] = [];
 let n = 0;
 const probeEnv = () => {

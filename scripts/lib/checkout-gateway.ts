@@ -26,6 +26,9 @@ export function undecidingGatewayYaml(url: string, dir: string): string {
   ].join('\n');
 }
 
+/** How long a checkout's gateway may take to say it serves. */
+const START_TIMEOUT_MS = 60_000;
+
 export interface CheckoutGateway {
   url: string;
   child: ChildProcess;
@@ -52,11 +55,23 @@ export async function startCheckoutGateway(
   );
   const url = await new Promise<string>((resolve, reject) => {
     let err = '';
-    child.once('exit', (code) => reject(new Error(`gateway of ${checkout} exited with ${code}: ${err}`)));
+    // A checkout that never says it serves (an old one, a wrong directory) ends the script, not
+    // its wait.
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new Error(`gateway of ${checkout} did not start within ${START_TIMEOUT_MS} ms: ${err}`));
+    }, START_TIMEOUT_MS);
+    child.once('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`gateway of ${checkout} exited with ${code}: ${err}`));
+    });
     child.stderr!.on('data', (d: Buffer) => {
       err += d.toString();
       const m = /serving on (http:\/\/[\d.]+:\d+)/.exec(err);
-      if (m) resolve(m[1]!);
+      if (m) {
+        clearTimeout(timer);
+        resolve(m[1]!);
+      }
     });
   });
   return { url, child, dir };
