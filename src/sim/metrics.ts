@@ -75,6 +75,9 @@ function freshSeries() {
     prefill: new Histogram(REQUEST_BUCKETS),
     decode: new Histogram(REQUEST_BUCKETS),
     inference: new Histogram(REQUEST_BUCKETS),
+    // The simulator's own counts, on /sim/stats only (vLLM exports neither).
+    added: 0,
+    clientAborts: 0,
   };
 }
 
@@ -114,9 +117,23 @@ export class ReplicaMetrics implements EngineObserver {
     if (r.generationTokens > 1) this.s.tpot.observe(r.decodeS / (r.generationTokens - 1));
   }
 
-  /** The front end aborted a request (client gone, injected fault): vLLM counts it as `abort`. */
-  onAborted(): void {
-    this.s.success.set('abort', (this.s.success.get('abort') ?? 0) + 1);
+  /** A request reached the engine. */
+  onAdded(): void {
+    this.s.added++;
+  }
+
+  /**
+   * The front end aborted a request (client gone, injected fault). vLLM's output processor drops
+   * such a request before its stats are taken: no `request_success_total` label counts it, and no
+   * latency histogram has it (vllm-project/vllm issues #31503 and #55634). Counted on /sim/stats.
+   */
+  onClientAbort(): void {
+    this.s.clientAborts++;
+  }
+
+  /** The simulator's own counts since this process started (GET /sim/stats). */
+  simStats(): { requests: number; client_aborts: number } {
+    return { requests: this.s.added, client_aborts: this.s.clientAborts };
   }
 
   onInterTokenLatency(seconds: number): void {

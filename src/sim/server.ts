@@ -79,6 +79,7 @@ const ROUTES_BY_PATH: Record<string, Record<string, Handler>> = {
     DELETE: (c, _q, s) => afterResponse(s, 200, '{"fault":null}', () => c.applyFault({ mode: 'reset' })),
   },
   '/sim/cached-tokens': { POST: cachedTokens },
+  '/sim/stats': { GET: (c, _q, s) => send(s, 200, JSON.stringify(c.metrics.simStats())) },
 };
 const ROUTES = new Map(
   Object.entries(ROUTES_BY_PATH).map(([path, methods]) => [path, new Map(Object.entries(methods))]),
@@ -275,7 +276,7 @@ class Generation {
 
   private abortEngine(): void {
     // A request a crash dropped is not an abort of the process that comes back.
-    if (this.ctx.engine.abort(this.engineId)) this.ctx.metrics.onAborted();
+    if (this.ctx.engine.abort(this.engineId)) this.ctx.metrics.onClientAbort();
   }
 
   private admit(): void {
@@ -306,6 +307,7 @@ class Generation {
       return;
     }
     this.added = true;
+    this.ctx.metrics.onAdded();
   }
 
   private onToken(index: number, finish: FinishReason | null): void {

@@ -206,22 +206,17 @@ export { type OpenStream, openStream } from '../helpers/http.ts';
 
 // ---- the simulated replicas, seen from outside ----
 
-/** Requests a replica's engine has finished, for any reason (stop, length, abort, error). */
+/** Requests that have reached a replica's engine since it started (the simulator's /sim/stats). */
 export async function replicaRequests(replicaUrl: string): Promise<number> {
-  const res = await get(replicaUrl, '/metrics');
-  let n = 0;
-  for (const line of res.text.split('\n')) {
-    const m = /^vllm:request_success_total\{[^}]*\} (\S+)$/.exec(line);
-    if (m) n += Number(m[1]);
-  }
-  return n;
+  return (JSON.parse((await get(replicaUrl, '/sim/stats')).text) as { requests: number }).requests;
 }
 
-/** Aborted requests, as the replica counts them (finished_reason="abort"). */
+/**
+ * Engine requests the replica aborted because its client went away (the simulator's /sim/stats:
+ * vLLM's own metrics do not count them).
+ */
 export async function replicaAborts(replicaUrl: string): Promise<number> {
-  const res = await get(replicaUrl, '/metrics');
-  const m = /^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$/m.exec(res.text);
-  return m ? Number(m[1]) : 0;
+  return (JSON.parse((await get(replicaUrl, '/sim/stats')).text) as { client_aborts: number }).client_aborts;
 }
 
 // ---- scripted backends ----
