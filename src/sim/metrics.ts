@@ -108,13 +108,21 @@ export class ReplicaMetrics implements EngineObserver {
     this.s.success.set(r.reason, (this.s.success.get(r.reason) ?? 0) + 1);
     this.s.e2e.observe(r.e2eS + this.opts.frontendOverheadS);
     this.s.queue.observe(r.queueS);
-    // A request aborted before its first token has no TTFT, prefill or decode interval.
+    // A request aborted before its first token has no prefill or decode interval.
     if (r.generationTokens === 0) return;
-    this.s.ttft.observe(r.ttftS + this.opts.frontendOverheadS);
     this.s.prefill.observe(r.prefillS);
     this.s.decode.observe(r.decodeS);
     this.s.inference.observe(r.prefillS + r.decodeS);
-    if (r.generationTokens > 1) this.s.tpot.observe(r.decodeS / (r.generationTokens - 1));
+    // vLLM's mean time per output token is 0 for a request of one token, and observed all the same.
+    this.s.tpot.observe(r.generationTokens > 1 ? r.decodeS / (r.generationTokens - 1) : 0);
+  }
+
+  /**
+   * TTFT is observed at the first token, as vLLM's iteration stats take it: a long answer's is not
+   * late, and a request whose client leaves after its first token has one.
+   */
+  onFirstToken(ttftS: number): void {
+    this.s.ttft.observe(ttftS + this.opts.frontendOverheadS);
   }
 
   /** A request reached the engine. */

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { promFloat, ReplicaMetrics } from '../../src/sim/metrics.ts';
 import { getProfile } from '../../src/sim/profiles.ts';
 import { SimReplica } from '../../src/sim/replica.ts';
-import { post, send } from './http-helpers.ts';
+import { openStream, post, send } from './http-helpers.ts';
 
 const PROFILE = getProfile('llama3-8b-h100');
 const MODEL = PROFILE.model;
@@ -120,6 +120,7 @@ describe('ReplicaMetrics', () => {
       prefillS: 0.01,
       decodeS: 1.0,
     });
+    m.onFirstToken(0.025);
     m.onInterTokenLatency(0.02);
     m.onInterTokenLatency(0.2);
     const text = m.render(EMPTY_STATS);
@@ -160,5 +161,40 @@ describe('GET /metrics', () => {
     // The front-end delay alone puts every TTFT above its wall-clock share.
     const minTtft = (PROFILE.frontendOverheadMs * 0.05) / 1000;
     expect(sample(text, `vllm:time_to_first_token_seconds_sum{${L}}`)).toBeGreaterThan(3 * minTtft);
+  });
+
+  it("observes TTFT at the first token, a client abort after it included; a one-token answer's TPOT as 0", async () => {
+    const count = async (name: string) =>
+      sample((await send(replica.url, 'GET', '/metrics')).text, `${name}{${L}}`);
+    const ttftBefore = await count('vllm:time_to_first_token_seconds_count');
+    const s = await openStream(replica.url, '/v1/completions', {
+      model: MODEL,
+      prompt: 'A long story',
+      max_tokens: 20000,
+      ignore_eos: true,
+      stream: true,
+    });
+    await s.until((t) => t.split('data: ').length > 3);
+    // Still generating: its TTFT is observed already.
+    expect(replica.engine.stats().running).toBe(1);
+    expect(await count('vllm:time_to_first_token_seconds_count')).toBe(ttftBefore + 1);
+    s.close();
+    while (replica.engine.stats().running > 0) await new Promise((r) => setTimeout(r, 10));
+    expect(await count('vllm:time_to_first_token_seconds_count')).toBe(ttftBefore + 1);
+
+    const tpotBefore = await count('vllm:request_time_per_output_token_seconds_count');
+    const zeroBefore = sample(
+      (await send(replica.url, 'GET', '/metrics')).text,
+      `vllm:request_time_per_output_token_seconds_bucket{${L},le="0.01"}`,
+    );
+    const one = { model: MODEL, prompt: 'One token', max_tokens: 1 };
+    expect((await post(replica.url, '/v1/completions', one)).status).toBe(200);
+    expect(await count('vllm:request_time_per_output_token_seconds_count')).toBe(tpotBefore + 1);
+    expect(
+      sample(
+        (await send(replica.url, 'GET', '/metrics')).text,
+        `vllm:request_time_per_output_token_seconds_bucket{${L},le="0.01"}`,
+      ),
+    ).toBe(zeroBefore + 1);
   });
 });

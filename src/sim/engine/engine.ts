@@ -406,6 +406,7 @@ class SimEngine implements Engine {
     if (index === 0) {
       r.firstTokenMs = now;
       this.counters.promptTokens += r.promptLen;
+      this.observer?.onFirstToken?.((now - r.arrivalMs) / 1000);
     } else {
       this.observer?.onInterTokenLatency?.((now - r.lastTokenMs) / 1000);
     }

@@ -66,6 +66,8 @@ export interface EngineObserver {
     prefillS: number;
     decodeS: number;
   }): void;
+  /** A request's first token: arrival to it, seconds (vLLM observes its TTFT then, not at the end). */
+  onFirstToken?(ttftS: number): void;
   onInterTokenLatency?(seconds: number): void;
 }
 
