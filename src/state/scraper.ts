@@ -69,7 +69,10 @@ interface TargetState {
   metricsUrl: string;
   metrics: VllmMetrics | null;
   prefixHitRate: number | null;
+  /** Wall-clock ms of the last good scrape (shown); its age is taken from scrapedMono. */
   scrapedAt: number | null;
+  /** performance.now() of the same scrape: a wall clock stepped back or forth moves no age. */
+  scrapedMono: number | null;
   lastError: string | null;
   consecutiveFailures: number;
   timer: NodeJS.Timeout | null;
@@ -113,6 +116,7 @@ export class TelemetryScraper {
         metrics: null,
         prefixHitRate: null,
         scrapedAt: null,
+        scrapedMono: null,
         lastError: null,
         consecutiveFailures: 0,
         timer: null,
@@ -128,7 +132,7 @@ export class TelemetryScraper {
     const t = this.#targets.get(name);
     if (t === undefined) return undefined;
     const m = t.metrics;
-    const ageMs = t.scrapedAt === null ? null : Math.max(0, this.#now() - t.scrapedAt);
+    const ageMs = t.scrapedMono === null ? null : performance.now() - t.scrapedMono;
     return {
       running: m?.running ?? null,
       waiting: m?.waiting ?? null,
@@ -209,6 +213,7 @@ export class TelemetryScraper {
       t.prefixHitRate = hitRate(t.metrics, metrics, t.prefixHitRate);
       t.metrics = metrics;
       t.scrapedAt = this.#now();
+      t.scrapedMono = performance.now();
       t.lastError = null;
       t.consecutiveFailures = 0;
     } catch (e) {

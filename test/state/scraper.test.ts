@@ -113,6 +113,23 @@ describe('vLLM telemetry scraper', () => {
     expect(scraper.get('a')!.lastError).toBeNull();
   });
 
+  it('a wall clock stepped back does not keep a backend whose scrapes stopped fresh', async () => {
+    fleet = await startFleet({ replicas: 1, profile: 'llama3-8b-h100', timeScale: 0.01 });
+    // The wall clock the live state gives it, which NTP or a restored VM may step.
+    let stepMs = 0;
+    const scraper = new TelemetryScraper(
+      { intervalMs: 50, staleAfterMs: 150, timeoutMs: 100, now: () => Date.now() + stepMs },
+      [{ name: 'a', url: fleet.urls[0]! }],
+    );
+    cleanups.push(() => scraper.close());
+    await until(() => !scraper.get('a')!.saturated, 2_000, 'first scrape');
+    await fleet.replicas[0]!.fault({ mode: 'refuse' });
+    stepMs = -3_600_000;
+    await until(() => scraper.get('a')!.saturated, 3_000, 'saturated though the clock went back an hour');
+    expect(scraper.get('a')!.ageMs!).toBeGreaterThan(150);
+    await fleet.replicas[0]!.reset();
+  });
+
   it('never-scraped, non-vLLM, hanging and closed backends are saturated', async () => {
     const plain = await metricsServer(() => 'process_cpu_seconds_total 1\n');
     const hanging = await metricsServer(() => '', { hang: true });
