@@ -20,6 +20,8 @@ export interface GenerationRequest {
   stream: boolean;
   includeUsage: boolean;
   seed: number | undefined;
+  /** Choices to generate: n engine requests of one prompt, as vLLM fans a request out. */
+  n: number;
 }
 
 type Body = Record<string, unknown>;
@@ -60,10 +62,8 @@ export function parseGeneration(
   maxModelLen = Number.POSITIVE_INFINITY,
 ): GenerationRequest {
   const model = resolveModel(body, served);
-  const n = optionalInt(body, 'n');
-  if (n !== undefined && n !== 1) {
-    throw new HttpError(400, 'The simulator supports only n=1.', 'BadRequestError', 'n');
-  }
+  const n = optionalInt(body, 'n') ?? 1;
+  if (n < 1) throw validationError(`n must be at least 1, got ${n}.`, 'n');
   const stream = optionalBool(body, 'stream') ?? false;
   const options = body.stream_options;
   let includeUsage = false;
@@ -101,6 +101,7 @@ export function parseGeneration(
     stream,
     includeUsage,
     seed: optionalInt(body, 'seed'),
+    n,
   };
 }
 

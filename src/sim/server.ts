@@ -234,18 +234,29 @@ function header(req: Req, name: string): string | undefined {
   return Array.isArray(v) ? v[0] : v;
 }
 
-/** One generation request from the front-end delay to the last byte. */
+/**
+ * One generation request from the front-end delay to the last byte. A request for n choices is n
+ * engine requests of one prompt (vLLM's fan-out: each child its own seed, the prompt's blocks
+ * shared through the prefix cache), streamed interleaved as their tokens come, each event naming
+ * its choice; it ends when the last choice does.
+ */
 class Generation {
   private readonly frame: ResponseFrame;
-  private readonly engineId: string;
-  private readonly seed: number;
+  /** Per choice: its engine id, seed, text so far (non-streamed), tokens so far, finish. */
+  private readonly choices: {
+    engineId: string;
+    seed: number;
+    text: string;
+    tokens: number;
+    finish: Finish | null;
+  }[];
   private readonly limit: number;
   private added = false;
   /** Set once the response is complete or the connection is gone: later tokens are ignored. */
   private done = false;
   private delay: NodeJS.Timeout | null = null;
-  private text = '';
-  private tokens = 0;
+  private roleSent = false;
+  private open: number;
 
   constructor(
     private readonly ctx: ReplicaContext,
@@ -256,9 +267,18 @@ class Generation {
     private readonly slowFactor: number,
   ) {
     this.frame = new ResponseFrame(g.kind, id, Math.floor(Date.now() / 1000), g.model);
+    const seed = requestSeed(ctx.fleetSeed, g.promptTokens, g.seed);
     // Engine ids must be unique even when a client reuses an x-request-id.
-    this.engineId = `${id}#${++requestCounter}`;
-    this.seed = requestSeed(ctx.fleetSeed, g.promptTokens, g.seed);
+    const base = `${id}#${++requestCounter}`;
+    this.choices = Array.from({ length: g.n }, (_, i) => ({
+      engineId: i === 0 ? base : `${base}.${i}`,
+      // vLLM's children of one request: the parent's seed plus their index.
+      seed: (seed + i) >>> 0,
+      text: '',
+      tokens: 0,
+      finish: null,
+    }));
+    this.open = g.n;
     this.limit = g.maxTokens ?? ctx.profile.maxModelLen - g.promptTokens.length;
   }
 
@@ -274,9 +294,12 @@ class Generation {
     this.done = true;
   }
 
+  /** Aborts every choice the engine still holds. */
   private abortEngine(): void {
-    // A request a crash dropped is not an abort of the process that comes back.
-    if (this.ctx.engine.abort(this.engineId)) this.ctx.metrics.onClientAbort();
+    for (const c of this.choices) {
+      // A request a crash dropped is not an abort of the process that comes back.
+      if (this.ctx.engine.abort(c.engineId)) this.ctx.metrics.onClientAbort();
+    }
   }
 
   private admit(): void {
@@ -289,38 +312,48 @@ class Generation {
     }
     if (this.fault?.mode === 'hang') return;
     try {
-      this.ctx.engine.add(
-        {
-          id: this.engineId,
-          promptTokens: this.g.promptTokens,
-          maxTokens: this.limit,
-          naturalLength: naturalLength(this.seed),
-          ignoreEos: this.g.ignoreEos,
-          seed: this.seed,
-          slowFactor: this.slowFactor,
-        },
-        { onToken: (_tokenId, index, finish) => this.onToken(index, finish) },
-      );
+      this.choices.forEach((c, i) => {
+        this.ctx.engine.add(
+          {
+            id: c.engineId,
+            promptTokens: this.g.promptTokens,
+            maxTokens: this.limit,
+            naturalLength: naturalLength(c.seed),
+            ignoreEos: this.g.ignoreEos,
+            seed: c.seed,
+            slowFactor: this.slowFactor,
+          },
+          { onToken: (_tokenId, index, finish) => this.onToken(i, index, finish) },
+        );
+        this.added = true;
+        this.ctx.metrics.onAdded();
+      });
     } catch (e) {
-      // The engine refuses a request that could never fit its KV cache.
+      // The engine refuses a request that could never fit its KV cache (the first choice, before
+      // any other is in).
+      this.abortEngine();
       this.fail(new HttpError(400, e instanceof Error ? e.message : String(e)));
       return;
     }
-    this.added = true;
-    this.ctx.metrics.onAdded();
   }
 
-  private onToken(index: number, finish: FinishReason | null): void {
+  private onToken(choice: number, index: number, finish: FinishReason | null): void {
     if (this.done) return;
     // The contract lets an engine end a request with `abort` (it is not the client's doing).
     if (finish === 'abort') {
+      this.abortEngine();
       this.fail(new HttpError(500, 'The engine aborted the request.', 'InternalServerError'));
       return;
     }
+    const c = this.choices[choice]!;
     const f = this.fault;
-    if ((f?.mode === 'drop' || f?.mode === 'inband_error') && index === (f.afterTokens ?? 1)) {
-      // On its last token the engine has already finished the request: nothing to abort.
-      if (finish === null) this.abortEngine();
+    if (
+      (f?.mode === 'drop' || f?.mode === 'inband_error') &&
+      choice === 0 &&
+      index === (f.afterTokens ?? 1)
+    ) {
+      // On its last token the engine has already finished the choice: the others are aborted.
+      this.abortEngine();
       if (f.mode === 'drop') {
         this.done = true;
         this.res.destroy();
@@ -331,25 +364,42 @@ class Generation {
       return;
     }
     const eos = finish === 'stop' && !this.g.ignoreEos;
-    const piece = generatedText(generatedToken(this.seed, index, eos));
-    this.tokens = index + 1;
+    const piece = generatedText(generatedToken(c.seed, index, eos));
+    c.tokens = index + 1;
     const end: Finish | null = finish;
+    if (end !== null) {
+      c.finish = end;
+      this.open--;
+    }
     if (!this.g.stream) {
-      this.text += piece;
-      if (end !== null)
+      c.text += piece;
+      if (this.open === 0) {
+        const all = this.choices.map((x) => ({ text: x.text, finish: x.finish as Finish }));
         this.finish(() =>
-          send(this.res, 200, this.frame.fullResponse(this.text, end, this.promptLen, this.tokens)),
+          send(this.res, 200, this.frame.fullResponse(all, this.promptLen, this.completionTokens)),
         );
+      }
       return;
     }
-    let out = index === 0 && this.g.kind === 'chat' ? this.frame.roleEvent() : '';
-    out += this.frame.tokenEvent(piece, end);
-    if (end === null) {
+    let out = '';
+    // vLLM's first output of a chat stream comes after a role chunk for every choice.
+    if (!this.roleSent && this.g.kind === 'chat') {
+      for (let i = 0; i < this.choices.length; i++) out += this.frame.roleEvent(i);
+    }
+    this.roleSent = true;
+    out += this.frame.tokenEvent(piece, end, choice);
+    if (this.open > 0) {
       this.res.write(out);
       return;
     }
-    if (this.g.includeUsage) out += this.frame.usageEvent(this.promptLen, this.tokens);
+    if (this.g.includeUsage) out += this.frame.usageEvent(this.promptLen, this.completionTokens);
     this.finish(() => this.res.end(out + DONE_EVENT));
+  }
+
+  private get completionTokens(): number {
+    let n = 0;
+    for (const c of this.choices) n += c.tokens;
+    return n;
   }
 
   private get promptLen(): number {

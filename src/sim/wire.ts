@@ -56,24 +56,24 @@ export class ResponseFrame {
     this.chunkHead = `{"id":${JSON.stringify(id)},"object":"${object}","created":${created},"model":${JSON.stringify(model)},`;
   }
 
-  /** SSE event of the chat role chunk vLLM sends with the first output. */
-  roleEvent(): string {
+  /** SSE event of the chat role chunk vLLM sends, for each choice, with the first output. */
+  roleEvent(index = 0): string {
     return this.event(
-      `"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
+      `"choices":[{"index":${index},"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
     );
   }
 
-  /** SSE event carrying one token's text; the last one also carries the finish reason. */
-  tokenEvent(text: string, finish: Finish | null): string {
+  /** SSE event carrying one token's text of choice `index`; its last one also carries the finish reason. */
+  tokenEvent(text: string, finish: Finish | null, index = 0): string {
     const t = JSON.stringify(text);
     if (this.kind === 'chat') {
       const tail =
         finish === null ? '"finish_reason":null' : `"finish_reason":"${finish}","stop_reason":null`;
-      return this.event(`"choices":[{"index":0,"delta":{"content":${t}},"logprobs":null,${tail}}]}`);
+      return this.event(`"choices":[{"index":${index},"delta":{"content":${t}},"logprobs":null,${tail}}]}`);
     }
     const f = finish === null ? 'null' : `"${finish}"`;
     return this.event(
-      `"choices":[{"index":0,"text":${t},"logprobs":null,"finish_reason":${f},"stop_reason":null}],"usage":null}`,
+      `"choices":[{"index":${index},"text":${t},"logprobs":null,"finish_reason":${f},"stop_reason":null}],"usage":null}`,
     );
   }
 
@@ -83,8 +83,12 @@ export class ResponseFrame {
     return this.event(`"choices":[],"usage":${usage}}`);
   }
 
-  /** The whole non-streamed response body. */
-  fullResponse(text: string, finish: Finish, promptTokens: number, completionTokens: number): string {
+  /** The whole non-streamed response body: one choice per entry of `choices`, in order. */
+  fullResponse(
+    choices: readonly { text: string; finish: Finish }[],
+    promptTokens: number,
+    completionTokens: number,
+  ): string {
     const usage = { ...usageOf(promptTokens, completionTokens), prompt_tokens_details: null };
     if (this.kind === 'chat') {
       return JSON.stringify({
@@ -92,24 +96,22 @@ export class ResponseFrame {
         object: 'chat.completion',
         created: this.created,
         model: this.model,
-        choices: [
-          {
-            index: 0,
-            message: {
-              role: 'assistant',
-              content: text,
-              refusal: null,
-              annotations: null,
-              audio: null,
-              function_call: null,
-              tool_calls: [],
-              reasoning_content: null,
-            },
-            logprobs: null,
-            finish_reason: finish,
-            stop_reason: null,
+        choices: choices.map(({ text, finish }, index) => ({
+          index,
+          message: {
+            role: 'assistant',
+            content: text,
+            refusal: null,
+            annotations: null,
+            audio: null,
+            function_call: null,
+            tool_calls: [],
+            reasoning_content: null,
           },
-        ],
+          logprobs: null,
+          finish_reason: finish,
+          stop_reason: null,
+        })),
         service_tier: null,
         system_fingerprint: null,
         usage,
@@ -122,9 +124,14 @@ export class ResponseFrame {
       object: 'text_completion',
       created: this.created,
       model: this.model,
-      choices: [
-        { index: 0, text, logprobs: null, finish_reason: finish, stop_reason: null, prompt_logprobs: null },
-      ],
+      choices: choices.map(({ text, finish }, index) => ({
+        index,
+        text,
+        logprobs: null,
+        finish_reason: finish,
+        stop_reason: null,
+        prompt_logprobs: null,
+      })),
       service_tier: null,
       system_fingerprint: null,
       usage,

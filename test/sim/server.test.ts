@@ -236,9 +236,9 @@ describe('errors', () => {
     const field = await post(base, CHAT, { model: MODEL, messages: MESSAGES, max_tokens: 'ten' });
     expect(field.status).toBe(400);
     expect(envelope(field.text).param).toBe('max_tokens');
-    const n = await post(base, CHAT, { model: MODEL, messages: MESSAGES, n: 2 });
+    const n = await post(base, CHAT, { model: MODEL, messages: MESSAGES, n: 0 });
     expect(n.status).toBe(400);
-    expect(envelope(n.text)).toMatchObject({ type: 'BadRequestError', param: 'n', code: 400 });
+    expect(envelope(n.text)).toMatchObject({ param: 'n', code: 400 });
     const image = await post(base, CHAT, {
       model: MODEL,
       messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }],
@@ -409,6 +409,57 @@ describe('openai client', () => {
     await expect(
       client().chat.completions.create({ model: 'nope', messages: [{ role: 'user', content: 'Hi' }] }),
     ).rejects.toMatchObject({ status: 404 });
+  });
+});
+
+describe('n choices', () => {
+  it('streams n choices interleaved, each its own text, a role chunk for each first, usage over all', async () => {
+    const body = { model: MODEL, messages: MESSAGES, max_tokens: 6, ignore_eos: true, n: 3, seed: 7 };
+    const r = await post(base, CHAT, { ...body, stream: true, stream_options: { include_usage: true } });
+    expect(r.status).toBe(200);
+    const chunks = sseData(r.text)
+      .filter((d) => d !== '[DONE]')
+      .map((d) => JSON.parse(d));
+    // The role chunks of the three choices come first.
+    expect(chunks.slice(0, 3).map((c) => [c.choices[0].index, c.choices[0].delta.role])).toEqual([
+      [0, 'assistant'],
+      [1, 'assistant'],
+      [2, 'assistant'],
+    ]);
+    const texts = ['', '', ''];
+    const finishes: (string | null)[] = [null, null, null];
+    for (const c of chunks.slice(3, -1)) {
+      const ch = c.choices[0];
+      texts[ch.index] += ch.delta.content;
+      if (ch.finish_reason !== null) finishes[ch.index] = ch.finish_reason;
+    }
+    expect(finishes).toEqual(['length', 'length', 'length']);
+    // Each choice its own seed: three different texts.
+    expect(new Set(texts).size).toBe(3);
+    const usage = chunks.at(-1).usage;
+    expect(usage.completion_tokens).toBe(18);
+    // Not streamed: the same three texts, one choice each, in order.
+    const whole = JSON.parse((await post(base, CHAT, body)).text);
+    expect(whole.choices.map((c: { index: number }) => c.index)).toEqual([0, 1, 2]);
+    expect(whole.choices.map((c: { message: { content: string } }) => c.message.content)).toEqual(texts);
+    expect(whole.usage.completion_tokens).toBe(18);
+  });
+
+  it('a client that leaves aborts every choice', async () => {
+    const before = replica.metrics.simStats().client_aborts;
+    const s = await openStream(base, CHAT, {
+      model: MODEL,
+      messages: MESSAGES,
+      max_tokens: 20000,
+      ignore_eos: true,
+      stream: true,
+      n: 2,
+    });
+    await s.until((t) => t.split('data: ').length > 5);
+    expect(replica.engine.stats().running).toBe(2);
+    s.close();
+    await waitFor(() => replica.engine.stats().running === 0, 2000, 'engine running = 0');
+    expect(replica.metrics.simStats().client_aborts).toBe(before + 2);
   });
 });
 
