@@ -220,11 +220,6 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
   if (typeof n === 'number' && n > MAX_N) {
     throw invalid(`'n' must be at most ${MAX_N}`, 'n');
   }
-  // Several choices come interleaved in one stream, where the gateway's TTFT and TPOT would be
-  // the fastest choice's; a non-streamed request with n > 1 is passed through whole.
-  if (typeof n === 'number' && n > 1 && body.stream === true) {
-    throw invalid("'n' above 1 is not supported with 'stream': true; send it without streaming", 'n');
-  }
   // max_completion_tokens is chat's; vLLM's completions request has no such field (it is ignored).
   // A completion may ask for no output at all when it echoes the prompt (prompt scoring).
   const maxTokens =

@@ -184,6 +184,7 @@ async function serve(
         mode: got.mode,
         assembleKind: got.assembleKind,
         clientWantsUsage: got.wantsUsage,
+        sequences: got.sequences,
         requestId: call.id,
         responseHeaders,
         startedAt: record.startedAt,

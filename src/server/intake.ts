@@ -56,6 +56,8 @@ export interface Served {
   readonly expectedOutputTokens: number;
   /** The same for one sequence: its decode steps (several prompts' or choices' run side by side). */
   readonly outputTokensPerSequence: number;
+  /** Sequences vLLM generates for it, side by side: `n`, times the prompts of a completion. */
+  readonly sequences: number;
   /** How the client is answered (InferenceRequest.mode), and the body an assembly builds. */
   readonly mode: ClientMode;
   readonly assembleKind: AssembleKind;
@@ -145,6 +147,9 @@ export function intake(
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: blocks.length });
   checkContext(ir, source, prompt, promptTokens, rt.tokens.fewestTokens(prompt), maxLen);
   const perSequence = ir.outputLimit ?? EXPECTED_OUTPUT_TOKENS;
+  const sequences =
+    (ir.endpoint === 'chat' ? 1 : Math.max(1, ir.promptParts.length)) *
+    (typeof ir.body.n === 'number' ? ir.body.n : 1);
   const served: Served = {
     identity,
     cls,
@@ -152,11 +157,9 @@ export function intake(
     prompt,
     blocks,
     promptTokens,
-    expectedOutputTokens:
-      perSequence *
-      (ir.endpoint === 'chat' ? 1 : Math.max(1, ir.promptParts.length)) *
-      (typeof ir.body.n === 'number' ? ir.body.n : 1),
+    expectedOutputTokens: perSequence * sequences,
     outputTokensPerSequence: perSequence,
+    sequences,
     mode: ir.mode,
     assembleKind: ir.assembleKind,
     wantsUsage: ir.wantsUsage,

@@ -75,12 +75,26 @@ export interface Latencies {
  */
 export const SAME_READ_MS = 1;
 
+/**
+ * A request's token events, timed. A stream of several sequences (n > 1, or several completion
+ * prompts) interleaves their events, one sequence each, in one stream: its first token is the first
+ * of any, and its TPOT is taken per sequence, as vLLM's own mean time per output token over a
+ * request's children is: the sum of each sequence's first-to-last time over the tokens after each
+ * one's first (usage's completion tokens less one per sequence). The gaps between its events are
+ * not the decode pace (the events of one step for several sequences come together), so such a
+ * stream gives no inter-token latencies and nothing to the decode meter.
+ */
 export class TokenClock {
   readonly startedAt: number;
   firstTokenAt: number | null = null;
   lastTokenAt: number | null = null;
   readonly itlMs: number[] = [];
   readonly #meter: DecodeMeter | null;
+  /** Sequences the stream interleaves (1: one, the usual case). */
+  readonly #sequences: number;
+  /** With several sequences: each one's first and last token event, by its choice index. */
+  readonly #firstOf: (number | undefined)[] = [];
+  readonly #lastOf: (number | undefined)[] = [];
   // Token events that arrived together (within SAME_READ_MS of each other) and the wall time
   // before them, not yet given to the meter.
   #batchEvents = 0;
@@ -88,12 +102,23 @@ export class TokenClock {
   // The relay paused the upstream for a slow client: the next gap is the gateway's, not the backend's.
   #paused = false;
 
-  constructor(startedAt: number, meter: DecodeMeter | null = null) {
+  constructor(startedAt: number, meter: DecodeMeter | null = null, sequences = 1) {
     this.startedAt = startedAt;
-    this.#meter = meter;
+    this.#sequences = sequences;
+    this.#meter = sequences > 1 ? null : meter;
   }
 
-  token(now: number): void {
+  /** Sequences the stream interleaves. */
+  get sequences(): number {
+    return this.#sequences;
+  }
+
+  /** A token event, of the sequence whose choice index is `choice` when the stream has several. */
+  token(now: number, choice = 0): void {
+    if (this.#sequences > 1) {
+      this.#interleaved(now, choice);
+      return;
+    }
     if (this.lastTokenAt === null) {
       this.firstTokenAt = now;
     } else {
@@ -111,6 +136,34 @@ export class TokenClock {
       }
     }
     this.lastTokenAt = now;
+  }
+
+  #interleaved(now: number, choice: number): void {
+    this.firstTokenAt ??= now;
+    this.lastTokenAt = now;
+    // An index the stream should not have (a backend's own numbering) is timed with the stream
+    // only: the per-sequence figures keep to the sequences asked for.
+    if (!(Number.isInteger(choice) && choice >= 0 && choice < this.#sequences)) return;
+    this.#firstOf[choice] ??= now;
+    this.#lastOf[choice] = now;
+  }
+
+  /**
+   * Σ (last − first) of each sequence over the tokens after each one's first; null without a span
+   * or without such tokens (every sequence of one token), or when a sequence never showed one.
+   */
+  #perSequenceTpot(completionTokens: number | null): number | null {
+    if (completionTokens === null) return null;
+    const after = completionTokens - this.#sequences;
+    if (!(after > 0)) return null;
+    let span = 0;
+    for (let i = 0; i < this.#sequences; i++) {
+      const a = this.#firstOf[i];
+      const b = this.#lastOf[i];
+      if (a === undefined || b === undefined) return null;
+      span += b - a;
+    }
+    return span > 0 ? span / after : null;
   }
 
   /** The relay paused the upstream (the client is not reading): the gap across the pause is not metered. */
@@ -138,6 +191,14 @@ export class TokenClock {
   finish(endedAt: number, completionTokens: number | null, observed = true): Latencies {
     this.#flushMeter();
     const first = observed ? this.firstTokenAt : null;
+    if (this.#sequences > 1) {
+      return {
+        ttftMs: first === null ? null : first - this.startedAt,
+        tpotMs: first === null ? null : this.#perSequenceTpot(completionTokens),
+        itlMs: this.itlMs,
+        e2eMs: endedAt - this.startedAt,
+      };
+    }
     const last = this.lastTokenAt;
     const tpotMs =
       first !== null &&

@@ -60,6 +60,8 @@ export interface ProxyRequest {
   assembleKind: AssembleKind;
   /** The client's stream_options ask for usage (asksForUsage): the usage chunk is forwarded to it. */
   clientWantsUsage: boolean;
+  /** Sequences the backend's stream interleaves (AttemptSpec.sequences): 1 but for n > 1 or several prompts. */
+  sequences: number;
   /** Sent upstream as x-request-id. */
   requestId: string;
   /** Extra headers on every response the client gets (x-request-id, x-slagate-class). */
@@ -300,6 +302,7 @@ async function attemptLoop(
       maxBodyBytes: cfg.maxBodyBytes,
       signal,
       meter: slot.meter,
+      sequences: req.sequences,
     });
     const granted = slot;
     const suspect = rejectedBy;

@@ -94,6 +94,11 @@ export interface AttemptSpec {
   signal: Cancel;
   /** The backend's decode-pace meter (token gaps), or null. */
   meter: DecodeMeter | null;
+  /**
+   * Sequences the stream interleaves: `n` (times the prompts of a completion). Above 1, every data
+   * event is parsed (its choice's index names its sequence) and TokenClock times them apart.
+   */
+  sequences: number;
 }
 
 export type AttemptKind = 'ok' | 'rejected' | 'failed';
@@ -175,7 +180,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
   constructor(spec: AttemptSpec) {
     this.spec = spec;
     this.#parser = new SseParser({ maxEventBytes: spec.maxEventBytes });
-    this.#clock = new TokenClock(spec.startedAt, spec.meter);
+    this.#clock = new TokenClock(spec.startedAt, spec.meter, spec.sequences);
     this.#assembler = spec.mode === 'assemble' ? new Assembler(spec.assembleKind) : null;
     this.done = new Promise((resolve) => {
       this.#resolveDone = resolve;
@@ -356,7 +361,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
         continue;
       }
       sawData = true;
-      if (committed && assembler === null && this.#shape.test(bytes)) {
+      if (committed && assembler === null && this.spec.sequences === 1 && this.#shape.test(bytes)) {
         this.#outputEvents++;
         this.#clock.token(now);
         this.#emit(ev.raw, out);
@@ -413,9 +418,9 @@ export class Attempt implements Dispatcher.DispatchHandler {
       if (Array.isArray(msg?.choices) && msg.choices.length > 0) {
         if (carriesOutput(msg.choices)) this.#outputEvents++;
         if (committed) {
-          this.#clock.token(now);
+          this.#clock.token(now, choiceIndex(msg.choices));
         } else {
-          this.#commit(now);
+          this.#commit(now, choiceIndex(msg.choices));
           out.push(...this.#held);
           this.#held = [];
         }
@@ -449,10 +454,10 @@ export class Attempt implements Dispatcher.DispatchHandler {
   }
 
   /** The first token: from here the attempt owns the response (an assembly still writes nothing). */
-  #commit(now: number): void {
+  #commit(now: number, choice = 0): void {
     this.#clearFirstTokenTimer();
     this.#phase = 'committed';
-    this.#clock.token(now);
+    this.#clock.token(now, choice);
     if (this.#assembler === null) {
       this.spec.res.writeHead(
         200,
@@ -828,6 +833,12 @@ function inBandFailure(msg: StreamChunk | null, committed: boolean, what: string
   const named = code === null ? '' : ` naming ${code}`;
   const text = message === null ? '' : `: ${capped(message)}`;
   return new AttemptFailure('in_band_error', `upstream ${what}${named}${text}`);
+}
+
+/** The choice a chunk's first entry belongs to (vLLM sends one choice per chunk), or 0. */
+function choiceIndex(choices: unknown[]): number {
+  const index = (choices[0] as { index?: unknown } | null)?.index;
+  return typeof index === 'number' ? index : 0;
 }
 
 /** The response's content-type names JSON (a stream's is text/event-stream, or absent). */

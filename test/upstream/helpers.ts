@@ -303,6 +303,10 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
           mode,
           assembleKind: path === '/v1/completions' ? 'completion' : 'chat',
           clientWantsUsage,
+          // As intake counts them: n, times the prompts of a completion.
+          sequences:
+            (Array.isArray(body.prompt) && typeof body.prompt[0] !== 'number' ? body.prompt.length : 1) *
+            (typeof body.n === 'number' ? body.n : 1),
           requestId: String(req.headers['x-request-id'] ?? 'req-1'),
           responseHeaders: opts.responseHeaders ?? { 'x-request-id': 'req-1' },
           startedAt,

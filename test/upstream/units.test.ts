@@ -111,6 +111,45 @@ describe('TokenClock', () => {
     expect(new TokenClock(0).finish(5, 3).tpotMs).toBeNull();
   });
 
+  it('times a stream of several sequences per sequence, and gives neither ITL nor meter gaps', () => {
+    const m = new DecodeMeter();
+    const c = new TokenClock(100, m, 3);
+    // Three sequences a step apart (10 ms), their events of one step together: 4 tokens each,
+    // sequence 2 done a step early (3 tokens), 11 tokens in all.
+    for (const [t, seq] of [
+      [150, 0],
+      [150, 1],
+      [150, 2],
+      [160, 0],
+      [160, 1],
+      [160, 2],
+      [170, 0],
+      [170, 1],
+      [170, 2],
+      [180, 0],
+      [180, 1],
+    ] as const)
+      c.token(t, seq);
+    const l = c.finish(190, 11);
+    expect(l.ttftMs).toBe(50);
+    // (30 + 30 + 20) ms over the 11 − 3 tokens after each sequence's first.
+    expect(l.tpotMs).toBeCloseTo(80 / 8, 10);
+    expect(l.itlMs).toEqual([]);
+    expect(m.gaps).toBe(0);
+    // An index outside the sequences asked for is timed with the stream, not as a sequence.
+    const odd = new TokenClock(0, null, 2);
+    odd.token(10, 0);
+    odd.token(20, 1);
+    odd.token(30, 7);
+    odd.token(40, 1);
+    expect(odd.finish(50, 4)).toMatchObject({ ttftMs: 10, tpotMs: 20 / 2 });
+    // A sequence that never showed a token: no per-sequence figure.
+    const missing = new TokenClock(0, null, 2);
+    missing.token(10, 0);
+    missing.token(20, 0);
+    expect(missing.finish(30, 3).tpotMs).toBeNull();
+  });
+
   it("feeds each gap to the backend's meter", () => {
     const { m } = metered([10, 30, 60, 100], 110, 4);
     expect(m.gaps).toBe(3);
