@@ -610,6 +610,17 @@ export class Scheduler {
     this.#queue.scan((e) => {
       if (!this.#anyOpen(available, round) || passes >= maxPasses) return 'stop';
       const w = e as Waiting;
+      // Invariant: the bound counts entries ranked and left waiting for a backend open to them; an
+      // entry of a model no open backend serves is passed over unranked and uncounted, so a
+      // backlog of one model never hides an idle backend from another's entries behind it. An
+      // entry that nothing available may take any more (its model's last backend went, or stopped
+      // listing it) gets null now, as every entry does when no backend at all is available.
+      if (!this.#openFor(available, round, w.req.model)) {
+        if (anyUsable(available, w.excluded, w.req.model)) return 'pass';
+        w.state = 'removed';
+        w.settle(null);
+        return 'take';
+      }
       const choice = this.#startable(w.req, available, round, w.excluded, w);
       if (choice === null) {
         passes++;
@@ -656,6 +667,13 @@ export class Scheduler {
   #anyOpen(available: readonly Backend[], round: Round): boolean {
     for (const b of available)
       if ((round.room.get(b.name) ?? 0) > 0 && !round.closed.has(b.name)) return true;
+    return false;
+  }
+
+  /** Some backend open in this round serves `model`. */
+  #openFor(available: readonly Backend[], round: Round, model: string): boolean {
+    for (const b of available)
+      if ((round.room.get(b.name) ?? 0) > 0 && !round.closed.has(b.name) && b.serves(model)) return true;
     return false;
   }
 

@@ -336,6 +336,40 @@ describe('late dispatch', () => {
     expect(await scheduler.ticket(req()).acquire(first())).toBeNull();
   });
 
+  it("a backlog of one model does not hide an idle backend from another model's entries behind it", async () => {
+    const fcfs = settings({ policy: 'fcfs', concurrency: { ...settings().concurrency, initial: 1 } });
+    const { scheduler, backends } = setup(['a', 'b'], fcfs);
+    backends.get('a')!.models = new Set(['big']);
+    backends.get('b')!.models = new Set(['small']);
+    const held = await scheduler.ticket(req({ model: 'big' })).acquire(first());
+    expect(held!.backend.name).toBe('a');
+    // More waiting for a than a pump ranks before it stops (16 per available backend).
+    const backlog = Array.from({ length: 40 }, () =>
+      scheduler.ticket(req({ model: 'big' })).acquire(first()),
+    );
+    const small = await scheduler.ticket(req({ model: 'small' })).acquire(first());
+    expect(small!.backend.name).toBe('b');
+    held!.release();
+    expect((await backlog[0]!)!.backend.name).toBe('a');
+  });
+
+  it('a queued request whose model loses its last backend gets null at once, not at its expiry', async () => {
+    const { scheduler, backends } = setup(
+      ['a', 'b'],
+      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
+    );
+    backends.get('a')!.models = new Set(['m']);
+    backends.get('b')!.models = new Set(['other']);
+    const held = await scheduler.ticket(req()).acquire(first());
+    const waiting = scheduler.ticket(req({ reqId: 'orphaned' })).acquire(first());
+    expect(await state(waiting)).toBe('waiting');
+    // a stops listing 'm' (a refresh of its /v1/models): nothing left may take the request.
+    backends.get('a')!.models = new Set(['x']);
+    scheduler.pump();
+    expect(await state(waiting)).toBeNull();
+    held!.release();
+  });
+
   it('a request whose client leaves while queued is out of the queue at once and never granted', async () => {
     const { scheduler } = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
     const held = await scheduler.ticket(req()).acquire(first());
