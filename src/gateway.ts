@@ -274,18 +274,17 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       // granted on it leases the live state did not count, and one new backend took the whole
       // queue. The reload pumps itself once both know the new list.
       if (e.type === 'added' || e.type === 'removed') return;
+      // A backend that was not up when the catalog asked it is asked now: until it lists its
+      // models it is sent every configured one (Backend.serves).
+      if (e.type === 'probe_up' || e.type === 'probe_confirmed') refreshModels();
       onAvailabilityChange();
     };
+    // Set once the runtime exists (its catalog is the one in force); the start refreshes itself.
+    let refreshModels = (): void => {};
     const backends = new BackendSet(backendSetOptions(config, onBackendEvent), backendConfigs(config, fleet));
     undo.push(() => backends.close());
-    const catalogTargets = () =>
-      backends.list().map((b) => ({
-        url: b.url,
-        authorization: b.authorization,
-        learned: (models: ReadonlySet<string>) => {
-          b.models = models;
-        },
-      }));
+    // Each backend learns what its /v1/models lists (Backend.learned).
+    const catalogTargets = () => backends.list();
     const scrapeTargets = () => backends.list().map((b) => ({ name: b.name, url: b.url }));
     // The live state and the scheduler read the swappable parts through rt (once it exists), so a
     // reload reaches them.
@@ -297,6 +296,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const live = createLiveState(config.state, {
       backends: scrapeTargets(),
       scrape: { intervalMs: config.upstream.metrics_scrape_interval_ms },
+      // A restarted replica may serve other models now.
+      onBackendRestart: () => refreshModels(),
       logger,
       indexBlockTokens: () => tokens.textBlockTokens((rtRef?.config ?? config).router.block_size_tokens),
       blockSizeTokens: () => (rtRef?.config ?? config).router.block_size_tokens,
@@ -356,8 +357,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     };
     rtRef = rt;
 
+    refreshModels = () => void rt.models.refresh(catalogTargets());
     // Backends that joined later (reload) or were down at start report their context length later.
-    const modelRefresh = setInterval(() => void rt.models.refresh(catalogTargets()), 30_000);
+    const modelRefresh = setInterval(refreshModels, 30_000);
     modelRefresh.unref();
     undo.push(() => clearInterval(modelRefresh));
 
@@ -400,12 +402,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         .filter((name) => !kept.has(name))
         .map((name) => ({ name, token: metrics.backendRemoved(name) }));
       live.setBackends(scrapeTargets());
-      // New backends or larger queues may let waiting requests go now.
-      scheduler.pump();
       // Against the list in force, not the last reload's: that one may still be waiting for its
-      // catalog, and would throw it away once it saw this newer reload.
+      // catalog, and would throw it away once it saw this newer reload. A new backend learns its
+      // models here (it is told on, and the queue pumped, as it does: the 'models' event).
       if (isDeepStrictEqual(rt.models.names(), next.models)) {
-        void rt.models.refresh(catalogTargets());
+        await rt.models.refresh(catalogTargets());
       } else {
         // A new served list gets a new catalog, swapped in once it knows the context lengths.
         const models = new ModelCatalog(next.models);
@@ -413,6 +414,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         // A newer reload may have swapped in its own list meanwhile: this one's is stale then.
         if (rt.config === next) rt.models = models;
       }
+      // New backends or larger queues may let waiting requests go now; after the refresh, so that
+      // a new backend is offered only the models it lists.
+      scheduler.pump();
       logger.info({ backends: backends.list().map((b) => b.name), router: policy.name }, 'config reloaded');
       await drained;
       // Only now: a request still draining on a removed backend would recreate its series, and so

@@ -29,7 +29,7 @@ const UNKNOWN_MAX_LEN = Number.POSITIVE_INFINITY;
 export interface CatalogTarget {
   readonly url: string;
   readonly authorization?: string | null;
-  readonly learned?: (models: ReadonlySet<string>) => void;
+  learned?(models: ReadonlySet<string>): void;
 }
 
 export class ModelCatalog {
@@ -87,14 +87,18 @@ export class ModelCatalog {
   refresh(backends: readonly CatalogTarget[], timeoutMs = 2000): Promise<void> {
     const key = backends.map((b) => b.url).join(' ');
     const running = this.#refreshing.get(key);
-    if (running !== undefined) return running;
-    const started = this.#refresh(backends, timeoutMs).finally(() => this.#refreshing.delete(key));
-    this.#refreshing.set(key, started);
-    return started;
+    // Joined only by the same targets: a reload's new backends at the old URLs learn their own
+    // models, not the old objects'.
+    if (running?.targets.every((t, i) => t === backends[i])) return running.done;
+    const done = this.#refresh(backends, timeoutMs).finally(() => {
+      if (this.#refreshing.get(key)?.done === done) this.#refreshing.delete(key);
+    });
+    this.#refreshing.set(key, { targets: backends, done });
+    return done;
   }
 
   /** Refreshes running, by the backend list they ask: a reload's new list never joins an old one. */
-  readonly #refreshing = new Map<string, Promise<void>>();
+  readonly #refreshing = new Map<string, { targets: readonly CatalogTarget[]; done: Promise<void> }>();
 
   /** Refreshes started, and the latest whose answers were applied: an older one never overwrites it. */
   #started = 0;

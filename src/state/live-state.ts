@@ -43,6 +43,8 @@ export interface LiveStateOptions {
   backends: readonly ScrapeTarget[];
   /** Scrape each backend's /metrics (upstream.metrics_scrape_interval_ms); false = no telemetry. */
   scrape: false | { intervalMs: number; staleAfterMs?: number; timeoutMs?: number };
+  /** A backend's engine restarted (a counter of its went down): told after the index forgot it. */
+  onBackendRestart?: (backend: string) => void;
   /** Sliding-window shape; default 60 buckets of 1 s. */
   window?: { bucketMs: number; buckets: number };
   /** Half-life of the rate fits' sample weights; default 60 s. */
@@ -327,7 +329,14 @@ class LiveStateImpl implements LiveState {
         : new TelemetryScraper(
             // A restarted engine's cache is empty: the index forgets what it held there, rather
             // than count hits on it until each prefix has been sent there again.
-            { ...opts.scrape, now: this.#now, onRestart: (b) => this.#prefix.drop(b) },
+            {
+              ...opts.scrape,
+              now: this.#now,
+              onRestart: (b) => {
+                this.#prefix.drop(b);
+                opts.onBackendRestart?.(b);
+              },
+            },
             opts.backends,
           );
     this.#indexBlockTokens = opts.indexBlockTokens ?? null;

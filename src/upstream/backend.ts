@@ -35,6 +35,8 @@ export interface BackendParts {
   mayEject: () => boolean;
   /** Called with the ejection duration when a failure ejects this backend. */
   onEjected: (ms: number) => void;
+  /** Called when what its /v1/models lists changes (learned). */
+  onModels?: (models: ReadonlySet<string>) => void;
 }
 
 export class Backend {
@@ -49,7 +51,8 @@ export class Backend {
   authorization: string | null;
   /**
    * The model names (served names and adapters) its last readable /v1/models answer listed; null
-   * until it has given one. Set by the model catalog's refresh (src/server/model-catalog.ts).
+   * until it has given one. Set by the model catalog's refresh (learned, from
+   * src/server/model-catalog.ts).
    */
   models: ReadonlySet<string> | null = null;
   readonly pool: Pool;
@@ -58,6 +61,7 @@ export class Backend {
   readonly probe: HealthProbe | null;
   readonly #mayEject: () => boolean;
   readonly #onEjected: (ms: number) => void;
+  readonly #onModels: ((models: ReadonlySet<string>) => void) | null;
   #removed = false;
   /**
    * The half-open breaker's one trial, given to a slot (takeTrial) whose attempt has not ended.
@@ -84,6 +88,7 @@ export class Backend {
     this.probe = parts.probe;
     this.#mayEject = parts.mayEject;
     this.#onEjected = parts.onEjected;
+    this.#onModels = parts.onModels ?? null;
     const clearTrial = () => {
       this.#trial = null;
     };
@@ -122,6 +127,14 @@ export class Backend {
    */
   serves(model: string): boolean {
     return this.models === null || this.models.has(model);
+  }
+
+  /** What its /v1/models answer listed now (a CatalogTarget's `learned`); told on when it changed. */
+  learned(models: ReadonlySet<string>): void {
+    const was = this.models;
+    if (was !== null && was.size === models.size && [...models].every((m) => was.has(m))) return;
+    this.models = models;
+    if (!this.#removed) this.#onModels?.(models);
   }
 
   /** May take a new request now. A half-open backend is available only until its one trial starts. */

@@ -16,6 +16,10 @@ export type BackendEvent =
   | { type: 'unejected'; backend: string }
   | { type: 'breaker_open' | 'breaker_half_open' | 'breaker_close'; backend: string }
   | { type: 'probe_down' | 'probe_up'; backend: string }
+  /** Its first probe passed: a backend that was not up when the gateway asked its /v1/models is now. */
+  | { type: 'probe_confirmed'; backend: string }
+  /** What its /v1/models lists changed (Backend.learned): the queue may go to it now, or not. */
+  | { type: 'models'; backend: string; models: readonly string[] }
   | { type: 'added' | 'removed'; backend: string };
 
 export interface BackendSetOptions {
@@ -113,6 +117,7 @@ export class BackendSet {
     const { name } = c;
     const breaker = createBreaker(name, this.#opts.breaker, this.#rotate);
     const outlier = new OutlierDetector(this.#opts.outlier, this.#now);
+    let confirmed = false;
     const probe =
       this.#opts.health.intervalMs > 0
         ? new HealthProbe(
@@ -120,6 +125,10 @@ export class BackendSet {
             this.#opts.health,
             (up) => this.#emit({ type: up ? 'probe_up' : 'probe_down', backend: name }),
             (ok) => {
+              if (ok && !confirmed) {
+                confirmed = true;
+                this.#emit({ type: 'probe_confirmed', backend: name });
+              }
               if (ok && outlier.probePassed()) this.#emit({ type: 'unejected', backend: name });
             },
           )
@@ -130,6 +139,7 @@ export class BackendSet {
       probe,
       mayEject: () => this.#mayEject(name),
       onEjected: (ms) => this.#emit({ type: 'ejected', backend: name, durationMs: ms }),
+      onModels: (models) => this.#emit({ type: 'models', backend: name, models: [...models] }),
     });
     // Invariant: a breaker's events reach the listeners (the scheduler pumps on them) after the
     // backend's own state has followed: registered before it, a close was told while the half-open

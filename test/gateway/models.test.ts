@@ -3,7 +3,7 @@
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
-import { get, post, startTestGateway, type TestGateway } from './harness.ts';
+import { get, post, startTestGateway, type TestGateway, waitFor } from './harness.ts';
 
 const SMALL = 'acme/small-chat';
 const LARGE = 'acme/large-chat';
@@ -83,5 +83,33 @@ describe('a fleet of several models', () => {
     expect(JSON.parse(res.text).error.code).toBe('no_healthy_backend');
     const rec = await t.recordOf(res.headers['x-request-id'] as string);
     expect(rec).toMatchObject({ model: ORPHAN, backend: null, attempts: 0 });
+  });
+});
+
+describe('a replica the gateway could not ask at start', () => {
+  let fleet: Fleet;
+  let gw: TestGateway;
+  afterAll(async () => {
+    await gw?.close();
+    await fleet?.close();
+  });
+
+  it('lists its models as soon as it answers, not at the next periodic refresh', async () => {
+    fleet = await startFleet({ replicas: 1, profile: 'llama3-8b-h100', timeScale: 0.05, model: LARGE });
+    // Still loading its weights, say: nothing listens on its port.
+    await fleet.replicas[0]!.fault({ mode: 'refuse' });
+    gw = await startTestGateway({
+      backends: [{ name: 'late', url: fleet.urls[0]! }],
+      config: { models: [SMALL, LARGE] },
+    });
+    const listed = async () =>
+      (JSON.parse((await get(gw.url, '/admin/state')).text) as { backends: { models: string[] | null }[] })
+        .backends[0]!.models;
+    expect(await listed()).toBeNull();
+    await fleet.replicas[0]!.reset();
+    // Its health probe (every 100 ms here) sees it up, and the gateway asks it then: well
+    // before the 30 s refresh.
+    await waitFor(async () => (await listed()) !== null, 5000, 'its models listed');
+    expect(await listed()).toEqual([LARGE]);
   });
 });

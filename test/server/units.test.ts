@@ -463,12 +463,19 @@ describe('ModelCatalog', () => {
     });
     try {
       const cat = new ModelCatalog(['a']);
-      const refresh = cat.refresh([{ url: good.url }, { url: trickle.url }, { url: flood.url }], 600);
+      const targets = [{ url: good.url }, { url: trickle.url }, { url: flood.url }];
+      const refresh = cat.refresh(targets, 600);
       // A second call for the same backends while it runs shares it rather than start another;
-      // one for another list (a reload's) runs on its own.
-      expect(cat.refresh([{ url: good.url }, { url: trickle.url }, { url: flood.url }], 600)).toBe(refresh);
+      // one for another list (a reload's), or for new backends at the same URLs, runs on its own.
+      expect(cat.refresh(targets, 600)).toBe(refresh);
+      expect(cat.refresh([...targets], 600)).toBe(refresh);
       const other = cat.refresh([{ url: good.url }]);
       expect(other).not.toBe(refresh);
+      const renewed = cat.refresh(
+        targets.map((t) => ({ ...t })),
+        600,
+      );
+      expect(renewed).not.toBe(refresh);
       await other;
       let timer: NodeJS.Timeout | undefined;
       const hung = new Promise<'hung'>((resolve) => {

@@ -230,7 +230,9 @@ describe('active health probes', () => {
     healthStatus = 200;
     await vi.waitFor(() => expect(b.state).toBe('healthy'), { timeout: 1_000, interval: 10 });
     expect((await post(gw.url, chatBody())).status).toBe(200);
+    // Its first good probe is told once (the gateway asks an unheard backend its models then).
     expect(events.map((e) => e.type).filter((t) => t.startsWith('probe'))).toEqual([
+      'probe_confirmed',
       'probe_down',
       'probe_up',
     ]);
