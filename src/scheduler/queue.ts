@@ -70,8 +70,11 @@ export interface QueueDiscipline {
   remove(e: QueueEntry): void;
   /** The key a new entry of `req` would get now. */
   keyFor(req: ScheduledRequest, now: number): number;
-  /** How many queued entries would leave before a new one of `req` (an estimate, see aheadOf). */
-  aheadOf(req: ScheduledRequest, key: number): number;
+  /**
+   * How many queued entries would leave before a new one of `req` (an estimate, see aheadOf);
+   * with `only`, of the entries it accepts alone (those waiting for the backends `req` may use).
+   */
+  aheadOf(req: ScheduledRequest, key: number, only?: (e: QueueEntry) => boolean): number;
   depthByClass(): Map<string, number>;
   /**
    * The queued entry a full queue gives up to take `req` in, if any: for a protected request, the
@@ -245,23 +248,33 @@ export class SlagateQueue implements QueueDiscipline {
    * every other tenant, at most as many as the tenant's own plus one (the tenants take turns by
    * work). An estimate: aging and the exact counters move it.
    */
-  aheadOf(req: ScheduledRequest, key: number): number {
+  aheadOf(req: ScheduledRequest, key: number, only?: (e: QueueEntry) => boolean): number {
+    const counts = only === undefined ? alive : (e: QueueEntry) => alive(e) && only(e);
+    // A tenant's entries `counts` accepts: its size when it accepts every live one.
+    const sizeOf = (t: { heap: Heap<QueueEntry>; size: number }): number => {
+      if (only === undefined) return t.size;
+      let k = 0;
+      for (const e of t.heap.values()) if (counts(e)) k++;
+      return k;
+    };
     let n = 0;
     for (const c of this.#classes.values()) {
       if (c.size === 0) continue;
       if (c.priority < req.priority) {
-        n += c.size;
+        if (only === undefined) n += c.size;
+        else for (const t of c.tenants.values()) n += sizeOf(t);
         continue;
       }
       if (c.name !== req.className) {
-        for (const t of c.tenants.values()) for (const e of t.heap.values()) if (alive(e) && e.key < key) n++;
+        for (const t of c.tenants.values())
+          for (const e of t.heap.values()) if (counts(e) && e.key < key) n++;
         continue;
       }
       const own = c.tenants.get(req.tenant);
       let mine = 0;
-      if (own !== undefined) for (const e of own.heap.values()) if (alive(e) && e.key < key) mine++;
+      if (own !== undefined) for (const e of own.heap.values()) if (counts(e) && e.key < key) mine++;
       n += mine;
-      for (const [name, t] of c.tenants) if (name !== req.tenant) n += Math.min(t.size, mine + 1);
+      for (const [name, t] of c.tenants) if (name !== req.tenant) n += Math.min(sizeOf(t), mine + 1);
     }
     return n;
   }
@@ -399,8 +412,11 @@ export class FifoQueue implements QueueDiscipline {
     }
   }
 
-  aheadOf(): number {
-    return this.#size;
+  aheadOf(_req: ScheduledRequest, _key: number, only?: (e: QueueEntry) => boolean): number {
+    if (only === undefined) return this.#size;
+    let n = 0;
+    for (const e of this.#heap.values()) if (alive(e) && only(e)) n++;
+    return n;
   }
 
   depthByClass(): Map<string, number> {

@@ -305,10 +305,38 @@ export class Scheduler {
    * The fleet's wait: a backend that would start the request at once (startsNow) has none.
    */
   estimateWaitMs(req: ScheduledRequest): number | null {
+    const backends = this.#deps.backends();
+    let mixed = false;
+    for (const b of backends) if (b.available && !b.serves(req.model)) mixed = true;
+    if (mixed) return this.#modelWaitMs(req, backends);
     const free = this.#totalRoom();
     if (this.#queue.size === 0 && this.#retries.length === 0 && free > 0) return 0;
     const ahead = this.#queue.aheadOf(req, this.#queue.keyFor(req, this.#now())) + this.#retries.length;
     const rate = this.#releaseRate;
+    if (rate === null || rate <= 0) return null;
+    return (Math.max(0, ahead + 1 - free) / rate) * 1000;
+  }
+
+  /**
+   * estimateWaitMs in a fleet of several models, where some available backend does not serve
+   * `req`'s: its wait is for the backends that do. The slots free there, the entries ahead of it
+   * that want its model (another model's backlog holds other backends), over the rate those
+   * backends free slots (each one's own, measured per control period; null while none is).
+   */
+  #modelWaitMs(req: ScheduledRequest, backends: readonly Backend[]): number | null {
+    const model = req.model;
+    let free = 0;
+    let rate: number | null = null;
+    for (const b of backends) {
+      if (!b.available || !b.serves(model)) continue;
+      free += Math.max(0, this.#room(b.name));
+      const r = this.#controlOf(b.name).releaseRate;
+      if (r !== null) rate = (rate ?? 0) + r;
+    }
+    const same = (e: QueueEntry) => e.req.model === model;
+    let ahead = this.#queue.aheadOf(req, this.#queue.keyFor(req, this.#now()), same);
+    for (const w of this.#retries) if (same(w)) ahead++;
+    if (ahead === 0 && free > 0) return 0;
     if (rate === null || rate <= 0) return null;
     return (Math.max(0, ahead + 1 - free) / rate) * 1000;
   }

@@ -335,7 +335,7 @@ describe('FifoQueue', () => {
     const third = entry(q, 2, { reqId: 'third' });
     q.remove(third);
     expect(q.size).toBe(2);
-    expect(q.aheadOf()).toBe(2);
+    expect(q.aheadOf(req(), 0)).toBe(2);
     expect(drain(q)).toEqual(['first', 'second']);
   });
 

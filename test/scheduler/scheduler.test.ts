@@ -353,6 +353,24 @@ describe('late dispatch', () => {
     expect((await backlog[0]!)!.backend.name).toBe('a');
   });
 
+  it("predicts a request's queue wait over the backends of its model, not the whole fleet's", async () => {
+    const fcfs = settings({ policy: 'fcfs', concurrency: { ...settings().concurrency, initial: 1 } });
+    const { scheduler, backends } = setup(['a', 'b'], fcfs);
+    backends.get('a')!.models = new Set(['big']);
+    backends.get('b')!.models = new Set(['small']);
+    const held = await scheduler.ticket(req({ model: 'big' })).acquire(first());
+    const backlog = Array.from({ length: 5 }, () => scheduler.ticket(req({ model: 'big' })).acquire(first()));
+    // b is free and nothing waits for it: no wait for 'small', whatever 'big' has queued.
+    expect(scheduler.estimateWaitMs(req({ model: 'small' }))).toBe(0);
+    // b full, a nothing 'small' may use: not 0 (unknown here, no release rate measured yet).
+    const onB = await scheduler.ticket(req({ model: 'small' })).acquire(first());
+    expect(onB!.backend.name).toBe('b');
+    expect(scheduler.estimateWaitMs(req({ model: 'small' }))).toBeNull();
+    held!.release();
+    for (const p of backlog) (await p)?.release();
+    onB!.release();
+  });
+
   it('a queued request whose model loses its last backend gets null at once, not at its expiry', async () => {
     const { scheduler, backends } = setup(
       ['a', 'b'],
