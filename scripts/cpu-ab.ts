@@ -26,7 +26,7 @@ import { parseArgs } from 'node:util';
 import { stopChild } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
 import { startCheckoutGateway, undecidingGatewayYaml } from './lib/checkout-gateway.ts';
-import { spawnFixedBackend } from './lib/spawn-fixed-backend.ts';
+import { spawnFixedBackend, stopOnExit } from './lib/spawn-fixed-backend.ts';
 import { cpuSeconds } from './lib/stats.ts';
 import { uniqueWorkload } from './lib/unique-workload.ts';
 
@@ -59,7 +59,7 @@ const median = (xs: number[]) => {
 };
 
 const backend = await spawnFixedBackend(20, Number(values['itl-ms']));
-process.on('exit', () => backend.stop());
+stopOnExit([backend]);
 const cpu: Record<keyof typeof SIDES, number[]> = { base: [], head: [] };
 let failed = 0;
 try {

@@ -33,7 +33,7 @@ import { parseArgs } from 'node:util';
 import { startChildGateway, stopChild } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
 import { startCheckoutGateway, undecidingGatewayYaml } from './lib/checkout-gateway.ts';
-import { spawnFixedBackend } from './lib/spawn-fixed-backend.ts';
+import { spawnFixedBackend, stopOnExit } from './lib/spawn-fixed-backend.ts';
 import { arrivals, cpuSeconds, percentile, poissonRate } from './lib/stats.ts';
 import { uniqueWorkload } from './lib/unique-workload.ts';
 
@@ -64,9 +64,8 @@ if (values.arrivals !== 'closed' && values.arrivals !== 'poisson')
 const POISSON = values.arrivals === 'poisson';
 
 const backend = await spawnFixedBackend(20, Number(values['itl-ms']));
-// It has no IPC channel: whatever way this script ends (a gateway that fails to start included),
-// it goes with it.
-process.on('exit', () => backend.stop());
+// Whatever way this script ends (a gateway that fails to start included), it goes with it.
+stopOnExit([backend]);
 const direct = backend.url;
 const head = await startChildGateway((dir) => undecidingGatewayYaml(direct, dir));
 const base = await startCheckoutGateway(values.base, (dir) => undecidingGatewayYaml(direct, dir));

@@ -41,7 +41,7 @@ import { runBench } from '../src/bench/run.ts';
 import type { Workload } from '../src/bench/workloads.ts';
 import { undecidingGatewayYaml } from './lib/checkout-gateway.ts';
 import { summarizeByModule, summarizeProfile } from './lib/cpu-profile.ts';
-import { type Spawned, spawnFixedBackend, spawnFloor } from './lib/spawn-fixed-backend.ts';
+import { type Spawned, spawnFixedBackend, spawnFloor, stopOnExit } from './lib/spawn-fixed-backend.ts';
 import { arrivals, cpuSeconds, percentile, poissonRate } from './lib/stats.ts';
 import { uniqueWorkload } from './lib/unique-workload.ts';
 
@@ -74,9 +74,7 @@ const outputFor = (streams: number) => (streams >= 256 ? 64 : 32);
 
 // The helpers have no IPC channel: whatever way this script ends, they go with it.
 const helpers: Spawned[] = [];
-process.on('exit', () => {
-  for (const h of helpers) h.stop();
-});
+stopOnExit(helpers);
 const backend = await spawnFixedBackend(TTFT_MS, ITL_MS);
 helpers.push(backend);
 const tcp = await spawnFloor('tcp', backend.url);

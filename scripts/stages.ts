@@ -31,7 +31,7 @@ import { parseArgs } from 'node:util';
 import { stopChild } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
 import { startCheckoutGateway, undecidingGatewayYaml } from './lib/checkout-gateway.ts';
-import { spawnFixedBackend, spawnFloor } from './lib/spawn-fixed-backend.ts';
+import { spawnFixedBackend, spawnFloor, stopOnExit } from './lib/spawn-fixed-backend.ts';
 import { arrivals, percentile, poissonRate } from './lib/stats.ts';
 import { uniqueWorkload } from './lib/unique-workload.ts';
 
@@ -88,7 +88,7 @@ interface ClientSide {
 }
 
 const backend = await spawnFixedBackend(20, 5);
-process.on('exit', () => backend.stop());
+stopOnExit([backend]);
 const paths: Path[] = [];
 let n = 0;
 const probeEnv = () => {

@@ -36,3 +36,20 @@ export function spawnFloor(
 ): Promise<Spawned> {
   return spawnLibScript('floor-proxy.ts', ['--kind', kind, '--target', target], env);
 }
+
+/**
+ * Stops `helpers` however this script ends: they have no IPC channel, so nothing else would. A
+ * SIGINT or SIGTERM to the script alone (not its process group) ends it as the signal would, after
+ * stopping them; 'exit' alone does not run on a signal.
+ */
+export function stopOnExit(helpers: Spawned[]): void {
+  process.on('exit', () => {
+    for (const h of helpers) h.stop();
+  });
+  for (const [signal, code] of [
+    ['SIGINT', 130],
+    ['SIGTERM', 143],
+  ] as const) {
+    process.once(signal, () => process.exit(code));
+  }
+}
