@@ -256,6 +256,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           timeScale: config.simulate.time_scale,
           seed: config.simulate.seed,
           admin: true,
+          // Its replicas' probes will say they are down; this says why.
+          onUnexpectedExit: (code, signal, stderr) =>
+            logger.error({ code, signal, stderr }, 'the simulated fleet exited'),
         })
       : null;
     if (fleet !== null) undo.push(() => fleet.close());

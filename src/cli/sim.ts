@@ -76,15 +76,20 @@ export async function simCommand(argv: string[]): Promise<number> {
   for (const url of fleet.urls) process.stdout.write(`  ${url}\n`);
   if (fleet.adminUrl !== undefined) process.stdout.write(`admin: ${fleet.adminUrl}\n`);
   process.send?.({ type: 'ready', urls: fleet.urls, adminUrl: fleet.adminUrl ?? null });
+  // Started over IPC (a gateway's `simulate:`, a benchmark), the fleet lives as long as its
+  // parent: a signal to the whole process group (Ctrl-C, a service manager's stop) starts the
+  // parent's drain, which needs the fleet's streams to finish. The parent ends it by closing the
+  // channel, or by dying.
+  const overIpc = process.send !== undefined;
+  const ignore = (): void => {};
+  const signals = overIpc ? (['SIGINT', 'SIGTERM', 'SIGHUP'] as const) : (['SIGINT', 'SIGTERM'] as const);
   await new Promise<void>((resolve) => {
     const stop = () => {
-      process.off('SIGINT', stop);
-      process.off('SIGTERM', stop);
+      for (const sig of signals) process.off(sig, overIpc ? ignore : stop);
       process.off('disconnect', stop);
       resolve();
     };
-    process.on('SIGINT', stop);
-    process.on('SIGTERM', stop);
+    for (const sig of signals) process.on(sig, overIpc ? ignore : stop);
     // The parent that started us over IPC is gone: nobody will ever stop us otherwise.
     process.on('disconnect', stop);
   });

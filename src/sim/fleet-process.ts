@@ -6,7 +6,10 @@
 // Invariants: the promise resolves only once the child has reported every replica's URL over IPC
 // (no sleeps, no output parsing), and rejects if it exits or stays silent first; close() ends the
 // child and resolves when it has exited; a gateway that dies takes the fleet with it (the child
-// exits when its IPC channel closes).
+// exits when its IPC channel closes). The child's life is its parent's: it is in a process group
+// of its own and ignores signals (slagate sim, over IPC), so a Ctrl-C or a SIGTERM to the whole
+// group, which starts the gateway's drain, does not cut the streams that drain is waiting for; it
+// ends when the parent closes the channel (close()) or dies.
 import { type ChildProcess, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 
@@ -22,6 +25,8 @@ export interface FleetProcessOptions {
   seed?: number;
   /** Start the fleet's fault-control server on an ephemeral port. */
   admin?: boolean;
+  /** The child exited when close() had not asked it to (a crash, an OOM kill), with its last stderr. */
+  onUnexpectedExit?: (code: number | null, signal: NodeJS.Signals | null, stderr: string) => void;
 }
 
 export interface FleetProcess {
@@ -61,7 +66,7 @@ export async function startFleetProcess(opts: FleetProcessOptions): Promise<Flee
   // Inline: a name that starts with '-' is never taken for an option.
   if (opts.model !== undefined) args.push(`--model=${opts.model}`);
   if (opts.admin) args.push('--admin-port', '0');
-  const child = spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'pipe', 'ipc'] });
+  const child = spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'pipe', 'ipc'], detached: true });
   let stderr = '';
   child.stderr?.setEncoding('utf8');
   child.stderr?.on('data', (d: string) => {
@@ -87,12 +92,36 @@ export async function startFleetProcess(opts: FleetProcessOptions): Promise<Flee
   // The child must not keep the gateway's process alive on its own, nor the other way round.
   child.unref();
   (child.channel as { unref?: () => void } | undefined)?.unref?.();
+  let closing = false;
+  child.once('exit', (code, signal) => {
+    if (!closing) opts.onUnexpectedExit?.(code, signal, stderr.trim());
+  });
   return {
     urls: ready.urls,
     adminUrl: ready.adminUrl,
     pid: child.pid ?? -1,
-    close: () => stopProcess(child),
+    close: () => {
+      closing = true;
+      return stopFleetChild(child);
+    },
   };
+}
+
+/**
+ * Ends the fleet child as its parent going away would: the IPC channel closed (it ignores signals);
+ * SIGKILL after `killAfterMs`. Resolves once it has exited.
+ */
+function stopFleetChild(child: ChildProcess, killAfterMs = STOP_TIMEOUT_MS): Promise<void> {
+  return new Promise<void>((resolve) => {
+    if (child.exitCode !== null || child.signalCode !== null) return resolve();
+    const timer = setTimeout(() => child.kill('SIGKILL'), killAfterMs);
+    child.once('exit', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+    if (child.connected) child.disconnect();
+    else child.kill('SIGKILL');
+  });
 }
 
 /** SIGTERM, then resolves when the process has exited (at once if it already has); SIGKILL after `killAfterMs`. */

@@ -2,6 +2,7 @@
 // gateway serves through it, and it never outlives the gateway (closed, or killed).
 import { afterEach, describe, expect, it } from 'vitest';
 import { startGateway } from '../../src/gateway.ts';
+import { startFleetProcess } from '../../src/sim/fleet-process.ts';
 import { alive, childPids } from '../helpers/processes.ts';
 import { chat, MODEL, post, type ServedGateway, serveChild, toConfig, waitFor } from './harness.ts';
 
@@ -50,6 +51,46 @@ describe('the simulated fleet of simulate:', () => {
     const res = await post(gw.url, '/v1/chat/completions', chat({ model }));
     expect(res.status).toBe(200);
     expect((JSON.parse(res.text) as { model: string }).model).toBe(model);
+  });
+
+  it('outlives a signal to its process group (the gateway drains through it), and ends when closed', async () => {
+    const fleet = await startFleetProcess({ replicas: 1, profile: 'llama3-8b-h100', timeScale: 0.05 });
+    let closed = false;
+    cleanups.push(async () => {
+      if (!closed) await fleet.close();
+    });
+    // What a Ctrl-C or a service manager's stop delivers to the gateway's group, delivered here.
+    process.kill(fleet.pid, 'SIGINT');
+    process.kill(fleet.pid, 'SIGTERM');
+    process.kill(fleet.pid, 'SIGHUP');
+    // A whole generation later it still serves (a stream of the drain would have been cut).
+    const res = await post(fleet.urls[0]!, '/v1/chat/completions', chat({ max_tokens: 20 }));
+    expect(res.status).toBe(200);
+    expect(alive(fleet.pid)).toBe(true);
+    await fleet.close();
+    closed = true;
+    expect(alive(fleet.pid)).toBe(false);
+  });
+
+  it('tells of an exit close() did not ask for', async () => {
+    const exits: (NodeJS.Signals | null)[] = [];
+    let told: () => void = () => {};
+    const toldOnce = new Promise<void>((resolve) => {
+      told = resolve;
+    });
+    const fleet = await startFleetProcess({
+      replicas: 1,
+      profile: 'llama3-8b-h100',
+      timeScale: 0.05,
+      onUnexpectedExit: (_code, signal) => {
+        exits.push(signal);
+        told();
+      },
+    });
+    cleanups.push(() => fleet.close());
+    process.kill(fleet.pid, 'SIGKILL');
+    await toldOnce;
+    expect(exits).toEqual(['SIGKILL']);
   });
 
   it('exits when the gateway process is killed without a chance to stop it', async () => {
