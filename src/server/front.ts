@@ -242,10 +242,10 @@ function serveInference(
   record: RequestRecord,
   bodyLimit: number,
 ): void {
-  // New work is refused from the moment the shutdown begins, judged at the request's head: a
-  // request whose upload was under way then is read and served like any in flight. The refusal
-  // also ends the connection, so that a keep-alive client cannot hold the shutdown open with its
-  // next request (fastify does the same once it closes).
+  // New work is refused from the moment the shutdown begins, judged at the request's head (after
+  // its key: a bad one is still a 401): a request whose upload was under way then is read and
+  // served like any in flight. The refusal also ends the connection, so that a keep-alive client
+  // cannot hold the shutdown open with its next request (fastify does the same once it closes).
   const arrivedClosing = rt.lifecycle.shuttingDown;
   if (arrivedClosing) res.setHeader('connection', 'close');
   // The key first, from the head: a client without a valid one costs no body parse (OpenAI and
@@ -261,11 +261,17 @@ function serveInference(
     return;
   }
   recordIdentity(rt, identity, record);
+  // Arrived after the shutdown began: refused from its head, its body not waited for (no 100 to a
+  // client that asks for one), so a slow upload cannot hold the drain or end in a reset.
+  if (arrivedClosing) {
+    refuseBeforeBody(rt, req, res, id, record, shuttingDownError(), bodyLimit);
+    return;
+  }
   // A request in flight from its head on: a shutdown waits for it (and cuts it at the end of its
   // grace period) even while its body is still coming. Left when its response closes, whichever
   // way it ends.
-  const shutdown = arrivedClosing ? null : rt.lifecycle.enter();
-  if (shutdown !== null) res.once('close', () => rt.lifecycle.leave(shutdown));
+  const shutdown = rt.lifecycle.enter();
+  res.once('close', () => rt.lifecycle.leave(shutdown));
   // Invariant: one answer. The grace period may end while the body is still coming: the request
   // is answered 503 shutting_down then, as every request the drain cuts is, and what the body
   // read brings later is dropped.
@@ -274,15 +280,15 @@ function serveInference(
     if (answered || res.headersSent) return;
     answered = true;
     res.setHeader('connection', 'close');
-    refuse(rt, res, id, record, shutdown!.reason);
+    refuse(rt, res, id, record, shutdown.reason);
   };
-  shutdown?.onAbort(cut);
+  shutdown.onAbort(cut);
   readJsonBody(
     req,
     bodyLimit,
     rt.config.upstream.first_token_timeout_ms,
     (err, body, raw) => {
-      shutdown?.offAbort(cut);
+      shutdown.offAbort(cut);
       if (answered) return;
       answered = true;
       if (err !== null) {
@@ -290,10 +296,6 @@ function serveInference(
         // rest of an oversized or endless upload is not read and discarded.
         res.setHeader('connection', 'close');
         refuse(rt, res, id, record, err);
-        return;
-      }
-      if (shutdown === null) {
-        refuse(rt, res, id, record, shuttingDownError());
         return;
       }
       // A reload while the body came may have changed the keys or removed the class the key

@@ -191,6 +191,29 @@ it('a client still uploading its body cannot hold the shutdown past the grace pe
   expect(await t.recordOf('slow-upload')).toMatchObject({ outcome: 'refused', reason: 'shutting_down' });
 });
 
+it('a request that arrives during the drain is refused from its head: no 100, no wait for its body', async () => {
+  t = await startTestGateway({
+    replicas: 1,
+    timeScale: 0.2,
+    config: { server: { shutdown_grace_ms: 5000 } },
+  });
+  const s = await openStream(t.url, CHAT, chat({ stream: true, max_tokens: 150, ignore_eos: true })).response;
+  await s.until((text) => sseData(text).length >= 2);
+  const closing = t.gw.close();
+  const { socket, received: answer } = await rawConnection(t.url);
+  // It asks for a 100 before sending its body, and would send it slowly.
+  socket.write(
+    'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
+      'content-length: 1000\r\nexpect: 100-continue\r\nx-request-id: late-upload\r\n\r\n',
+  );
+  await waitFor(() => answer().includes('\r\n\r\n'), 2000, 'an answer to its head');
+  expect(answer()).toMatch(/^HTTP\/1\.1 503 /);
+  expect(answer()).toContain('shutting_down');
+  socket.destroy();
+  expect(await closing).toEqual({ cut: 0, logsFlushed: true });
+  expect(await t.recordOf('late-upload')).toMatchObject({ outcome: 'refused', reason: 'shutting_down' });
+});
+
 it('a reloaded shutdown_grace_ms applies to the next shutdown', async () => {
   t = await startTestGateway({
     replicas: 1,
