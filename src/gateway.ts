@@ -240,8 +240,13 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const initialPolicy = policyFor(config);
 
   const log: Logger = createLogger({ level: config.logging.level, destination: 'stdout' });
-  const admissionLogger: Logger =
-    config.logging.admission_log === 'stdout' ? log : admissionFileLogger(config);
+  let admissionLogger: Logger;
+  try {
+    admissionLogger = config.logging.admission_log === 'stdout' ? log : admissionFileLogger(config);
+  } catch (err) {
+    await log.close();
+    throw err;
+  }
   const logger: PinoLogger = log.logger;
 
   // Invariant: a start that fails stops everything it had started (LIFO), so a caller that
@@ -502,6 +507,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     };
   } catch (err) {
     for (const stop of undo.reverse()) await stop();
+    // The loggers last: what the start logged is written, and the admission log's file closed.
+    await Promise.all([log.close(), admissionLogger === log ? true : admissionLogger.close()]);
     throw err;
   }
 }

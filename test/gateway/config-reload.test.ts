@@ -2,7 +2,7 @@
 // path, a failed start leaves nothing running, a bad reload keeps the running configuration, and
 // a good one changes backends and models without touching a stream in flight. Checklist item 33.
 import { createHash } from 'node:crypto';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, readlinkSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it, vi } from 'vitest';
@@ -73,13 +73,23 @@ describe('at start', () => {
     const first = await startTestGateway({ replicas: 1 });
     cleanups.push(() => first.close());
     const before = { servers: tcpServers(), children: new Set(childPids()) };
+    const logPath = join(tmp(), 'a.log');
     const config = toConfig({
       models: [MODEL],
       simulate: { replicas: 2, time_scale: 0.1 },
       server: { port: Number(new URL(first.url).port) },
-      logging: { level: 'silent', admission_log: join(tmp(), 'a.log') },
+      logging: { level: 'silent', admission_log: logPath },
     });
     await expect(startGateway({ config, watch: false })).rejects.toThrow(/EADDRINUSE/);
+    // Its admission log's file is closed too: no descriptor of this process still holds it.
+    const held = readdirSync('/proc/self/fd').filter((fd) => {
+      try {
+        return readlinkSync(`/proc/self/fd/${fd}`) === logPath;
+      } catch {
+        return false;
+      }
+    });
+    expect(held).toEqual([]);
     // A closed server releases its handle a moment after close() returns.
     await waitFor(() => tcpServers() === before.servers, 1000, 'the listener released');
     await waitFor(
