@@ -160,8 +160,10 @@ export function buildApp(rt: Runtime): FastifyInstance {
         onRequest(req, res);
       });
       // Any other expectation: 417 in the gateway's envelope, not node:http's bare one.
+      // The body limit of the start, as every route's (a restart-only setting).
+      const bodyLimit = rt.config.server.body_limit_bytes;
       server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) =>
-        refuseExpectation(rt, req, res),
+        refuseExpectation(rt, req, res, bodyLimit),
       );
       // Invariant: no client connection stays open without a request for longer than the
       // keep-alive timeout. Node closes one idle between requests after it, and one that has

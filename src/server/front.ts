@@ -167,7 +167,12 @@ function inferenceShaped(path: string | null, method: string | undefined): boole
  * its record (when it has one) ended refused; its body is not read, and the connection is kept or
  * closed as for any request refused on its head (dropUnreadBody).
  */
-export function refuseExpectation(rt: Runtime, req: IncomingMessage, res: ServerResponse): void {
+export function refuseExpectation(
+  rt: Runtime,
+  req: IncomingMessage,
+  res: ServerResponse,
+  bodyLimit: number,
+): void {
   const id = requestId(req);
   const record = inferenceShaped(routePath(req.url ?? '/'), req.method) ? beginRecord(rt, id, res) : null;
   const err = new GatewayError(
@@ -175,7 +180,7 @@ export function refuseExpectation(rt: Runtime, req: IncomingMessage, res: Server
     'The request asks for an expectation the gateway cannot meet: Expect takes only 100-continue.',
   );
   noteRefusal(rt, id, record, err, err);
-  dropUnreadBody(rt, req, res, rt.config.server.body_limit_bytes);
+  dropUnreadBody(rt, req, res, bodyLimit);
   writeErrorResponse(res, err, { 'x-request-id': id }, 417);
 }
 
