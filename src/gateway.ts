@@ -313,6 +313,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     undo.push(() => live.close());
     await live.ready();
     const initialModels = new ModelCatalog(config.models);
+    // A backend that comes up during this first refresh asks for one more after it.
+    refreshModels = () => void initialModels.refresh(catalogTargets(), undefined, { again: true });
     await initialModels.refresh(catalogTargets());
 
     const lifecycle = new Lifecycle();
@@ -365,9 +367,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     };
     rtRef = rt;
 
-    refreshModels = () => void rt.models.refresh(catalogTargets());
+    refreshModels = () => void rt.models.refresh(catalogTargets(), undefined, { again: true });
     // Backends that joined later (reload) or were down at start report their context length later.
-    const modelRefresh = setInterval(refreshModels, 30_000);
+    const modelRefresh = setInterval(() => void rt.models.refresh(catalogTargets()), 30_000);
     modelRefresh.unref();
     undo.push(() => clearInterval(modelRefresh));
 

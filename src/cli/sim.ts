@@ -4,6 +4,7 @@
 
 import { parseArgs } from 'node:util';
 import { startFleet } from '../sim/fleet.ts';
+import { FLEET_CHILD_ENV } from '../sim/fleet-process.ts';
 import { PROFILES } from '../sim/profiles.ts';
 
 const USAGE = `usage: slagate sim [--replicas N] [--port P] [--host H] [--profile NAME] [--model NAME]
@@ -76,11 +77,11 @@ export async function simCommand(argv: string[]): Promise<number> {
   for (const url of fleet.urls) process.stdout.write(`  ${url}\n`);
   if (fleet.adminUrl !== undefined) process.stdout.write(`admin: ${fleet.adminUrl}\n`);
   process.send?.({ type: 'ready', urls: fleet.urls, adminUrl: fleet.adminUrl ?? null });
-  // Started over IPC (a gateway's `simulate:`, a benchmark), the fleet lives as long as its
-  // parent: a signal to the whole process group (Ctrl-C, a service manager's stop) starts the
+  // Started as a fleet child (a gateway's `simulate:`, a benchmark: src/sim/fleet-process.ts, which
+  // also opens the IPC channel), the fleet lives as long as its parent: a signal to the whole process group (Ctrl-C, a service manager's stop) starts the
   // parent's drain, which needs the fleet's streams to finish. The parent ends it by closing the
   // channel, or by dying.
-  const overIpc = process.send !== undefined;
+  const overIpc = process.send !== undefined && process.env[FLEET_CHILD_ENV] === '1';
   const ignore = (): void => {};
   const signals = overIpc ? (['SIGINT', 'SIGTERM', 'SIGHUP'] as const) : (['SIGINT', 'SIGTERM'] as const);
   await new Promise<void>((resolve) => {

@@ -130,6 +130,12 @@ interface Round {
  * before it stops: bounds a pump's work when the head of a long queue waits for busy backends.
  */
 const PASSES_PER_BACKEND = 16;
+/**
+ * Entries a pump passes over unranked (their model has no backend open in this round) before it
+ * stops: a bound on a pump's work in a fleet of several models, far past any backlog the ranked
+ * bound leaves (each costs a look at the backends, not a ranking).
+ */
+const UNRANKED_PER_PUMP = 4096;
 
 export interface BackendSchedule {
   name: string;
@@ -320,20 +326,24 @@ export class Scheduler {
   /**
    * estimateWaitMs in a fleet of several models, where some available backend does not serve
    * `req`'s: its wait is for the backends that do. The slots free there, the entries ahead of it
-   * that want its model (another model's backlog holds other backends), over the rate those
+   * that those backends may take (another model's backlog elsewhere holds other backends), over the rate those
    * backends free slots (each one's own, measured per control period; null while none is).
    */
   #modelWaitMs(req: ScheduledRequest, backends: readonly Backend[]): number | null {
     const model = req.model;
     let free = 0;
     let rate: number | null = null;
+    const mine: Backend[] = [];
     for (const b of backends) {
       if (!b.available || !b.serves(model)) continue;
+      mine.push(b);
       free += Math.max(0, this.#room(b.name));
       const r = this.#controlOf(b.name).releaseRate;
       if (r !== null) rate = (rate ?? 0) + r;
     }
-    const same = (e: QueueEntry) => e.req.model === model;
+    // Entries that may take those backends' slots: of its model, or of another one they serve too
+    // (a base model and its adapters on shared replicas).
+    const same = (e: QueueEntry) => e.req.model === model || mine.some((b) => b.serves(e.req.model));
     let ahead = this.#queue.aheadOf(req, this.#queue.keyFor(req, this.#now()), same);
     for (const w of this.#retries) if (same(w)) ahead++;
     if (ahead === 0 && free > 0) return 0;
@@ -633,10 +643,12 @@ export class Scheduler {
       this.#grant(w, choice, round);
     }
     let passes = 0;
+    let unranked = 0;
     const maxPasses = PASSES_PER_BACKEND * available.length;
     this.#waitedFor = round.closed;
     this.#queue.scan((e) => {
-      if (!this.#anyOpen(available, round) || passes >= maxPasses) return 'stop';
+      if (!this.#anyOpen(available, round) || passes >= maxPasses || unranked >= UNRANKED_PER_PUMP)
+        return 'stop';
       const w = e as Waiting;
       // Invariant: the bound counts entries ranked and left waiting for a backend open to them; an
       // entry of a model no open backend serves is passed over unranked and uncounted, so a
@@ -644,7 +656,10 @@ export class Scheduler {
       // entry that nothing available may take any more (its model's last backend went, or stopped
       // listing it) gets null now, as every entry does when no backend at all is available.
       if (!this.#openFor(available, round, w.req.model)) {
-        if (anyUsable(available, w.excluded, w.req.model)) return 'pass';
+        if (anyUsable(available, w.excluded, w.req.model)) {
+          unranked++;
+          return 'pass';
+        }
         w.state = 'removed';
         w.settle(null);
         return 'take';
@@ -665,7 +680,7 @@ export class Scheduler {
     });
     // At the bound, a request queued now would be beyond it: not reached by this pump whatever
     // it waits for (whether more entries were left or not).
-    this.#passedBound = passes >= maxPasses;
+    this.#passedBound = passes >= maxPasses || unranked >= UNRANKED_PER_PUMP;
   }
 
   /**

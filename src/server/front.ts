@@ -266,17 +266,19 @@ function serveInference(
     return;
   }
   recordIdentity(rt, identity, record);
-  // Arrived after the shutdown began: refused from its head, its body not waited for (no 100 to a
-  // client that asks for one), so a slow upload cannot hold the drain or end in a reset.
-  if (arrivedClosing) {
+  // Arrived after the shutdown began and waiting for a 100 before it sends its body: refused from
+  // its head, with no 100 (nothing of its body is on the way, so closing the connection resets
+  // nothing). One whose body is already coming is read first and then refused: a connection closed
+  // under a body still arriving answers it with a reset, not the 503.
+  if (arrivedClosing && (req as Marked)[AWAITS_CONTINUE] === true) {
     refuseBeforeBody(rt, req, res, id, record, shuttingDownError(), bodyLimit);
     return;
   }
   // A request in flight from its head on: a shutdown waits for it (and cuts it at the end of its
   // grace period) even while its body is still coming. Left when its response closes, whichever
   // way it ends.
-  const shutdown = rt.lifecycle.enter();
-  res.once('close', () => rt.lifecycle.leave(shutdown));
+  const shutdown = arrivedClosing ? null : rt.lifecycle.enter();
+  if (shutdown !== null) res.once('close', () => rt.lifecycle.leave(shutdown));
   // Invariant: one answer. The grace period may end while the body is still coming: the request
   // is answered 503 shutting_down then, as every request the drain cuts is, and what the body
   // read brings later is dropped.
@@ -285,15 +287,15 @@ function serveInference(
     if (answered || res.headersSent) return;
     answered = true;
     res.setHeader('connection', 'close');
-    refuse(rt, res, id, record, shutdown.reason);
+    refuse(rt, res, id, record, shutdown!.reason);
   };
-  shutdown.onAbort(cut);
+  shutdown?.onAbort(cut);
   readJsonBody(
     req,
     bodyLimit,
     rt.config.upstream.first_token_timeout_ms,
     (err, body, raw) => {
-      shutdown.offAbort(cut);
+      shutdown?.offAbort(cut);
       if (answered) return;
       answered = true;
       if (err !== null) {
@@ -301,6 +303,10 @@ function serveInference(
         // rest of an oversized or endless upload is not read and discarded.
         res.setHeader('connection', 'close');
         refuse(rt, res, id, record, err);
+        return;
+      }
+      if (shutdown === null) {
+        refuse(rt, res, id, record, shuttingDownError());
         return;
       }
       // A reload while the body came may have changed the keys or removed the class the key

@@ -81,24 +81,42 @@ export class ModelCatalog {
    *
    * Invariant: a refresh ends within `timeoutMs`, whatever a backend does (no answer to its
    * connect, a body trickled a byte at a time, a body without end), and holds at most
-   * MAX_MODELS_BODY bytes of each answer; a call made while one runs for the same backends shares it. The gateway's
-   * start and a reload wait for a refresh, and a timer starts one every 30 s.
+   * MAX_MODELS_BODY bytes of each answer; a call made while one runs for the same backends shares it,
+   * or with `again` (something changed since it asked) shares the one more that follows it. The
+   * gateway's start and a reload wait for a refresh, a timer starts one every 30 s, and a backend
+   * that comes up or restarts asks for one `again`.
    */
-  refresh(backends: readonly CatalogTarget[], timeoutMs = 2000): Promise<void> {
+  refresh(
+    backends: readonly CatalogTarget[],
+    timeoutMs = 2000,
+    opts: { again?: boolean } = {},
+  ): Promise<void> {
     const key = backends.map((b) => b.url).join(' ');
     const running = this.#refreshing.get(key);
     // Joined only by the same targets: a reload's new backends at the old URLs learn their own
     // models, not the old objects'.
-    if (running?.targets.every((t, i) => t === backends[i])) return running.done;
+    if (running?.targets.every((t, i) => t === backends[i])) {
+      if (opts.again !== true) return running.done;
+      // Something changed since the running one asked (a backend came up): one more after it, which
+      // every such call meanwhile shares.
+      running.again ??= running.done.then(() => this.refresh(backends, timeoutMs));
+      return running.again;
+    }
     const done = this.#refresh(backends, timeoutMs).finally(() => {
       if (this.#refreshing.get(key)?.done === done) this.#refreshing.delete(key);
     });
-    this.#refreshing.set(key, { targets: backends, done });
+    this.#refreshing.set(key, { targets: backends, done, again: null });
     return done;
   }
 
-  /** Refreshes running, by the backend list they ask: a reload's new list never joins an old one. */
-  readonly #refreshing = new Map<string, { targets: readonly CatalogTarget[]; done: Promise<void> }>();
+  /**
+   * Refreshes running, by the backend list they ask: a reload's new list never joins an old one.
+   * `again`: the refresh asked for after it (refresh's `again`), once.
+   */
+  readonly #refreshing = new Map<
+    string,
+    { targets: readonly CatalogTarget[]; done: Promise<void>; again: Promise<void> | null }
+  >();
 
   /** Refreshes started, and the latest whose answers were applied: an older one never overwrites it. */
   #started = 0;

@@ -15,6 +15,8 @@ import { fileURLToPath } from 'node:url';
 
 const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
 const START_TIMEOUT_MS = 30_000;
+/** Set in the environment of a fleet child started here. */
+export const FLEET_CHILD_ENV = 'SLAGATE_FLEET_CHILD';
 const STOP_TIMEOUT_MS = 10_000;
 
 export interface FleetProcessOptions {
@@ -66,7 +68,13 @@ export async function startFleetProcess(opts: FleetProcessOptions): Promise<Flee
   // Inline: a name that starts with '-' is never taken for an option.
   if (opts.model !== undefined) args.push(`--model=${opts.model}`);
   if (opts.admin) args.push('--admin-port', '0');
-  const child = spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'pipe', 'ipc'], detached: true });
+  const child = spawn(process.execPath, args, {
+    stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
+    detached: true,
+    // Tells `slagate sim` that its life is this process's (src/cli/sim.ts), not a guess from the
+    // channel alone (a process manager's fork mode has one too).
+    env: { ...process.env, [FLEET_CHILD_ENV]: '1' },
+  });
   let stderr = '';
   child.stderr?.setEncoding('utf8');
   child.stderr?.on('data', (d: string) => {

@@ -26,6 +26,9 @@ export interface GenerationRequest {
 
 type Body = Record<string, unknown>;
 
+/** Most choices one simulated request may ask for. */
+const MAX_N = 256;
+
 /** FastAPI's validation errors carry the type phrase "Bad Request", not "BadRequestError". */
 export function validationError(message: string, param: string | null = null): HttpError {
   return new HttpError(400, message, 'Bad Request', param);
@@ -64,6 +67,8 @@ export function parseGeneration(
   const model = resolveModel(body, served);
   const n = optionalInt(body, 'n') ?? 1;
   if (n < 1) throw validationError(`n must be at least 1, got ${n}.`, 'n');
+  // vLLM sets no bound; a simulated replica keeps its one loop to a size a real engine could batch.
+  if (n > MAX_N) throw validationError(`The simulator serves at most ${MAX_N} choices, got ${n}.`, 'n');
   const stream = optionalBool(body, 'stream') ?? false;
   const options = body.stream_options;
   let includeUsage = false;

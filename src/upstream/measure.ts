@@ -113,10 +113,14 @@ export class TokenClock {
     return this.#sequences;
   }
 
-  /** A token event, of the sequence whose choice index is `choice` when the stream has several. */
-  token(now: number, choice = 0): void {
+  /**
+   * A token event, of the sequence whose choice index is `choice` when the stream has several;
+   * `output`: it carries output (a chat role chunk does not: with several sequences vLLM sends one
+   * for each at the first token of any, which starts no sequence's own timing).
+   */
+  token(now: number, choice = 0, output = true): void {
     if (this.#sequences > 1) {
-      this.#interleaved(now, choice);
+      this.#interleaved(now, choice, output);
       return;
     }
     if (this.lastTokenAt === null) {
@@ -138,9 +142,10 @@ export class TokenClock {
     this.lastTokenAt = now;
   }
 
-  #interleaved(now: number, choice: number): void {
+  #interleaved(now: number, choice: number, output: boolean): void {
     this.firstTokenAt ??= now;
     this.lastTokenAt = now;
+    if (!output) return;
     // An index the stream should not have (a backend's own numbering) is timed with the stream
     // only: the per-sequence figures keep to the sequences asked for.
     if (!(Number.isInteger(choice) && choice >= 0 && choice < this.#sequences)) return;

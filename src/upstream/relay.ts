@@ -395,7 +395,11 @@ export class Attempt implements Dispatcher.DispatchHandler {
         return;
       }
       const usage = msg?.usage;
-      if (usage != null && typeof usage === 'object') this.#takeUsage(usage);
+      const choices = Array.isArray(msg?.choices) && msg.choices.length > 0 ? msg.choices : null;
+      // With several sequences a chunk's own usage (continuous_usage_stats) counts its choice's
+      // tokens alone; the final chunk, which has no choices, counts them all.
+      if (usage != null && typeof usage === 'object' && (this.spec.sequences === 1 || choices === null))
+        this.#takeUsage(usage);
       if (assembler !== null && msg !== null) {
         assembler.add(msg);
         // Invariant: an answer built in memory is bounded as one passed through whole is.
@@ -415,12 +419,13 @@ export class Attempt implements Dispatcher.DispatchHandler {
           return;
         }
       }
-      if (Array.isArray(msg?.choices) && msg.choices.length > 0) {
-        if (carriesOutput(msg.choices)) this.#outputEvents++;
+      if (choices !== null) {
+        const output = carriesOutput(choices);
+        if (output) this.#outputEvents++;
         if (committed) {
-          this.#clock.token(now, choiceIndex(msg.choices));
+          this.#clock.token(now, choiceIndex(choices), output);
         } else {
-          this.#commit(now, choiceIndex(msg.choices));
+          this.#commit(now, choiceIndex(choices), output);
           out.push(...this.#held);
           this.#held = [];
         }
@@ -454,10 +459,10 @@ export class Attempt implements Dispatcher.DispatchHandler {
   }
 
   /** The first token: from here the attempt owns the response (an assembly still writes nothing). */
-  #commit(now: number, choice = 0): void {
+  #commit(now: number, choice = 0, output = true): void {
     this.#clearFirstTokenTimer();
     this.#phase = 'committed';
-    this.#clock.token(now, choice);
+    this.#clock.token(now, choice, output);
     if (this.#assembler === null) {
       this.spec.res.writeHead(
         200,

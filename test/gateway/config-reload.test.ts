@@ -488,7 +488,9 @@ describe('two reloads close together', () => {
     // A backend whose /v1/models answers only when the test lets it.
     let hold = false;
     const held: (() => void)[] = [];
+    let asked = 0;
     const server = http.createServer((req, res) => {
+      if (req.url === '/v1/models') asked++;
       const answer = () => {
         res.writeHead(req.url === '/health' ? 200 : req.url === '/v1/models' ? 200 : 404, {
           'content-type': 'application/json',
@@ -502,6 +504,8 @@ describe('two reloads close together', () => {
     cleanups.push(() => b.close());
     const t = await startTestGateway({ backends: [{ name: 'b', url: b.url }] });
     cleanups.push(() => t.close());
+    // Asked at the start, and once more when its first health probe passes: both before the hold.
+    await waitFor(() => asked >= 2, 3000, 'the questions of the start');
     const running = t.gw.runtime.config;
     const next = (over: Record<string, unknown>) =>
       toConfig(merge(baseConfig([{ name: 'b', url: b.url }], running.logging.admission_log), over));

@@ -368,6 +368,46 @@ describe('ModelCatalog', () => {
     ]);
   });
 
+  it('a refresh asked `again` while one runs runs once more after it: a backend that came up meanwhile is asked', async () => {
+    // Answers after `release()`, with the models it listed when asked.
+    let listed = ['old'];
+    let release: () => void = () => {};
+    const server = http.createServer(async (_req, res) => {
+      const now = listed;
+      await new Promise<void>((r) => {
+        release = r;
+      });
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ object: 'list', data: now.map((id) => ({ id, max_model_len: 10 })) }));
+    });
+    server.listen(0, '127.0.0.1');
+    await once(server, 'listening');
+    const { port } = server.address() as { port: number };
+    try {
+      const learnt: string[][] = [];
+      const target = {
+        url: `http://127.0.0.1:${port}`,
+        learned: (m: ReadonlySet<string>) => learnt.push([...m]),
+      };
+      const cat = new ModelCatalog(['old', 'new']);
+      const running = cat.refresh([target], 5_000);
+      await new Promise<void>((r) => server.once('request', () => setImmediate(r)));
+      // What it will list has changed since that refresh asked: joined, it would be missed.
+      listed = ['new'];
+      const again = cat.refresh([target], 5_000, { again: true });
+      expect(cat.refresh([target], 5_000, { again: true })).toBe(again);
+      release();
+      await running;
+      await new Promise<void>((r) => server.once('request', () => setImmediate(r)));
+      release();
+      await again;
+      expect(learnt).toEqual([['old'], ['new']]);
+    } finally {
+      release();
+      await new Promise((r) => server.close(r));
+    }
+  });
+
   it('a refresh takes the smallest of its own answers: the length grows back once the short backend is gone', async () => {
     const serve = async (len: number) => {
       const server = http.createServer((_req, res) => {

@@ -318,6 +318,48 @@ describe('streaming relay', () => {
   });
 });
 
+describe('a stream of several sequences', () => {
+  const choiceChunk = (index: number, delta: Record<string, unknown>, usage?: number) =>
+    frame({
+      id: 'chatcmpl-1',
+      object: 'chat.completion.chunk',
+      model: 'm',
+      choices: [{ index, delta, logprobs: null, finish_reason: null }],
+      // continuous_usage_stats: vLLM counts the chunk's own choice's tokens there.
+      ...(usage === undefined
+        ? {}
+        : { usage: { prompt_tokens: 7, completion_tokens: usage, total_tokens: 7 + usage } }),
+    });
+
+  it("cut before its final usage, counts what it relayed of every choice, not one choice's running count", async () => {
+    const cutShort: Script = (_req, res) => {
+      sseHead(res);
+      res.write(
+        choiceChunk(0, { role: 'assistant', content: '' }) +
+          choiceChunk(1, { role: 'assistant', content: '' }),
+      );
+      for (let k = 1; k <= 3; k++) {
+        res.write(choiceChunk(0, { content: `a${k}` }, k));
+        res.write(choiceChunk(1, { content: `b${k}` }, k));
+      }
+      // The stream ends before its final chunk (no choices, the whole count) and its [DONE].
+      res.end();
+    };
+    const up = await upstream(cutShort);
+    const set = makeSet([up.url]);
+    const gw = await gateway({ set });
+    cleanups.push(up.close, () => set.close(), gw.close);
+    await post(
+      gw.url,
+      chatBody({ n: 2, stream_options: { include_usage: true, continuous_usage_stats: true } }),
+    );
+    const result = await gw.nextResult();
+    expect(result.committed).toBe(true);
+    // Six content events over two choices, not the last chunk's 3.
+    expect(result.completionTokens).toBe(6);
+  });
+});
+
 describe('upstream errors reaching the client', () => {
   it('a 500 body never reaches the client (item 30)', async () => {
     const { gw } = await setup(status(500));

@@ -143,6 +143,21 @@ describe('TokenClock', () => {
     odd.token(30, 7);
     odd.token(40, 1);
     expect(odd.finish(50, 4)).toMatchObject({ ttftMs: 10, tpotMs: 20 / 2 });
+    // vLLM's role chunks of a chat, one per choice at the first token of any: the stream's first
+    // token, but no choice's own first output. Choice 1's output starts 20 ms later.
+    const chat = new TokenClock(0, null, 2);
+    chat.token(10, 0, false);
+    chat.token(10, 1, false);
+    for (const [t, seq] of [
+      [10, 0],
+      [20, 0],
+      [30, 1],
+      [30, 0],
+      [40, 1],
+    ] as const)
+      chat.token(t, seq);
+    // (20 + 10) ms over the 5 − 2 tokens after each choice's first.
+    expect(chat.finish(50, 5)).toMatchObject({ ttftMs: 10, tpotMs: 30 / 3 });
     // A sequence that never showed a token: no per-sequence figure.
     const missing = new TokenClock(0, null, 2);
     missing.token(10, 0);
