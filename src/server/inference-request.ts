@@ -236,7 +236,7 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
     endpoint,
     model: typeof model === 'string' && model !== '' ? model : null,
     stream,
-    mode: stream ? 'stream' : assemblable(assembleKind, body, parts.length) ? 'assemble' : 'passthrough',
+    mode: stream ? 'stream' : assemblable(assembleKind, body) ? 'assemble' : 'passthrough',
     assembleKind,
     wantsUsage: asksForUsage(so),
     maxTokens,

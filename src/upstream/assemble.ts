@@ -7,10 +7,11 @@
 // vLLM, `reasoning_content` in earlier releases (the message carries the same name as the deltas).
 // vLLM's reasoning parsers give no content (null, not "") when the model wrote only reasoning.
 //
-// Shapes it does not cover are sent upstream non-streamed and relayed as they come (`assemblable`
-// says which): logprobs of any kind, tool definitions (tool-call deltas), n > 1, several
-// completion prompts, echo, best_of and beam search, vLLM's token-id extras, the transfer parameters
-// of disaggregated prefill.
+// Several choices (n > 1, several completion prompts) are folded by their index into the body's
+// choices, in index order. Shapes it does not cover are sent upstream non-streamed and relayed as
+// they come (`assemblable` says which): logprobs of any kind, tool definitions (tool-call deltas),
+// echo, best_of and beam search, vLLM's token-id extras, the transfer parameters of disaggregated
+// prefill.
 
 export type AssembleKind = 'chat' | 'completion';
 
@@ -40,14 +41,17 @@ function set(v: unknown, zeroAsks = false): boolean {
   return v !== undefined && v !== null && v !== false && (v !== 0 || zeroAsks);
 }
 
-/** Whether a non-streamed request of this shape can be answered from a stream. */
-export function assemblable(kind: AssembleKind, body: Record<string, unknown>, prompts: number): boolean {
+/**
+ * Whether a non-streamed request of this shape can be answered from a stream. Several choices (n,
+ * several completion prompts) can: their chunks name their choice, and the body lists them in
+ * index order.
+ */
+export function assemblable(kind: AssembleKind, body: Record<string, unknown>): boolean {
   const uncovered = kind === 'chat' ? CHAT_UNCOVERED : COMPLETION_UNCOVERED;
   const zero = ZERO_ASKS[kind];
   for (const k of uncovered) if (set(body[k], zero.has(k))) return false;
   for (const k of VLLM_EXTRAS) if (set(body[k])) return false;
-  if (body.n !== undefined && body.n !== null && body.n !== 1) return false;
-  return kind === 'chat' || prompts === 1;
+  return true;
 }
 
 interface Choice {
@@ -73,20 +77,28 @@ export interface StreamChunk {
   object?: unknown;
 }
 
+/** One choice's share of the stream (its index names it: vLLM sends one choice per chunk). */
+interface ChoiceState {
+  text: string;
+  /** The reasoning channel as streamed under each of its two names (null: never seen). */
+  reasoning: string | null;
+  reasoningContent: string | null;
+  finish: unknown;
+  stop: unknown;
+  /** The role its first chunk named (vLLM's response role, or the last message's). */
+  role: string | null;
+}
+
 export class Assembler {
   readonly kind: AssembleKind;
   #id: unknown = null;
   #created: unknown = null;
   #model: unknown = null;
-  #text = '';
-  /** The reasoning channel as streamed under each of its two names (null: never seen). */
-  #reasoning: string | null = null;
-  #reasoningContent: string | null = null;
-  #finish: unknown = null;
-  #stop: unknown = null;
+  /** By choice index: one for each sequence (n, times the prompts of a completion). */
+  readonly #choices = new Map<number, ChoiceState>();
+  #chars = 0;
   #usage: NonNullable<StreamChunk['usage']> | null = null;
-  /** The role the stream's first chunk named (vLLM's response role, or the last message's). */
-  #role: string | null = null;
+  #finalUsage: NonNullable<StreamChunk['usage']> | null = null;
 
   constructor(kind: AssembleKind) {
     this.kind = kind;
@@ -99,34 +111,55 @@ export class Assembler {
       this.#created = chunk.created ?? null;
       this.#model = chunk.model ?? null;
     }
-    if (chunk.usage != null && typeof chunk.usage === 'object') this.#usage = chunk.usage;
-    if (!Array.isArray(chunk.choices)) return;
+    // With several choices, a chunk's own usage (continuous_usage_stats) counts its choice alone:
+    // the final chunk's, which has no choices, is the request's, and is taken over any other.
+    const hasChoices = Array.isArray(chunk.choices) && chunk.choices.length > 0;
+    if (chunk.usage != null && typeof chunk.usage === 'object') {
+      if (!hasChoices) this.#finalUsage = chunk.usage;
+      else this.#usage = chunk.usage;
+    }
+    if (!hasChoices) return;
     for (const c of chunk.choices as Choice[]) {
+      const index = typeof c.index === 'number' ? c.index : 0;
+      let st = this.#choices.get(index);
+      if (st === undefined) {
+        st = { text: '', reasoning: null, reasoningContent: null, finish: null, stop: null, role: null };
+        this.#choices.set(index, st);
+      }
       if (this.kind === 'chat') {
         const d = c.delta;
-        if (this.#role === null && typeof d?.role === 'string') this.#role = d.role;
-        if (typeof d?.content === 'string') this.#text += d.content;
-        if (typeof d?.reasoning === 'string') this.#reasoning = (this.#reasoning ?? '') + d.reasoning;
-        if (typeof d?.reasoning_content === 'string')
-          this.#reasoningContent = (this.#reasoningContent ?? '') + d.reasoning_content;
+        if (st.role === null && typeof d?.role === 'string') st.role = d.role;
+        if (typeof d?.content === 'string') {
+          st.text += d.content;
+          this.#chars += d.content.length;
+        }
+        if (typeof d?.reasoning === 'string') {
+          st.reasoning = (st.reasoning ?? '') + d.reasoning;
+          this.#chars += d.reasoning.length;
+        }
+        if (typeof d?.reasoning_content === 'string') {
+          st.reasoningContent = (st.reasoningContent ?? '') + d.reasoning_content;
+          this.#chars += d.reasoning_content.length;
+        }
       } else if (typeof c.text === 'string') {
-        this.#text += c.text;
+        st.text += c.text;
+        this.#chars += c.text.length;
       }
       if (c.finish_reason !== undefined && c.finish_reason !== null) {
-        this.#finish = c.finish_reason;
-        this.#stop = c.stop_reason ?? null;
+        st.finish = c.finish_reason;
+        st.stop = c.stop_reason ?? null;
       }
     }
   }
 
   /** Characters of text folded in so far (the body's size, give or take its JSON escapes). */
   get chars(): number {
-    return this.#text.length + (this.#reasoning?.length ?? 0) + (this.#reasoningContent?.length ?? 0);
+    return this.#chars;
   }
 
-  /** The body vLLM would have sent for the same request, non-streamed. */
+  /** The body vLLM would have sent for the same request, non-streamed: its choices in index order. */
   body(): Buffer {
-    const u = this.#usage;
+    const u = this.#finalUsage ?? this.#usage;
     const usage =
       u === null
         ? null
@@ -136,36 +169,32 @@ export class Assembler {
             completion_tokens: u.completion_tokens ?? null,
             prompt_tokens_details: u.prompt_tokens_details ?? null,
           };
+    const indexes = [...this.#choices.keys()].sort((a, b) => a - b);
+    // A stream with no choice at all (cut at once) still answers with the one choice vLLM's would.
+    if (indexes.length === 0) indexes.push(0);
+    const empty: ChoiceState = {
+      text: '',
+      reasoning: null,
+      reasoningContent: null,
+      finish: null,
+      stop: null,
+      role: null,
+    };
+    const states = indexes.map((i) => [i, this.#choices.get(i) ?? empty] as const);
     if (this.kind === 'chat') {
-      const reasoned = this.#reasoning !== null || this.#reasoningContent !== null;
-      const message: Record<string, unknown> = {
-        role: this.#role ?? 'assistant',
-        content: reasoned && this.#text === '' ? null : this.#text,
-        refusal: null,
-        annotations: null,
-        audio: null,
-        function_call: null,
-        tool_calls: [],
-      };
-      // The name the backend used, or else the earlier releases' null (as the simulator writes it).
-      if (this.#reasoning !== null) message.reasoning = this.#reasoning;
-      if (this.#reasoningContent !== null || this.#reasoning === null)
-        message.reasoning_content = this.#reasoningContent;
       return Buffer.from(
         JSON.stringify({
           id: this.#id,
           object: 'chat.completion',
           created: this.#created,
           model: this.#model,
-          choices: [
-            {
-              index: 0,
-              message,
-              logprobs: null,
-              finish_reason: this.#finish,
-              stop_reason: this.#stop,
-            },
-          ],
+          choices: states.map(([index, st]) => ({
+            index,
+            message: chatMessage(st),
+            logprobs: null,
+            finish_reason: st.finish,
+            stop_reason: st.stop,
+          })),
           service_tier: null,
           system_fingerprint: null,
           usage,
@@ -180,16 +209,14 @@ export class Assembler {
         object: 'text_completion',
         created: this.#created,
         model: this.#model,
-        choices: [
-          {
-            index: 0,
-            text: this.#text,
-            logprobs: null,
-            finish_reason: this.#finish,
-            stop_reason: this.#stop,
-            prompt_logprobs: null,
-          },
-        ],
+        choices: states.map(([index, st]) => ({
+          index,
+          text: st.text,
+          logprobs: null,
+          finish_reason: st.finish,
+          stop_reason: st.stop,
+          prompt_logprobs: null,
+        })),
         service_tier: null,
         system_fingerprint: null,
         usage,
@@ -197,4 +224,22 @@ export class Assembler {
       }),
     );
   }
+}
+
+/** A chat choice's message, as vLLM's pydantic model writes it. */
+function chatMessage(st: ChoiceState): Record<string, unknown> {
+  const reasoned = st.reasoning !== null || st.reasoningContent !== null;
+  const message: Record<string, unknown> = {
+    role: st.role ?? 'assistant',
+    content: reasoned && st.text === '' ? null : st.text,
+    refusal: null,
+    annotations: null,
+    audio: null,
+    function_call: null,
+    tool_calls: [],
+  };
+  // The name the backend used, or else the earlier releases' null (as the simulator writes it).
+  if (st.reasoning !== null) message.reasoning = st.reasoning;
+  if (st.reasoningContent !== null || st.reasoning === null) message.reasoning_content = st.reasoningContent;
+  return message;
 }

@@ -213,34 +213,6 @@ describe('shapes the assembler does not cover pass through', () => {
     }
   });
 
-  it('n > 1: sent non-streamed and relayed whole, as vLLM answers it (a stream of it: choices.test.ts)', async () => {
-    const bodies: Record<string, unknown>[] = [];
-    const choice = (index: number) => ({
-      index,
-      message: { role: 'assistant', content: `answer ${index}` },
-      logprobs: null,
-      finish_reason: 'stop',
-    });
-    const reply = JSON.stringify({
-      id: 'x',
-      object: 'chat.completion',
-      choices: [choice(0), choice(1)],
-      usage: { prompt_tokens: 1, completion_tokens: 4, total_tokens: 5 },
-    });
-    const b = await jsonBackend(reply, bodies);
-    t = await startTestGateway({ backends: [{ name: 'b', url: b.url }] });
-    try {
-      const res = await post(t.url, CHAT, chat({ n: 2 }));
-      expect(res.status).toBe(200);
-      expect(res.text).toBe(reply);
-      expect(bodies[0]).toMatchObject({ n: 2 });
-      expect(bodies[0]!.stream).toBeUndefined();
-      expect(bodies).toHaveLength(1);
-    } finally {
-      await b.close();
-    }
-  });
-
   it('its generation may outlast first_token_timeout_ms: upstream.passthrough_timeout_ms is its budget', async () => {
     const b = await scripted(async (_req, res) => {
       await new Promise((r) => setTimeout(r, 700));

@@ -113,8 +113,8 @@ describe('parseInferenceRequest', () => {
     expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, stream: 'yes' }))).toBe(
       'invalid_request:stream',
     );
-    // n > 1: passed through whole when not streamed (vLLM serves it); relayed as a stream when streamed.
-    expect(parseInferenceRequest('chat', { model: 'm', messages: msg, n: 2 }).mode).toBe('passthrough');
+    // n > 1: assembled from a stream when not streamed; relayed as a stream when streamed.
+    expect(parseInferenceRequest('chat', { model: 'm', messages: msg, n: 2 }).mode).toBe('assemble');
     expect(parseInferenceRequest('chat', { model: 'm', messages: msg, n: 2, stream: true }).mode).toBe(
       'stream',
     );
@@ -135,7 +135,7 @@ describe('parseInferenceRequest', () => {
       'invalid_request:messages',
     );
     // At most OpenAI's 128: 1e300 is an integer to JSON.
-    expect(parseInferenceRequest('chat', { model: 'm', messages: msg, n: 128 }).mode).toBe('passthrough');
+    expect(parseInferenceRequest('chat', { model: 'm', messages: msg, n: 128 }).mode).toBe('assemble');
     for (const n of [129, 1e300]) {
       expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, n }))).toBe(
         'invalid_request:n',

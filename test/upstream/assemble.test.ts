@@ -81,13 +81,57 @@ describe('the role', () => {
   });
 });
 
+describe('several choices', () => {
+  it('folds each choice by its index, lists them in order, and takes the usage of the final chunk', () => {
+    const a = new Assembler('chat');
+    const chunk = (
+      index: number,
+      delta: Record<string, unknown>,
+      finish: string | null = null,
+      usage?: number,
+    ) => ({
+      id: 'chatcmpl-1',
+      created: 1,
+      model: 'm',
+      choices: [{ index, delta, logprobs: null, finish_reason: finish }],
+      ...(usage === undefined
+        ? {}
+        : { usage: { prompt_tokens: 5, completion_tokens: usage, total_tokens: 5 + usage } }),
+    });
+    a.add(chunk(1, { role: 'assistant', content: '' }));
+    a.add(chunk(0, { role: 'assistant', content: '' }));
+    a.add(chunk(1, { content: 'B1' }, null, 1));
+    a.add(chunk(0, { content: 'A1' }, null, 1));
+    a.add(chunk(0, { content: 'A2' }, 'length', 2));
+    a.add(chunk(1, { content: 'B2' }, 'stop', 2));
+    a.add({
+      id: 'chatcmpl-1',
+      choices: [],
+      usage: { prompt_tokens: 5, completion_tokens: 4, total_tokens: 9 },
+    });
+    const body = JSON.parse(a.body().toString());
+    expect(
+      body.choices.map((c: { index: number; message: { content: string }; finish_reason: string }) => [
+        c.index,
+        c.message.content,
+        c.finish_reason,
+      ]),
+    ).toEqual([
+      [0, 'A1A2', 'length'],
+      [1, 'B1B2', 'stop'],
+    ]);
+    expect(body.usage.completion_tokens).toBe(4);
+    expect(a.chars).toBe(8);
+  });
+});
+
 describe('what is not assembled', () => {
   it("passes through disaggregated prefill's transfer parameters, which only vLLM's non-streamed body returns", () => {
-    expect(assemblable('chat', { model: 'm', messages: [] }, 1)).toBe(true);
+    expect(assemblable('chat', { model: 'm', messages: [] })).toBe(true);
     expect(
-      assemblable('chat', { model: 'm', messages: [], kv_transfer_params: { do_remote_decode: true } }, 1),
+      assemblable('chat', { model: 'm', messages: [], kv_transfer_params: { do_remote_decode: true } }),
     ).toBe(false);
-    expect(assemblable('completion', { model: 'm', prompt: 'x', kv_transfer_params: {} }, 1)).toBe(false);
-    expect(assemblable('completion', { model: 'm', prompt: 'x', ec_transfer_params: {} }, 1)).toBe(false);
+    expect(assemblable('completion', { model: 'm', prompt: 'x', kv_transfer_params: {} })).toBe(false);
+    expect(assemblable('completion', { model: 'm', prompt: 'x', ec_transfer_params: {} })).toBe(false);
   });
 });

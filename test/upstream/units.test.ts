@@ -244,11 +244,11 @@ describe('assemblable', () => {
   const chat = { model: 'm', messages: [] };
   it('a 0 that still asks vLLM for logprobs passes the body through; a 0 that asks nothing does not', () => {
     // Completion logprobs 0: the sampled token's logprob. prompt_logprobs 0: the prompt's.
-    expect(assemblable('completion', { model: 'm', prompt: 'p', logprobs: 0 }, 1)).toBe(false);
-    expect(assemblable('completion', { model: 'm', prompt: 'p', prompt_logprobs: 0 }, 1)).toBe(false);
-    expect(assemblable('chat', { ...chat, prompt_logprobs: 0 }, 1)).toBe(false);
+    expect(assemblable('completion', { model: 'm', prompt: 'p', logprobs: 0 })).toBe(false);
+    expect(assemblable('completion', { model: 'm', prompt: 'p', prompt_logprobs: 0 })).toBe(false);
+    expect(assemblable('chat', { ...chat, prompt_logprobs: 0 })).toBe(false);
     // Chat's logprobs is a boolean to vLLM (0 is false), top_logprobs 0 asks for no alternatives.
-    expect(assemblable('chat', { ...chat, logprobs: 0, top_logprobs: 0 }, 1)).toBe(true);
-    expect(assemblable('completion', { model: 'm', prompt: 'p', logprobs: null, echo: false }, 1)).toBe(true);
+    expect(assemblable('chat', { ...chat, logprobs: 0, top_logprobs: 0 })).toBe(true);
+    expect(assemblable('completion', { model: 'm', prompt: 'p', logprobs: null, echo: false })).toBe(true);
   });
 });
