@@ -52,6 +52,26 @@ export async function simCommand(argv: string[]): Promise<number> {
     return n;
   };
   const isPort = (n: number) => Number.isInteger(n) && n >= 0 && n <= 65535;
+  // Started as a fleet child (a gateway's `simulate:`, a benchmark: src/sim/fleet-process.ts, which
+  // also opens the IPC channel), the fleet lives as long as its parent: a signal to the whole
+  // process group (Ctrl-C, a service manager's stop) starts the parent's drain, which needs the
+  // fleet's streams to finish. The parent ends it by closing the channel, or by dying. The signals
+  // are taken from here on, before the parent can hear that the fleet is ready (and send any).
+  const overIpc = process.send !== undefined && process.env[FLEET_CHILD_ENV] === '1';
+  const ignore = (): void => {};
+  const signals = overIpc ? (['SIGINT', 'SIGTERM', 'SIGHUP'] as const) : (['SIGINT', 'SIGTERM'] as const);
+  let stopped = (): void => {};
+  const done = new Promise<void>((resolve) => {
+    stopped = resolve;
+  });
+  const stop = () => {
+    for (const sig of signals) process.off(sig, overIpc ? ignore : stop);
+    process.off('disconnect', stop);
+    stopped();
+  };
+  for (const sig of signals) process.on(sig, overIpc ? ignore : stop);
+  // The parent that started us over IPC is gone: nobody will ever stop us otherwise.
+  process.on('disconnect', stop);
   let fleet: Awaited<ReturnType<typeof startFleet>>;
   try {
     const adminPort = values['admin-port'] === undefined ? undefined : num('admin-port', 0, isPort);
@@ -66,6 +86,7 @@ export async function simCommand(argv: string[]): Promise<number> {
       adminPort,
     });
   } catch (e) {
+    stop();
     process.stderr.write(`slagate sim: ${e instanceof Error ? e.message : String(e)}\n`);
     // A system error (a port in use) is a failure to run, 1; a bad option is a usage error, 2.
     return (e as { code?: unknown } | null)?.code !== undefined ? 1 : 2;
@@ -77,23 +98,7 @@ export async function simCommand(argv: string[]): Promise<number> {
   for (const url of fleet.urls) process.stdout.write(`  ${url}\n`);
   if (fleet.adminUrl !== undefined) process.stdout.write(`admin: ${fleet.adminUrl}\n`);
   process.send?.({ type: 'ready', urls: fleet.urls, adminUrl: fleet.adminUrl ?? null });
-  // Started as a fleet child (a gateway's `simulate:`, a benchmark: src/sim/fleet-process.ts, which
-  // also opens the IPC channel), the fleet lives as long as its parent: a signal to the whole process group (Ctrl-C, a service manager's stop) starts the
-  // parent's drain, which needs the fleet's streams to finish. The parent ends it by closing the
-  // channel, or by dying.
-  const overIpc = process.send !== undefined && process.env[FLEET_CHILD_ENV] === '1';
-  const ignore = (): void => {};
-  const signals = overIpc ? (['SIGINT', 'SIGTERM', 'SIGHUP'] as const) : (['SIGINT', 'SIGTERM'] as const);
-  await new Promise<void>((resolve) => {
-    const stop = () => {
-      for (const sig of signals) process.off(sig, overIpc ? ignore : stop);
-      process.off('disconnect', stop);
-      resolve();
-    };
-    for (const sig of signals) process.on(sig, overIpc ? ignore : stop);
-    // The parent that started us over IPC is gone: nobody will ever stop us otherwise.
-    process.on('disconnect', stop);
-  });
+  await done;
   if (process.connected) process.disconnect();
   await fleet.close();
   return 0;
