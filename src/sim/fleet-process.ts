@@ -120,20 +120,18 @@ export async function startFleetProcess(opts: FleetProcessOptions): Promise<Flee
  * SIGKILL after `killAfterMs`. Resolves once it has exited.
  */
 function stopFleetChild(child: ChildProcess, killAfterMs = STOP_TIMEOUT_MS): Promise<void> {
-  return new Promise<void>((resolve) => {
-    if (child.exitCode !== null || child.signalCode !== null) return resolve();
-    const timer = setTimeout(() => child.kill('SIGKILL'), killAfterMs);
-    child.once('exit', () => {
-      clearTimeout(timer);
-      resolve();
-    });
-    if (child.connected) child.disconnect();
-    else child.kill('SIGKILL');
-  });
+  return stopProcess(child, killAfterMs, (c) => (c.connected ? c.disconnect() : c.kill('SIGKILL')));
 }
 
-/** SIGTERM, then resolves when the process has exited (at once if it already has); SIGKILL after `killAfterMs`. */
-export function stopProcess(child: ChildProcess, killAfterMs = STOP_TIMEOUT_MS): Promise<void> {
+/**
+ * Asks `child` to end (`ask`: SIGTERM by default), then resolves when the process has exited (at
+ * once if it already has); SIGKILL after `killAfterMs`.
+ */
+export function stopProcess(
+  child: ChildProcess,
+  killAfterMs = STOP_TIMEOUT_MS,
+  ask: (child: ChildProcess) => void = (c) => c.kill('SIGTERM'),
+): Promise<void> {
   return new Promise<void>((resolve) => {
     if (child.exitCode !== null || child.signalCode !== null) return resolve();
     const timer = setTimeout(() => child.kill('SIGKILL'), killAfterMs);
@@ -141,6 +139,6 @@ export function stopProcess(child: ChildProcess, killAfterMs = STOP_TIMEOUT_MS):
       clearTimeout(timer);
       resolve();
     });
-    child.kill('SIGTERM');
+    ask(child);
   });
 }
