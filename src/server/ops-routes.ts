@@ -36,9 +36,14 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
 
   app.get('/readyz', async (_request, reply) => {
     if (rt.lifecycle.shuttingDown) return reply.code(503).send({ status: 'shutting_down' });
-    // Healthy: available, and its probe has passed at least once (a backend is routable while its
-    // first probe is pending, but a gateway whose replicas never answered is not ready).
-    const healthy = rt.backends.available().filter((b) => b.healthConfirmed).length;
+    // Healthy: in service (up by its probe, not ejected) with a closed or half-open breaker, and its
+    // probe has passed at least once (a backend is routable while its first probe is pending, but
+    // a gateway whose replicas never answered is not ready). Not `available`: a half-open breaker's
+    // one trial makes its backend unavailable to the next request for as long as that request
+    // runs, and readiness would flip to 503 at the moment of recovery.
+    const healthy = rt.backends
+      .list()
+      .filter((b) => b.inService && b.healthConfirmed && !b.breaker.opened).length;
     if (healthy === 0) return reply.code(503).send({ status: 'not_ready', healthy_backends: 0 });
     // A store outage degrades sharing, not service: still ready (200), but it says so.
     const store = rt.live.status();

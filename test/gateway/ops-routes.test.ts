@@ -205,3 +205,31 @@ describe('class names that are also names of an object’s own methods', () => {
     }
   });
 });
+
+describe('/readyz and the breaker', () => {
+  it('is not ready while the only backend is open, and ready again once it half-opens, its one trial out or not', async () => {
+    const backend = http.createServer((_req, res) => res.writeHead(200).end());
+    const b = await listenLoopback(backend);
+    const g = await startTestGateway({
+      backends: [{ name: 'only', url: b.url }],
+      config: { upstream: { breaker: { reset_timeout_ms: 50 } } },
+    });
+    try {
+      await waitFor(async () => (await get(g.url, '/readyz')).status === 200, 3000, 'ready');
+      const only = g.gw.runtime.backends.get('only')!;
+      only.breaker.open();
+      expect((await get(g.url, '/readyz')).status).toBe(503);
+      await waitFor(() => only.breaker.halfOpen, 3000, 'half-open');
+      // The trial request is on its way: no other request may have the backend meanwhile, but
+      // the gateway is about to serve again, not out of service.
+      expect(only.takeTrial()).not.toBeNull();
+      expect(only.available).toBe(false);
+      const r = await get(g.url, '/readyz');
+      expect(r.status).toBe(200);
+      expect(JSON.parse(r.text)).toMatchObject({ status: 'ready', healthy_backends: 1 });
+    } finally {
+      await g.close();
+      await b.close();
+    }
+  });
+});
