@@ -314,7 +314,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     await live.ready();
     const initialModels = new ModelCatalog(config.models);
     // A backend that comes up during this first refresh asks for one more after it.
-    refreshModels = () => void initialModels.refresh(catalogTargets(), undefined, { again: true });
+    refreshModels = () => void initialModels.refresh(catalogTargets(), undefined, { again: catalogTargets });
     await initialModels.refresh(catalogTargets());
 
     const lifecycle = new Lifecycle();
@@ -367,7 +367,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     };
     rtRef = rt;
 
-    refreshModels = () => void rt.models.refresh(catalogTargets(), undefined, { again: true });
+    refreshModels = () => void rt.models.refresh(catalogTargets(), undefined, { again: catalogTargets });
     // Backends that joined later (reload) or were down at start report their context length later.
     const modelRefresh = setInterval(() => void rt.models.refresh(catalogTargets()), 30_000);
     modelRefresh.unref();

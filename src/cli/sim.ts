@@ -70,8 +70,10 @@ export async function simCommand(argv: string[]): Promise<number> {
     stopped();
   };
   for (const sig of signals) process.on(sig, overIpc ? ignore : stop);
-  // The parent that started us over IPC is gone: nobody will ever stop us otherwise.
+  // The parent that started us over IPC is gone: nobody will ever stop us otherwise. (Gone already,
+  // while this process was loading: its 'disconnect' came before anyone listened.)
   process.on('disconnect', stop);
+  if (process.send !== undefined && !process.connected) stop();
   let fleet: Awaited<ReturnType<typeof startFleet>>;
   try {
     const adminPort = values['admin-port'] === undefined ? undefined : num('admin-port', 0, isPort);
@@ -97,7 +99,8 @@ export async function simCommand(argv: string[]): Promise<number> {
   );
   for (const url of fleet.urls) process.stdout.write(`  ${url}\n`);
   if (fleet.adminUrl !== undefined) process.stdout.write(`admin: ${fleet.adminUrl}\n`);
-  process.send?.({ type: 'ready', urls: fleet.urls, adminUrl: fleet.adminUrl ?? null });
+  if (process.connected)
+    process.send?.({ type: 'ready', urls: fleet.urls, adminUrl: fleet.adminUrl ?? null });
   await done;
   if (process.connected) process.disconnect();
   await fleet.close();

@@ -76,6 +76,8 @@ export interface QueueDiscipline {
    */
   aheadOf(req: ScheduledRequest, key: number, only?: (e: QueueEntry) => boolean): number;
   depthByClass(): Map<string, number>;
+  /** Live entries by the model they name (what a pump needs to know that none of them can go). */
+  byModel(): ReadonlyMap<string, number>;
   /**
    * The queued entry a full queue gives up to take `req` in, if any: for a protected request, the
    * worst-placed entry of a sheddable class. Under slagate, failing that, the worst-placed entry of
@@ -94,6 +96,18 @@ export interface QueueDiscipline {
 }
 
 const alive = (e: QueueEntry) => e.state === 'queued';
+
+/** One more live entry of `model` in `counts`. */
+function countIn(counts: Map<string, number>, model: string): void {
+  counts.set(model, (counts.get(model) ?? 0) + 1);
+}
+
+/** One live entry of `model` fewer in `counts` (the model gone at none). */
+function countOut(counts: Map<string, number>, model: string): void {
+  const n = (counts.get(model) ?? 1) - 1;
+  if (n > 0) counts.set(model, n);
+  else counts.delete(model);
+}
 
 const byKey = (a: QueueEntry, b: QueueEntry) => a.key < b.key || (a.key === b.key && a.queuedAt < b.queuedAt);
 
@@ -137,8 +151,14 @@ export class SlagateQueue implements QueueDiscipline {
     this.#agingMs = agingMs;
   }
 
+  readonly #models = new Map<string, number>();
+
   get size(): number {
     return this.#size;
+  }
+
+  byModel(): ReadonlyMap<string, number> {
+    return this.#models;
   }
 
   keyFor(req: ScheduledRequest, now: number): number {
@@ -164,6 +184,7 @@ export class SlagateQueue implements QueueDiscipline {
     t.size++;
     c.size++;
     this.#size++;
+    countIn(this.#models, e.req.model);
   }
 
   // A passed entry is lifted out of its tenant's heap, so that the tenant's next entry competes
@@ -204,6 +225,7 @@ export class SlagateQueue implements QueueDiscipline {
     best.t.size--;
     best.c.size--;
     this.#size--;
+    countOut(this.#models, best.e.req.model);
     if (best.e.state === 'granted' && best.e.alreadyCharged !== true) best.t.counter += work(best.e.req);
     emptied(best.c);
   }
@@ -233,6 +255,7 @@ export class SlagateQueue implements QueueDiscipline {
     t.size--;
     c.size--;
     this.#size--;
+    countOut(this.#models, e.req.model);
     emptied(c);
     // Removed entries stay in their heap until they surface; compact when they outnumber the rest.
     if (++this.#dead > 64 && this.#dead > this.#size) {
@@ -378,6 +401,13 @@ export class FifoQueue implements QueueDiscipline {
     this.#heap.push(e);
     this.#size++;
     this.#depth.set(e.req.className, (this.#depth.get(e.req.className) ?? 0) + 1);
+    countIn(this.#models, e.req.model);
+  }
+
+  readonly #models = new Map<string, number>();
+
+  byModel(): ReadonlyMap<string, number> {
+    return this.#models;
   }
 
   scan(visit: (e: QueueEntry) => Verdict): void {
@@ -431,5 +461,6 @@ export class FifoQueue implements QueueDiscipline {
   #forget(e: QueueEntry): void {
     this.#size--;
     this.#depth.set(e.req.className, (this.#depth.get(e.req.className) ?? 1) - 1);
+    countOut(this.#models, e.req.model);
   }
 }

@@ -130,12 +130,6 @@ interface Round {
  * before it stops: bounds a pump's work when the head of a long queue waits for busy backends.
  */
 const PASSES_PER_BACKEND = 16;
-/**
- * Entries a pump passes over unranked (their model has no backend open in this round) before it
- * stops: a bound on a pump's work in a fleet of several models, far past any backlog the ranked
- * bound leaves (each costs a look at the backends, not a ranking).
- */
-const UNRANKED_PER_PUMP = 4096;
 
 export interface BackendSchedule {
   name: string;
@@ -643,26 +637,32 @@ export class Scheduler {
       this.#grant(w, choice, round);
     }
     let passes = 0;
-    let unranked = 0;
+    // Models no backend open in this round serves: backends only close as a round goes on, so
+    // such a model stays so until the round ends.
+    const shut = new Set<string>();
     const maxPasses = PASSES_PER_BACKEND * available.length;
     this.#waitedFor = round.closed;
     this.#queue.scan((e) => {
-      if (!this.#anyOpen(available, round) || passes >= maxPasses || unranked >= UNRANKED_PER_PUMP)
-        return 'stop';
+      if (!this.#anyOpen(available, round) || passes >= maxPasses) return 'stop';
       const w = e as Waiting;
       // Invariant: the bound counts entries ranked and left waiting for a backend open to them; an
       // entry of a model no open backend serves is passed over unranked and uncounted, so a
-      // backlog of one model never hides an idle backend from another's entries behind it. An
-      // entry that nothing available may take any more (its model's last backend went, or stopped
-      // listing it) gets null now, as every entry does when no backend at all is available.
-      if (!this.#openFor(available, round, w.req.model)) {
-        if (anyUsable(available, w.excluded, w.req.model)) {
-          unranked++;
-          return 'pass';
+      // backlog of one model never hides an idle backend from another's entries behind it, and the
+      // scan stops once every model still queued has no backend open. An entry that nothing
+      // available may take any more (its model's last backend went, or stopped listing it) gets
+      // null now, as every entry does when no backend at all is available.
+      const model = w.req.model;
+      if (shut.has(model) || !this.#openFor(available, round, model)) {
+        if (!anyUsable(available, w.excluded, model)) {
+          w.state = 'removed';
+          w.settle(null);
+          return 'take';
         }
-        w.state = 'removed';
-        w.settle(null);
-        return 'take';
+        if (shut.has(model)) return 'pass';
+        shut.add(model);
+        // Every model still queued is shut: nothing behind can go in this round.
+        for (const m of this.#queue.byModel().keys()) if (!shut.has(m)) return 'pass';
+        return 'stop';
       }
       const choice = this.#startable(w.req, available, round, w.excluded, w);
       if (choice === null) {
@@ -680,7 +680,7 @@ export class Scheduler {
     });
     // At the bound, a request queued now would be beyond it: not reached by this pump whatever
     // it waits for (whether more entries were left or not).
-    this.#passedBound = passes >= maxPasses || unranked >= UNRANKED_PER_PUMP;
+    this.#passedBound = passes >= maxPasses;
   }
 
   /**

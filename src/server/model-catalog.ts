@@ -89,17 +89,18 @@ export class ModelCatalog {
   refresh(
     backends: readonly CatalogTarget[],
     timeoutMs = 2000,
-    opts: { again?: boolean } = {},
+    opts: { again?: () => readonly CatalogTarget[] } = {},
   ): Promise<void> {
     const key = backends.map((b) => b.url).join(' ');
     const running = this.#refreshing.get(key);
     // Joined only by the same targets: a reload's new backends at the old URLs learn their own
     // models, not the old objects'.
     if (running?.targets.every((t, i) => t === backends[i])) {
-      if (opts.again !== true) return running.done;
+      const again = opts.again;
+      if (again === undefined) return running.done;
       // Something changed since the running one asked (a backend came up): one more after it, which
-      // every such call meanwhile shares.
-      running.again ??= running.done.then(() => this.refresh(backends, timeoutMs));
+      // every such call meanwhile shares, of the backends in force then (a reload may have changed them).
+      running.again ??= running.done.then(() => this.refresh(again(), timeoutMs));
       return running.again;
     }
     const done = this.#refresh(backends, timeoutMs).finally(() => {
@@ -111,7 +112,7 @@ export class ModelCatalog {
 
   /**
    * Refreshes running, by the backend list they ask: a reload's new list never joins an old one.
-   * `again`: the refresh asked for after it (refresh's `again`), once.
+   * `again`: the refresh asked for after it (refresh's `again`: the backends to ask then), once.
    */
   readonly #refreshing = new Map<
     string,

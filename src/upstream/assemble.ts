@@ -182,6 +182,11 @@ export class Assembler {
     };
     const states = indexes.map((i) => [i, this.#choices.get(i) ?? empty] as const);
     if (this.kind === 'chat') {
+      // One name for the reasoning channel on every choice: the one the backend streamed it with.
+      const names = {
+        reasoning: states.some(([, st]) => st.reasoning !== null),
+        reasoningContent: states.some(([, st]) => st.reasoningContent !== null),
+      };
       return Buffer.from(
         JSON.stringify({
           id: this.#id,
@@ -190,7 +195,7 @@ export class Assembler {
           model: this.#model,
           choices: states.map(([index, st]) => ({
             index,
-            message: chatMessage(st),
+            message: chatMessage(st, names),
             logprobs: null,
             finish_reason: st.finish,
             stop_reason: st.stop,
@@ -226,8 +231,14 @@ export class Assembler {
   }
 }
 
-/** A chat choice's message, as vLLM's pydantic model writes it. */
-function chatMessage(st: ChoiceState): Record<string, unknown> {
+/**
+ * A chat choice's message, as vLLM's pydantic model writes it; `names`: which names of the
+ * reasoning channel any choice of the body streamed.
+ */
+function chatMessage(
+  st: ChoiceState,
+  names: { reasoning: boolean; reasoningContent: boolean },
+): Record<string, unknown> {
   const reasoned = st.reasoning !== null || st.reasoningContent !== null;
   const message: Record<string, unknown> = {
     role: st.role ?? 'assistant',
@@ -239,7 +250,7 @@ function chatMessage(st: ChoiceState): Record<string, unknown> {
     tool_calls: [],
   };
   // The name the backend used, or else the earlier releases' null (as the simulator writes it).
-  if (st.reasoning !== null) message.reasoning = st.reasoning;
-  if (st.reasoningContent !== null || st.reasoning === null) message.reasoning_content = st.reasoningContent;
+  if (names.reasoning) message.reasoning = st.reasoning;
+  if (names.reasoningContent || !names.reasoning) message.reasoning_content = st.reasoningContent;
   return message;
 }

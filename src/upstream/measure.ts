@@ -115,8 +115,8 @@ export class TokenClock {
 
   /**
    * A token event, of the sequence whose choice index is `choice` when the stream has several;
-   * `output`: it carries output (a chat role chunk does not: with several sequences vLLM sends one
-   * for each at the first token of any, which starts no sequence's own timing).
+   * `output`: it times that sequence (a chat role chunk does not: with several sequences vLLM
+   * sends one for each at the first token of any, which starts no sequence's own timing).
    */
   token(now: number, choice = 0, output = true): void {
     if (this.#sequences > 1) {

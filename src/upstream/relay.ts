@@ -422,10 +422,14 @@ export class Attempt implements Dispatcher.DispatchHandler {
       if (choices !== null) {
         const output = carriesOutput(choices);
         if (output) this.#outputEvents++;
+        // A sequence's own timing runs from its first output to its last token: the chunk that
+        // ends it may carry no text (EOS) and still closes its span. Only a chat's role chunks,
+        // which neither carry output nor end anything, start no sequence's timing.
+        const timed = output || endsChoice(choices);
         if (committed) {
-          this.#clock.token(now, choiceIndex(choices), output);
+          this.#clock.token(now, choiceIndex(choices), timed);
         } else {
-          this.#commit(now, choiceIndex(choices), output);
+          this.#commit(now, choiceIndex(choices), timed);
           out.push(...this.#held);
           this.#held = [];
         }
@@ -838,6 +842,12 @@ function inBandFailure(msg: StreamChunk | null, committed: boolean, what: string
   const named = code === null ? '' : ` naming ${code}`;
   const text = message === null ? '' : `: ${capped(message)}`;
   return new AttemptFailure('in_band_error', `upstream ${what}${named}${text}`);
+}
+
+/** A chunk's first entry carries a finish reason: its choice ends there. */
+function endsChoice(choices: unknown[]): boolean {
+  const reason = (choices[0] as { finish_reason?: unknown } | null)?.finish_reason;
+  return reason !== undefined && reason !== null;
 }
 
 /** The choice a chunk's first entry belongs to (vLLM sends one choice per chunk), or 0. */

@@ -394,8 +394,8 @@ describe('ModelCatalog', () => {
       await new Promise<void>((r) => server.once('request', () => setImmediate(r)));
       // What it will list has changed since that refresh asked: joined, it would be missed.
       listed = ['new'];
-      const again = cat.refresh([target], 5_000, { again: true });
-      expect(cat.refresh([target], 5_000, { again: true })).toBe(again);
+      const again = cat.refresh([target], 5_000, { again: () => [target] });
+      expect(cat.refresh([target], 5_000, { again: () => [target] })).toBe(again);
       release();
       await running;
       await new Promise<void>((r) => server.once('request', () => setImmediate(r)));

@@ -123,6 +123,22 @@ describe('several choices', () => {
     expect(body.usage.completion_tokens).toBe(4);
     expect(a.chars).toBe(8);
   });
+
+  it('names the reasoning channel alike on every choice, as the backend streamed it', () => {
+    const a = new Assembler('chat');
+    a.add({ id: 'x', choices: [{ index: 0, delta: { role: 'assistant', reasoning: 'think' } }] });
+    a.add({ id: 'x', choices: [{ index: 0, delta: { content: 'A' }, finish_reason: 'stop' }] });
+    a.add({
+      id: 'x',
+      choices: [{ index: 1, delta: { role: 'assistant', content: 'B' }, finish_reason: 'stop' }],
+    });
+    const body = JSON.parse(a.body().toString());
+    const keys = body.choices.map((c: { message: Record<string, unknown> }) =>
+      Object.keys(c.message).filter((k) => k.startsWith('reasoning')),
+    );
+    expect(keys).toEqual([['reasoning'], ['reasoning']]);
+    expect(body.choices[1].message.reasoning).toBeNull();
+  });
 });
 
 describe('what is not assembled', () => {

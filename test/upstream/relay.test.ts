@@ -331,6 +331,39 @@ describe('a stream of several sequences', () => {
         : { usage: { prompt_tokens: 7, completion_tokens: usage, total_tokens: 7 + usage } }),
     });
 
+  it("closes each choice's span at its end, an end chunk with no text (EOS) included", async () => {
+    const endsEmpty: Script = async (_req, res) => {
+      sseHead(res);
+      res.write(
+        choiceChunk(0, { role: 'assistant', content: '' }) +
+          choiceChunk(1, { role: 'assistant', content: '' }),
+      );
+      res.write(choiceChunk(0, { content: 'a' }) + choiceChunk(1, { content: 'b' }));
+      await sleep(60);
+      const end = (index: number) =>
+        frame({
+          id: 'chatcmpl-1',
+          object: 'chat.completion.chunk',
+          model: 'm',
+          choices: [
+            { index, delta: { content: '' }, logprobs: null, finish_reason: 'stop', stop_reason: null },
+          ],
+        });
+      res.write(end(0) + end(1));
+      res.write(usageChunk(7, 4));
+      res.end(DONE);
+    };
+    const up = await upstream(endsEmpty);
+    const set = makeSet([up.url]);
+    const gw = await gateway({ set });
+    cleanups.push(up.close, () => set.close(), gw.close);
+    await post(gw.url, chatBody({ n: 2, stream_options: { include_usage: true } }));
+    const result = await gw.nextResult();
+    // Each choice: its text at 0, its (empty) end about 60 ms later; 4 tokens, 2 after the firsts.
+    expect(result.completionTokens).toBe(4);
+    expect(result.tpotMs).toBeGreaterThan(45);
+  });
+
   it("cut before its final usage, counts what it relayed of every choice, not one choice's running count", async () => {
     const cutShort: Script = (_req, res) => {
       sseHead(res);
