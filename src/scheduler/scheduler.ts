@@ -638,8 +638,9 @@ export class Scheduler {
     }
     let passes = 0;
     // Models no backend open in this round serves: backends only close as a round goes on, so
-    // such a model stays so until the round ends.
-    const shut = new Set<string>();
+    // such a model stays so until the round ends. Made when the first is found (a fleet of one
+    // model never needs it).
+    let shut: Set<string> | null = null;
     const maxPasses = PASSES_PER_BACKEND * available.length;
     this.#waitedFor = round.closed;
     this.#queue.scan((e) => {
@@ -652,13 +653,14 @@ export class Scheduler {
       // available may take any more (its model's last backend went, or stopped listing it) gets
       // null now, as every entry does when no backend at all is available.
       const model = w.req.model;
-      if (shut.has(model) || !this.#openFor(available, round, model)) {
+      if (shut?.has(model) || !this.#openFor(available, round, model)) {
         if (!anyUsable(available, w.excluded, model)) {
           w.state = 'removed';
           w.settle(null);
           return 'take';
         }
-        if (shut.has(model)) return 'pass';
+        if (shut?.has(model)) return 'pass';
+        shut ??= new Set();
         shut.add(model);
         // Every model still queued is shut: nothing behind can go in this round.
         for (const m of this.#queue.byModel().keys()) if (!shut.has(m)) return 'pass';
