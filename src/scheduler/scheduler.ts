@@ -125,6 +125,18 @@ interface Round {
   readonly queues: boolean;
 }
 
+/** The terms of a predicted queue wait (estimateWaitMs). */
+interface WaitTerms {
+  /** Slots free now on the backends the request may use. */
+  free: number;
+  /** No entry may go before it there: with a free slot, it waits for nothing. */
+  nothingAhead: boolean;
+  /** Entries that would take those backends' slots first. */
+  ahead: number;
+  /** Slots those backends free per second; null while unmeasured. */
+  rate: number | null;
+}
+
 /**
  * Entries a pump passes over (each waiting for a backend without room) per available backend
  * before it stops: bounds a pump's work when the head of a long queue waits for busy backends.
@@ -306,24 +318,34 @@ export class Scheduler {
    */
   estimateWaitMs(req: ScheduledRequest): number | null {
     const backends = this.#deps.backends();
-    let mixed = false;
-    for (const b of backends) if (b.available && !b.serves(req.model)) mixed = true;
-    if (mixed) return this.#modelWaitMs(req, backends);
-    const free = this.#totalRoom();
-    if (this.#queue.size === 0 && this.#retries.length === 0 && free > 0) return 0;
-    const ahead = this.#queue.aheadOf(req, this.#queue.keyFor(req, this.#now())) + this.#retries.length;
-    const rate = this.#releaseRate;
-    if (rate === null || rate <= 0) return null;
-    return (Math.max(0, ahead + 1 - free) / rate) * 1000;
+    const q = backends.some((b) => b.available && !b.serves(req.model))
+      ? this.#modelQueue(req, backends)
+      : this.#fleetQueue(req);
+    if (q.nothingAhead && q.free > 0) return 0;
+    if (q.rate === null || q.rate <= 0) return null;
+    return (Math.max(0, q.ahead + 1 - q.free) / q.rate) * 1000;
+  }
+
+  /** What a request waits behind in a fleet of one model: the whole queue, every backend's slots. */
+  #fleetQueue(req: ScheduledRequest): WaitTerms {
+    const nothingAhead = this.#queue.size === 0 && this.#retries.length === 0;
+    return {
+      free: this.#totalRoom(),
+      nothingAhead,
+      ahead: nothingAhead
+        ? 0
+        : this.#queue.aheadOf(req, this.#queue.keyFor(req, this.#now())) + this.#retries.length,
+      rate: this.#releaseRate,
+    };
   }
 
   /**
-   * estimateWaitMs in a fleet of several models, where some available backend does not serve
-   * `req`'s: its wait is for the backends that do. The slots free there, the entries ahead of it
-   * that those backends may take (another model's backlog elsewhere holds other backends), over the rate those
-   * backends free slots (each one's own, measured per control period; null while none is).
+   * What a request waits behind in a fleet of several models, where some available backend does
+   * not serve `req`'s: the backends that do. The slots free there, the entries ahead of it that
+   * those backends may take (another model's backlog elsewhere holds other backends), and the rate
+   * those backends free slots (each one's own, measured per control period; null while none is).
    */
-  #modelWaitMs(req: ScheduledRequest, backends: readonly Backend[]): number | null {
+  #modelQueue(req: ScheduledRequest, backends: readonly Backend[]): WaitTerms {
     const model = req.model;
     let free = 0;
     let rate: number | null = null;
@@ -340,9 +362,7 @@ export class Scheduler {
     const same = (e: QueueEntry) => e.req.model === model || mine.some((b) => b.serves(e.req.model));
     let ahead = this.#queue.aheadOf(req, this.#queue.keyFor(req, this.#now()), same);
     for (const w of this.#retries) if (same(w)) ahead++;
-    if (ahead === 0 && free > 0) return 0;
-    if (rate === null || rate <= 0) return null;
-    return (Math.max(0, ahead + 1 - free) / rate) * 1000;
+    return { free, nothingAhead: ahead === 0, ahead, rate };
   }
 
   /**
@@ -653,7 +673,7 @@ export class Scheduler {
       // available may take any more (its model's last backend went, or stopped listing it) gets
       // null now, as every entry does when no backend at all is available.
       const model = w.req.model;
-      if (shut?.has(model) || !this.#openFor(available, round, model)) {
+      if (shut?.has(model) || !this.#anyOpen(available, round, model)) {
         if (!anyUsable(available, w.excluded, model)) {
           w.state = 'removed';
           w.settle(null);
@@ -709,16 +729,15 @@ export class Scheduler {
     return null;
   }
 
-  #anyOpen(available: readonly Backend[], round: Round): boolean {
+  /** Some backend is open in this round (with `model`: one that serves it). */
+  #anyOpen(available: readonly Backend[], round: Round, model?: string): boolean {
     for (const b of available)
-      if ((round.room.get(b.name) ?? 0) > 0 && !round.closed.has(b.name)) return true;
-    return false;
-  }
-
-  /** Some backend open in this round serves `model`. */
-  #openFor(available: readonly Backend[], round: Round, model: string): boolean {
-    for (const b of available)
-      if ((round.room.get(b.name) ?? 0) > 0 && !round.closed.has(b.name) && b.serves(model)) return true;
+      if (
+        (round.room.get(b.name) ?? 0) > 0 &&
+        !round.closed.has(b.name) &&
+        (model === undefined || b.serves(model))
+      )
+        return true;
     return false;
   }
 

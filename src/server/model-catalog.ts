@@ -61,17 +61,25 @@ export class ModelCatalog {
     return this.#maxLen.get(model) ?? UNKNOWN_MAX_LEN;
   }
 
-  /** Records one backend's /v1/models answer (into `lens`, by default the catalog's). Unknown shapes are ignored. */
-  learn(body: unknown, lens: Map<string, number> = this.#maxLen): void {
+  /**
+   * Records one backend's /v1/models answer (its context lengths into `lens`, by default the
+   * catalog's) and returns the ids it lists (vLLM's: its served names and its LoRA adapters); null
+   * for a body of another shape, which is ignored (not read as "serves nothing").
+   */
+  learn(body: unknown, lens: Map<string, number> = this.#maxLen): Set<string> | null {
     const data = (body as { data?: unknown } | null)?.data;
-    if (!Array.isArray(data)) return;
+    if (!Array.isArray(data)) return null;
+    const ids = new Set<string>();
     for (const card of data) {
-      const id = (card as { id?: unknown }).id;
+      const id = (card as { id?: unknown } | null)?.id;
+      if (typeof id !== 'string') continue;
+      ids.add(id);
       const len = (card as { max_model_len?: unknown }).max_model_len;
-      if (typeof id !== 'string' || typeof len !== 'number' || !(len > 0)) continue;
+      if (typeof len !== 'number' || !(len > 0)) continue;
       const prev = lens.get(id);
       if (prev === undefined || len < prev) lens.set(id, len);
     }
+    return ids;
   }
 
   /**
@@ -174,9 +182,7 @@ export class ModelCatalog {
             }
             chunks.push(chunk as Buffer);
           }
-          const body: unknown = JSON.parse(Buffer.concat(chunks).toString('utf8'));
-          this.learn(body, fresh);
-          const models = modelIds(body);
+          const models = this.learn(JSON.parse(Buffer.concat(chunks).toString('utf8')), fresh);
           if (models !== null) listed.set(target, models);
         } catch {
           // A backend that cannot answer now is retried at the next refresh.
@@ -200,19 +206,4 @@ export class ModelCatalog {
       })),
     };
   }
-}
-
-/**
- * The ids an OpenAI /v1/models answer lists (vLLM's: its served names and its LoRA adapters), or
- * null for a body of another shape (not read as "serves nothing").
- */
-export function modelIds(body: unknown): Set<string> | null {
-  const data = (body as { data?: unknown } | null)?.data;
-  if (!Array.isArray(data)) return null;
-  const ids = new Set<string>();
-  for (const card of data) {
-    const id = (card as { id?: unknown } | null)?.id;
-    if (typeof id === 'string') ids.add(id);
-  }
-  return ids;
 }

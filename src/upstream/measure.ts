@@ -108,11 +108,6 @@ export class TokenClock {
     this.#meter = sequences > 1 ? null : meter;
   }
 
-  /** Sequences the stream interleaves. */
-  get sequences(): number {
-    return this.#sequences;
-  }
-
   /**
    * A token event, of the sequence whose choice index is `choice` when the stream has several;
    * `output`: it times that sequence (a chat role chunk does not: with several sequences vLLM
