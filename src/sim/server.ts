@@ -256,7 +256,6 @@ class Generation {
   private done = false;
   private delay: NodeJS.Timeout | null = null;
   private roleSent = false;
-  private open: number;
 
   constructor(
     private readonly ctx: ReplicaContext,
@@ -278,7 +277,6 @@ class Generation {
       tokens: 0,
       finish: null,
     }));
-    this.open = g.n;
     this.limit = g.maxTokens ?? ctx.profile.maxModelLen - g.promptTokens.length;
   }
 
@@ -367,13 +365,12 @@ class Generation {
     const piece = generatedText(generatedToken(c.seed, index, eos));
     c.tokens = index + 1;
     const end: Finish | null = finish;
-    if (end !== null) {
-      c.finish = end;
-      this.open--;
-    }
+    if (end !== null) c.finish = end;
+    // The response ends with its last choice.
+    const last = end !== null && this.choices.every((x) => x.finish !== null);
     if (!this.g.stream) {
       c.text += piece;
-      if (this.open === 0) {
+      if (last) {
         const all = this.choices.map((x) => ({ text: x.text, finish: x.finish as Finish }));
         this.finish(() =>
           send(this.res, 200, this.frame.fullResponse(all, this.promptLen, this.completionTokens)),
@@ -388,7 +385,7 @@ class Generation {
     }
     this.roleSent = true;
     out += this.frame.tokenEvent(piece, end, choice);
-    if (this.open > 0) {
+    if (!last) {
       this.res.write(out);
       return;
     }

@@ -89,6 +89,11 @@ interface ChoiceState {
   role: string | null;
 }
 
+/** A choice nothing has been folded into yet. */
+function newChoice(): ChoiceState {
+  return { text: '', reasoning: null, reasoningContent: null, finish: null, stop: null, role: null };
+}
+
 export class Assembler {
   readonly kind: AssembleKind;
   #id: unknown = null;
@@ -123,7 +128,7 @@ export class Assembler {
       const index = typeof c.index === 'number' ? c.index : 0;
       let st = this.#choices.get(index);
       if (st === undefined) {
-        st = { text: '', reasoning: null, reasoningContent: null, finish: null, stop: null, role: null };
+        st = newChoice();
         this.#choices.set(index, st);
       }
       if (this.kind === 'chat') {
@@ -172,15 +177,7 @@ export class Assembler {
     const indexes = [...this.#choices.keys()].sort((a, b) => a - b);
     // A stream with no choice at all (cut at once) still answers with the one choice vLLM's would.
     if (indexes.length === 0) indexes.push(0);
-    const empty: ChoiceState = {
-      text: '',
-      reasoning: null,
-      reasoningContent: null,
-      finish: null,
-      stop: null,
-      role: null,
-    };
-    const states = indexes.map((i) => [i, this.#choices.get(i) ?? empty] as const);
+    const states = indexes.map((i) => [i, this.#choices.get(i) ?? newChoice()] as const);
     if (this.kind === 'chat') {
       // One name for the reasoning channel on every choice: the one the backend streamed it with.
       const names = {
