@@ -446,7 +446,7 @@ describe('n choices', () => {
   });
 
   it('a client that leaves aborts every choice', async () => {
-    const before = replica.metrics.simStats().client_aborts;
+    const before = abortCount(replica);
     const s = await openStream(base, CHAT, {
       model: MODEL,
       messages: MESSAGES,
@@ -459,7 +459,7 @@ describe('n choices', () => {
     expect(replica.engine.stats().running).toBe(2);
     s.close();
     await waitFor(() => replica.engine.stats().running === 0, 2000, 'engine running = 0');
-    expect(replica.metrics.simStats().client_aborts).toBe(before + 2);
+    expect(abortCount(replica)).toBe(before + 2);
   });
 });
 
