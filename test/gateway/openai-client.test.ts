@@ -168,10 +168,39 @@ describe('response headers (DESIGN section 4)', () => {
     expect(Number(res.headers['x-slagate-queue-ms'])).toBeCloseTo(rec.queue_ms!, 0);
     expect(rec.prefix_hit_est).toBeNull();
     expect(rec.prefix_blocks).toBe(0);
-    // A prediction is sent only when there was one, and it is the one the record carries.
-    const predicted = res.headers['x-slagate-predicted-ttft-ms'];
-    if (rec.predicted_ttft_ms === null) expect(predicted).toBeUndefined();
-    else expect(Number(predicted)).toBeCloseTo(rec.predicted_ttft_ms, 0);
+  });
+
+  it('sends the predicted TTFT the record carries once the backend has a fit, and none before', async () => {
+    const one = await startTestGateway({ replicas: 1, timeScale: 0.05 });
+    try {
+      const ask = (id: string, words: number) =>
+        post(
+          one.url,
+          '/v1/chat/completions',
+          {
+            model: MODEL,
+            messages: [{ role: 'user', content: `${id} ${'a question of some length '.repeat(words)}` }],
+            max_tokens: 2,
+            stream: true,
+          },
+          { 'x-request-id': id },
+        );
+      // A fresh backend has no fit: nothing predicted, no header.
+      const cold = await ask('cold', 10);
+      expect(cold.status).toBe(200);
+      expect((await one.recordOf('cold')).predicted_ttft_ms).toBeNull();
+      expect(cold.headers['x-slagate-predicted-ttft-ms']).toBeUndefined();
+      // Its first tokens teach the fit (prompts of several lengths).
+      for (const [i, words] of [40, 120, 250, 20, 400].entries()) {
+        expect((await ask(`teach-${i}`, words)).status).toBe(200);
+      }
+      const warm = await ask('warm', 60);
+      const rec = await one.recordOf('warm');
+      expect(rec.predicted_ttft_ms).not.toBeNull();
+      expect(Number(warm.headers['x-slagate-predicted-ttft-ms'])).toBeCloseTo(rec.predicted_ttft_ms!, 0);
+    } finally {
+      await one.close();
+    }
   });
 
   it('makes an id when none (or an unsafe one) is given, and sends it on errors too', async () => {

@@ -69,7 +69,7 @@ const oneAtATime = (extra: Record<string, unknown> = {}) => ({
 });
 
 interface AdminState {
-  scheduler: { queued: number; queue_by_class: Record<string, number> };
+  scheduler: { queued: number; retries: number; queue_by_class: Record<string, number> };
   backends: { name: string; by_class: Record<string, { queue: { p50: number | null } }> | null }[];
 }
 
@@ -137,8 +137,14 @@ describe('late dispatch and what is measured about the wait', () => {
     const retried = post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'retried' });
     await waitFor(() => broken.hits.length === 1, 2000, 'the first attempt on the broken backend');
     const failedAt = performance.now();
-    await new Promise((r) => setTimeout(r, 100));
-    // The retry did not go to g0 beside the held stream: g0 still serves one.
+    // The 503 handled: the retry waits in the scheduler for a slot.
+    await waitFor(
+      async () =>
+        (JSON.parse((await get(t!.url, '/admin/state')).text) as AdminState).scheduler.retries === 1,
+      2000,
+      'the retry waiting',
+    );
+    // It did not go to g0 beside the held stream: g0 still serves one.
     expect(g.backend.hits).toHaveLength(1);
     const releasedAt = performance.now();
     g.release();
@@ -166,15 +172,15 @@ describe('refusals while queued (item 32)', () => {
     });
     const holder = await openStream(t.url, CHAT, chat({ stream: true })).response;
     await holder.until((s) => s.includes('"role"'));
+    // The one slot stays held until after the refusal: a 429 queue_full answered meanwhile did
+    // not wait for it.
     const queued = post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'in-queue' });
     await waitFor(
       async () => (JSON.parse((await get(t!.url, '/admin/state')).text) as AdminState).scheduler.queued === 1,
       2000,
       'queued',
     );
-    const t0 = performance.now();
     const full = await post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'full' });
-    expect(performance.now() - t0).toBeLessThan(200);
     expect(full.status).toBe(429);
     expect(Number(full.headers['retry-after'])).toBeGreaterThanOrEqual(1);
     expect(JSON.parse(full.text)).toMatchObject({ error: { code: 'queue_full', type: 'rate_limit_error' } });
@@ -233,12 +239,10 @@ describe('refusals while queued (item 32)', () => {
       .response;
     await first.until((s) => s.includes('"role"'));
     expect(first.status).toBe(200);
-    const t0 = performance.now();
     const refused = await post(t.url, CHAT, chat({ stream: true }), {
       'x-slagate-no-queue': '1',
       'x-request-id': 'nq',
     });
-    expect(performance.now() - t0).toBeLessThan(200);
     expect(refused.status).toBe(429);
     expect(JSON.parse(refused.text).error).toMatchObject({
       code: 'queue_full',

@@ -6,6 +6,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { GatewayError } from '../../src/errors/index.ts';
 import type { BackendSet } from '../../src/upstream/backends.ts';
 import { Cancel } from '../../src/upstream/cancel.ts';
+import { openStream } from '../helpers/http.ts';
 import { LoopLag } from '../helpers/loop-lag.ts';
 import {
   chatBody,
@@ -56,63 +57,23 @@ const endless: Script = async (_req, res) => {
   }
 };
 
-interface StreamEnd {
-  status: number;
-  text: string;
-  /** The whole HTTP message arrived (terminating chunk): the gateway ended it, did not reset it. */
-  complete: boolean;
-}
-
-/** A streaming request; `firstData` resolves with the first body bytes, `done` when the response closes. */
-function openStream(url: string): { firstData: Promise<void>; done: Promise<StreamEnd> } {
-  let onFirst!: () => void;
-  const firstData = new Promise<void>((r) => {
-    onFirst = r;
-  });
-  const done = new Promise<StreamEnd>((resolve, reject) => {
-    const req = http.request(`${url}/v1/chat/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      agent: false,
-    });
-    req.on('error', reject);
-    req.on('response', (res) => {
-      const chunks: Buffer[] = [];
-      res.on('error', () => {});
-      res.on('data', (c: Buffer) => {
-        chunks.push(c);
-        onFirst();
-      });
-      res.on('close', () =>
-        resolve({
-          status: res.statusCode ?? 0,
-          text: Buffer.concat(chunks).toString('utf8'),
-          complete: res.complete,
-        }),
-      );
-    });
-    req.end(JSON.stringify(chatBody()));
-  });
-  return { firstData, done };
-}
-
 describe('cut after the commit point', () => {
   it('ends the stream with the cut error event and [DONE], cleanly, and closes the upstream', async () => {
     const { up, set, gw, shutdown } = await setup(endless);
-    const client = openStream(gw.url);
-    await client.firstData;
-    await sleep(60);
+    const client = await openStream(gw.url, '/v1/chat/completions', chatBody()).response;
+    // The role chunk and two tokens relayed before the cut.
+    await client.until((text) => text.includes('"t1"'));
     const lag = LoopLag.start();
     const cutAt = performance.now();
     shutdown.abort(shuttingDown());
-    const res = await client.done;
+    const { complete } = await client.ended;
     const result = await gw.nextResult();
     const closedAt = await closedWithin(up.hits[0]!);
     const stalledMs = lag.stop();
 
-    expect(res.status).toBe(200);
-    expect(res.complete).toBe(true);
-    const events = dataEvents(res.text);
+    expect(client.status).toBe(200);
+    expect(complete).toBe(true);
+    const events = dataEvents(client.received());
     expect(events.at(-1)).toBe('[DONE]');
     expect(JSON.parse(events.at(-2)!)).toEqual(shuttingDown().toJSON());
     expect(events.filter((e) => e.includes('"error"'))).toHaveLength(1);
@@ -138,7 +99,6 @@ describe('cut before the commit point', () => {
     const { up, set, gw, shutdown } = await setup(hang());
     const pending = post(gw.url, chatBody());
     await up.arrived(0);
-    await sleep(50);
     const lag = LoopLag.start();
     const cutAt = performance.now();
     shutdown.abort(shuttingDown());
@@ -186,18 +146,17 @@ describe('cut before the commit point', () => {
 describe('an abort without a GatewayError reason', () => {
   it('is a client disconnect: the stream is reset, outcome client_cancelled', async () => {
     const { up, gw, shutdown } = await setup(endless);
-    const client = openStream(gw.url);
-    await client.firstData;
-    await sleep(40);
+    const client = await openStream(gw.url, '/v1/chat/completions', chatBody()).response;
+    await client.until((text) => text.includes('"t0"'));
     const lag = LoopLag.start();
     const cutAt = performance.now();
     shutdown.abort(new Error('shutdown grace period over'));
-    const res = await client.done;
+    const { complete } = await client.ended;
     const result = await gw.nextResult();
     const closedAt = await closedWithin(up.hits[0]!);
     const stalledMs = lag.stop();
-    expect(res.complete).toBe(false);
-    expect(res.text).not.toContain('"error"');
+    expect(complete).toBe(false);
+    expect(client.received()).not.toContain('"error"');
     expect(result).toMatchObject({
       outcome: 'client_cancelled',
       reason: 'client_cancelled',
@@ -224,6 +183,8 @@ describe('an abort without a GatewayError reason', () => {
     await up.arrived(0);
     shutdown.abort();
     const result = await gw.nextResult();
+    // What is checked is that nothing comes: a response head would follow the record within a
+    // few milliseconds, so 50 ms without one is the bounded window it is judged over.
     await sleep(50);
     req.destroy();
     expect(responded).toBe(false);

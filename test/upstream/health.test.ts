@@ -221,7 +221,8 @@ describe('active health probes', () => {
       health: { intervalMs: 40, timeoutMs: 200, path: '/health', unhealthyThreshold: 2, healthyThreshold: 1 },
     });
     const b = set.get('b0')!;
-    await sleep(100);
+    // Its first probe answered (a backend starts healthy, so its state alone would not say so).
+    await vi.waitFor(() => expect(b.healthConfirmed).toBe(true), { timeout: 1_000, interval: 10 });
     expect(b.state).toBe('healthy');
     healthStatus = 503;
     await vi.waitFor(() => expect(b.state).toBe('down'), { timeout: 1_000, interval: 10 });

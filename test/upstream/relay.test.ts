@@ -191,15 +191,22 @@ describe('streaming relay', () => {
   });
 
   it('a backend dying mid-stream gives one error event then [DONE] and a closed client (item 1)', async () => {
+    let clientReady: (s: OpenStream) => void = () => {};
+    const client = new Promise<OpenStream>((r) => {
+      clientReady = r;
+    });
     const { gw } = await setup(async (req, res) => {
       sseHead(res);
       res.write(roleChunk() + tokenChunk('a'));
-      await sleep(20);
+      // Dies once its token is relayed: mid-stream, after the commit point.
+      await (await client).until((text) => text.includes('"a"'));
       req.socket.destroy();
     });
-    const res = await post(gw.url, chatBody());
+    const stream = await openStream(gw.url, '/v1/chat/completions', chatBody()).response;
+    clientReady(stream);
+    await stream.ended;
     const result = await gw.nextResult();
-    const events = dataEvents(res.text);
+    const events = dataEvents(stream.received());
     expect(events.slice(-2).map((e) => (e === '[DONE]' ? e : JSON.parse(e).error.type))).toEqual([
       'upstream_error',
       '[DONE]',
@@ -332,6 +339,10 @@ describe('a stream of several sequences', () => {
     });
 
   it("closes each choice's span at its end, an end chunk with no text (EOS) included", async () => {
+    let clientReady: (s: OpenStream) => void = () => {};
+    const client = new Promise<OpenStream>((r) => {
+      clientReady = r;
+    });
     const endsEmpty: Script = async (_req, res) => {
       sseHead(res);
       res.write(
@@ -339,7 +350,11 @@ describe('a stream of several sequences', () => {
           choiceChunk(1, { role: 'assistant', content: '' }),
       );
       res.write(choiceChunk(0, { content: 'a' }) + choiceChunk(1, { content: 'b' }));
-      await sleep(60);
+      // The ends leave 60 ms after the client has the texts: the gateway read the texts before
+      // relaying them, so it reads the ends at least 60 ms later, however loaded the machine.
+      await (await client).until((text) => text.includes('"b"'));
+      const received = performance.now();
+      while (performance.now() - received < 60) await sleep(5);
       const end = (index: number) =>
         frame({
           id: 'chatcmpl-1',
@@ -357,11 +372,18 @@ describe('a stream of several sequences', () => {
     const set = makeSet([up.url]);
     const gw = await gateway({ set });
     cleanups.push(up.close, () => set.close(), gw.close);
-    await post(gw.url, chatBody({ n: 2, stream_options: { include_usage: true } }));
+    const stream = await openStream(
+      gw.url,
+      '/v1/chat/completions',
+      chatBody({ n: 2, stream_options: { include_usage: true } }),
+    ).response;
+    clientReady(stream);
+    expect(await stream.ended).toEqual({ complete: true });
     const result = await gw.nextResult();
-    // Each choice: its text at 0, its (empty) end about 60 ms later; 4 tokens, 2 after the firsts.
+    // Each choice: its text, then its (empty) end at least 60 ms later; 4 tokens, 2 after the
+    // firsts: TPOT (60 + 60) / 2 at least.
     expect(result.completionTokens).toBe(4);
-    expect(result.tpotMs).toBeGreaterThan(45);
+    expect(result.tpotMs).toBeGreaterThanOrEqual(60);
   });
 
   it("cut before its final usage, counts what it relayed of every choice, not one choice's running count", async () => {
