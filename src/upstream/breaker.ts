@@ -3,8 +3,11 @@
 //   by every call of the breaker (opossum #780); the attempt owns its own first-token timer.
 // - errorFilter: only failures the backend is to blame for count. Client cancels, 408/429, the
 //   request's own deadline and the gateway's refusals never open a breaker (Envoy #25487).
-//   opossum reports a filtered error as a success, so a half-open trial that the client cancels
-//   closes the breaker; outlier detection still catches a backend that keeps failing.
+//   opossum reports a filtered error as a success, which closes a half-open breaker. A trial the
+//   backend answered (408/429, a rejection, an answer too large) shows it is up, and may close it;
+//   one that ended before any answer for a reason of its own (the client left, its deadline, the
+//   gateway's cut) shows nothing, and counts as a failed trial: the breaker opens again and tries
+//   another after its reset timeout, instead of closing on a backend that may still be hanging.
 // - Half-open admits one new trial (opossum's pendingClose), and the backend is granted one slot
 //   for it until that slot ends (Backend.takeTrial); a failed trial reopens it. A body passed
 //   through whole may be the trial: its call, and the trial, end only with its body (up to
@@ -17,7 +20,7 @@
 //   snapshots are off, so a breaker owns no interval; shutdown() clears its reset timer.
 import type { EventEmitter } from 'node:events';
 import CircuitBreaker from 'opossum';
-import { AttemptFailure } from './failure.ts';
+import { AttemptFailure, type FailureReason } from './failure.ts';
 
 export interface BreakerOptions {
   /** Open when the failure share in the window is strictly above this (percent). */
@@ -31,8 +34,15 @@ export interface BreakerOptions {
 
 export type AttemptBreaker = CircuitBreaker<[() => Promise<unknown>], unknown>;
 
+/** Reasons an attempt ends for before the backend answered anything, none of them the backend's. */
+const SAYS_NOTHING: ReadonlySet<FailureReason> = new Set<FailureReason>([
+  'client_cancelled',
+  'deadline',
+  'cut',
+]);
+
 export function createBreaker(name: string, opts: BreakerOptions, rotate: EventEmitter): AttemptBreaker {
-  return new CircuitBreaker((untilCommit: () => Promise<unknown>) => untilCommit(), {
+  const breaker: AttemptBreaker = new CircuitBreaker((untilCommit: () => Promise<unknown>) => untilCommit(), {
     name,
     timeout: false,
     errorThresholdPercentage: opts.errorThresholdPercentage,
@@ -42,8 +52,12 @@ export function createBreaker(name: string, opts: BreakerOptions, rotate: EventE
     rollingCountBuckets: opts.rollingBuckets,
     rotateBucketController: rotate,
     enableSnapshots: false,
-    errorFilter: (err: unknown) => !(err instanceof AttemptFailure && err.backendFault),
+    // True: not counted (opossum takes it as a success).
+    errorFilter: (err: unknown) =>
+      !(err instanceof AttemptFailure) ||
+      (!err.backendFault && !(breaker.halfOpen && SAYS_NOTHING.has(err.reason))),
   });
+  return breaker;
 }
 
 /** True when the breaker would let a call through now (closed, or half-open with its trial unused). */

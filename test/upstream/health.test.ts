@@ -4,6 +4,7 @@ import { afterEach, describe, expect, it, vi } from 'vitest';
 import type { BackendEvent, BackendSetOptions } from '../../src/upstream/backends.ts';
 import { BackendSet } from '../../src/upstream/backends.ts';
 import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
+import { openStream } from '../helpers/http.ts';
 import {
   chatBody,
   chatStream,
@@ -168,6 +169,51 @@ describe('breaker', () => {
     expect(ups[0]!.hits).toHaveLength(4);
 
     ok = true;
+    await vi.waitFor(() => expect(b.state).toBe('half_open'), { timeout: 2_000, interval: 5 });
+    expect((await post(gw.url, chatBody())).status).toBe(200);
+    expect(b.state).toBe('healthy');
+    expect(events.map((e) => e.type).filter((t) => t.startsWith('breaker'))).toEqual([
+      'breaker_open',
+      'breaker_half_open',
+      'breaker_open',
+      'breaker_half_open',
+      'breaker_close',
+    ]);
+  });
+});
+
+describe('a half-open trial that says nothing about the backend', () => {
+  it("reopens the breaker when the trial ends before its first token for the client's sake, not the backend's", async () => {
+    let mode: 'fail' | 'hang' | 'ok' = 'fail';
+    let onHit = () => {};
+    const script: Script = (req, res, hit) => {
+      onHit();
+      if (mode === 'hang') return hang()(req, res, hit);
+      return mode === 'ok' ? healthy(1)(req, res, hit) : status(500)(req, res, hit);
+    };
+    const { set, gw, events } = await fleet([script], {
+      ...outlier({ consecutiveFailures: 1000 }),
+      ...breaker({ volumeThreshold: 3, resetTimeoutMs: 300 }),
+    });
+    const b = set.get('b0')!;
+    for (let i = 0; i < 3; i++) {
+      expect((await post(gw.url, chatBody())).status).toBe(502);
+      expect(await gw.nextResult()).toMatchObject({ outcome: 'failed_before_commit' });
+    }
+    expect(b.state).toBe('open');
+    await vi.waitFor(() => expect(b.state).toBe('half_open'), { timeout: 2_000, interval: 5 });
+    // The trial reaches a backend that has not answered yet, and its client leaves.
+    mode = 'hang';
+    const reached = new Promise<void>((r) => {
+      onHit = r;
+    });
+    const trial = openStream(gw.url, '/v1/chat/completions', chatBody());
+    await reached;
+    trial.abort();
+    expect(await gw.nextResult()).toMatchObject({ outcome: 'client_cancelled' });
+    // Nothing was learnt about the backend: not closed on it, open again until the next trial.
+    expect(b.state).toBe('open');
+    mode = 'ok';
     await vi.waitFor(() => expect(b.state).toBe('half_open'), { timeout: 2_000, interval: 5 });
     expect((await post(gw.url, chatBody())).status).toBe(200);
     expect(b.state).toBe('healthy');
