@@ -262,7 +262,10 @@ async function attemptLoop(
       slot?.release();
       if (budgeted) budget.releaseRetry();
       if (remaining <= TIMER_SLACK_MS) s.stop = 'deadline';
-      else if (s.log.length === 0) s.stop = 'no_healthy_backend';
+      // None left, and none reached: every backend tried refused a connection (or timed it out), as a
+      // fleet restarting does before its probes say so. The client is told to come back, not that a
+      // backend failed its request.
+      else if (!s.reachedEngine) s.stop = 'no_healthy_backend';
       break;
     }
     markStage(req.requestId, 'granted');
@@ -484,15 +487,14 @@ function result(s: LoopState, e: Ending, lat: Latencies | null, e2eMs: number): 
 
 /** The error the client gets when no attempt committed and none rejected the request. */
 function failureResponse(s: LoopState): { err: GatewayError; reason: ResultReason; outcome: Outcome } {
-  const { last } = s;
-  if (last === null && s.stop === 'no_healthy_backend') {
+  if (s.stop === 'no_healthy_backend') {
     return {
       err: new GatewayError('no_healthy_backend', 'No healthy backend is available'),
       reason: 'no_healthy_backend',
       outcome: 'failed_before_commit',
     };
   }
-  const reason: ResultReason = last?.failure?.reason ?? s.stop ?? 'no_healthy_backend';
+  const reason: ResultReason = s.last?.failure?.reason ?? s.stop ?? 'no_healthy_backend';
   if (reason === 'first_token_timeout' || reason === 'deadline') {
     return {
       err: new GatewayError('first_token_timeout', 'No token arrived from the backend in time'),

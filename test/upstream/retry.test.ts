@@ -67,15 +67,36 @@ describe('retries before the commit point (item 3)', () => {
     expect(result.reachedEngine).toBe(true);
   });
 
-  it('says no engine was reached when every attempt was refused a connection', async () => {
+  it('every backend refused a connection: no engine reached, 503 no_healthy_backend with Retry-After', async () => {
     const set = makeSet([await deadUrl(), await deadUrl()]);
     const gw = await gateway({ set });
     cleanups.push(() => set.close(), gw.close);
     const res = await post(gw.url, chatBody());
     const result = await gw.nextResult();
-    expect(res.status).toBe(502);
+    // A fleet restarting: the client is told to come back, not that a backend failed its request.
+    expect(res.status).toBe(503);
+    expect(res.headers['retry-after']).toBe('2');
+    expect(JSON.parse(res.text).error.code).toBe('no_healthy_backend');
+    expect(result).toMatchObject({
+      outcome: 'failed_before_commit',
+      reason: 'no_healthy_backend',
+      attempts: 2,
+    });
     expect(result.attemptLog.map((a) => a.reason)).toEqual(['connect_error', 'connect_error']);
     expect(result.reachedEngine).toBe(false);
+  });
+
+  it('a backend that failed after reaching its engine, the rest refusing connections: 502, its failure', async () => {
+    const up = await upstream(status(500));
+    const set = makeSet([up.url, await deadUrl()]);
+    const gw = await gateway({ set, cfg: { ...FAST, retries: 1 } });
+    cleanups.push(up.close, () => set.close(), gw.close);
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(502);
+    expect(res.headers['retry-after']).toBeUndefined();
+    const result = await gw.nextResult();
+    expect(result.attemptLog.map((a) => a.reason)).toEqual(['upstream_status', 'connect_error']);
+    expect(result).toMatchObject({ reason: 'connect_error', reachedEngine: true });
   });
 
   it('a 503, a reset and a first-token timeout each move the request to another backend', async () => {
