@@ -199,26 +199,35 @@ export class AdmissionController {
         null,
       );
     }
-    const max = limits.max_concurrency;
+    // Through an outage of the store each instance counts only its own requests: it takes its
+    // share of a limit (at least one request, and at least a request that fits the whole budget).
+    const share = live.tenantShare();
+    const alone = (n: number) =>
+      share === 1 ? '' : ` (${n} on this gateway instance while the shared state is unreachable)`;
+    const max =
+      limits.max_concurrency === undefined
+        ? undefined
+        : Math.max(1, Math.ceil(limits.max_concurrency * share));
     if (max !== undefined && usage.inflight >= max) {
       throw this.#refuse(
         req,
         new GatewayError(
           'rate_limited',
-          `Tenant '${req.tenant}' has ${usage.inflight} requests in flight; its limit is ${max}.`,
+          `Tenant '${req.tenant}' has ${usage.inflight} requests in flight; its limit is ${limits.max_concurrency}${alone(max)}.`,
           { retryAfterS: 1 },
         ),
         null,
       );
     }
     if (tpm === undefined) return;
-    if (usage.tokens + req.budgetTokens > tpm) {
-      const freedMs = live.tenantTokensFreedInMs(req.tenant, usage.tokens + req.budgetTokens - tpm);
+    const tokens = share === 1 ? tpm : Math.max(req.budgetTokens, Math.ceil(tpm * share));
+    if (usage.tokens + req.budgetTokens > tokens) {
+      const freedMs = live.tenantTokensFreedInMs(req.tenant, usage.tokens + req.budgetTokens - tokens);
       throw this.#refuse(
         req,
         new GatewayError(
           'rate_limited',
-          `Tenant '${req.tenant}' has used ${Math.round(usage.tokens)} of its ${tpm} tokens per minute.`,
+          `Tenant '${req.tenant}' has used ${Math.round(usage.tokens)} of its ${tpm} tokens per minute${alone(tokens)}.`,
           { retryAfterS: clampS(Math.ceil(freedMs / 1000)) },
         ),
         null,

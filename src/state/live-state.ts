@@ -201,6 +201,13 @@ export interface LiveState {
   tenantLease(tenant: string, tokens: number): TenantLease;
   /** `tenant`'s usage over all live instances. */
   tenantUsage(tenant: string): TenantUsage;
+  /**
+   * The share of each tenant's limits this instance enforces on its own: 1 while the peers' counts
+   * are in the view (or it has none), 1 / (n + 1) once an outage of the store has dropped the n
+   * peers its last exchange counted, so that n + 1 instances each counting alone admit about a
+   * limit's worth together, not n + 1 times it.
+   */
+  tenantShare(): number;
   /** Milliseconds until `needed` of this instance's tokens for `tenant` leave the minute window. */
   tenantTokensFreedInMs(tenant: string, needed: number): number;
   /** Called after every exchange with the store that changed the peers' part (e.g. to re-check room). */
@@ -294,6 +301,9 @@ class LiveStateImpl implements LiveState {
   #remoteFullAt: number | null = null;
   /** Bumped when the peers' part of the view changes; with BackendState.version, keys the caches. */
   #remoteVersion = 0;
+  /** Peers counted at the last exchange; and those of the view an outage dropped (0 once one succeeds). */
+  #peersCounted = 0;
+  #peersLost = 0;
   readonly #latencyCache = new Map<
     string,
     { key: string; value: Pick<BackendLiveView, 'latency' | 'byClass'> }
@@ -498,6 +508,10 @@ class LiveStateImpl implements LiveState {
       inflight: local.inflight + (remote?.inflight ?? 0),
       tokens: local.tokens + (remote?.tokens ?? 0),
     };
+  }
+
+  tenantShare(): number {
+    return this.#remoteFresh() ? 1 : 1 / (this.#peersLost + 1);
   }
 
   tenantTokensFreedInMs(tenant: string, needed: number): number {
@@ -727,6 +741,8 @@ class LiveStateImpl implements LiveState {
       for (const r of this.#remote.values()) r.clearInflight();
     }
     const counted = mergeInflight(inflight, this.#remote);
+    this.#peersCounted = counted;
+    this.#peersLost = 0;
     this.#remoteAt = now;
     for (const listener of this.#peerListeners) listener();
     return counted;
@@ -740,6 +756,7 @@ class LiveStateImpl implements LiveState {
     if (now < this.#remoteAt) this.#remoteAt = now;
     if (this.#remoteFullAt !== null && now < this.#remoteFullAt) this.#remoteFullAt = now;
     if (now - this.#remoteAt > this.#sync.ttlMs) {
+      this.#peersLost = this.#peersCounted;
       this.#catchUpPrefill();
       this.#remote = new Map();
       this.#remoteTenants = new Map();

@@ -143,6 +143,48 @@ describe('tenant limits (item 31)', () => {
   });
 });
 
+describe('tenant limits through an outage of the shared state', () => {
+  /** An admission controller whose live state says this instance enforces `share` of each limit alone. */
+  function sharing(share: number) {
+    const f = schedulerFixture(['a', 'b'], schedulerSettings());
+    cleanups.push(() => f.close());
+    const live = new Proxy(f.live, {
+      get(target, key) {
+        if (key === 'tenantShare') return () => share;
+        const v = Reflect.get(target, key, target);
+        return typeof v === 'function' ? v.bind(target) : v;
+      },
+    });
+    return new AdmissionController({ backends: () => f.backends.list(), live, scheduler: f.scheduler });
+  }
+
+  it('max_concurrency: one instance of three, counting alone, admits its share (rounded up), and says so', () => {
+    const admission = sharing(1 / 3);
+    const limits = { max_concurrency: 10 };
+    for (let i = 0; i < 4; i++) expect(codeOf(() => admission.admit(req({ limits })))).toBe('admitted');
+    const err = thrownBy(() => admission.admit(req({ limits }))) as { code: string; message: string };
+    expect(err.code).toBe('rate_limited');
+    expect(err.message).toContain('its limit is 10 (4 on this gateway instance');
+    // With the peers' counts in view, the whole limit.
+    const whole = sharing(1);
+    for (let i = 0; i < 10; i++) expect(codeOf(() => whole.admit(req({ limits })))).toBe('admitted');
+    expect(codeOf(() => whole.admit(req({ limits })))).toBe('rate_limited:1');
+  });
+
+  it('tokens_per_minute: its share of the budget, but a request that fits the whole budget still passes alone', () => {
+    const admission = sharing(1 / 3);
+    const limits = { tokens_per_minute: 3000 };
+    expect(codeOf(() => admission.admit(req({ limits, budgetTokens: 900 })))).toBe('admitted');
+    expect(codeOf(() => admission.admit(req({ limits, budgetTokens: 200 })))).toMatch(/^rate_limited:/);
+    expect(codeOf(() => admission.admit(req({ tenant: 'team-b', limits, budgetTokens: 2500 })))).toBe(
+      'admitted',
+    );
+    expect(codeOf(() => admission.admit(req({ tenant: 'team-b', limits, budgetTokens: 100 })))).toMatch(
+      /^rate_limited:/,
+    );
+  });
+});
+
 describe('predicted TTFT', () => {
   it('is null without a fit (admitted: nothing to refuse on), and per backend once the fits have samples', () => {
     const { admission, teach } = setup();

@@ -536,6 +536,8 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     const held = a.lease('gpu-0', { promptTokens: 100, expectedOutputTokens: 10 });
     b.lease('gpu-0', { promptTokens: 100, expectedOutputTokens: 10 });
     await until(() => a.load('gpu-0') === 2 && b.load('gpu-0') === 2, 2_000, 'shared counts');
+    // With the peer's counts in view, each instance checks the tenants' whole limits.
+    expect(a.tenantShare()).toBe(1);
 
     await redis.kill9();
     const killedAt = performance.now();
@@ -556,11 +558,14 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     // The peer's part lasts at most the liveness TTL, then only local data counts.
     await until(() => a.load('gpu-0') === 1, livenessTtlMs(cfg) + 1_000, 'peer data to expire');
     expect(a.status().peers).toBe(0);
+    // Counting alone now, each of the two takes half of every tenant limit.
+    expect(a.tenantShare()).toBe(0.5);
 
     await redis.restart();
     const recovered = await until(() => !a.status().degraded && !b.status().degraded, 5_000, 'recovery');
     expect(recovered).toBeLessThan(3_000);
     await until(() => b.load('gpu-0') === 2, 2_000, 'shared counts again');
+    expect(b.tenantShare()).toBe(1);
     held.end();
     await until(() => b.load('gpu-0') === 1, 2_000, 'b to see the end of a’s lease');
     // Let a few more ticks run, then count what Redis has executed since it came back.
@@ -626,6 +631,8 @@ describe('LiveState with the Redis store (real redis-server)', () => {
       await a.ready();
       expect(performance.now() - started).toBeLessThan(cfg.connect_timeout_ms + COMMAND_TIMEOUT_MS + 500);
       expect(a.status()).toMatchObject({ store: 'redis', degraded: true, lastSyncAgeMs: null });
+      // No peer was ever seen: nothing to share the tenants' limits with.
+      expect(a.tenantShare()).toBe(1);
       const l = a.lease('gpu-0', { promptTokens: 1, expectedOutputTokens: 1 });
       observe(a, sample());
       expect(a.load('gpu-0')).toBe(1);
