@@ -41,8 +41,6 @@ export interface BackendView {
   readonly prefillMs: number | null;
   /** Predicted TPOT on this backend with this request added, ms; null without a fit. */
   readonly tpotMs: number | null;
-  /** KV cache usage, 0..1, as the backend reports it; null when unknown (never scraped, or stale). */
-  readonly kvUsage: number | null;
   /** How full the prefix index believes this backend's cache is: blocks held ÷ capacity, 0..1. */
   readonly cacheFill: number;
 }

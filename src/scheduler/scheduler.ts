@@ -35,7 +35,7 @@
 import { GatewayError } from '../errors/index.ts';
 import { cachedOn, type PrefixMatch } from '../router/cached.ts';
 import type { BackendView, Candidate, RoutingPolicy } from '../router/index.ts';
-import { currentTelemetry, type Lease, type LiveState } from '../state/index.ts';
+import type { Lease, LiveState } from '../state/index.ts';
 import { type Backend, DecodeMeter, gapStats, type Slot, type SlotRequest } from '../upstream/index.ts';
 import { type LimitBounds, nextLimit, nextTpotShare, quantile, type Setpoints } from './controller.ts';
 import { Heap } from './heap.ts';
@@ -848,7 +848,6 @@ export class Scheduler {
       // The TPOT fit is learnt at the load a request found when it was sent, itself not counted
       // (the grant's loadAtDispatch): this request, sent now, finds `inflight`.
       tpotMs: live.predictTpotMs(b.name, inflight),
-      kvUsage: currentTelemetry(live.telemetry(b.name))?.kvCacheUsage ?? null,
       cacheFill: size.capacity > 0 ? Math.min(1, size.blocks / size.capacity) : 0,
     };
   }

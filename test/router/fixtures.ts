@@ -28,7 +28,6 @@ export function view(name: string, over: Partial<BackendView> = {}): BackendView
     predictedTtftMs: null,
     prefillMs: null,
     tpotMs: null,
-    kvUsage: null,
     cacheFill: 0,
     ...over,
   };
