@@ -63,8 +63,12 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
     const schedule = rt.scheduler.view();
     const limits = new Map(schedule.backends.map((b) => [b.name, b]));
     const planning = rt.scheduler.planning();
+    const requests = await rt.metrics.decisionCounts();
     return {
       instance: live.instanceId,
+      // When the counts above were read, on this process's monotonic clock: two polls' counts make
+      // a rate over the time between their readings, not between their arrivals at a client.
+      uptime_ms: Math.round(performance.now() * 1000) / 1000,
       shutting_down: rt.lifecycle.shuttingDown,
       in_flight: rt.lifecycle.active,
       router: {
@@ -88,7 +92,7 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
         prefix_judged: planning.prefixJudged,
         prefix_gone: planning.prefixGone,
         loop_delay_ms: rt.admission.loopDelayMs(),
-        requests: await rt.metrics.decisionCounts(),
+        requests,
         prefix_hit_ratio: rt.metrics.prefixHit(),
       },
       store: live.store,

@@ -151,6 +151,8 @@ export async function listenLoopback(server: http.Server): Promise<{ url: string
  */
 export async function forwardingProxy(
   route: (req: http.IncomingMessage) => string | null,
+  /** How long to hold each answer before passing it on (its head and body as they came). */
+  holdMs: (req: http.IncomingMessage) => number = () => 0,
 ): Promise<{ url: string; close(): Promise<void> }> {
   const held: import('node:net').Socket[] = [];
   const server = http.createServer((req, res) => {
@@ -163,8 +165,13 @@ export async function forwardingProxy(
     const up = http.request(
       { host: target.hostname, port: target.port, path: req.url, method: req.method, headers: req.headers },
       (answer) => {
-        res.writeHead(answer.statusCode ?? 502, answer.headers);
-        answer.pipe(res);
+        const pass = () => {
+          res.writeHead(answer.statusCode ?? 502, answer.headers);
+          answer.pipe(res);
+        };
+        const ms = holdMs(req);
+        if (ms > 0) setTimeout(pass, ms);
+        else pass();
       },
     );
     up.on('error', () => res.destroy());

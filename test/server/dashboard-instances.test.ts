@@ -70,3 +70,65 @@ it('draws no rate from two polls of different instances, and none below zero', a
   expect(seen.rates.filter((v) => v !== null)).toEqual([]);
   expect(errors).toEqual([]);
 });
+
+it("turns two polls' counts into a rate over the gateway's time between them, not the browser's", async () => {
+  // Every other answer of /admin/state is held 600 ms on its way: the browser receives the polls
+  // unevenly, while the gateway read their counts about a second apart each time.
+  let polls = 0;
+  const proxy = await forwardingProxy(
+    () => a.url,
+    (req) => (req.url === '/admin/state' && polls++ % 2 === 1 ? 600 : 0),
+  );
+  cleanups.push(() => proxy.close());
+  const page = await browser.newPage();
+  const bodies: Promise<{
+    uptime_ms: number;
+    admission: { requests: { refused: Record<string, number> } };
+  }>[] = [];
+  page.on('response', (r) => {
+    if (new URL(r.url()).pathname === '/admin/state' && r.ok()) bodies.push(r.json());
+  });
+  // Refusals keep coming while the page polls.
+  let sending = true;
+  const load = (async () => {
+    while (sending) await post(a.url, '/v1/chat/completions', { model: 'no-such-model', messages: [] });
+  })();
+  expect((await page.goto(`${proxy.url}/dashboard`))?.status()).toBe(200);
+  await page.waitForFunction(
+    () =>
+      ((globalThis as unknown as { slagateDashboard?: { polls: number } }).slagateDashboard?.polls ?? 0) >= 6,
+    undefined,
+    { timeout: 20_000 },
+  );
+  sending = false;
+  await load;
+  const chart = await page.evaluate(() => {
+    const d = (
+      globalThis as unknown as {
+        slagateDashboard: {
+          polls: number;
+          charts: Record<string, { plot: { data: (number | null)[][] }; names: string[] }>;
+        };
+      }
+    ).slagateDashboard;
+    const c = d.charts.decisions!;
+    return { polls: d.polls, names: c.names, data: c.plot.data.slice(1) };
+  });
+  const states = (await Promise.all(bodies)).slice(0, chart.polls);
+  // The load's refusals: one reason, whichever intake names for a body with no messages.
+  const reasons = Object.keys(states.at(-1)!.admission.requests.refused);
+  expect(reasons).toHaveLength(1);
+  const reason = reasons[0]!;
+  const drawn = chart.data[chart.names.indexOf(`refused: ${reason}`)]!;
+  let compared = 0;
+  for (let i = 1; i < states.length; i++) {
+    const before = states[i - 1]!;
+    const now = states[i]!;
+    const refused = (s: typeof now) => s.admission.requests.refused[reason] ?? 0;
+    const expected = (refused(now) - refused(before)) / ((now.uptime_ms - before.uptime_ms) / 1000);
+    if (refused(before) === 0) continue; // the series starts at its first refusal
+    expect(drawn[i]).toBeCloseTo(expected, 6);
+    if (expected > 0) compared++;
+  }
+  expect(compared).toBeGreaterThanOrEqual(3);
+});

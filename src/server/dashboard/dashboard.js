@@ -24,7 +24,8 @@ const TARGET_COLOR = '#1d2330';
 
 const history = { t: [], rows: [] };
 let prevCounts = null;
-let prevT = null;
+/** The previous counts' reading on the gateway's clock (uptime_ms), ms. */
+let prevUptimeMs = null;
 /** The instance the previous counts came from: counts are per instance, so rates are too. */
 let prevInstance = null;
 const charts = {};
@@ -37,7 +38,7 @@ const own = (obj, key) => (Object.hasOwn(obj, key) ? obj[key] : undefined);
 const fmt = (v, digits = 0) => (v === null || v === undefined || Number.isNaN(v) ? '–' : v.toFixed(digits));
 
 /** One row of history from one state: every series value keyed by chart and series name. */
-function sample(s, t) {
+function sample(s) {
   const row = { ttft: {}, tpot: {}, queue: {}, decisions: {}, inflight: {}, kv: {} };
   let inflight = 0;
   let limit = 0;
@@ -68,8 +69,15 @@ function sample(s, t) {
   // A rate is a difference of one instance's counters. Behind a load balancer two polls may reach
   // two instances, and a restarted instance counts from 0 again: those polls draw no rate rather
   // than one instance's total minus another's.
-  if (prevCounts !== null && t > prevT && s.instance === prevInstance && !countsFell(prevCounts, counts)) {
-    const dt = t - prevT;
+  // Over the time between the two readings on the gateway's clock: a poll answered late (a slow
+  // network, a busy browser) would otherwise stretch one interval and squeeze the next.
+  if (
+    prevCounts !== null &&
+    s.uptime_ms > prevUptimeMs &&
+    s.instance === prevInstance &&
+    !countsFell(prevCounts, counts)
+  ) {
+    const dt = (s.uptime_ms - prevUptimeMs) / 1000;
     for (const decision of ['admitted', 'refused']) {
       const now = counts[decision];
       const before = prevCounts[decision];
@@ -84,7 +92,7 @@ function sample(s, t) {
     }
   }
   prevCounts = structuredClone(counts);
-  prevT = t;
+  prevUptimeMs = s.uptime_ms;
   prevInstance = s.instance;
   return row;
 }
@@ -297,7 +305,7 @@ async function poll() {
     if (!res.ok) throw new Error(`GET /admin/state: ${res.status}`);
     const s = await res.json();
     const t = Date.now() / 1000;
-    keep(t, sample(s, t));
+    keep(t, sample(s));
     renderStatus(s);
     renderTable(s);
     drawAll();
