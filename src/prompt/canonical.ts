@@ -444,12 +444,18 @@ const FLOOR_PIECES = /(<\|[^|<>\s]{1,64}\|>)|([\p{L}\p{M}]+(?:['\u2019][\p{L}\p{
  * here, letters and digits together, or more than three digits. So the words and digit groups are
  * at most the pieces, and the pieces at most the tokens. Prose counts about three quarters of its
  * tokens; whitespace, punctuation and code count less, never more: a run of 128 spaces is one
- * token, where a count of characters at four a token would take it for 32. Runs the regex once
- * over the text: for a refusal, not every request.
+ * token, where a count of characters at four a token would take it for 32. Runs the regex over the
+ * text: for a refusal, not every request. With `atMost`, stops once the count is past it (and
+ * returns that count): a floor above the context length refuses the prompt whatever its exact
+ * value, so the work is bounded by the context, not by the body (a 4 MiB run of one-letter words
+ * is two million matches).
  */
-export function tokenFloor(text: string): number {
+export function tokenFloor(text: string, atMost = Number.POSITIVE_INFINITY): number {
   let n = 0;
-  for (const m of text.matchAll(FLOOR_PIECES)) n += m[3] === undefined ? 1 : Math.ceil(m[3].length / 3);
+  for (const m of text.matchAll(FLOOR_PIECES)) {
+    n += m[3] === undefined ? 1 : Math.ceil(m[3].length / 3);
+    if (n > atMost) break;
+  }
   return n;
 }
 
@@ -458,18 +464,24 @@ export function tokenFloor(text: string): number {
  * text, the floor of the client's own text (message contents, completion prompts; roles and tool
  * JSON, whose rendering varies by template, count nothing) plus the template's own tokens.
  */
-export function promptFloors(source: PromptSource, p: PromptBlocks): number[] {
+export function promptFloors(
+  source: PromptSource,
+  p: PromptBlocks,
+  atMost = Number.POSITIVE_INFINITY,
+): number[] {
   if (source.kind === 'ids') return source.ids.map((ids) => ids.length);
-  if (source.kind === 'text') return source.texts.map((t) => tokenFloor(t) + 1);
+  if (source.kind === 'text') return source.texts.map((t) => tokenFloor(t, atMost) + 1);
   let n = templateTokens(p);
   for (const m of source.messages) {
+    if (n > atMost) break;
     if (!isRecord(m)) continue;
     const c = m.content;
-    if (typeof c === 'string') n += tokenFloor(c);
+    if (typeof c === 'string') n += tokenFloor(c, atMost - n);
     else if (Array.isArray(c)) {
       for (const part of c) {
+        if (n > atMost) break;
         const text = partText(part);
-        if (text !== null) n += tokenFloor(text);
+        if (text !== null) n += tokenFloor(text, atMost - n);
       }
     }
   }

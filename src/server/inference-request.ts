@@ -15,6 +15,13 @@ export const MAX_CONTENT_PARTS = 4096;
 /** The most choices one request may ask for (`n`), as OpenAI's API allows. */
 export const MAX_N = 128;
 
+/**
+ * The most sequences one completion may fan out into: its prompts times `n`. vLLM sets no bound;
+ * the gateway schedules, admits and counts a request as one, so a list of a million prompts (a
+ * few MiB of JSON) would be a replica's whole batch, and more, taken as one request.
+ */
+export const MAX_SEQUENCES = 256;
+
 export type Endpoint = 'chat' | 'completions';
 
 export const ENDPOINT_PATHS: Readonly<Record<Endpoint, string>> = Object.freeze({
@@ -54,6 +61,8 @@ export interface InferenceRequest {
    * (completions), where a completion prompt may also be given as token ids.
    */
   promptParts: PromptPart[];
+  /** The sequences the backend will generate: `n` (chat), or prompts × `n` (completions); ≤ MAX_SEQUENCES. */
+  sequences: number;
   /** The body as received; proxied with stream_options rewritten. */
   body: Record<string, unknown>;
 }
@@ -230,6 +239,13 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
         : positiveInt(body, 'max_tokens');
   checkSamplingTypes(endpoint, body);
   const parts = promptParts(endpoint, body);
+  const sequences = (endpoint === 'chat' ? 1 : parts.length) * (typeof n === 'number' ? n : 1);
+  if (sequences > MAX_SEQUENCES) {
+    throw invalid(
+      `A request may ask for at most ${MAX_SEQUENCES} sequences (prompts × n); this one asks for ${sequences}. Send the prompts in smaller batches.`,
+      endpoint === 'completions' && parts.length > 1 ? 'prompt' : 'n',
+    );
+  }
   const stream = body.stream === true;
   const assembleKind: AssembleKind = endpoint === 'chat' ? 'chat' : 'completion';
   return {
@@ -244,6 +260,7 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
       maxTokens ??
       (endpoint !== 'chat' && body.max_tokens === undefined ? COMPLETION_DEFAULT_MAX_TOKENS : null),
     promptParts: parts,
+    sequences,
     body,
   };
 }

@@ -147,9 +147,7 @@ export function intake(
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: blocks.length });
   checkContext(ir, source, prompt, promptTokens, rt.tokens.fewestTokens(prompt), maxLen);
   const perSequence = ir.outputLimit ?? EXPECTED_OUTPUT_TOKENS;
-  const sequences =
-    (ir.endpoint === 'chat' ? 1 : Math.max(1, ir.promptParts.length)) *
-    (typeof ir.body.n === 'number' ? ir.body.n : 1);
+  const { sequences } = ir;
   const served: Served = {
     identity,
     cls,
@@ -201,7 +199,9 @@ function checkContext(
   // before it checks the length.
   const fits = (least: number) => truncatedTokens(ir, least, maxLen) + output <= maxLen;
   if (fits(exact ? fewest : Math.floor(fewest / CONTEXT_ESTIMATE_SLACK))) return;
-  if (!exact && fits(promptFloors(source, prompt).reduce((a, b) => Math.max(a, b), 0))) return;
+  // Counted no further than past the context: any floor beyond it fails alike (fits only grows
+  // with the count, truncation included).
+  if (!exact && fits(promptFloors(source, prompt, maxLen).reduce((a, b) => Math.max(a, b), 0))) return;
   const about = exact ? '' : 'about ';
   throw new GatewayError(
     'invalid_request',

@@ -571,4 +571,25 @@ describe('tokenFloor: the fewest tokens a text can be, whatever it holds', () =>
     // Four words and the template's tokens for two messages; the image counts nothing.
     expect(chatFloor).toBe(4 + 1 + 3 * 2 + 3);
   });
+
+  it('stops counting once past a bound: the work follows the context length, not the body', () => {
+    const many = 'a '.repeat(1_000_000);
+    expect(tokenFloor(many)).toBe(1_000_000);
+    expect(tokenFloor(many, 100)).toBe(101);
+    // Under the bound, the whole count.
+    expect(tokenFloor('one two three', 100)).toBe(3);
+    const texts: PromptSource = { kind: 'text', texts: [many, 'four'] };
+    expect(promptFloors(texts, promptBlocks(texts, 16), 100)).toEqual([102, 2]);
+    const chat: PromptSource = {
+      kind: 'chat',
+      messages: [
+        { role: 'user', content: many },
+        { role: 'user', content: [{ type: 'text', text: many }] },
+      ],
+    };
+    // Past the bound within the first message: the second is not read.
+    const [floor] = promptFloors(chat, promptBlocks(chat, 16), 100);
+    expect(floor).toBeGreaterThan(100);
+    expect(floor).toBeLessThanOrEqual(101 + 1 + 3 * 2 + 3);
+  });
 });

@@ -141,6 +141,23 @@ describe('parseInferenceRequest', () => {
         'invalid_request:n',
       );
     }
+    // A completion's prompts times n: at most 256 sequences, however they are made.
+    const prompts = (k: number) => Array.from({ length: k }, (_, i) => `prompt ${i}`);
+    expect(parseInferenceRequest('completions', { model: 'm', prompt: prompts(2), n: 128 }).sequences).toBe(
+      256,
+    );
+    expect(parseInferenceRequest('completions', { model: 'm', prompt: prompts(256) }).sequences).toBe(256);
+    expect(
+      codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt: prompts(3), n: 128 })),
+    ).toBe('invalid_request:prompt');
+    expect(codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt: prompts(100_000) }))).toBe(
+      'invalid_request:prompt',
+    );
+    const ids = Array.from({ length: 257 }, () => [1, 2, 3]);
+    expect(codeOf(() => parseInferenceRequest('completions', { model: 'm', prompt: ids }))).toBe(
+      'invalid_request:prompt',
+    );
+    expect(parseInferenceRequest('chat', { model: 'm', messages: msg, n: 3 }).sequences).toBe(3);
     expect(codeOf(() => parseInferenceRequest('chat', { model: 'm', messages: msg, max_tokens: 1.5 }))).toBe(
       'invalid_request:max_tokens',
     );
