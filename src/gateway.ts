@@ -16,12 +16,12 @@ import {
   loadConfigFile,
   watchConfig,
 } from './config/index.ts';
-import { TokenEstimate } from './prompt/canonical.ts';
+import { TokenEstimates } from './prompt/tenant-estimates.ts';
 import { createRoutingPolicy } from './router/index.ts';
 import { Scheduler, type SchedulerSettings } from './scheduler/index.ts';
 import { Afterwork } from './server/afterwork.ts';
 import { buildApp } from './server/app.ts';
-import { createAuthenticator } from './server/auth.ts';
+import { ANONYMOUS, createAuthenticator } from './server/auth.ts';
 import { ModelCatalog } from './server/model-catalog.ts';
 import { Lifecycle, type Runtime } from './server/runtime.ts';
 import { type FleetProcess, startFleetProcess } from './sim/fleet-process.ts';
@@ -297,8 +297,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     // The live state and the scheduler read the swappable parts through rt (once it exists), so a
     // reload reaches them.
     let rtRef: Runtime | null = null;
-    // Learnt from what the backends count; the prefix index sizes itself in tokens with it.
-    const tokens = new TokenEstimate();
+    // Learnt from what the backends count, per tenant over the fleet's; the prefix index sizes
+    // itself in tokens with the fleet's.
+    const tokens = new TokenEstimates();
     // Live state: local first; with `state.store: redis`, shared in the background. ready() is
     // bounded by the connect timeout and resolves degraded when Redis is down (never throws).
     const live = createLiveState(config.state, {
@@ -307,7 +308,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       // A restarted replica may serve other models now.
       onBackendRestart: () => refreshModels(),
       logger,
-      indexBlockTokens: () => tokens.textBlockTokens((rtRef?.config ?? config).router.block_size_tokens),
+      indexBlockTokens: () =>
+        tokens.fleet.textBlockTokens((rtRef?.config ?? config).router.block_size_tokens),
       blockSizeTokens: () => (rtRef?.config ?? config).router.block_size_tokens,
     });
     undo.push(() => live.close());
@@ -401,6 +403,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         logger.warn({ keys: frozen }, 'config reload: these settings apply only after a restart');
       rt.policy = policy;
       rt.auth = createAuthenticator(next.tenants, next.sla.default_class, classSet(next));
+      rt.tokens.retain(new Set([ANONYMOUS, ...(next.tenants ?? []).map((t) => t.name)]));
       rt.proxy = proxyConfig(next);
       rt.config = next;
       metrics.setClasses(next.sla.classes);

@@ -351,15 +351,26 @@ export class TokenEstimate {
   readonly #charsPerTokenLearnt: Learnt;
   readonly #mediaLearnt: Learnt;
   readonly #initial: number;
+  /** Read in place of each figure until this one has learnt it from `priorUntil` prompts. */
+  readonly #prior: TokenEstimate | null;
+  readonly #priorUntil: number;
 
-  constructor(initial = BLOCK_CHARS_PER_TOKEN, alpha = 0.02) {
+  constructor(
+    initial = BLOCK_CHARS_PER_TOKEN,
+    alpha = 0.02,
+    prior: TokenEstimate | null = null,
+    priorUntil = 0,
+  ) {
     this.#charsPerTokenLearnt = new Learnt(initial, alpha);
     this.#mediaLearnt = new Learnt(MEDIA_PART_TOKENS, alpha);
     this.#initial = initial;
+    this.#prior = prior;
+    this.#priorUntil = priorUntil;
   }
 
   get charsPerToken(): number {
-    return this.#charsPerTokenLearnt.value;
+    const own = this.#charsPerTokenLearnt;
+    return this.#prior !== null && own.samples < this.#priorUntil ? this.#prior.charsPerToken : own.value;
   }
 
   /** Prompts learnt from so far. */
@@ -369,7 +380,8 @@ export class TokenEstimate {
 
   /** Tokens a part that is not text is taken for. */
   get mediaTokens(): number {
-    return this.#mediaLearnt.value;
+    const own = this.#mediaLearnt;
+    return this.#prior !== null && own.samples < this.#priorUntil ? this.#prior.mediaTokens : own.value;
   }
 
   /** Prompts with such parts learnt from so far. */
@@ -383,9 +395,7 @@ export class TokenEstimate {
    */
   tokens(p: PromptBlocks): number {
     if (p.exactTokens !== null) return p.exactTokens;
-    return (
-      Math.ceil(p.textChars / this.charsPerToken + p.mediaParts * this.#mediaLearnt.value) + templateTokens(p)
-    );
+    return Math.ceil(p.textChars / this.charsPerToken + p.mediaParts * this.mediaTokens) + templateTokens(p);
   }
 
   /**

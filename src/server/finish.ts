@@ -101,7 +101,9 @@ export function finishProxied(
   );
   // What the backend counted for the prompt the gateway rendered: the chars-per-token estimate.
   // Not a prompt the backend cut (truncate_prompt_tokens): it counted less than was rendered.
-  if (result.promptTokens !== null && got.countsRendered) rt.tokens.learn(got.prompt, result.promptTokens);
+  if (result.promptTokens !== null && got.countsRendered) {
+    rt.tokens.learn(got.identity.tenant, got.prompt, result.promptTokens);
+  }
   if (result.outcome !== 'ok' || result.backend === null || result.ttftMs === null) return;
 
   const cls = got.identity.class;

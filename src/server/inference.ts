@@ -86,7 +86,7 @@ function routeOf(rt: Runtime, call: InferenceCall, served: Served): RouteRequest
     promptTokens: served.promptTokens,
     blocks: served.blocks,
     blockSizeTokens: blockSize,
-    tokensPerBlock: rt.tokens.tokensPerBlock(served.prompt, blockSize),
+    tokensPerBlock: rt.tokens.of(served.identity.tenant).tokensPerBlock(served.prompt, blockSize),
     outputTokensPerSequence: served.outputTokensPerSequence,
     tpotTargetMs: served.cls.tpot_p99_ms,
     sessionId: sessionKey(header(call, rt.config.router.session_header)),

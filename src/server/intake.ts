@@ -140,12 +140,13 @@ export function intake(
     ),
   );
   // What the backend will prefill: vLLM keeps a prompt's last truncate_prompt_tokens tokens.
-  const wholeTokens = rt.tokens.tokens(prompt);
+  const estimate = rt.tokens.of(identity.tenant);
+  const wholeTokens = estimate.tokens(prompt);
   const maxLen = rt.models.maxModelLen(model);
   const promptTokens = keptTokens(ir, prompt, wholeTokens, maxLen);
   const blocks = routedBlocks(ir, prompt, wholeTokens, maxLen);
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: blocks.length });
-  checkContext(ir, source, prompt, promptTokens, rt.tokens.fewestTokens(prompt), maxLen);
+  checkContext(ir, source, prompt, promptTokens, estimate.fewestTokens(prompt), maxLen);
   const perSequence = ir.outputLimit ?? EXPECTED_OUTPUT_TOKENS;
   const { sequences } = ir;
   const served: Served = {

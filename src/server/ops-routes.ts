@@ -73,10 +73,10 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
       in_flight: rt.lifecycle.active,
       router: {
         policy: rt.policy.name,
-        chars_per_token: rt.tokens.charsPerToken,
-        chars_per_token_samples: rt.tokens.samples,
-        media_part_tokens: rt.tokens.mediaTokens,
-        media_part_tokens_samples: rt.tokens.mediaSamples,
+        chars_per_token: rt.tokens.fleet.charsPerToken,
+        chars_per_token_samples: rt.tokens.fleet.samples,
+        media_part_tokens: rt.tokens.fleet.mediaTokens,
+        media_part_tokens_samples: rt.tokens.fleet.mediaSamples,
         tie_tolerance: rt.scheduler.predictionSpread(),
       },
       scheduler: {

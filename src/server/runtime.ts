@@ -6,7 +6,7 @@ import type { Logger } from 'pino';
 import type { AdmissionController } from '../admission/index.ts';
 import type { Config } from '../config/index.ts';
 import { GatewayError } from '../errors/index.ts';
-import type { TokenEstimate } from '../prompt/canonical.ts';
+import type { TokenEstimates } from '../prompt/tenant-estimates.ts';
 import type { RoutingPolicy } from '../router/index.ts';
 import type { Scheduler } from '../scheduler/index.ts';
 import type { LiveState } from '../state/index.ts';
@@ -33,7 +33,7 @@ export interface Runtime {
   metrics: GatewayMetrics;
   logger: Logger;
   /** Characters per prompt token, learnt from what the backends count. */
-  tokens: TokenEstimate;
+  tokens: TokenEstimates;
   lifecycle: Lifecycle;
   /** A finished request's bookkeeping, run after the response (afterwork.ts); settle() before reading it. */
   afterwork: Afterwork;

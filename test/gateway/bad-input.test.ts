@@ -686,7 +686,7 @@ describe('27c: a prompt the backend will truncate', () => {
     expect((await t.records()).at(-1)).toMatchObject({ prompt_tokens_est: 200 });
     expect((await t.records()).at(-1)!.prefix_blocks).toBeGreaterThan(0);
     // A text prompt the backend cuts teaches no characters-per-token ratio: it counts fewer than were sent.
-    const learnt = t.gw.runtime.tokens.samples;
+    const learnt = t.gw.runtime.tokens.fleet.samples;
     const text = await post(t.url, CHAT, {
       ...chat({ max_tokens: 5 }),
       messages: [{ role: 'user', content: 'The quick brown fox jumps over the lazy dog. '.repeat(40) }],
@@ -694,7 +694,7 @@ describe('27c: a prompt the backend will truncate', () => {
     });
     expect(text.status, text.text).toBe(200);
     await t.records();
-    expect(t.gw.runtime.tokens.samples).toBe(learnt);
+    expect(t.gw.runtime.tokens.fleet.samples).toBe(learnt);
     // Without it the same prompt is over the 256-token context, and refused here.
     const whole = await post(t.url, '/v1/completions', { model: MODEL, prompt: ids, max_tokens: 10 });
     expect(whole.status).toBe(400);

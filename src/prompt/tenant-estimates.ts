@@ -1,0 +1,41 @@
+// The token estimate each tenant's requests are counted with: its own, learnt from its own prompts,
+// over the fleet's, learnt from everyone's.
+//
+// Invariant: one tenant's prompts move no other tenant's counts once that tenant has OWN_PROMPTS
+// of its own. A tenant writing in another script (or sending prompts made to drag the ratio) would
+// otherwise have every other tenant's prompts counted at its ratio: an English prompt counted as
+// three times its tokens is refused against its tenant's tokens_per_minute, and predicted three
+// times as slow to prefill. Until a tenant has learnt a figure from that many prompts it reads the
+// fleet's (learnt from every prompt, its own included). The fleet's estimate also sizes the prefix
+// index (LiveState's indexBlockTokens) and is what /admin/state shows.
+import { TokenEstimate } from './canonical.ts';
+
+/** Prompts a tenant's own figure is learnt from before it replaces the fleet's. */
+export const OWN_PROMPTS = 8;
+
+export class TokenEstimates {
+  readonly fleet = new TokenEstimate();
+  /** One per tenant that has sent a prompt to learn from: the configured tenants, or `anonymous`. */
+  readonly #own = new Map<string, TokenEstimate>();
+
+  /** The estimate `tenant`'s requests are counted with. */
+  of(tenant: string): TokenEstimate {
+    return this.#own.get(tenant) ?? this.fleet;
+  }
+
+  /** A backend counted `promptTokens` for a prompt of `tenant`'s rendered as `p`. */
+  learn(tenant: string, ...counted: Parameters<TokenEstimate['learn']>): void {
+    this.fleet.learn(...counted);
+    let own = this.#own.get(tenant);
+    if (own === undefined) {
+      own = new TokenEstimate(undefined, undefined, this.fleet, OWN_PROMPTS);
+      this.#own.set(tenant, own);
+    }
+    own.learn(...counted);
+  }
+
+  /** Forgets the tenants a reload removed. */
+  retain(tenants: ReadonlySet<string>): void {
+    for (const name of this.#own.keys()) if (!tenants.has(name)) this.#own.delete(name);
+  }
+}

@@ -1,0 +1,45 @@
+// One tenant's prompts move no other tenant's token counts once that tenant has its own.
+import { describe, expect, it } from 'vitest';
+import { BLOCK_CHARS_PER_TOKEN, promptBlocks } from '../../src/prompt/canonical.ts';
+import { OWN_PROMPTS, TokenEstimates } from '../../src/prompt/tenant-estimates.ts';
+
+const BLOCK = 16;
+const chat = (content: string) =>
+  promptBlocks({ kind: 'chat', messages: [{ role: 'user', content }] }, BLOCK);
+/** A prompt of 1,200 characters the backend counts at `ratio` characters per token (plus the template's 7). */
+const counted = (ratio: number) => [chat('x'.repeat(1200)), Math.round(1200 / ratio) + 7] as const;
+
+describe('TokenEstimates', () => {
+  it("a tenant dragging the ratio moves its own counts, not another tenant's that has its own", () => {
+    const est = new TokenEstimates();
+    for (let i = 0; i < OWN_PROMPTS; i++) est.learn('english', ...counted(4));
+    const english = chat('The quick brown fox. '.repeat(100));
+    const before = est.of('english').tokens(english);
+    // Another tenant's prompts at about one character per token, many of them.
+    for (let i = 0; i < 200; i++) est.learn('skew', ...counted(1));
+    expect(est.of('skew').charsPerToken).toBeCloseTo(1, 1);
+    expect(est.of('english').tokens(english)).toBe(before);
+    // The fleet's ratio follows everyone's traffic (it sizes the prefix index).
+    expect(est.fleet.charsPerToken).toBeLessThan(1.5);
+  });
+
+  it("a tenant with fewer than OWN_PROMPTS prompts of its own reads the fleet's figures", () => {
+    const est = new TokenEstimates();
+    expect(est.of('new').charsPerToken).toBe(BLOCK_CHARS_PER_TOKEN);
+    for (let i = 0; i < 20; i++) est.learn('other', ...counted(2));
+    for (let i = 0; i < OWN_PROMPTS - 1; i++) est.learn('new', ...counted(6));
+    expect(est.of('new').charsPerToken).toBe(est.fleet.charsPerToken);
+    est.learn('new', ...counted(6));
+    expect(est.of('new').charsPerToken).toBeCloseTo(6, 1);
+    // A tenant that never sent a prompt to learn from reads the fleet's.
+    expect(est.of('silent')).toBe(est.fleet);
+  });
+
+  it('forgets the tenants a reload removed', () => {
+    const est = new TokenEstimates();
+    for (let i = 0; i < OWN_PROMPTS; i++) est.learn('gone', ...counted(6));
+    expect(est.of('gone')).not.toBe(est.fleet);
+    est.retain(new Set(['kept']));
+    expect(est.of('gone')).toBe(est.fleet);
+  });
+});
