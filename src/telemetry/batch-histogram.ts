@@ -24,18 +24,20 @@ export class BatchHistogramChild {
   }
 
   /**
-   * Onto `upper`, which holds every boundary the child has: each bucket's count moves to its own
-   * boundary there, and a new boundary's bucket starts empty (so its cumulative count starts at
-   * the boundary below it, and counts exactly from now on).
+   * Onto `upper`: each bucket's count moves to the first boundary there at or above its own (its
+   * own, when `upper` keeps it). So every boundary kept keeps its cumulative count exactly; a
+   * boundary taken away is no longer exported, its bucket's count counted at the one above it; a
+   * new boundary's bucket starts empty (its cumulative count starts at the boundary below it, and
+   * counts exactly from now on).
    */
   rebucket(upper: Float64Array): void {
     const counts = new Float64Array(upper.length + 1);
     let j = 0;
     for (let i = 0; i < this.#upper.length; i++) {
-      while ((upper[j] as number) < (this.#upper[i] as number)) j++;
-      counts[j] = this.#counts[i] as number;
+      while (j < upper.length && (upper[j] as number) < (this.#upper[i] as number)) j++;
+      counts[j] = (counts[j] as number) + (this.#counts[i] as number);
     }
-    counts[upper.length] = this.#counts[this.#upper.length] as number;
+    counts[upper.length] = (counts[upper.length] as number) + (this.#counts[this.#upper.length] as number);
     this.#upper = upper;
     this.#counts = counts;
   }
@@ -81,6 +83,8 @@ export class BatchHistogram<L extends string> {
   readonly type = 'histogram';
   readonly aggregator = 'sum';
   readonly #labelNames: readonly L[];
+  /** The boundaries it was made with: always among its boundaries, whatever setBuckets adds. */
+  readonly #base: readonly number[];
   #upper: Float64Array;
   readonly #children = new Map<string, { labels: string[]; child: BatchHistogramChild }>();
 
@@ -94,6 +98,7 @@ export class BatchHistogram<L extends string> {
     this.name = opts.name;
     this.help = opts.help;
     this.#labelNames = opts.labelNames;
+    this.#base = [...opts.buckets];
     this.#upper = Float64Array.from([...opts.buckets].sort((a, b) => a - b));
     // The registry only reads name, help, type and get(); its type names prom-client's own classes.
     for (const r of opts.registers)
@@ -112,15 +117,16 @@ export class BatchHistogram<L extends string> {
   }
 
   /**
-   * Adds boundaries (a reload's new class targets). Invariant: no boundary is ever taken away and
-   * no count is lost: every existing series goes on as it was, and a new boundary's series counts
-   * exactly from now on (before, it holds the count at the boundary below it).
+   * The boundaries from now on: the base list and `extra` (the class targets configured now).
+   * Invariant: no count is lost and every boundary kept goes on as it was (rebucket): a new
+   * boundary's series counts exactly from now on, and one no longer listed (a target a reload
+   * changed) is no longer exported, so the list stays as long as the configuration makes it, however
+   * many reloads move the targets.
    */
-  addBuckets(more: readonly number[]): void {
-    const known = new Set(this.#upper);
-    const added = more.filter((b) => !known.has(b));
-    if (added.length === 0) return;
-    this.#upper = Float64Array.from([...this.#upper, ...new Set(added)].sort((a, b) => a - b));
+  setBuckets(extra: readonly number[]): void {
+    const next = [...new Set([...this.#base, ...extra])].sort((a, b) => a - b);
+    if (next.length === this.#upper.length && next.every((b, i) => b === this.#upper[i])) return;
+    this.#upper = Float64Array.from(next);
     for (const { child } of this.#children.values()) child.rebucket(this.#upper);
   }
 

@@ -394,14 +394,15 @@ export class GatewayMetrics {
    * its requests still wait (setQueueDepths), then goes; its counters stay, as counters do.
    * Every class's targets become bucket boundaries of the TTFT and queue-wait histograms (TTFT
    * target) and of the TPOT and ITL ones (TPOT target), so that the share under a target is an
-   * exact bucket. A reload adds the new targets; no boundary goes (BatchHistogram.addBuckets).
+   * exact bucket. A reload sets the targets it configures; a boundary no class targets any more
+   * goes, its counts at the boundary above it (BatchHistogram.setBuckets).
    */
   setClasses(classes: Readonly<Record<string, ClassTargets>>): void {
     const targets = Object.values(classes);
     const ttftMs = targets.map((t) => t.ttft_p99_ms);
     const tpotMs = targets.map((t) => t.tpot_p99_ms);
-    for (const h of [this.ttft, this.queueWait]) h.addBuckets(bucketsWithTargets(h.buckets, ttftMs));
-    for (const h of [this.tpot, this.itl]) h.addBuckets(bucketsWithTargets(h.buckets, tpotMs));
+    for (const h of [this.ttft, this.queueWait]) h.setBuckets(bucketsWithTargets([], ttftMs));
+    for (const h of [this.tpot, this.itl]) h.setBuckets(bucketsWithTargets([], tpotMs));
     const next = new Set(Object.keys(classes));
     for (const cls of this.configured) if (!next.has(cls)) this.unconfigured.add(cls);
     for (const cls of next) {

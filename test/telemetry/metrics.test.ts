@@ -182,6 +182,34 @@ describe('GatewayMetrics', () => {
     expect(value(after, 'slagate_ttft_seconds_bucket', { class: 'completion', le: '0.2' })).toBe(1);
   });
 
+  it('a target a reload moves away stops being a bucket, its counts at the one above: the list stays as long as the config makes it', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    const cb = { class: 'interactive', backend: 'gpu-0' };
+    const at = (ttftMs: number) => ({ ...CLASSES, interactive: { ttft_p99_ms: ttftMs, tpot_p99_ms: 50 } });
+    m.setClasses(at(310));
+    m.observeRequest(record({ ttft_ms: 305 }));
+    m.observeRequest(record({ ttft_ms: 320 }));
+    const first = parseSamples(await m.render());
+    expect(bucketsOf(first, 'slagate_ttft_seconds', cb)).toContain('0.31');
+    // Many reloads, each with another target: only the last one is a bucket.
+    for (let ms = 311; ms < 411; ms++) m.setClasses(at(ms));
+    const s = parseSamples(await m.render());
+    const les = bucketsOf(s, 'slagate_ttft_seconds', cb);
+    expect(les).not.toContain('0.31');
+    expect(les).toContain('0.41');
+    expect(les).toHaveLength(bucketsOf(first, 'slagate_ttft_seconds', cb).length);
+    // Nothing lost: the 305 ms request, counted under 0.31, is under each boundary that took 0.31's
+    // place; the 320 ms one, above 0.31 then, is still counted only under 0.5.
+    const ttft = (le: string) => value(s, 'slagate_ttft_seconds_bucket', { ...cb, le });
+    expect(ttft('0.25')).toBe(0);
+    expect(ttft('0.41')).toBe(1);
+    expect(ttft('0.5')).toBe(2);
+    expect(value(s, 'slagate_ttft_seconds_count', cb)).toBe(2);
+    // Cumulative all the way up.
+    const counts = les.map((le) => ttft(le as string)!);
+    for (let i = 1; i < counts.length; i++) expect(counts[i]).toBeGreaterThanOrEqual(counts[i - 1]!);
+  });
+
   it('a reload adds its new targets as buckets: every series goes on, the new bucket counts from then on', async () => {
     const m = createMetrics(CLASSES, { processMetrics: false });
     const cb = { class: 'interactive', backend: 'gpu-0' };
