@@ -407,6 +407,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       rt.proxy = proxyConfig(next);
       rt.config = next;
       metrics.setClasses(next.sla.classes);
+      live.retainClasses(classSet(next));
       const before = backends.list().map((b) => b.name);
       const drained = backends.update(backendConfigs(next, fleet));
       const kept = new Set(backends.list().map((b) => b.name));

@@ -233,6 +233,11 @@ export interface LiveState {
   status(): StoreStatus;
   /** Config reload: new backends start empty, removed ones are forgotten (their leases no longer count). */
   setBackends(list: readonly ScrapeTarget[]): void;
+  /**
+   * Config reload: the latency windows of classes no longer configured are dropped, so that the
+   * classes a backend tracks (MAX_CLASSES) are those configured, however many reloads renamed them.
+   */
+  retainClasses(classes: ReadonlySet<string>): void;
   /** Resolves when the first exchange with the store has finished (at once for memory). */
   ready(): Promise<void>;
   close(): Promise<void>;
@@ -676,6 +681,18 @@ class LiveStateImpl implements LiveState {
    * a backend removed while requests ran on it and added back at the same URL adopts their counts,
    * which their leases still decrement, so it does not look idle while they finish.
    */
+  retainClasses(classes: ReadonlySet<string>): void {
+    for (const { state } of this.#backends.values()) {
+      let dropped = false;
+      for (const cls of state.windows.keys()) {
+        if (classes.has(cls)) continue;
+        state.windows.delete(cls);
+        dropped = true;
+      }
+      if (dropped) state.version++;
+    }
+  }
+
   setBackends(list: readonly ScrapeTarget[]): void {
     const wanted = new Map(list.map((b) => [b.name, b.url]));
     for (const [name, d] of this.#draining) if (d.inflight.counts.requests <= 0) this.#draining.delete(name);

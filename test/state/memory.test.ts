@@ -155,6 +155,23 @@ describe('LiveState with the memory store', () => {
     expect(s.backendView('nope')).toBeUndefined();
   });
 
+  it("a reload's classes are the ones tracked: windows of removed classes go, so renames never fill the cap", () => {
+    const s = make();
+    observe(s, sample({ class: 'old', ttftMs: 100 }));
+    observe(s, sample({ class: 'kept', ttftMs: 200 }));
+    s.retainClasses(new Set(['kept']));
+    const v = s.backendView('gpu-0')!;
+    expect(Object.keys(v.byClass)).toEqual(['kept']);
+    // Many reloads, each renaming the class: the last one's samples are still recorded (past
+    // MAX_CLASSES windows, a new class's would be dropped).
+    for (let i = 0; i < 100; i++) {
+      s.retainClasses(new Set(['kept', `renamed-${i}`]));
+      observe(s, sample({ class: `renamed-${i}`, ttftMs: 300 }));
+    }
+    expect(s.backendView('gpu-0')!.byClass['renamed-99']?.ttft.count).toBe(1);
+    expect(Object.keys(s.backendView('gpu-0')!.byClass).sort()).toEqual(['kept', 'renamed-99']);
+  });
+
   it('per-class windows give percentiles of the recorded samples, and an all-classes view', () => {
     const s = make();
     for (let i = 1; i <= 100; i++) observe(s, sample({ ttftMs: i * 10, tpotMs: i, queueMs: i / 10 }));
