@@ -74,6 +74,9 @@ export class ModelCatalog {
       const id = (card as { id?: unknown } | null)?.id;
       if (typeof id !== 'string') continue;
       ids.add(id);
+      // Lengths of the names it serves only: a backend's other names (adapters loaded at run
+      // time, one per job) would otherwise be kept for good, never looked up.
+      if (!this.has(id)) continue;
       const len = (card as { max_model_len?: unknown }).max_model_len;
       if (typeof len !== 'number' || !(len > 0)) continue;
       const prev = lens.get(id);

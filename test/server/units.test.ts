@@ -379,6 +379,10 @@ describe('ModelCatalog', () => {
     cat.learn('garbage');
     expect(cat.maxModelLen('a')).toBe(4096);
     expect(cat.has('zzz')).toBe(false);
+    // A name it does not serve is listed by the backend (Backend.models) but its length not kept.
+    expect(cat.learn({ data: [{ id: 'adapter-7', max_model_len: 10 }] })).toEqual(new Set(['adapter-7']));
+    expect(cat.maxModelLen('adapter-7')).toBe(Number.POSITIVE_INFINITY);
+    expect(cat.maxModelLen('zzz')).toBe(Number.POSITIVE_INFINITY);
     expect(cat.list().data.map((m) => [m.id, m.max_model_len])).toEqual([
       ['a', 4096],
       ['b', null],
