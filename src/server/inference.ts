@@ -89,7 +89,7 @@ function routeOf(rt: Runtime, call: InferenceCall, served: Served): RouteRequest
     tokensPerBlock: rt.tokens.of(served.identity.tenant).tokensPerBlock(served.prompt, blockSize),
     outputTokensPerSequence: served.outputTokensPerSequence,
     tpotTargetMs: served.cls.tpot_p99_ms,
-    sessionId: sessionKey(header(call, rt.config.router.session_header)),
+    sessionId: sessionKey(header(call, rt.config.router.session_header), namedTenant(served.identity)),
   };
 }
 

@@ -88,11 +88,15 @@ export const SESSION_ID_CHARS = 64;
  * The session header's value as the router keeps it. Invariant: what the router remembers per
  * session is bounded whatever a client sends. It keeps up to 65,536 sessions; unique ids near the
  * 16 KiB header limit would hold about 1 GB. A longer id becomes its SHA-256 (43 characters), the
- * same for every request that sends it, so affinity is unchanged.
+ * same for every request that sends it, so affinity is unchanged. With tenants, the id is the
+ * tenant's own: another tenant sending the same id is another session (it does not steer the
+ * first one's requests, nor learn where they go).
  */
-export function sessionKey(value: string | undefined): string | undefined {
-  if (value === undefined || value.length <= SESSION_ID_CHARS) return value;
-  return createHash('sha256').update(value).digest('base64url');
+export function sessionKey(value: string | undefined, tenant: string | null = null): string | undefined {
+  if (value === undefined) return undefined;
+  const id =
+    value.length <= SESSION_ID_CHARS ? value : createHash('sha256').update(value).digest('base64url');
+  return tenant === null ? id : `${tenant}\u0000${id}`;
 }
 
 export function intake(

@@ -229,6 +229,13 @@ describe('sessionKey', () => {
     // Ids that differ only past any prefix stay apart.
     expect(sessionKey(a)).not.toBe(sessionKey(b));
   });
+
+  it("is the tenant's own with tenants: one id sent by two tenants is two sessions", () => {
+    expect(sessionKey('conv-1', 'acme')).not.toBe(sessionKey('conv-1', 'globex'));
+    expect(sessionKey('conv-1', 'acme')).toBe(sessionKey('conv-1', 'acme'));
+    expect(sessionKey('conv-1', null)).toBe('conv-1');
+    expect(sessionKey(undefined, 'acme')).toBeUndefined();
+  });
 });
 
 describe('parseJsonBody', () => {
