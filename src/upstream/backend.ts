@@ -3,7 +3,7 @@
 // (`available`), from those three signals. It does not count its in-flight requests: the live
 // state's leases do, for every gateway instance (src/state), and the scheduler reads them there.
 import { Pool } from 'undici';
-import { type AttemptBreaker, breakerAdmits } from './breaker.ts';
+import { type AttemptBreaker, breakerAdmits, trialCall } from './breaker.ts';
 import type { AttemptFailure } from './failure.ts';
 import type { HealthProbe } from './health.ts';
 import type { OutlierDetector } from './outlier.ts';
@@ -165,7 +165,7 @@ export class Backend {
    */
   async run(attempt: Attempt): Promise<AttemptEnd | null> {
     try {
-      await this.breaker.fire(() => attempt.start(this.pool));
+      await this.breaker.fire(trialCall(this.breaker, () => attempt.start(this.pool)));
     } catch {
       // A pre-commit failure already reached the breaker; `done` carries it below.
       if (!attempt.started) return null;

@@ -8,6 +8,9 @@
 //   one that ended before any answer for a reason of its own (the client left, its deadline, the
 //   gateway's cut) shows nothing, and counts as a failed trial: the breaker opens again and tries
 //   another after its reset timeout, instead of closing on a backend that may still be hanging.
+//   Which call is the trial is decided when it is fired (trialCall), not when a call ends: a call
+//   that began before the breaker opened and ends so during the trial is no trial, and goes on
+//   counting as before (filtered), so it cannot throw away the trial's answer.
 // - Half-open admits one new trial (opossum's pendingClose), and the backend is granted one slot
 //   for it until that slot ends (Backend.takeTrial); a failed trial reopens it. A body passed
 //   through whole may be the trial: its call, and the trial, end only with its body (up to
@@ -34,6 +37,15 @@ export interface BreakerOptions {
 
 export type AttemptBreaker = CircuitBreaker<[() => Promise<unknown>], unknown>;
 
+/** The action a breaker fires for one attempt; `trial` when it is a half-open breaker's one trial. */
+export type BreakerCall = (() => Promise<unknown>) & { trial?: true };
+
+/** `call`, marked as the trial when `b` is half-open with its trial unused (the call fired next takes it). */
+export function trialCall(b: AttemptBreaker, call: () => Promise<unknown>): BreakerCall {
+  if (b.halfOpen && b.pendingClose) (call as BreakerCall).trial = true;
+  return call;
+}
+
 /** Reasons an attempt ends for before the backend answered anything, none of them the backend's. */
 const SAYS_NOTHING: ReadonlySet<FailureReason> = new Set<FailureReason>([
   'client_cancelled',
@@ -42,7 +54,7 @@ const SAYS_NOTHING: ReadonlySet<FailureReason> = new Set<FailureReason>([
 ]);
 
 export function createBreaker(name: string, opts: BreakerOptions, rotate: EventEmitter): AttemptBreaker {
-  const breaker: AttemptBreaker = new CircuitBreaker((untilCommit: () => Promise<unknown>) => untilCommit(), {
+  return new CircuitBreaker((untilCommit: () => Promise<unknown>) => untilCommit(), {
     name,
     timeout: false,
     errorThresholdPercentage: opts.errorThresholdPercentage,
@@ -52,12 +64,11 @@ export function createBreaker(name: string, opts: BreakerOptions, rotate: EventE
     rollingCountBuckets: opts.rollingBuckets,
     rotateBucketController: rotate,
     enableSnapshots: false,
-    // True: not counted (opossum takes it as a success).
-    errorFilter: (err: unknown) =>
+    // True: not counted (opossum takes it as a success). opossum passes the fired action after the error.
+    errorFilter: (err: unknown, call?: BreakerCall) =>
       !(err instanceof AttemptFailure) ||
-      (!err.backendFault && !(breaker.halfOpen && SAYS_NOTHING.has(err.reason))),
+      (!err.backendFault && !(call?.trial === true && SAYS_NOTHING.has(err.reason))),
   });
-  return breaker;
 }
 
 /** True when the breaker would let a call through now (closed, or half-open with its trial unused). */

@@ -227,6 +227,62 @@ describe('a half-open trial that says nothing about the backend', () => {
   });
 });
 
+describe('a call that began before the breaker opened', () => {
+  it("cancelled by its client during another call's trial, does not throw the trial away", async () => {
+    let mode: 'fail' | 'hold' | 'ok' = 'fail';
+    let onHit = () => {};
+    let release = () => {};
+    const script: Script = async (req, res, hit) => {
+      onHit();
+      if (JSON.stringify(hit.body).includes('old')) return hang()(req, res, hit);
+      if (mode === 'hold') {
+        await new Promise<void>((r) => {
+          release = r;
+        });
+        return healthy(1)(req, res, hit);
+      }
+      return mode === 'ok' ? healthy(1)(req, res, hit) : status(500)(req, res, hit);
+    };
+    const { set, gw, events } = await fleet([script], {
+      ...outlier({ consecutiveFailures: 1000 }),
+      ...breaker({ volumeThreshold: 3, resetTimeoutMs: 300 }),
+    });
+    const b = set.get('b0')!;
+    // An old call, still waiting for its first token when the breaker opens.
+    let reached = new Promise<void>((r) => {
+      onHit = r;
+    });
+    const old = openStream(
+      gw.url,
+      '/v1/chat/completions',
+      chatBody({ messages: [{ role: 'user', content: 'old' }] }),
+    );
+    await reached;
+    // Failures until it opens (the old call counts in the breaker's volume).
+    while (b.state !== 'open') expect((await post(gw.url, chatBody())).status).toBe(502);
+    await vi.waitFor(() => expect(b.state).toBe('half_open'), { timeout: 2_000, interval: 5 });
+    // The trial reaches the backend and is held there; meanwhile the old call's client leaves.
+    mode = 'hold';
+    reached = new Promise<void>((r) => {
+      onHit = r;
+    });
+    const trial = post(gw.url, chatBody());
+    await reached;
+    old.abort();
+    // Let the old call's end reach the breaker before the trial answers.
+    await vi.waitFor(() => expect(gw.active()).toBe(1), { timeout: 2_000, interval: 5 });
+    release();
+    expect((await trial).status).toBe(200);
+    // The trial's answer decided: closed, not opened again by the old call's cancel.
+    expect(b.state).toBe('healthy');
+    expect(events.map((e) => e.type).filter((t) => t.startsWith('breaker'))).toEqual([
+      'breaker_open',
+      'breaker_half_open',
+      'breaker_close',
+    ]);
+  });
+});
+
 describe('isolation (item 13)', () => {
   it("one request's first-token timeout does not abort another stream on the same backend", async () => {
     const script: Script = async (req, res, hit) => {
