@@ -160,6 +160,12 @@ function classSet(c: Config): Set<string> {
   return new Set(Object.keys(c.sla.classes));
 }
 
+/** The tenants requests are counted under: those configured, or `anonymous` on an open gateway. */
+function tenantSet(c: Config): Set<string> {
+  const names = (c.tenants ?? []).map((t) => t.name);
+  return new Set(names.length > 0 ? names : [ANONYMOUS]);
+}
+
 /** Settings a reload cannot change in a running process; a change to one is logged, not applied. */
 function restartOnlyChanges(prev: Config, next: Config): string[] {
   const changed: string[] = [];
@@ -300,6 +306,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     // Learnt from what the backends count, per tenant over the fleet's; the prefix index sizes
     // itself in tokens with the fleet's.
     const tokens = new TokenEstimates();
+    tokens.retain(tenantSet(config));
     // Live state: local first; with `state.store: redis`, shared in the background. ready() is
     // bounded by the connect timeout and resolves degraded when Redis is down (never throws).
     const live = createLiveState(config.state, {
@@ -313,6 +320,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       blockSizeTokens: () => (rtRef?.config ?? config).router.block_size_tokens,
     });
     undo.push(() => live.close());
+    live.retainClasses(classSet(config));
     await live.ready();
     const initialModels = new ModelCatalog(config.models);
     // A backend that comes up during this first refresh asks for one more after it.
@@ -403,7 +411,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         logger.warn({ keys: frozen }, 'config reload: these settings apply only after a restart');
       rt.policy = policy;
       rt.auth = createAuthenticator(next.tenants, next.sla.default_class, classSet(next));
-      rt.tokens.retain(new Set([ANONYMOUS, ...(next.tenants ?? []).map((t) => t.name)]));
+      rt.tokens.retain(tenantSet(next));
       rt.proxy = proxyConfig(next);
       rt.config = next;
       metrics.setClasses(next.sla.classes);

@@ -17,6 +17,8 @@ export class TokenEstimates {
   readonly fleet = new TokenEstimate();
   /** One per tenant that has sent a prompt to learn from: the configured tenants, or `anonymous`. */
   readonly #own = new Map<string, TokenEstimate>();
+  /** The tenants configured (retain); null until told: any. */
+  #tenants: ReadonlySet<string> | null = null;
 
   /** The estimate `tenant`'s requests are counted with. */
   of(tenant: string): TokenEstimate {
@@ -28,14 +30,17 @@ export class TokenEstimates {
     this.fleet.learn(...counted);
     let own = this.#own.get(tenant);
     if (own === undefined) {
+      // A request of a tenant a reload removed, ending now, makes no estimate of its own.
+      if (this.#tenants !== null && !this.#tenants.has(tenant)) return;
       own = new TokenEstimate(undefined, undefined, this.fleet, OWN_PROMPTS);
       this.#own.set(tenant, own);
     }
     own.learn(...counted);
   }
 
-  /** Forgets the tenants a reload removed. */
+  /** The tenants configured (at start and at every reload): the others' estimates are forgotten. */
   retain(tenants: ReadonlySet<string>): void {
+    this.#tenants = tenants;
     for (const name of this.#own.keys()) if (!tenants.has(name)) this.#own.delete(name);
   }
 }

@@ -234,8 +234,10 @@ export interface LiveState {
   /** Config reload: new backends start empty, removed ones are forgotten (their leases no longer count). */
   setBackends(list: readonly ScrapeTarget[]): void;
   /**
-   * Config reload: the latency windows of classes no longer configured are dropped, so that the
-   * classes a backend tracks (MAX_CLASSES) are those configured, however many reloads renamed them.
+   * The classes configured (at start and at every reload): the latency windows of others are
+   * dropped, and a request of a class a reload removed, still running, makes none when it ends,
+   * so the classes a backend tracks (MAX_CLASSES) are those configured, however many reloads
+   * renamed them.
    */
   retainClasses(classes: ReadonlySet<string>): void;
   /** Resolves when the first exchange with the store has finished (at once for memory). */
@@ -308,6 +310,8 @@ class LiveStateImpl implements LiveState {
   #remoteVersion = 0;
   /** Peers counted at the last exchange; and those of the view an outage dropped (0 once one succeeds). */
   #peersCounted = 0;
+  /** The classes configured (retainClasses); null until told: any class. */
+  #classes: ReadonlySet<string> | null = null;
   #peersLost = 0;
   readonly #latencyCache = new Map<
     string,
@@ -399,13 +403,14 @@ class LiveStateImpl implements LiveState {
     const be = this.#backends.get(s.backend)?.state;
     if (be === undefined) return;
     const now = this.#now();
-    be.window(s.class)?.record(now, {
-      ttftMs: s.ttftMs,
-      tpotMs: s.tpotMs,
-      queueMs: s.queueMs,
-      promptTokens: nonNegative(s.promptTokens),
-      completionTokens: nonNegative(s.completionTokens),
-    });
+    if (this.#classes === null || this.#classes.has(s.class))
+      be.window(s.class)?.record(now, {
+        ttftMs: s.ttftMs,
+        tpotMs: s.tpotMs,
+        queueMs: s.queueMs,
+        promptTokens: nonNegative(s.promptTokens),
+        completionTokens: nonNegative(s.completionTokens),
+      });
     if (s.tpotMs !== null && Number.isFinite(s.tpotMs) && s.tpotMs >= 0) {
       this.#learn(be, 'tpot', [nonNegative(s.loadAtDispatch)], s.tpotMs, now);
     }
@@ -675,13 +680,8 @@ class LiveStateImpl implements LiveState {
     };
   }
 
-  /**
-   * Invariants: a backend whose URL changed is another server under the same name, and starts
-   * afresh (nothing learnt of the old one, no blocks in its cache, no requests in flight on it);
-   * a backend removed while requests ran on it and added back at the same URL adopts their counts,
-   * which their leases still decrement, so it does not look idle while they finish.
-   */
   retainClasses(classes: ReadonlySet<string>): void {
+    this.#classes = classes;
     for (const { state } of this.#backends.values()) {
       let dropped = false;
       for (const cls of state.windows.keys()) {
@@ -693,6 +693,12 @@ class LiveStateImpl implements LiveState {
     }
   }
 
+  /**
+   * Invariants: a backend whose URL changed is another server under the same name, and starts
+   * afresh (nothing learnt of the old one, no blocks in its cache, no requests in flight on it);
+   * a backend removed while requests ran on it and added back at the same URL adopts their counts,
+   * which their leases still decrement, so it does not look idle while they finish.
+   */
   setBackends(list: readonly ScrapeTarget[]): void {
     const wanted = new Map(list.map((b) => [b.name, b.url]));
     for (const [name, d] of this.#draining) if (d.inflight.counts.requests <= 0) this.#draining.delete(name);

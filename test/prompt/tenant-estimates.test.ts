@@ -41,5 +41,10 @@ describe('TokenEstimates', () => {
     expect(est.of('gone')).not.toBe(est.fleet);
     est.retain(new Set(['kept']));
     expect(est.of('gone')).toBe(est.fleet);
+    // Its requests still running when the reload came make no estimate of its own as they end.
+    for (let i = 0; i < OWN_PROMPTS; i++) est.learn('gone', ...counted(6));
+    expect(est.of('gone')).toBe(est.fleet);
+    for (let i = 0; i < OWN_PROMPTS; i++) est.learn('kept', ...counted(6));
+    expect(est.of('kept')).not.toBe(est.fleet);
   });
 });

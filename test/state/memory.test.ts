@@ -162,6 +162,9 @@ describe('LiveState with the memory store', () => {
     s.retainClasses(new Set(['kept']));
     const v = s.backendView('gpu-0')!;
     expect(Object.keys(v.byClass)).toEqual(['kept']);
+    // A request of the removed class still running when the reload came makes no window as it ends.
+    observe(s, sample({ class: 'old', ttftMs: 100 }));
+    expect(Object.keys(s.backendView('gpu-0')!.byClass)).toEqual(['kept']);
     // Many reloads, each renaming the class: the last one's samples are still recorded (past
     // MAX_CLASSES windows, a new class's would be dropped).
     for (let i = 0; i < 100; i++) {
