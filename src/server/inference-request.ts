@@ -71,6 +71,13 @@ function invalid(message: string, param: string): GatewayError {
   return new GatewayError('invalid_request', message, { param });
 }
 
+function tooManySequences(sequences: number, param: string): GatewayError {
+  return invalid(
+    `A request may ask for at most ${MAX_SEQUENCES} sequences (prompts × n); this one asks for ${sequences}. Send the prompts in smaller batches.`,
+    param,
+  );
+}
+
 function isRecord(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
@@ -134,6 +141,8 @@ function promptParts(endpoint: Endpoint, body: Record<string, unknown>): PromptP
   }
   if (typeof prompt === 'string') return [prompt];
   if (isTokenIds(prompt)) return [prompt];
+  // More prompts than sequences allowed: refused before each is looked at (see below, MAX_SEQUENCES).
+  if (Array.isArray(prompt) && prompt.length > MAX_SEQUENCES) throw tooManySequences(prompt.length, 'prompt');
   if (Array.isArray(prompt) && prompt.length > 0) {
     if (prompt.every((p) => typeof p === 'string')) return prompt as string[];
     if (prompt.every(isTokenIds)) return prompt as number[][];
@@ -241,10 +250,7 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
   const parts = promptParts(endpoint, body);
   const sequences = (endpoint === 'chat' ? 1 : parts.length) * (typeof n === 'number' ? n : 1);
   if (sequences > MAX_SEQUENCES) {
-    throw invalid(
-      `A request may ask for at most ${MAX_SEQUENCES} sequences (prompts × n); this one asks for ${sequences}. Send the prompts in smaller batches.`,
-      endpoint === 'completions' && parts.length > 1 ? 'prompt' : 'n',
-    );
+    throw tooManySequences(sequences, endpoint === 'completions' && parts.length > 1 ? 'prompt' : 'n');
   }
   const stream = body.stream === true;
   const assembleKind: AssembleKind = endpoint === 'chat' ? 'chat' : 'completion';

@@ -24,8 +24,9 @@ const TARGET_COLOR = '#1d2330';
 
 const history = { t: [], rows: [] };
 let prevCounts = null;
-/** The previous counts' reading on the gateway's clock (uptime_ms), ms. */
+/** The previous counts' reading on the gateway's clock (uptime_ms), ms; and their receipt here, s. */
 let prevUptimeMs = null;
+let prevT = null;
 /** The instance the previous counts came from: counts are per instance, so rates are too. */
 let prevInstance = null;
 const charts = {};
@@ -38,7 +39,7 @@ const own = (obj, key) => (Object.hasOwn(obj, key) ? obj[key] : undefined);
 const fmt = (v, digits = 0) => (v === null || v === undefined || Number.isNaN(v) ? '–' : v.toFixed(digits));
 
 /** One row of history from one state: every series value keyed by chart and series name. */
-function sample(s) {
+function sample(s, t) {
   const row = { ttft: {}, tpot: {}, queue: {}, decisions: {}, inflight: {}, kv: {} };
   let inflight = 0;
   let limit = 0;
@@ -70,14 +71,11 @@ function sample(s) {
   // two instances, and a restarted instance counts from 0 again: those polls draw no rate rather
   // than one instance's total minus another's.
   // Over the time between the two readings on the gateway's clock: a poll answered late (a slow
-  // network, a busy browser) would otherwise stretch one interval and squeeze the next.
-  if (
-    prevCounts !== null &&
-    s.uptime_ms > prevUptimeMs &&
-    s.instance === prevInstance &&
-    !countsFell(prevCounts, counts)
-  ) {
-    const dt = (s.uptime_ms - prevUptimeMs) / 1000;
+  // network, a busy browser) would otherwise stretch one interval and squeeze the next. A gateway
+  // too old to say (no uptime_ms, mid-upgrade) is read by the times its answers came.
+  const gatewayClock = typeof s.uptime_ms === 'number' && typeof prevUptimeMs === 'number';
+  const dt = gatewayClock ? (s.uptime_ms - prevUptimeMs) / 1000 : t - prevT;
+  if (prevCounts !== null && dt > 0 && s.instance === prevInstance && !countsFell(prevCounts, counts)) {
     for (const decision of ['admitted', 'refused']) {
       const now = counts[decision];
       const before = prevCounts[decision];
@@ -93,6 +91,7 @@ function sample(s) {
   }
   prevCounts = structuredClone(counts);
   prevUptimeMs = s.uptime_ms;
+  prevT = t;
   prevInstance = s.instance;
   return row;
 }
@@ -305,7 +304,7 @@ async function poll() {
     if (!res.ok) throw new Error(`GET /admin/state: ${res.status}`);
     const s = await res.json();
     const t = Date.now() / 1000;
-    keep(t, sample(s));
+    keep(t, sample(s, t));
     renderStatus(s);
     renderTable(s);
     drawAll();
