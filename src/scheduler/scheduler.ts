@@ -579,6 +579,12 @@ export class Scheduler {
               : "evicted from the queue: its tenant held the most of it, and another tenant's request needed a place",
           ),
         );
+        this.#expiries.push(w);
+        this.#armExpiry();
+        // The victim may have held a backend closed to those behind it in the pump above (this
+        // request among them): they are looked at again without it, as after a cancel.
+        this.pump();
+        return;
       }
       this.#expiries.push(w);
       this.#armExpiry();

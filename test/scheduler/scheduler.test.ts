@@ -555,6 +555,32 @@ describe('refusals while waiting', () => {
     expect(refused).toEqual(['a3:queue_full', 'a2:queue_full']);
   });
 
+  it('queue full: the entries behind a victim are looked at again at once, as after a cancel', async () => {
+    const s = settings({
+      maxQueue: 1,
+      concurrency: { ...settings().concurrency, initial: 8, prefillTokens: 1000 },
+    });
+    const { scheduler } = setup(['a'], s);
+    const big = await scheduler.ticket(req({ uncachedTokens: 800, promptTokens: 800 })).acquire(first());
+    // A sheddable entry waits for prefill room on a (800 pending + 300 > 1000), closing a to
+    // those behind it.
+    const victim = scheduler
+      .ticket(req({ reqId: 'v', sheddable: true, uncachedTokens: 300, promptTokens: 300 }))
+      .acquire(first());
+    expect(await state(victim)).toBe('waiting');
+    // A protected request of a lower priority queues behind it, though a has room for its 10
+    // tokens, and takes its place in the full queue.
+    const next = scheduler
+      .ticket(req({ reqId: 'w', priority: 10, uncachedTokens: 10, promptTokens: 10 }))
+      .acquire(first());
+    const [evicted, got] = await Promise.all([state(victim), state(next)]);
+    expect(evicted).toMatchObject({ error: { code: 'queue_full' } });
+    // Without the victim, a is open to it: it goes now, not at the next event.
+    expect((got as Slot).backend.name).toBe('a');
+    (got as Slot).release();
+    big!.release();
+  });
+
   it('queue full: a protected request evicts the worst sheddable one; a sheddable one is refused', async () => {
     const s = settings({ maxQueue: 2, concurrency: { ...settings().concurrency, initial: 1 } });
     const { scheduler, refused } = setup(['a'], s);
