@@ -2,7 +2,7 @@
 // functions of the bench records, the replicas' counters and the runs, so each can be checked
 // on hand-made data. A figure that was not measured is null (printed `–`), never 0.
 import type { RequestRecord } from './client.ts';
-import type { BenchMetrics, Slo } from './metrics.ts';
+import { type BenchMetrics, percentile, type Slo } from './metrics.ts';
 
 /** DistServe's goodput rate: the highest arrival rate at which at least this share meets the SLO. */
 export const GOODPUT_ATTAINMENT = 0.9;
@@ -79,7 +79,15 @@ export function runFigures(
   const busiest = Math.max(0, ...Object.values(backendRequests));
   const hasSlo = slo !== undefined && Object.values(slo).some((v) => v !== undefined);
   const withTpot = ok.some((r) => r.outputLen > 1);
-  const p99 = (d: BenchMetrics['ttft']) => d.percentiles.find(([p]) => p === 99)?.[1] ?? null;
+  // From the records: the run's own --percentiles need not hold 99 (numpy's linear method, as metrics.ts).
+  const p99Ms = (values: number[]) =>
+    values.length === 0
+      ? null
+      : 1000 *
+        percentile(
+          values.sort((a, b) => a - b),
+          99,
+        );
   return {
     requests,
     ok: ok.length,
@@ -88,8 +96,10 @@ export function runFigures(
     goodput: hasSlo ? metrics.requestGoodput : null,
     attainment: hasSlo ? share(metrics.goodCompleted, requests) : null,
     ttftP50Ms: ok.length > 0 ? metrics.ttft.median : null,
-    ttftP99Ms: ok.length > 0 ? p99(metrics.ttft) : null,
-    tpotP99Ms: withTpot ? p99(metrics.tpot) : null,
+    ttftP99Ms: p99Ms(ok.map((r) => r.ttft)),
+    tpotP99Ms: withTpot
+      ? p99Ms(ok.filter((r) => r.outputLen > 1).map((r) => (r.latency - r.ttft) / (r.outputLen - 1)))
+      : null,
     refusedShare: share(refused, requests),
     failedShare: share(requests - ok.length - refused, requests),
     prefixHitRate: prefix,

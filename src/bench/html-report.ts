@@ -194,9 +194,13 @@ function asset(file: string): string {
   return readFileSync(require.resolve(`uplot/dist/${file}`), 'utf8');
 }
 
-/** The whole page. Data and scripts are inlined; `</` in them is escaped so none ends a tag. */
+/**
+ * The whole page. Data and scripts are inlined; `</` in them is escaped so none ends a tag, and
+ * every `<` of the data (a label is a target URL the operator typed), so no `<!--` opens a comment
+ * that would swallow the closing tag.
+ */
 export function htmlReport(input: ReportInput): string {
-  const data = JSON.stringify(chartData(input)).replaceAll('</', '<\\/');
+  const data = JSON.stringify(chartData(input)).replaceAll('<', '\\u003c');
   const uplotJs = asset('uPlot.iife.min.js').replaceAll('</script', '<\\/script');
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>${esc(input.title)}</title>

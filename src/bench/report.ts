@@ -158,8 +158,10 @@ export function resultJson(
   out.seed = info.seed;
   out.not_sent = info.notSent;
   out.slo = info.slo;
-  out.good_completed = info.slo === null ? null : m.goodCompleted;
-  out.slo_attainment = info.slo === null || records.length === 0 ? null : m.goodCompleted / records.length;
+  // No SLO given (or one of no targets): nothing was judged, so neither count is a 0.
+  const judged = m.requestGoodput !== null;
+  out.good_completed = judged ? m.goodCompleted : null;
+  out.slo_attainment = !judged || records.length === 0 ? null : m.goodCompleted / records.length;
   if (detailed) {
     out.statuses = records.map((r) => r.status);
     out.response_headers = records.map((r) => r.headers);

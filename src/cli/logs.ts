@@ -108,7 +108,11 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
     // can tell a damaged file from a whole one.
     if (args.values.pretty || readerGone) return unreadable ? 1 : 0;
     const report = summary.report();
-    const out = args.values.json ? `${JSON.stringify(report, null, 2)}\n` : formatReport(report);
+    // The summary's lines quote records' strings (classes, tenants, backends, request ids, reasons):
+    // each is made visible as --pretty's lines are, so that no log another tool wrote can hide text.
+    const out = args.values.json
+      ? `${JSON.stringify(report, null, 2)}\n`
+      : formatReport(visibleDeep(report) as LogsReport);
     // Written whole before the handler goes: a reader that left meanwhile (EPIPE) ends it quietly.
     // The write's callback comes once it is done or has failed, on a stream already gone too.
     await new Promise<void>((resolve) => io.stdout.write(out, () => resolve()));
@@ -330,6 +334,16 @@ const CONTROLS = /[\u0000-\u001f\u007f-\u009f]/g;
 /** `s` with every control character written as its JSON escape, so one record is one line. */
 function visible(s: string): string {
   return s.replace(CONTROLS, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+}
+
+/** `v` with every string in it, keys included, made visible: a report whose text quotes records. */
+function visibleDeep(v: unknown): unknown {
+  if (typeof v === 'string') return visible(v);
+  if (Array.isArray(v)) return v.map(visibleDeep);
+  if (v === null || typeof v !== 'object') return v;
+  const out: Record<string, unknown> = Object.create(null);
+  for (const [k, x] of Object.entries(v)) out[visible(k)] = visibleDeep(x);
+  return out;
 }
 
 function vsTarget(v: number | null, target: number | null): string {

@@ -162,6 +162,16 @@ describe('run figures', () => {
     expect(f.prefixHitRate).toBe(0.25);
     expect(f.ttftP50Ms).toBeCloseTo(100, 9);
     expect(f.tpotP99Ms).toBeCloseTo(10, 9);
+    // The same P99s when the run's own percentiles leave 99 out (`--percentiles 50,90`).
+    const without = runFigures(
+      records,
+      computeMetrics(records, 2, { percentiles: [50, 90], slo: SLO }),
+      2,
+      SLO,
+      0.25,
+    );
+    expect(without.ttftP99Ms).toBeCloseTo(f.ttftP99Ms!, 9);
+    expect(without.tpotP99Ms).toBeCloseTo(f.tpotP99Ms!, 9);
   });
 
   it('counts a backend named like a method of every object (toString) as any other', () => {

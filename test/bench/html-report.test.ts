@@ -2,13 +2,16 @@
 // simulated fleets and gateways in child processes) written by the CLI, opened in Debian's
 // headless Chromium with playwright-core: no page errors, and one chart per policy for each
 // latency distribution plus the charts across rates.
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import type { BrowserContext } from 'playwright-core';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { byPercentile } from '../../src/bench/html-report.ts';
+import type { RequestRecord } from '../../src/bench/client.ts';
+import { runFigures } from '../../src/bench/compare-report.ts';
+import { byPercentile, htmlReport } from '../../src/bench/html-report.ts';
+import { computeMetrics } from '../../src/bench/metrics.ts';
 import { launchChromium } from '../helpers/chromium.ts';
 import { runSlagate, SMALL_SWEEP } from '../helpers/cli.ts';
 
@@ -98,3 +101,55 @@ it('bench compare --report writes a page that opens without errors, one chart pe
   expect(await page.locator('table.runs tbody tr').count()).toBe(4);
   expect(errors).toEqual([]);
 }, 120_000);
+
+it('a label holding "<!--" (a target URL the operator typed) neither opens a comment nor stops the charts', async () => {
+  const target = 'http://127.0.0.1:1/#<!--<script>';
+  const records: RequestRecord[] = Array.from({ length: 5 }, (_, i) => ({
+    index: i,
+    requestId: `r${i}`,
+    startTime: i * 0.1,
+    queueTime: 0,
+    ttft: 0.1 + i * 0.01,
+    itl: new Array(9).fill(0.01),
+    latency: 0.19 + i * 0.01,
+    promptLen: 10,
+    outputLen: 10,
+    success: true,
+    error: '',
+    status: 200,
+    headers: {},
+  }));
+  const metrics = computeMetrics(records, 1, { percentiles: [99] });
+  const file = join(dir, 'label.html');
+  await writeFile(
+    file,
+    htmlReport({
+      title: `slagate bench: ${target}`,
+      subtitle: 'five requests',
+      slo: null,
+      runs: [
+        {
+          policy: target,
+          rate: 10,
+          records,
+          figures: runFigures(records, metrics, 1, undefined, null),
+          throughput: metrics.requestThroughput,
+          error: null,
+        },
+      ],
+    }),
+  );
+  const page = await browser.newPage();
+  const errors: string[] = [];
+  page.on('pageerror', (err) => errors.push(err.message));
+  await page.goto(pathToFileURL(file).href);
+  await page.waitForFunction(
+    () => (globalThis as unknown as { slagateReport?: unknown }).slagateReport !== undefined,
+  );
+  const charts = await page.evaluate(
+    () => (globalThis as unknown as { slagateReport: { charts: unknown[] } }).slagateReport.charts.length,
+  );
+  expect(charts).toBeGreaterThan(0);
+  expect(errors).toEqual([]);
+  await page.close();
+});

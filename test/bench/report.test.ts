@@ -159,6 +159,13 @@ describe('resultJson', () => {
     ).toBe('inf');
   });
 
+  it('an SLO of no targets judged nothing: its counts are null, not 0', () => {
+    const unjudged = { ...METRICS, requestGoodput: null, goodCompleted: 0 };
+    const json = resultJson(unjudged, { ...INFO, slo: {} }, [], false);
+    expect(json.good_completed).toBeNull();
+    expect(json.slo_attainment).toBeNull();
+  });
+
   it('adds the per-request arrays when detailed', () => {
     const record = {
       index: 0,

@@ -404,6 +404,30 @@ describe('slagate logs', () => {
     expect(pretty.out().trimEnd().split('\n')).toHaveLength(2);
   });
 
+  it("prints no record's control characters raw in the summary: an escape sequence cannot hide text", async () => {
+    const path = join(dir, 'admission.log');
+    const rec = {
+      kind: 'admission',
+      req_id: 'x\u001b[2J',
+      class: 'inter\nactive',
+      decision: 'admitted',
+      reason: 'ok',
+      outcome: 'ok',
+      ttft_ms: 900,
+      ttft_target_ms: 500,
+      tpot_target_ms: 50,
+    };
+    await appendFile(path, `${JSON.stringify(rec)}\n`);
+    const text = io();
+    expect(await logsCommand([path], text.io)).toBe(0);
+    const out = text.out();
+    // Written as their escapes: no line forged by a newline in a class name, no escape sequence.
+    expect(out).toContain('x\\u001b[2J');
+    expect(out).toContain('inter\\u000aactive');
+    expect(out).not.toContain('\u001b');
+    expect(out.split('\n').some((l) => l.trimStart().startsWith('active'))).toBe(false);
+  });
+
   it('prints the same summary as text', async () => {
     const path = join(dir, 'admission.log');
     await writeMix(path);
