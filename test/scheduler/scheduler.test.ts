@@ -670,6 +670,16 @@ describe('refusals while waiting', () => {
       vi.useRealTimers();
     });
 
+    /** Still waiting 1 ms before `ms` on the shared clock and its timers, refused queue_timeout at `ms`. */
+    async function refusedAfter(f: ReturnType<typeof setup>, late: Promise<Slot | null>, ms: number) {
+      f.tick(ms - 1);
+      vi.advanceTimersByTime(ms - 1);
+      expect(await state(late)).toBe('waiting');
+      f.tick(1);
+      vi.advanceTimersByTime(1);
+      expect(await state(late)).toMatchObject({ error: { code: 'queue_timeout' } });
+    }
+
     it('a request still queued at its latest start is refused queue_timeout, not served late', async () => {
       vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
       const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
@@ -688,12 +698,7 @@ describe('refusals while waiting', () => {
           }),
         )
         .acquire(first());
-      f.tick(199);
-      vi.advanceTimersByTime(199);
-      expect(await state(late)).toBe('waiting');
-      f.tick(1);
-      vi.advanceTimersByTime(1);
-      expect(await state(late)).toMatchObject({ error: { code: 'queue_timeout' } });
+      await refusedAfter(f, late, 200);
       expect(f.scheduler.view().queued).toBe(0);
       held!.release();
     });
@@ -708,12 +713,7 @@ describe('refusals while waiting', () => {
       const late = f.scheduler
         .ticket(req({ reqId: 'late', arrivedAt: t0, ttftTargetMs: 120_000, deadlineAt: t0 + 150 }))
         .acquire(first());
-      f.tick(149);
-      vi.advanceTimersByTime(149);
-      expect(await state(late)).toBe('waiting');
-      f.tick(1);
-      vi.advanceTimersByTime(1);
-      expect(await state(late)).toMatchObject({ error: { code: 'queue_timeout' } });
+      await refusedAfter(f, late, 150);
       held!.release();
     });
   });

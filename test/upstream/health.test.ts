@@ -1,6 +1,7 @@
 // Backend health: passive ejection with its cap, the breaker's accounting and half-open trial,
 // isolation of timeouts, active probes, and reload without dropped requests or leaked timers.
 import { afterEach, describe, expect, it, vi } from 'vitest';
+import type { Backend } from '../../src/upstream/backend.ts';
 import type { BackendEvent, BackendSetOptions } from '../../src/upstream/backends.ts';
 import { BackendSet } from '../../src/upstream/backends.ts';
 import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
@@ -50,6 +51,23 @@ const outlier = (o: Partial<BackendSetOptions['outlier']>) => ({
 const breaker = (o: Partial<BackendSetOptions['breaker']>) => ({
   breaker: { ...DEFAULT_BACKEND_SET_OPTIONS.breaker, ...o },
 });
+
+/**
+ * Opened twice, with a failed (or inconclusive) trial between: half-open again, the next trial
+ * succeeds and closes the breaker.
+ */
+async function closesOnTheNextTrial(b: Backend, url: string, events: BackendEvent[]): Promise<void> {
+  await vi.waitFor(() => expect(b.state).toBe('half_open'), { timeout: 2_000, interval: 5 });
+  expect((await post(url, chatBody())).status).toBe(200);
+  expect(b.state).toBe('healthy');
+  expect(events.map((e) => e.type).filter((t) => t.startsWith('breaker'))).toEqual([
+    'breaker_open',
+    'breaker_half_open',
+    'breaker_open',
+    'breaker_half_open',
+    'breaker_close',
+  ]);
+}
 
 describe('passive outlier ejection (item 9)', () => {
   it('ejects after N consecutive failures, but never more than the ejection cap', async () => {
@@ -169,16 +187,7 @@ describe('breaker', () => {
     expect(ups[0]!.hits).toHaveLength(4);
 
     ok = true;
-    await vi.waitFor(() => expect(b.state).toBe('half_open'), { timeout: 2_000, interval: 5 });
-    expect((await post(gw.url, chatBody())).status).toBe(200);
-    expect(b.state).toBe('healthy');
-    expect(events.map((e) => e.type).filter((t) => t.startsWith('breaker'))).toEqual([
-      'breaker_open',
-      'breaker_half_open',
-      'breaker_open',
-      'breaker_half_open',
-      'breaker_close',
-    ]);
+    await closesOnTheNextTrial(b, gw.url, events);
   });
 });
 
@@ -214,16 +223,7 @@ describe('a half-open trial that says nothing about the backend', () => {
     // Nothing was learnt about the backend: not closed on it, open again until the next trial.
     expect(b.state).toBe('open');
     mode = 'ok';
-    await vi.waitFor(() => expect(b.state).toBe('half_open'), { timeout: 2_000, interval: 5 });
-    expect((await post(gw.url, chatBody())).status).toBe(200);
-    expect(b.state).toBe('healthy');
-    expect(events.map((e) => e.type).filter((t) => t.startsWith('breaker'))).toEqual([
-      'breaker_open',
-      'breaker_half_open',
-      'breaker_open',
-      'breaker_half_open',
-      'breaker_close',
-    ]);
+    await closesOnTheNextTrial(b, gw.url, events);
   });
 });
 
