@@ -80,14 +80,11 @@ export function runFigures(
   const hasSlo = slo !== undefined && Object.values(slo).some((v) => v !== undefined);
   const withTpot = ok.some((r) => r.outputLen > 1);
   // From the records: the run's own --percentiles need not hold 99 (numpy's linear method, as metrics.ts).
-  const p99Ms = (values: number[]) =>
-    values.length === 0
-      ? null
-      : 1000 *
-        percentile(
-          values.sort((a, b) => a - b),
-          99,
-        );
+  const p99Ms = (values: number[]): number | null => {
+    if (values.length === 0) return null;
+    values.sort((a, b) => a - b);
+    return 1000 * percentile(values, 99);
+  };
   return {
     requests,
     ok: ok.length,
