@@ -130,7 +130,29 @@ export function frontDoor(
   // A restart-only setting (app.ts's body limit for the other routes is fixed when it is built too):
   // read once, so that a reload that changes it changes neither.
   const bodyLimit = rt.config.server.body_limit_bytes;
-  return (req, res) => {
+  const onRequest = (req: IncomingMessage, res: ServerResponse): void => {
+    // Invariant: a request is served once its response has the connection. A pipelined request
+    // (sent behind another on one connection) gets a response queued behind the one still being
+    // written, and on Node 20 a queued response is never told when the connection dies: served
+    // early, it would hold its record, its place in the shutdown's count and an upstream stream
+    // for good. It waits for its turn; if the connection dies first, it ends as a cancel.
+    if (res.socket === null) {
+      const turn = () => {
+        req.off('close', gone);
+        onRequest(req, res);
+      };
+      const gone = () => {
+        res.off('socket', turn);
+        const path = routePath(req.url ?? '/');
+        if (inferenceShaped(path, req.method)) {
+          const record = rt.admissionLog.begin({ req_id: requestId(req) });
+          endRecord(rt, record, 'client_cancelled', { decision: null, reason: 'client_cancelled' });
+        }
+      };
+      res.once('socket', turn);
+      req.once('close', gone);
+      return;
+    }
     const id = requestId(req);
     const path = routePath(req.url ?? '/');
     const method = req.method;
@@ -148,6 +170,7 @@ export function frontDoor(
     }
     serveInference(rt, endpoint, req, res, id, record, bodyLimit);
   };
+  return onRequest;
 }
 
 /**
