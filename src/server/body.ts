@@ -13,8 +13,11 @@
 //     could not have been answered in time anyway)
 //   bytes that are not a JSON value, poisoned, or nested deeper than 128 → 400 invalid_request, param body
 //
-// After any of these refusals the front door closes the connection, as fastify did, so the rest of
-// an oversized or endless upload is never read.
+// After a refusal made while reading (too large, not JSON, too slow) the front door closes the
+// connection, as fastify did, so the rest of an oversized or endless upload is never read. One made
+// from the head (media type, encoding, declared length: `unread`) is answered as a refused key is
+// (front.ts, dropUnreadBody): a body of a declared length within the limit is let in and dropped,
+// so the client reads the answer rather than a reset; any other ends the connection.
 //
 // Invariants: `done` is called at most once; it is never called for a request whose connection
 // closed mid-body (the front door's 'close' safety net ends that record); the bytes handed on are
@@ -24,7 +27,16 @@ import type { IncomingMessage } from 'node:http';
 import { GatewayError } from '../errors/index.ts';
 import { parseJsonBody } from './json-body.ts';
 
-export type BodyDone = (err: GatewayError | null, body: unknown, raw: Buffer | null) => void;
+/**
+ * `unread`: the refusal was made from the head, before any byte of the body was asked for (its
+ * media type, its encoding, its declared length), so the body is still on its way.
+ */
+export type BodyDone = (
+  err: GatewayError | null,
+  body: unknown,
+  raw: Buffer | null,
+  unread?: boolean,
+) => void;
 
 const tooLarge = (): GatewayError => new GatewayError('body_too_large', 'Request body is too large.');
 
@@ -65,6 +77,7 @@ export function readJsonBody(
       }),
       undefined,
       null,
+      true,
     );
     return;
   }
@@ -81,11 +94,12 @@ export function readJsonBody(
       ),
       undefined,
       null,
+      true,
     );
     return;
   }
   if (length !== undefined && Number(length) > limit) {
-    done(tooLarge(), undefined, null);
+    done(tooLarge(), undefined, null, true);
     return;
   }
   beforeRead?.();

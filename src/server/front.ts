@@ -222,7 +222,13 @@ function bodyDeadline(
   record: RequestRecord | null,
 ): void {
   const timer = setTimeout(() => {
-    if (req.complete || res.writableEnded) return;
+    if (req.complete) return;
+    // Answered (fastify answers some requests without their body: a 405, a 404) while the body
+    // still trickles in, which Node reads and drops for as long as it comes: the connection goes.
+    if (res.writableEnded) {
+      req.socket.destroy();
+      return;
+    }
     if (res.headersSent) {
       res.destroy();
       return;
@@ -240,7 +246,15 @@ function bodyDeadline(
     writeErrorResponse(res, err, { 'x-request-id': id, connection: 'close' });
   }, rt.config.upstream.first_token_timeout_ms);
   timer.unref();
-  res.once('close', () => clearTimeout(timer));
+  // Until the body is all in (or the connection gone), not until the answer: an answer may come
+  // first. Removes itself: a kept connection would otherwise gather one listener per request.
+  const clear = () => {
+    clearTimeout(timer);
+    req.off('end', clear);
+    req.socket.off('close', clear);
+  };
+  req.once('end', clear);
+  req.socket.once('close', clear);
 }
 
 function beginRecord(rt: Runtime, id: string, res: ServerResponse): RequestRecord {
@@ -317,11 +331,17 @@ function serveInference(
     req,
     bodyLimit,
     rt.config.upstream.first_token_timeout_ms,
-    (err, body, raw) => {
+    (err, body, raw, unread) => {
       shutdown?.offAbort(cut);
       if (answered) return;
       answered = true;
       if (err !== null) {
+        // Refused from its head (its media type, its encoding, its declared length): the body is
+        // still coming, and is let in and dropped, or the connection ends, as for a refused key.
+        if (unread === true) {
+          refuseBeforeBody(rt, req, res, id, record, err, bodyLimit);
+          return;
+        }
         // The connection ends after a body the gateway refused (as fastify's body stage did): the
         // rest of an oversized or endless upload is not read and discarded.
         res.setHeader('connection', 'close');
