@@ -153,7 +153,9 @@ export function buildApp(rt: Runtime): FastifyInstance {
         }
         door(req, res);
       };
-      const server = createServer(onRequest);
+      // A request without Host reaches the front door, which answers it in the envelope with its
+      // id and record (node:http's own answer is a bare 400 before any listener sees it).
+      const server = createServer({ requireHostHeader: false }, onRequest);
       // `Expect: 100-continue`: the 100 goes when the body is about to be read (awaitContinue).
       server.on('checkContinue', (req: IncomingMessage, res: ServerResponse) => {
         awaitContinue(req);

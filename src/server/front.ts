@@ -153,6 +153,11 @@ export function frontDoor(
       req.once('close', gone);
       return;
     }
+    // HTTP/1.1 requires a Host header (RFC 9112, 3.2): 400, as node:http would, in the envelope.
+    if (req.headers.host === undefined && req.httpVersion === '1.1') {
+      refuseHostless(rt, req, res);
+      return;
+    }
     const id = requestId(req);
     const path = routePath(req.url ?? '/');
     const method = req.method;
@@ -205,6 +210,18 @@ export function refuseExpectation(
   noteRefusal(rt, id, record, err, err);
   dropUnreadBody(rt, req, res, bodyLimit);
   writeErrorResponse(res, err, { 'x-request-id': id }, 417);
+}
+
+/** An HTTP/1.1 request without Host: 400 in the envelope, its record refused; the connection goes. */
+function refuseHostless(rt: Runtime, req: IncomingMessage, res: ServerResponse): void {
+  const id = requestId(req);
+  const record = inferenceShaped(routePath(req.url ?? '/'), req.method) ? beginRecord(rt, id, res) : null;
+  const err = new GatewayError('invalid_request', 'An HTTP/1.1 request must carry a Host header.', {
+    param: 'host',
+  });
+  noteRefusal(rt, id, record, err, err);
+  res.setHeader('connection', 'close');
+  writeErrorResponse(res, err, { 'x-request-id': id });
 }
 
 /**

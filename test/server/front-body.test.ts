@@ -51,3 +51,20 @@ it('a body still trickling in after fastify answered without it is cut at the re
   cleanups.push(() => clearInterval(trickle));
   await once(conn.socket, 'close');
 });
+
+it('an HTTP/1.1 request without Host is answered 400 in the envelope, with its id and its record', async () => {
+  const t = await gateway();
+  const conn = await rawConnection(t.url);
+  conn.socket.write(
+    'POST /v1/chat/completions HTTP/1.1\r\ncontent-type: application/json\r\ncontent-length: 2\r\n' +
+      'x-request-id: nohost\r\n\r\n{}',
+  );
+  await once(conn.socket, 'close');
+  const text = conn.received();
+  expect(text).toMatch(/^HTTP\/1\.1 400 /);
+  expect(text).toMatch(/x-request-id: nohost/i);
+  expect(JSON.parse(text.slice(text.indexOf('\r\n\r\n') + 4))).toMatchObject({
+    error: { code: 'invalid_request', param: 'host' },
+  });
+  expect(await t.recordOf('nohost')).toMatchObject({ outcome: 'refused', reason: 'invalid_request' });
+});
