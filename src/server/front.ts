@@ -262,9 +262,16 @@ function bodyDeadline(
     res.once('finish', () => req.socket.destroy());
     writeErrorResponse(res, err, { 'x-request-id': id, connection: 'close' });
   }, rt.config.upstream.first_token_timeout_ms);
+  // Until the body is all in (or the connection gone), not until the answer: an answer may come first.
+  untilBodyIn(req, timer);
+}
+
+/**
+ * Clears `timer` once `req`'s body is all in or its connection is gone. Removes itself: a kept
+ * connection would otherwise gather one listener per request.
+ */
+function untilBodyIn(req: IncomingMessage, timer: NodeJS.Timeout): void {
   timer.unref();
-  // Until the body is all in (or the connection gone), not until the answer: an answer may come
-  // first. Removes itself: a kept connection would otherwise gather one listener per request.
   const clear = () => {
     clearTimeout(timer);
     req.off('end', clear);
@@ -440,15 +447,7 @@ function dropUnreadBody(rt: Runtime, req: IncomingMessage, res: ServerResponse, 
     const timer = setTimeout(() => {
       if (!req.complete) req.socket.destroy();
     }, rt.config.upstream.first_token_timeout_ms);
-    timer.unref();
-    // Removes itself: a kept connection would otherwise gather one listener per refusal.
-    const clear = () => {
-      clearTimeout(timer);
-      req.off('end', clear);
-      req.socket.off('close', clear);
-    };
-    req.once('end', clear);
-    req.socket.once('close', clear);
+    untilBodyIn(req, timer);
   } else if (!req.complete) {
     res.setHeader('connection', 'close');
   }

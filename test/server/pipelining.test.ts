@@ -12,19 +12,27 @@ afterEach(async () => {
 const role = (id: string) =>
   `data: ${JSON.stringify({ id, object: 'chat.completion.chunk', model: 'm', choices: [{ index: 0, delta: { role: 'assistant', content: 'a' }, finish_reason: null }] })}\n\n`;
 
+/** A gateway in front of `backend` (both closed after the test). */
+async function gatewayIn(backend: { url: string; close: () => Promise<void> }): Promise<TestGateway> {
+  cleanups.push(backend.close);
+  const t = await startTestGateway({ backends: [{ name: 'b0', url: backend.url }] });
+  cleanups.push(() => t.close());
+  return t;
+}
+
+const body = JSON.stringify(chat({ stream: true }));
+/** A streamed chat request's bytes, whole. */
+const request = (id: string) =>
+  'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
+  `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: ${id}\r\n\r\n${body}`;
+
 it('a request pipelined behind a stream ends as a cancel when the connection dies before its turn, and holds nothing', async () => {
   // The backend starts every stream and holds it open.
   const backend = await scripted((_req, res) => {
     res.writeHead(200, { 'content-type': 'text/event-stream' });
     res.write(role('chatcmpl-1'));
   });
-  cleanups.push(backend.close);
-  const t: TestGateway = await startTestGateway({ backends: [{ name: 'b0', url: backend.url }] });
-  cleanups.push(() => t.close());
-  const body = JSON.stringify(chat({ stream: true }));
-  const request = (id: string) =>
-    'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
-    `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: ${id}\r\n\r\n${body}`;
+  const t = await gatewayIn(backend);
   const conn = await rawConnection(t.url);
   conn.socket.write(request('first') + request('second'));
   await conn.until((text) => text.includes('data:'));
@@ -45,13 +53,7 @@ it('a pipelined request is served in its turn, after the one before it', async (
     res.writeHead(200, { 'content-type': 'text/event-stream' });
     res.end(`${role(`chatcmpl-${n}`)}data: [DONE]\n\n`);
   });
-  cleanups.push(backend.close);
-  const t: TestGateway = await startTestGateway({ backends: [{ name: 'b0', url: backend.url }] });
-  cleanups.push(() => t.close());
-  const body = JSON.stringify(chat({ stream: true }));
-  const request = (id: string) =>
-    'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
-    `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: ${id}\r\n\r\n${body}`;
+  const t = await gatewayIn(backend);
   const conn = await rawConnection(t.url);
   conn.socket.write(request('one') + request('two'));
   const text = await conn.until((s) => (s.match(/\r\n0\r\n\r\n/g) ?? []).length >= 2);
