@@ -293,7 +293,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       if (e.type === 'probe_up' || e.type === 'probe_confirmed') refreshModels();
       onAvailabilityChange();
     };
-    // Set once the runtime exists (its catalog is the one in force); the start refreshes itself.
+    // Set once the first catalog exists (the start refreshes itself); then the catalog in force.
     let refreshModels = (): void => {};
     const backends = new BackendSet(backendSetOptions(config, onBackendEvent), backendConfigs(config, fleet));
     undo.push(() => backends.close());
@@ -323,8 +323,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     live.retainClasses(classSet(config));
     await live.ready();
     const initialModels = new ModelCatalog(config.models);
-    // A backend that comes up during this first refresh asks for one more after it.
-    refreshModels = () => void initialModels.refresh(catalogTargets(), undefined, { again: catalogTargets });
+    // A backend that comes up during a refresh asks for one more after it. The catalog in force
+    // (a reload may swap it), the first until the runtime exists.
+    refreshModels = () =>
+      void (rtRef?.models ?? initialModels).refresh(catalogTargets(), undefined, { again: catalogTargets });
     await initialModels.refresh(catalogTargets());
 
     const lifecycle = new Lifecycle();
@@ -377,7 +379,6 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     };
     rtRef = rt;
 
-    refreshModels = () => void rt.models.refresh(catalogTargets(), undefined, { again: catalogTargets });
     // Backends that joined later (reload) or were down at start report their context length later.
     const modelRefresh = setInterval(() => void rt.models.refresh(catalogTargets()), 30_000);
     modelRefresh.unref();

@@ -143,9 +143,8 @@ export function frontDoor(
       };
       const gone = () => {
         res.off('socket', turn);
-        const path = routePath(req.url ?? '/');
-        if (inferenceShaped(path, req.method)) {
-          const record = rt.admissionLog.begin({ req_id: requestId(req) });
+        if (inferenceShaped(routePath(req.url ?? '/'), req.method)) {
+          const record = beginRecord(rt, requestId(req), res);
           endRecord(rt, record, 'client_cancelled', { decision: null, reason: 'client_cancelled' });
         }
       };
@@ -201,27 +200,34 @@ export function refuseExpectation(
   res: ServerResponse,
   bodyLimit: number,
 ): void {
-  const id = requestId(req);
-  const record = inferenceShaped(routePath(req.url ?? '/'), req.method) ? beginRecord(rt, id, res) : null;
   const err = new GatewayError(
     'invalid_request',
     'The request asks for an expectation the gateway cannot meet: Expect takes only 100-continue.',
   );
-  noteRefusal(rt, id, record, err, err);
+  const id = refusedAtHead(rt, req, res, err);
   dropUnreadBody(rt, req, res, bodyLimit);
   writeErrorResponse(res, err, { 'x-request-id': id }, 417);
 }
 
 /** An HTTP/1.1 request without Host: 400 in the envelope, its record refused; the connection goes. */
 function refuseHostless(rt: Runtime, req: IncomingMessage, res: ServerResponse): void {
-  const id = requestId(req);
-  const record = inferenceShaped(routePath(req.url ?? '/'), req.method) ? beginRecord(rt, id, res) : null;
   const err = new GatewayError('invalid_request', 'An HTTP/1.1 request must carry a Host header.', {
     param: 'host',
   });
-  noteRefusal(rt, id, record, err, err);
+  const id = refusedAtHead(rt, req, res, err);
   res.setHeader('connection', 'close');
   writeErrorResponse(res, err, { 'x-request-id': id });
+}
+
+/**
+ * A request refused from its head before the front door routed it: its id, and its record (an
+ * inference-shaped one has one) ended refused with `err`. Returns the id its answer carries.
+ */
+function refusedAtHead(rt: Runtime, req: IncomingMessage, res: ServerResponse, err: GatewayError): string {
+  const id = requestId(req);
+  const record = inferenceShaped(routePath(req.url ?? '/'), req.method) ? beginRecord(rt, id, res) : null;
+  noteRefusal(rt, id, record, err, err);
+  return id;
 }
 
 /**

@@ -310,9 +310,9 @@ class LiveStateImpl implements LiveState {
   #remoteVersion = 0;
   /** Peers counted at the last exchange; and those of the view an outage dropped (0 once one succeeds). */
   #peersCounted = 0;
+  #peersLost = 0;
   /** The classes configured (retainClasses); null until told: any class. */
   #classes: ReadonlySet<string> | null = null;
-  #peersLost = 0;
   readonly #latencyCache = new Map<
     string,
     { key: string; value: Pick<BackendLiveView, 'latency' | 'byClass'> }

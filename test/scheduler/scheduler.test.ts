@@ -670,6 +670,15 @@ describe('refusals while waiting', () => {
       vi.useRealTimers();
     });
 
+    /** One backend of one slot, held, on a shared fake clock: what a request queued now waits behind. */
+    async function oneSlotHeld() {
+      vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
+      const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
+      const f = setup(['a'], s, undefined, { sharedClock: true });
+      const held = await f.scheduler.ticket(req()).acquire(first());
+      return { f, held, t0: f.now() };
+    }
+
     /** Still waiting 1 ms before `ms` on the shared clock and its timers, refused queue_timeout at `ms`. */
     async function refusedAfter(f: ReturnType<typeof setup>, late: Promise<Slot | null>, ms: number) {
       f.tick(ms - 1);
@@ -681,11 +690,7 @@ describe('refusals while waiting', () => {
     }
 
     it('a request still queued at its latest start is refused queue_timeout, not served late', async () => {
-      vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
-      const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
-      const f = setup(['a'], s, undefined, { sharedClock: true });
-      const held = await f.scheduler.ticket(req()).acquire(first());
-      const t0 = f.now();
+      const { f, held, t0 } = await oneSlotHeld();
       // Target 300 ms, predicted 100 ms to first token once dispatched: it must start within 200 ms.
       const late = f.scheduler
         .ticket(
@@ -704,11 +709,7 @@ describe('refusals while waiting', () => {
     });
 
     it("a class target longer than the request's deadline does not keep it queued past the deadline", async () => {
-      vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
-      const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
-      const f = setup(['a'], s, undefined, { sharedClock: true });
-      const held = await f.scheduler.ticket(req()).acquire(first());
-      const t0 = f.now();
+      const { f, held, t0 } = await oneSlotHeld();
       // A 120 s target, but the request's deadline (first_token_timeout_ms from arrival) is 150 ms.
       const late = f.scheduler
         .ticket(req({ reqId: 'late', arrivedAt: t0, ttftTargetMs: 120_000, deadlineAt: t0 + 150 }))
