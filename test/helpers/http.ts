@@ -63,6 +63,18 @@ export interface OpenStream {
   close(): void;
 }
 
+/**
+ * The client's stream, for an upstream script that waits on what the client has before it writes
+ * on: `client` resolves once the test hands the opened stream over with `ready`.
+ */
+export function streamToCome(): { client: Promise<OpenStream>; ready: (s: OpenStream) => void } {
+  let ready: (s: OpenStream) => void = () => {};
+  const client = new Promise<OpenStream>((r) => {
+    ready = r;
+  });
+  return { client, ready };
+}
+
 /** Sends a request and resolves at its response headers. `sent` resolves when the body is out. */
 export function openStream(
   base: string,

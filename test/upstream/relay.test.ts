@@ -2,7 +2,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import type { BackendSet } from '../../src/upstream/backends.ts';
 import type { AcquireSlot } from '../../src/upstream/slot.ts';
-import { type OpenStream, openStream } from '../helpers/http.ts';
+import { openStream, streamToCome } from '../helpers/http.ts';
 import {
   chatBody,
   chatStream,
@@ -49,10 +49,7 @@ describe('streaming relay', () => {
     // relays it, so every gap it measures is at least GAP_MS, however loaded the machine.
     const GAP_MS = 5;
     const frames = chatStream(4);
-    let clientReady: (s: OpenStream) => void = () => {};
-    const client = new Promise<OpenStream>((r) => {
-      clientReady = r;
-    });
+    const { client, ready: clientReady } = streamToCome();
     const { up, gw } = await setup(async (_req, res) => {
       sseHead(res);
       for (const [i, f] of frames.entries()) {
@@ -191,10 +188,7 @@ describe('streaming relay', () => {
   });
 
   it('a backend dying mid-stream gives one error event then [DONE] and a closed client (item 1)', async () => {
-    let clientReady: (s: OpenStream) => void = () => {};
-    const client = new Promise<OpenStream>((r) => {
-      clientReady = r;
-    });
+    const { client, ready: clientReady } = streamToCome();
     const { gw } = await setup(async (req, res) => {
       sseHead(res);
       res.write(roleChunk() + tokenChunk('a'));
@@ -339,10 +333,7 @@ describe('a stream of several sequences', () => {
     });
 
   it("closes each choice's span at its end, an end chunk with no text (EOS) included", async () => {
-    let clientReady: (s: OpenStream) => void = () => {};
-    const client = new Promise<OpenStream>((r) => {
-      clientReady = r;
-    });
+    const { client, ready: clientReady } = streamToCome();
     const endsEmpty: Script = async (_req, res) => {
       sseHead(res);
       res.write(

@@ -6,7 +6,7 @@ import { GatewayError } from '../../src/errors/index.ts';
 import type { BackendSet } from '../../src/upstream/backends.ts';
 import { AttemptFailure } from '../../src/upstream/failure.ts';
 import type { AcquireSlot } from '../../src/upstream/slot.ts';
-import { type OpenStream, openStream } from '../helpers/http.ts';
+import { openStream, streamToCome } from '../helpers/http.ts';
 import {
   chatBody,
   DONE,
@@ -129,10 +129,7 @@ describe('retries before the commit point (item 3)', () => {
   });
 
   it('never retries after the first token was forwarded (item 5)', async () => {
-    let clientReady: (s: OpenStream) => void = () => {};
-    const client = new Promise<OpenStream>((r) => {
-      clientReady = r;
-    });
+    const { client, ready: clientReady } = streamToCome();
     const dies: Script = async (req, res) => {
       sseHead(res);
       res.write(roleChunk() + tokenChunk('once'));
