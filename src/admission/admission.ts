@@ -14,8 +14,10 @@
 //
 // "Sheddable classes are refused first": once a request of a protected (non-sheddable) class has
 // been refused for capacity (sla_unattainable, queue_full, queue_timeout), every sheddable request
-// is refused at arrival for SHED_WINDOW_MS after it, so the capacity left goes to protected work.
-// (The scheduler also evicts a queued sheddable request to make room when the queue is full.)
+// that would compete for its backends (of its model, or of a model some backend serves with it) is
+// refused at arrival for SHED_WINDOW_MS after it, so the capacity left goes to protected work. A
+// sheddable request for a model on other backends takes nothing the protected one could use, and
+// passes. (The scheduler also evicts a queued sheddable request to make room when the queue is full.)
 //
 // Invariants: one tenant's limit is checked against that tenant's usage only, in O(1), so a tenant
 // over its limit never slows another; nothing here awaits anything.
@@ -80,7 +82,8 @@ export interface PredictionErrorView {
 export class AdmissionController {
   readonly #deps: AdmissionDeps;
   readonly #now: () => number;
-  #protectedRefusedAt = Number.NEGATIVE_INFINITY;
+  /** model → when a protected request for it was last refused for capacity (within SHED_WINDOW_MS, or pruned). */
+  readonly #protectedRefusedAt = new Map<string, number>();
   readonly #errors: number[] = [];
   #errorsAt = 0;
 
@@ -105,7 +108,7 @@ export class AdmissionController {
       this.#deps.loopDelayMs?.() ?? 0,
       spentMs,
     );
-    if (req.sheddable && this.#now() - this.#protectedRefusedAt < SHED_WINDOW_MS) {
+    if (req.sheddable && this.#protectedRefusedAt.size > 0 && this.#sheds(req.model)) {
       throw this.#refuse(
         req,
         new GatewayError(
@@ -146,14 +149,33 @@ export class AdmissionController {
    * time): with the limits binding, as they do under any load, that is its own choice, and one such
    * client would keep every sheddable class out.
    */
-  noteRefused(req: { sheddable: boolean; noQueue?: boolean }, code: string): void {
+  noteRefused(req: { sheddable: boolean; model: string; noQueue?: boolean }, code: string): void {
     if (req.noQueue === true && (code === 'queue_full' || code === 'queue_timeout')) return;
     if (
       !req.sheddable &&
       (code === 'sla_unattainable' || code === 'queue_full' || code === 'queue_timeout')
     ) {
-      this.#protectedRefusedAt = this.#now();
+      this.#protectedRefusedAt.set(req.model, this.#now());
     }
+  }
+
+  /**
+   * A protected request was refused for capacity within SHED_WINDOW_MS for `model`, or for a model
+   * that some backend serves with it. Windows that have closed are forgotten here.
+   */
+  #sheds(model: string): boolean {
+    const now = this.#now();
+    let backends: readonly Backend[] | undefined;
+    for (const [refused, at] of this.#protectedRefusedAt) {
+      if (now - at >= SHED_WINDOW_MS) {
+        this.#protectedRefusedAt.delete(refused);
+        continue;
+      }
+      if (refused === model) return true;
+      backends ??= this.#deps.backends();
+      for (const b of backends) if (b.serves(model) && b.serves(refused)) return true;
+    }
+    return false;
   }
 
   /** A completed request's prediction against what happened. */
@@ -235,7 +257,11 @@ export class AdmissionController {
     }
   }
 
-  #refuse(req: { sheddable: boolean }, err: GatewayError, prediction: Prediction | null): Refusal {
+  #refuse(
+    req: { sheddable: boolean; model: string },
+    err: GatewayError,
+    prediction: Prediction | null,
+  ): Refusal {
     this.noteRefused(req, err.code);
     return new Refusal(err, prediction);
   }

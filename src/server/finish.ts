@@ -20,11 +20,12 @@ function truncate(text: string | null): string | null {
 
 /**
  * The prediction fields of a record: for the backend that served (or, with none, the best one)
- * and for the runner-up.
+ * and for the runner-up. A backend that served without a prediction (it was unavailable when the
+ * request was admitted) has no runner-up either: the best of the others was not second to it.
  */
 export function predictionFields(p: Prediction, backend: string | null): AdmissionFields {
   const chosen = backend === null ? p.best : (p.byBackend.get(backend) ?? null);
-  const second = runnerUp(p, chosen?.backend ?? null);
+  const second = backend !== null && chosen === null ? null : runnerUp(p, chosen?.backend ?? null);
   return {
     predicted_ttft_ms: chosen?.totalMs ?? null,
     runner_up: second?.backend ?? null,

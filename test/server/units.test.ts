@@ -5,9 +5,12 @@ import http from 'node:http';
 import net from 'node:net';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
+import type { Prediction } from '../../src/admission/index.ts';
 import { GatewayError } from '../../src/errors/index.ts';
+import type { BackendPrediction } from '../../src/scheduler/index.ts';
 import { answerClientError } from '../../src/server/app.ts';
 import { createAuthenticator } from '../../src/server/auth.ts';
+import { predictionFields } from '../../src/server/finish.ts';
 import { parseInferenceRequest } from '../../src/server/inference-request.ts';
 import { SESSION_ID_CHARS, sessionKey } from '../../src/server/intake.ts';
 import { MAX_CONTAINERS, MAX_KEYS, parseJsonBody } from '../../src/server/json-body.ts';
@@ -610,5 +613,43 @@ describe('answerClientError', () => {
       client.destroy();
       await new Promise<void>((r) => server.close(() => r()));
     }
+  });
+});
+
+describe('predictionFields', () => {
+  const at = (backend: string, totalMs: number) =>
+    ({ backend, totalMs, backendMs: totalMs, waitMs: 0 }) as unknown as BackendPrediction;
+  const prediction = {
+    byBackend: new Map([
+      ['gpu-0', at('gpu-0', 100)],
+      ['gpu-1', at('gpu-1', 150)],
+    ]),
+    waitMs: 0,
+    best: at('gpu-0', 100),
+    complete: true,
+    unloadedMs: 90,
+    largeForClass: false,
+  } as Prediction;
+
+  it('names the next-best backend beside the one that served', () => {
+    expect(predictionFields(prediction, 'gpu-1')).toEqual({
+      predicted_ttft_ms: 150,
+      runner_up: 'gpu-0',
+      runner_up_predicted_ttft_ms: 100,
+    });
+    expect(predictionFields(prediction, null)).toEqual({
+      predicted_ttft_ms: 100,
+      runner_up: 'gpu-1',
+      runner_up_predicted_ttft_ms: 150,
+    });
+  });
+
+  it('names no runner-up for a backend that served without a prediction', () => {
+    // gpu-2 was unavailable at admission and recovered before the request left the queue.
+    expect(predictionFields(prediction, 'gpu-2')).toEqual({
+      predicted_ttft_ms: null,
+      runner_up: null,
+      runner_up_predicted_ttft_ms: null,
+    });
   });
 });
