@@ -69,6 +69,11 @@ export interface Gateway {
   close(): Promise<{ cut: number; logsFlushed: boolean }>;
   /** After a close whose logs were not all taken, for a process about to exit: see Logger.abandon. */
   abandonLogs(): void;
+  /**
+   * The admission log's file opened again at its path (after a rotation renamed it): resolves with
+   * the path, or null when the admission log is not a file (see Logger.reopen).
+   */
+  reopenLogs(): Promise<string | null>;
 }
 
 function proxyConfig(c: Config): ProxyConfig {
@@ -493,6 +498,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         log.abandon();
         admissionLogger.abandon();
       },
+      reopenLogs: () => admissionLogger.reopen(),
       close() {
         closing ??= (async () => {
           rt.lifecycle.shuttingDown = true;

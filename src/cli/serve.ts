@@ -70,11 +70,27 @@ async function serveUntilStopped(
     let draining = false;
     const onTerm = () => stop('SIGTERM');
     const onInt = () => stop('SIGINT');
+    // A SIGHUP also reopens a file admission log at its path (the config watcher reloads the
+    // config on the same signal): logrotate's usual `create` renames the file, and a descriptor
+    // kept open would write on into the renamed (or compressed and deleted) one.
+    const onHup = () => {
+      gateway.reopenLogs().then(
+        (path) => {
+          if (path !== null)
+            process.stderr.write(`slagate: SIGHUP, admission log reopened at ${path}
+`);
+        },
+        (err: unknown) =>
+          process.stderr.write(`slagate: SIGHUP, admission log not reopened: ${String(err)}
+`),
+      );
+    };
     // Once the drain is over (or failed), a stop signal has its default action again: whatever
     // keeps the process alive then, a signal ends it.
     const done = (code: number) => {
       process.off('SIGTERM', onTerm);
       process.off('SIGINT', onInt);
+      process.off('SIGHUP', onHup);
       resolve(code);
     };
     const stop = (signal: string) => {
@@ -108,6 +124,7 @@ async function serveUntilStopped(
     };
     process.on('SIGTERM', onTerm);
     process.on('SIGINT', onInt);
+    process.on('SIGHUP', onHup);
     // Started over IPC by a parent (a benchmark, a test) that is gone: nobody will stop us otherwise.
     if (process.send !== undefined) {
       process.channel?.unref();

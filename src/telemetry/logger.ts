@@ -68,6 +68,15 @@ export interface Logger {
   /** Lines dropped because the destination's buffer was full (its reader fell behind). */
   dropped(): number;
   /**
+   * A file destination opens its path again (created when it is gone) and writes there from now on,
+   * lines still buffered included: a log rotated by renaming it (logrotate's default `create`) is
+   * taken up in a new file, not written on to the renamed or deleted one. Resolves with the path
+   * once the new file is open, or null for a destination that is not a file (or is closed); rejects
+   * when the path cannot be opened (the log's lines are dropped from then on, as after any failed
+   * write).
+   */
+  reopen(): Promise<string | null>;
+  /**
    * For a process about to exit after close() gave up: discards what is still buffered, so that
    * the exit does not write it synchronously (pino flushes a destination at exit, and a reader
    * that stopped reading would block that write for good).
@@ -122,7 +131,14 @@ export function createLogger(opts: LoggerOptions): Logger {
   const redact = { paths: [...REDACT_PATHS], censor: REDACTED };
   if (typeof opts.destination !== 'string') {
     const logger = pino({ level: opts.level, redact }, opts.destination);
-    return { logger, flush: async () => {}, close: async () => true, dropped: () => 0, abandon: () => {} };
+    return {
+      logger,
+      flush: async () => {},
+      close: async () => true,
+      dropped: () => 0,
+      abandon: () => {},
+      reopen: async () => null,
+    };
   }
   // Asynchronous writes keep logging off the request path; the buffer is bounded in time by the
   // periodic flush so a quiet gateway's lines still appear promptly (e.g. for `slagate logs --pretty`).
@@ -131,8 +147,9 @@ export function createLogger(opts: LoggerOptions): Logger {
   // A file is opened here, synchronously (parent directories created): a path that cannot be
   // written throws now, at the start, not later as an uncaught error of the destination's own
   // open (after which its flush timer threw on the missing file descriptor every 100 ms).
+  const path = opts.destination === 'stdout' ? null : opts.destination;
   const dest: SonicBoom = pino.destination({
-    dest: opts.destination === 'stdout' ? 1 : openForAppend(opts.destination),
+    dest: path === null ? 1 : openForAppend(path),
     sync: false,
     minLength: 4096,
     // Invariant: what a stalled reader (a blocked stdout pipe, a full disk's slow writes) leaves
@@ -200,7 +217,29 @@ export function createLogger(opts: LoggerOptions): Logger {
     closed = true;
     if (!(dest as SonicBoom & { destroyed?: boolean }).destroyed) dest.destroy();
   };
-  return { logger, flush, close, dropped: () => dropped, abandon };
+  const reopen = async (): Promise<string | null> => {
+    if (path === null || closed) return null;
+    await ready;
+    // sonic-boom reopens only a destination it opened by name; this one was given the descriptor
+    // opened above (so that a bad path fails the start), so it is told the name here. reopen()
+    // waits for a write in flight, opens the path for appending, then closes the old descriptor.
+    (dest as unknown as { file: string | null }).file = path;
+    await new Promise<void>((resolve, reject) => {
+      const onError = (err: Error) => {
+        dest.off('ready', onReady);
+        reject(err);
+      };
+      const onReady = () => {
+        dest.off('error', onError);
+        resolve();
+      };
+      dest.once('ready', onReady);
+      dest.once('error', onError);
+      dest.reopen();
+    });
+    return path;
+  };
+  return { logger, flush, close, dropped: () => dropped, abandon, reopen };
 }
 
 /**

@@ -1,6 +1,7 @@
 // `slagate serve` as a real child process and SIGTERM: new requests are refused with 503 at once,
 // an in-flight stream drains to completion (or is cut after a short grace period), the process
 // exits 0, and the admission log file holds every record. Checklist item 34.
+import { renameSync } from 'node:fs';
 import { afterEach, expect, it } from 'vitest';
 import {
   chat,
@@ -128,4 +129,24 @@ it('SIGTERM with a log reader that stopped reading: the process exits after the 
   expect(await Promise.race([s.exited, stuck])).toBe(0);
   clearTimeout(timer);
   expect(s.stderr()).toContain('the logs were not all taken by their reader; exiting');
+});
+
+it('SIGHUP after a rotation renamed the admission log: later records go to a new file at the path, none is lost', async () => {
+  const s = await serve(10_000);
+  for (const id of ['before-0', 'before-1']) {
+    expect((await post(s.url, CHAT, chat(), { 'x-request-id': id })).status).toBe(200);
+  }
+  await waitFor(() => readRecords(s.log).length === 2, 5000, 'the first records written');
+  // logrotate's default: rename the file, then signal the process.
+  const rotated = `${s.log}.1`;
+  renameSync(s.log, rotated);
+  s.child.kill('SIGHUP');
+  await waitFor(() => s.stderr().includes('admission log reopened'), 5000, 'the log reopened');
+  expect(s.stderr()).toContain(`admission log reopened at ${s.log}`);
+  expect((await post(s.url, CHAT, chat(), { 'x-request-id': 'after-0' })).status).toBe(200);
+  await waitFor(() => readRecords(s.log).length === 1, 5000, 'a record in the new file');
+  expect(readRecords(s.log).map((r) => r.req_id)).toEqual(['after-0']);
+  expect(readRecords(rotated).map((r) => r.req_id)).toEqual(['before-0', 'before-1']);
+  // The signal did not end the process: it still serves.
+  expect((await post(s.url, CHAT, chat(), { 'x-request-id': 'after-1' })).status).toBe(200);
 });
