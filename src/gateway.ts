@@ -171,14 +171,18 @@ function tenantSet(c: Config): Set<string> {
   return new Set(names.length > 0 ? names : [ANONYMOUS]);
 }
 
-/** Settings a reload cannot change in a running process; a change to one is logged, not applied. */
-function restartOnlyChanges(prev: Config, next: Config): string[] {
+/**
+ * Settings a reload cannot change in a running process; a change to one is logged, not applied.
+ * `flags`: serve's --host and --port, which win over the file's server.host and server.port now and
+ * at every start, so a change of the file's value there is no change a restart would apply.
+ */
+function restartOnlyChanges(prev: Config, next: Config, flags: { host?: string; port?: number }): string[] {
   const changed: string[] = [];
   const same = (a: unknown, b: unknown) => isDeepStrictEqual(a, b);
   // shutdown_grace_ms is read when the shutdown starts, so it is the one server key a reload changes.
   const listener = (c: Config) => [
-    c.server.host,
-    c.server.port,
+    flags.host ?? c.server.host,
+    flags.port ?? c.server.port,
     c.server.body_limit_bytes,
     c.server.keep_alive_timeout_ms,
   ];
@@ -412,7 +416,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       const policy = same ? rt.policy : policyFor(next);
       // Restart-only settings are compared with the ones the process started with (still in
       // force), not with the last reload's: changing the port and changing it back is no change.
-      const frozen = restartOnlyChanges(config, next);
+      const frozen = restartOnlyChanges(config, next, opts);
       if (frozen.length > 0)
         logger.warn({ keys: frozen }, 'config reload: these settings apply only after a restart');
       rt.policy = policy;

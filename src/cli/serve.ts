@@ -2,7 +2,7 @@
 // then drain gracefully (server.shutdown_grace_ms) and exit.
 
 import { parseArgs } from 'node:util';
-import { isConfigError } from '../config/index.ts';
+import { hostProblem, isConfigError } from '../config/index.ts';
 import { startGateway } from '../gateway.ts';
 
 const USAGE = 'usage: slagate serve [--config FILE] [--host H] [--port N]';
@@ -32,6 +32,13 @@ export async function serveCommand(argv: string[]): Promise<number> {
     values.port === undefined ? undefined : values.port.trim() === '' ? Number.NaN : Number(values.port);
   if (port !== undefined && !(Number.isInteger(port) && port >= 0 && port < 65536)) {
     process.stderr.write(`slagate serve: --port must be an integer in 0..65535\n`);
+    return 2;
+  }
+  // The flag is held to server.host's rule: an empty one (an unset variable) would listen on every
+  // interface, where the file's key refuses it.
+  const hostIssue = values.host === undefined ? null : hostProblem(values.host);
+  if (hostIssue !== null) {
+    process.stderr.write(`slagate serve: --host ${hostIssue}\n`);
     return 2;
   }
   // Invariant: a SIGHUP never ends the process. It asks for a reload, which the config watcher

@@ -35,16 +35,25 @@ const RESERVED_MESSAGE = `"${RESERVED_LABEL}" is reserved: the metrics label req
 /** The address the server listens on is a host, as `listen` takes it: no scheme, port or path. */
 function checkServer(config: Obj, add: Add): void {
   const server = config.server;
-  if (!isRecord(server) || typeof server.host !== 'string') return;
-  const host = server.host;
+  // An empty host is the schema's to report (minLength).
+  if (!isRecord(server) || typeof server.host !== 'string' || server.host === '') return;
+  const problem = hostProblem(server.host);
+  if (problem !== null) add(['server', 'host'], problem);
+}
+
+/**
+ * What is wrong with `host` as an address to listen on (server.host, `serve --host`), or null. An
+ * empty one is wrong: listen() reads it as every interface.
+ */
+export function hostProblem(host: string): string | null {
+  if (host === '') return 'must not be empty (an empty host listens on every interface)';
   if (host.startsWith('[') && host.endsWith(']')) {
-    add(['server', 'host'], `must be an IPv6 address without its brackets (got ${show(host)})`);
-  } else if (/[/\s]/.test(host) || (host.includes(':') && !isIpv6(host))) {
-    add(
-      ['server', 'host'],
-      `must be a host name or an IP address, with no scheme, port or path (got ${show(host)})`,
-    );
+    return `must be an IPv6 address without its brackets (got ${show(host)})`;
   }
+  if (/[/\s]/.test(host) || (host.includes(':') && !isIpv6(host))) {
+    return `must be a host name or an IP address, with no scheme, port or path (got ${show(host)})`;
+  }
+  return null;
 }
 
 /** An IPv6 address as `listen` takes it: no brackets, an IPv4 tail or a zone (%eth0) allowed. */

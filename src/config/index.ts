@@ -1,4 +1,4 @@
-export { envValue } from './checks.ts';
+export { envValue, hostProblem } from './checks.ts';
 export {
   CONFIG_INVALID,
   CONFIG_UNREADABLE,

@@ -59,6 +59,14 @@ describe('slagate command line', () => {
     }
   });
 
+  it('serve refuses an empty or malformed --host (an empty one would listen on every interface), exit 2', async () => {
+    for (const host of ['', 'http://127.0.0.1', '127.0.0.1:8080', '[::1]']) {
+      const r = await run(['serve', '--host', host]);
+      expect(r.code, JSON.stringify(host)).toBe(2);
+      expect(r.err).toContain('--host must');
+    }
+  });
+
   it('sim that cannot listen (its port in use) is a failure to run, exit 1, not a usage error', async () => {
     const server = createServer();
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));

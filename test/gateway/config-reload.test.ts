@@ -481,6 +481,40 @@ describe('on reload', () => {
     expect(count('config reloaded')).toBe(2);
     expect((await post(s.url, CHAT, chat())).status).toBe(200);
   });
+
+  it("the file's server.port changed under serve's --port is no change a restart would apply: no warning", async () => {
+    const s = await serveChild(
+      {
+        models: [MODEL],
+        simulate: { replicas: 1, time_scale: 0.2 },
+        server: { host: '127.0.0.1', port: 0 },
+        logging: { level: 'info' },
+      },
+      { args: ['--port', '0', '--host', '127.0.0.1'] },
+    );
+    cleanups.push(s.dispose);
+    const lines = () =>
+      s
+        .stdout()
+        .split('\n')
+        .filter((l) => l.startsWith('{'))
+        .map((l) => JSON.parse(l) as { msg: string; keys?: string[] });
+    const text = readFileSync(s.configPath, 'utf8');
+    writeFileSync(
+      s.configPath,
+      stringify(
+        merge(parse(text) as Record<string, unknown>, {
+          server: { host: '127.0.0.2', port: 18_999 },
+          upstream: { retries: 1 },
+        }),
+      ),
+    );
+    await waitFor(() => lines().some((l) => l.msg === 'config reloaded'), 5000, 'the reload');
+    expect(
+      lines().filter((l) => l.msg === 'config reload: these settings apply only after a restart'),
+    ).toEqual([]);
+    expect((await post(s.url, CHAT, chat())).status).toBe(200);
+  });
 });
 
 describe('two reloads close together', () => {

@@ -301,7 +301,10 @@ export interface ServedGateway {
  * Runs `node bin/slagate.js serve` with `config` (admission log and port filled in) and resolves
  * once it prints where it serves.
  */
-export async function serveChild(config: Json, opts: { readStdout?: boolean } = {}): Promise<ServedGateway> {
+export async function serveChild(
+  config: Json,
+  opts: { readStdout?: boolean; args?: string[] } = {},
+): Promise<ServedGateway> {
   const { spawn } = await import('node:child_process');
   const tmp = tempDir();
   const log = join(tmp.dir, 'admission.log');
@@ -315,7 +318,7 @@ export async function serveChild(config: Json, opts: { readStdout?: boolean } = 
       ),
     ),
   );
-  const child = spawn(process.execPath, [BIN, 'serve', '--config', path], {
+  const child = spawn(process.execPath, [BIN, 'serve', '--config', path, ...(opts.args ?? [])], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   const exited = once(child, 'exit').then(([code]) => code as number | null);
