@@ -78,7 +78,8 @@ export const RedisStateSchema = Type.Object(
     redis_url: Type.String({ minLength: 1 }),
     key_prefix: Type.String({ pattern: SAFE_NAME, default: 'slagate' }),
     connect_timeout_ms: ms(1, 2_000),
-    command_timeout_ms: ms(1, 100),
+    /** At most 2 s: the liveness TTL outlasts 2 × refresh_interval_ms + this, and must stay ≤ 4 s. */
+    command_timeout_ms: Type.Integer({ minimum: 1, maximum: 2000, default: 100 }),
     /** At most 1 s: a dead instance must stop counting within 5 s (docs/state.md, liveness TTL). */
     refresh_interval_ms: Type.Integer({ minimum: 10, maximum: 1000, default: 500 }),
     /** The in-flight counts' own pace (at most refresh_interval_ms: they go with every exchange). */

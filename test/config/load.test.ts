@@ -9,6 +9,7 @@ import {
   loadConfigFile,
   parseConfig,
 } from '../../src/config/index.ts';
+import { livenessTtlMs } from '../../src/state/index.ts';
 
 const root = (p: string) => fileURLToPath(new URL(`../../${p}`, import.meta.url));
 const fixture = (name: string) => root(`test/fixtures/config/${name}`);
@@ -714,5 +715,14 @@ describe('state.topology', () => {
         't',
       ),
     ).toThrow(/state\.refresh_interval_ms/);
+  });
+
+  it('caps command_timeout_ms at 2000: the liveness TTL outlasts 2 refreshes and one command, and a dead instance must vanish within 5 s', () => {
+    const state = (ms: number) =>
+      `${base}state: { store: redis, redis_url: "redis://x:1", refresh_interval_ms: 1000, command_timeout_ms: ${ms} }\n`;
+    expect(() => parseConfig(state(2001), 't')).toThrow(/state\.command_timeout_ms/);
+    const c = parseConfig(state(2000), 't').state;
+    if (c.store !== 'redis') throw new Error('a redis store was configured');
+    expect(livenessTtlMs(c)).toBe(4000);
   });
 });
