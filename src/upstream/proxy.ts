@@ -495,6 +495,19 @@ function failureResponse(s: LoopState): { err: GatewayError; reason: ResultReaso
     };
   }
   const reason: ResultReason = s.last?.failure?.reason ?? s.stop ?? 'no_healthy_backend';
+  // The last backend tried was shedding load (408, 429): not a failure of the request or of a
+  // backend (none is blamed for it), so the client is told to come back, as the gateway's own
+  // busy answers tell it, not that a backend failed (a 502 would page whoever watches 5xx).
+  if (reason === 'upstream_busy') {
+    return {
+      err: new GatewayError(
+        'no_healthy_backend',
+        'Every backend tried is busy (it answered 408 or 429); retry after the time given',
+      ),
+      reason,
+      outcome: 'failed_before_commit',
+    };
+  }
   if (reason === 'first_token_timeout' || reason === 'deadline') {
     return {
       err: new GatewayError('first_token_timeout', 'No token arrived from the backend in time'),

@@ -346,6 +346,23 @@ describe('what counts against a backend (items 9, 10, 11)', () => {
     expect(states.filter((b) => b.available).length).toBe(2);
   });
 
+  it('every backend busy (429) is a 503 with Retry-After for the client, not a backend failure', async () => {
+    t = await startTestGateway({ replicas: 2 });
+    for (const r of t.fleet!.replicas) await r.fault({ mode: 'error', status: 429 });
+    const res = await post(t.url, CHAT, chat(), { 'x-request-id': 'all-busy' });
+    expect(res.status).toBe(503);
+    expect(res.headers['retry-after']).toMatch(/^[1-9]\d*$/);
+    expect(JSON.parse(res.text)).toMatchObject({ error: { code: 'no_healthy_backend' } });
+    expect(JSON.parse(res.text).error.message).toContain('busy');
+    const rec = await t.recordOf('all-busy');
+    expect(rec).toMatchObject({ outcome: 'failed_before_commit', reason: 'no_healthy_backend', attempts: 2 });
+    expect(rec.failed_attempts.map((f) => f.reason)).toEqual(['upstream_busy', 'upstream_busy']);
+    // A backend's 500 on the last attempt is still a backend failure: 502.
+    await t.fleet!.replicas[1]!.fault({ mode: 'error', status: 500 });
+    await t.fleet!.replicas[0]!.fault({ mode: 'error', status: 500 });
+    expect((await post(t.url, CHAT, chat())).status).toBe(502);
+  });
+
   it('10: refusals (gateway 4xx, backend 429 busy, relayed 400) never eject a replica', async () => {
     // Settings under which two real failures of r0 eject it and open its breaker (the control at
     // the end shows they do), and r1 to take the traffic r0 refuses, so r0 is not the last in service.
