@@ -112,18 +112,22 @@ export function finishProxied(
   // Served by a server a reload took away (removed, or its name given another URL): nothing in the
   // live state or the controller is about it any more.
   if (grant !== null && retired(grant)) return;
-  // Its first token taught the TTFT fit when it came (the scheduler's firstToken).
+  // Its first token taught the TTFT fit when it came (the scheduler's firstToken). A TPOT the
+  // client's slow reading stretched (the relay paused the backend for it) is the client's pace,
+  // not the backend's: it teaches neither the backend's windows and fit nor its concurrency limit
+  // (the record keeps it: it is what the client saw).
+  const backendTpotMs = result.clientPaced ? null : result.tpotMs;
   rt.live.record({
     backend: result.backend,
     class: cls,
     queueMs: result.queueMs,
     ttftMs: result.ttftMs,
-    tpotMs: result.tpotMs,
+    tpotMs: backendTpotMs,
     promptTokens: result.promptTokens ?? got.promptTokens,
     completionTokens: result.completionTokens ?? 0,
     loadAtDispatch: grant?.loadAtDispatch ?? 0,
   });
-  if (result.tpotMs !== null) ticket.completed(result.backend, result.tpotMs);
+  if (backendTpotMs !== null) ticket.completed(result.backend, backendTpotMs);
   // A retried request's first token came after a failed attempt's time, which no prediction
   // covers: not the predictor's error.
   const predicted = result.attempts === 1 ? (written?.predicted_ttft_ms ?? null) : null;

@@ -67,6 +67,12 @@ export interface Latencies {
   itlMs: number[];
   /** Response end − request start. */
   e2eMs: number;
+  /**
+   * The client held the stream back at least once (its buffer full, the relay paused the
+   * upstream): TPOT and ITL then hold time the client set, not the backend, and are not the
+   * backend's pace.
+   */
+  clientPaced: boolean;
 }
 
 /**
@@ -101,6 +107,7 @@ export class TokenClock {
   #batchMs = 0;
   // The relay paused the upstream for a slow client: the next gap is the gateway's, not the backend's.
   #paused = false;
+  #clientPaced = false;
 
   constructor(startedAt: number, meter: DecodeMeter | null = null, sequences = 1) {
     this.startedAt = startedAt;
@@ -169,6 +176,7 @@ export class TokenClock {
   /** The relay paused the upstream (the client is not reading): the gap across the pause is not metered. */
   paused(): void {
     this.#paused = true;
+    this.#clientPaced = true;
   }
 
   /**
@@ -197,6 +205,7 @@ export class TokenClock {
         tpotMs: first === null ? null : this.#perSequenceTpot(completionTokens),
         itlMs: this.itlMs,
         e2eMs: endedAt - this.startedAt,
+        clientPaced: this.#clientPaced,
       };
     }
     const last = this.lastTokenAt;
@@ -213,6 +222,7 @@ export class TokenClock {
       tpotMs,
       itlMs: this.itlMs,
       e2eMs: endedAt - this.startedAt,
+      clientPaced: this.#clientPaced,
     };
   }
 }

@@ -154,6 +154,8 @@ export interface ProxyResult {
   tpotMs: number | null;
   itlMs: number[];
   e2eMs: number;
+  /** The client held the stream back (Latencies.clientPaced): its TPOT is not the backend's pace. */
+  clientPaced: boolean;
   promptTokens: number | null;
   completionTokens: number | null;
 }
@@ -480,6 +482,7 @@ function result(s: LoopState, e: Ending, lat: Latencies | null, e2eMs: number): 
     tpotMs: lat?.tpotMs ?? null,
     itlMs: lat?.itlMs ?? [],
     e2eMs,
+    clientPaced: lat?.clientPaced ?? false,
     promptTokens: last?.promptTokens ?? null,
     completionTokens: last?.completionTokens ?? null,
   };

@@ -22,6 +22,7 @@ import {
   tokenChunk,
   type Upstream,
   upstream,
+  usageChunk,
 } from './helpers.ts';
 
 const cleanups: (() => Promise<void>)[] = [];
@@ -156,6 +157,72 @@ describe('healthy POST (item 18)', () => {
     expect(res).toBe(200);
     expect(await gw.nextResult()).toMatchObject({ outcome: 'ok', completionTokens: 3 });
     expect(up.hits).toHaveLength(1);
+  });
+});
+
+describe("a client that reads slowly holds the backend's pace back", () => {
+  /**
+   * A stream of 16 KiB tokens: the upstream writes until the gateway stops taking them (it paused
+   * the upstream for a client that does not read), says so, then ends once they are taken.
+   */
+  async function slowReader(readAtOnce: boolean) {
+    const frame = tokenChunk('y'.repeat(16 * 1024));
+    let heldBack = () => {};
+    const held = new Promise<void>((r) => {
+      heldBack = r;
+    });
+    const { gw } = await setup(
+      async (_req, res) => {
+        sseHead(res);
+        res.write(roleChunk());
+        for (let i = 0; i < 2048 && !res.destroyed; i++) {
+          if (!res.write(frame)) {
+            heldBack();
+            await new Promise<void>((r) => res.once('drain', () => r()));
+            break;
+          }
+        }
+        res.end(usageChunk(7, 100) + DONE);
+      },
+      { ...FAST, maxEventBytes: 1 << 20, clientStallTimeoutMs: 20_000, idleTimeoutMs: 20_000 },
+    );
+    const body = JSON.stringify(chatBody());
+    const sock = net.connect(Number(new URL(gw.url).port), '127.0.0.1');
+    sock.on('error', () => {});
+    sock.on('data', () => {});
+    sock.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+        `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+    );
+    if (!readAtOnce) {
+      sock.pause();
+      await held;
+      sock.resume();
+    }
+    const result = await gw.nextResult();
+    sock.destroy();
+    return result;
+  }
+
+  it("marks the result client-paced: its TPOT is the client's, not the backend's to learn from", async () => {
+    const result = await slowReader(false);
+    expect(result).toMatchObject({ outcome: 'ok', clientPaced: true });
+    expect(result.tpotMs).not.toBeNull();
+  });
+
+  it('a client that reads as the tokens come is not', async () => {
+    const small = await setup((_req, res) => {
+      sseHead(res);
+      for (const f of chatStream(4)) res.write(f);
+      res.end();
+    });
+    const res = await fetch(`${small.gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(chatBody()),
+    });
+    await res.text();
+    expect(await small.gw.nextResult()).toMatchObject({ outcome: 'ok', clientPaced: false });
   });
 });
 
