@@ -35,7 +35,13 @@ export const BLOCK_CHARS_PER_TOKEN = 4;
  */
 export const MEDIA_PART_TOKENS = 576;
 const MEDIA_FILLER = '\u0001'.repeat(MEDIA_PART_TOKENS * BLOCK_CHARS_PER_TOKEN);
-/** A string in a media part longer than this (a data URL) is digested from samples of it. */
+/**
+ * A string in a media part or an earlier turn's reasoning longer than this is named by its length
+ * and a hash, not hashed into the blocks as it is: it is not text the backend prefills, and hashed
+ * whole, its characters made blocks the prefix index then credited as cached tokens.
+ */
+const OPAQUE_STRING_WHOLE = 64;
+/** …and one longer than this (a data URL) by a hash of samples of it, not of all of it. */
 const MEDIA_STRING_WHOLE = 4096;
 const MEDIA_SAMPLES = 32;
 const MEDIA_SAMPLE_CHARS = 128;
@@ -224,7 +230,7 @@ class CanonicalText {
     const reasoning = typeof m.reasoning === 'string' ? m.reasoning : m.reasoning_content;
     if (typeof reasoning === 'string' && m.role === 'assistant') {
       if (currentTurn) this.piece('r', reasoning);
-      else this.opaque(`\u0000r${reasoning.length}\u0000${JSON.stringify(reasoning, digestLongStrings)}`);
+      else this.opaque(`\u0000r${reasoning.length}\u0000${digestLongStrings('', reasoning) as string}`);
     }
     const c = m.content;
     if (typeof c === 'string') {
@@ -308,9 +314,14 @@ export function partText(part: unknown): string | null {
   }
 }
 
-/** JSON.stringify's replacer for a media part: a long string becomes its length and a sampled hash. */
+/**
+ * JSON.stringify's replacer for a media part: a string over OPAQUE_STRING_WHOLE characters becomes
+ * its length and a hash (of samples of it, past MEDIA_STRING_WHOLE), a few characters whatever its
+ * size. Invariant: what is not text the backend prefills adds at most a block or so to the stream.
+ */
 function digestLongStrings(_key: string, v: unknown): unknown {
-  if (typeof v !== 'string' || v.length <= MEDIA_STRING_WHOLE) return v;
+  if (typeof v !== 'string' || v.length <= OPAQUE_STRING_WHOLE) return v;
+  if (v.length <= MEDIA_STRING_WHOLE) return `${v.length}:${namedRoot(v).toString(36)}`;
   const stride = (v.length - MEDIA_SAMPLE_CHARS) / (MEDIA_SAMPLES - 1);
   let sampled = '';
   for (let i = 0; i < MEDIA_SAMPLES; i++) {

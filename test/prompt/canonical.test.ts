@@ -434,6 +434,13 @@ describe('TokenEstimate', () => {
     expect(common(earlier.hashes, other.hashes)).toBeGreaterThan(0);
     // The deprecated name is read too.
     expect(turn(doc, 'reasoning_content').hashes).toEqual(current.hashes);
+    // A reasoning of a few thousand characters is named by as few blocks as a long one: the
+    // blocks of what the backend does not prefill are credited as cached tokens it does not hold.
+    const some = 'First check the foreign keys, then the triggers. '.repeat(50);
+    const shorter = turn(some, 'reasoning', next);
+    expect(some.length).toBeGreaterThan(2000);
+    expect(shorter.hashes.length).toBe(earlier.hashes.length);
+    expect(shorter.hashes.at(-1)).not.toBe(turn(`!${some.slice(1)}`, 'reasoning', next).hashes.at(-1));
   });
 
   it('an image costs the index the same blocks whatever its size, and still names its content', () => {
@@ -462,6 +469,10 @@ describe('TokenEstimate', () => {
     const big = withImage(base64(200_000, 2));
     // Hashed whole, 200,000 characters were over 3,000 blocks of 64 characters here.
     expect(big.hashes.length).toBe(small.hashes.length);
+    // So does a tiny one (a 3 KB icon), and it names its content too.
+    const tiny = withImage(base64(4_000, 4));
+    expect(tiny.hashes.length).toBe(small.hashes.length);
+    expect(tiny.hashes.at(-1)).not.toBe(withImage(base64(4_000, 5)).hashes.at(-1));
     expect(big.hashes.length).toBeLessThan(3 + (MEDIA_PART_TOKENS * BLOCK_CHARS_PER_TOKEN) / CHARS + 2);
     // The system prompt's blocks are shared; from the image on, the hashes name it.
     expect(common(big.hashes, small.hashes)).toBe(3);
