@@ -13,6 +13,10 @@ const KiB = 1024;
 const LLAMA3_8B_KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2;
 /** Llama-3.1-70B: 80 layers × 8 KV heads × 128 dims × (K, V) × 2 bytes. */
 const LLAMA3_70B_KV_PER_TOKEN = 2 * 80 * 8 * 128 * 2;
+/** Llama-3.1-8B's attention FLOPs per query-context pair: 4 × 32 layers × 4096 (32 heads × 128). */
+const LLAMA3_8B_ATTN_FLOPS_PER_PAIR = 4 * 32 * 4096;
+/** Llama-3.1-70B's: 4 × 80 layers × 8192 (64 heads × 128). */
+const LLAMA3_70B_ATTN_FLOPS_PER_PAIR = 4 * 80 * 8192;
 
 const H100_SXM = { hbmBytesPerS: 3.35e12, peakFlops: 989e12 };
 const A100_40GB = { hbmBytesPerS: 1.555e12, peakFlops: 312e12 };
@@ -33,6 +37,7 @@ export const PROFILES: Record<string, GpuProfile> = {
     paramsB: 8.03,
     weightBytes: 8.03e9 * 2,
     kvBytesPerToken: LLAMA3_8B_KV_PER_TOKEN,
+    attnFlopsPerPair: LLAMA3_8B_ATTN_FLOPS_PER_PAIR,
     ...H100_SXM,
     mfu: 0.5,
     memEfficiency: 0.8,
@@ -51,6 +56,7 @@ export const PROFILES: Record<string, GpuProfile> = {
     paramsB: 8.03,
     weightBytes: 8.03e9 * 2,
     kvBytesPerToken: LLAMA3_8B_KV_PER_TOKEN,
+    attnFlopsPerPair: LLAMA3_8B_ATTN_FLOPS_PER_PAIR,
     ...A100_40GB,
     mfu: 0.65,
     memEfficiency: 0.8,
@@ -68,6 +74,7 @@ export const PROFILES: Record<string, GpuProfile> = {
     paramsB: 70.6,
     weightBytes: 70.6e9 * 2,
     kvBytesPerToken: LLAMA3_70B_KV_PER_TOKEN,
+    attnFlopsPerPair: LLAMA3_70B_ATTN_FLOPS_PER_PAIR,
     hbmBytesPerS: 4 * H100_SXM.hbmBytesPerS,
     peakFlops: 4 * H100_SXM.peakFlops,
     mfu: 0.45,

@@ -6,6 +6,15 @@ const decode = (seqs: number, ctx: number) => ({
   decodeSeqs: seqs,
   seqs,
   contextTokens: seqs * ctx,
+  prefillAttnPairs: 0,
+});
+/** One prefill chunk of `n` tokens after `cached` computed ones. */
+const prefillAfter = (n: number, cached = 0) => ({
+  prefillTokens: n,
+  decodeSeqs: 0,
+  seqs: 1,
+  contextTokens: cached + n,
+  prefillAttnPairs: n * cached + (n * (n + 1)) / 2,
 });
 
 describe('GPU profiles', () => {
@@ -39,10 +48,26 @@ describe('GPU profiles', () => {
   it('prefill is compute-bound: a full 8192-token chunk scales with tokens, A100 slower than H100', () => {
     const h100 = getProfile('llama3-8b-h100');
     const a100 = getProfile('llama3-8b-a100');
-    const prefill = (n: number) => ({ prefillTokens: n, decodeSeqs: 0, seqs: 1, contextTokens: n });
+    const prefill = (n: number) => prefillAfter(n);
     const big = stepTimeMs(h100, prefill(8192));
     expect(big).toBeGreaterThan(3.5 * stepTimeMs(h100, prefill(2048)));
     expect(stepTimeMs(a100, prefill(2048))).toBeGreaterThan(2 * stepTimeMs(h100, prefill(2048)));
+  });
+
+  it('prefill attention is quadratic: a chunk late in a long prompt costs more than the same chunk at its start', () => {
+    const p = getProfile('llama3-8b-a100');
+    const noAttn = { ...p, attnFlopsPerPair: 0 };
+    // The same 2,048 tokens: alone, and after 6,000 tokens already computed (a long prompt's last
+    // chunk, or a question after a long cached prefix).
+    const first = stepTimeMs(p, prefillAfter(2048));
+    const late = stepTimeMs(p, prefillAfter(2048, 6000));
+    expect(late).toBeGreaterThan(first * 1.1);
+    // What the term adds: 4 × 32 × 4096 FLOP per pair at the profile's MFU.
+    const pairs = 2048 * 6000 + (2048 * 2049) / 2;
+    const expected = (p.attnFlopsPerPair * pairs) / ((p.peakFlops * p.mfu) / 1000);
+    expect(late - stepTimeMs(noAttn, prefillAfter(2048, 6000))).toBeCloseTo(expected, 6);
+    // A decode step's attention is its KV read alone.
+    expect(stepTimeMs(p, decode(64, 4000))).toBe(stepTimeMs(noAttn, decode(64, 4000)));
   });
 
   it('tensor parallelism adds collective time', () => {

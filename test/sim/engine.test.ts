@@ -84,6 +84,16 @@ describe('engine timing', () => {
     expect(h.engine.stats().steps).toBe(4 * 2 + 1);
   });
 
+  it("counts the causal attention of every prefill chunk: a cold 7,000-token prompt's TTFT over the profile without it", () => {
+    const a100 = getProfile('llama3-8b-a100');
+    const tokens = prompt(7000);
+    const withAttn = new Harness(a100).ttftAlone(spec('a', tokens, 2));
+    const without = new Harness({ ...a100, attnFlopsPerPair: 0 }).ttftAlone(spec('a', tokens, 2));
+    // Four chunks of at most 2,048 tokens compute 7,000 × 7,001 / 2 pairs in all, whatever the chunking.
+    const expected = (a100.attnFlopsPerPair * ((7000 * 7001) / 2)) / ((a100.peakFlops * a100.mfu) / 1000);
+    expect(withAttn - without).toBeCloseTo(expected, 3);
+  });
+
   it('a request sharing a finished 2,000-token prefix hits its full blocks and gets a lower TTFT', () => {
     const h = new Harness();
     const shared = prompt(2000);

@@ -259,6 +259,7 @@ class SimEngine implements Engine {
     let prefillTokens = 0;
     let decodeSeqs = 0;
     let contextTokens = 0;
+    let prefillAttnPairs = 0;
     let preempted = false;
 
     for (let i = 0; i < this.running.length && budget > 0; i++) {
@@ -281,7 +282,10 @@ class SimEngine implements Engine {
       this.cacheFullBlocks(r, r.numComputed + numNew);
       const decoding = r.outputs > 0 && numNew === 1 && r.numComputed === r.numTokens - 1;
       if (decoding) decodeSeqs++;
-      else prefillTokens += numNew;
+      else {
+        prefillTokens += numNew;
+        prefillAttnPairs += attnPairs(r.numComputed, numNew);
+      }
       r.stepNew = numNew;
       contextTokens += r.numComputed + numNew;
       budget -= numNew;
@@ -328,6 +332,7 @@ class SimEngine implements Engine {
       this.running.push(r);
       r.stepNew = numNew;
       prefillTokens += numNew;
+      prefillAttnPairs += attnPairs(hitTokens, numNew);
       contextTokens += hitTokens + numNew;
       budget -= numNew;
       scheduled.push(r);
@@ -338,7 +343,7 @@ class SimEngine implements Engine {
     }
 
     if (scheduled.length === 0) return null;
-    return { prefillTokens, decodeSeqs, seqs: scheduled.length, contextTokens };
+    return { prefillTokens, decodeSeqs, seqs: scheduled.length, contextTokens, prefillAttnPairs };
   }
 
   /** Recompute preemption: drop the KV (hashes stay cached) and requeue at the front. */
@@ -439,4 +444,9 @@ class SimEngine implements Engine {
 
 export function createEngine(profile: GpuProfile, opts: EngineOptions): Engine {
   return new SimEngine(profile, opts);
+}
+
+/** Causal attention's query-context pairs for `n` new tokens after `c` computed ones. */
+function attnPairs(c: number, n: number): number {
+  return n * c + (n * (n + 1)) / 2;
 }

@@ -21,6 +21,12 @@ export interface GpuProfile {
   weightBytes: number;
   /** KV cache bytes per token (all layers, K and V). */
   kvBytesPerToken: number;
+  /**
+   * Attention FLOPs of one query token against one context token, all layers: 4 × layers × the
+   * query width (heads × head dim; QKᵀ and AV, 2 FLOP per multiply-add each). Grouped KV heads
+   * shrink the KV read, not these.
+   */
+  attnFlopsPerPair: number;
   /** Aggregate HBM bandwidth of the replica, bytes/s. */
   hbmBytesPerS: number;
   /** Aggregate dense BF16 peak, FLOP/s. */
@@ -51,4 +57,9 @@ export interface StepShape {
   seqs: number;
   /** KV tokens read by attention this step (sum of context lengths of scheduled sequences). */
   contextTokens: number;
+  /**
+   * Query-context token pairs the prefill chunks' causal attention computes: for a chunk of n new
+   * tokens after c computed ones, n·c + n(n+1)/2. Decode's attention is bound by its KV read.
+   */
+  prefillAttnPairs: number;
 }
