@@ -352,6 +352,13 @@ class Learnt {
 }
 
 /**
+ * Output tokens a sequence is expected to take until its tenant's completions have taught a
+ * figure, and a request without max_tokens is counted with in the tenant token budget (ShareGPT's
+ * mean output is about 200 tokens; research/vllm.md F).
+ */
+export const EXPECTED_OUTPUT_TOKENS = 256;
+
+/**
  * Characters per token, learnt from what the backends count (usage.prompt_tokens against the
  * characters the gateway rendered), and tokens per part that is not text, learnt the same way
  * from prompts that have such parts (Learnt). Until it has learnt anything it assumes `initial`
@@ -361,6 +368,7 @@ class Learnt {
 export class TokenEstimate {
   readonly #charsPerTokenLearnt: Learnt;
   readonly #mediaLearnt: Learnt;
+  readonly #outputLearnt: Learnt;
   readonly #initial: number;
   /** Read in place of each figure until this one has learnt it from `priorUntil` prompts. */
   readonly #prior: TokenEstimate | null;
@@ -374,6 +382,7 @@ export class TokenEstimate {
   ) {
     this.#charsPerTokenLearnt = new Learnt(initial, alpha);
     this.#mediaLearnt = new Learnt(MEDIA_PART_TOKENS, alpha);
+    this.#outputLearnt = new Learnt(EXPECTED_OUTPUT_TOKENS, alpha);
     this.#initial = initial;
     this.#prior = prior;
     this.#priorUntil = priorUntil;
@@ -398,6 +407,26 @@ export class TokenEstimate {
   /** Prompts with such parts learnt from so far. */
   get mediaSamples(): number {
     return this.#mediaLearnt.samples;
+  }
+
+  /**
+   * Output tokens one sequence takes, learnt from completed requests (usage.completion_tokens per
+   * sequence): what a request is expected to decode, where its max_tokens is only a ceiling
+   * (clients send 32,768 and write a few hundred).
+   */
+  get outputTokens(): number {
+    const own = this.#outputLearnt;
+    return this.#prior !== null && own.samples < this.#priorUntil ? this.#prior.outputTokens : own.value;
+  }
+
+  /** Completed requests the output figure was learnt from so far. */
+  get outputSamples(): number {
+    return this.#outputLearnt.samples;
+  }
+
+  /** A completed request decoded `tokens` output tokens per sequence. */
+  learnOutput(tokens: number): void {
+    if (Number.isFinite(tokens) && tokens >= 0) this.#outputLearnt.learn(tokens);
   }
 
   /**

@@ -28,14 +28,25 @@ export class TokenEstimates {
   /** A backend counted `promptTokens` for a prompt of `tenant`'s rendered as `p`. */
   learn(tenant: string, ...counted: Parameters<TokenEstimate['learn']>): void {
     this.fleet.learn(...counted);
+    this.#ownOf(tenant)?.learn(...counted);
+  }
+
+  /** A request of `tenant`'s completed with `tokens` output tokens per sequence. */
+  learnOutput(tenant: string, tokens: number): void {
+    this.fleet.learnOutput(tokens);
+    this.#ownOf(tenant)?.learnOutput(tokens);
+  }
+
+  /** `tenant`'s own estimate, made on its first use; null for a tenant a reload removed. */
+  #ownOf(tenant: string): TokenEstimate | null {
     let own = this.#own.get(tenant);
     if (own === undefined) {
       // A request of a tenant a reload removed, ending now, makes no estimate of its own.
-      if (this.#tenants !== null && !this.#tenants.has(tenant)) return;
+      if (this.#tenants !== null && !this.#tenants.has(tenant)) return null;
       own = new TokenEstimate(undefined, undefined, this.fleet, OWN_PROMPTS);
       this.#own.set(tenant, own);
     }
-    own.learn(...counted);
+    return own;
   }
 
   /** The tenants configured (at start and at every reload): the others' estimates are forgotten. */

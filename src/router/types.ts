@@ -57,8 +57,9 @@ export interface RouteRequest {
   /** Tokens one block stands for (estimated from characters for text prompts). */
   readonly tokensPerBlock: number;
   /**
-   * One sequence's max_tokens, or the gateway's expectation without one: the decode steps the
-   * request takes (its `n` choices, or several completion prompts, decode side by side).
+   * The decode steps one sequence is expected to take (its `n` choices, or several completion
+   * prompts, decode side by side): its tenant's learnt output per sequence, or its max_tokens when
+   * that is fewer.
    */
   readonly outputTokensPerSequence: number;
   /** The request's class TPOT target, ms. */

@@ -105,6 +105,10 @@ export function finishProxied(
   if (result.promptTokens !== null && got.countsRendered) {
     rt.tokens.learn(got.identity.tenant, got.prompt, result.promptTokens);
   }
+  // What a whole completion decoded, per sequence: what the router expects the next to take.
+  if (result.outcome === 'ok' && result.completionTokens !== null) {
+    rt.tokens.learnOutput(got.identity.tenant, result.completionTokens / got.sequences);
+  }
   if (result.outcome !== 'ok' || result.backend === null || result.ttftMs === null) return;
 
   const cls = got.identity.class;

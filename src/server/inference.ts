@@ -87,7 +87,7 @@ function routeOf(rt: Runtime, call: InferenceCall, served: Served): RouteRequest
     blocks: served.blocks,
     blockSizeTokens: blockSize,
     tokensPerBlock: rt.tokens.of(served.identity.tenant).tokensPerBlock(served.prompt, blockSize),
-    outputTokensPerSequence: served.outputTokensPerSequence,
+    outputTokensPerSequence: served.expectedTokensPerSequence,
     tpotTargetMs: served.cls.tpot_p99_ms,
     sessionId: sessionKey(header(call, rt.config.router.session_header), namedTenant(served.identity)),
   };

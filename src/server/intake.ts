@@ -8,6 +8,7 @@ import type { SlaClass } from '../config/index.ts';
 import { GatewayError } from '../errors/index.ts';
 import {
   cacheRoot,
+  EXPECTED_OUTPUT_TOKENS,
   type PromptBlocks,
   type PromptSource,
   promptBlocks,
@@ -19,12 +20,6 @@ import type { AssembleKind, ClientMode } from '../upstream/index.ts';
 import { type Identity, namedTenant } from './auth.ts';
 import { type Endpoint, type InferenceRequest, parseInferenceRequest } from './inference-request.ts';
 import type { Runtime } from './runtime.ts';
-
-/**
- * Output tokens a request without max_tokens is expected to take, for the in-flight token counts
- * and the tenant token budget (ShareGPT's mean output is about 200 tokens; research/vllm.md F).
- */
-export const EXPECTED_OUTPUT_TOKENS = 256;
 
 /**
  * What a request keeps of its intake while it is served: everything but its body (see
@@ -56,6 +51,12 @@ export interface Served {
   readonly expectedOutputTokens: number;
   /** The same for one sequence: its decode steps (several prompts' or choices' run side by side). */
   readonly outputTokensPerSequence: number;
+  /**
+   * The output one sequence is expected to take: its tenant's learnt output per sequence, or its
+   * max_tokens when that is fewer (a ceiling is not an expectation). What the router weighs a slow
+   * decode by.
+   */
+  readonly expectedTokensPerSequence: number;
   /** Sequences vLLM generates for it, side by side: `n`, times the prompts of a completion. */
   readonly sequences: number;
   /** How the client is answered (InferenceRequest.mode), and the body an assembly builds. */
@@ -162,6 +163,7 @@ export function intake(
     promptTokens,
     expectedOutputTokens: perSequence * sequences,
     outputTokensPerSequence: perSequence,
+    expectedTokensPerSequence: Math.min(ir.outputLimit ?? Number.POSITIVE_INFINITY, estimate.outputTokens),
     sequences,
     mode: ir.mode,
     assembleKind: ir.assembleKind,

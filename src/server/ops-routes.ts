@@ -77,6 +77,8 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
         chars_per_token_samples: rt.tokens.fleet.samples,
         media_part_tokens: rt.tokens.fleet.mediaTokens,
         media_part_tokens_samples: rt.tokens.fleet.mediaSamples,
+        output_tokens_per_sequence: rt.tokens.fleet.outputTokens,
+        output_tokens_per_sequence_samples: rt.tokens.fleet.outputSamples,
         tie_tolerance: rt.scheduler.predictionSpread(),
       },
       scheduler: {

@@ -1,6 +1,6 @@
 // One tenant's prompts move no other tenant's token counts once that tenant has its own.
 import { describe, expect, it } from 'vitest';
-import { BLOCK_CHARS_PER_TOKEN, promptBlocks } from '../../src/prompt/canonical.ts';
+import { BLOCK_CHARS_PER_TOKEN, EXPECTED_OUTPUT_TOKENS, promptBlocks } from '../../src/prompt/canonical.ts';
 import { OWN_PROMPTS, TokenEstimates } from '../../src/prompt/tenant-estimates.ts';
 
 const BLOCK = 16;
@@ -33,6 +33,23 @@ describe('TokenEstimates', () => {
     expect(est.of('new').charsPerToken).toBeCloseTo(6, 1);
     // A tenant that never sent a prompt to learn from reads the fleet's.
     expect(est.of('silent')).toBe(est.fleet);
+  });
+
+  it("learns each tenant's output per sequence, from the fleet's until it has OWN_PROMPTS of its own", () => {
+    const est = new TokenEstimates();
+    expect(est.of('chatty').outputTokens).toBe(EXPECTED_OUTPUT_TOKENS);
+    for (let i = 0; i < 50; i++) est.learnOutput('terse', 20);
+    // 'chatty' has made no estimate of its own yet: the fleet's, taught by 'terse'.
+    expect(est.of('chatty').outputTokens).toBeCloseTo(20, 0);
+    for (let i = 0; i < OWN_PROMPTS - 1; i++) est.learnOutput('chatty', 900);
+    expect(est.of('chatty').outputTokens).toBe(est.fleet.outputTokens);
+    est.learnOutput('chatty', 900);
+    expect(est.of('chatty').outputTokens).toBeCloseTo(900, 0);
+    expect(est.of('terse').outputTokens).toBeCloseTo(20, 0);
+    // Nothing that is not a count teaches.
+    est.learnOutput('terse', Number.NaN);
+    est.learnOutput('terse', -1);
+    expect(est.of('terse').outputTokens).toBeCloseTo(20, 0);
   });
 
   it('forgets the tenants a reload removed', () => {
