@@ -162,7 +162,7 @@ export class GatewayMetrics {
     );
     this.overhead = new BatchHistogram({
       name: `${PREFIX}overhead_seconds`,
-      help: "Time from a request's body being read to the end of admission (parse, auth, validation, estimate, admission); the client's upload, queueing, routing and the relay are not in it.",
+      help: "Time from a request's body being read to the end of admission (parse, validation, estimate, admission); the API key check (at the request's head, before its body), the client's upload, queueing, routing and the relay are not in it.",
       labelNames: [],
       buckets: OVERHEAD_BUCKETS_S,
       registers: [reg],

@@ -367,6 +367,25 @@ describe('createAuthenticator', () => {
     expect(codeOf(() => auth.identify('Bearer k2', undefined))).toBe('invalid_api_key:null');
     expect(codeOf(() => auth.identify(undefined, undefined))).toBe('invalid_api_key:null');
   });
+
+  it('among a thousand tenants each key finds its own, and a key hashed by none finds nobody', () => {
+    const tenants = Array.from({ length: 1000 }, (_, i) => ({
+      name: `t${i}`,
+      api_key_sha256: sha(`key-${i}`),
+      class: i % 2 === 0 ? 'interactive' : 'batch',
+      allowed_classes: [],
+    }));
+    const auth = createAuthenticator(tenants, 'interactive', classes);
+    for (const i of [0, 1, 499, 999]) {
+      expect(auth.identify(`Bearer key-${i}`, undefined)).toMatchObject({
+        tenant: `t${i}`,
+        class: i % 2 === 0 ? 'interactive' : 'batch',
+      });
+    }
+    // The digest itself is not a key.
+    expect(codeOf(() => auth.identify(`Bearer ${sha('key-7')}`, undefined))).toBe('invalid_api_key:null');
+    expect(codeOf(() => auth.identify('Bearer key-1000', undefined))).toBe('invalid_api_key:null');
+  });
 });
 
 describe('ModelCatalog', () => {
