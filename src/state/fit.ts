@@ -36,6 +36,14 @@ export class FitStats {
     return 1 + k + (k * (k + 1)) / 2 + 1 + k + 3 + 1;
   }
 
+  /** The samples' weighted mean y; null without weight. */
+  meanY(): number | null {
+    const w = this.v[0] as number;
+    if (!(w > 1e-9)) return null;
+    const k = this.k;
+    return (this.v[1 + k + (k * (k + 1)) / 2] as number) / w;
+  }
+
   /** Samples ever added (not decayed): a fit needs a few before it means anything, however old. */
   get samples(): number {
     return this.v[this.v.length - 1] as number;
@@ -270,7 +278,12 @@ export class DecayingFit {
     this.#lambda = Math.LN2 / halfLifeMs;
   }
 
-  /** Decays the sums to `now` (time never runs backwards for them), down to the floor at most. */
+  /**
+   * Decays the sums to `now`, down to the floor at most. Invariant: a wall clock stepped back does
+   * not stop the decay until it has caught up with the time it left: the sums then age from the
+   * new time (held at the old one, an hour's step meant an hour of samples kept at full weight,
+   * and peers adding them took this instance's fit for the whole fleet's).
+   */
   decayTo(now: number): void {
     if (this.#updatedAt !== null && now > this.#updatedAt) {
       const w = this.stats.v[0] as number;
@@ -278,7 +291,7 @@ export class DecayingFit {
       if (w * f < DECAY_FLOOR_SAMPLES) f = w > DECAY_FLOOR_SAMPLES ? DECAY_FLOOR_SAMPLES / w : 1;
       if (f < 1) this.stats.scale(f);
     }
-    if (this.#updatedAt === null || now > this.#updatedAt) this.#updatedAt = now;
+    this.#updatedAt = now;
   }
 
   /** Factor by which sums taken `ageMs` ago have decayed. */

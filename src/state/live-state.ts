@@ -253,6 +253,12 @@ interface FitCache {
 }
 
 const MIN_RELATIVE_ERROR_BASE_MS = 1;
+/**
+ * The most one sample may teach a fit, as a multiple of what the fit predicted for it (or of the
+ * fit's mean, when that is more): see #learn. A backend that turned this much slower for good is
+ * followed still, the bound rising with the fit.
+ */
+const SAMPLE_BOUND = 2;
 /** Least time between two solves of one backend's fits (see #fits). */
 const REFIT_MS = 20;
 /**
@@ -428,13 +434,29 @@ class LiveStateImpl implements LiveState {
     this.#learn(be, 'ttft', x, y, this.#now());
   }
 
-  /** One sample into one of `be`'s fits: the error of what the fit predicted for it, then the sample. */
+  /**
+   * One sample into one of `be`'s fits: the error of what the fit predicted for it, then the sample.
+   * Invariants: a sample moves a fit no further than one SAMPLE_BOUND times its prediction (or the
+   * fit's mean, when that is more) would: a stall's 30 s first token on a backend predicted at
+   * 840 ms took the slope 15 times up and kept it off for minutes, where the windows' P99 is what
+   * should show it (they keep the raw figure). And nothing is learnt while the peers' part of the
+   * load is missing (Redis out past the liveness TTL): x would count this instance's load alone
+   * against samples that ran beside the peers' requests, and the fit would hold their load twice
+   * once they count again.
+   */
   #learn(be: BackendState, which: 'ttft' | 'tpot', x: number[], y: number, now: number): void {
+    if (this.#peersLost > 0 && !this.#remoteFresh()) return;
     const fit = which === 'ttft' ? be.ttftFit : be.tpotFit;
     const coefficients = this.#fits(be.name, be)[which];
     fit.decayTo(now);
-    if (coefficients !== null) fit.stats.addError(relativeError(predict(coefficients, x), y));
-    fit.stats.addSample(x, y);
+    let taught = y;
+    if (coefficients !== null) {
+      const predicted = predict(coefficients, x);
+      fit.stats.addError(relativeError(predicted, y));
+      const scale = Math.max(predicted, fit.stats.meanY() ?? 0);
+      if (scale > 0) taught = Math.min(y, SAMPLE_BOUND * scale);
+    }
+    fit.stats.addSample(x, taught);
     be.fitVersion++;
     this.#fleetVersion++;
   }

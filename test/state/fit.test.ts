@@ -151,6 +151,16 @@ describe('online least squares', () => {
     expect(fit.stats.samples).toBe(100);
   });
 
+  it('a wall clock stepped back: the sums age from the new time, not held until the old one comes again', () => {
+    const fit = new DecayingFit(1, 1_000);
+    fit.decayTo(3_600_000);
+    for (let i = 0; i < 10; i++) fit.stats.addSample([i], i);
+    // Stepped back an hour. One half-life later by the new clock the samples weigh half.
+    fit.decayTo(0);
+    fit.decayTo(1_000);
+    expect(fit.stats.v[0]).toBeCloseTo(5, 9);
+  });
+
   it('reports prediction error as mean absolute and signed relative error', () => {
     const s = new FitStats(1);
     s.addError(0.1);

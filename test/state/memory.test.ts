@@ -139,6 +139,56 @@ describe('LiveState with the memory store', () => {
     expect(s.predictTtftMs('gpu-0', 100)!).toBeGreaterThan(40);
   });
 
+  it("one stalled first token does not take the backend's fit with it: the window shows it, the rates hold", () => {
+    const s = make();
+    const rand = rng(11);
+    const truth = (tokens: number, load: number) => 40 + 0.1 * tokens + 5 * load;
+    for (let i = 0; i < 300; i++) {
+      clock += 250;
+      const uncached = 200 + Math.floor(rand() * 1800);
+      const load = Math.floor(rand() * 6);
+      s.recordFirstToken({
+        backend: 'gpu-0',
+        backendTtftMs: truth(uncached, load),
+        uncachedPromptTokens: uncached,
+        prefillAheadTokens: 0,
+        loadAtDispatch: load,
+      });
+    }
+    const before = s.predictTtftMs('gpu-0', 2000)!;
+    // A batch request of 8,000 tokens whose first token a stall held for 30 s.
+    clock += 250;
+    s.recordFirstToken({
+      backend: 'gpu-0',
+      backendTtftMs: 30_000,
+      uncachedPromptTokens: 8000,
+      prefillAheadTokens: 0,
+      loadAtDispatch: 2,
+    });
+    clock += 50;
+    const after = s.predictTtftMs('gpu-0', 2000)!;
+    // Taken whole, the sample took this prediction from about 240 ms to about 1.5 s, and the
+    // prefill rate 15 times down; bounded, it moves them by a fraction (the sample lies far out
+    // along the prompt axis, where one point leans hardest on a slope).
+    expect(after).toBeLessThan(before * 1.3);
+    expect(s.prefillMs('gpu-0', 1000)!).toBeLessThan(0.1 * 1000 * 1.7);
+    // A backend that turned slower for good is followed all the same: three times slower, for a
+    // minute and a quarter (a half-life and a quarter of the fit's forgetting).
+    for (let i = 0; i < 300; i++) {
+      clock += 250;
+      const uncached = 200 + Math.floor(rand() * 1800);
+      s.recordFirstToken({
+        backend: 'gpu-0',
+        backendTtftMs: 3 * truth(uncached, 0),
+        uncachedPromptTokens: uncached,
+        prefillAheadTokens: 0,
+        loadAtDispatch: 0,
+      });
+    }
+    clock += 50;
+    expect(s.predictTtftMs('gpu-0', 2000)!).toBeGreaterThan(before * 2.2);
+  });
+
   it('bad token counts cannot poison the counters; unknown backends are not counted', () => {
     const s = make();
     const l = s.lease('gpu-0', { promptTokens: Number.NaN, expectedOutputTokens: -5 });

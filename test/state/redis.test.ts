@@ -560,12 +560,34 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     expect(a.status().peers).toBe(0);
     // Counting alone now, each of the two takes half of every tenant limit.
     expect(a.tenantShare()).toBe(0.5);
+    // And the fits learn nothing: a first token's load now counts a's requests alone, against
+    // samples that ran beside b's.
+    const samplesOf = () => a.backendView('gpu-1')?.rates.ttft?.samples ?? 0;
+    const teach = (n: number) => {
+      for (let i = 0; i < n; i++) {
+        a.recordFirstToken({
+          backend: 'gpu-1',
+          backendTtftMs: ttftOf(500, 1),
+          uncachedPromptTokens: 500,
+          prefillAheadTokens: 0,
+          loadAtDispatch: 1,
+        });
+      }
+    };
+    const taughtBefore = samplesOf();
+    teach(10);
+    await sleep(50); // past the fit's re-solve interval (20 ms)
+    expect(samplesOf()).toBe(taughtBefore);
 
     await redis.restart();
     const recovered = await until(() => !a.status().degraded && !b.status().degraded, 5_000, 'recovery');
     expect(recovered).toBeLessThan(3_000);
     await until(() => b.load('gpu-0') === 2, 2_000, 'shared counts again');
     expect(b.tenantShare()).toBe(1);
+    await until(() => a.load('gpu-0') === 2, 2_000, "a counting b's lease again");
+    // With the peers counted again, first tokens teach again.
+    teach(10);
+    await until(() => samplesOf() === taughtBefore + 10, 1_000, 'the fit to learn again');
     held.end();
     await until(() => b.load('gpu-0') === 1, 2_000, 'b to see the end of a’s lease');
     // Let a few more ticks run, then count what Redis has executed since it came back.
