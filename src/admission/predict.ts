@@ -19,14 +19,14 @@
 // prefill there and the fit's base), the best backend's, taken at the P99 of how predictions turn
 // out. The request's budget (ttftBudgetMs, what admission and the queue guard plan with) is
 //
-//   budget = max(max(min(class target, deadline), min(2u, deadline)) − the loop's own delay,
-//                time spent + its unloaded first token at the P99)
+//   budget = max(min(class target, deadline), min(2u, deadline)) − the loop's own delay
+//            (u ≥ deadline: time spent + its unloaded first token at the P99)
 //
 // that is, the load may delay a request by what is left of its target, or by its own unavoidable
 // time when that is more. The loop's delay is time the client waits that no gateway clock sees:
 // the request's bytes wait for a busy loop before its arrival is stamped
-// (src/telemetry/loop-delay.ts); a gateway short of CPU counts it against every request. The last
-// term lets in, when nothing would delay it, a request whose own first token is past its deadline.
+// (src/telemetry/loop-delay.ts); a gateway short of CPU counts it against every request. A request
+// whose own first token is past its deadline is let in when nothing would delay it.
 //
 // A request with u over half its target is large for its class: most of its target goes to its
 // own prefill, so a little load (or the P99 multiplier alone) puts it over, and with u over the
@@ -140,17 +140,16 @@ export function predict(
     ttftTargetMs: req.ttftTargetMs,
     // The load may not delay a request past its deadline (first_token_timeout_ms from arrival;
     // passthrough_timeout_ms for a body passed through): that would be a 504 where a 429 was due.
-    // So a class target and a large request's 2u both stop at the deadline.
-    // Invariant: the budget is never below the bound admission finds for the request where
-    // nothing delays it (its time spent, loop delay included, and its unloaded first token at the
-    // P99), so a request whose own first token is past its deadline, or so close to it that the
-    // loop's delay takes it past, is served when nothing delays it, not refused for good for its
-    // size. (Taking the loop's delay out of u and again out of the budget refused it for twice
-    // the delay.)
-    ttftBudgetMs: Math.max(
-      Math.max(Math.min(req.ttftTargetMs, deadline), Math.min(2 * u, deadline)) - loopDelayMs,
-      spentMs + upperUnloadedMs,
-    ),
+    // So a class target and a large request's 2u both stop at the deadline, less the loop's
+    // delay. But a request whose own first token is past its deadline already (u ≥ deadline) has
+    // for its budget the bound admission finds for it where nothing delays it (its time spent,
+    // loop delay included, and its unloaded first token at the P99): it is served when nothing
+    // delays it, not refused for good for its size. (Its budget was u less the loop's delay, while
+    // its bound held that delay: refused always, once the loop was measured late at all.)
+    ttftBudgetMs:
+      u >= deadline
+        ? spentMs + upperUnloadedMs
+        : Math.max(Math.min(req.ttftTargetMs, deadline), Math.min(2 * u, deadline)) - loopDelayMs,
     loopDelayMs,
     tpotTargetMs: req.tpotTargetMs,
     deadlineAt: req.deadlineAt,

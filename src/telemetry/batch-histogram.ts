@@ -71,6 +71,13 @@ export class BatchHistogramChild {
   }
 }
 
+/**
+ * Extra boundaries (targets, current and past) a histogram counts at, at most, beside its base
+ * list: past this, the one longest out of use is folded away. Small, because every observation
+ * scans the boundaries (and a request's gaps each do).
+ */
+export const MAX_EXTRA_BOUNDARIES = 16;
+
 interface MetricValue {
   value: number;
   labels: Record<string, string | number>;
@@ -85,7 +92,15 @@ export class BatchHistogram<L extends string> {
   readonly #labelNames: readonly L[];
   /** The boundaries it was made with: always among its boundaries, whatever setBuckets adds. */
   readonly #base: readonly number[];
+  /**
+   * The boundaries it counts at: the base list and every extra one setBuckets has been given
+   * (at most MAX_EXTRA_BOUNDARIES of them), exported or not.
+   */
   #upper: Float64Array;
+  /** Per boundary of #upper: exported now (the base list and the extras given last). */
+  #exported: Uint8Array;
+  /** The extra boundaries counted at, the longest unexported first out when there are too many. */
+  #extras: number[] = [];
   readonly #children = new Map<string, { labels: string[]; child: BatchHistogramChild }>();
 
   constructor(opts: {
@@ -100,6 +115,7 @@ export class BatchHistogram<L extends string> {
     this.#labelNames = opts.labelNames;
     this.#base = [...opts.buckets];
     this.#upper = Float64Array.from([...opts.buckets].sort((a, b) => a - b));
+    this.#exported = new Uint8Array(this.#upper.length).fill(1);
     // The registry only reads name, help, type and get(); its type names prom-client's own classes.
     for (const r of opts.registers)
       r.registerMetric(this as unknown as Parameters<Registry['registerMetric']>[0]);
@@ -117,22 +133,42 @@ export class BatchHistogram<L extends string> {
   }
 
   /**
-   * The boundaries from now on: the base list and `extra` (the class targets configured now).
-   * Invariant: no count is lost and every boundary kept goes on as it was (rebucket): a new
-   * boundary's series counts exactly from now on, and one no longer listed (a target a reload
-   * changed) is no longer exported, so the list stays as long as the configuration makes it, however
-   * many reloads move the targets.
+   * The boundaries exported from now on: the base list and `extra` (the class targets configured
+   * now). Invariants: no count is lost; every exported boundary's cumulative count only grows. A
+   * new boundary's series counts exactly from now on (its count starts at the boundary below it);
+   * one no longer listed (a target a reload changed) is no longer exported but still counted at,
+   * so that if a later reload lists it again it comes back at its true count (had its bucket been
+   * folded into the one above, it would come back lower than it left, which Prometheus reads as a
+   * counter reset). The exported list stays as long as the configuration makes it; what is counted
+   * at is bounded: past MAX_EXTRA_BOUNDARIES extras (current and past together), the one longest
+   * unexported is folded into the boundary above it (rebucket), and that one alone would come back
+   * inexact.
    */
   setBuckets(extra: readonly number[]): void {
-    const next = [...new Set([...this.#base, ...extra])].sort((a, b) => a - b);
-    if (next.length === this.#upper.length && next.every((b, i) => b === this.#upper[i])) return;
-    this.#upper = Float64Array.from(next);
-    for (const { child } of this.#children.values()) child.rebucket(this.#upper);
+    const wanted = new Set([...this.#base, ...extra]);
+    for (const b of wanted) {
+      if (this.#base.includes(b)) continue;
+      const at = this.#extras.indexOf(b);
+      if (at >= 0) this.#extras.splice(at, 1);
+      this.#extras.push(b);
+    }
+    // Oldest first; an extra exported now is never dropped (there are at most as many as classes).
+    while (this.#extras.length > MAX_EXTRA_BOUNDARIES) {
+      const out = this.#extras.findIndex((b) => !wanted.has(b));
+      if (out < 0) break;
+      this.#extras.splice(out, 1);
+    }
+    const counted = [...new Set([...this.#base, ...this.#extras])].sort((a, b) => a - b);
+    if (counted.length !== this.#upper.length || counted.some((b, i) => b !== this.#upper[i])) {
+      this.#upper = Float64Array.from(counted);
+      for (const { child } of this.#children.values()) child.rebucket(this.#upper);
+    }
+    this.#exported = Uint8Array.from(counted, (b) => (wanted.has(b) ? 1 : 0));
   }
 
-  /** The bucket boundaries now (every `le` but +Inf). */
+  /** The bucket boundaries exported now (every `le` but +Inf). */
   get buckets(): readonly number[] {
-    return [...this.#upper];
+    return [...this.#upper].filter((_, i) => this.#exported[i] === 1);
   }
 
   remove(...values: string[]): void {
@@ -163,6 +199,7 @@ export class BatchHistogram<L extends string> {
       let cumulative = 0;
       for (let b = 0; b <= this.#upper.length; b++) {
         cumulative += child.counts[b] as number;
+        if (b < this.#upper.length && this.#exported[b] === 0) continue;
         const le = b < this.#upper.length ? (this.#upper[b] as number) : '+Inf';
         values.push({ value: cumulative, labels: { ...base, le }, metricName: `${this.name}_bucket` });
       }

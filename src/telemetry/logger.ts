@@ -72,8 +72,8 @@ export interface Logger {
    * lines still buffered included: a log rotated by renaming it (logrotate's default `create`) is
    * taken up in a new file, not written on to the renamed or deleted one. Resolves with the path
    * once the new file is open, or null for a destination that is not a file (or is closed); rejects
-   * when the path cannot be opened (the log's lines are dropped from then on, as after any failed
-   * write).
+   * when the path cannot be opened, and the lines go on to the file the log had open (a later
+   * reopen may succeed).
    */
   reopen(): Promise<string | null>;
   /**
@@ -165,8 +165,11 @@ export function createLogger(opts: LoggerOptions): Logger {
   // drops the log's lines from then on, and the gateway goes on serving; without the listener it
   // would be an uncaught error.
   let failed = false;
+  // A reopen's open that fails is not a write that failed: sonic-boom keeps the descriptor it had,
+  // and the lines go on there (reopen rejects; a later SIGHUP may reopen).
+  let reopening = false;
   dest.on('error', () => {
-    failed = true;
+    if (!reopening) failed = true;
   });
   // With a file descriptor the destination is ready on the next tick; a flush issued before then
   // could wait for a drain that never comes.
@@ -224,19 +227,24 @@ export function createLogger(opts: LoggerOptions): Logger {
     // opened above (so that a bad path fails the start), so it is told the name here. reopen()
     // waits for a write in flight, opens the path for appending, then closes the old descriptor.
     (dest as unknown as { file: string | null }).file = path;
-    await new Promise<void>((resolve, reject) => {
-      const onError = (err: Error) => {
-        dest.off('ready', onReady);
-        reject(err);
-      };
-      const onReady = () => {
-        dest.off('error', onError);
-        resolve();
-      };
-      dest.once('ready', onReady);
-      dest.once('error', onError);
-      dest.reopen();
-    });
+    reopening = true;
+    try {
+      await new Promise<void>((resolve, reject) => {
+        const onError = (err: Error) => {
+          dest.off('ready', onReady);
+          reject(err);
+        };
+        const onReady = () => {
+          dest.off('error', onError);
+          resolve();
+        };
+        dest.once('ready', onReady);
+        dest.once('error', onError);
+        dest.reopen();
+      });
+    } finally {
+      reopening = false;
+    }
     return path;
   };
   return { logger, flush, close, dropped: () => dropped, abandon, reopen };

@@ -395,7 +395,8 @@ export class GatewayMetrics {
    * Every class's targets become bucket boundaries of the TTFT and queue-wait histograms (TTFT
    * target) and of the TPOT and ITL ones (TPOT target), so that the share under a target is an
    * exact bucket. A reload sets the targets it configures; a boundary no class targets any more
-   * goes, its counts at the boundary above it (BatchHistogram.setBuckets).
+   * is no longer exported, and comes back at its true count if a later reload targets it again
+   * (BatchHistogram.setBuckets).
    */
   setClasses(classes: Readonly<Record<string, ClassTargets>>): void {
     const targets = Object.values(classes);

@@ -69,8 +69,8 @@ export interface Latencies {
   e2eMs: number;
   /**
    * The client held the stream back at least once (its buffer full, the relay paused the
-   * upstream): TPOT and ITL then hold time the client set, not the backend, and are not the
-   * backend's pace.
+   * upstream, for 10 ms or more before it drained): TPOT and ITL then hold time the client set, not
+   * the backend, and are not the backend's pace.
    */
   clientPaced: boolean;
 }
@@ -176,6 +176,10 @@ export class TokenClock {
   /** The relay paused the upstream (the client is not reading): the gap across the pause is not metered. */
   paused(): void {
     this.#paused = true;
+  }
+
+  /** The client held the stream back (a pause for it lasted): its TPOT is not the backend's pace. */
+  heldBack(): void {
     this.#clientPaced = true;
   }
 

@@ -505,7 +505,7 @@ function failureResponse(s: LoopState): { err: GatewayError; reason: ResultReaso
     return {
       err: new GatewayError(
         'no_healthy_backend',
-        'Every backend tried is busy (it answered 408 or 429); retry after the time given',
+        'The backend tried last is busy (it answered 408 or 429); retry after the time given',
       ),
       reason,
       outcome: 'failed_before_commit',

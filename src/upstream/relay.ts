@@ -126,6 +126,12 @@ type ResponseHeaders = Record<string, string | string[] | undefined>;
 
 /** After [DONE], how long the upstream has to end its response (vLLM ends it at once). */
 const CLOSE_WAIT_MS = 1_000;
+/**
+ * How long a pause for the client's full buffer lasts before the client counts as holding the
+ * stream back (Latencies.clientPaced): longer than a busy loop takes to come back to a 'drain'
+ * the kernel gives at once, shorter than a decode step of a stream it would slow.
+ */
+const CLIENT_HELD_MS = 10;
 
 // 'unstreamed': a 200 with a JSON body where a stream was asked for (unstreamedFailure).
 type Phase =
@@ -170,6 +176,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
   #handed = 0;
   /** How many of them the kernel had taken when the stall timer was last armed. */
   #stallTaken = 0;
+  /** performance.now() when the client's buffer last filled and the upstream was paused. */
+  #pausedAt = 0;
   /** After the first write of a chunked stream: frames and writes its events (chunked-writer.ts). */
   #chunks: ChunkedWriter | null = null;
   #resolveDone!: (end: AttemptEnd) => void;
@@ -546,6 +554,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (ok || this.#stallTimer !== null || this.#phase === 'done') return;
     this.#controller?.pause();
     this.#clock.paused();
+    this.#pausedAt = performance.now();
     // The upstream is silent because we paused it, not because it stalled.
     if (this.#idleTimer !== null) clearTimeout(this.#idleTimer);
     this.#idleTimer = null;
@@ -562,6 +571,10 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (this.#stallTimer === null) return;
     clearTimeout(this.#stallTimer);
     this.#stallTimer = null;
+    // Invariant: a client is taken for slow (its TPOT not the backend's) only when it held the
+    // stream back: one write past the socket's high-water mark (an event of logprobs, a few read
+    // together) returns false and drains on the next turn of the loop for a client reading at once.
+    if (performance.now() - this.#pausedAt >= CLIENT_HELD_MS) this.#clock.heldBack();
     if (this.#phase === 'done') return;
     this.#armIdle();
     this.#controller?.resume();

@@ -210,6 +210,28 @@ describe('GatewayMetrics', () => {
     for (let i = 1; i < counts.length; i++) expect(counts[i]).toBeGreaterThanOrEqual(counts[i - 1]!);
   });
 
+  it('a target moved away and back comes back at its true count: no exported bucket ever goes down', async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    const cb = { class: 'interactive', backend: 'gpu-0' };
+    const at = (ttftMs: number) => ({ ...CLASSES, interactive: { ttft_p99_ms: ttftMs, tpot_p99_ms: 50 } });
+    const ttft = async (le: string) =>
+      value(parseSamples(await m.render()), 'slagate_ttft_seconds_bucket', { ...cb, le });
+    m.setClasses(at(220));
+    // 90 ms and 210 ms: under 0.1, and under 0.22 (a target of no other class, not in the base list).
+    m.observeRequest(record({ ttft_ms: 90 }));
+    m.observeRequest(record({ ttft_ms: 210 }));
+    expect(await ttft('0.22')).toBe(2);
+    m.setClasses(at(300));
+    expect(await ttft('0.22')).toBeUndefined();
+    m.observeRequest(record({ ttft_ms: 215 }));
+    m.setClasses(at(220));
+    // Both of its own and the 215 ms one counted while it was not exported: 3, never below the 2
+    // it last showed (folded into the boundary above, it came back at 0.2's count: 1).
+    expect(await ttft('0.22')).toBe(3);
+    expect(await ttft('0.1')).toBe(1);
+    expect(await ttft('0.25')).toBe(3);
+  });
+
   it('a reload adds its new targets as buckets: every series goes on, the new bucket counts from then on', async () => {
     const m = createMetrics(CLASSES, { processMetrics: false });
     const cb = { class: 'interactive', backend: 'gpu-0' };

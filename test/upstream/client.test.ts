@@ -163,7 +163,8 @@ describe('healthy POST (item 18)', () => {
 describe("a client that reads slowly holds the backend's pace back", () => {
   /**
    * A stream of 16 KiB tokens: the upstream writes until the gateway stops taking them (it paused
-   * the upstream for a client that does not read), says so, then ends once they are taken.
+   * the upstream for a client that does not read: a 'drain' that does not come within 300 ms, where
+   * a gateway still reading gives one at once), says so, then ends once they are taken.
    */
   async function slowReader(readAtOnce: boolean) {
     const frame = tokenChunk('y'.repeat(16 * 1024));
@@ -176,9 +177,17 @@ describe("a client that reads slowly holds the backend's pace back", () => {
         sseHead(res);
         res.write(roleChunk());
         for (let i = 0; i < 2048 && !res.destroyed; i++) {
-          if (!res.write(frame)) {
+          if (res.write(frame)) continue;
+          const drained = new Promise<'drained'>((r) => res.once('drain', () => r('drained')));
+          let timer: NodeJS.Timeout | undefined;
+          const waited = new Promise<'held'>((r) => {
+            timer = setTimeout(() => r('held'), 300);
+          });
+          const first = await Promise.race([drained, waited]);
+          clearTimeout(timer);
+          if (first === 'held') {
             heldBack();
-            await new Promise<void>((r) => res.once('drain', () => r()));
+            await drained;
             break;
           }
         }
@@ -208,6 +217,26 @@ describe("a client that reads slowly holds the backend's pace back", () => {
     const result = await slowReader(false);
     expect(result).toMatchObject({ outcome: 'ok', clientPaced: true });
     expect(result.tpotMs).not.toBeNull();
+  });
+
+  it('nor is a client reading at once that was sent one event past the socket buffer (its write returns false)', async () => {
+    const big = await setup(
+      (_req, res) => {
+        sseHead(res);
+        res.write(roleChunk());
+        res.write(tokenChunk('z'.repeat(64 * 1024)));
+        res.write(tokenChunk('after'));
+        res.end(usageChunk(7, 2) + DONE);
+      },
+      { ...FAST, maxEventBytes: 1 << 20 },
+    );
+    const res = await fetch(`${big.gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(chatBody()),
+    });
+    expect((await res.text()).length).toBeGreaterThan(64 * 1024);
+    expect(await big.gw.nextResult()).toMatchObject({ outcome: 'ok', clientPaced: false });
   });
 
   it('a client that reads as the tokens come is not', async () => {
