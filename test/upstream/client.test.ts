@@ -166,7 +166,7 @@ describe("a client that reads slowly holds the backend's pace back", () => {
    * the upstream for a client that does not read: a 'drain' that does not come within 300 ms, where
    * a gateway still reading gives one at once), says so, then ends once they are taken.
    */
-  async function slowReader(readAtOnce: boolean) {
+  async function slowReader() {
     const frame = tokenChunk('y'.repeat(16 * 1024));
     let heldBack = () => {};
     const held = new Promise<void>((r) => {
@@ -203,18 +203,16 @@ describe("a client that reads slowly holds the backend's pace back", () => {
       `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
         `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
     );
-    if (!readAtOnce) {
-      sock.pause();
-      await held;
-      sock.resume();
-    }
+    sock.pause();
+    await held;
+    sock.resume();
     const result = await gw.nextResult();
     sock.destroy();
     return result;
   }
 
   it("marks the result client-paced: its TPOT is the client's, not the backend's to learn from", async () => {
-    const result = await slowReader(false);
+    const result = await slowReader();
     expect(result).toMatchObject({ outcome: 'ok', clientPaced: true });
     expect(result.tpotMs).not.toBeNull();
   });
