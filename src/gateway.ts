@@ -427,7 +427,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       metrics.setClasses(next.sla.classes);
       live.retainClasses(classSet(next));
       const before = backends.list().map((b) => b.name);
+      const serving = new Set(backends.list());
       const drained = backends.update(backendConfigs(next, fleet));
+      // A backend new to the set (added, or at a new URL) serves nothing until its /v1/models
+      // answer is in or the refresh below has given up on it (Backend.holdModels).
+      const fresh = backends.list().filter((b) => !serving.has(b));
+      for (const b of fresh) b.holdModels();
       const kept = new Set(backends.list().map((b) => b.name));
       metrics.setBackends(kept);
       const removed = before
@@ -437,14 +442,18 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       // Against the list in force, not the last reload's: that one may still be waiting for its
       // catalog, and would throw it away once it saw this newer reload. A new backend learns its
       // models here (it is told on, and the queue pumped, as it does: the 'models' event).
-      if (isDeepStrictEqual(rt.models.names(), next.models)) {
-        await rt.models.refresh(catalogTargets());
-      } else {
-        // A new served list gets a new catalog, swapped in once it knows the context lengths.
-        const models = new ModelCatalog(next.models);
-        await models.refresh(catalogTargets());
-        // A newer reload may have swapped in its own list meanwhile: this one's is stale then.
-        if (rt.config === next) rt.models = models;
+      try {
+        if (isDeepStrictEqual(rt.models.names(), next.models)) {
+          await rt.models.refresh(catalogTargets());
+        } else {
+          // A new served list gets a new catalog, swapped in once it knows the context lengths.
+          const models = new ModelCatalog(next.models);
+          await models.refresh(catalogTargets());
+          // A newer reload may have swapped in its own list meanwhile: this one's is stale then.
+          if (rt.config === next) rt.models = models;
+        }
+      } finally {
+        for (const b of fresh) b.releaseModels();
       }
       // New backends or larger queues may let waiting requests go now; after the refresh, so that
       // a new backend is offered only the models it lists.

@@ -662,6 +662,7 @@ export class Scheduler {
       w.state = 'granted';
       this.#grant(w, choice, round);
     }
+    this.#settleOrphans(available);
     let passes = 0;
     // Models no backend open in this round serves: backends only close as a round goes on, so
     // such a model stays so until the round ends. Made when the first is found (a fleet of one
@@ -736,6 +737,30 @@ export class Scheduler {
   }
 
   /** Some backend is open in this round (with `model`: one that serves it). */
+  /**
+   * Invariant: an entry of a model no available backend serves any more (its last one removed,
+   * down, or no longer listing it) gets null at the pump that finds it so, as a new request for it
+   * gets 503 at once, whatever room the other models' backends have. The scan of a round stops at
+   * the first entry when every backend is full, so it alone left such an entry to its guard (a 429
+   * queue_timeout up to its budget later). Costs one look per queued model when there is none.
+   */
+  #settleOrphans(available: readonly Backend[]): void {
+    let gone: Set<string> | null = null;
+    for (const model of this.#queue.byModel().keys()) {
+      if (available.some((b) => b.serves(model))) continue;
+      gone ??= new Set();
+      gone.add(model);
+    }
+    if (gone === null) return;
+    this.#queue.scan((e) => {
+      const w = e as Waiting;
+      if (!gone.has(w.req.model) || anyUsable(available, w.excluded, w.req.model)) return 'pass';
+      w.state = 'removed';
+      w.settle(null);
+      return 'take';
+    });
+  }
+
   #anyOpen(available: readonly Backend[], round: Round, model?: string): boolean {
     for (const b of available)
       if (

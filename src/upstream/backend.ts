@@ -63,6 +63,7 @@ export class Backend {
   readonly #onEjected: (ms: number) => void;
   readonly #onModels: ((models: ReadonlySet<string>) => void) | null;
   #removed = false;
+  #modelsHeld = false;
   /**
    * The half-open breaker's one trial, given to a slot (takeTrial) whose attempt has not ended.
    * Invariant: a half-open backend is granted one slot, not as many as its limit allows before the
@@ -126,11 +127,27 @@ export class Backend {
    * the attempt loop settles on another backend (failure.ts, upstream_not_found).
    */
   serves(model: string): boolean {
-    return this.models === null || this.models.has(model);
+    return !this.#modelsHeld && (this.models === null || this.models.has(model));
+  }
+
+  /**
+   * Serves nothing until its /v1/models answer is in (learned) or releaseModels says the question
+   * is over: a backend a reload adds, which the queue would otherwise offer every configured model
+   * while its answer is on the way (a replica of one model sent another's requests, each a 404 and
+   * a failure counted against it, enough to eject it).
+   */
+  holdModels(): void {
+    this.#modelsHeld = true;
+  }
+
+  /** The question holdModels waited for is over, answered or not: it serves as serves() says. */
+  releaseModels(): void {
+    this.#modelsHeld = false;
   }
 
   /** What its /v1/models answer listed now (a CatalogTarget's `learned`); told on when it changed. */
   learned(models: ReadonlySet<string>): void {
+    this.#modelsHeld = false;
     const was = this.models;
     if (was !== null && was.size === models.size && [...models].every((m) => was.has(m))) return;
     this.models = models;

@@ -517,6 +517,73 @@ describe('on reload', () => {
   });
 });
 
+describe('a backend a reload adds', () => {
+  it('serves nothing until its /v1/models answer is in: no request for another model reaches it meanwhile', async () => {
+    // A replica of another model only: its /v1/models answer waits for the test; a request sent
+    // to it meanwhile is counted and answered as vLLM answers a model it lacks.
+    const posts: string[] = [];
+    const held: (() => void)[] = [];
+    let asked = () => {};
+    const modelsAsked = new Promise<void>((r) => {
+      asked = r;
+    });
+    const server = http.createServer((req, res) => {
+      if (req.url === '/v1/models') {
+        held.push(() => {
+          res.writeHead(200, { 'content-type': 'application/json' });
+          res.end(
+            JSON.stringify({ object: 'list', data: [{ id: 'm2', object: 'model', max_model_len: 4096 }] }),
+          );
+        });
+        asked();
+        return;
+      }
+      if (req.method === 'POST') {
+        posts.push(req.url ?? '');
+        req.resume();
+        res.writeHead(404, { 'content-type': 'application/json' });
+        res.end(
+          JSON.stringify({
+            error: { message: 'The model does not exist.', type: 'NotFoundError', code: 404 },
+          }),
+        );
+        return;
+      }
+      res.writeHead(req.url === '/health' ? 200 : 404);
+      res.end();
+    });
+    const other = await listenLoopback(server);
+    cleanups.push(() => other.close());
+    const t = await startTestGateway({ replicas: 1 });
+    cleanups.push(() => t.close());
+    const next = toConfig(
+      merge(
+        baseConfig(
+          [
+            { name: 'r0', url: t.fleet!.urls[0]! },
+            { name: 'other', url: other.url },
+          ],
+          t.gw.runtime.config.logging.admission_log,
+        ),
+        { models: [MODEL, 'm2'] },
+      ),
+    );
+    const reloading = t.gw.reload(next);
+    await modelsAsked;
+    const added = t.gw.runtime.backends.get('other')!;
+    expect(added.available).toBe(true);
+    // Round robin would send every other request there; none goes while its models are unknown.
+    for (let i = 0; i < 6; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    expect(posts).toEqual([]);
+    expect(added.serves(MODEL)).toBe(false);
+    for (const answer of held.splice(0)) answer();
+    await reloading;
+    expect([...(added.models ?? [])]).toEqual(['m2']);
+    expect(added.serves('m2')).toBe(true);
+    expect(added.serves(MODEL)).toBe(false);
+  });
+});
+
 describe('two reloads close together', () => {
   it("the second does not lose the first's new model list while the first waits for the backends", async () => {
     // A backend whose /v1/models answers only when the test lets it.

@@ -379,6 +379,28 @@ describe('late dispatch', () => {
     held!.release();
   });
 
+  it('so it does with every backend full: the round that cannot rank anything still settles it', async () => {
+    const { scheduler, backends } = setup(
+      ['a', 'b'],
+      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
+    );
+    backends.get('a')!.models = new Set(['m']);
+    backends.get('b')!.models = new Set(['other']);
+    const onA = await scheduler.ticket(req()).acquire(first());
+    const onB = await scheduler.ticket(req({ model: 'other' })).acquire(first());
+    // One waiting for b ahead of one waiting for a: both backends full.
+    const other = scheduler.ticket(req({ reqId: 'other', model: 'other' })).acquire(first());
+    const waiting = scheduler.ticket(req({ reqId: 'orphaned' })).acquire(first());
+    expect(await state(waiting)).toBe('waiting');
+    backends.get('a')!.models = new Set(['x']);
+    scheduler.pump();
+    expect(await state(waiting)).toBeNull();
+    expect(await state(other)).toBe('waiting');
+    onA!.release();
+    onB!.release();
+    (await other)?.release();
+  });
+
   it('a request whose client leaves while queued is out of the queue at once and never granted', async () => {
     const { scheduler } = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
     const held = await scheduler.ticket(req()).acquire(first());
