@@ -129,6 +129,11 @@ interface Round {
 interface WaitTerms {
   /** Slots free now on the backends the request may use. */
   free: number;
+  /**
+   * Requests running over their limits on those backends (a limit the controller cut below the
+   * batch, a peer's share): their releases free no slot, so they count as entries ahead.
+   */
+  excess: number;
   /** No entry may go before it there: with a free slot, it waits for nothing. */
   nothingAhead: boolean;
   /** Entries that would take those backends' slots first. */
@@ -214,8 +219,6 @@ interface Control {
    * minus the request's own predicted prefill, and the request's TTFT target.
    */
   firstTokens: { waitMs: number; targetMs: number }[][];
-  /** The last median token gap measured, for periods with too few gaps of their own. */
-  lastItlMs: number | null;
   /** TPOT ÷ target of completed requests, one array per outer period (the newest last; see trimOuterWindow). */
   tpotRatios: number[][];
   /** Inner periods of the current outer period in which the backend was bound by its limit near the setpoint. */
@@ -323,14 +326,23 @@ export class Scheduler {
       : this.#fleetQueue(req);
     if (q.nothingAhead && q.free > 0) return 0;
     if (q.rate === null || q.rate <= 0) return null;
-    return (Math.max(0, q.ahead + 1 - q.free) / q.rate) * 1000;
+    return (Math.max(0, q.ahead + q.excess + 1 - q.free) / q.rate) * 1000;
   }
 
   /** What a request waits behind in a fleet of one model: the whole queue, every backend's slots. */
   #fleetQueue(req: ScheduledRequest): WaitTerms {
     const nothingAhead = this.#queue.size === 0 && this.#retries.length === 0;
+    let free = 0;
+    let excess = 0;
+    for (const b of this.#deps.backends()) {
+      if (!b.available) continue;
+      const room = this.#room(b.name);
+      if (room > 0) free += room;
+      else excess -= room;
+    }
     return {
-      free: this.#totalRoom(),
+      free,
+      excess,
       nothingAhead,
       ahead: nothingAhead
         ? 0
@@ -348,12 +360,15 @@ export class Scheduler {
   #modelQueue(req: ScheduledRequest, backends: readonly Backend[]): WaitTerms {
     const model = req.model;
     let free = 0;
+    let excess = 0;
     let rate: number | null = null;
     const mine: Backend[] = [];
     for (const b of backends) {
       if (!b.available || !b.serves(model)) continue;
       mine.push(b);
-      free += Math.max(0, this.#room(b.name));
+      const room = this.#room(b.name);
+      if (room > 0) free += room;
+      else excess -= room;
       const r = this.#controlOf(b.name).releaseRate;
       if (r !== null) rate = (rate ?? 0) + r;
     }
@@ -362,7 +377,7 @@ export class Scheduler {
     const same = (e: QueueEntry) => e.req.model === model || mine.some((b) => b.serves(e.req.model));
     let ahead = this.#queue.aheadOf(req, this.#queue.keyFor(req, this.#now()), same);
     for (const w of this.#retries) if (same(w)) ahead++;
-    return { free, nothingAhead: ahead === 0, ahead, rate };
+    return { free, excess, nothingAhead: ahead === 0, ahead, rate };
   }
 
   /**
@@ -825,13 +840,15 @@ export class Scheduler {
    * Can `b` start this request now: a slot under its limit, no earlier entry of this round
    * waiting for it, and (slagate) prefill room. If not, the predicted wait for a slot there: the
    * entries of this round waiting for it, plus this one, less the slots free, over the rate the
-   * backend frees slots (its prefill already waiting there is in predictedTtftMs, not here).
+   * backend frees slots (its prefill already waiting there is in predictedTtftMs, not here). A
+   * backend running over its limit (room below zero) frees no slot until the excess has left: the
+   * excess counts as entries ahead.
    */
   #slot(b: Backend, round: Round, uncached: number): { open: boolean; waitMs: number | null } {
     const free = round.room.get(b.name) ?? 0;
     if (free > 0 && !round.closed.has(b.name) && this.#prefillRoom(b.name, uncached, round.prefillCap))
       return { open: true, waitMs: 0 };
-    const needed = (round.ahead.get(b.name) ?? 0) + 1 - Math.max(0, free);
+    const needed = (round.ahead.get(b.name) ?? 0) + 1 - free;
     if (needed <= 0) return { open: false, waitMs: 0 };
     const rate = this.#controlOf(b.name).releaseRate;
     return { open: false, waitMs: rate === null || rate <= 0 ? null : (needed / rate) * 1000 };
@@ -1161,10 +1178,13 @@ export class Scheduler {
         const pace = stats !== null && stats.count >= MIN_GAPS ? stats : null;
         const itlMs = pace?.medianMs ?? null;
         const meanItlMs = pace?.meanMs ?? null;
-        if (itlMs !== null) c.lastItlMs = itlMs;
         // Every first token waits for the decode step under way and then its own: the waiting
-        // beyond those two steps is what a lower limit can take away.
-        const steps = 2 * (c.lastItlMs ?? 0);
+        // beyond those two steps is what a lower limit can take away. The steps are the window's
+        // own, however few its gaps (a few are still this batch's steps), and none without a gap
+        // (nothing decoding, no step to wait for). Invariant: no gap from a batch that has left
+        // is taken off today's waits (a gap kept from a large batch's chat, once its traffic
+        // turned to one-token answers, hid 90 ms of every first token's wait from the loop).
+        const steps = 2 * (stats?.medianMs ?? 0);
         const recent = c.firstTokens.flat().map((f) => Math.max(0, f.waitMs - steps) / f.targetMs);
         const ttftQueueShare = recent.length >= MIN_FIRST_TOKENS ? quantile(recent, 0.9) : null;
         const setpoints: Setpoints = { tpotShare: c.tpotShare, ttftShare: cc.ttftShare };
@@ -1240,7 +1260,6 @@ export class Scheduler {
         gapsAt: 0,
         lastInflight: null,
         firstTokens: [[]],
-        lastItlMs: null,
         tpotRatios: [[]],
         boundPeriods: 0,
         targets: new Map(),
@@ -1280,15 +1299,9 @@ export class Scheduler {
     return Math.floor(this.limit(name));
   }
 
-  /** Slots free under `name`'s limit. */
+  /** Slots free under `name`'s limit; below zero, the requests running over it. */
   #room(name: string): number {
     return this.#limitOf(name) - this.#deps.live.load(name);
-  }
-
-  #totalRoom(): number {
-    let free = 0;
-    for (const b of this.#deps.backends()) if (b.available) free += Math.max(0, this.#room(b.name));
-    return free;
   }
 
   /**

@@ -1187,6 +1187,45 @@ describe('the control loop and the estimates', () => {
       expect(f.scheduler.limit('a')).toBeCloseTo(4 / (72.7 / 50), 1);
     });
 
+    it("takes no decode step off a first token's wait once the window has no gap: a step of a batch that left is not today's", async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const f = setup(
+        ['a'],
+        settings({ concurrency: { ...settings().concurrency, initial: 8, intervalMs: 100 } }),
+        undefined,
+        { sharedClock: true },
+      );
+      f.teach(); // first token = 20 + 0.1 ms per prompt token
+      // A long chat with a lax TPOT target: its 45 ms steps move nothing.
+      const running = await f.scheduler
+        .ticket(req({ arrivedAt: f.now(), deadlineAt: f.now() + 60_000, tpotTargetMs: 1000 }))
+        .acquire(first());
+      pace(running!.meter!, 20, 45);
+      period();
+      expect(f.scheduler.limit('a')).toBe(8);
+      // Then no decode step for four periods: the window holds no gap.
+      for (let i = 0; i < 4; i++) period();
+      // Twelve one-token answers, each 150 ms past its 120 ms prefill: 0.3 of the 500 ms target,
+      // over the 0.25 share. Less two stale 45 ms steps it would read 0.12, and hold.
+      for (let i = 0; i < 12; i++) {
+        const at = {
+          arrivedAt: f.now(),
+          deadlineAt: f.now() + 60_000,
+          ttftTargetMs: 500,
+          tpotTargetMs: 1000,
+        };
+        const slot = await f.scheduler
+          .ticket(req({ ...at, promptTokens: 1000, uncachedTokens: 1000 }))
+          .acquire(first());
+        f.tick(120 + 150);
+        slot!.prefillDone();
+        slot!.release();
+      }
+      period();
+      expect(f.scheduler.limit('a')).toBeLessThan(8);
+      running!.release();
+    });
+
     it('takes its signal over the last four periods together', async () => {
       const { f, meter } = await paced();
       // Five gaps a period: too few to act on (16) over three periods, enough over four.
@@ -1520,6 +1559,26 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
         route: route({ reqId: 'cold', promptTokens: 1700, blocks: chain(50_000, 106) }),
         ...at,
       });
+
+    it('a backend running over its limit frees no slot until the excess has left: the wait counts it', async () => {
+      const { seen, recorder } = recording();
+      const { f, held, at } = await busy(recorder);
+      // The views of a shown for the newest request (the pump shows the router every queued one).
+      const view = (id: string) => {
+        seen.length = 0;
+        void f.scheduler.ticket(ask(id, at())).acquire(first());
+        return seen.filter((v) => v.name === 'a').at(-1)!.slotWaitMs;
+      };
+      // One slot, taken: the next release frees it, 0.9 s / 10 = 90 ms.
+      expect(view('first')).toBeCloseTo(90, 6);
+      // ('first' waits for a, where the router put it.) A peer's request runs on a too: 2 on a
+      // limit of 1. The first release pays off the excess, the second frees the slot 'first'
+      // takes, the third one for this one: 270 ms, where the excess uncounted said 180.
+      const peer = f.live.lease('a', { promptTokens: 100, expectedOutputTokens: 10 });
+      expect(view('second')).toBeCloseTo(3 * 90, 6);
+      peer.end();
+      held.release();
+    });
 
     it('a request waits for the busy backend holding its prefix, while one with nothing cached goes where a slot is free', async () => {
       const { f, held, at } = await busy(cost);
