@@ -10,19 +10,33 @@
 // Several choices (n > 1, several completion prompts) are folded by their index into the body's
 // choices, in index order. Shapes it does not cover are sent upstream non-streamed and relayed as
 // they come (`assemblable` says which): logprobs of any kind, tool definitions (tool-call deltas),
-// echo, best_of and beam search, vLLM's token-id extras, the transfer parameters of disaggregated
-// prefill.
+// echo, best_of and beam search, vLLM's token-id and prompt-text extras, the transfer parameters of
+// disaggregated prefill. The usage is the backend's final one, every field of it; the fingerprint
+// the one a chunk carried.
 
 export type AssembleKind = 'chat' | 'completion';
 
 /** Request fields whose presence makes a non-streamed request pass through unassembled. */
-const CHAT_UNCOVERED = ['logprobs', 'top_logprobs', 'prompt_logprobs', 'tools', 'functions'] as const;
+// Chat's echo and beam search too: vLLM's stream of an echo hands a message's content parts to a
+// string field (an in-band error where its non-streamed answer succeeds), and a beam search streams
+// nothing until the search ends (past a first-token timeout set for a stream).
+const CHAT_UNCOVERED = [
+  'logprobs',
+  'top_logprobs',
+  'prompt_logprobs',
+  'tools',
+  'functions',
+  'echo',
+  'use_beam_search',
+] as const;
 const COMPLETION_UNCOVERED = ['logprobs', 'prompt_logprobs', 'echo', 'best_of', 'use_beam_search'] as const;
 // The transfer parameters of disaggregated prefill: vLLM returns them in the non-streamed body only
 // (no stream chunk carries them), so such a request must reach the backend as sent.
+// `return_prompt_text`: the prompt's text, which a stream carries on its first chunk only.
 const VLLM_EXTRAS = [
   'return_tokens_as_token_ids',
   'return_token_ids',
+  'return_prompt_text',
   'kv_transfer_params',
   'ec_transfer_params',
 ] as const;
@@ -75,6 +89,7 @@ export interface StreamChunk {
   } | null;
   error?: unknown;
   object?: unknown;
+  system_fingerprint?: unknown;
 }
 
 /** One choice's share of the stream (its index names it: vLLM sends one choice per chunk). */
@@ -104,6 +119,8 @@ export class Assembler {
   #chars = 0;
   #usage: NonNullable<StreamChunk['usage']> | null = null;
   #finalUsage: NonNullable<StreamChunk['usage']> | null = null;
+  /** The backend's fingerprint, from whichever chunk carried one (null: none did). */
+  #fingerprint: string | null = null;
 
   constructor(kind: AssembleKind) {
     this.kind = kind;
@@ -116,6 +133,7 @@ export class Assembler {
       this.#created = chunk.created ?? null;
       this.#model = chunk.model ?? null;
     }
+    if (typeof chunk.system_fingerprint === 'string') this.#fingerprint = chunk.system_fingerprint;
     // With several choices, a chunk's own usage (continuous_usage_stats) counts its choice alone:
     // the final chunk's, which has no choices, is the request's, and is taken over any other.
     const hasChoices = Array.isArray(chunk.choices) && chunk.choices.length > 0;
@@ -165,15 +183,18 @@ export class Assembler {
   /** The body vLLM would have sent for the same request, non-streamed: its choices in index order. */
   body(): Buffer {
     const u = this.#finalUsage ?? this.#usage;
-    const usage =
-      u === null
-        ? null
-        : {
-            prompt_tokens: u.prompt_tokens ?? null,
-            total_tokens: u.total_tokens ?? null,
-            completion_tokens: u.completion_tokens ?? null,
-            prompt_tokens_details: u.prompt_tokens_details ?? null,
-          };
+    let usage: Record<string, unknown> | null = null;
+    if (u !== null) {
+      // vLLM's four fields in its order, then whatever else this backend's usage carries
+      // (a release or fork with reasoning-token details, timings): the body says what it said.
+      usage = {
+        prompt_tokens: u.prompt_tokens ?? null,
+        total_tokens: u.total_tokens ?? null,
+        completion_tokens: u.completion_tokens ?? null,
+        prompt_tokens_details: u.prompt_tokens_details ?? null,
+      };
+      for (const [k, v] of Object.entries(u)) if (!(k in usage)) usage[k] = v;
+    }
     const indexes = [...this.#choices.keys()].sort((a, b) => a - b);
     // A stream with no choice at all (cut at once) still answers with the one choice vLLM's would.
     if (indexes.length === 0) indexes.push(0);
@@ -198,7 +219,7 @@ export class Assembler {
             stop_reason: st.stop,
           })),
           service_tier: null,
-          system_fingerprint: null,
+          system_fingerprint: this.#fingerprint,
           usage,
           prompt_logprobs: null,
           kv_transfer_params: null,
@@ -220,7 +241,7 @@ export class Assembler {
           prompt_logprobs: null,
         })),
         service_tier: null,
-        system_fingerprint: null,
+        system_fingerprint: this.#fingerprint,
         usage,
         kv_transfer_params: null,
       }),

@@ -141,7 +141,50 @@ describe('several choices', () => {
   });
 });
 
+describe("the backend's own fields", () => {
+  it('keeps every field of the final usage, in vLLM order first, and the fingerprint a chunk carried', () => {
+    const a = new Assembler('chat');
+    a.add({ ...chunk({ role: 'assistant', content: '' }), system_fingerprint: 'vllm-0.11-abc' });
+    a.add(chunk({ content: 'Yes' }, 'stop'));
+    a.add({
+      ...head,
+      choices: [],
+      usage: {
+        completion_tokens: 1,
+        prompt_tokens: 5,
+        total_tokens: 6,
+        completion_tokens_details: { reasoning_tokens: 0 },
+      } as StreamChunk['usage'],
+    });
+    const body = JSON.parse(a.body().toString()) as Record<string, unknown>;
+    expect(body.system_fingerprint).toBe('vllm-0.11-abc');
+    expect(Object.keys(body.usage as object)).toEqual([
+      'prompt_tokens',
+      'total_tokens',
+      'completion_tokens',
+      'prompt_tokens_details',
+      'completion_tokens_details',
+    ]);
+    expect(body.usage).toMatchObject({ completion_tokens_details: { reasoning_tokens: 0 } });
+    // A stream that carried none keeps vLLM's null.
+    const plain = new Assembler('completion');
+    plain.add({
+      ...head,
+      object: 'text_completion',
+      choices: [{ index: 0, text: 'x', finish_reason: 'stop' }],
+    });
+    expect(JSON.parse(plain.body().toString()).system_fingerprint).toBeNull();
+  });
+});
+
 describe('what is not assembled', () => {
+  it("chat's echo and beam search, and a prompt text asked back: passed through as sent", () => {
+    for (const extra of [{ echo: true }, { use_beam_search: true, n: 2 }, { return_prompt_text: true }]) {
+      expect(assemblable('chat', { model: 'm', messages: [], ...extra }), JSON.stringify(extra)).toBe(false);
+    }
+    expect(assemblable('chat', { model: 'm', messages: [], echo: false })).toBe(true);
+  });
+
   it("passes through disaggregated prefill's transfer parameters, which only vLLM's non-streamed body returns", () => {
     expect(assemblable('chat', { model: 'm', messages: [] })).toBe(true);
     expect(
