@@ -129,11 +129,6 @@ interface Round {
 interface WaitTerms {
   /** Slots free now on the backends the request may use. */
   free: number;
-  /**
-   * Requests running over their limits on those backends (a limit the controller cut below the
-   * batch, a peer's share): their releases free no slot, so they count as entries ahead.
-   */
-  excess: number;
   /** No entry may go before it there: with a free slot, it waits for nothing. */
   nothingAhead: boolean;
   /** Entries that would take those backends' slots first. */
@@ -326,23 +321,14 @@ export class Scheduler {
       : this.#fleetQueue(req);
     if (q.nothingAhead && q.free > 0) return 0;
     if (q.rate === null || q.rate <= 0) return null;
-    return (Math.max(0, q.ahead + q.excess + 1 - q.free) / q.rate) * 1000;
+    return (Math.max(0, q.ahead + 1 - q.free) / q.rate) * 1000;
   }
 
   /** What a request waits behind in a fleet of one model: the whole queue, every backend's slots. */
   #fleetQueue(req: ScheduledRequest): WaitTerms {
     const nothingAhead = this.#queue.size === 0 && this.#retries.length === 0;
-    let free = 0;
-    let excess = 0;
-    for (const b of this.#deps.backends()) {
-      if (!b.available) continue;
-      const room = this.#room(b.name);
-      if (room > 0) free += room;
-      else excess -= room;
-    }
     return {
-      free,
-      excess,
+      free: this.#totalRoom(),
       nothingAhead,
       ahead: nothingAhead
         ? 0
@@ -360,15 +346,12 @@ export class Scheduler {
   #modelQueue(req: ScheduledRequest, backends: readonly Backend[]): WaitTerms {
     const model = req.model;
     let free = 0;
-    let excess = 0;
     let rate: number | null = null;
     const mine: Backend[] = [];
     for (const b of backends) {
       if (!b.available || !b.serves(model)) continue;
       mine.push(b);
-      const room = this.#room(b.name);
-      if (room > 0) free += room;
-      else excess -= room;
+      free += Math.max(0, this.#room(b.name));
       const r = this.#controlOf(b.name).releaseRate;
       if (r !== null) rate = (rate ?? 0) + r;
     }
@@ -377,7 +360,7 @@ export class Scheduler {
     const same = (e: QueueEntry) => e.req.model === model || mine.some((b) => b.serves(e.req.model));
     let ahead = this.#queue.aheadOf(req, this.#queue.keyFor(req, this.#now()), same);
     for (const w of this.#retries) if (same(w)) ahead++;
-    return { free, excess, nothingAhead: ahead === 0, ahead, rate };
+    return { free, nothingAhead: ahead === 0, ahead, rate };
   }
 
   /**
@@ -841,14 +824,16 @@ export class Scheduler {
    * waiting for it, and (slagate) prefill room. If not, the predicted wait for a slot there: the
    * entries of this round waiting for it, plus this one, less the slots free, over the rate the
    * backend frees slots (its prefill already waiting there is in predictedTtftMs, not here). A
-   * backend running over its limit (room below zero) frees no slot until the excess has left: the
-   * excess counts as entries ahead.
+   * backend running over its limit (the controller cut it below the batch) counts as having no
+   * slot free, not minus its excess: the limit moves back up as the batch recovers, faster than
+   * its releases pay the excess off, and counting it cost 7% of the goodput at twice the fleet's
+   * capacity (docs/benchmarks.md, "Counting a backend's excess over its limit as entries ahead").
    */
   #slot(b: Backend, round: Round, uncached: number): { open: boolean; waitMs: number | null } {
     const free = round.room.get(b.name) ?? 0;
     if (free > 0 && !round.closed.has(b.name) && this.#prefillRoom(b.name, uncached, round.prefillCap))
       return { open: true, waitMs: 0 };
-    const needed = (round.ahead.get(b.name) ?? 0) + 1 - free;
+    const needed = (round.ahead.get(b.name) ?? 0) + 1 - Math.max(0, free);
     if (needed <= 0) return { open: false, waitMs: 0 };
     const rate = this.#controlOf(b.name).releaseRate;
     return { open: false, waitMs: rate === null || rate <= 0 ? null : (needed / rate) * 1000 };
@@ -1299,9 +1284,15 @@ export class Scheduler {
     return Math.floor(this.limit(name));
   }
 
-  /** Slots free under `name`'s limit; below zero, the requests running over it. */
+  /** Slots free under `name`'s limit. */
   #room(name: string): number {
     return this.#limitOf(name) - this.#deps.live.load(name);
+  }
+
+  #totalRoom(): number {
+    let free = 0;
+    for (const b of this.#deps.backends()) if (b.available) free += Math.max(0, this.#room(b.name));
+    return free;
   }
 
   /**

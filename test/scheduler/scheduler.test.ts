@@ -1560,26 +1560,6 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
         ...at,
       });
 
-    it('a backend running over its limit frees no slot until the excess has left: the wait counts it', async () => {
-      const { seen, recorder } = recording();
-      const { f, held, at } = await busy(recorder);
-      // The views of a shown for the newest request (the pump shows the router every queued one).
-      const view = (id: string) => {
-        seen.length = 0;
-        void f.scheduler.ticket(ask(id, at())).acquire(first());
-        return seen.filter((v) => v.name === 'a').at(-1)!.slotWaitMs;
-      };
-      // One slot, taken: the next release frees it, 0.9 s / 10 = 90 ms.
-      expect(view('first')).toBeCloseTo(90, 6);
-      // ('first' waits for a, where the router put it.) A peer's request runs on a too: 2 on a
-      // limit of 1. The first release pays off the excess, the second frees the slot 'first'
-      // takes, the third one for this one: 270 ms, where the excess uncounted said 180.
-      const peer = f.live.lease('a', { promptTokens: 100, expectedOutputTokens: 10 });
-      expect(view('second')).toBeCloseTo(3 * 90, 6);
-      peer.end();
-      held.release();
-    });
-
     it('a request waits for the busy backend holding its prefix, while one with nothing cached goes where a slot is free', async () => {
       const { f, held, at } = await busy(cost);
       // On a: a slot in 0.9 s / 10 = 90 ms, then 20 + 0.1 × (100 + 100 waiting) = 40 ms, and its
