@@ -429,9 +429,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       const before = backends.list().map((b) => b.name);
       const serving = new Set(backends.list());
       const drained = backends.update(backendConfigs(next, fleet));
-      // A backend new to the set (added, or at a new URL) serves nothing until its /v1/models
-      // answer is in or the refresh below has given up on it (Backend.holdModels).
-      const fresh = backends.list().filter((b) => !serving.has(b));
+      // In a fleet of several models, a backend new to the set (added, or at a new URL) serves
+      // nothing until its /v1/models answer is in or the refresh below has given up on it
+      // (Backend.holdModels). With one model configured every backend serves it, and holding a
+      // fleet's only backend, re-pointed, would refuse every request until its answer came.
+      const fresh = next.models.length > 1 ? backends.list().filter((b) => !serving.has(b)) : [];
       for (const b of fresh) b.holdModels();
       const kept = new Set(backends.list().map((b) => b.name));
       metrics.setBackends(kept);
