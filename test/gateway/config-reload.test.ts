@@ -584,6 +584,51 @@ describe('a backend a reload adds', () => {
   });
 });
 
+describe('a backend a reload re-points, in a fleet of one model', () => {
+  it('serves at once, its /v1/models answer still on the way', async () => {
+    const held: (() => void)[] = [];
+    let asked = () => {};
+    const modelsAsked = new Promise<void>((r) => {
+      asked = r;
+    });
+    const server = http.createServer((req, res) => {
+      if (req.url === '/v1/models') {
+        held.push(() => {
+          res.writeHead(200, { 'content-type': 'application/json' });
+          res.end(
+            JSON.stringify({ object: 'list', data: [{ id: MODEL, object: 'model', max_model_len: 4096 }] }),
+          );
+        });
+        asked();
+        return;
+      }
+      if (req.method === 'POST') {
+        req.resume();
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(chatStreamText(3));
+        return;
+      }
+      res.writeHead(req.url === '/health' ? 200 : 404);
+      res.end();
+    });
+    const moved = await listenLoopback(server);
+    cleanups.push(() => moved.close());
+    const t = await startTestGateway({ replicas: 1 });
+    cleanups.push(() => t.close());
+    // r0 moves to another server: the fleet's only backend.
+    const next = toConfig(
+      baseConfig([{ name: 'r0', url: moved.url }], t.gw.runtime.config.logging.admission_log),
+    );
+    const reloading = t.gw.reload(next);
+    await modelsAsked;
+    const res = await post(t.url, CHAT, chat({ stream: true }));
+    expect(res.status).toBe(200);
+    expect(sseData(res.text).at(-1)).toBe('[DONE]');
+    for (const answer of held.splice(0)) answer();
+    await reloading;
+  });
+});
+
 describe('two reloads close together', () => {
   it("the second does not lose the first's new model list while the first waits for the backends", async () => {
     // A backend whose /v1/models answers only when the test lets it.
