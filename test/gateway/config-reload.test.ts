@@ -517,43 +517,58 @@ describe('on reload', () => {
   });
 });
 
+/**
+ * A backend serving `model`, whose /v1/models answer waits until `answer()` (`asked` resolves when
+ * it is asked); its inference requests go to `onPost`, its health to 200.
+ */
+async function heldModelsBackend(
+  model: string,
+  onPost: (req: http.IncomingMessage, res: http.ServerResponse) => void,
+): Promise<{ url: string; asked: Promise<void>; answer(): void }> {
+  const held: (() => void)[] = [];
+  let wasAsked = () => {};
+  const asked = new Promise<void>((r) => {
+    wasAsked = r;
+  });
+  const server = http.createServer((req, res) => {
+    if (req.url === '/v1/models') {
+      held.push(() => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(
+          JSON.stringify({ object: 'list', data: [{ id: model, object: 'model', max_model_len: 4096 }] }),
+        );
+      });
+      wasAsked();
+      return;
+    }
+    if (req.method === 'POST') {
+      req.resume();
+      onPost(req, res);
+      return;
+    }
+    res.writeHead(req.url === '/health' ? 200 : 404);
+    res.end();
+  });
+  const b = await listenLoopback(server);
+  cleanups.push(() => b.close());
+  const answer = () => {
+    for (const a of held.splice(0)) a();
+  };
+  return { url: b.url, asked, answer };
+}
+
 describe('a backend a reload adds', () => {
   it('serves nothing until its /v1/models answer is in: no request for another model reaches it meanwhile', async () => {
     // A replica of another model only: its /v1/models answer waits for the test; a request sent
     // to it meanwhile is counted and answered as vLLM answers a model it lacks.
     const posts: string[] = [];
-    const held: (() => void)[] = [];
-    let asked = () => {};
-    const modelsAsked = new Promise<void>((r) => {
-      asked = r;
+    const other = await heldModelsBackend('m2', (req, res) => {
+      posts.push(req.url ?? '');
+      res.writeHead(404, { 'content-type': 'application/json' });
+      res.end(
+        JSON.stringify({ error: { message: 'The model does not exist.', type: 'NotFoundError', code: 404 } }),
+      );
     });
-    const server = http.createServer((req, res) => {
-      if (req.url === '/v1/models') {
-        held.push(() => {
-          res.writeHead(200, { 'content-type': 'application/json' });
-          res.end(
-            JSON.stringify({ object: 'list', data: [{ id: 'm2', object: 'model', max_model_len: 4096 }] }),
-          );
-        });
-        asked();
-        return;
-      }
-      if (req.method === 'POST') {
-        posts.push(req.url ?? '');
-        req.resume();
-        res.writeHead(404, { 'content-type': 'application/json' });
-        res.end(
-          JSON.stringify({
-            error: { message: 'The model does not exist.', type: 'NotFoundError', code: 404 },
-          }),
-        );
-        return;
-      }
-      res.writeHead(req.url === '/health' ? 200 : 404);
-      res.end();
-    });
-    const other = await listenLoopback(server);
-    cleanups.push(() => other.close());
     const t = await startTestGateway({ replicas: 1 });
     cleanups.push(() => t.close());
     const next = toConfig(
@@ -569,14 +584,14 @@ describe('a backend a reload adds', () => {
       ),
     );
     const reloading = t.gw.reload(next);
-    await modelsAsked;
+    await other.asked;
     const added = t.gw.runtime.backends.get('other')!;
     expect(added.available).toBe(true);
     // Round robin would send every other request there; none goes while its models are unknown.
     for (let i = 0; i < 6; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
     expect(posts).toEqual([]);
     expect(added.serves(MODEL)).toBe(false);
-    for (const answer of held.splice(0)) answer();
+    other.answer();
     await reloading;
     expect([...(added.models ?? [])]).toEqual(['m2']);
     expect(added.serves('m2')).toBe(true);
@@ -586,33 +601,10 @@ describe('a backend a reload adds', () => {
 
 describe('a backend a reload re-points, in a fleet of one model', () => {
   it('serves at once, its /v1/models answer still on the way', async () => {
-    const held: (() => void)[] = [];
-    let asked = () => {};
-    const modelsAsked = new Promise<void>((r) => {
-      asked = r;
+    const moved = await heldModelsBackend(MODEL, (_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(chatStreamText(3));
     });
-    const server = http.createServer((req, res) => {
-      if (req.url === '/v1/models') {
-        held.push(() => {
-          res.writeHead(200, { 'content-type': 'application/json' });
-          res.end(
-            JSON.stringify({ object: 'list', data: [{ id: MODEL, object: 'model', max_model_len: 4096 }] }),
-          );
-        });
-        asked();
-        return;
-      }
-      if (req.method === 'POST') {
-        req.resume();
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        res.end(chatStreamText(3));
-        return;
-      }
-      res.writeHead(req.url === '/health' ? 200 : 404);
-      res.end();
-    });
-    const moved = await listenLoopback(server);
-    cleanups.push(() => moved.close());
     const t = await startTestGateway({ replicas: 1 });
     cleanups.push(() => t.close());
     // r0 moves to another server: the fleet's only backend.
@@ -620,11 +612,11 @@ describe('a backend a reload re-points, in a fleet of one model', () => {
       baseConfig([{ name: 'r0', url: moved.url }], t.gw.runtime.config.logging.admission_log),
     );
     const reloading = t.gw.reload(next);
-    await modelsAsked;
+    await moved.asked;
     const res = await post(t.url, CHAT, chat({ stream: true }));
     expect(res.status).toBe(200);
     expect(sseData(res.text).at(-1)).toBe('[DONE]');
-    for (const answer of held.splice(0)) answer();
+    moved.answer();
     await reloading;
   });
 });
