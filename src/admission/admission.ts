@@ -114,7 +114,7 @@ export class AdmissionController {
         new GatewayError(
           'sla_unattainable',
           `Class '${req.className}' is sheddable and the gateway is refusing protected classes for lack of capacity.`,
-          { retryAfterS: this.#retryAfterS() },
+          { retryAfterS: this.#retryAfterS(req.model) },
         ),
         prediction,
       );
@@ -132,7 +132,7 @@ export class AdmissionController {
         new GatewayError(
           'sla_unattainable',
           `Predicted time to first token ${Math.round(bound)} ms (at its P99) exceeds ${budgetWords(scheduled)} on every backend.`,
-          { retryAfterS: this.#retryAfterS(bound, budget) },
+          { retryAfterS: this.#retryAfterS(req.model, bound, budget) },
         ),
         prediction,
       );
@@ -266,9 +266,9 @@ export class AdmissionController {
     return new Refusal(err, prediction);
   }
 
-  /** Seconds until a refused request could be served: the queue's drain time, or the overshoot. */
-  #retryAfterS(predictedMs?: number, targetMs?: number): number {
-    const drain = this.#deps.scheduler.drainMs();
+  /** Seconds until a refused request could be served: the drain time of its model's queue, or the overshoot. */
+  #retryAfterS(model: string, predictedMs?: number, targetMs?: number): number {
+    const drain = this.#deps.scheduler.drainMs(model);
     const over = predictedMs !== undefined && targetMs !== undefined ? predictedMs - targetMs : 0;
     return clampS(Math.ceil(Math.max(drain ?? 0, over) / 1000));
   }

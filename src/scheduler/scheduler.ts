@@ -418,10 +418,38 @@ export class Scheduler {
   }
 
   /** Time for the queue as it stands to drain, for Retry-After; null when the drain rate is unknown. */
-  drainMs(): number | null {
+  drainMs(model?: string): number | null {
+    if (model !== undefined) {
+      const backends = this.#deps.backends();
+      if (backends.some((b) => b.available && !b.serves(model))) return this.#modelDrainMs(model, backends);
+    }
     const rate = this.#releaseRate;
     if (rate === null || rate <= 0) return null;
     return ((this.#queue.size + this.#retries.length) / rate) * 1000;
+  }
+
+  /**
+   * The drain of what waits for `model`'s backends, in a fleet where some available backend does
+   * not serve it: the entries those backends may take (of its model, or of another they serve too),
+   * over the rate they free slots (null while none is measured). A model on one slow replica beside
+   * seven fast ones of another drains at its own pace, not the fleet's (a Retry-After of 2 s where
+   * its queue takes 50 would send its clients back to be refused again).
+   */
+  #modelDrainMs(model: string, backends: readonly Backend[]): number | null {
+    let rate: number | null = null;
+    const mine: Backend[] = [];
+    for (const b of backends) {
+      if (!b.available || !b.serves(model)) continue;
+      mine.push(b);
+      const r = this.#controlOf(b.name).releaseRate;
+      if (r !== null) rate = (rate ?? 0) + r;
+    }
+    if (rate === null || rate <= 0) return null;
+    const competes = (m: string) => m === model || mine.some((b) => b.serves(m));
+    let waiting = 0;
+    for (const [m, n] of this.#queue.byModel()) if (competes(m)) waiting += n;
+    for (const w of this.#retries) if (competes(w.req.model)) waiting++;
+    return (waiting / rate) * 1000;
   }
 
   view(): SchedulerView {
@@ -1025,7 +1053,7 @@ export class Scheduler {
   }
 
   #refusal(req: ScheduledRequest, code: 'queue_full' | 'queue_timeout', message?: string): GatewayError {
-    const drain = this.drainMs();
+    const drain = this.drainMs(req.model);
     const retryAfterS = drain === null ? 1 : Math.min(60, Math.max(1, Math.ceil(drain / 1000)));
     const text =
       message ??

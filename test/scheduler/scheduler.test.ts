@@ -1330,6 +1330,36 @@ describe('the control loop and the estimates', () => {
     });
   });
 
+  it("a refusal's Retry-After in a fleet of several models is its model's drain, not the fleet's", async () => {
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    try {
+      const s = settings({ concurrency: { ...settings().concurrency, initial: 1, max: 1, intervalMs: 100 } });
+      const f = setup(['a', 'b'], s, undefined, { sharedClock: true });
+      f.backends.get('a')!.models = new Set(['big']);
+      f.backends.get('b')!.models = new Set(['small']);
+      const at = (model: string) => req({ model, arrivedAt: f.now(), deadlineAt: f.now() + 60_000 });
+      // In one control period b frees ten slots, a two.
+      for (let i = 0; i < 12; i++) {
+        const slot = await f.scheduler.ticket(at(i < 10 ? 'small' : 'big')).acquire(first());
+        f.tick(50);
+        slot!.release();
+      }
+      vi.advanceTimersByTime(100);
+      // a's one slot held, five waiting for it.
+      const held = await f.scheduler.ticket(at('big')).acquire(first());
+      for (let i = 0; i < 5; i++) void f.scheduler.ticket(at('big')).acquire(first());
+      const fleet = f.scheduler.drainMs()!;
+      const big = f.scheduler.drainMs('big')!;
+      // Five at a's two slots in the period, against the fleet's twelve: six times as long.
+      expect(big / fleet).toBeCloseTo(6, 6);
+      // Nothing waits for b.
+      expect(f.scheduler.drainMs('small')).toBe(0);
+      held!.release();
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+
   it('estimates no wait when a backend has room, and none it cannot measure', async () => {
     const { scheduler } = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
     expect(scheduler.estimateWaitMs(req())).toBe(0);
