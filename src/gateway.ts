@@ -31,6 +31,7 @@ import { createLogger, type Logger } from './telemetry/logger.ts';
 import { LoopDelay } from './telemetry/loop-delay.ts';
 import { createMetrics } from './telemetry/metrics.ts';
 import {
+  type Backend,
   type BackendConfig,
   type BackendEvent,
   BackendSet,
@@ -427,13 +428,20 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       metrics.setClasses(next.sla.classes);
       live.retainClasses(classSet(next));
       const before = backends.list().map((b) => b.name);
-      const serving = new Set(backends.list());
+      const serving = new Map(backends.list().map((b) => [b.name, b]));
       const drained = backends.update(backendConfigs(next, fleet));
-      // In a fleet of several models, a backend new to the set (added, or at a new URL) serves
-      // nothing until its /v1/models answer is in or the refresh below has given up on it
-      // (Backend.holdModels). With one model configured every backend serves it, and holding a
-      // fleet's only backend, re-pointed, would refuse every request until its answer came.
-      const fresh = next.models.length > 1 ? backends.list().filter((b) => !serving.has(b)) : [];
+      // A backend at a new URL under a name it had starts from the models the old server listed
+      // (most likely the same; a wrong guess is vLLM's 404, settled elsewhere). In a fleet of
+      // several models, one under a new name is granted nothing until the refresh below has its
+      // answer or has given up (Backend.holdModels); its models' requests wait for it meanwhile
+      // (Backend.mayServe). With one model configured every backend serves it from the start.
+      const fresh: Backend[] = [];
+      for (const b of backends.list()) {
+        const was = serving.get(b.name);
+        if (was === b) continue;
+        if (was !== undefined) b.models = was.models;
+        else if (next.models.length > 1) fresh.push(b);
+      }
       for (const b of fresh) b.holdModels();
       const kept = new Set(backends.list().map((b) => b.name));
       metrics.setBackends(kept);

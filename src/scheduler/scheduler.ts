@@ -762,18 +762,19 @@ export class Scheduler {
     return null;
   }
 
-  /** Some backend is open in this round (with `model`: one that serves it). */
   /**
    * Invariant: an entry of a model no available backend serves any more (its last one removed,
    * down, or no longer listing it) gets null at the pump that finds it so, as a new request for it
    * gets 503 at once, whatever room the other models' backends have. The scan of a round stops at
    * the first entry when every backend is full, so it alone left such an entry to its guard (a 429
-   * queue_timeout up to its budget later). Costs one look per queued model when there is none.
+   * queue_timeout up to its budget later). A backend whose models are held (a reload added it)
+   * still may serve its models: their entries wait for it. Costs one look per queued model when
+   * there is none.
    */
   #settleOrphans(available: readonly Backend[]): void {
     let gone: Set<string> | null = null;
     for (const model of this.#queue.byModel().keys()) {
-      if (available.some((b) => b.serves(model))) continue;
+      if (available.some((b) => b.mayServe(model))) continue;
       gone ??= new Set();
       gone.add(model);
     }
@@ -787,6 +788,7 @@ export class Scheduler {
     });
   }
 
+  /** Some backend is open in this round (with `model`: one that serves it). */
   #anyOpen(available: readonly Backend[], round: Round, model?: string): boolean {
     for (const b of available)
       if (
@@ -1371,8 +1373,9 @@ function trimOuterWindow(periods: number[][]): void {
 }
 
 /** Some backend of `backends` is available, serves `model`, and is not one the request was given already. */
+/** Some available backend not excluded serves `model`, or will once its models are known (mayServe). */
 function anyUsable(backends: readonly Backend[], excluded: ReadonlySet<string>, model: string): boolean {
-  for (const b of backends) if (b.available && !excluded.has(b.name) && b.serves(model)) return true;
+  for (const b of backends) if (b.available && !excluded.has(b.name) && b.mayServe(model)) return true;
   return false;
 }
 

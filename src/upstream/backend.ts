@@ -127,7 +127,16 @@ export class Backend {
    * the attempt loop settles on another backend (failure.ts, upstream_not_found).
    */
   serves(model: string): boolean {
-    return !this.#modelsHeld && (this.models === null || this.models.has(model));
+    return !this.#modelsHeld && this.mayServe(model);
+  }
+
+  /**
+   * Serves `model`, or will once a hold on its models is over (holdModels): what a request asks
+   * to know whether to wait for this backend or give up on it. A held backend is granted nothing,
+   * but its model's requests wait for it rather than get a 503.
+   */
+  mayServe(model: string): boolean {
+    return this.models === null || this.models.has(model);
   }
 
   /**

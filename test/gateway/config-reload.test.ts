@@ -524,6 +524,7 @@ describe('on reload', () => {
 async function heldModelsBackend(
   model: string,
   onPost: (req: http.IncomingMessage, res: http.ServerResponse) => void,
+  opts: { hold?: boolean } = {},
 ): Promise<{ url: string; asked: Promise<void>; answer(): void }> {
   const held: (() => void)[] = [];
   let wasAsked = () => {};
@@ -539,6 +540,7 @@ async function heldModelsBackend(
         );
       });
       wasAsked();
+      if (opts.hold === false) for (const a of held.splice(0)) a();
       return;
     }
     if (req.method === 'POST') {
@@ -596,6 +598,43 @@ describe('a backend a reload adds', () => {
     expect([...(added.models ?? [])]).toEqual(['m2']);
     expect(added.serves('m2')).toBe(true);
     expect(added.serves(MODEL)).toBe(false);
+  });
+});
+
+describe('a backend a reload re-points, in a fleet of several models', () => {
+  it("keeps serving its model while the new server's /v1/models answer is on the way", async () => {
+    const stream = (_req: http.IncomingMessage, res: http.ServerResponse) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(chatStreamText(3));
+    };
+    const first = await heldModelsBackend('m2', stream, { hold: false });
+    const moved = await heldModelsBackend('m2', stream);
+    const t = await startTestGateway({ replicas: 1 });
+    cleanups.push(() => t.close());
+    const log = t.gw.runtime.config.logging.admission_log;
+    const fleet = (url: string) =>
+      toConfig(
+        merge(
+          baseConfig(
+            [
+              { name: 'r0', url: t.fleet!.urls[0]! },
+              { name: 'q', url },
+            ],
+            log,
+          ),
+          { models: [MODEL, 'm2'] },
+        ),
+      );
+    await t.gw.reload(fleet(first.url));
+    expect((await post(t.url, CHAT, chat({ model: 'm2', stream: true }))).status).toBe(200);
+    // q, the only server of m2, moves to another host.
+    const reloading = t.gw.reload(fleet(moved.url));
+    await moved.asked;
+    const res = await post(t.url, CHAT, chat({ model: 'm2', stream: true }));
+    expect(res.status).toBe(200);
+    expect(sseData(res.text).at(-1)).toBe('[DONE]');
+    moved.answer();
+    await reloading;
   });
 });
 

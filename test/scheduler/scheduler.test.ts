@@ -401,6 +401,19 @@ describe('late dispatch', () => {
     (await other)?.release();
   });
 
+  it("a backend whose models are held is granted nothing, but its model's requests wait for it", async () => {
+    const { scheduler, backends } = setup(['a', 'b']);
+    backends.get('a')!.models = new Set(['m']);
+    backends.get('b')!.models = new Set(['other']);
+    backends.get('b')!.holdModels();
+    const waiting = scheduler.ticket(req({ reqId: 'other', model: 'other' })).acquire(first());
+    scheduler.pump();
+    expect(await state(waiting)).toBe('waiting');
+    backends.get('b')!.releaseModels();
+    scheduler.pump();
+    expect((await waiting)!.backend.name).toBe('b');
+  });
+
   it('a request whose client leaves while queued is out of the queue at once and never granted', async () => {
     const { scheduler } = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
     const held = await scheduler.ticket(req()).acquire(first());
