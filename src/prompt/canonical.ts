@@ -388,9 +388,13 @@ export class TokenEstimate {
     this.#priorUntil = priorUntil;
   }
 
+  /** `own`'s value, or the prior's figure (`ofPrior`) until `own` has learnt from priorUntil samples. */
+  #read(own: Learnt, ofPrior: (p: TokenEstimate) => number): number {
+    return this.#prior !== null && own.samples < this.#priorUntil ? ofPrior(this.#prior) : own.value;
+  }
+
   get charsPerToken(): number {
-    const own = this.#charsPerTokenLearnt;
-    return this.#prior !== null && own.samples < this.#priorUntil ? this.#prior.charsPerToken : own.value;
+    return this.#read(this.#charsPerTokenLearnt, (p) => p.charsPerToken);
   }
 
   /** Prompts learnt from so far. */
@@ -400,8 +404,7 @@ export class TokenEstimate {
 
   /** Tokens a part that is not text is taken for. */
   get mediaTokens(): number {
-    const own = this.#mediaLearnt;
-    return this.#prior !== null && own.samples < this.#priorUntil ? this.#prior.mediaTokens : own.value;
+    return this.#read(this.#mediaLearnt, (p) => p.mediaTokens);
   }
 
   /** Prompts with such parts learnt from so far. */
@@ -415,8 +418,7 @@ export class TokenEstimate {
    * (clients send 32,768 and write a few hundred).
    */
   get outputTokens(): number {
-    const own = this.#outputLearnt;
-    return this.#prior !== null && own.samples < this.#priorUntil ? this.#prior.outputTokens : own.value;
+    return this.#read(this.#outputLearnt, (p) => p.outputTokens);
   }
 
   /** Completed requests the output figure was learnt from so far. */

@@ -316,9 +316,7 @@ export class Scheduler {
    */
   estimateWaitMs(req: ScheduledRequest): number | null {
     const backends = this.#deps.backends();
-    const q = backends.some((b) => b.available && !b.serves(req.model))
-      ? this.#modelQueue(req, backends)
-      : this.#fleetQueue(req);
+    const q = someServeOthers(backends, req.model) ? this.#modelQueue(req, backends) : this.#fleetQueue(req);
     if (q.nothingAhead && q.free > 0) return 0;
     if (q.rate === null || q.rate <= 0) return null;
     return (Math.max(0, q.ahead + 1 - q.free) / q.rate) * 1000;
@@ -344,7 +342,23 @@ export class Scheduler {
    * those backends free slots (each one's own, measured per control period; null while none is).
    */
   #modelQueue(req: ScheduledRequest, backends: readonly Backend[]): WaitTerms {
-    const model = req.model;
+    const { free, rate, competes } = this.#modelBackends(req.model, backends);
+    const same = (e: QueueEntry) => competes(e.req.model);
+    let ahead = this.#queue.aheadOf(req, this.#queue.keyFor(req, this.#now()), same);
+    for (const w of this.#retries) if (same(w)) ahead++;
+    return { free, nothingAhead: ahead === 0, ahead, rate };
+  }
+
+  /**
+   * The available backends that serve `model`: the slots free there, the rate they free slots
+   * (each one's own, measured per control period; null while none is), and which entries compete
+   * for them (of its model, or of another one they serve too: a base model and its adapters on
+   * shared replicas).
+   */
+  #modelBackends(
+    model: string,
+    backends: readonly Backend[],
+  ): { free: number; rate: number | null; competes: (m: string) => boolean } {
     let free = 0;
     let rate: number | null = null;
     const mine: Backend[] = [];
@@ -355,12 +369,7 @@ export class Scheduler {
       const r = this.#controlOf(b.name).releaseRate;
       if (r !== null) rate = (rate ?? 0) + r;
     }
-    // Entries that may take those backends' slots: of its model, or of another one they serve too
-    // (a base model and its adapters on shared replicas).
-    const same = (e: QueueEntry) => e.req.model === model || mine.some((b) => b.serves(e.req.model));
-    let ahead = this.#queue.aheadOf(req, this.#queue.keyFor(req, this.#now()), same);
-    for (const w of this.#retries) if (same(w)) ahead++;
-    return { free, nothingAhead: ahead === 0, ahead, rate };
+    return { free, rate, competes: (m) => m === model || mine.some((b) => b.serves(m)) };
   }
 
   /**
@@ -421,7 +430,7 @@ export class Scheduler {
   drainMs(model?: string): number | null {
     if (model !== undefined) {
       const backends = this.#deps.backends();
-      if (backends.some((b) => b.available && !b.serves(model))) return this.#modelDrainMs(model, backends);
+      if (someServeOthers(backends, model)) return this.#modelDrainMs(model, backends);
     }
     const rate = this.#releaseRate;
     if (rate === null || rate <= 0) return null;
@@ -436,16 +445,8 @@ export class Scheduler {
    * its queue takes 50 would send its clients back to be refused again).
    */
   #modelDrainMs(model: string, backends: readonly Backend[]): number | null {
-    let rate: number | null = null;
-    const mine: Backend[] = [];
-    for (const b of backends) {
-      if (!b.available || !b.serves(model)) continue;
-      mine.push(b);
-      const r = this.#controlOf(b.name).releaseRate;
-      if (r !== null) rate = (rate ?? 0) + r;
-    }
+    const { rate, competes } = this.#modelBackends(model, backends);
     if (rate === null || rate <= 0) return null;
-    const competes = (m: string) => m === model || mine.some((b) => b.serves(m));
     let waiting = 0;
     for (const [m, n] of this.#queue.byModel()) if (competes(m)) waiting += n;
     for (const w of this.#retries) if (competes(w.req.model)) waiting++;
@@ -1372,8 +1373,15 @@ function trimOuterWindow(periods: number[][]): void {
   }
 }
 
-/** Some backend of `backends` is available, serves `model`, and is not one the request was given already. */
-/** Some available backend not excluded serves `model`, or will once its models are known (mayServe). */
+/** Some available backend does not serve `model`: a fleet of several models, as `model` sees it. */
+function someServeOthers(backends: readonly Backend[], model: string): boolean {
+  return backends.some((b) => b.available && !b.serves(model));
+}
+
+/**
+ * Some backend of `backends` is available, is not one the request was given already, and serves
+ * `model` or will once its models are known (mayServe).
+ */
 function anyUsable(backends: readonly Backend[], excluded: ReadonlySet<string>, model: string): boolean {
   for (const b of backends) if (b.available && !excluded.has(b.name) && b.mayServe(model)) return true;
   return false;

@@ -86,7 +86,7 @@ function routeOf(rt: Runtime, call: InferenceCall, served: Served): RouteRequest
     promptTokens: served.promptTokens,
     blocks: served.blocks,
     blockSizeTokens: blockSize,
-    tokensPerBlock: rt.tokens.of(served.identity.tenant).tokensPerBlock(served.prompt, blockSize),
+    tokensPerBlock: served.tokensPerBlock,
     outputTokensPerSequence: served.expectedTokensPerSequence,
     tpotTargetMs: served.cls.tpot_p99_ms,
     sessionId: sessionKey(header(call, rt.config.router.session_header), namedTenant(served.identity)),

@@ -49,14 +49,14 @@ export interface Served {
    * completions), times the completion prompts and `n`: vLLM generates for each.
    */
   readonly expectedOutputTokens: number;
-  /** The same for one sequence: its decode steps (several prompts' or choices' run side by side). */
-  readonly outputTokensPerSequence: number;
   /**
-   * The output one sequence is expected to take: its tenant's learnt output per sequence, or its
-   * max_tokens when that is fewer (a ceiling is not an expectation). What the router weighs a slow
-   * decode by.
+   * The output one sequence is expected to take (several prompts' or choices' run side by side):
+   * its tenant's learnt output per sequence, or its max_tokens when that is fewer (a ceiling is
+   * not an expectation). What the router weighs a slow decode by.
    */
   readonly expectedTokensPerSequence: number;
+  /** Tokens one block of the prompt stands for, at its tenant's estimate (the router's cached share). */
+  readonly tokensPerBlock: number;
   /** Sequences vLLM generates for it, side by side: `n`, times the prompts of a completion. */
   readonly sequences: number;
   /** How the client is answered (InferenceRequest.mode), and the body an assembly builds. */
@@ -134,9 +134,10 @@ export function intake(
     });
   }
   const source = promptSource(ir);
+  const blockSize = rt.config.router.block_size_tokens;
   const prompt = promptBlocks(
     source,
-    rt.config.router.block_size_tokens,
+    blockSize,
     cacheRoot(
       model,
       ir.body.cache_salt,
@@ -162,8 +163,8 @@ export function intake(
     blocks,
     promptTokens,
     expectedOutputTokens: perSequence * sequences,
-    outputTokensPerSequence: perSequence,
     expectedTokensPerSequence: Math.min(ir.outputLimit ?? Number.POSITIVE_INFINITY, estimate.outputTokens),
+    tokensPerBlock: estimate.tokensPerBlock(prompt, blockSize),
     sequences,
     mode: ir.mode,
     assembleKind: ir.assembleKind,

@@ -445,7 +445,7 @@ class LiveStateImpl implements LiveState {
    * once they count again.
    */
   #learn(be: BackendState, which: 'ttft' | 'tpot', x: number[], y: number, now: number): void {
-    if (this.#peersLost > 0 && !this.#remoteFresh()) return;
+    if (this.#peersMissing()) return;
     const fit = which === 'ttft' ? be.ttftFit : be.tpotFit;
     const coefficients = this.#fits(be.name, be)[which];
     fit.decayTo(now);
@@ -543,7 +543,12 @@ class LiveStateImpl implements LiveState {
   }
 
   tenantShare(): number {
-    return this.#remoteFresh() ? 1 : 1 / (this.#peersLost + 1);
+    return this.#peersMissing() ? 1 / (this.#peersLost + 1) : 1;
+  }
+
+  /** Peers an outage of the store dropped from the view are still out of it (none without peers). */
+  #peersMissing(): boolean {
+    return !this.#remoteFresh() && this.#peersLost > 0;
   }
 
   tenantTokensFreedInMs(tenant: string, needed: number): number {

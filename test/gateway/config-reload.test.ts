@@ -26,6 +26,7 @@ import {
   serveChild,
   sseData,
   startTestGateway,
+  type TestGateway,
   tempDir,
   toConfig,
   waitFor,
@@ -601,14 +602,34 @@ describe('a backend a reload adds', () => {
   });
 });
 
-describe('a backend a reload re-points, in a fleet of several models', () => {
-  it("keeps serving its model while the new server's /v1/models answer is on the way", async () => {
-    const stream = (_req: http.IncomingMessage, res: http.ServerResponse) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.end(chatStreamText(3));
-    };
-    const first = await heldModelsBackend('m2', stream, { hold: false });
-    const moved = await heldModelsBackend('m2', stream);
+/** A backend's answer to an inference request: a whole three-token chat stream. */
+function streamChat(_req: http.IncomingMessage, res: http.ServerResponse): void {
+  res.writeHead(200, { 'content-type': 'text/event-stream' });
+  res.end(chatStreamText(3));
+}
+
+/**
+ * While `reloading` asks `moved` (a backend it re-points) for its models, a streamed request for
+ * `model` is served whole; then `moved` answers and the reload ends.
+ */
+async function servedWhileAsked(
+  t: TestGateway,
+  moved: Awaited<ReturnType<typeof heldModelsBackend>>,
+  reloading: Promise<void>,
+  model: string,
+): Promise<void> {
+  await moved.asked;
+  const res = await post(t.url, CHAT, chat({ model, stream: true }));
+  expect(res.status).toBe(200);
+  expect(sseData(res.text).at(-1)).toBe('[DONE]');
+  moved.answer();
+  await reloading;
+}
+
+describe('a backend a reload re-points under its name', () => {
+  it("in a fleet of several models, keeps serving its model while the new server's /v1/models answer is on the way", async () => {
+    const first = await heldModelsBackend('m2', streamChat, { hold: false });
+    const moved = await heldModelsBackend('m2', streamChat);
     const t = await startTestGateway({ replicas: 1 });
     cleanups.push(() => t.close());
     const log = t.gw.runtime.config.logging.admission_log;
@@ -628,35 +649,18 @@ describe('a backend a reload re-points, in a fleet of several models', () => {
     await t.gw.reload(fleet(first.url));
     expect((await post(t.url, CHAT, chat({ model: 'm2', stream: true }))).status).toBe(200);
     // q, the only server of m2, moves to another host.
-    const reloading = t.gw.reload(fleet(moved.url));
-    await moved.asked;
-    const res = await post(t.url, CHAT, chat({ model: 'm2', stream: true }));
-    expect(res.status).toBe(200);
-    expect(sseData(res.text).at(-1)).toBe('[DONE]');
-    moved.answer();
-    await reloading;
+    await servedWhileAsked(t, moved, t.gw.reload(fleet(moved.url)), 'm2');
   });
-});
 
-describe('a backend a reload re-points, in a fleet of one model', () => {
-  it('serves at once, its /v1/models answer still on the way', async () => {
-    const moved = await heldModelsBackend(MODEL, (_req, res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.end(chatStreamText(3));
-    });
+  it('in a fleet of one model, serves at once, its /v1/models answer still on the way', async () => {
+    const moved = await heldModelsBackend(MODEL, streamChat);
     const t = await startTestGateway({ replicas: 1 });
     cleanups.push(() => t.close());
     // r0 moves to another server: the fleet's only backend.
     const next = toConfig(
       baseConfig([{ name: 'r0', url: moved.url }], t.gw.runtime.config.logging.admission_log),
     );
-    const reloading = t.gw.reload(next);
-    await moved.asked;
-    const res = await post(t.url, CHAT, chat({ stream: true }));
-    expect(res.status).toBe(200);
-    expect(sseData(res.text).at(-1)).toBe('[DONE]');
-    moved.answer();
-    await reloading;
+    await servedWhileAsked(t, moved, t.gw.reload(next), MODEL);
   });
 });
 

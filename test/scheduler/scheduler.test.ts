@@ -362,13 +362,16 @@ describe('late dispatch', () => {
     onB!.release();
   });
 
+  /** a serving model 'm' and b model 'other', one slot each. */
+  const twoModels = () => {
+    const f = setup(['a', 'b'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
+    f.backends.get('a')!.models = new Set(['m']);
+    f.backends.get('b')!.models = new Set(['other']);
+    return f;
+  };
+
   it('a queued request whose model loses its last backend gets null at once, not at its expiry', async () => {
-    const { scheduler, backends } = setup(
-      ['a', 'b'],
-      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
-    );
-    backends.get('a')!.models = new Set(['m']);
-    backends.get('b')!.models = new Set(['other']);
+    const { scheduler, backends } = twoModels();
     const held = await scheduler.ticket(req()).acquire(first());
     const waiting = scheduler.ticket(req({ reqId: 'orphaned' })).acquire(first());
     expect(await state(waiting)).toBe('waiting');
@@ -380,12 +383,7 @@ describe('late dispatch', () => {
   });
 
   it('so it does with every backend full: the round that cannot rank anything still settles it', async () => {
-    const { scheduler, backends } = setup(
-      ['a', 'b'],
-      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
-    );
-    backends.get('a')!.models = new Set(['m']);
-    backends.get('b')!.models = new Set(['other']);
+    const { scheduler, backends } = twoModels();
     const onA = await scheduler.ticket(req()).acquire(first());
     const onB = await scheduler.ticket(req({ model: 'other' })).acquire(first());
     // One waiting for b ahead of one waiting for a: both backends full.
@@ -402,9 +400,7 @@ describe('late dispatch', () => {
   });
 
   it("a backend whose models are held is granted nothing, but its model's requests wait for it", async () => {
-    const { scheduler, backends } = setup(['a', 'b']);
-    backends.get('a')!.models = new Set(['m']);
-    backends.get('b')!.models = new Set(['other']);
+    const { scheduler, backends } = twoModels();
     backends.get('b')!.holdModels();
     const waiting = scheduler.ticket(req({ reqId: 'other', model: 'other' })).acquire(first());
     scheduler.pump();
