@@ -10,6 +10,7 @@ import { parse, stringify } from 'yaml';
 import { isConfigError } from '../../src/config/index.ts';
 import { startGateway } from '../../src/gateway.ts';
 import { startFleet } from '../../src/sim/fleet.ts';
+import { deferred } from '../helpers/deferred.ts';
 import { listenLoopback } from '../helpers/http.ts';
 import { alive, childPids } from '../helpers/processes.ts';
 import {
@@ -528,10 +529,7 @@ async function heldModelsBackend(
   opts: { hold?: boolean } = {},
 ): Promise<{ url: string; asked: Promise<void>; answer(): void }> {
   const held: (() => void)[] = [];
-  let wasAsked = () => {};
-  const asked = new Promise<void>((r) => {
-    wasAsked = r;
-  });
+  const { promise: asked, resolve: wasAsked } = deferred();
   const server = http.createServer((req, res) => {
     if (req.url === '/v1/models') {
       held.push(() => {

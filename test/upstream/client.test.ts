@@ -4,6 +4,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { BackendSet } from '../../src/upstream/backends.ts';
+import { deferred } from '../helpers/deferred.ts';
 import { LoopLag } from '../helpers/loop-lag.ts';
 import {
   chatBody,
@@ -168,10 +169,7 @@ describe("a client that reads slowly holds the backend's pace back", () => {
    */
   async function slowReader() {
     const frame = tokenChunk('y'.repeat(16 * 1024));
-    let heldBack = () => {};
-    const held = new Promise<void>((r) => {
-      heldBack = r;
-    });
+    const { promise: held, resolve: heldBack } = deferred();
     const { gw } = await setup(
       async (_req, res) => {
         sseHead(res);
@@ -369,10 +367,7 @@ describe('a client that never reads (item 20)', () => {
     const big = tokenChunk('q'.repeat(12 << 20));
     // The stream goes on (its [DONE] comes) only once the client has read the whole event: until
     // then the relay waits for the client, not for the upstream.
-    let readWhole = () => {};
-    const wholeRead = new Promise<void>((r) => {
-      readWhole = r;
-    });
+    const { promise: wholeRead, resolve: readWhole } = deferred();
     const { gw } = await setup(
       async (_req, res) => {
         sseHead(res);
