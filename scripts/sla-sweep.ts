@@ -1,11 +1,19 @@
 // The scheduler and admission controller against the simulated fleet: what they do to goodput and
 // tail latency from half to twice the fleet's capacity, how they order a mixed workload, and how
-// well the TTFT predictor predicts. Every run: a fresh fleet of 4 × llama3-8b-h100 and a fresh
-// gateway, each in its own process (`slagate bench compare` underneath), one after another.
+// well the TTFT predictor predicts. Every run: a fresh fleet of 4 × llama3-8b-h100 (or the
+// `--fleet` given, a mixed one included) and a fresh gateway, each in its own process (`slagate
+// bench compare` underneath), one after another.
 //
 //   npx tsx scripts/sla-sweep.ts [--time-scale 2] [--arrival-s 120] [--warmup-s 40] [--parts all]
 //                                [--loads 0.5,1,1.5,2] [--variants slagate,fcfs@256]
 //                                [--capacity sharegpt=49,mixed=22]
+//                                [--fleet llama3-8b-h100:2,llama3-8b-a100:2]
+//
+// Variants: `slagate` (least_loaded router, slagate scheduler), `fcfs@16` and `fcfs@256`
+// (least_loaded, first come first served at a fixed cap of 16 or 256 per backend), `product`
+// (the slagate router and scheduler), `round_robin@256` (round robin, fcfs at 256: a plain
+// load balancer). With a fleet of several groups the sweep adds, per group, its share of the
+// requests served and their TTFT P99.
 //
 // Time scale. The machine has 2 cores for the client, the gateway and the fleet; at time scale 1
 // twice the fleet's capacity is ~20k streamed events a second through each of them. At time scale
@@ -16,8 +24,9 @@
 // Capacity (1×). Measured, not assumed: the simulator's engine alone on a virtual clock, every
 // request admitted at once (no gateway, no cap), 900 simulated seconds per rate, attainment over
 // the requests arriving after 300 s; the capacity is 4 × the highest rate per replica at which at
-// least 90% meet both targets (DistServe's goodput rate). Short real-time runs cannot find it:
-// near capacity the batch keeps growing for minutes.
+// least 90% meet both targets (DistServe's goodput rate); for a mixed fleet, each profile's rate
+// per replica times its replicas, summed. Short real-time runs cannot find it: near capacity the
+// batch keeps growing for minutes.
 //
 // Figures over the steady part of each run: requests that arrived between warmup-s and arrival-s.
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -45,6 +54,7 @@ const { values } = parseArgs({
     // Known capacities (req/s for the fleet), to skip the bisection: sharegpt=49,mixed=22
     capacity: { type: 'string' },
     out: { type: 'string', default: 'results/sla-sweep.json' },
+    fleet: { type: 'string', default: 'llama3-8b-h100:4' },
   },
 });
 const TS = Number(values['time-scale']);
@@ -59,8 +69,15 @@ const KNOWN_CAPACITY = new Map(
     .filter((x) => x.includes('='))
     .map((x) => [x.split('=')[0]!, Number(x.split('=')[1])] as const),
 );
-const PROFILE = 'llama3-8b-h100';
-const REPLICAS = 4;
+const FLEET = values.fleet!.split(',').map((x) => {
+  const [profile, n] = x.split(':');
+  getProfile(profile!); // throws on an unknown profile
+  if (!(Number(n) >= 1 && Number.isInteger(Number(n)))) throw new Error(`--fleet: bad group "${x}"`);
+  return { profile: profile!, replicas: Number(n) };
+});
+const REPLICAS = FLEET.reduce((n, g) => n + g.replicas, 0);
+/** The group of each backend the generated config names (r0, r1, …: the groups' replicas in order). */
+const GROUP_OF = FLEET.flatMap((g, i) => Array.from({ length: g.replicas }, () => i));
 const SEED = 1;
 // The shipped classes (config/gateway.yaml), every target × the time scale.
 const T = { interactive: { ttft: 500 * TS, tpot: 50 * TS }, batch: { ttft: 30_000 * TS, tpot: 200 * TS } };
@@ -88,6 +105,11 @@ const VARIANTS = {
   slagate: { item: 'least_loaded/slagate', yaml: 'scheduler: { concurrency: { max: 1024 } }' },
   'fcfs@16': { item: 'least_loaded/fcfs', yaml: 'scheduler: { concurrency: { max: 1024 } }' },
   'fcfs@256': { item: 'least_loaded/fcfs', yaml: 'scheduler: { concurrency: { max: 1024, initial: 256 } }' },
+  product: { item: 'slagate/slagate', yaml: 'scheduler: { concurrency: { max: 1024 } }' },
+  'round_robin@256': {
+    item: 'round_robin/fcfs',
+    yaml: 'scheduler: { concurrency: { max: 1024, initial: 256 } }',
+  },
 } as const;
 type Variant = keyof typeof VARIANTS;
 
@@ -96,9 +118,9 @@ const p = (x: number | null) => (x === null ? '–' : `${(100 * x).toFixed(1)}%`
 
 // ---- capacity: the engine alone, virtual time ----
 
-function engineAttainment(workload: WorkloadName, ratePerReplica: number): number {
+function engineAttainment(profile: string, workload: WorkloadName, ratePerReplica: number): number {
   const clock = new VirtualClock();
-  const engine = createEngine(getProfile(PROFILE), { timeScale: TS, clock });
+  const engine = createEngine(getProfile(profile), { timeScale: TS, clock });
   const w = createWorkload(workload, SEED);
   // Exponential gaps from the simulator's generator (an LCG written in doubles lost its low bits
   // past 2^53 and cycled after some 16,000 draws, fewer than a long run's arrivals).
@@ -144,19 +166,35 @@ function engineAttainment(workload: WorkloadName, ratePerReplica: number): numbe
   return n === 0 ? 0 : good / n;
 }
 
-/** Bisection to 0.25 req/s per replica on "at least 90% attain both targets" (monotone in the rate). */
-function capacity(workload: WorkloadName): { perReplica: number; fleet: number; tried: [number, number][] } {
-  const tried: [number, number][] = [];
-  let lo = 0.5;
-  let hi = 40;
-  while (hi - lo > 0.25) {
-    const mid = Math.round(((lo + hi) / 2) * 4) / 4;
-    const a = engineAttainment(workload, mid);
-    tried.push([mid, a]);
-    if (a >= 0.9) lo = mid;
-    else hi = mid;
+interface Capacity {
+  /** The rate per replica of each group's profile, in the fleet's order. */
+  perReplica: number[];
+  fleet: number;
+  tried: [number, number][][];
+}
+
+/**
+ * Bisection to 0.25 req/s per replica on "at least 90% attain both targets" (monotone in the rate),
+ * once per group's profile; the fleet's capacity is their sum over its replicas.
+ */
+function capacity(workload: WorkloadName): Capacity {
+  const perReplica: number[] = [];
+  const tried: [number, number][][] = [];
+  for (const g of FLEET) {
+    const t: [number, number][] = [];
+    let lo = 0.5;
+    let hi = 40;
+    while (hi - lo > 0.25) {
+      const mid = Math.round(((lo + hi) / 2) * 4) / 4;
+      const a = engineAttainment(g.profile, workload, mid);
+      t.push([mid, a]);
+      if (a >= 0.9) lo = mid;
+      else hi = mid;
+    }
+    perReplica.push(lo);
+    tried.push(t);
   }
-  return { perReplica: lo, fleet: lo * REPLICAS, tried };
+  return { perReplica, fleet: FLEET.reduce((c, g, i) => c + g.replicas * perReplica[i]!, 0), tried };
 }
 
 // ---- real-time runs ----
@@ -182,6 +220,30 @@ function gatewayTtft(r: CompareRun): { p99: number | null; gapP99: number | null
     gaps.push(x.ttft * 1000 - v);
   }
   return { p99: pct(xs, 0.99), gapP99: pct(gaps, 0.99) };
+}
+
+/**
+ * Per group of the fleet, over the steady window's requests served: the share of them its
+ * replicas served (from each response's x-slagate-backend) and their TTFT P99.
+ */
+function byGroup(
+  records: readonly RequestRecord[],
+): { servedShare: number | null; ttftP99: number | null }[] {
+  const ok = records.filter((r) => r.success && r.startTime >= WARMUP_S && r.startTime <= ARRIVAL_S);
+  const groupOf = (r: RequestRecord) => {
+    const m = /^r(\d+)$/.exec(r.headers['x-slagate-backend'] ?? '');
+    return m === null ? -1 : (GROUP_OF[Number(m[1])] ?? -1);
+  };
+  return FLEET.map((_, i) => {
+    const mine = ok.filter((r) => groupOf(r) === i);
+    return {
+      servedShare: ok.length === 0 ? null : mine.length / ok.length,
+      ttftP99: pct(
+        mine.map((r) => r.ttft * 1000),
+        0.99,
+      ),
+    };
+  });
 }
 
 interface Steady {
@@ -264,8 +326,7 @@ async function run(
     rates: [rate],
     requests: Math.round(rate * ARRIVAL_S),
     seed: SEED,
-    replicas: REPLICAS,
-    profile: PROFILE,
+    fleet: FLEET,
     timeScale: TS,
     slo: { ttft: T.interactive.ttft, tpot: T.interactive.tpot },
     classHints,
@@ -291,9 +352,7 @@ let mixedC: number | null = null;
 if (PARTS.has('capacity') || PARTS.has('sweep') || PARTS.has('mixed') || PARTS.has('predictor')) {
   const known = (w: WorkloadName) => {
     const c = KNOWN_CAPACITY.get(w);
-    return c === undefined
-      ? capacity(w)
-      : { perReplica: c / REPLICAS, fleet: c, tried: [] as [number, number][] };
+    return c === undefined ? capacity(w) : { perReplica: [], fleet: c, tried: [] };
   };
   const cs = known('sharegpt');
   const cm = known('mixed');
@@ -301,21 +360,30 @@ if (PARTS.has('capacity') || PARTS.has('sweep') || PARTS.has('mixed') || PARTS.h
   mixedC = cm.fleet;
   out.capacity = { sharegpt: cs, mixed: cm };
   say(`## Capacity (engine alone, virtual clock, time scale ${TS})`);
-  const tried = (c: typeof cs) =>
+  const tried = (c: Capacity) =>
     c.tried.length === 0
       ? 'given with --capacity'
-      : `tried ${c.tried.map(([r, a]) => `${r}: ${p(a)}`).join(', ')}`;
-  say(`sharegpt: ${cs.perReplica} req/s per replica → C = ${cs.fleet} req/s for the fleet (${tried(cs)})`);
-  say(`mixed (docs as batch): ${cm.perReplica} req/s per replica → C = ${cm.fleet} req/s (${tried(cm)})`);
+      : FLEET.map(
+          (g, i) =>
+            `${g.profile}: ${c.perReplica[i]} req/s per replica, tried ${c.tried[i]!.map(([r, a]) => `${r}: ${p(a)}`).join(', ')}`,
+        ).join('; ');
+  const fleetWords = FLEET.map((g) => `${g.replicas} × ${g.profile}`).join(' + ');
+  say(`fleet: ${fleetWords}`);
+  say(`sharegpt: C = ${cs.fleet} req/s for the fleet (${tried(cs)})`);
+  say(`mixed (docs as batch): C = ${cm.fleet} req/s (${tried(cm)})`);
   say();
 }
 
 if (PARTS.has('sweep') && sharegptC !== null) {
   say(`## sharegpt, 0.5× to 2× of C = ${sharegptC} req/s`);
+  const groupHead =
+    FLEET.length > 1 ? ` ${FLEET.map((g) => `${g.profile}: served / TTFT p99 ms`).join(' | ')} |` : '';
   say(
-    '| load | policy | offered/s | goodput/s | attainment | refused | failed | TTFT p50 / p99 ms | gateway-measured TTFT p99 ms | client − gateway TTFT p99 ms | client loop delay p99 ms | TPOT p99 ms |',
+    `| load | policy | offered/s | goodput/s | attainment | refused | failed | TTFT p50 / p99 ms | gateway-measured TTFT p99 ms | client − gateway TTFT p99 ms | client loop delay p99 ms | TPOT p99 ms |${groupHead}`,
   );
-  say('|---|---|---|---|---|---|---|---|---|---|---|---|');
+  say(
+    `|---|---|---|---|---|---|---|---|---|---|---|---|${FLEET.length > 1 ? FLEET.map(() => '---|').join('') : ''}`,
+  );
   const sweep: Record<string, unknown>[] = [];
   const goodAt = new Map<string, number>();
   for (const load of LOADS) {
@@ -325,6 +393,7 @@ if (PARTS.has('sweep') && sharegptC !== null) {
       const r = await run(variant, 'sharegpt', rate, false);
       const s = steadyOf(r.bench!.records);
       const gw = gatewayTtft(r);
+      const groups = FLEET.length > 1 ? byGroup(r.bench!.records) : [];
       goodAt.set(`${variant}@${load}`, s.goodPerS);
       sweep.push({
         load,
@@ -334,9 +403,11 @@ if (PARTS.has('sweep') && sharegptC !== null) {
         gatewayTtftP99: gw.p99,
         hopP99: gw.gapP99,
         clientLoopDelayP99Ms: r.clientLoopDelayP99Ms,
+        ...(groups.length > 0 ? { groups } : {}),
       });
+      const groupCells = groups.map((g) => ` ${p(g.servedShare)} / ${f(g.ttftP99)} |`).join('');
       say(
-        `| ${load}× | ${variant} | ${f(s.offeredPerS, 1)} | ${f(s.goodPerS, 1)} | ${p(s.attainment)} | ${p(s.refusedShare)} | ${p(s.failedShare)} | ${f(s.ttftP50)} / ${f(s.ttftP99)} | ${f(gw.p99)} | ${f(gw.gapP99)} | ${f(r.clientLoopDelayP99Ms)} | ${f(s.tpotP99)} |`,
+        `| ${load}× | ${variant} | ${f(s.offeredPerS, 1)} | ${f(s.goodPerS, 1)} | ${p(s.attainment)} | ${p(s.refusedShare)} | ${p(s.failedShare)} | ${f(s.ttftP50)} / ${f(s.ttftP99)} | ${f(gw.p99)} | ${f(gw.gapP99)} | ${f(r.clientLoopDelayP99Ms)} | ${f(s.tpotP99)} |${groupCells}`,
       );
     }
   }

@@ -216,7 +216,13 @@ export interface CompareSettings {
   rates: readonly number[];
   burstiness: number;
   slo: Slo | null;
-  fleet: { replicas: number; profile: string; timeScale: number };
+  /** `profile` names the one profile of every replica, null for a mixed fleet (see `groups`). */
+  fleet: {
+    replicas: number;
+    profile: string | null;
+    groups: readonly { profile: string; replicas: number }[];
+    timeScale: number;
+  };
 }
 
 /** The object --save-result writes: settings, one entry per run (its bench JSON inside), goodput rates. */

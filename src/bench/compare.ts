@@ -32,7 +32,8 @@ import type { Slo } from './metrics.ts';
 import {
   type ChildFleet,
   type ChildGateway,
-  startChildFleet,
+  type FleetGroup,
+  startChildFleets,
   startChildGateway,
   waitReady,
 } from './processes.ts';
@@ -40,6 +41,7 @@ import { type BenchResult, checkOptions, runBench } from './run.ts';
 import type { WorkloadName, WorkloadParams } from './workloads.ts';
 
 export { type PolicyItem, parsePolicies, parsePolicyItem } from './compare-config.ts';
+export type { FleetGroup } from './processes.ts';
 
 export interface CompareOptions {
   /** Items as written (`round_robin`, `least_loaded/fcfs`) or parsed. */
@@ -63,6 +65,11 @@ export interface CompareOptions {
   replicas?: number;
   /** Default llama3-8b-h100. */
   profile?: string;
+  /**
+   * A mixed fleet: so many replicas of each profile, every profile serving one model. Instead of
+   * `replicas` and `profile` (giving it with either is an error).
+   */
+  fleet?: readonly FleetGroup[];
   /** Default 1. */
   timeScale?: number;
   /** A gateway YAML merged into each generated config (see gatewayConfig). */
@@ -155,15 +162,13 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
   const items = o.policies.map((p) => (typeof p === 'string' ? parsePolicyItem(p) : p));
   if (items.length === 0) throw new Error('no policies to compare');
   const rates = [...(o.rates ?? [Number.POSITIVE_INFINITY])];
-  const replicas = o.replicas ?? 4;
-  const profile = o.profile ?? 'llama3-8b-h100';
+  const groups = fleetGroups(o);
+  const replicas = groups.reduce((n, g) => n + g.replicas, 0);
   const timeScale = o.timeScale ?? 1;
   const seed = o.seed ?? 0;
   const burstiness = o.burstiness ?? 1;
-  if (!(Number.isInteger(replicas) && replicas >= 1))
-    throw new Error(`replicas must be ≥ 1, got ${replicas}`);
   if (!(timeScale > 0 && Number.isFinite(timeScale))) throw new Error(`bad time scale ${timeScale}`);
-  const model = getProfile(profile).model; // throws on an unknown profile
+  const model = fleetModel(groups);
   const benchBase = {
     workload: o.workload ?? 'sharegpt',
     ...(o.workloadParams ? { workloadParams: o.workloadParams } : {}),
@@ -187,7 +192,12 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
     rates,
     burstiness,
     slo: o.slo ?? null,
-    fleet: { replicas, profile, timeScale },
+    fleet: {
+      replicas,
+      profile: groups.length === 1 ? groups[0]!.profile : null,
+      groups: groups.map((g) => ({ ...g })),
+      timeScale,
+    },
   };
 
   const runs: CompareRun[] = [];
@@ -197,7 +207,7 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
       if (o.signal?.aborted) break;
       const n = runs.length + 1;
       o.onProgress?.(
-        `[${n}/${total}] ${item.label} at ${rateWords(rate)}: ${replicas} × ${profile} (time scale ${timeScale})`,
+        `[${n}/${total}] ${item.label} at ${rateWords(rate)}: ${fleetWords(groups)} (time scale ${timeScale})`,
       );
       const run = await runOne(item, rate);
       runs.push(run);
@@ -217,7 +227,7 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
     let logFrom = 0;
     let stage = 'fleet did not start';
     try {
-      fleet = await startChildFleet({ replicas, profile, timeScale, seed });
+      fleet = await startChildFleets(groups, { timeScale, seed });
       const urls = fleet.urls;
       const before = await readPrefixCounters(urls);
       stage = 'gateway did not start';
@@ -279,4 +289,36 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
     table: formatCompareTable(runs, goodputRates, rates.length > 1),
     json: compareJson(settings, runs, goodputRates),
   };
+}
+
+/** The fleet a comparison runs on, checked: `fleet` as given, or `replicas` × `profile`. */
+function fleetGroups(o: CompareOptions): FleetGroup[] {
+  if (o.fleet !== undefined && (o.replicas !== undefined || o.profile !== undefined))
+    throw new Error('give a fleet, or replicas and a profile, not both');
+  const groups = o.fleet ?? [{ profile: o.profile ?? 'llama3-8b-h100', replicas: o.replicas ?? 4 }];
+  if (groups.length === 0) throw new Error('the fleet has no replicas');
+  for (const g of groups) {
+    if (!(Number.isInteger(g.replicas) && g.replicas >= 1))
+      throw new Error(`replicas must be ≥ 1, got ${g.replicas} of ${g.profile}`);
+    getProfile(g.profile); // throws on an unknown profile
+  }
+  return groups.map((g) => ({ profile: g.profile, replicas: g.replicas }));
+}
+
+/**
+ * The one model every group serves. Invariant: a comparison's gateway is configured with one
+ * model over every replica, so profiles of different models cannot share a fleet.
+ */
+function fleetModel(groups: readonly FleetGroup[]): string {
+  const models = new Set(groups.map((g) => getProfile(g.profile).model));
+  if (models.size > 1)
+    throw new Error(
+      `the profiles of a fleet must serve one model; ${groups.map((g) => `${g.profile} serves ${getProfile(g.profile).model}`).join(', ')}`,
+    );
+  return [...models][0]!;
+}
+
+/** "4 × llama3-8b-h100", or "2 × llama3-8b-h100 + 2 × llama3-8b-a100". */
+export function fleetWords(groups: readonly FleetGroup[]): string {
+  return groups.map((g) => `${g.replicas} × ${g.profile}`).join(' + ');
 }

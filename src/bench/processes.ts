@@ -64,9 +64,13 @@ function awaitOutput<T>(
 
 export interface ChildFleet {
   urls: string[];
-  /** The fleet process's pid. */
-  pid: number;
   stop(): Promise<void>;
+}
+
+/** Replicas of one GPU profile. A mixed fleet is several groups, each its own `slagate sim`. */
+export interface FleetGroup {
+  profile: string;
+  replicas: number;
 }
 
 export interface ChildFleetOptions {
@@ -89,7 +93,39 @@ export async function startChildFleet(args: ChildFleetOptions): Promise<ChildFle
     timeScale: args.timeScale ?? 1,
     seed: args.seed ?? 0,
   });
-  return { urls: fleet.urls, pid: fleet.pid, stop: () => fleet.close() };
+  return { urls: fleet.urls, stop: () => fleet.close() };
+}
+
+/**
+ * One child fleet per group, started in turn; the URLs in group order (the first group's replicas
+ * first). Group i gets seed + i, so two groups of one profile do not draw the same numbers.
+ * Invariant: when a group fails to start, the groups already started are stopped before the
+ * error is thrown, so no child outlives a failed start.
+ */
+export async function startChildFleets(
+  groups: readonly FleetGroup[],
+  opts: { timeScale?: number; seed?: number } = {},
+): Promise<ChildFleet> {
+  const started: ChildFleet[] = [];
+  const stopAll = async () => {
+    await Promise.all(started.map((f) => f.stop()));
+  };
+  try {
+    for (const [i, g] of groups.entries()) {
+      started.push(
+        await startChildFleet({
+          replicas: g.replicas,
+          profile: g.profile,
+          timeScale: opts.timeScale ?? 1,
+          seed: (opts.seed ?? 0) + i,
+        }),
+      );
+    }
+  } catch (err) {
+    await stopAll();
+    throw err;
+  }
+  return { urls: started.flatMap((f) => f.urls), stop: stopAll };
 }
 
 export interface ChildGateway {

@@ -5,7 +5,13 @@ import { mkdir, writeFile } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { EndpointKind } from '../bench/client.ts';
-import { type CompareOptions, type CompareResult, runCompare } from '../bench/compare.ts';
+import {
+  type CompareOptions,
+  type CompareResult,
+  type FleetGroup,
+  fleetWords,
+  runCompare,
+} from '../bench/compare.ts';
 import { parsePolicies, readGatewayYaml } from '../bench/compare-config.ts';
 import { rateText, runFigures } from '../bench/compare-report.ts';
 import { htmlReport } from '../bench/html-report.ts';
@@ -277,6 +283,8 @@ stops both before the next run. Prints one table (see docs/benchmark-tool.md).
   --slo ttft=MS,tpot=MS     targets for goodput, attainment and the goodput rate
   --replicas N              simulated replicas per run (default 4)
   --profile NAME            GPU profile of the replicas (default llama3-8b-h100)
+  --fleet NAME:N,...        a mixed fleet instead: N replicas of each profile, one model for all,
+                            e.g. llama3-8b-h100:2,llama3-8b-a100:2
   --time-scale X            wall time per simulated time; 0.1 runs ten times faster (default 1)
   --gateway-yaml FILE       gateway YAML merged into each generated config (its keys win, except
                             server, models, backends and the two policies)
@@ -293,6 +301,27 @@ export interface CompareArgs {
   /** --report FILE.html */
   report?: string;
   quiet: boolean;
+}
+
+/** `--fleet NAME:N,...`: the groups of a mixed fleet, each profile known and all of one model. */
+function parseFleet(raw: string): FleetGroup[] {
+  const groups = raw.split(',').map((part) => {
+    const m = /^\s*([^:\s]+)\s*:\s*(\d+)\s*$/.exec(part);
+    if (m === null) throw new UsageError(`--fleet: each item is NAME:N, got "${part}"`);
+    const replicas = Number(m[2]);
+    if (replicas < 1) throw new UsageError(`--fleet: replicas must be ≥ 1, got "${part}"`);
+    try {
+      getProfile(m[1]!);
+    } catch (err) {
+      throw new UsageError(`--fleet: ${(err as Error).message}`);
+    }
+    return { profile: m[1]!, replicas };
+  });
+  const models = new Set(groups.map((g) => getProfile(g.profile).model));
+  if (models.size > 1) {
+    throw new UsageError(`--fleet: every profile must serve one model, got ${[...models].join(' and ')}`);
+  }
+  return groups;
 }
 
 function parseRates(raw: string): number[] {
@@ -334,6 +363,10 @@ export function parseCompareArgs(argv: string[]): CompareArgs | null {
       throw new UsageError(`--profile: ${(err as Error).message}`);
     }
   }
+  if (values.fleet !== undefined && (values.replicas !== undefined || values.profile !== undefined)) {
+    throw new UsageError('give --fleet, or --replicas and --profile, not both');
+  }
+  const fleet = values.fleet === undefined ? undefined : parseFleet(values.fleet);
   let policies: ReturnType<typeof parsePolicies>;
   try {
     policies = parsePolicies(values.policies);
@@ -360,6 +393,7 @@ export function parseCompareArgs(argv: string[]): CompareArgs | null {
     slo: values.slo === undefined ? undefined : parseSlo(values.slo),
     replicas,
     profile: values.profile,
+    fleet,
     timeScale,
     gatewayYaml: values['gateway-yaml'],
   };
@@ -409,6 +443,7 @@ function parseCompare(argv: string[]) {
       slo: { type: 'string' },
       replicas: { type: 'string' },
       profile: { type: 'string' },
+      fleet: { type: 'string' },
       'time-scale': { type: 'string' },
       'gateway-yaml': { type: 'string' },
       'class-hints': { type: 'boolean' },
@@ -510,7 +545,7 @@ function compareReport(result: CompareResult): string {
   const f = result.fleet;
   return htmlReport({
     title: `slagate bench compare: ${result.workload}`,
-    subtitle: `${result.date}; workload ${result.workload}, seed ${result.seed}, rates ${result.rates.map(rateText).join(', ')}; fleet ${f.replicas} × ${f.profile} at time scale ${f.timeScale}`,
+    subtitle: `${result.date}; workload ${result.workload}, seed ${result.seed}, rates ${result.rates.map(rateText).join(', ')}; fleet ${fleetWords(f.groups)} at time scale ${f.timeScale}`,
     slo: result.slo,
     runs: result.runs.map((r) => ({
       policy: r.policy,

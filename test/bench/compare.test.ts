@@ -1,8 +1,10 @@
 // `bench compare`: the pure parts on hand-made data, then real runs (simulated fleets and
 // gateways as child processes on 127.0.0.1, no mocks) through runCompare and through the CLI.
+import { execFileSync } from 'node:child_process';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { RequestRecord } from '../../src/bench/client.ts';
 import { type CompareResult, runCompare } from '../../src/bench/compare.ts';
@@ -15,6 +17,7 @@ import {
   sumCounter,
 } from '../../src/bench/compare-report.ts';
 import { computeMetrics } from '../../src/bench/metrics.ts';
+import { startChildFleets } from '../../src/bench/processes.ts';
 import { ROUTER_POLICIES } from '../../src/config/schema.ts';
 import { runSlagate, SMALL_SWEEP } from '../helpers/cli.ts';
 
@@ -417,7 +420,12 @@ describe('slagate bench compare', () => {
       rates: [20, 40],
       burstiness: 1,
       slo: { ttft: 500, tpot: 50 },
-      fleet: { replicas: 2, profile: 'llama3-8b-h100', timeScale: 0.05 },
+      fleet: {
+        replicas: 2,
+        profile: 'llama3-8b-h100',
+        groups: [{ profile: 'llama3-8b-h100', replicas: 2 }],
+        timeScale: 0.05,
+      },
     });
     const runs = json.runs as Record<string, unknown>[];
     expect(runs).toHaveLength(2);
@@ -451,6 +459,63 @@ describe('slagate bench compare', () => {
     );
   }, 120_000);
 
+  it('runs on a mixed fleet: each group its own profile, the backends named in the order given', async () => {
+    const file = join(dir, 'mixed.json');
+    const r = await cli([
+      '--policies',
+      'round_robin',
+      '--fleet',
+      'llama3-8b-h100:1,llama3-8b-a100:2',
+      '--time-scale',
+      '0.05',
+      '--requests',
+      '9',
+      '--rate',
+      '30',
+      '--save-result',
+      file,
+    ]);
+    expect(r.code, r.err).toBe(0);
+    expect(r.err).toContain('1 × llama3-8b-h100 + 2 × llama3-8b-a100');
+    const json = JSON.parse(await readFile(file, 'utf8')) as Record<string, unknown>;
+    expect(json.fleet).toEqual({
+      replicas: 3,
+      profile: null,
+      groups: [
+        { profile: 'llama3-8b-h100', replicas: 1 },
+        { profile: 'llama3-8b-a100', replicas: 2 },
+      ],
+      timeScale: 0.05,
+    });
+    // Every replica of both groups is behind the gateway.
+    const run = (json.runs as Record<string, unknown>[])[0]!;
+    expect(Object.keys(run.backendRequests as object).sort()).toEqual(['r0', 'r1', 'r2']);
+  }, 120_000);
+
+  it('refuses a fleet beside --replicas, a malformed group, and profiles of two models', async () => {
+    const both = await cli(['--policies', 'round_robin', '--fleet', 'llama3-8b-h100:2', '--replicas', '2']);
+    expect(both.code).toBe(2);
+    expect(both.err).toContain('give --fleet, or --replicas and --profile, not both');
+    const bad = await cli(['--policies', 'round_robin', '--fleet', 'llama3-8b-h100:0']);
+    expect(bad.code).toBe(2);
+    expect(bad.err).toContain('--fleet: replicas must be ≥ 1, got "llama3-8b-h100:0"');
+    const models = await cli([
+      '--policies',
+      'round_robin',
+      '--fleet',
+      'llama3-8b-h100:1,llama3-70b-h100-tp4:1',
+    ]);
+    expect(models.code).toBe(2);
+    expect(models.err).toContain('--fleet: every profile must serve one model');
+    await expect(
+      runCompare({
+        policies: ['round_robin'],
+        fleet: [{ profile: 'llama3-8b-h100', replicas: 1 }],
+        replicas: 1,
+      }),
+    ).rejects.toThrow('give a fleet, or replicas and a profile, not both');
+  });
+
   it('exits 2 with a one-line error and a pointer to --help on a bad policy item', async () => {
     const r = await cli(['--policies', 'round_robin,bogus/fcfs', '--requests', '4']);
     expect(r.code).toBe(2);
@@ -460,4 +525,43 @@ describe('slagate bench compare', () => {
       'see: slagate bench compare --help',
     ]);
   });
+});
+
+describe('startChildFleets', () => {
+  it("starts one fleet per group, each replica on its group's profile, and stops them all", async () => {
+    const fleet = await startChildFleets(
+      [
+        { profile: 'llama3-8b-h100', replicas: 1 },
+        { profile: 'llama3-8b-a100', replicas: 1 },
+      ],
+      { timeScale: 0.05 },
+    );
+    try {
+      expect(fleet.urls).toHaveLength(2);
+      // The replica's KV size is its profile's (docs/simulator.md): H100 80 GB, A100 40 GB.
+      const blocks: string[] = [];
+      for (const url of fleet.urls) {
+        const res = await request(`${url}/metrics`);
+        const text = await res.body.text();
+        blocks.push(/num_gpu_blocks="(\d+)"/.exec(text)?.[1] ?? 'none');
+      }
+      expect(blocks).toEqual(['27000', '9000']);
+    } finally {
+      await fleet.stop();
+    }
+    // Stopped: nothing answers on either port.
+    for (const url of fleet.urls) await expect(request(`${url}/health`)).rejects.toThrow();
+  }, 60_000);
+
+  it('stops the groups already started when a later one fails', async () => {
+    await expect(
+      startChildFleets([
+        { profile: 'llama3-8b-h100', replicas: 1 },
+        { profile: 'no-such-gpu', replicas: 1 },
+      ]),
+    ).rejects.toThrow(/no-such-gpu/);
+    // The first group's `slagate sim` is no longer among this process's children.
+    const children = execFileSync('ps', ['-o', 'args=', '--ppid', String(process.pid)], { encoding: 'utf8' });
+    expect(children).not.toMatch(/slagate\.js sim/);
+  }, 60_000);
 });
