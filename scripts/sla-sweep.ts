@@ -75,7 +75,6 @@ const FLEET = values.fleet!.split(',').map((x) => {
   if (!(Number(n) >= 1 && Number.isInteger(Number(n)))) throw new Error(`--fleet: bad group "${x}"`);
   return { profile: profile!, replicas: Number(n) };
 });
-const REPLICAS = FLEET.reduce((n, g) => n + g.replicas, 0);
 /** The group of each backend the generated config names (r0, r1, …: the groups' replicas in order). */
 const GROUP_OF = FLEET.flatMap((g, i) => Array.from({ length: g.replicas }, () => i));
 const SEED = 1;
