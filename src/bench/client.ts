@@ -148,6 +148,10 @@ export async function sendRequest(
   const headers = headersOf(ctx, req, requestId);
   const start = ctx.clock();
   record.startTime = start;
+  // Outside the try: a stream cut after its first token keeps the latency up to its last one,
+  // beside the TTFT and gaps it already holds.
+  let lastChoiceAt = start;
+  let sawChoice = false;
   try {
     const res = await request(ctx.url, {
       method: 'POST',
@@ -165,8 +169,6 @@ export async function sendRequest(
       return record;
     }
     const sse = new SseDecoder();
-    let lastChoiceAt = start;
-    let sawChoice = false;
     let textChunks = 0;
     let usageOutput: number | null = null;
     let inBandError: string | null = null;
@@ -218,6 +220,7 @@ export async function sendRequest(
     else record.success = true;
   } catch (err) {
     record.error = err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+    if (sawChoice) record.latency = lastChoiceAt - start;
   }
   return record;
 }

@@ -238,7 +238,7 @@ export function compareJson(
     requests: settings.requests,
     durationS: settings.durationS,
     rates: settings.rates.map(jsonRate),
-    burstiness: settings.burstiness,
+    burstiness: jsonRate(settings.burstiness),
     slo: settings.slo,
     fleet: settings.fleet,
     runs: runs.map((run) => ({

@@ -122,7 +122,7 @@ export function resultJson(
     tokenizer_id: info.tokenizerId,
     num_prompts: info.numPrompts,
     request_rate: info.requestRate === Number.POSITIVE_INFINITY ? 'inf' : info.requestRate,
-    burstiness: info.burstiness,
+    burstiness: info.burstiness === Number.POSITIVE_INFINITY ? 'inf' : info.burstiness,
     max_concurrency: info.maxConcurrency,
     duration: info.durationS,
     completed: m.completed,

@@ -158,6 +158,15 @@ export function checkOptions(o: BenchOptions): void {
   positive('requests', o.requests, true);
   positive('concurrency', o.concurrency, true);
   positive('duration', o.durationS, false);
+  positive('timeout', o.timeoutMs, false);
+  // Infinity passes "positive": a duration without end schedules without end (a send loop that
+  // never yields), and undici refuses a timer without end.
+  if (o.durationS !== undefined && !Number.isFinite(o.durationS)) {
+    throw new Error('duration must be a finite number of seconds (leave it out for no limit)');
+  }
+  if (o.timeoutMs !== undefined && !Number.isFinite(o.timeoutMs)) {
+    throw new Error('timeout must be a finite number of seconds');
+  }
   if (o.requests === undefined && o.durationS !== undefined && rate === Number.POSITIVE_INFINITY) {
     if (o.concurrency === undefined) {
       throw new Error('a duration with an unlimited rate needs a concurrency or a request count');
@@ -260,7 +269,10 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
           break; // aborted while waiting
         }
       }
+      // The time waited for a slot, and only that: a timer firing late is not a queue.
+      const beforeSlot = clock();
       const waitedForSlot = slots !== null && (await slots.acquire());
+      const queueTime = waitedForSlot ? clock() - beforeSlot : 0;
       // Only a wait for a free slot can carry a send past the duration (a timer firing late by a
       // millisecond must not drop the last scheduled request in one run and not in another).
       // A run with no schedule (no rate) ends at the duration whatever it waited for.
@@ -272,7 +284,6 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
         }
         break;
       }
-      const queueTime = Math.max(0, clock() - arrival);
       inflight.push(
         sendRequest(contexts[i % contexts.length] as ClientContext, nextRequest(i), queueTime).then(
           (record) => {

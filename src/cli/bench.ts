@@ -1,6 +1,6 @@
 // `slagate bench`: parse flags, run, print vLLM's table on stdout, save the JSON.
-// Exit codes: 0 when at least one request succeeded, 1 when none did or the run could not
-// start, 2 on bad flags. `slagate bench compare …` is its own subcommand (compareCommand below).
+// Exit codes: 0 when at least one request succeeded, 1 when none did, the run could not
+// start or an output file could not be written, 2 on bad flags. `slagate bench compare …` is its own subcommand (compareCommand below).
 import { mkdir, writeFile } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import { parseArgs } from 'node:util';

@@ -3,6 +3,7 @@
 // reports its URLs over that channel and exits when the parent goes away.
 
 import { parseArgs } from 'node:util';
+import { hostProblem } from '../config/index.ts';
 import { startFleet } from '../sim/fleet.ts';
 import { FLEET_CHILD_ENV } from '../sim/fleet-process.ts';
 import { PROFILES } from '../sim/profiles.ts';
@@ -77,10 +78,19 @@ export async function simCommand(argv: string[]): Promise<number> {
   let fleet: Awaited<ReturnType<typeof startFleet>>;
   try {
     const adminPort = values['admin-port'] === undefined ? undefined : num('admin-port', 0, isPort);
+    const replicas = num('replicas', 2, (n) => Number.isInteger(n) && n >= 1);
+    const port = num('port', 8000, isPort);
+    // Replica i listens on port + i: the last one must be a port too (0 picks free ones).
+    if (port > 0 && port + replicas - 1 > 65535) {
+      throw new Error(`--port ${port} with --replicas ${replicas} runs past port 65535`);
+    }
+    const host = typeof values.host === 'string' ? values.host : '127.0.0.1';
+    const hostIssue = hostProblem(host);
+    if (hostIssue !== null) throw new Error(`--host ${hostIssue}`);
     fleet = await startFleet({
-      replicas: num('replicas', 2, (n) => Number.isInteger(n) && n >= 1),
-      port: num('port', 8000, isPort),
-      host: typeof values.host === 'string' ? values.host : '127.0.0.1',
+      replicas,
+      port,
+      host,
       profile: typeof values.profile === 'string' ? values.profile : 'llama3-8b-h100',
       model: typeof values.model === 'string' ? values.model : undefined,
       timeScale: num('time-scale', 1, (n) => n > 0 && Number.isFinite(n)),

@@ -315,7 +315,11 @@ function urlProblem(text: string, protocols: string[]): string | undefined {
   try {
     url = new URL(text);
   } catch {
-    return `must be an absolute URL (got ${shown})`;
+    // A Redis URL with no scheme may be the password alone, written in the wrong place: no part
+    // of it can be told apart from a secret, so none is shown (one with a scheme is shown masked).
+    return protocols.includes('http:') || text.includes('://')
+      ? `must be an absolute URL (got ${shown})`
+      : 'must be an absolute URL (got a value not shown here)';
   }
   const schemes = protocols.map((p) => p.slice(0, -1)).join(' or ');
   if (!protocols.includes(url.protocol)) return `must be a URL with scheme ${schemes} (got ${shown})`;

@@ -45,6 +45,17 @@ const scripts: Record<string, (seen: Seen, res: ServerResponse) => Promise<void>
     res.writeHead(429, { 'content-type': 'application/json', 'retry-after': '2' });
     res.end('{"error":{"message":"sla_unattainable","type":"rate_limit","param":null,"code":429}}');
   },
+  // Two tokens after the role chunk, then the connection dies mid-stream (no [DONE], no last chunk).
+  reset: async (_s, res) => {
+    sseHead(res);
+    res.write(chat.role());
+    await new Promise((r) => setTimeout(r, 20));
+    res.write(chat.token('a'));
+    await new Promise((r) => setTimeout(r, 20));
+    res.write(chat.token('b'));
+    await new Promise((r) => setTimeout(r, 20));
+    res.socket?.destroy();
+  },
   nochoices: (_s, res) => {
     sseHead(res);
     return play(res, [chat.usage(10, 0), chat.done]);
@@ -203,6 +214,16 @@ describe('sendRequest', () => {
     expect(r.success).toBe(false);
     expect(r.error).toBe('stream ended without [DONE]');
     expect(r.ttft).toBeGreaterThan(0);
+  });
+
+  it('a stream cut by the network keeps what was measured: TTFT, gaps, and the latency to its last token', async () => {
+    const r = await sendRequest(ctx('reset'), REQ);
+    expect(r.success).toBe(false);
+    expect(r.error).not.toBe('');
+    expect(r.itl).toHaveLength(2);
+    expect(r.ttft).toBeGreaterThan(0);
+    // Latency ends at the last choices chunk seen, as for a whole stream: TTFT plus every gap.
+    expect(r.latency).toBeCloseTo(r.ttft + r.itl[0]! + r.itl[1]!, 9);
   });
 
   it('a non-200 fails with the OpenAI error message and keeps the gateway headers', async () => {

@@ -198,8 +198,51 @@ describe('runBench', () => {
   });
 
   it('rejects impossible options before sending anything', async () => {
+    const from = server.seen.length;
     await expect(runBench({ target: server.url, model: 'm', rate: 0 })).rejects.toThrow(/rate/);
     await expect(runBench({ target: server.url, model: 'm', durationS: 1 })).rejects.toThrow(/duration/);
+    // A duration without end would schedule without end (a send loop that never yields).
+    await expect(
+      runBench({ target: server.url, model: 'm', rate: 5, durationS: Number.POSITIVE_INFINITY }),
+    ).rejects.toThrow(/duration must be a finite number/);
+    await expect(
+      runBench({ target: server.url, model: 'm', requests: 2, timeoutMs: Number.POSITIVE_INFINITY }),
+    ).rejects.toThrow(/timeout must be a finite number/);
+    await expect(runBench({ target: server.url, model: 'm', requests: 2, timeoutMs: -1000 })).rejects.toThrow(
+      /timeout must be a positive number/,
+    );
+    expect(server.seen.length).toBe(from);
+  });
+
+  it('counts no queue time without a concurrency cap, and only the wait for a slot with one', async () => {
+    const open = await runBench({ target: server.url, model: 'm', requests: 30, seed: 2, progress: false });
+    expect(open.records).toHaveLength(30);
+    expect(open.records.every((x) => x.queueTime === 0)).toBe(true);
+    // Under a cap of 1, the first request finds the slot free; every later one waits for it.
+    const capped = await runBench({
+      target: server.url,
+      model: 'm',
+      requests: 4,
+      concurrency: 1,
+      seed: 2,
+      progress: false,
+    });
+    const byIndex = [...capped.records].sort((a, b) => a.index - b.index);
+    expect(byIndex[0]!.queueTime).toBe(0);
+    expect(byIndex.slice(1).every((x) => x.queueTime > 0)).toBe(true);
+  });
+
+  it('saves an even arrival spacing (burstiness inf) as "inf", as it does an unlimited rate', async () => {
+    const r = await runBench({
+      target: server.url,
+      model: 'm',
+      requests: 3,
+      rate: 200,
+      burstiness: Number.POSITIVE_INFINITY,
+      progress: false,
+    });
+    expect(r.json.burstiness).toBe('inf');
+    expect(JSON.parse(JSON.stringify(r.json)).burstiness).toBe('inf');
   });
 });
 
@@ -263,6 +306,9 @@ describe('slagate bench (CLI)', () => {
     expect(await benchCommand(['--target', server.url, '--rate', '0'])).toBe(2);
     expect(await benchCommand(['--target', server.url, '--slo', 'latency=5'])).toBe(2);
     expect(await benchCommand(['--target', server.url, '--workload', 'nope'])).toBe(2);
+    expect(await benchCommand(['--target', server.url, '--rate', '5', '--duration', 'inf'])).toBe(2);
+    expect(await benchCommand(['--target', server.url, '--timeout', '-1'])).toBe(2);
+    expect(await benchCommand(['--target', server.url, '--timeout', 'inf'])).toBe(2);
     // An output that cannot be written is refused before the run, not after it.
     const notADir = join(dir, 'a-file');
     await writeFile(notADir, '');

@@ -484,6 +484,12 @@ describe('violations are reported with the path of the key to fix', () => {
       /^its path must be a database number \(got "redis:\/\/:\*\*\*@h:6379\/abc"\)$/,
     ],
     [
+      'a Redis URL that is no URL at all, perhaps the password alone: not shown',
+      (c) => (c.state = { store: 'redis', redis_url: 'hunter2' }),
+      'state.redis_url',
+      /^must be an absolute URL \(got a value not shown here\)$/,
+    ],
+    [
       'a database other than 0 for a Redis cluster (it has only database 0)',
       (c) => (c.state = { store: 'redis', topology: 'cluster', redis_url: 'redis://h:6379/3' }),
       'state.redis_url',

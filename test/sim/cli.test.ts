@@ -1,6 +1,7 @@
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
+import { runSlagate } from '../helpers/cli.ts';
 import { post, send } from './http-helpers.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
@@ -46,5 +47,16 @@ describe('slagate sim', () => {
     const code = await new Promise<number | null>((resolve) => child.once('exit', (c) => resolve(c)));
     expect(code).toBe(2);
     expect(err).toContain('unknown GPU profile');
+  });
+
+  it('refuses, with exit code 2, an empty host (every interface) and ports past 65535', async () => {
+    // An unset variable: listen() would read '' as every interface.
+    const empty = await runSlagate(['sim', '--host', '', '--port', '0']);
+    expect(empty.code).toBe(2);
+    expect(empty.err).toContain('--host must not be empty');
+    expect(empty.out).toBe('');
+    const past = await runSlagate(['sim', '--port', '65535', '--replicas', '2']);
+    expect(past.code).toBe(2);
+    expect(past.err).toContain('--port 65535 with --replicas 2 runs past port 65535');
   });
 });
