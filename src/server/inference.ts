@@ -209,6 +209,9 @@ async function serve(
       class: identity.class,
     }).error({ err }, 'proxying failed');
     const committed = res.headersSent;
+    // Whether a backend's engine saw it is unknown here: it did when its answer had begun, and
+    // one that failed before that is treated as one that never got there (nothing was served).
+    reachedEngine = committed;
     if (committed) res.destroy();
     else writeErrorResponse(res, new GatewayError('internal_error', INTERNAL_MESSAGE), responseHeaders);
     endRecord(rt, record, committed ? 'failed_after_commit' : 'failed_before_commit', {

@@ -58,12 +58,18 @@ class TokenWindow {
     this.#buckets = new Float64Array(buckets);
   }
 
-  add(now: number, tokens: number): void {
+  /**
+   * Adds `tokens` to the newest bucket and returns its epoch. Invariant: the tokens are in that
+   * bucket, which after a clock stepped back (less than the window) is not the bucket of `now`:
+   * whoever takes them back names the epoch returned here, never a time.
+   */
+  add(now: number, tokens: number): number {
     this.advance(now);
     const n = this.#buckets.length;
     const i = mod(this.#epoch, n);
     this.#buckets[i] = (this.#buckets[i] as number) + tokens;
     this.total += tokens;
+    return this.#epoch;
   }
 
   advance(now: number): void {
@@ -88,9 +94,8 @@ class TokenWindow {
     this.#epoch = epoch;
   }
 
-  /** Takes back `tokens` added at `at`, if the bucket they went to is still in the window. */
-  remove(at: number, tokens: number): void {
-    const epoch = Math.floor(at / this.#bucketMs);
+  /** Takes back `tokens` added to the bucket of `epoch` (add's answer), if it is still in the window. */
+  remove(epoch: number, tokens: number): void {
     const n = this.#buckets.length;
     if (epoch > this.#epoch || epoch <= this.#epoch - n) return;
     const i = mod(epoch, n);
@@ -156,7 +161,7 @@ export class TenantUsageTable {
     const t = this.#tenant(tenant, now);
     t.inflight++;
     const charged = bounded(tokens);
-    t.window.add(now, charged);
+    const chargedEpoch = t.window.add(now, charged);
     let open = true;
     return {
       end(refund = false, usedTokens = null) {
@@ -164,7 +169,7 @@ export class TenantUsageTable {
         open = false;
         t.inflight--;
         if (refund) {
-          if (charged > 0) t.window.remove(now, charged);
+          if (charged > 0) t.window.remove(chargedEpoch, charged);
         } else if (usedTokens !== null) {
           const excess = bounded(usedTokens - charged);
           if (excess > 0) t.window.add(clock(), excess);

@@ -372,6 +372,28 @@ describe('tenant limits (item 31)', () => {
     expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(200);
   });
 
+  it('tokens_per_minute: a request a gateway bug failed before any backend answered it gives its tokens back', async () => {
+    const tenants = [
+      { name: 'tpm', api_key_sha256: sha('key-t'), class: 'interactive', tokens_per_minute: 600 },
+    ];
+    t = await startTestGateway({ replicas: 1, config: { tenants, logging: { level: 'fatal' } } });
+    const rt = t.gw.runtime;
+    const policy = rt.policy;
+    rt.policy = {
+      name: 'broken',
+      rank: () => {
+        throw new Error('policy bug');
+      },
+    };
+    const failed = await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'));
+    expect(failed.status).toBe(500);
+    expect(rt.live.tenantUsage('tpm')).toMatchObject({ inflight: 0, tokens: 0 });
+    rt.policy = policy;
+    // Two requests of ~260 tokens still fit in the 600.
+    expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(200);
+    expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(200);
+  });
+
   it('tokens_per_minute: a request without max_tokens is charged, as it ends, what its backend says it used', async () => {
     const tenants = [
       { name: 'tpm', api_key_sha256: sha('key-t'), class: 'interactive', tokens_per_minute: 1200 },

@@ -21,6 +21,17 @@ describe('TenantUsageTable', () => {
     expect(table.local('a', 95_000).tokens).toBe(70);
   });
 
+  it('a refund after the wall clock stepped back (less than the window) takes back its own tokens', () => {
+    const table = new TenantUsageTable();
+    table.lease('a', 100, 10_000).end();
+    // The clock steps back 1.5 s: the window keeps its newest bucket, and the next lease's tokens
+    // go there, not to the bucket of its own (earlier) time.
+    const refunded = table.lease('a', 40, 8_500);
+    expect(table.local('a', 8_600).tokens).toBe(140);
+    refunded.end(true);
+    expect(table.local('a', 8_600)).toEqual({ inflight: 0, tokens: 100 });
+  });
+
   it('a lease that used more than it was charged is charged the rest as it ends, at that time', () => {
     const table = new TenantUsageTable();
     let clock = 10_000;
