@@ -104,6 +104,24 @@ export interface TestGateway {
   close(): Promise<void>;
 }
 
+/**
+ * Puts a routing policy that throws in place of the gateway's (a gateway bug after the hand-off);
+ * the returned function puts the real one back.
+ */
+export function breakPolicy(gw: Gateway): () => void {
+  const rt = gw.runtime;
+  const policy = rt.policy;
+  rt.policy = {
+    name: 'broken',
+    rank: () => {
+      throw new Error('policy bug');
+    },
+  };
+  return () => {
+    rt.policy = policy;
+  };
+}
+
 export async function startTestGateway(opts: TestGatewayOptions = {}): Promise<TestGateway> {
   const tmp = tempDir();
   const fleet =

@@ -11,6 +11,7 @@ import { OUTCOMES } from '../../src/telemetry/outcome.ts';
 import { STAGE_CHANNEL, type StageMark } from '../../src/telemetry/stages.ts';
 import { stageReached } from '../helpers/stages.ts';
 import {
+  breakPolicy,
   chat,
   MODEL,
   openStream,
@@ -182,13 +183,7 @@ it('35: a gateway bug after the hand-off still answers the client and writes one
   // The bug is logged at error level; keep the test output clean.
   t = await startTestGateway({ replicas: 1, config: { logging: { level: 'fatal' } } });
   const rt = t.gw.runtime;
-  const policy = rt.policy;
-  rt.policy = {
-    name: 'broken',
-    rank: () => {
-      throw new Error('policy bug');
-    },
-  };
+  const restore = breakPolicy(t.gw);
   const res = await post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'bug-1' });
   expect(res.status).toBe(500);
   expect(JSON.parse(res.text)).toMatchObject({ error: { code: 'internal_error' } });
@@ -198,7 +193,7 @@ it('35: a gateway bug after the hand-off still answers the client and writes one
     reason: 'internal_error',
   });
   expect(rt.lifecycle.active).toBe(0);
-  rt.policy = policy;
+  restore();
   expect((await post(t.url, CHAT, chat())).status).toBe(200);
 });
 

@@ -12,6 +12,7 @@ import { stageReached } from '../helpers/stages.ts';
 import { deadUrl } from '../upstream/helpers.ts';
 import {
   baseConfig,
+  breakPolicy,
   chat,
   chatStreamText,
   get,
@@ -377,18 +378,11 @@ describe('tenant limits (item 31)', () => {
       { name: 'tpm', api_key_sha256: sha('key-t'), class: 'interactive', tokens_per_minute: 600 },
     ];
     t = await startTestGateway({ replicas: 1, config: { tenants, logging: { level: 'fatal' } } });
-    const rt = t.gw.runtime;
-    const policy = rt.policy;
-    rt.policy = {
-      name: 'broken',
-      rank: () => {
-        throw new Error('policy bug');
-      },
-    };
+    const restore = breakPolicy(t.gw);
     const failed = await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'));
     expect(failed.status).toBe(500);
-    expect(rt.live.tenantUsage('tpm')).toMatchObject({ inflight: 0, tokens: 0 });
-    rt.policy = policy;
+    expect(t.gw.runtime.live.tenantUsage('tpm')).toMatchObject({ inflight: 0, tokens: 0 });
+    restore();
     // Two requests of ~260 tokens still fit in the 600.
     expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(200);
     expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(200);
