@@ -81,31 +81,41 @@ const isSystem = (m: unknown): boolean => isRecord(m) && (m.role === 'system' ||
 const roots = new Map<string, number>();
 const MAX_ROOTS = 256;
 
+/** Names the salt's level of a root: no rendering key is this string (each holds a `=`). */
+const SALT_TAG = '\u0000cache_salt';
+
 /**
- * The root of a request's chain: the model it names (a LoRA adapter is a model name here), its
- * tenant when the gateway has tenants, and its cache_salt. A model's (and tenant's) root is
- * remembered (the served models, already checked, and the configured tenants are few); a salt's is
- * hashed per request, never kept: a client chooses its salts, and their size.
+ * The root of a request's chain: the endpoint (a chat's messages and a completion's text are
+ * never the same tokens to vLLM: its template puts special tokens between messages), the model it
+ * names (a LoRA adapter is a model name here), its tenant when the gateway has tenants, and its
+ * cache_salt. A model's (and tenant's) root is remembered (the served models, already checked,
+ * and the configured tenants are few); a salt's is hashed per request, never kept: a client
+ * chooses its salts, and their size.
  *
- * Invariant: one tenant's blocks never match another's. The index learns from every request, and
+ * Invariants: one tenant's blocks never match another's. The index learns from every request, and
  * what it matches reaches the client (x-slagate-prefix-hit, the predicted TTFT): with one chain for
- * all, a tenant could confirm another's prompt, block by block, from those headers.
+ * all, a tenant could confirm another's prompt, block by block, from those headers. And no field
+ * a client writes can stand for another: a completion's text for a chat's rendering (the endpoint
+ * is in the root, where no text reaches), a salt for a rendering key (the salt hangs from its own
+ * tag).
  */
 export function cacheRoot(
   model: string,
   cacheSalt: unknown,
   tenant: string | null = null,
   rendering: string | null = null,
+  endpoint: 'chat' | 'completion' = 'chat',
 ): number {
-  const key = tenant === null ? model : `${tenant}\u0000${model}`;
+  const key = tenant === null ? `${endpoint}\u0000${model}` : `${endpoint}\u0000${tenant}\u0000${model}`;
   let root = roots.get(key);
   if (root === undefined) {
-    root = tenant === null ? namedRoot(model) : namedRoot(tenant, namedRoot(model));
+    const named = tenant === null ? namedRoot(model) : namedRoot(tenant, namedRoot(model));
+    root = namedRoot(endpoint, named);
     if (roots.size < MAX_ROOTS) roots.set(key, root);
   }
   // Per request, like a salt: the fields that change how vLLM renders and tokenizes the prompt.
   if (rendering !== null) root = namedRoot(rendering, root);
-  return typeof cacheSalt === 'string' ? namedRoot(cacheSalt, root) : root;
+  return typeof cacheSalt === 'string' ? namedRoot(cacheSalt, namedRoot(SALT_TAG, root)) : root;
 }
 
 /**
@@ -219,8 +229,9 @@ class CanonicalText {
    */
   message(m: unknown, currentTurn = true): void {
     if (!isRecord(m)) return;
-    this.text(typeof m.role === 'string' ? m.role : '');
-    if (typeof m.name === 'string') this.text(`:${m.name}`);
+    // The role and name are the client's too (vLLM takes any role a template accepts): marked.
+    this.piece('o', typeof m.role === 'string' ? m.role : '');
+    if (typeof m.name === 'string') this.piece('n', `:${m.name}`);
     this.text('\n');
     // An assistant turn's reasoning, which vLLM hands to the chat template (interleaved thinking),
     // ahead of the turn's content as templates put it: counted as text the backend prefills in the
@@ -514,30 +525,37 @@ export function tokenFloor(text: string, atMost = Number.POSITIVE_INFINITY): num
 /**
  * The fewest tokens each prompt of `source` can be (one entry for chat): exact for token ids; for
  * text, the floor of the client's own text (message contents, completion prompts; roles and tool
- * JSON, whose rendering varies by template, count nothing) plus the template's own tokens.
+ * JSON, whose rendering varies by template, count nothing, and neither do the template's own
+ * tokens: some templates spend none on a system message), plus a completion prompt's BOS.
+ * Invariant: no template renders more of a message than is counted here. Of an assistant's
+ * content, only what follows its last `</think>` counts: the templates of reasoning models
+ * (DeepSeek-R1's, QwQ's, Qwen3's for earlier turns) render only that part.
  */
-export function promptFloors(
-  source: PromptSource,
-  p: PromptBlocks,
-  atMost = Number.POSITIVE_INFINITY,
-): number[] {
+export function promptFloors(source: PromptSource, atMost = Number.POSITIVE_INFINITY): number[] {
   if (source.kind === 'ids') return source.ids.map((ids) => ids.length);
   if (source.kind === 'text') return source.texts.map((t) => tokenFloor(t, atMost) + 1);
-  let n = templateTokens(p);
+  let n = 0;
   for (const m of source.messages) {
     if (n > atMost) break;
     if (!isRecord(m)) continue;
+    const answer = m.role === 'assistant';
     const c = m.content;
-    if (typeof c === 'string') n += tokenFloor(c, atMost - n);
+    if (typeof c === 'string') n += tokenFloor(answer ? afterThinking(c) : c, atMost - n);
     else if (Array.isArray(c)) {
       for (const part of c) {
         if (n > atMost) break;
         const text = partText(part);
-        if (text !== null) n += tokenFloor(text, atMost - n);
+        if (text !== null) n += tokenFloor(answer ? afterThinking(text) : text, atMost - n);
       }
     }
   }
   return [n];
+}
+
+/** What follows the last `</think>` of an assistant's text (all of it when there is none). */
+function afterThinking(text: string): string {
+  const at = text.lastIndexOf('</think>');
+  return at === -1 ? text : text.slice(at + '</think>'.length);
 }
 
 /**

@@ -135,24 +135,21 @@ export function intake(
   }
   const source = promptSource(ir);
   const blockSize = rt.config.router.block_size_tokens;
+  const kind = ir.endpoint === 'chat' ? 'chat' : 'completion';
   const prompt = promptBlocks(
     source,
     blockSize,
-    cacheRoot(
-      model,
-      ir.body.cache_salt,
-      namedTenant(identity),
-      renderingKey(ir.endpoint === 'chat' ? 'chat' : 'completion', ir.body),
-    ),
+    cacheRoot(model, ir.body.cache_salt, namedTenant(identity), renderingKey(kind, ir.body), kind),
   );
   // What the backend will prefill: vLLM keeps a prompt's last truncate_prompt_tokens tokens.
   const estimate = rt.tokens.of(identity.tenant);
   const wholeTokens = estimate.tokens(prompt);
   const maxLen = rt.models.maxModelLen(model);
   const promptTokens = keptTokens(ir, prompt, wholeTokens, maxLen);
-  const blocks = routedBlocks(ir, prompt, wholeTokens, maxLen);
+  const fewestTokens = estimate.fewestTokens(prompt);
+  const blocks = routedBlocks(ir, prompt, wholeTokens, fewestTokens, maxLen);
   record.set({ prompt_tokens_est: promptTokens, prefix_blocks: blocks.length });
-  checkContext(ir, source, prompt, promptTokens, estimate.fewestTokens(prompt), maxLen);
+  checkContext(ir, source, prompt, promptTokens, fewestTokens, maxLen);
   const perSequence = ir.outputLimit ?? EXPECTED_OUTPUT_TOKENS;
   const { sequences } = ir;
   const served: Served = {
@@ -169,7 +166,8 @@ export function intake(
     mode: ir.mode,
     assembleKind: ir.assembleKind,
     wantsUsage: ir.wantsUsage,
-    countsRendered: ir.body.truncate_prompt_tokens == null,
+    // Not cut, and no documents (vLLM renders them into the prompt; their text is in no count).
+    countsRendered: ir.body.truncate_prompt_tokens == null && ir.body.documents == null,
   };
   return { served, ir };
 }
@@ -209,7 +207,7 @@ function checkContext(
   if (fits(exact ? fewest : Math.floor(fewest / CONTEXT_ESTIMATE_SLACK))) return;
   // Counted no further than past the context: any floor beyond it fails alike (fits only grows
   // with the count, truncation included).
-  if (!exact && fits(promptFloors(source, prompt, maxLen).reduce((a, b) => Math.max(a, b), 0))) return;
+  if (!exact && fits(promptFloors(source, maxLen).reduce((a, b) => Math.max(a, b), 0))) return;
   const about = exact ? '' : 'about ';
   throw new GatewayError(
     'invalid_request',
@@ -235,18 +233,24 @@ function keptTokens(ir: InferenceRequest, prompt: PromptBlocks, allTokens: numbe
 /**
  * The blocks to route by (Intake.blocks): the prompt's, unless the backend will cut the prompt
  * they name (the first of several completion prompts: theirs are its blocks) or the longest
- * prompt is estimated over the context. vLLM cuts and checks each completion prompt on its own.
+ * prompt is over the context even at the fewest tokens it plausibly holds (checkContext's
+ * measure: a prompt that passes it goes to a backend, and a conversation near the context whose
+ * estimate runs a little high must keep its backend, not go cold there and at every later turn).
+ * vLLM cuts and checks each completion prompt on its own.
  */
 function routedBlocks(
   ir: InferenceRequest,
   prompt: PromptBlocks,
   allTokens: number,
+  fewestTokens: number,
   maxLen: number,
 ): readonly number[] {
   const exact = prompt.exactTokens !== null;
   const first = onePrompt(ir, exact, allTokens, 'first');
   if (truncatedTokens(ir, first, maxLen) < first) return NO_BLOCKS;
-  if (truncatedTokens(ir, onePrompt(ir, exact, allTokens, 'longest'), maxLen) > maxLen) return NO_BLOCKS;
+  const fewest = onePrompt(ir, exact, fewestTokens, 'longest');
+  const least = exact ? fewest : Math.floor(fewest / CONTEXT_ESTIMATE_SLACK);
+  if (truncatedTokens(ir, least, maxLen) > maxLen) return NO_BLOCKS;
   return prompt.hashes;
 }
 

@@ -37,12 +37,18 @@ export interface BreakerOptions {
 
 export type AttemptBreaker = CircuitBreaker<[() => Promise<unknown>], unknown>;
 
-/** The action a breaker fires for one attempt; `trial` when it is a half-open breaker's one trial. */
-export type BreakerCall = (() => Promise<unknown>) & { trial?: true };
+/**
+ * The action a breaker fires for one attempt; `trial` names the half-open period whose one trial
+ * it is (the breaker's count of half-open periods when it was fired).
+ */
+export type BreakerCall = (() => Promise<unknown>) & { trial?: number };
+
+/** Half-open periods each breaker has entered: a trial is the trial of one of them only. */
+const halfOpenPeriods = new WeakMap<AttemptBreaker, number>();
 
 /** `call`, marked as the trial when `b` is half-open with its trial unused (the call fired next takes it). */
 export function trialCall(b: AttemptBreaker, call: () => Promise<unknown>): BreakerCall {
-  if (b.halfOpen && b.pendingClose) (call as BreakerCall).trial = true;
+  if (b.halfOpen && b.pendingClose) (call as BreakerCall).trial = halfOpenPeriods.get(b) ?? 0;
   return call;
 }
 
@@ -54,7 +60,12 @@ const SAYS_NOTHING: ReadonlySet<FailureReason> = new Set<FailureReason>([
 ]);
 
 export function createBreaker(name: string, opts: BreakerOptions, rotate: EventEmitter): AttemptBreaker {
-  return new CircuitBreaker((untilCommit: () => Promise<unknown>) => untilCommit(), {
+  // Invariant: a call is judged as a trial only while the breaker is in the half-open period it
+  // was the trial of. One left over from an earlier period (reopened meanwhile by another call)
+  // is a call that began before this period, and cannot reopen the breaker on the new trial.
+  const isTrialNow = (call: BreakerCall | undefined) =>
+    call?.trial !== undefined && breaker.halfOpen && call.trial === (halfOpenPeriods.get(breaker) ?? 0);
+  const breaker: AttemptBreaker = new CircuitBreaker((untilCommit: () => Promise<unknown>) => untilCommit(), {
     name,
     timeout: false,
     errorThresholdPercentage: opts.errorThresholdPercentage,
@@ -67,8 +78,10 @@ export function createBreaker(name: string, opts: BreakerOptions, rotate: EventE
     // True: not counted (opossum takes it as a success). opossum passes the fired action after the error.
     errorFilter: (err: unknown, call?: BreakerCall) =>
       !(err instanceof AttemptFailure) ||
-      (!err.backendFault && !(call?.trial === true && SAYS_NOTHING.has(err.reason))),
+      (!err.backendFault && !(isTrialNow(call) && SAYS_NOTHING.has(err.reason))),
   });
+  breaker.on('halfOpen', () => halfOpenPeriods.set(breaker, (halfOpenPeriods.get(breaker) ?? 0) + 1));
+  return breaker;
 }
 
 /** True when the breaker would let a call through now (closed, or half-open with its trial unused). */

@@ -659,8 +659,17 @@ export class Attempt implements Dispatcher.DispatchHandler {
 
   #onFirstTokenTimeout = (): void => {
     this.#firstTokenTimer = null;
-    const reason = this.spec.cutByDeadline ? 'deadline' : 'first_token_timeout';
-    this.#fail(new AttemptFailure(reason, `no first token within ${Math.round(this.spec.firstTokenMs)} ms`));
+    const ms = Math.round(this.spec.firstTokenMs);
+    if (this.spec.cutByDeadline) {
+      this.#fail(new AttemptFailure('deadline', `no first token within ${ms} ms`));
+    } else if (this.#controller === null) {
+      // undici starts the request (onRequestStart) only on a connected socket: without it the
+      // request was never written, and no engine saw it. The timer runs from dispatch, so it
+      // covers the connect too, and with the defaults it fires before the pool's connect timeout.
+      this.#fail(new AttemptFailure('connect_timeout', `no connection within ${ms} ms`));
+    } else {
+      this.#fail(new AttemptFailure('first_token_timeout', `no first token within ${ms} ms`));
+    }
   };
 
   #onIdleTimeout = (): void => {

@@ -48,6 +48,37 @@ describe('promptBlocks', () => {
     expect(hashesOf('completion', { add_special_tokens: true })).toEqual(completion);
   });
 
+  it('no field a client writes stands for another: a completion for a chat, a role for two messages, a salt for a rendering', () => {
+    const P = String(system.content);
+    const asChat = promptBlocks(chat([system]), BLOCK, cacheRoot('m', undefined, null, null, 'chat')).hashes;
+    expect(asChat.length).toBeGreaterThan(4);
+    // A completion whose text spells the chat's rendering, markers and all, in either form.
+    for (const forged of [
+      `system\n\u0000t${P.length}\u0000${P}`,
+      `\u0000o6\u0000system\n\u0000t${P.length}\u0000${P}`,
+    ]) {
+      const text = promptBlocks(
+        { kind: 'text', texts: [forged] },
+        BLOCK,
+        cacheRoot('m', undefined, null, null, 'completion'),
+      ).hashes;
+      expect(common(asChat, text)).toBe(0);
+    }
+    // A role that spells a message boundary and a second message.
+    const two = [
+      { role: 'user', content: 'hi' },
+      { role: 'assistant', content: P },
+    ];
+    const one = [{ role: `user\n\u0000t2\u0000hi\n\nassistant`, content: P }];
+    const root = cacheRoot('m', undefined);
+    expect(
+      common(promptBlocks(chat(two), BLOCK, root).hashes, promptBlocks(chat(one), BLOCK, root).hashes),
+    ).toBe(0);
+    // A salt that is another request's rendering key.
+    const rendering = renderingKey('chat', { reasoning_effort: 'high' })!;
+    expect(cacheRoot('m', rendering)).not.toBe(cacheRoot('m', undefined, null, rendering));
+  });
+
   it('the same text under another model (a LoRA adapter) or cache_salt is another chain, as in vLLM', () => {
     const prompt = chat([system, { role: 'user', content: 'What is the refund policy?' }]);
     const base = promptBlocks(prompt, BLOCK, cacheRoot('llama', undefined));
@@ -562,9 +593,9 @@ describe('tokenFloor: the fewest tokens a text can be, whatever it holds', () =>
     // Whitespace the character count would take for hundreds of tokens is next to nothing here.
     expect(tokenFloor(`a${' '.repeat(3000)}b`)).toBe(2);
     const texts: PromptSource = { kind: 'text', texts: ['one two three', 'four'] };
-    expect(promptFloors(texts, promptBlocks(texts, 16))).toEqual([4, 2]);
+    expect(promptFloors(texts)).toEqual([4, 2]);
     const ids: PromptSource = { kind: 'ids', ids: [[1, 2, 3], [4]] };
-    expect(promptFloors(ids, promptBlocks(ids, 16))).toEqual([3, 1]);
+    expect(promptFloors(ids)).toEqual([3, 1]);
     const chat: PromptSource = {
       kind: 'chat',
       messages: [
@@ -578,9 +609,27 @@ describe('tokenFloor: the fewest tokens a text can be, whatever it holds', () =>
         },
       ],
     };
-    const [chatFloor] = promptFloors(chat, promptBlocks(chat, 16));
-    // Four words and the template's tokens for two messages; the image counts nothing.
-    expect(chatFloor).toBe(4 + 1 + 3 * 2 + 3);
+    const [chatFloor] = promptFloors(chat);
+    // Four words; the image counts nothing, and so does the template (some spend no token on a system message).
+    expect(chatFloor).toBe(4);
+  });
+
+  it("counts of an assistant's content only what follows its last </think>, as reasoning models' templates render it", () => {
+    const thinking = `<think>${'weigh this and that '.repeat(500)}</think>`;
+    const chat: PromptSource = {
+      kind: 'chat',
+      messages: [
+        { role: 'user', content: 'one two' },
+        { role: 'assistant', content: `${thinking}three four` },
+        { role: 'assistant', content: [{ type: 'text', text: `${thinking}five` }] },
+        // A user's text is the user's: all of it counts.
+        { role: 'user', content: `${thinking}six` },
+      ],
+    };
+    const [floor] = promptFloors(chat);
+    expect(floor).toBe(2 + 2 + 1 + tokenFloor(`${thinking}six`));
+    // Neither assistant's thinking counted: the floor holds it once, the user's.
+    expect(floor).toBeLessThan(2 * tokenFloor(thinking));
   });
 
   it('stops counting once past a bound: the work follows the context length, not the body', () => {
@@ -590,7 +639,7 @@ describe('tokenFloor: the fewest tokens a text can be, whatever it holds', () =>
     // Under the bound, the whole count.
     expect(tokenFloor('one two three', 100)).toBe(3);
     const texts: PromptSource = { kind: 'text', texts: [many, 'four'] };
-    expect(promptFloors(texts, promptBlocks(texts, 16), 100)).toEqual([102, 2]);
+    expect(promptFloors(texts, 100)).toEqual([102, 2]);
     const chat: PromptSource = {
       kind: 'chat',
       messages: [
@@ -599,8 +648,8 @@ describe('tokenFloor: the fewest tokens a text can be, whatever it holds', () =>
       ],
     };
     // Past the bound within the first message: the second is not read.
-    const [floor] = promptFloors(chat, promptBlocks(chat, 16), 100);
+    const [floor] = promptFloors(chat, 100);
     expect(floor).toBeGreaterThan(100);
-    expect(floor).toBeLessThanOrEqual(101 + 1 + 3 * 2 + 3);
+    expect(floor).toBeLessThanOrEqual(101);
   });
 });

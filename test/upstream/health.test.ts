@@ -283,6 +283,67 @@ describe('a call that began before the breaker opened', () => {
   });
 });
 
+describe('a trial left over from an earlier half-open period', () => {
+  it('cancelled by its client during the next period, does not reopen the breaker on the new trial', async () => {
+    let mode: 'fail' | 'hold' = 'fail';
+    let onHit = () => {};
+    const held: (() => void)[] = [];
+    let killOld = () => {};
+    const script: Script = async (req, res, hit) => {
+      onHit();
+      if (JSON.stringify(hit.body).includes('old')) {
+        // Waits, then its connection dies before any answer: a failure the backend is blamed for.
+        await new Promise<void>((r) => {
+          killOld = r;
+        });
+        res.destroy();
+        return;
+      }
+      if (mode === 'hold') {
+        await new Promise<void>((r) => held.push(r));
+        return healthy(1)(req, res, hit);
+      }
+      return status(500)(req, res, hit);
+    };
+    const { set, gw } = await fleet([script], {
+      ...outlier({ consecutiveFailures: 1000 }),
+      ...breaker({ volumeThreshold: 3, resetTimeoutMs: 300 }),
+    });
+    const b = set.get('b0')!;
+    const reaching = () =>
+      new Promise<void>((r) => {
+        onHit = r;
+      });
+    // A call that began before the breaker opened.
+    let reached = reaching();
+    const old = post(gw.url, chatBody({ messages: [{ role: 'user', content: 'old' }] }));
+    await reached;
+    while (b.state !== 'open') expect((await post(gw.url, chatBody())).status).toBe(502);
+    await vi.waitFor(() => expect(b.state).toBe('half_open'), { timeout: 2_000, interval: 5 });
+    // The first period's trial reaches the backend and is held there.
+    mode = 'hold';
+    reached = reaching();
+    const first = openStream(gw.url, '/v1/chat/completions', chatBody());
+    await reached;
+    // The old call fails meanwhile: the breaker opens again, then half-opens for a new trial.
+    killOld();
+    await old;
+    await vi.waitFor(() => expect(b.state).toBe('open'), { timeout: 2_000, interval: 5 });
+    await vi.waitFor(() => expect(b.state).toBe('half_open'), { timeout: 2_000, interval: 5 });
+    reached = reaching();
+    const second = post(gw.url, chatBody());
+    await reached;
+    // The first trial's client leaves: a call of an earlier period, it says nothing of this one.
+    first.abort();
+    await vi.waitFor(() => expect(gw.active()).toBe(1), { timeout: 2_000, interval: 5 });
+    expect(b.state).not.toBe('open');
+    held[1]!();
+    expect((await second).status).toBe(200);
+    expect(b.state).toBe('healthy');
+    held[0]!();
+  });
+});
+
 describe('isolation (item 13)', () => {
   it("one request's first-token timeout does not abort another stream on the same backend", async () => {
     const script: Script = async (req, res, hit) => {

@@ -1,4 +1,7 @@
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import http from 'node:http';
+import net from 'node:net';
 import { asksForUsage } from '../../src/server/inference-request.ts';
 import type { Backend } from '../../src/upstream/backend.ts';
 import { BackendSet, type BackendSetOptions } from '../../src/upstream/backends.ts';
@@ -104,6 +107,36 @@ export async function deadUrl(): Promise<string> {
 }
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/**
+ * A URL where a connection is never completed: a host gone dark that drops every SYN. A socket
+ * listening with a backlog of one that nobody accepts from (Node accepts every connection itself,
+ * so a python3 process holds it), its queue filled by one connection of ours: the kernel drops
+ * the SYNs of every later one, which then waits for its connect timeout.
+ */
+export async function blackholeUrl(): Promise<{ url: string; close: () => Promise<void> }> {
+  const child = spawn(
+    'python3',
+    [
+      '-c',
+      'import socket, sys\ns = socket.socket()\ns.bind(("127.0.0.1", 0))\ns.listen(0)\nprint(s.getsockname()[1], flush=True)\nsys.stdin.read()',
+    ],
+    { stdio: ['pipe', 'pipe', 'inherit'] },
+  );
+  const [line] = (await once(child.stdout!, 'data')) as [Buffer];
+  const port = Number(line.toString().trim());
+  const filler = net.connect(port, '127.0.0.1');
+  await once(filler, 'connect');
+  return {
+    url: `http://127.0.0.1:${port}`,
+    close: async () => {
+      filler.destroy();
+      const exited = once(child, 'exit');
+      child.stdin!.end();
+      await exited;
+    },
+  };
+}
 
 // ---- vLLM-shaped SSE ----
 

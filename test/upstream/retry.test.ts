@@ -8,6 +8,7 @@ import { AttemptFailure } from '../../src/upstream/failure.ts';
 import type { AcquireSlot } from '../../src/upstream/slot.ts';
 import { openStream, streamToCome } from '../helpers/http.ts';
 import {
+  blackholeUrl,
   chatBody,
   DONE,
   dataEvents,
@@ -83,6 +84,22 @@ describe('retries before the commit point (item 3)', () => {
       attempts: 2,
     });
     expect(result.attemptLog.map((a) => a.reason)).toEqual(['connect_error', 'connect_error']);
+    expect(result.reachedEngine).toBe(false);
+  });
+
+  it('every backend dropped the connection attempt (hosts gone dark): no engine reached, 503 with Retry-After', async () => {
+    // The first-token timer (400 ms) fires before the connect timeout (500 ms), as the defaults
+    // order them; the request was never written to a connection, so it reached no engine.
+    const holes = [await blackholeUrl(), await blackholeUrl()];
+    const set = makeSet(holes.map((h) => h.url));
+    const gw = await gateway({ set });
+    cleanups.push(...holes.map((h) => h.close), () => set.close(), gw.close);
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(503);
+    expect(res.headers['retry-after']).toBe('2');
+    expect(JSON.parse(res.text).error.code).toBe('no_healthy_backend');
+    expect(result.attemptLog.map((a) => a.reason)).toEqual(['connect_timeout', 'connect_timeout']);
     expect(result.reachedEngine).toBe(false);
   });
 
