@@ -256,6 +256,8 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
     const inflight: Promise<RequestRecord>[] = [];
     // Scheduled requests the concurrency cap held until past the duration: never sent, and said so.
     let notSent = 0;
+    // When the loop last got a slot it had waited for.
+    let slotWaitEndedAt = Number.NEGATIVE_INFINITY;
     for (let i = 0; i < count; i++) {
       const arrival = offsets?.[i] ?? 0;
       // The schedule's last arrival is at the duration itself (arrivals.ts), give or take a
@@ -269,10 +271,11 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
           break; // aborted while waiting
         }
       }
-      // The time waited for a slot, and only that: a timer firing late is not a queue.
-      const beforeSlot = clock();
       const waitedForSlot = slots !== null && (await slots.acquire());
-      const queueTime = waitedForSlot ? clock() - beforeSlot : 0;
+      // Queued: since its arrival, when it or a request ahead of it had to wait for a slot after
+      // it arrived (the loop sends in order); else 0 (a timer firing late is not a queue).
+      if (waitedForSlot) slotWaitEndedAt = clock();
+      const queueTime = slotWaitEndedAt > arrival ? Math.max(0, clock() - arrival) : 0;
       // Only a wait for a free slot can carry a send past the duration (a timer firing late by a
       // millisecond must not drop the last scheduled request in one run and not in another).
       // A run with no schedule (no rate) ends at the duration whatever it waited for.

@@ -311,15 +311,17 @@ export function maskedUrl(text: string): string {
 
 function urlProblem(text: string, protocols: string[]): string | undefined {
   const shown = show(maskedUrl(text));
+  // A Redis URL without `://` may be a password alone, or `user:password`, written in the wrong
+  // place: no part of it can be told apart from a secret, so none is shown (one with a scheme is
+  // shown masked).
+  if (!protocols.includes('http:') && !text.includes('://')) {
+    return 'must be a redis:// or rediss:// URL (got a value not shown here)';
+  }
   let url: URL;
   try {
     url = new URL(text);
   } catch {
-    // A Redis URL with no scheme may be the password alone, written in the wrong place: no part
-    // of it can be told apart from a secret, so none is shown (one with a scheme is shown masked).
-    return protocols.includes('http:') || text.includes('://')
-      ? `must be an absolute URL (got ${shown})`
-      : 'must be an absolute URL (got a value not shown here)';
+    return `must be an absolute URL (got ${shown})`;
   }
   const schemes = protocols.map((p) => p.slice(0, -1)).join(' or ');
   if (!protocols.includes(url.protocol)) return `must be a URL with scheme ${schemes} (got ${shown})`;

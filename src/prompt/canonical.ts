@@ -527,7 +527,7 @@ export function tokenFloor(text: string, atMost = Number.POSITIVE_INFINITY): num
  * text, the floor of the client's own text (message contents, completion prompts; roles and tool
  * JSON, whose rendering varies by template, count nothing, and neither do the template's own
  * tokens: some templates spend none on a system message), plus a completion prompt's BOS.
- * Invariant: no template renders more of a message than is counted here. Of an assistant's
+ * Invariant: every template renders at least what is counted here of a message. Of an assistant's
  * content, only what follows its last `</think>` counts: the templates of reasoning models
  * (DeepSeek-R1's, QwQ's, Qwen3's for earlier turns) render only that part.
  */

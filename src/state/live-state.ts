@@ -583,12 +583,13 @@ class LiveStateImpl implements LiveState {
   }
 
   /**
-   * What shared blocks are tagged with: `@` and the block size, or '' without one. The index is
-   * made to hold blocks of that size first, so what is told and read next is of it.
+   * What shared blocks are tagged with: `@`, the block size and the hashing's version
+   * (PREFIX_HASHING), or '' without a size. The index is made to hold blocks of that size first,
+   * so what is told and read next is of it.
    */
   #blockTag(): string {
     this.#sameBlockSize();
-    return this.#indexedAt === undefined ? '' : `@${this.#indexedAt}`;
+    return this.#indexedAt === undefined ? '' : `@${this.#indexedAt}.${PREFIX_HASHING}`;
   }
 
   prefixSize(backend: string): { blocks: number; capacity: number } {
@@ -938,8 +939,17 @@ class LiveStateImpl implements LiveState {
 }
 
 /**
- * `backend@size:h,h,…;backend@size:h,…` with each 53-bit hash in base 36 ('' when there is
- * nothing); `tag` is `@size`, or '' for untagged parts. A backend name never holds '@' (SAFE_NAME),
+ * The version of how a prompt's chain of hashes is made (src/prompt/canonical.ts: the root, the
+ * markers). Invariant: two instances share blocks only when they hash alike: a change there bumps
+ * this, and an instance skips the blocks its peers of another version tell (a rolling upgrade, a
+ * restart within the log's lifetime), as it skips those of another block size. 1 was untagged
+ * (the size alone); 2 names the endpoint in the root and marks roles.
+ */
+const PREFIX_HASHING = 2;
+
+/**
+ * `backend@size.v:h,h,…;backend@size.v:h,…` with each 53-bit hash in base 36 ('' when there is
+ * nothing); `tag` is `@size.v`, or '' for untagged parts. A backend name never holds '@' (SAFE_NAME),
  * and a version that predates the tag reads a tagged part as an unknown backend and skips it.
  */
 function encodePrefixLog(recent: Map<string, number[]>, tag: string): string {

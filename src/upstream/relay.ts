@@ -665,7 +665,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
     } else if (this.#controller === null) {
       // undici starts the request (onRequestStart) only on a connected socket: without it the
       // request was never written, and no engine saw it. The timer runs from dispatch, so it
-      // covers the connect too, and with the defaults it fires before the pool's connect timeout.
+      // covers the connect too, and for an interactive budget it fires before the pool's connect
+      // timeout (3 s by default).
       this.#fail(new AttemptFailure('connect_timeout', `no connection within ${ms} ms`));
     } else {
       this.#fail(new AttemptFailure('first_token_timeout', `no first token within ${ms} ms`));

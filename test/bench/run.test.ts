@@ -230,6 +230,8 @@ describe('runBench', () => {
     const byIndex = [...capped.records].sort((a, b) => a.index - b.index);
     expect(byIndex[0]!.queueTime).toBe(0);
     expect(byIndex.slice(1).every((x) => x.queueTime > 0)).toBe(true);
+    // All four arrived at once: the k-th waited for the k before it to finish, one at a time.
+    expect(byIndex[3]!.queueTime).toBeGreaterThan(2 * byIndex[1]!.queueTime);
   });
 
   it('saves an even arrival spacing (burstiness inf) as "inf", as it does an unlimited rate', async () => {

@@ -487,7 +487,13 @@ describe('violations are reported with the path of the key to fix', () => {
       'a Redis URL that is no URL at all, perhaps the password alone: not shown',
       (c) => (c.state = { store: 'redis', redis_url: 'hunter2' }),
       'state.redis_url',
-      /^must be an absolute URL \(got a value not shown here\)$/,
+      /^must be a redis:\/\/ or rediss:\/\/ URL \(got a value not shown here\)$/,
+    ],
+    [
+      'a Redis user and password pasted without the scheme (it parses as a URL of scheme "default:"): not shown',
+      (c) => (c.state = { store: 'redis', redis_url: 'default:hunter2' }),
+      'state.redis_url',
+      /^must be a redis:\/\/ or rediss:\/\/ URL \(got a value not shown here\)$/,
     ],
     [
       'a database other than 0 for a Redis cluster (it has only database 0)',

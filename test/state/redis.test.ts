@@ -366,6 +366,27 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     expect(c64.prefixSize('gpu-0').blocks).toBe(0);
   });
 
+  it('a peer skips blocks hashed by a gateway version that hashes prompts otherwise (a rolling upgrade)', async () => {
+    // What the version before the endpoint-named root writes: the block size alone as the tag.
+    const hex = (from: number, n: number) =>
+      chain(from, n)
+        .map((h) => h.toString(36))
+        .join(',');
+    const log = `{${cfg.key_prefix}}:log`;
+    await redis.cli('xadd', log, '*', 'i', 'old', 'p', `gpu-0@64:${hex(500, 6)}`);
+    const a = make('a', {}, 64);
+    await a.ready();
+    const b = make('b', {}, 64);
+    await b.ready();
+    b.prefixInsert('gpu-1', chain(900, 4));
+    await exchanges(b, 1);
+    await exchanges(a, 2);
+    // This version's blocks: learnt; the older hashing's: skipped.
+    expect(a.prefixMatch('gpu-1', chain(900, 4))).toBe(4);
+    expect(a.prefixMatch('gpu-0', chain(500, 6))).toBe(0);
+    expect(a.prefixSize('gpu-0').blocks).toBe(0);
+  });
+
   it('blocks hashed before a reload that changes the block size are not told to peers at the new size', async () => {
     let size = 16;
     const a = createLiveState(cfg, {

@@ -111,10 +111,11 @@ export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))
 /**
  * A URL where a connection is never completed: a host gone dark that drops every SYN. A socket
  * listening with a backlog of one that nobody accepts from (Node accepts every connection itself,
- * so a python3 process holds it), its queue filled by one connection of ours: the kernel drops
- * the SYNs of every later one, which then waits for its connect timeout.
+ * so a python3 process holds it), its queue filled by one connection of ours: Linux drops the
+ * SYNs of every later one, which then waits for its connect timeout. Needs python3 on Linux (the
+ * README's test requirements). `cleanups` gets the process's stop before anything can throw.
  */
-export async function blackholeUrl(): Promise<{ url: string; close: () => Promise<void> }> {
+export async function blackholeUrl(cleanups: (() => Promise<void>)[]): Promise<string> {
   const child = spawn(
     'python3',
     [
@@ -123,19 +124,21 @@ export async function blackholeUrl(): Promise<{ url: string; close: () => Promis
     ],
     { stdio: ['pipe', 'pipe', 'inherit'] },
   );
-  const [line] = (await once(child.stdout!, 'data')) as [Buffer];
-  const port = Number(line.toString().trim());
-  const filler = net.connect(port, '127.0.0.1');
-  await once(filler, 'connect');
-  return {
-    url: `http://127.0.0.1:${port}`,
-    close: async () => {
-      filler.destroy();
-      const exited = once(child, 'exit');
+  const exited = once(child, 'exit');
+  let filler: net.Socket | null = null;
+  cleanups.push(async () => {
+    filler?.destroy();
+    if (child.exitCode === null && child.signalCode === null) {
       child.stdin!.end();
       await exited;
-    },
-  };
+    }
+  });
+  // once() rejects on the child's 'error' (python3 missing), so the test fails with it.
+  const [line] = (await once(child.stdout!, 'data')) as [Buffer];
+  const port = Number(line.toString().trim());
+  filler = net.connect(port, '127.0.0.1');
+  await once(filler, 'connect');
+  return `http://127.0.0.1:${port}`;
 }
 
 // ---- vLLM-shaped SSE ----

@@ -90,10 +90,10 @@ describe('retries before the commit point (item 3)', () => {
   it('every backend dropped the connection attempt (hosts gone dark): no engine reached, 503 with Retry-After', async () => {
     // The first-token timer (400 ms) fires before the connect timeout (500 ms), as the defaults
     // order them; the request was never written to a connection, so it reached no engine.
-    const holes = [await blackholeUrl(), await blackholeUrl()];
-    const set = makeSet(holes.map((h) => h.url));
+    const set = makeSet([await blackholeUrl(cleanups), await blackholeUrl(cleanups)]);
+    cleanups.push(() => set.close());
     const gw = await gateway({ set });
-    cleanups.push(...holes.map((h) => h.close), () => set.close(), gw.close);
+    cleanups.push(gw.close);
     const res = await post(gw.url, chatBody());
     const result = await gw.nextResult();
     expect(res.status).toBe(503);
