@@ -3,7 +3,12 @@
 //
 //   npx tsx scripts/prefix-bench.ts [--parts routing,product,shared,micro] [--rate 8] [--duration-s 240]
 //                                   [--time-scale 1] [--policies LIST] [--out results/prefix-bench.json]
-//                                   [--keep-logs DIR]
+//                                   [--keep-logs DIR] [--fleet llama3-8b-a100:8]
+//
+// `--fleet NAME:N,...` runs every part on another fleet, mixed GPU kinds included (one simulated
+// fleet per profile, backends r0… in the order given); with several groups the routing and product
+// parts add, per GPU kind, its share of the requests served and their TTFT P90. The workload stays
+// sized for the default fleet (8 × A100: 1.15M tokens of KV).
 //
 // `--keep-logs DIR` writes each routing or product run's admission log to
 // DIR/<part>-<router>-<scheduler>.log, and each shared instance's to
@@ -49,7 +54,7 @@ import type { RequestRecord } from '../src/bench/client.ts';
 import { type CompareRun, readPrefixCounters, runCompare } from '../src/bench/compare.ts';
 import { prefixHitRate } from '../src/bench/compare-report.ts';
 import { percentile } from '../src/bench/metrics.ts';
-import { startChildFleet, startChildGateway, waitReady } from '../src/bench/processes.ts';
+import { startChildFleets, startChildGateway, waitReady } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
 import { syntheticText } from '../src/bench/text.ts';
 import { PREFIX_SHARED } from '../src/bench/workloads.ts';
@@ -74,14 +79,22 @@ const { values } = parseArgs({
     out: { type: 'string', default: 'results/prefix-bench.json' },
     'shared-policy': { type: 'string', default: 'slagate/fcfs' },
     'keep-logs': { type: 'string' },
+    fleet: { type: 'string', default: 'llama3-8b-a100:8' },
   },
 });
 const PARTS = new Set(values.parts!.split(','));
 const RATE = Number(values.rate);
 const DURATION_S = Number(values['duration-s']);
 const TS = Number(values['time-scale']);
-const REPLICAS = 8;
-const PROFILE = 'llama3-8b-a100';
+const FLEET = values.fleet!.split(',').map((x) => {
+  const [profile, n] = x.split(':');
+  if (!(Number(n) >= 1 && Number.isInteger(Number(n)))) throw new Error(`--fleet: bad group "${x}"`);
+  return { profile: profile!, replicas: Number(n) };
+});
+const REPLICAS = FLEET.reduce((n, g) => n + g.replicas, 0);
+/** The group of each backend the generated configs name (r0, r1, …: the groups' replicas in order). */
+const GROUP_OF = FLEET.flatMap((g, i) => Array.from({ length: g.replicas }, () => i));
+const FLEET_WORDS = FLEET.map((g) => `${g.replicas} × ${g.profile}`).join(' + ');
 const SEED = 1;
 const SLO = { ttft: 500 * TS, tpot: 50 * TS };
 
@@ -124,7 +137,7 @@ function yamlFile(text: string): string {
 const out: Record<string, unknown> = {
   command: `npx tsx scripts/prefix-bench.ts ${process.argv.slice(2).join(' ')}`.trim(),
   date: new Date().toISOString(),
-  fleet: { replicas: REPLICAS, profile: PROFILE, timeScale: TS },
+  fleet: { groups: FLEET, timeScale: TS },
   workload: WORKLOAD,
   rate: RATE,
   durationS: DURATION_S,
@@ -225,6 +238,23 @@ function coldBreakdown(records: readonly RequestRecord[]): ColdBreakdown | null 
     warmTtftP90Ms: quantile(warmTtft, 0.9),
     warmTtftP98Ms: quantile(warmTtft, 0.98),
   };
+}
+
+/** Per GPU kind: its share of the requests served and their TTFT P90 (from x-slagate-backend). */
+function byGroupWords(records: readonly RequestRecord[]): string {
+  const ok = records.filter((r) => r.success);
+  return FLEET.map((g, i) => {
+    const mine = ok.filter((r) => {
+      const m = /^r(\d+)$/.exec(r.headers['x-slagate-backend'] ?? '');
+      return m !== null && GROUP_OF[Number(m[1])] === i;
+    });
+    const share = ok.length === 0 ? '–' : `${((100 * mine.length) / ok.length).toFixed(1)}%`;
+    const p90 = quantile(
+      mine.map((r) => r.ttft * 1000),
+      0.9,
+    );
+    return `${g.profile} served ${share}, TTFT p90 ${p90 === null ? '–' : Math.round(p90)} ms`;
+  }).join('; ');
 }
 
 function rowOf(
@@ -351,8 +381,7 @@ async function routing(
       durationS: DURATION_S,
       seed: SEED,
       slo: SLO,
-      replicas: REPLICAS,
-      profile: PROFILE,
+      fleet: FLEET,
       timeScale: TS,
       gatewayYaml: yaml,
       onProgress: (line) => console.error(`  ${line}`),
@@ -366,6 +395,7 @@ async function routing(
     }
     rows.push(rowOf(policy, run.bench.records, run.figures, run.bench.metrics.outputThroughput));
     console.error(table(rows.slice(-1)).split('\n')[2]);
+    if (FLEET.length > 1) console.log(`${policy}: ${byGroupWords(run.bench.records)}`);
   }
   return rows;
 }
@@ -377,9 +407,9 @@ async function shared(policy: string): Promise<Row> {
     throw new Error(`--shared-policy: slagate/fcfs or slagate/slagate, not ${policy}`);
   const product = policy === 'slagate/slagate';
   const redis = await startRedisServer();
-  let fleet: Awaited<ReturnType<typeof startChildFleet>>;
+  let fleet: Awaited<ReturnType<typeof startChildFleets>>;
   try {
-    fleet = await startChildFleet({ replicas: REPLICAS, profile: PROFILE, timeScale: TS, seed: SEED });
+    fleet = await startChildFleets(FLEET, { timeScale: TS, seed: SEED });
   } catch (err) {
     await redis.stop();
     throw err;
@@ -631,7 +661,7 @@ if (PARTS.has('routing')) {
   one = await routing('routing');
   out.routing = one;
   save();
-  console.log(`\n## prefix-shared at ${RATE} req/s, ${REPLICAS} × ${PROFILE} (time scale ${TS})`);
+  console.log(`\n## prefix-shared at ${RATE} req/s, ${FLEET_WORDS} (time scale ${TS})`);
   console.log(table(one));
   console.log("\ncold dispatches, by what the same tenant's previous request had done:");
   console.log(markdown(COLD_COLUMNS, one));
