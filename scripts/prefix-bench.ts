@@ -51,7 +51,15 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { RequestRecord } from '../src/bench/client.ts';
-import { type CompareRun, readPrefixCounters, runCompare } from '../src/bench/compare.ts';
+import {
+  type CompareRun,
+  fleetGroupOf,
+  fleetWords,
+  parseFleet,
+  readPrefixCounters,
+  runCompare,
+} from '../src/bench/compare.ts';
+import { backendName } from '../src/bench/compare-config.ts';
 import { prefixHitRate } from '../src/bench/compare-report.ts';
 import { percentile } from '../src/bench/metrics.ts';
 import { startChildFleets, startChildGateway, waitReady } from '../src/bench/processes.ts';
@@ -86,15 +94,9 @@ const PARTS = new Set(values.parts!.split(','));
 const RATE = Number(values.rate);
 const DURATION_S = Number(values['duration-s']);
 const TS = Number(values['time-scale']);
-const FLEET = values.fleet!.split(',').map((x) => {
-  const [profile, n] = x.split(':');
-  if (!(Number(n) >= 1 && Number.isInteger(Number(n)))) throw new Error(`--fleet: bad group "${x}"`);
-  return { profile: profile!, replicas: Number(n) };
-});
+const FLEET = parseFleet(values.fleet!);
 const REPLICAS = FLEET.reduce((n, g) => n + g.replicas, 0);
-/** The group of each backend the generated configs name (r0, r1, …: the groups' replicas in order). */
-const GROUP_OF = FLEET.flatMap((g, i) => Array.from({ length: g.replicas }, () => i));
-const FLEET_WORDS = FLEET.map((g) => `${g.replicas} × ${g.profile}`).join(' + ');
+const groupOf = fleetGroupOf(FLEET);
 const SEED = 1;
 const SLO = { ttft: 500 * TS, tpot: 50 * TS };
 
@@ -244,10 +246,7 @@ function coldBreakdown(records: readonly RequestRecord[]): ColdBreakdown | null 
 function byGroupWords(records: readonly RequestRecord[]): string {
   const ok = records.filter((r) => r.success);
   return FLEET.map((g, i) => {
-    const mine = ok.filter((r) => {
-      const m = /^r(\d+)$/.exec(r.headers['x-slagate-backend'] ?? '');
-      return m !== null && GROUP_OF[Number(m[1])] === i;
-    });
+    const mine = ok.filter((r) => groupOf(r.headers['x-slagate-backend'] ?? '') === i);
     const share = ok.length === 0 ? '–' : `${((100 * mine.length) / ok.length).toFixed(1)}%`;
     const p90 = quantile(
       mine.map((r) => r.ttft * 1000),
@@ -421,7 +420,7 @@ async function shared(policy: string): Promise<Row> {
         'server: { host: 127.0.0.1, port: 0 }',
         'models: [meta-llama/Llama-3.1-8B-Instruct]',
         'backends:',
-        ...fleet.urls.map((u, j) => `  - { name: r${j}, url: "${u}" }`),
+        ...fleet.urls.map((u, j) => `  - { name: ${backendName(j)}, url: "${u}" }`),
         'router: { policy: slagate }',
         `state: { store: redis, redis_url: "${redis.url}", key_prefix: prefixbench }`,
         ...(product
@@ -661,7 +660,7 @@ if (PARTS.has('routing')) {
   one = await routing('routing');
   out.routing = one;
   save();
-  console.log(`\n## prefix-shared at ${RATE} req/s, ${FLEET_WORDS} (time scale ${TS})`);
+  console.log(`\n## prefix-shared at ${RATE} req/s, ${fleetWords(FLEET)} (time scale ${TS})`);
   console.log(table(one));
   console.log("\ncold dispatches, by what the same tenant's previous request had done:");
   console.log(markdown(COLD_COLUMNS, one));

@@ -35,7 +35,7 @@ import { dirname, join } from 'node:path';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import type { RequestRecord } from '../src/bench/client.ts';
-import { type CompareRun, runCompare } from '../src/bench/compare.ts';
+import { type CompareRun, fleetGroupOf, fleetWords, parseFleet, runCompare } from '../src/bench/compare.ts';
 import { percentile } from '../src/bench/metrics.ts';
 import { createWorkload, type WorkloadName } from '../src/bench/workloads.ts';
 import { VirtualClock } from '../src/sim/engine/clock.ts';
@@ -69,14 +69,8 @@ const KNOWN_CAPACITY = new Map(
     .filter((x) => x.includes('='))
     .map((x) => [x.split('=')[0]!, Number(x.split('=')[1])] as const),
 );
-const FLEET = values.fleet!.split(',').map((x) => {
-  const [profile, n] = x.split(':');
-  getProfile(profile!); // throws on an unknown profile
-  if (!(Number(n) >= 1 && Number.isInteger(Number(n)))) throw new Error(`--fleet: bad group "${x}"`);
-  return { profile: profile!, replicas: Number(n) };
-});
-/** The group of each backend the generated config names (r0, r1, …: the groups' replicas in order). */
-const GROUP_OF = FLEET.flatMap((g, i) => Array.from({ length: g.replicas }, () => i));
+const FLEET = parseFleet(values.fleet!);
+const groupOf = fleetGroupOf(FLEET);
 const SEED = 1;
 // The shipped classes (config/gateway.yaml), every target × the time scale.
 const T = { interactive: { ttft: 500 * TS, tpot: 50 * TS }, batch: { ttft: 30_000 * TS, tpot: 200 * TS } };
@@ -229,12 +223,8 @@ function byGroup(
   records: readonly RequestRecord[],
 ): { servedShare: number | null; ttftP99: number | null }[] {
   const ok = records.filter((r) => r.success && r.startTime >= WARMUP_S && r.startTime <= ARRIVAL_S);
-  const groupOf = (r: RequestRecord) => {
-    const m = /^r(\d+)$/.exec(r.headers['x-slagate-backend'] ?? '');
-    return m === null ? -1 : (GROUP_OF[Number(m[1])] ?? -1);
-  };
   return FLEET.map((_, i) => {
-    const mine = ok.filter((r) => groupOf(r) === i);
+    const mine = ok.filter((r) => groupOf(r.headers['x-slagate-backend'] ?? '') === i);
     return {
       servedShare: ok.length === 0 ? null : mine.length / ok.length,
       ttftP99: pct(
@@ -366,8 +356,7 @@ if (PARTS.has('capacity') || PARTS.has('sweep') || PARTS.has('mixed') || PARTS.h
           (g, i) =>
             `${g.profile}: ${c.perReplica[i]} req/s per replica, tried ${c.tried[i]!.map(([r, a]) => `${r}: ${p(a)}`).join(', ')}`,
         ).join('; ');
-  const fleetWords = FLEET.map((g) => `${g.replicas} × ${g.profile}`).join(' + ');
-  say(`fleet: ${fleetWords}`);
+  say(`fleet: ${fleetWords(FLEET)}`);
   say(`sharegpt: C = ${cs.fleet} req/s for the fleet (${tried(cs)})`);
   say(`mixed (docs as batch): C = ${cm.fleet} req/s (${tried(cm)})`);
   say();

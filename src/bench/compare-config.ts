@@ -76,6 +76,11 @@ export async function readGatewayYaml(path: string): Promise<Yaml> {
  * comes from the run (server, models, backends, both policies). `simulate:` is dropped: the
  * fleet is the run's own.
  */
+/** The name the generated config gives the i-th replica of the run's fleet (its URLs in order). */
+export function backendName(i: number): string {
+  return `r${i}`;
+}
+
 export function gatewayConfig(
   user: Yaml,
   args: { dir: string; model: string; urls: readonly string[]; item: PolicyItem },
@@ -83,7 +88,7 @@ export function gatewayConfig(
   const generated: Yaml = {
     server: { host: '127.0.0.1', port: 0 },
     models: [args.model],
-    backends: args.urls.map((url, i) => ({ name: `r${i}`, url })),
+    backends: args.urls.map((url, i) => ({ name: backendName(i), url })),
     router: { policy: args.item.router },
     scheduler: { policy: args.item.scheduler },
     logging: { level: 'warn', admission_log: `${args.dir}/admission.log` },

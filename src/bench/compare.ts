@@ -11,6 +11,7 @@ import { stringify as stringifyYaml } from 'yaml';
 import { getProfile } from '../sim/profiles.ts';
 import {
   admissionLogPath,
+  backendName,
   gatewayConfig,
   isMap,
   type PolicyItem,
@@ -296,26 +297,49 @@ function fleetGroups(o: CompareOptions): FleetGroup[] {
   if (o.fleet !== undefined && (o.replicas !== undefined || o.profile !== undefined))
     throw new Error('give a fleet, or replicas and a profile, not both');
   const groups = o.fleet ?? [{ profile: o.profile ?? 'llama3-8b-h100', replicas: o.replicas ?? 4 }];
-  if (groups.length === 0) throw new Error('the fleet has no replicas');
-  for (const g of groups) {
-    if (!(Number.isInteger(g.replicas) && g.replicas >= 1))
-      throw new Error(`replicas must be ≥ 1, got ${g.replicas} of ${g.profile}`);
-    getProfile(g.profile); // throws on an unknown profile
-  }
+  fleetModel(groups);
   return groups.map((g) => ({ profile: g.profile, replicas: g.replicas }));
 }
 
 /**
- * The one model every group serves. Invariant: a comparison's gateway is configured with one
+ * The one model every group serves, once each group is checked (a whole number of replicas, a
+ * known profile); throws otherwise. Invariant: a comparison's gateway is configured with one
  * model over every replica, so profiles of different models cannot share a fleet.
  */
-function fleetModel(groups: readonly FleetGroup[]): string {
+export function fleetModel(groups: readonly FleetGroup[]): string {
+  if (groups.length === 0) throw new Error('the fleet has no replicas');
+  for (const g of groups) {
+    if (!(Number.isInteger(g.replicas) && g.replicas >= 1))
+      throw new Error(`replicas must be ≥ 1, got "${g.profile}:${g.replicas}"`);
+    getProfile(g.profile); // throws on an unknown profile
+  }
   const models = new Set(groups.map((g) => getProfile(g.profile).model));
   if (models.size > 1)
-    throw new Error(
-      `the profiles of a fleet must serve one model; ${groups.map((g) => `${g.profile} serves ${getProfile(g.profile).model}`).join(', ')}`,
-    );
+    throw new Error(`every profile must serve one model, got ${[...models].join(' and ')}`);
   return [...models][0]!;
+}
+
+/** `NAME:N,...` (the `--fleet` of bench compare and of the benchmark scripts), checked as fleetModel checks it. */
+export function parseFleet(raw: string): FleetGroup[] {
+  const groups = raw.split(',').map((part) => {
+    const m = /^\s*([^:\s]+)\s*:\s*(\d+)\s*$/.exec(part);
+    if (m === null) throw new Error(`each item is NAME:N, got "${part}"`);
+    return { profile: m[1]!, replicas: Number(m[2]) };
+  });
+  fleetModel(groups);
+  return groups;
+}
+
+/**
+ * Which group of `groups` a backend of the generated config belongs to (its index), or -1 for a
+ * name the config did not give: the groups' replicas are named in order (backendName).
+ */
+export function fleetGroupOf(groups: readonly FleetGroup[]): (backend: string) => number {
+  const of = new Map<string, number>();
+  let i = 0;
+  for (const [g, group] of groups.entries())
+    for (let k = 0; k < group.replicas; k++) of.set(backendName(i++), g);
+  return (backend) => of.get(backend) ?? -1;
 }
 
 /** "4 × llama3-8b-h100", or "2 × llama3-8b-h100 + 2 × llama3-8b-a100". */

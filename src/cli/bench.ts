@@ -10,6 +10,7 @@ import {
   type CompareResult,
   type FleetGroup,
   fleetWords,
+  parseFleet,
   runCompare,
 } from '../bench/compare.ts';
 import { parsePolicies, readGatewayYaml } from '../bench/compare-config.ts';
@@ -303,27 +304,6 @@ export interface CompareArgs {
   quiet: boolean;
 }
 
-/** `--fleet NAME:N,...`: the groups of a mixed fleet, each profile known and all of one model. */
-function parseFleet(raw: string): FleetGroup[] {
-  const groups = raw.split(',').map((part) => {
-    const m = /^\s*([^:\s]+)\s*:\s*(\d+)\s*$/.exec(part);
-    if (m === null) throw new UsageError(`--fleet: each item is NAME:N, got "${part}"`);
-    const replicas = Number(m[2]);
-    if (replicas < 1) throw new UsageError(`--fleet: replicas must be ≥ 1, got "${part}"`);
-    try {
-      getProfile(m[1]!);
-    } catch (err) {
-      throw new UsageError(`--fleet: ${(err as Error).message}`);
-    }
-    return { profile: m[1]!, replicas };
-  });
-  const models = new Set(groups.map((g) => getProfile(g.profile).model));
-  if (models.size > 1) {
-    throw new UsageError(`--fleet: every profile must serve one model, got ${[...models].join(' and ')}`);
-  }
-  return groups;
-}
-
 function parseRates(raw: string): number[] {
   const rates = raw.split(',').map((r) => num('--rates', r.trim()) as number);
   if (new Set(rates).size !== rates.length) throw new UsageError(`--rates lists a rate twice: "${raw}"`);
@@ -366,7 +346,12 @@ export function parseCompareArgs(argv: string[]): CompareArgs | null {
   if (values.fleet !== undefined && (values.replicas !== undefined || values.profile !== undefined)) {
     throw new UsageError('give --fleet, or --replicas and --profile, not both');
   }
-  const fleet = values.fleet === undefined ? undefined : parseFleet(values.fleet);
+  let fleet: FleetGroup[] | undefined;
+  try {
+    fleet = values.fleet === undefined ? undefined : parseFleet(values.fleet);
+  } catch (err) {
+    throw new UsageError(`--fleet: ${(err as Error).message}`);
+  }
   let policies: ReturnType<typeof parsePolicies>;
   try {
     policies = parsePolicies(values.policies);

@@ -693,31 +693,23 @@ describe('27c: a prompt the backend will truncate', () => {
     expect((await t.records()).at(-1)!.prefix_blocks).toBeGreaterThan(0);
     // A text prompt the backend cuts teaches no characters-per-token ratio: it counts fewer than were sent.
     const learnt = t.gw.runtime.tokens.fleet.samples;
-    const text = await post(t.url, CHAT, {
-      ...chat({ max_tokens: 5 }),
-      messages: [{ role: 'user', content: 'The quick brown fox jumps over the lazy dog. '.repeat(40) }],
-      truncate_prompt_tokens: 200,
-    });
-    expect(text.status, text.text).toBe(200);
-    await t.records();
-    expect(t.gw.runtime.tokens.fleet.samples).toBe(learnt);
+    const fox = (times: number) => [
+      { role: 'user', content: 'The quick brown fox jumps over the lazy dog. '.repeat(times) },
+    ];
+    /** Sends a served chat with these fields; resolves with the ratio samples learnt so far. */
+    const samplesAfter = async (fields: Record<string, unknown>) => {
+      const res = await post(t.url, CHAT, { ...chat({ max_tokens: 5 }), ...fields });
+      expect(res.status, res.text).toBe(200);
+      await t.records();
+      return t.gw.runtime.tokens.fleet.samples;
+    };
+    expect(await samplesAfter({ messages: fox(40), truncate_prompt_tokens: 200 })).toBe(learnt);
     // Nor does one with documents: vLLM renders them into the prompt, and no count here holds them.
-    const docs = await post(t.url, CHAT, {
-      ...chat({ max_tokens: 5 }),
-      messages: [{ role: 'user', content: 'The quick brown fox jumps over the lazy dog. '.repeat(8) }],
-      documents: [{ title: 'a', text: 'lorem ipsum '.repeat(20) }],
-    });
-    expect(docs.status, docs.text).toBe(200);
-    await t.records();
-    expect(t.gw.runtime.tokens.fleet.samples).toBe(learnt);
+    expect(
+      await samplesAfter({ messages: fox(8), documents: [{ title: 'a', text: 'lorem ipsum '.repeat(20) }] }),
+    ).toBe(learnt);
     // The same prompt without them teaches one (the control).
-    const plain = await post(t.url, CHAT, {
-      ...chat({ max_tokens: 5 }),
-      messages: [{ role: 'user', content: 'The quick brown fox jumps over the lazy dog. '.repeat(8) }],
-    });
-    expect(plain.status, plain.text).toBe(200);
-    await t.records();
-    expect(t.gw.runtime.tokens.fleet.samples).toBe(learnt + 1);
+    expect(await samplesAfter({ messages: fox(8) })).toBe(learnt + 1);
     // Without it the same prompt is over the 256-token context, and refused here.
     const whole = await post(t.url, '/v1/completions', { model: MODEL, prompt: ids, max_tokens: 10 });
     expect(whole.status).toBe(400);
