@@ -279,7 +279,7 @@ function soonest(p: Prediction, scheduler: Scheduler): number | null {
   let min: number | null = null;
   for (const b of p.byBackend.values()) {
     if (b.backendMs === null || b.waitMs === null) continue;
-    const ms = b.waitMs + scheduler.upperBackendMs(b.backendMs);
+    const ms = b.waitMs + scheduler.upperBackendMs(b.backend, b.backendMs);
     if (min === null || ms < min) min = ms;
   }
   return min;

@@ -16,8 +16,8 @@
 //
 // and the least the request's first token can take anywhere, u: the time already spent since
 // arrival plus dispatch to first token on a backend with nothing else on it (its own uncached
-// prefill there and the fit's base), the best backend's, taken at the P99 of how predictions turn
-// out. The request's budget (ttftBudgetMs, what admission and the queue guard plan with) is
+// prefill there and the fit's base), each backend's taken at the P99 of how its predictions turn
+// out (Scheduler.upperBackendMs), the least of them. The request's budget (ttftBudgetMs, what admission and the queue guard plan with) is
 //
 //   budget = max(min(class target, deadline), min(2u, deadline)) − the loop's own delay
 //            (u ≥ deadline: time spent + its unloaded first token at the P99)
@@ -62,8 +62,8 @@ export interface Prediction {
    */
   readonly unloadedMs: number | null;
   /**
-   * u above (the time spent since arrival plus unloadedMs at the P99 multiplier) is over half the
-   * class target (its budget is 2u).
+   * u above (the time spent since arrival plus the least unloaded first token, each backend's at its
+   * P99 multiplier) is over half the class target (its budget is 2u).
    */
   readonly largeForClass: boolean;
 }
@@ -94,12 +94,18 @@ export function predict(
   let uncachedTokens = req.promptTokens;
   let complete = backends.length > 0;
   let unloadedMs: number | null = null;
+  // The same, each taken at its backend's P99 (the backend where it is least may be another).
+  let upperUnloadedMs: number | null = null;
   const match = (backend: string, hashes: readonly number[]) => live.prefixMatch(backend, hashes);
   for (const b of backends) {
     if (!b.available || !b.serves(req.model)) continue;
     const own = cachedOn(req.route, b.name, match).uncached;
     const alone = live.unloadedTtftMs(b.name, own);
-    if (alone !== null && (unloadedMs === null || alone < unloadedMs)) unloadedMs = alone;
+    if (alone !== null) {
+      if (unloadedMs === null || alone < unloadedMs) unloadedMs = alone;
+      const upper = scheduler.upperBackendMs(b.name, alone);
+      if (upperUnloadedMs === null || upper < upperUnloadedMs) upperUnloadedMs = upper;
+    }
     const ms = live.predictTtftMs(b.name, own);
     backendMs.set(b.name, ms);
     if (scheduler.startsNow(b.name, own)) startsNow.add(b.name);
@@ -121,8 +127,7 @@ export function predict(
   // gateway's own busy loop added to that time is not the request's: less the loop's delay now,
   // or a gateway short of CPU would widen every budget by twice its own lag.
   const ownSpentMs = Math.max(0, spentMs - loopDelayMs);
-  const upperUnloadedMs = unloadedMs === null ? 0 : scheduler.upperBackendMs(unloadedMs);
-  const u = ownSpentMs + upperUnloadedMs;
+  const u = ownSpentMs + (upperUnloadedMs ?? 0);
   const largeForClass = 2 * u > req.ttftTargetMs;
   const deadline = req.deadlineAt - req.arrivedAt;
   // Spelled out, not `{ ...req, … }` (a spread followed by more properties is slow in Node 20's
@@ -148,7 +153,7 @@ export function predict(
     // its bound held that delay: refused always, once the loop was measured late at all.)
     ttftBudgetMs:
       u >= deadline
-        ? spentMs + upperUnloadedMs
+        ? spentMs + (upperUnloadedMs ?? 0)
         : Math.max(Math.min(req.ttftTargetMs, deadline), Math.min(2 * u, deadline)) - loopDelayMs,
     loopDelayMs,
     tpotTargetMs: req.tpotTargetMs,

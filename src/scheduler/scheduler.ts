@@ -39,6 +39,7 @@ import type { Lease, LiveState } from '../state/index.ts';
 import { type Backend, DecodeMeter, gapStats, type Slot, type SlotRequest } from '../upstream/index.ts';
 import { type LimitBounds, nextLimit, nextTpotShare, quantile, type Setpoints } from './controller.ts';
 import { Heap } from './heap.ts';
+import { type Plan, PlanRing } from './plan.ts';
 import { gonePrefillMs } from './prefix-gone.ts';
 import { FifoQueue, type QueueDiscipline, type QueueEntry, SlagateQueue } from './queue.ts';
 import { budgetWords, type ScheduledRequest } from './types.ts';
@@ -151,6 +152,11 @@ export interface BackendSchedule {
   error: number | null;
   /** The outer loop's setpoint; null under fcfs, where no loop runs. */
   tpotShare: number | null;
+  /**
+   * The P99 of how its own predictions turned out, that it is planned on (upperBackendMs); null
+   * until it has enough first tokens of its own, when the fleet's is used.
+   */
+  planMultiplier: number | null;
 }
 
 export interface SchedulerView {
@@ -188,12 +194,16 @@ const SAMPLE_CAP = 4096;
 /** Smoothing of the release rate, per control period. */
 const RATE_ALPHA = 0.3;
 /**
- * Recent actual ÷ predicted dispatch-to-first-token times kept, and the fewest that give a P99.
- * Of those, the planning P99 reads the ones of the last RATIO_WINDOW_MS, or the last
- * MIN_RATIO_SAMPLES when fewer came in it.
+ * Recent actual ÷ predicted dispatch-to-first-token times kept (the fleet's, and each backend's),
+ * and the fewest that give a P99. Of those, the planning P99 reads the ones of the last
+ * RATIO_WINDOW_MS, or the last MIN_RATIO_SAMPLES when fewer came in it (PlanRing). A backend plans
+ * on its own P99 from MIN_BACKEND_RATIO_SAMPLES of its own on, and on the fleet's until then: a
+ * P99 of 50 is about the largest of them, and on a fleet of eight a backend's own 50 came in an
+ * eighth of the time of the fleet's.
  */
 const RATIO_SAMPLES = 1024;
 const MIN_RATIO_SAMPLES = 50;
+const MIN_BACKEND_RATIO_SAMPLES = 100;
 const RATIO_WINDOW_MS = 300_000;
 
 interface Control {
@@ -226,6 +236,9 @@ interface Control {
   /** Slots this instance freed on the backend since the last period, and their rate (smoothed, per second). */
   releases: number;
   releaseRate: number | null;
+  /** How its own predictions of dispatch to first token turned out, and the plan read from them. */
+  readonly ring: PlanRing;
+  plan: Plan | null;
 }
 
 interface Waiting extends QueueEntry {
@@ -265,15 +278,10 @@ export class Scheduler {
    * reaches them or not.
    */
   readonly #reasked = new Set<Waiting>();
-  // Recent dispatch-to-first-token times, predicted and actual, and when each came, side by side
-  // (a ring).
-  readonly #predicted: number[] = [];
-  readonly #actual: number[] = [];
-  readonly #ratioAtMs: number[] = [];
-  #ratioAt = 0;
-  #floorMs: number | null = null;
-  #ratioP99: number | null = null;
-  #spread: number | null = null;
+  // Recent dispatch-to-first-token times, predicted and actual, on every backend, and the plan
+  // the last control step read from them (each backend's own is in its control).
+  readonly #ring = new PlanRing(RATIO_SAMPLES, MIN_RATIO_SAMPLES, RATIO_WINDOW_MS);
+  #plan: Plan | null = null;
   /** First tokens that could be judged for a cached prefix gone (gonePrefillMs), and those judged so. */
   #prefixJudged = 0;
   #prefixGone = 0;
@@ -387,9 +395,11 @@ export class Scheduler {
   }
 
   /**
-   * A predicted dispatch-to-first-token time taken at the P99 of how recent predictions turned out
-   * (actual ÷ predicted): what the queue guard and admission plan with, so that the P99, not just
-   * the median, of admitted requests meets the target. The prediction itself until enough samples.
+   * A predicted dispatch-to-first-token time on `backend`, taken at the P99 of how recent
+   * predictions turned out (actual ÷ predicted): what the queue guard and admission plan with, so
+   * that the P99, not just the median, of admitted requests meets the target. The backend's own
+   * P99 once it has enough first tokens of its own, the fleet's until then (src/scheduler/plan.ts);
+   * the prediction itself until the fleet has enough.
    *
    * Invariant: a prediction counts as at least the floor, the 5th percentile of recent actual
    * times, both here and in the ratios. A linear fit can predict next to nothing for a small
@@ -398,32 +408,54 @@ export class Scheduler {
    * prediction is multiplied by, and the guard would refuse requests predicted at a fraction of
    * their target.
    */
-  upperBackendMs(predictedMs: number): number {
-    return Math.max(predictedMs, this.#floorMs ?? 0) * (this.#multiplier() ?? 1);
+  upperBackendMs(backend: string, predictedMs: number): number {
+    const plan = this.#planOf(backend);
+    return plan === null ? predictedMs : Math.max(predictedMs, plan.floorMs) * plan.multiplier;
   }
 
   /**
    * The predictor's typical relative error: the median of |actual ÷ predicted − 1| over recent
-   * dispatch-to-first-token times; null until enough samples. Costs closer than this are ties.
+   * dispatch-to-first-token times on the whole fleet; null until enough samples. Costs closer than
+   * this are ties.
    */
   predictionSpread(): number | null {
-    return this.#spread;
+    return this.#plan?.spread ?? null;
   }
 
   /**
-   * The multiplier upperBackendMs plans with (null until measured), and the first tokens judged for
-   * a cached prefix gone since this scheduler started, and those found so (gonePrefillMs).
+   * The fleet's multiplier (what a backend without enough first tokens of its own plans with; null
+   * until measured), and the first tokens judged for a cached prefix gone since this scheduler
+   * started, and those found so (gonePrefillMs). Each backend's own is in view().
    */
   planning(): { multiplier: number | null; prefixJudged: number; prefixGone: number } {
     return {
-      multiplier: this.#multiplier(),
+      multiplier: this.#plan?.multiplier ?? null,
       prefixJudged: this.#prefixJudged,
       prefixGone: this.#prefixGone,
     };
   }
 
-  #multiplier(): number | null {
-    return this.#ratioP99 === null ? null : Math.max(1, this.#ratioP99);
+  /**
+   * The least dispatch to first token admission predicted for `req` on any backend, each taken at
+   * that backend's P99 (upperBackendMs): the guard's bound on its wait. Without a prediction
+   * anywhere, its best prediction (none: 0) at the fleet's.
+   */
+  #soonestUpperMs(req: ScheduledRequest): number {
+    let least: number | null = null;
+    for (const p of req.predictions.values()) {
+      if (p.backendMs === null) continue;
+      const ms = this.upperBackendMs(p.backend, p.backendMs);
+      if (least === null || ms < least) least = ms;
+    }
+    if (least !== null) return least;
+    const plan = this.#plan;
+    const ms = req.bestBackendMs ?? 0;
+    return plan === null ? ms : Math.max(ms, plan.floorMs) * plan.multiplier;
+  }
+
+  /** The plan `backend` is planned on: its own, else the fleet's; null before the fleet has one. */
+  #planOf(backend: string): Plan | null {
+    return this.#controls.get(backend)?.plan ?? this.#plan;
   }
 
   /** Time for the queue as it stands to drain, for Retry-After; null when the drain rate is unknown. */
@@ -468,6 +500,7 @@ export class Scheduler {
         // From the reload on, not from the next control step: no loop runs under fcfs.
         error: looping ? c.error : null,
         tpotShare: looping ? c.tpotShare : null,
+        planMultiplier: c.plan?.multiplier ?? null,
       });
     }
     return {
@@ -550,10 +583,7 @@ export class Scheduler {
         expiresAt: retry
           ? req.deadlineAt
           : // The request's deadline bounds its wait too (a class target may be longer).
-            Math.min(
-              req.arrivedAt + req.ttftBudgetMs - this.upperBackendMs(req.bestBackendMs ?? 0),
-              req.deadlineAt,
-            ),
+            Math.min(req.arrivedAt + req.ttftBudgetMs - this.#soonestUpperMs(req), req.deadlineAt),
         settle: (slot, err) => {
           sr.signal.offAbort(onAbort);
           if (err !== undefined) reject(err);
@@ -986,15 +1016,17 @@ export class Scheduler {
     // The fit's prefill cost is linear in tokens: one lookup serves both parts of the prompt.
     const perToken = live.prefillMs(slot.backend.name, 1);
     const msPerToken = perToken ?? 0;
-    const goneMs = gonePrefillMs(predicted, backendTtft, msPerToken * grant.cachedTokens, this.#floorMs ?? 0);
+    // The floor the backend is planned on (the server it was granted on: a reload may have put
+    // another under its name since).
+    const floorMs = (slot.control.plan ?? this.#plan)?.floorMs ?? 0;
+    const goneMs = gonePrefillMs(predicted, backendTtft, msPerToken * grant.cachedTokens, floorMs);
     if (goneMs !== null) this.#prefixJudged++;
     if (goneMs) this.#prefixGone++;
     const prefilledMs = msPerToken * grant.uncachedTokens + (goneMs ?? 0);
     if (predicted !== null) {
-      this.#predicted[this.#ratioAt] = goneMs ? Math.max(predicted, this.#floorMs ?? 0) + goneMs : predicted;
-      this.#actual[this.#ratioAt] = backendTtft;
-      this.#ratioAtMs[this.#ratioAt] = now;
-      this.#ratioAt = (this.#ratioAt + 1) % RATIO_SAMPLES;
+      const learnt = goneMs ? Math.max(predicted, floorMs) + goneMs : predicted;
+      this.#ring.push(learnt, backendTtft, now);
+      slot.control.ring.push(learnt, backendTtft, now);
     }
     // Without a prefill fit (a backend's first few first tokens) the wait cannot be told from the
     // prefill: taken whole as waiting, a cold first request cut every new backend's limit at once.
@@ -1045,7 +1077,8 @@ export class Scheduler {
     // A wait nobody can predict yet (null) is not planned on, as in the slagate cost.
     const wait = waitMs ?? Number.POSITIVE_INFINITY;
     return (
-      this.#now() + wait + this.upperBackendMs(view.predictedTtftMs) > w.req.arrivedAt + w.req.ttftBudgetMs
+      this.#now() + wait + this.upperBackendMs(view.name, view.predictedTtftMs) >
+      w.req.arrivedAt + w.req.ttftBudgetMs
     );
   }
 
@@ -1106,27 +1139,6 @@ export class Scheduler {
 
   // ---- the control loop ----
 
-  /**
-   * The ring's samples the planning P99 reads at `now`, newest first: those of the last
-   * RATIO_WINDOW_MS, or the last MIN_RATIO_SAMPLES when fewer came in it. Bounded in time as well
-   * as in number: the last 1,024 first tokens of an instance that sees a few requests a minute go
-   * back an hour or more, and a burst of late ones then (a backend restarted cold, say) set how
-   * every request was planned long after. Not shorter than five minutes: at one minute, each of
-   * three instances sharing a fleet planned on a P99 of a third of the samples one instance has,
-   * which swung more and refused more (docs/benchmarks.md, "The planning P99 over a window of time").
-   */
-  #recentRatioSamples(now: number): number[] {
-    const n = this.#actual.length;
-    const from = now - RATIO_WINDOW_MS;
-    const out: number[] = [];
-    for (let k = 1; k <= n; k++) {
-      const i = (this.#ratioAt - k + n) % n;
-      if ((this.#ratioAtMs[i] as number) < from && out.length >= MIN_RATIO_SAMPLES) break;
-      out.push(i);
-    }
-    return out;
-  }
-
   #control(): void {
     const now = this.#now();
     const elapsedS = Math.max(1e-3, (now - this.#lastTick) / 1000);
@@ -1147,26 +1159,14 @@ export class Scheduler {
       this.#releaseRate =
         this.#releaseRate === null ? rate : this.#releaseRate + RATE_ALPHA * (rate - this.#releaseRate);
     }
-    if (this.#actual.length >= MIN_RATIO_SAMPLES) {
-      const recent = this.#recentRatioSamples(now);
-      const actual = recent.map((i) => this.#actual[i] as number);
-      const floor = quantile(actual, 0.05);
-      const ratios = recent.map(
-        (i, k) => (actual[k] as number) / Math.max(this.#predicted[i] as number, floor, 1e-3),
-      );
-      this.#floorMs = floor;
-      this.#ratioP99 = quantile(ratios, 0.99);
-      this.#spread = quantile(
-        ratios.map((r) => Math.abs(r - 1)),
-        0.5,
-      );
-    }
+    this.#plan = this.#ring.read(now);
     const settings = this.#deps.settings();
     const cc = settings.concurrency;
     const names = new Set<string>();
     for (const b of this.#deps.backends()) {
       names.add(b.name);
       const c = this.#controlFor(b);
+      c.plan = c.ring.read(now);
       const inflight = this.#deps.live.load(b.name);
       const freed = c.releases / elapsedS;
       if (c.releases > 0 || c.blocked) {
@@ -1284,6 +1284,8 @@ export class Scheduler {
         periods: 0,
         releases: 0,
         releaseRate: null,
+        ring: new PlanRing(RATIO_SAMPLES, MIN_BACKEND_RATIO_SAMPLES, RATIO_WINDOW_MS),
+        plan: null,
       };
       this.#controls.set(name, c);
     }

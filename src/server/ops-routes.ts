@@ -122,6 +122,8 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
           concurrency_limit: limits.get(b.name)?.limit ?? null,
           control_error: limits.get(b.name)?.error ?? null,
           tpot_share: limits.get(b.name)?.tpotShare ?? null,
+          // Its own P99 of actual ÷ predicted first tokens (null: too few yet, planned on the fleet's).
+          plan_multiplier: limits.get(b.name)?.planMultiplier ?? null,
           prefix_index: {
             ...rt.live.prefixSize(b.name),
             capacity_assumed: rt.live.prefixCapacityAssumed(b.name),

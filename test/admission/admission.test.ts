@@ -318,6 +318,62 @@ describe('predicted TTFT', () => {
     ahead();
   });
 
+  it("plans each backend at the P99 of its own first tokens: a backend's late ones do not refuse what another meets", async () => {
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    try {
+      const f = schedulerFixture(
+        ['a', 'b'],
+        schedulerSettings({
+          concurrency: { ...schedulerSettings().concurrency, initial: 64, intervalMs: 100 },
+        }),
+        undefined,
+        { sharedClock: true },
+      );
+      cleanups.push(() => f.close());
+      const admission = new AdmissionController({
+        backends: () => f.backends.list(),
+        live: f.live,
+        scheduler: f.scheduler,
+        loopDelayMs: () => 0,
+        now: () => 0,
+      });
+      f.teach(); // dispatch → first token = 20 ms + 0.1 ms per uncached token: 120 ms for 1,000
+      // 100 first tokens on each: on a, five come 2.5 times as late as predicted; on b, none.
+      for (const [on, other] of [
+        ['a', 'b'],
+        ['b', 'a'],
+      ] as const) {
+        for (let i = 0; i < 100; i++) {
+          const at = { arrivedAt: f.now(), deadlineAt: f.now() + 60_000 };
+          const { scheduled } = admission.admit(req({ ...at, ttftTargetMs: 60_000, promptTokens: 1000 }));
+          const slot = await f.scheduler
+            .ticket(scheduled)
+            .acquire({ attempt: 0, excluded: new Set([other]), signal: new Cancel() });
+          expect(slot!.backend.name).toBe(on);
+          f.tick(on === 'a' && i % 20 === 0 ? 300 : 120);
+          slot!.prefillDone();
+          slot!.release();
+        }
+      }
+      vi.advanceTimersByTime(100);
+      expect(f.scheduler.planning().multiplier).toBeGreaterThan(2);
+      // With 1,000 tokens of prefill ahead on each backend, a 200-token request is predicted about
+      // 20 + 0.1 × 1,200 = 140 ms on either. At the fleet's P99 (2.5, which a's late ones set) that
+      // is 350 ms on both, past a 300 ms target: refused. b's own record plans it at about 140 ms.
+      const release = pendingPrefill(f.live, ['a', 'b'], 1000);
+      const at = { arrivedAt: f.now(), deadlineAt: f.now() + 60_000 };
+      const admitted = admission.admit(req({ ...at, ttftTargetMs: 300, promptTokens: 200 }));
+      // Not admitted for its size: its first token unloaded is far under half the target.
+      expect(admitted.scheduled.ttftBudgetMs).toBe(300);
+      expect(admitted.prediction.byBackend.get('b')?.backendMs).toBeCloseTo(140, -1);
+      expect(f.scheduler.upperBackendMs('b', 140)).toBeLessThan(150);
+      expect(f.scheduler.upperBackendMs('a', 140)).toBeGreaterThan(300);
+      release();
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+
   it('the budget is the class target, or twice the first token on an unloaded backend when that is more', () => {
     const { admission, teach, live } = setup();
     teach();

@@ -121,6 +121,8 @@ describe('ops routes', () => {
     ]);
     // The live view: shared in-flight counts, the window's latency over the 4 streams, telemetry.
     for (const b of backends) {
+      // Its own planning P99 takes 100 of its first tokens: until then the fleet's is used.
+      expect(b).toHaveProperty('plan_multiplier', null);
       expect(b.inflight).toMatchObject({ requests: 0 });
       expect(b.telemetry).toMatchObject({ saturated: expect.any(Boolean) });
     }

@@ -881,10 +881,10 @@ describe('refusals while waiting', () => {
       // Taken as 60 / 1 = 60×, the five would make every 90 ms prediction plan for 5.4 s. (The fit
       // learns each of these first tokens too, so the five move it a little and the later
       // predictions are within a few percent of 90 ms, not exactly it.)
-      expect(f.scheduler.upperBackendMs(90)).toBeGreaterThanOrEqual(90);
-      expect(f.scheduler.upperBackendMs(90)).toBeLessThan(95);
-      expect(f.scheduler.upperBackendMs(1)).toBeGreaterThanOrEqual(60);
-      expect(f.scheduler.upperBackendMs(1)).toBeLessThan(64);
+      expect(f.scheduler.upperBackendMs('a', 90)).toBeGreaterThanOrEqual(90);
+      expect(f.scheduler.upperBackendMs('a', 90)).toBeLessThan(95);
+      expect(f.scheduler.upperBackendMs('a', 1)).toBeGreaterThanOrEqual(60);
+      expect(f.scheduler.upperBackendMs('a', 1)).toBeLessThan(64);
       expect(f.scheduler.predictionSpread()).toBeLessThan(0.05);
     });
 
@@ -905,16 +905,52 @@ describe('refusals while waiting', () => {
       };
       // Five of 100 first tokens come 2.5 times as late as predicted: they set the P99.
       await serve(100, (i) => (i % 20 === 0 ? 300 : 120));
-      expect(f.scheduler.upperBackendMs(120)).toBeGreaterThan(240);
-      // Five minutes later, 10 on time: too few for a P99 alone, so the last 50 are read, two late
-      // ones among them.
+      expect(f.scheduler.upperBackendMs('a', 120)).toBeGreaterThan(240);
+      // Five minutes later, 10 on time: too few for a P99 alone, so the last 100 (the fewest a
+      // backend's own P99 reads) are read, four late ones among them.
       f.tick(301_000);
       await serve(10, () => 120);
-      expect(f.scheduler.upperBackendMs(120)).toBeGreaterThan(240);
-      // 50 more (still far fewer than the 1,024 the ring keeps): the late ones are out of the
+      expect(f.scheduler.upperBackendMs('a', 120)).toBeGreaterThan(240);
+      // 90 more (still far fewer than the 1,024 the ring keeps): the late ones are out of the
       // window, and the P99 is of these.
-      await serve(50, () => 120);
-      expect(f.scheduler.upperBackendMs(120)).toBeLessThan(130);
+      await serve(90, () => 120);
+      expect(f.scheduler.upperBackendMs('a', 120)).toBeLessThan(130);
+    });
+
+    it("plans each backend on its own P99 from 100 first tokens of its own on, on the fleet's before", async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const s = settings({ concurrency: { ...settings().concurrency, initial: 64, intervalMs: 100 } });
+      const f = setup(['a', 'b'], s, undefined, { sharedClock: true });
+      f.teach(['a', 'b']); // dispatch → first token = 20 ms + 0.1 ms per uncached token: 120 ms for 1,000
+      const serve = async (on: string, n: number, ms: (i: number) => number) => {
+        for (let i = 0; i < n; i++) {
+          const at = { arrivedAt: f.now(), deadlineAt: f.now() + 60_000 };
+          const other = on === 'a' ? 'b' : 'a';
+          const slot = await f.scheduler
+            .ticket(req({ ...at, promptTokens: 1000 }))
+            .acquire(firstExcluding(other));
+          expect(slot!.backend.name).toBe(on);
+          f.tick(ms(i));
+          slot!.prefillDone();
+          slot!.release();
+        }
+        vi.advanceTimersByTime(100);
+      };
+      const own = (name: string) => f.scheduler.view().backends.find((b) => b.name === name)!.planMultiplier;
+      // On a, five of 100 first tokens come 2.5 times as late as predicted; on b, 60 come on time.
+      await serve('a', 100, (i) => (i % 20 === 0 ? 300 : 120));
+      await serve('b', 60, () => 120);
+      // b has too few of its own: it is planned on the fleet's P99, which a's late ones set.
+      expect(own('b')).toBeNull();
+      expect(f.scheduler.planning().multiplier).toBeGreaterThan(2);
+      expect(f.scheduler.upperBackendMs('b', 120)).toBeGreaterThan(240);
+      await serve('b', 40, () => 120);
+      // With 100 of its own, b plans on them; a still on its own late ones, and so does the fleet.
+      expect(own('b')).toBeLessThan(1.05);
+      expect(f.scheduler.upperBackendMs('b', 120)).toBeLessThan(130);
+      expect(own('a')).toBeGreaterThan(2);
+      expect(f.scheduler.upperBackendMs('a', 120)).toBeGreaterThan(240);
+      expect(f.scheduler.planning().multiplier).toBeGreaterThan(2);
     });
   });
 
@@ -1703,7 +1739,7 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
         prefixGone: 5,
       });
       // Learnt as predicted they would make every 30 ms prediction plan for 190 ms (a ratio of 6.3).
-      expect(f.scheduler.upperBackendMs(30)).toBeLessThan(31);
+      expect(f.scheduler.upperBackendMs('a', 30)).toBeLessThan(31);
       // The fit learnt 1,700 cold tokens in 190 ms, as it was taught, not 100 tokens in 190 ms.
       expect(f.live.predictTtftMs('a', 100)).toBeCloseTo(30, 0);
     });
@@ -1715,7 +1751,7 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       expect(f.scheduler.planning()).toMatchObject({ prefixJudged: 100, prefixGone: 5 });
       // The fit learnt 1,500 tokens in 170 ms, on its line; all 1,700 in 170 ms would have bent it.
       expect(f.live.predictTtftMs('a', 1700)).toBeCloseTo(190, 1);
-      expect(f.scheduler.upperBackendMs(30)).toBeLessThan(31);
+      expect(f.scheduler.upperBackendMs('a', 30)).toBeLessThan(31);
     });
 
     it('a prefix gone under a prediction below the quickest first tokens is learnt from those', async () => {
@@ -1745,7 +1781,7 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       await serve(f, (i) => (i % 12 === 0 ? 220 : 60), 12);
       expect(f.scheduler.planning().prefixGone).toBe(1);
       // Learnt as 60 + 160 ms predicted, not (a prediction under 60) + 160: nothing is late.
-      expect(f.scheduler.upperBackendMs(60)).toBeLessThan(62);
+      expect(f.scheduler.upperBackendMs('a', 60)).toBeLessThan(62);
     });
 
     it('a first token late by less than 0.8 of the cached part is a wait, and counts as one', async () => {
@@ -1755,7 +1791,7 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
       expect(f.scheduler.planning()).toMatchObject({ prefixJudged: 100, prefixGone: 0 });
       // They set the P99 of the ratios: about 130 / 30 (the fit learns them too, so the later
       // predictions are a little over 30 ms and the ratio a little under 4.3). Judged gone, none.
-      expect(f.scheduler.upperBackendMs(30)).toBeGreaterThan(100);
+      expect(f.scheduler.upperBackendMs('a', 30)).toBeGreaterThan(100);
     });
 
     it('judges only a cached part whose prefill is at least the prediction, and learns what the lateness shows', () => {
