@@ -197,9 +197,9 @@ const RATE_ALPHA = 0.3;
  * Recent actual ÷ predicted dispatch-to-first-token times kept (the fleet's, and each backend's),
  * and the fewest that give a P99. Of those, the planning P99 reads the ones of the last
  * RATIO_WINDOW_MS, or the last MIN_RATIO_SAMPLES when fewer came in it (PlanRing). A backend plans
- * on its own P99 from MIN_BACKEND_RATIO_SAMPLES of its own on, and on the fleet's until then: a
- * P99 of 50 is about the largest of them, and on a fleet of eight a backend's own 50 came in an
- * eighth of the time of the fleet's.
+ * on its own P99 while MIN_BACKEND_RATIO_SAMPLES of its own came in that window, and on the
+ * fleet's otherwise: a P99 of 50 is about the largest of them, and on a fleet of eight a backend
+ * takes eight times as long as the fleet to gather its own.
  */
 const RATIO_SAMPLES = 1024;
 const MIN_RATIO_SAMPLES = 50;
@@ -1166,7 +1166,11 @@ export class Scheduler {
     for (const b of this.#deps.backends()) {
       names.add(b.name);
       const c = this.#controlFor(b);
-      c.plan = c.ring.read(now);
+      // Its own only from enough of its own in the window: a backend whose traffic fell off would
+      // otherwise plan, long after, on the last 100 it had, a burst of late ones included (a
+      // restart at the same URL keeps its control), where the fleet's window holds fresh ones.
+      const own = c.ring.read(now);
+      c.plan = own !== null && own.inWindow >= MIN_BACKEND_RATIO_SAMPLES ? own : null;
       const inflight = this.#deps.live.load(b.name);
       const freed = c.releases / elapsedS;
       if (c.releases > 0 || c.blocked) {

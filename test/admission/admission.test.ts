@@ -363,7 +363,9 @@ describe('predicted TTFT', () => {
       const release = pendingPrefill(f.live, ['a', 'b'], 1000);
       const at = { arrivedAt: f.now(), deadlineAt: f.now() + 60_000 };
       const admitted = admission.admit(req({ ...at, ttftTargetMs: 300, promptTokens: 200 }));
-      // Not admitted for its size: its first token unloaded is far under half the target.
+      // Checked on every backend (a prediction on each), and not admitted for its size: its first
+      // token unloaded is far under half the target.
+      expect(admitted.prediction.complete).toBe(true);
       expect(admitted.scheduled.ttftBudgetMs).toBe(300);
       expect(admitted.prediction.byBackend.get('b')?.backendMs).toBeCloseTo(140, -1);
       expect(f.scheduler.upperBackendMs('b', 140)).toBeLessThan(150);

@@ -906,8 +906,8 @@ describe('refusals while waiting', () => {
       // Five of 100 first tokens come 2.5 times as late as predicted: they set the P99.
       await serve(100, (i) => (i % 20 === 0 ? 300 : 120));
       expect(f.scheduler.upperBackendMs('a', 120)).toBeGreaterThan(240);
-      // Five minutes later, 10 on time: too few for a P99 alone, so the last 100 (the fewest a
-      // backend's own P99 reads) are read, four late ones among them.
+      // Five minutes later, 10 on time: too few for a P99 of its own (100 in the window), nor for
+      // the fleet's alone, which then reads its last 50, two late ones among them.
       f.tick(301_000);
       await serve(10, () => 120);
       expect(f.scheduler.upperBackendMs('a', 120)).toBeGreaterThan(240);
@@ -917,7 +917,7 @@ describe('refusals while waiting', () => {
       expect(f.scheduler.upperBackendMs('a', 120)).toBeLessThan(130);
     });
 
-    it("plans each backend on its own P99 from 100 first tokens of its own on, on the fleet's before", async () => {
+    it("plans each backend on its own P99 while 100 of its own came in the window, on the fleet's otherwise", async () => {
       vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
       const s = settings({ concurrency: { ...settings().concurrency, initial: 64, intervalMs: 100 } });
       const f = setup(['a', 'b'], s, undefined, { sharedClock: true });
@@ -951,6 +951,12 @@ describe('refusals while waiting', () => {
       expect(own('a')).toBeGreaterThan(2);
       expect(f.scheduler.upperBackendMs('a', 120)).toBeGreaterThan(240);
       expect(f.scheduler.planning().multiplier).toBeGreaterThan(2);
+      // Five minutes on, a has had no traffic and b 60 on time: a's own 100 are all older than the
+      // window, so it plans on the fleet's, which holds b's fresh ones, not on its old late ones.
+      f.tick(301_000);
+      await serve('b', 60, () => 120);
+      expect(own('a')).toBeNull();
+      expect(f.scheduler.upperBackendMs('a', 120)).toBeLessThan(130);
     });
   });
 
