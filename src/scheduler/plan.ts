@@ -1,18 +1,18 @@
 // How predictions of dispatch to first token have turned out, and the bound planned on from it:
 // a ring of recent (predicted, actual) pairs, read at its P99 of actual ÷ predicted.
 //
-// The scheduler keeps one ring for the whole fleet and one per backend. A backend plans on its own
-// ring once it holds enough of its own first tokens, and on the fleet's until then. On a fleet of
-// one GPU kind the two agree; on a mixed one they need not: on two H100s and four A100s the
-// H100s, which the router loaded hardest, had a P99 of 2.8–3.5 and the A100s 1.3–2.7, and the
-// fleet's one P99 planned every A100 on the H100s' (docs/benchmarks.md, "One planning bound per
-// backend, and late on spare room": over 600 s there, +18% goodput, the A100s serving a third of
-// the requests instead of a sixth).
+// The scheduler keeps one ring for the whole fleet and one per backend. A backend plans on its
+// own ring while enough of its own first tokens came in the window, and on the fleet's otherwise.
+// On a fleet of one GPU kind the two agree; on a mixed one they need not: on two H100s and four
+// A100s the H100s, which the router loaded hardest, had a P99 of 2.8–3.5 and the A100s 1.3–2.7,
+// and the fleet's one P99 planned every A100 on the H100s' (docs/benchmarks.md, "One planning
+// bound per backend, and late on spare room": over 600 s there, +18% goodput, the A100s serving
+// a third of the requests instead of a sixth).
 import { quantile } from './controller.ts';
 
 /** What a ring says, read at one time. */
 export interface Plan {
-  /** The 5th percentile of the actual times: no prediction counts as less (see Scheduler.upperBackendMs). */
+  /** The 5th percentile of the actual times: no prediction counts as less (Scheduler.upperBackendMs). */
   readonly floorMs: number;
   /** P99 of actual ÷ predicted, each prediction counted as at least the floor; at least 1. */
   readonly multiplier: number;
