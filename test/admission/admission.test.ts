@@ -66,6 +66,27 @@ function req(over: Partial<AdmissionRequest> = {}): AdmissionRequest {
   return { ...base, route: over.route ?? route({ reqId: base.reqId, promptTokens: base.promptTokens }) };
 }
 
+/**
+ * A fixture whose scheduler reads the live state's clock (moved by its `tick`), and an admission
+ * controller over it (`deps` in place of its defaults).
+ */
+function onOneClock(
+  names: string[],
+  settings: SchedulerSettings,
+  router?: RoutingPolicy,
+  deps: Partial<ConstructorParameters<typeof AdmissionController>[0]> = {},
+) {
+  const f = schedulerFixture(names, settings, router, { sharedClock: true });
+  cleanups.push(() => f.close());
+  const admission = new AdmissionController({
+    backends: () => f.backends.list(),
+    live: f.live,
+    scheduler: f.scheduler,
+    ...deps,
+  });
+  return { f, admission };
+}
+
 /** Prefill waiting on every backend (a lease each, until its first token), as dispatched requests make. */
 function pendingPrefill(live: ReturnType<typeof setup>['live'], names: string[], tokens: number) {
   const leases = names.map((b) =>
@@ -321,22 +342,14 @@ describe('predicted TTFT', () => {
   it("plans each backend at the P99 of its own first tokens: a backend's late ones do not refuse what another meets", async () => {
     vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
     try {
-      const f = schedulerFixture(
+      const { f, admission } = onOneClock(
         ['a', 'b'],
         schedulerSettings({
           concurrency: { ...schedulerSettings().concurrency, initial: 64, intervalMs: 100 },
         }),
         undefined,
-        { sharedClock: true },
+        { loopDelayMs: () => 0, now: () => 0 },
       );
-      cleanups.push(() => f.close());
-      const admission = new AdmissionController({
-        backends: () => f.backends.list(),
-        live: f.live,
-        scheduler: f.scheduler,
-        loopDelayMs: () => 0,
-        now: () => 0,
-      });
       f.teach(); // dispatch → first token = 20 ms + 0.1 ms per uncached token: 120 ms for 1,000
       // 100 first tokens on each: on a, five come 2.5 times as late as predicted; on b, none.
       for (const [on, other] of [
@@ -417,7 +430,7 @@ describe('predicted TTFT', () => {
       cleanups.push(() => vi.useRealTimers());
       const base = schedulerSettings();
       const { limit, prefillTokens, ...rest } = over;
-      const f = schedulerFixture(
+      const { f, admission } = onOneClock(
         names,
         schedulerSettings({
           ...rest,
@@ -430,14 +443,7 @@ describe('predicted TTFT', () => {
           },
         }),
         router,
-        { sharedClock: true },
       );
-      cleanups.push(() => f.close());
-      const admission = new AdmissionController({
-        backends: () => f.backends.list(),
-        live: f.live,
-        scheduler: f.scheduler,
-      });
       f.teach();
       const at = (o: Partial<AdmissionRequest> = {}) =>
         req({ arrivedAt: f.now(), deadlineAt: f.now() + 60_000, ...o });
