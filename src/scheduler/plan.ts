@@ -23,6 +23,14 @@ export interface Plan {
 }
 
 /**
+ * `predictedMs` as `plan` bounds it: counted as at least its floor, times its multiplier; the
+ * prediction itself without a plan.
+ */
+export function atPlan(plan: Plan | null, predictedMs: number): number {
+  return plan === null ? predictedMs : Math.max(predictedMs, plan.floorMs) * plan.multiplier;
+}
+
+/**
  * Recent actual and predicted dispatch-to-first-token times, side by side, with when each came.
  * A read takes those of the last `windowMs`, or the last `minSamples` when fewer came in it.
  * Bounded in time as well as in number: the last 1,024 first tokens of an instance that sees a few

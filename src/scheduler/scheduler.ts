@@ -39,7 +39,7 @@ import type { Lease, LiveState } from '../state/index.ts';
 import { type Backend, DecodeMeter, gapStats, type Slot, type SlotRequest } from '../upstream/index.ts';
 import { type LimitBounds, nextLimit, nextTpotShare, quantile, type Setpoints } from './controller.ts';
 import { Heap } from './heap.ts';
-import { type Plan, PlanRing } from './plan.ts';
+import { atPlan, type Plan, PlanRing } from './plan.ts';
 import { gonePrefillMs } from './prefix-gone.ts';
 import { FifoQueue, type QueueDiscipline, type QueueEntry, SlagateQueue } from './queue.ts';
 import { budgetWords, type ScheduledRequest } from './types.ts';
@@ -409,8 +409,7 @@ export class Scheduler {
    * their target.
    */
   upperBackendMs(backend: string, predictedMs: number): number {
-    const plan = this.#planOf(backend);
-    return plan === null ? predictedMs : Math.max(predictedMs, plan.floorMs) * plan.multiplier;
+    return atPlan(this.#planOf(backend), predictedMs);
   }
 
   /**
@@ -448,9 +447,7 @@ export class Scheduler {
       if (least === null || ms < least) least = ms;
     }
     if (least !== null) return least;
-    const plan = this.#plan;
-    const ms = req.bestBackendMs ?? 0;
-    return plan === null ? ms : Math.max(ms, plan.floorMs) * plan.multiplier;
+    return atPlan(this.#plan, req.bestBackendMs ?? 0);
   }
 
   /** The plan `backend` is planned on: its own, else the fleet's; null before the fleet has one. */
