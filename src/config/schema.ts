@@ -140,6 +140,8 @@ export const TenantSchema = Type.Object(
     allowed_classes: Type.Array(Type.String({ minLength: 1 }), { minItems: 1 }),
     max_concurrency: Type.Optional(Type.Integer({ minimum: 1 })),
     tokens_per_minute: Type.Optional(Type.Integer({ minimum: 1 })),
+    /** The tenant's prompts share no prefix-cache block with another tenant's (a cache_salt of its own). */
+    isolate_prefix_cache: Type.Boolean({ default: false }),
   },
   closed,
 );

@@ -8,6 +8,7 @@
 
 import { createHash } from 'node:crypto';
 import { GatewayError } from '../errors/index.ts';
+import { tenantSalt } from './cache-salt.ts';
 
 export interface TenantSpec {
   readonly name: string;
@@ -16,6 +17,7 @@ export interface TenantSpec {
   readonly allowed_classes: readonly string[];
   readonly max_concurrency?: number | undefined;
   readonly tokens_per_minute?: number | undefined;
+  readonly isolate_prefix_cache?: boolean | undefined;
 }
 
 export interface Identity {
@@ -23,6 +25,11 @@ export interface Identity {
   class: string;
   /** The tenant's limits; null for an open gateway (no tenants configured). */
   limits: { max_concurrency?: number | undefined; tokens_per_minute?: number | undefined } | null;
+  /**
+   * The tenant's part of the cache_salt its requests are sent under (cache-salt.ts); null when its
+   * prompts share the backends' prefix caches (not isolated, or an open gateway).
+   */
+  cacheSalt: string | null;
 }
 
 /** The tenant name used when the config lists no tenants (an open gateway). */
@@ -48,9 +55,12 @@ export function createAuthenticator(
 ): Authenticator {
   // Key hashes are unique (config validation); the first tenant of a hash would win regardless.
   const byDigest = new Map<string, TenantSpec>();
+  // Derived once per configuration, not per request (a hash each).
+  const salts = new Map<TenantSpec, string | null>();
   for (const t of tenants ?? []) {
     const digest = t.api_key_sha256.toLowerCase();
     if (!byDigest.has(digest)) byDigest.set(digest, t);
+    salts.set(t, t.isolate_prefix_cache === true ? tenantSalt(t.name, t.api_key_sha256) : null);
   }
   const open = byDigest.size === 0;
   const find = (key: string): TenantSpec | undefined =>
@@ -61,7 +71,7 @@ export function createAuthenticator(
       if (open) {
         const cls =
           requestedClass !== undefined && classes.has(requestedClass) ? requestedClass : defaultClass;
-        return { tenant: ANONYMOUS, class: cls, limits: null };
+        return { tenant: ANONYMOUS, class: cls, limits: null, cacheSalt: null };
       }
       const match = /^Bearer\s+(\S+)\s*$/i.exec(authorization ?? '');
       const tenant = match ? find(match[1]!) : undefined;
@@ -76,6 +86,7 @@ export function createAuthenticator(
         tenant: tenant.name,
         class: cls,
         limits: { max_concurrency: tenant.max_concurrency, tokens_per_minute: tenant.tokens_per_minute },
+        cacheSalt: salts.get(tenant) ?? null,
       };
     },
   };

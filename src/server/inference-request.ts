@@ -229,6 +229,12 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
   if (isRecord(so) && Object.keys(so).length > 0 && body.stream !== true) {
     throw invalid('Stream options can only be defined when `stream=True`.', 'stream_options');
   }
+  // vLLM's rule: a salt, when given, is a non-empty string (null is none). It keys the backend's
+  // prefix cache and the router's chain of block hashes alike (canonical.ts, cacheRoot).
+  const salt = body.cache_salt;
+  if (salt !== undefined && salt !== null && (typeof salt !== 'string' || salt.length === 0)) {
+    throw invalid("'cache_salt' must be a non-empty string", 'cache_salt');
+  }
   const n = body.n;
   if (n !== undefined && n !== null && !(Number.isInteger(n) && (n as number) >= 1)) {
     throw invalid("'n' must be an integer of at least 1", 'n');

@@ -72,11 +72,17 @@ export function handleInference(
     const policy = rt.policy;
     if (policy.prepare === undefined) return admitThenServe(rt, endpoint, call, got, route, rawBody);
     return policy
-      .prepare(route, rt.backends.list(), got.ir.body)
+      .prepare(route, rt.backends.list(), askedBody(got))
       .then((asked) => admitThenServe(rt, endpoint, call, got, asked, rawBody));
   } catch (err) {
     return Promise.reject(err);
   }
+}
+
+/** The body the oracle asks the replicas about: under the salt the backend will get. */
+function askedBody(got: Intake): unknown {
+  const salt = got.served.cacheSalt;
+  return salt === null ? got.ir.body : { ...got.ir.body, cache_salt: salt };
 }
 
 function routeOf(rt: Runtime, call: InferenceCall, served: Served): RouteRequest {
@@ -115,6 +121,7 @@ function admitThenServe(
     priority: rt.config.upstream.forward_priority ? cls.priority : null,
     clientWantsUsage: ir.wantsUsage,
     model: ir.model === null ? served.model : null,
+    cacheSalt: served.cacheSalt,
   });
   const bodyFields = Object.keys(ir.body);
   let admitted: Admitted;

@@ -18,6 +18,7 @@ import {
 import type { RequestRecord } from '../telemetry/admission-log.ts';
 import type { AssembleKind, ClientMode } from '../upstream/index.ts';
 import { type Identity, namedTenant } from './auth.ts';
+import { upstreamSalt } from './cache-salt.ts';
 import { type Endpoint, type InferenceRequest, parseInferenceRequest } from './inference-request.ts';
 import type { Runtime } from './runtime.ts';
 
@@ -64,6 +65,11 @@ export interface Served {
   readonly assembleKind: AssembleKind;
   /** The client asked for the usage chunk. */
   readonly wantsUsage: boolean;
+  /**
+   * The cache_salt the backend gets (cache-salt.ts): its tenant's, then the client's own; null
+   * when its tenant is not isolated, which leaves the body's own salt, if any, as it is.
+   */
+  readonly cacheSalt: string | null;
   /**
    * No truncate_prompt_tokens: the backend counts the prompt the gateway rendered, and its count
    * teaches the characters-per-token estimate (a prompt it cut counts less than was rendered).
@@ -166,6 +172,7 @@ export function intake(
     mode: ir.mode,
     assembleKind: ir.assembleKind,
     wantsUsage: ir.wantsUsage,
+    cacheSalt: upstreamSalt(identity.cacheSalt, ir.body.cache_salt),
     // Not cut, and no documents (vLLM renders them into the prompt; their text is in no count).
     countsRendered: ir.body.truncate_prompt_tokens == null && ir.body.documents == null,
   };

@@ -1,7 +1,7 @@
 // Validation of the simulator's request bodies into what the engine needs. Only what a
 // stand-in for vLLM must honour is read (model, messages/prompt, max_tokens,
 // max_completion_tokens, ignore_eos, stream, stream_options.include_usage, truncate_prompt_tokens,
-// seed, n); other sampling fields are accepted and ignored, as they do not change timing.
+// seed, n, cache_salt); other sampling fields are accepted and ignored, as they do not change timing.
 
 import type { ChatMessageInput, ContentPart, Tokenizer } from '../tokenizer/tokenizer.ts';
 import { TokenizeError } from '../tokenizer/tokenizer.ts';
@@ -22,6 +22,8 @@ export interface GenerationRequest {
   seed: number | undefined;
   /** Choices to generate: n engine requests of one prompt, as vLLM fans a request out. */
   n: number;
+  /** vLLM's cache_salt: its prompt shares cached blocks only with requests under the same salt. */
+  cacheSalt: string | undefined;
 }
 
 type Body = Record<string, unknown>;
@@ -107,7 +109,18 @@ export function parseGeneration(
     includeUsage,
     seed: optionalInt(body, 'seed'),
     n,
+    cacheSalt: cacheSaltOf(body),
   };
+}
+
+/** vLLM's rule: a cache_salt, when given (not null), is a non-empty string. */
+export function cacheSaltOf(body: Body): string | undefined {
+  const salt = body.cache_salt;
+  if (salt === undefined || salt === null) return undefined;
+  if (typeof salt !== 'string' || salt.length === 0) {
+    throw validationError("Parameter 'cache_salt' must be a non-empty string if provided.", 'cache_salt');
+  }
+  return salt;
 }
 
 /**

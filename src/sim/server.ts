@@ -18,6 +18,7 @@ import {
 } from './faults.ts';
 import type { ReplicaMetrics } from './metrics.ts';
 import {
+  cacheSaltOf,
   type GenerationRequest,
   parseGeneration,
   parseJsonBody,
@@ -176,7 +177,7 @@ function cachedTokens(ctx: ReplicaContext, req: Req, res: ServerResponse): void 
   readBody(req, res, (raw) => {
     const body = parseJsonBody(raw);
     const tokens = promptTokensOf(body.messages !== undefined ? 'chat' : 'completion', body, ctx.tokenizer);
-    const cached = ctx.engine.cachedPrefixTokens(tokens);
+    const cached = ctx.engine.cachedPrefixTokens(tokens, cacheSaltOf(body));
     send(res, 200, JSON.stringify({ cached_tokens: cached, prompt_tokens: tokens.length }));
   });
 }
@@ -320,6 +321,7 @@ class Generation {
             ignoreEos: this.g.ignoreEos,
             seed: c.seed,
             slowFactor: this.slowFactor,
+            cacheSalt: this.g.cacheSalt,
           },
           { onToken: (_tokenId, index, finish) => this.onToken(i, index, finish) },
         );

@@ -1,7 +1,7 @@
 // The body the backend gets, built from the client's own bytes. Streamed upstream (every mode but
 // a pass-through), it must say `"stream": true` and ask for the usage chunk; with
 // `upstream.forward_priority` it carries the class priority; a body that named no model names the
-// one the gateway gave it. Those few members are appended to
+// one the gateway gave it; an isolated tenant's carries its cache_salt (src/server/cache-salt.ts). Those few members are appended to
 // the client's JSON object just before its closing brace instead of re-serialising the whole body:
 // a prompt of 32,000 characters is then copied once, never walked by JSON.stringify.
 //
@@ -37,6 +37,8 @@ export interface PayloadSpec {
   clientWantsUsage: boolean;
   /** The model to name when the client's body named none, else null (the body's own stands). */
   model: string | null;
+  /** The cache_salt to send instead of the body's own, else null (the body's own, if any, stands). */
+  cacheSalt: string | null;
 }
 
 /** The members the gateway sets on the upstream body, in the order they are appended. */
@@ -44,6 +46,7 @@ function overrides(spec: PayloadSpec): Record<string, unknown> {
   const out: Record<string, unknown> = {};
   if (spec.model !== null) out.model = spec.model;
   if (spec.priority !== null) out.priority = spec.priority;
+  if (spec.cacheSalt !== null) out.cache_salt = spec.cacheSalt;
   if (spec.streamed) {
     const opts = spec.body.stream_options;
     const streamOptions = opts !== null && typeof opts === 'object' ? opts : {};

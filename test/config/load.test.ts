@@ -169,7 +169,11 @@ describe('defaults', () => {
     expect(config.upstream).toMatchObject({ first_token_timeout_factor: 3, forward_priority: true });
     expect(config.router.policy).toBe('cache_aware');
     expect(config.upstream.outlier.max_ejection_percent).toBe(34);
-    expect(config.tenants[0]).toMatchObject({ max_concurrency: 64, tokens_per_minute: 2000000 });
+    expect(config.tenants[0]).toMatchObject({
+      max_concurrency: 64,
+      tokens_per_minute: 2000000,
+      isolate_prefix_cache: true,
+    });
   });
 
   it('derive the keys that depend on others', () => {
@@ -180,6 +184,7 @@ describe('defaults', () => {
       api_key_sha256: 'fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9',
       class: 'interactive',
       allowed_classes: ['interactive'],
+      isolate_prefix_cache: false,
     });
     const sim = parseConfig('models: [a, b]\nsimulate: { replicas: 2 }\n', 'sim.yaml');
     expect(sim.simulate?.model).toBe('a');
@@ -362,6 +367,12 @@ describe('violations are reported with the path of the key to fix', () => {
       /must include the tenant's class "interactive"/,
     ],
     ['unsafe tenant name', (c) => (c.tenants[0].name = 'a:b'), 'tenants[0].name', /letters, digits/],
+    [
+      'isolation not a boolean',
+      (c) => (c.tenants[0].isolate_prefix_cache = 'yes'),
+      'tenants[0].isolate_prefix_cache',
+      /boolean/,
+    ],
     [
       'bad key hash',
       (c) => (c.tenants[0].api_key_sha256 = 'ABC'),

@@ -203,6 +203,16 @@ export const post = (base: string, path: string, body: unknown, headers?: http.O
 
 export const get = (base: string, path: string) => send(base, 'GET', path);
 
+/** vllm:prefix_cache_hits_total of each replica. */
+export async function cacheHits(urls: readonly string[]): Promise<number[]> {
+  return Promise.all(
+    urls.map(async (u) => {
+      const m = /^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$/m.exec((await get(u, '/metrics')).text);
+      return m ? Number(m[1]) : 0;
+    }),
+  );
+}
+
 export function chat(extra: Json = {}): Json {
   return {
     model: MODEL,

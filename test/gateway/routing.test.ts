@@ -5,7 +5,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { syntheticText } from '../../src/bench/text.ts';
 import { Rng } from '../../src/sim/rng.ts';
-import { get, MODEL, post, startTestGateway, type TestGateway } from './harness.ts';
+import { cacheHits, MODEL, post, startTestGateway, type TestGateway } from './harness.ts';
 
 const CHAT = '/v1/chat/completions';
 let t: TestGateway | null = null;
@@ -13,16 +13,6 @@ afterEach(async () => {
   await t?.close();
   t = null;
 });
-
-/** vllm:prefix_cache_hits_total of each replica. */
-async function cacheHits(urls: readonly string[]): Promise<number[]> {
-  return Promise.all(
-    urls.map(async (u) => {
-      const m = /^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$/m.exec((await get(u, '/metrics')).text);
-      return m ? Number(m[1]) : 0;
-    }),
-  );
-}
 
 interface Message {
   role: string;

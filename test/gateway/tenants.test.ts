@@ -13,6 +13,7 @@ import { deadUrl } from '../upstream/helpers.ts';
 import {
   baseConfig,
   breakPolicy,
+  cacheHits,
   chat,
   chatStreamText,
   get,
@@ -295,6 +296,54 @@ describe('an open gateway (no tenants configured)', () => {
     expect(await t.recordOf('open-1')).toMatchObject({ outcome: 'ok', tenant: null, class: 'interactive' });
     // Listing the models takes no key here.
     expect((await fetch(`${t.url}/v1/models`)).status).toBe(200);
+  });
+});
+
+describe('prefix-cache isolation (isolate_prefix_cache)', () => {
+  it("an isolated tenant's prompts share no cached block with another tenant's, on the replica itself", async () => {
+    const tenant = (name: string, isolate: boolean) => ({
+      name,
+      api_key_sha256: sha(`key-${name}`),
+      class: 'interactive',
+      isolate_prefix_cache: isolate,
+    });
+    const tenants = [tenant('a', true), tenant('b', true), tenant('c', false), tenant('d', false)];
+    t = await startTestGateway({ replicas: 1, timeScale: 0.05, config: { tenants } });
+    const replica = t.fleet!.urls;
+    const system = `Internal playbook. ${'Step: escalate to the on-call lead. '.repeat(60)}`;
+    // The tokens this prompt found cached on the replica (its prefix-cache hit counter's step).
+    const cached = async (name: string, salt?: string): Promise<number> => {
+      const before = (await cacheHits(replica))[0]!;
+      const client = new OpenAI({ baseURL: `${t!.url}/v1`, apiKey: `key-${name}`, maxRetries: 0 });
+      const body = {
+        model: MODEL,
+        max_tokens: 1,
+        messages: [
+          { role: 'system' as const, content: system },
+          { role: 'user' as const, content: 'What comes first?' },
+        ],
+        ...(salt === undefined ? {} : { cache_salt: salt }),
+      };
+      const done = await client.chat.completions.create(body);
+      expect(done.choices.length).toBe(1);
+      return (await cacheHits(replica))[0]! - before;
+    };
+    expect(await cached('a')).toBe(0);
+    // Its own tenant hits it...
+    expect(await cached('a')).toBeGreaterThan(500);
+    // ...another isolated tenant does not, nor does a tenant that shares (no salt)...
+    expect(await cached('b')).toBe(0);
+    expect(await cached('c')).toBe(0);
+    // ...and tenants that share do share with each other.
+    expect(await cached('d')).toBeGreaterThan(500);
+    // A client's own salt partitions its tenant's cache further, as it would vLLM's.
+    expect(await cached('a', 'project-x')).toBe(0);
+    expect(await cached('a', 'project-x')).toBeGreaterThan(500);
+    // The same client salt under another isolated tenant is still that tenant's own.
+    expect(await cached('b', 'project-x')).toBe(0);
+    // And no salt a client of a shared tenant sends reaches an isolated tenant's blocks by naming
+    // the same words (the isolated tenant's part is derived from its key).
+    expect(await cached('c', 'project-x')).toBe(0);
   });
 });
 

@@ -76,6 +76,16 @@ describe('parseInferenceRequest', () => {
       codeOf(() => parseInferenceRequest('chat', { messages: [], stream_options: { include_usage: true } })),
     ).toBe('invalid_request:stream_options');
     expect(parseInferenceRequest('completions', { prompt: 'a', stream_options: {} }).wantsUsage).toBe(true);
+    // vLLM's rule for cache_salt: a non-empty string, or null for none.
+    for (const salt of ['', 5, ['s'], { s: 1 }, true])
+      expect(
+        codeOf(() => parseInferenceRequest('completions', { prompt: 'a', cache_salt: salt })),
+        JSON.stringify(salt),
+      ).toBe('invalid_request:cache_salt');
+    for (const salt of ['s', null, undefined])
+      expect(parseInferenceRequest('completions', { prompt: 'a', cache_salt: salt }).endpoint).toBe(
+        'completions',
+      );
     // A completions request has no max_completion_tokens in vLLM: it is ignored, as vLLM ignores it.
     const ignored = parseInferenceRequest('completions', {
       model: 'm',
@@ -337,11 +347,17 @@ describe('createAuthenticator', () => {
 
   it('open gateway: anonymous, any known class on request', () => {
     const auth = createAuthenticator([], 'interactive', classes);
-    expect(auth.identify(undefined, 'batch')).toEqual({ tenant: 'anonymous', class: 'batch', limits: null });
+    expect(auth.identify(undefined, 'batch')).toEqual({
+      tenant: 'anonymous',
+      class: 'batch',
+      limits: null,
+      cacheSalt: null,
+    });
     expect(auth.identify('Bearer whatever', 'gold')).toEqual({
       tenant: 'anonymous',
       class: 'interactive',
       limits: null,
+      cacheSalt: null,
     });
   });
 
@@ -363,9 +379,36 @@ describe('createAuthenticator', () => {
       tenant: 't',
       class: 'interactive',
       limits: { max_concurrency: 3, tokens_per_minute: undefined },
+      cacheSalt: null,
     });
     expect(codeOf(() => auth.identify('Bearer k2', undefined))).toBe('invalid_api_key:null');
     expect(codeOf(() => auth.identify(undefined, undefined))).toBe('invalid_api_key:null');
+  });
+
+  it('gives each isolated tenant a salt of its own, from its name and key, and the others none', () => {
+    const tenant = (name: string, key: string, isolate: boolean) => ({
+      name,
+      api_key_sha256: sha(key),
+      class: 'interactive',
+      allowed_classes: ['interactive'],
+      isolate_prefix_cache: isolate,
+    });
+    const build = (key: string) =>
+      createAuthenticator(
+        [tenant('a', key, true), tenant('b', 'kb', true), tenant('c', 'kc', false)],
+        'interactive',
+        classes,
+      );
+    const auth = build('ka');
+    const a = auth.identify('Bearer ka', undefined).cacheSalt;
+    const b = auth.identify('Bearer kb', undefined).cacheSalt;
+    expect(a).toMatch(/^[0-9a-f]{32}$/);
+    expect(b).toMatch(/^[0-9a-f]{32}$/);
+    expect(a).not.toBe(b);
+    expect(auth.identify('Bearer kc', undefined).cacheSalt).toBeNull();
+    // Another instance with the same configuration sends the same salt; a new key, another one.
+    expect(build('ka').identify('Bearer ka', undefined).cacheSalt).toBe(a);
+    expect(build('ka2').identify('Bearer ka2', undefined).cacheSalt).not.toBe(a);
   });
 
   it('among a thousand tenants each key finds its own, and a key hashed by none finds nobody', () => {

@@ -113,6 +113,20 @@ describe('engine timing', () => {
     expect(h.engine.stats().prefixCacheHits).toBe(2000 + 1984);
   });
 
+  it('a cache_salt keys the cache: the same prompt under another salt, or none, hits nothing', () => {
+    const h = new Harness();
+    const shared = prompt(2000);
+    h.ttftAlone(spec('a', shared, 10, { cacheSalt: 'tenant-a' }));
+    expect(h.engine.cachedPrefixTokens(shared, 'tenant-a')).toBe(2000);
+    expect(h.engine.cachedPrefixTokens(shared)).toBe(0);
+    h.ttftAlone(spec('b', [...shared, ...prompt(50)], 10, { cacheSalt: 'tenant-b' }));
+    h.ttftAlone(spec('none', [...shared, ...prompt(50)], 10));
+    expect(h.engine.stats().prefixCacheHits).toBe(0);
+    // Under its own salt again, it hits its full blocks.
+    h.ttftAlone(spec('a2', [...shared, ...prompt(50)], 10, { cacheSalt: 'tenant-a' }));
+    expect(h.engine.stats().prefixCacheHits).toBe(2000);
+  });
+
   it('requests admitted in one step with a shared prefix compute it once: the later ones hit the blocks being computed', () => {
     const h = new Harness();
     const shared = prompt(2000);

@@ -239,6 +239,11 @@ describe('errors', () => {
     const n = await post(base, CHAT, { model: MODEL, messages: MESSAGES, n: 0 });
     expect(n.status).toBe(400);
     expect(envelope(n.text)).toMatchObject({ param: 'n', code: 400 });
+    for (const cache_salt of ['', 7]) {
+      const salt = await post(base, CHAT, { model: MODEL, messages: MESSAGES, cache_salt });
+      expect(salt.status).toBe(400);
+      expect(envelope(salt.text)).toMatchObject({ param: 'cache_salt', code: 400 });
+    }
     const image = await post(base, CHAT, {
       model: MODEL,
       messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }],

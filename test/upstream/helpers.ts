@@ -333,6 +333,7 @@ export async function gateway(opts: GatewayOpts): Promise<Gateway> {
             priority: null,
             clientWantsUsage,
             model: null,
+            cacheSalt: null,
           }),
           bodyFields: Object.keys(body),
           path,

@@ -8,7 +8,12 @@ const ESCAPED = '{"model":"m","messages":[{"role":"user","content":"caf\\u00e9"}
 
 function spec(
   rawText: string | null,
-  extra: { streamed?: boolean; priority?: number | null; model?: string | null } = {},
+  extra: {
+    streamed?: boolean;
+    priority?: number | null;
+    model?: string | null;
+    cacheSalt?: string | null;
+  } = {},
 ) {
   const raw = rawText === null ? null : Buffer.from(rawText);
   const body = JSON.parse(rawText ?? '{"model":"m","messages":[]}') as Record<string, unknown>;
@@ -22,6 +27,7 @@ function spec(
     priority: extra.priority ?? null,
     clientWantsUsage,
     model: extra.model ?? null,
+    cacheSalt: extra.cacheSalt ?? null,
   };
 }
 
@@ -70,6 +76,17 @@ describe('upstreamPayload', () => {
     }
   });
 
+  it("sends an isolated tenant's salt over the client's own, streamed or passed through, keeping the client bytes", () => {
+    for (const streamed of [true, false]) {
+      for (const raw of [`${ESCAPED}}`, `${ESCAPED},"cache_salt":"mine"}`]) {
+        const s = spec(raw, { streamed, cacheSalt: 'tenant:mine' });
+        const out = upstreamPayload(s).toString();
+        expect(JSON.parse(out).cache_salt).toBe('tenant:mine');
+        expect(out.startsWith(raw.slice(0, -1))).toBe(true);
+      }
+    }
+  });
+
   it('sends a pass-through body without priority as received', () => {
     const s = spec(`${ESCAPED}}`, { streamed: false });
     expect(upstreamPayload(s)).toBe(s.raw);
@@ -113,6 +130,7 @@ describe('upstreamPayload', () => {
         priority: null,
         clientWantsUsage: false,
         model: null,
+        cacheSalt: null,
       });
       expect(out.includes(0xe9)).toBe(false);
       expect(JSON.parse(out.toString()).messages).toEqual(body.messages);

@@ -2,7 +2,7 @@
 // prefill, a KV block pool with automatic prefix caching, recompute preemption, and step
 // durations from the profile's roofline. See README.md next to this file for what it leaves out.
 
-import { blockHashes, hashBlock, ROOT_HASH } from '../../prompt/chain-hash.ts';
+import { blockHashes, hashBlock, namedRoot, ROOT_HASH } from '../../prompt/chain-hash.ts';
 import { type EngineClock, realClock } from './clock.ts';
 import { Deque } from './deque.ts';
 import { BlockPool } from './kv-cache.ts';
@@ -48,6 +48,8 @@ interface Req {
   readonly slow: number;
   readonly arrivalMs: number;
   place: Place;
+  /** The parent of its first block's hash: the root, or one named after its cache_salt. */
+  readonly root: number;
   /** Chained hashes of the leading full blocks whose tokens are known (prompt, then output). */
   hashes: number[];
   /** Block table; block i holds tokens [i·B, (i+1)·B). */
@@ -121,6 +123,7 @@ class SimEngine implements Engine {
         `request needs ${promptLen + limit} tokens of KV; the cache holds ${(this.p.numGpuBlocks - 1) * this.B}`,
       );
     }
+    const root = saltedRoot(spec.cacheSalt);
     const r: Req = {
       id: spec.id,
       spec,
@@ -130,7 +133,8 @@ class SimEngine implements Engine {
       slow: spec.slowFactor !== undefined && spec.slowFactor > 0 ? spec.slowFactor : 1,
       arrivalMs: this.clock.now(),
       place: 'waiting',
-      hashes: blockHashes(spec.promptTokens, this.B),
+      root,
+      hashes: blockHashes(spec.promptTokens, this.B, [], root),
       blocks: [],
       cachedBlocks: 0,
       numComputed: 0,
@@ -174,8 +178,8 @@ class SimEngine implements Engine {
     };
   }
 
-  cachedPrefixTokens(tokens: readonly number[]): number {
-    const hashes = blockHashes(tokens, this.B);
+  cachedPrefixTokens(tokens: readonly number[], cacheSalt?: string): number {
+    const hashes = blockHashes(tokens, this.B, [], saltedRoot(cacheSalt));
     return this.pool.longestHit(hashes, hashes.length) * this.B;
   }
 
@@ -387,7 +391,7 @@ class SimEngine implements Engine {
       if (j >= r.hashes.length) {
         // A prompt shorter than a block hashed none: the first block output fills starts the chain
         // at the root, as blockHashes starts every prompt's (the next turn's prompt holds it).
-        const parent = j === 0 ? ROOT_HASH : r.hashes[j - 1]!;
+        const parent = j === 0 ? r.root : r.hashes[j - 1]!;
         const base = j * B;
         for (let k = 0; k < B; k++) this.scratch[k] = this.tokenAt(r, base + k);
         r.hashes.push(hashBlock(parent, this.scratch, 0, B));
@@ -449,4 +453,9 @@ export function createEngine(profile: GpuProfile, opts: EngineOptions): Engine {
 /** Causal attention's query-context pairs for `n` new tokens after `c` computed ones. */
 function attnPairs(c: number, n: number): number {
   return n * c + (n * (n + 1)) / 2;
+}
+
+/** The parent of a prompt's first block: vLLM mixes a cache_salt into that block's hash. */
+function saltedRoot(cacheSalt: string | undefined): number {
+  return cacheSalt === undefined ? ROOT_HASH : namedRoot(cacheSalt);
 }

@@ -23,6 +23,8 @@ export interface EngineRequestSpec {
   seed: number;
   /** Multiplies this request's share of step time (fault "slow down" per request); 1 = normal. */
   slowFactor?: number;
+  /** vLLM's cache_salt: mixed into the first block's hash, so other salts share no cached block. */
+  cacheSalt?: string | undefined;
 }
 
 /** Callbacks the engine calls; all of them run on the engine's own timer turn. */
@@ -80,7 +82,7 @@ export interface Engine {
   abort(id: string): boolean;
   stats(): EngineStats;
   /** Oracle for benchmarks: how many leading tokens of `tokens` are cached right now. */
-  cachedPrefixTokens(tokens: readonly number[]): number;
+  cachedPrefixTokens(tokens: readonly number[], cacheSalt?: string): number;
   /** Slow every step down by `factor` (fault injection); 1 restores. */
   setSlowdown(factor: number): void;
   /**
