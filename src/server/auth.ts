@@ -8,7 +8,7 @@
 
 import { createHash } from 'node:crypto';
 import { GatewayError } from '../errors/index.ts';
-import { tenantSalt } from './cache-salt.ts';
+import { isolatedSalt, type SaltRule, SHARED_SALT } from './cache-salt.ts';
 
 export interface TenantSpec {
   readonly name: string;
@@ -26,10 +26,10 @@ export interface Identity {
   /** The tenant's limits; null for an open gateway (no tenants configured). */
   limits: { max_concurrency?: number | undefined; tokens_per_minute?: number | undefined } | null;
   /**
-   * The tenant's part of the cache_salt its requests are sent under (cache-salt.ts); null when its
-   * prompts share the backends' prefix caches (not isolated, or an open gateway).
+   * How its requests' cache_salt is made (cache-salt.ts); null when no tenant of the gateway is
+   * isolated, which leaves every body's salt as it is.
    */
-  cacheSalt: string | null;
+  cacheSalt: SaltRule | null;
 }
 
 /** The tenant name used when the config lists no tenants (an open gateway). */
@@ -55,12 +55,16 @@ export function createAuthenticator(
 ): Authenticator {
   // Key hashes are unique (config validation); the first tenant of a hash would win regardless.
   const byDigest = new Map<string, TenantSpec>();
-  // Derived once per configuration, not per request (a hash each).
-  const salts = new Map<TenantSpec, string | null>();
   for (const t of tenants ?? []) {
     const digest = t.api_key_sha256.toLowerCase();
     if (!byDigest.has(digest)) byDigest.set(digest, t);
-    salts.set(t, t.isolate_prefix_cache === true ? tenantSalt(t.name, t.api_key_sha256) : null);
+  }
+  // Derived once per configuration, not per request (a hash each).
+  const isolating = (tenants ?? []).some((t) => t.isolate_prefix_cache === true);
+  const salts = new Map<TenantSpec, SaltRule | null>();
+  for (const t of tenants ?? []) {
+    const own = t.isolate_prefix_cache === true;
+    salts.set(t, own ? isolatedSalt(t.name, t.api_key_sha256) : isolating ? SHARED_SALT : null);
   }
   const open = byDigest.size === 0;
   const find = (key: string): TenantSpec | undefined =>

@@ -4,32 +4,47 @@
 // requests is sent under it. Another tenant's requests then never hit its blocks, so they cannot
 // tell by timing (a hit answers sooner) which prompts it sent.
 //
-// Invariants: no other tenant can send a request under an isolated tenant's salt. The tenant's
-// part is derived from its API key's digest, which no other tenant knows, and it leads the salt at
-// a fixed length, so no client salt of another isolated tenant can reproduce it. The client's own
-// salt, when it sends one, follows it: it partitions the tenant's cache further, as it would
-// vLLM's. And the salt is the same on every gateway instance with the same configuration, so the
-// instances' requests share the tenant's cached blocks.
+// Invariants:
+// - No other client can send a request under an isolated tenant's salt. The gateway owns the
+//   namespace of salts once any tenant is isolated: an isolated tenant's salt leads with its 32
+//   hex characters, and every other tenant's client salt is sent after `shared:`, which no hex
+//   string begins with. The hex part is derived from the tenant's name and key digest; it is
+//   not a secret (whoever reads the configuration can compute it), and it need not be one.
+// - The client's own salt, when it sends one, follows its tenant's part: it partitions the
+//   tenant's cache further, as it would vLLM's.
+// - The salt is the same on every gateway instance with the same configuration, so the
+//   instances' requests share the tenant's cached blocks.
 
 import { createHash } from 'node:crypto';
 
-/** Hex characters of the tenant's part: 128 bits. */
+/** How a tenant's requests are salted: its part of the salt, and whether a request without a salt of its own gets it. */
+export interface SaltRule {
+  readonly prefix: string;
+  readonly always: boolean;
+}
+
+/** Hex characters of an isolated tenant's part: 128 bits. */
 const TENANT_CHARS = 32;
 
-/** The salt that isolates a tenant's prompts, from its name and its API key's digest. */
-export function tenantSalt(name: string, apiKeySha256: string): string {
-  return createHash('sha256')
+/** The rule of a tenant that shares the backends' caches on a gateway where another is isolated. */
+export const SHARED_SALT: SaltRule = Object.freeze({ prefix: 'shared', always: false });
+
+/** The rule of an isolated tenant: its part, from its name and its API key's digest, leads every salt. */
+export function isolatedSalt(name: string, apiKeySha256: string): SaltRule {
+  const prefix = createHash('sha256')
     .update(`slagate cache_salt\u0000${name}\u0000${apiKeySha256.toLowerCase()}`)
     .digest('hex')
     .slice(0, TENANT_CHARS);
+  return Object.freeze({ prefix, always: true });
 }
 
 /**
- * The cache_salt to set on the upstream body: the tenant's salt, then the client's own after a
- * colon when it sent one (a validated non-empty string, or null or absent for none); null when the
- * tenant is not isolated, which leaves the client's body as it is.
+ * The cache_salt to set on the upstream body, from its tenant's rule and the client's own salt (a
+ * validated non-empty string, or null or absent for none); null leaves the body as it is (no rule:
+ * no tenant of the gateway is isolated; or a shared tenant's request without a salt).
  */
-export function upstreamSalt(tenant: string | null, client: unknown): string | null {
-  if (tenant === null) return null;
-  return typeof client === 'string' ? `${tenant}:${client}` : tenant;
+export function upstreamSalt(rule: SaltRule | null, client: unknown): string | null {
+  if (rule === null) return null;
+  if (typeof client === 'string') return `${rule.prefix}:${client}`;
+  return rule.always ? rule.prefix : null;
 }

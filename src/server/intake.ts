@@ -66,8 +66,8 @@ export interface Served {
   /** The client asked for the usage chunk. */
   readonly wantsUsage: boolean;
   /**
-   * The cache_salt the backend gets (cache-salt.ts): its tenant's, then the client's own; null
-   * when its tenant is not isolated, which leaves the body's own salt, if any, as it is.
+   * The cache_salt the backend gets instead of the body's own (cache-salt.ts): its tenant's part,
+   * then the client's salt; null leaves the body's salt, if any, as it is.
    */
   readonly cacheSalt: string | null;
   /**
@@ -142,10 +142,19 @@ export function intake(
   const source = promptSource(ir);
   const blockSize = rt.config.router.block_size_tokens;
   const kind = ir.endpoint === 'chat' ? 'chat' : 'completion';
+  // The index's chain names the salt the backend will see, so that it matches where the backend's
+  // cache does: a reload that isolates a tenant, or gives it a new key, starts its chains afresh.
+  const cacheSalt = upstreamSalt(identity.cacheSalt, ir.body.cache_salt);
   const prompt = promptBlocks(
     source,
     blockSize,
-    cacheRoot(model, ir.body.cache_salt, namedTenant(identity), renderingKey(kind, ir.body), kind),
+    cacheRoot(
+      model,
+      cacheSalt ?? ir.body.cache_salt,
+      namedTenant(identity),
+      renderingKey(kind, ir.body),
+      kind,
+    ),
   );
   // What the backend will prefill: vLLM keeps a prompt's last truncate_prompt_tokens tokens.
   const estimate = rt.tokens.of(identity.tenant);
@@ -172,7 +181,7 @@ export function intake(
     mode: ir.mode,
     assembleKind: ir.assembleKind,
     wantsUsage: ir.wantsUsage,
-    cacheSalt: upstreamSalt(identity.cacheSalt, ir.body.cache_salt),
+    cacheSalt,
     // Not cut, and no documents (vLLM renders them into the prompt; their text is in no count).
     countsRendered: ir.body.truncate_prompt_tokens == null && ir.body.documents == null,
   };

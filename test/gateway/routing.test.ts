@@ -2,6 +2,7 @@
 // (vLLM's block hashing and LRU): conversations stay where their history is cached, the headers
 // and the record say what the router believed, and the oracle asks the replicas themselves.
 // Exploration is off (explore_ratio: 0): its random share would send a request away at random.
+import { createHash } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
 import { syntheticText } from '../../src/bench/text.ts';
 import { Rng } from '../../src/sim/rng.ts';
@@ -19,12 +20,16 @@ interface Message {
   content: string;
 }
 
-async function turn(gw: TestGateway, messages: Message[], id: string, session?: string) {
+async function turn(gw: TestGateway, messages: Message[], id: string, session?: string, apiKey?: string) {
   const res = await post(
     gw.url,
     CHAT,
     { model: MODEL, messages, max_tokens: 16 },
-    { 'x-request-id': id, ...(session === undefined ? {} : { 'x-session-id': session }) },
+    {
+      'x-request-id': id,
+      ...(session === undefined ? {} : { 'x-session-id': session }),
+      ...(apiKey === undefined ? {} : { authorization: `Bearer ${apiKey}` }),
+    },
   );
   expect(res.status, res.text).toBe(200);
   const answer = (JSON.parse(res.text) as { choices: { message: { content: string } }[] }).choices[0]!.message
@@ -93,6 +98,40 @@ describe('router.policy: oracle (benchmarks only)', () => {
     expect(b.hit).toBeGreaterThan(0.9);
     const hits = await cacheHits(t.fleet!.urls);
     expect(hits[Number(a.backend.slice(1))]).toBeGreaterThan(900);
+  });
+
+  it("asks the replicas under the salt the backend gets: an isolated tenant's cached prompt is found", async () => {
+    const key = 'key-isolated';
+    const tenants = [
+      {
+        name: 'a',
+        api_key_sha256: createHash('sha256').update(key).digest('hex'),
+        class: 'interactive',
+        isolate_prefix_cache: true,
+      },
+    ];
+    t = await startTestGateway({
+      replicas: 2,
+      config: { tenants, router: { policy: 'oracle', explore_ratio: 0 } },
+    });
+    const system: Message = { role: 'system', content: syntheticText(new Rng(11), 1000) };
+    const a = await turn(
+      t,
+      [system, { role: 'user', content: 'first question here' }],
+      'oi-1',
+      undefined,
+      key,
+    );
+    t.gw.runtime.afterwork.settle();
+    const b = await turn(
+      t,
+      [system, { role: 'user', content: 'another question now' }],
+      'oi-2',
+      undefined,
+      key,
+    );
+    expect(b.backend).toBe(a.backend);
+    expect(b.hit).toBeGreaterThan(0.9);
   });
 });
 

@@ -5,6 +5,7 @@ import { once } from 'node:events';
 import { join } from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { isolatedSalt } from '../../src/server/cache-salt.ts';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
 import { rawConnection as openRaw } from '../helpers/http.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
@@ -341,9 +342,47 @@ describe('prefix-cache isolation (isolate_prefix_cache)', () => {
     expect(await cached('a', 'project-x')).toBeGreaterThan(500);
     // The same client salt under another isolated tenant is still that tenant's own.
     expect(await cached('b', 'project-x')).toBe(0);
-    // And no salt a client of a shared tenant sends reaches an isolated tenant's blocks by naming
-    // the same words (the isolated tenant's part is derived from its key).
-    expect(await cached('c', 'project-x')).toBe(0);
+    // A client of a shared tenant that names an isolated tenant's very salt (anyone who reads the
+    // configuration can compute it) is not let into its blocks: shared tenants' salts go under
+    // `shared:`, which no isolated tenant's salt begins with.
+    const aSalt = isolatedSalt('a', sha('key-a')).prefix;
+    expect(await cached('c', aSalt)).toBe(0);
+    expect(await cached('c', `${aSalt}:project-x`)).toBe(0);
+    // And the salted shared tenant keeps its own partition, shared with its peers under the same salt.
+    expect(await cached('d', aSalt)).toBeGreaterThan(500);
+  });
+  it('a reload that isolates a tenant starts its chains afresh: no hit is counted under the new salt', async () => {
+    const tenants = (isolate: boolean) => [
+      { name: 'a', api_key_sha256: sha('key-a'), class: 'interactive', isolate_prefix_cache: isolate },
+    ];
+    t = await startTestGateway({ replicas: 1, timeScale: 0.05, config: { tenants: tenants(false) } });
+    const body = chat({
+      messages: [{ role: 'system', content: `Playbook. ${'Step: page the lead. '.repeat(80)}` }],
+    });
+    const send = async () => {
+      const before = (await cacheHits(t!.fleet!.urls))[0]!;
+      const res = await post(t!.url, CHAT, body, bearer('key-a'));
+      expect(res.status, res.text).toBe(200);
+      return {
+        told: Number(res.headers['x-slagate-prefix-hit']),
+        replica: (await cacheHits(t!.fleet!.urls))[0]! - before,
+      };
+    };
+    await send();
+    const warm = await send();
+    expect(warm.told).toBeGreaterThan(0.8);
+    expect(warm.replica).toBeGreaterThan(400);
+    const backends = t.fleet!.urls.map((url, i) => ({ name: `r${i}`, url }));
+    await t.gw.reload(
+      toConfig(merge(baseConfig(backends, join(t.dir, 'admission.log')), { tenants: tenants(true) })),
+    );
+    // Under its new salt the replica holds nothing of it, and the router says so.
+    const fresh = await send();
+    expect(fresh.replica).toBe(0);
+    expect(fresh.told).toBe(0);
+    const again = await send();
+    expect(again.told).toBeGreaterThan(0.8);
+    expect(again.replica).toBeGreaterThan(400);
   });
 });
 

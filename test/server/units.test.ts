@@ -10,6 +10,7 @@ import { GatewayError } from '../../src/errors/index.ts';
 import type { BackendPrediction } from '../../src/scheduler/index.ts';
 import { answerClientError } from '../../src/server/app.ts';
 import { createAuthenticator } from '../../src/server/auth.ts';
+import { SHARED_SALT, upstreamSalt } from '../../src/server/cache-salt.ts';
 import { predictionFields } from '../../src/server/finish.ts';
 import { parseInferenceRequest } from '../../src/server/inference-request.ts';
 import { SESSION_ID_CHARS, sessionKey } from '../../src/server/intake.ts';
@@ -385,7 +386,7 @@ describe('createAuthenticator', () => {
     expect(codeOf(() => auth.identify(undefined, undefined))).toBe('invalid_api_key:null');
   });
 
-  it('gives each isolated tenant a salt of its own, from its name and key, and the others none', () => {
+  it('gives each isolated tenant a salt of its own, from its name and key; the others share one namespace', () => {
     const tenant = (name: string, key: string, isolate: boolean) => ({
       name,
       api_key_sha256: sha(key),
@@ -393,22 +394,38 @@ describe('createAuthenticator', () => {
       allowed_classes: ['interactive'],
       isolate_prefix_cache: isolate,
     });
-    const build = (key: string) =>
+    const build = (aName: string, aKey: string) =>
       createAuthenticator(
-        [tenant('a', key, true), tenant('b', 'kb', true), tenant('c', 'kc', false)],
+        [tenant(aName, aKey, true), tenant('b', 'kb', true), tenant('c', 'kc', false)],
         'interactive',
         classes,
       );
-    const auth = build('ka');
+    const auth = build('a', 'ka');
     const a = auth.identify('Bearer ka', undefined).cacheSalt;
     const b = auth.identify('Bearer kb', undefined).cacheSalt;
-    expect(a).toMatch(/^[0-9a-f]{32}$/);
-    expect(b).toMatch(/^[0-9a-f]{32}$/);
-    expect(a).not.toBe(b);
-    expect(auth.identify('Bearer kc', undefined).cacheSalt).toBeNull();
-    // Another instance with the same configuration sends the same salt; a new key, another one.
-    expect(build('ka').identify('Bearer ka', undefined).cacheSalt).toBe(a);
-    expect(build('ka2').identify('Bearer ka2', undefined).cacheSalt).not.toBe(a);
+    expect(a).toMatchObject({ prefix: expect.stringMatching(/^[0-9a-f]{32}$/), always: true });
+    expect(b).toMatchObject({ prefix: expect.stringMatching(/^[0-9a-f]{32}$/), always: true });
+    expect(a!.prefix).not.toBe(b!.prefix);
+    expect(auth.identify('Bearer kc', undefined).cacheSalt).toEqual({ prefix: 'shared', always: false });
+    // Another instance with the same configuration sends the same salt; a new key or a new name, another.
+    expect(build('a', 'ka').identify('Bearer ka', undefined).cacheSalt).toEqual(a);
+    expect(build('a', 'ka2').identify('Bearer ka2', undefined).cacheSalt!.prefix).not.toBe(a!.prefix);
+    expect(build('a2', 'ka').identify('Bearer ka', undefined).cacheSalt!.prefix).not.toBe(a!.prefix);
+    // With no tenant isolated, every body's salt is left as it is.
+    const none = createAuthenticator([tenant('c', 'kc', false)], 'interactive', classes);
+    expect(none.identify('Bearer kc', undefined).cacheSalt).toBeNull();
+  });
+
+  it('makes the upstream salt: the tenant part first; a shared tenant only when its client sent one', () => {
+    const own = { prefix: '0123456789abcdef0123456789abcdef', always: true };
+    expect(upstreamSalt(own, undefined)).toBe(own.prefix);
+    expect(upstreamSalt(own, null)).toBe(own.prefix);
+    expect(upstreamSalt(own, 'x')).toBe(`${own.prefix}:x`);
+    expect(upstreamSalt(SHARED_SALT, undefined)).toBeNull();
+    expect(upstreamSalt(SHARED_SALT, null)).toBeNull();
+    // A shared tenant's client naming an isolated tenant's salt gets it only behind `shared:`.
+    expect(upstreamSalt(SHARED_SALT, own.prefix)).toBe(`shared:${own.prefix}`);
+    expect(upstreamSalt(null, 'x')).toBeNull();
   });
 
   it('among a thousand tenants each key finds its own, and a key hashed by none finds nobody', () => {

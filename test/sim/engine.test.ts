@@ -160,6 +160,16 @@ describe('engine timing', () => {
     expect(h.engine.cachedPrefixTokens(history)).toBe(48);
   });
 
+  it('output fills blocks under the salt of a prompt shorter than a block', () => {
+    const h = new Harness();
+    const p = prompt(10);
+    const t = h.add(spec('short', p, 40, { seed: 3, cacheSalt: 's' }));
+    h.clock.run();
+    const history = [...p, ...t.tokens];
+    expect(h.engine.cachedPrefixTokens(history, 's')).toBe(48);
+    expect(h.engine.cachedPrefixTokens(history)).toBe(0);
+  });
+
   it('cachedPrefixTokens is an oracle: it changes no counter and no eviction order', () => {
     const h = new Harness();
     const p = prompt(320);

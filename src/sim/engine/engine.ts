@@ -455,7 +455,10 @@ function attnPairs(c: number, n: number): number {
   return n * c + (n * (n + 1)) / 2;
 }
 
+/** Under it the salts hang, so that no salt's root is a block of token ids chained on the root. */
+const SALT_ROOT = namedRoot('\u0000cache_salt');
+
 /** The parent of a prompt's first block: vLLM mixes a cache_salt into that block's hash. */
 function saltedRoot(cacheSalt: string | undefined): number {
-  return cacheSalt === undefined ? ROOT_HASH : namedRoot(cacheSalt);
+  return cacheSalt === undefined ? ROOT_HASH : namedRoot(cacheSalt, SALT_ROOT);
 }
