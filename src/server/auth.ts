@@ -26,8 +26,8 @@ export interface Identity {
   /** The tenant's limits; null for an open gateway (no tenants configured). */
   limits: { max_concurrency?: number | undefined; tokens_per_minute?: number | undefined } | null;
   /**
-   * How its requests' cache_salt is made (cache-salt.ts); null when no tenant of the gateway is
-   * isolated, which leaves every body's salt as it is.
+   * How its requests' cache_salt is made (cache-salt.ts); null on an open gateway (no tenants),
+   * which leaves every body's salt as it is.
    */
   cacheSalt: SaltRule | null;
 }
@@ -60,11 +60,9 @@ export function createAuthenticator(
     if (!byDigest.has(digest)) byDigest.set(digest, t);
   }
   // Derived once per configuration, not per request (a hash each).
-  const isolating = (tenants ?? []).some((t) => t.isolate_prefix_cache === true);
-  const salts = new Map<TenantSpec, SaltRule | null>();
+  const salts = new Map<TenantSpec, SaltRule>();
   for (const t of tenants ?? []) {
-    const own = t.isolate_prefix_cache === true;
-    salts.set(t, own ? isolatedSalt(t.name, t.api_key_sha256) : isolating ? SHARED_SALT : null);
+    salts.set(t, t.isolate_prefix_cache === true ? isolatedSalt(t.name, t.api_key_sha256) : SHARED_SALT);
   }
   const open = byDigest.size === 0;
   const find = (key: string): TenantSpec | undefined =>

@@ -5,11 +5,14 @@
 // tell by timing (a hit answers sooner) which prompts it sent.
 //
 // Invariants:
-// - No other client can send a request under an isolated tenant's salt. The gateway owns the
-//   namespace of salts once any tenant is isolated: an isolated tenant's salt leads with its 32
-//   hex characters, and every other tenant's client salt is sent after `shared:`, which no hex
-//   string begins with. The hex part is derived from the tenant's name and key digest; it is
-//   not a secret (whoever reads the configuration can compute it), and it need not be one.
+// - No other client can send a request under an isolated tenant's salt. On a gateway with tenants
+//   the gateway owns the namespace of salts: an isolated tenant's salt leads with its 32 hex
+//   characters, and every other tenant's client salt is sent after `shared:`, which no hex string
+//   begins with. The hex part is derived from the tenant's name and key digest; it is not a
+//   secret (whoever reads the configuration can compute it), and it need not be one. Shared
+//   tenants are under `shared:` whether or not a tenant is isolated now: blocks cached under a
+//   tenant's salt while it was isolated stay out of reach once it no longer is, and an instance
+//   that has not yet reloaded the isolation sends no client's salt bare either.
 // - The client's own salt, when it sends one, follows its tenant's part: it partitions the
 //   tenant's cache further, as it would vLLM's.
 // - The salt is the same on every gateway instance with the same configuration, so the
@@ -26,7 +29,7 @@ export interface SaltRule {
 /** Hex characters of an isolated tenant's part: 128 bits. */
 const TENANT_CHARS = 32;
 
-/** The rule of a tenant that shares the backends' caches on a gateway where another is isolated. */
+/** The rule of a tenant that shares the backends' caches (it is not isolated) on a gateway with tenants. */
 export const SHARED_SALT: SaltRule = Object.freeze({ prefix: 'shared', always: false });
 
 /** The rule of an isolated tenant: its part, from its name and its API key's digest, leads every salt. */
@@ -41,7 +44,7 @@ export function isolatedSalt(name: string, apiKeySha256: string): SaltRule {
 /**
  * The cache_salt to set on the upstream body, from its tenant's rule and the client's own salt (a
  * validated non-empty string, or null or absent for none); null leaves the body as it is (no rule:
- * no tenant of the gateway is isolated; or a shared tenant's request without a salt).
+ * an open gateway; or a shared tenant's request without a salt).
  */
 export function upstreamSalt(rule: SaltRule | null, client: unknown): string | null {
   if (rule === null) return null;

@@ -1,7 +1,8 @@
 // The body the backend gets, built from the client's own bytes. Streamed upstream (every mode but
 // a pass-through), it must say `"stream": true` and ask for the usage chunk; with
 // `upstream.forward_priority` it carries the class priority; a body that named no model names the
-// one the gateway gave it; an isolated tenant's carries its cache_salt (src/server/cache-salt.ts). Those few members are appended to
+// one the gateway gave it; with tenants configured, an isolated tenant's request, and any that
+// names a salt, carries the cache_salt the gateway makes (src/server/cache-salt.ts). Those few members are appended to
 // the client's JSON object just before its closing brace instead of re-serialising the whole body:
 // a prompt of 32,000 characters is then copied once, never walked by JSON.stringify.
 //

@@ -380,13 +380,13 @@ describe('createAuthenticator', () => {
       tenant: 't',
       class: 'interactive',
       limits: { max_concurrency: 3, tokens_per_minute: undefined },
-      cacheSalt: null,
+      cacheSalt: { prefix: 'shared', always: false },
     });
     expect(codeOf(() => auth.identify('Bearer k2', undefined))).toBe('invalid_api_key:null');
     expect(codeOf(() => auth.identify(undefined, undefined))).toBe('invalid_api_key:null');
   });
 
-  it('gives each isolated tenant a salt of its own, from its name and key; the others share one namespace', () => {
+  it('gives each isolated tenant a salt of its own, from its name and key; the others share one namespace, isolated tenants or none', () => {
     const tenant = (name: string, key: string, isolate: boolean) => ({
       name,
       api_key_sha256: sha(key),
@@ -411,9 +411,14 @@ describe('createAuthenticator', () => {
     expect(build('a', 'ka').identify('Bearer ka', undefined).cacheSalt).toEqual(a);
     expect(build('a', 'ka2').identify('Bearer ka2', undefined).cacheSalt!.prefix).not.toBe(a!.prefix);
     expect(build('a2', 'ka').identify('Bearer ka', undefined).cacheSalt!.prefix).not.toBe(a!.prefix);
-    // With no tenant isolated, every body's salt is left as it is.
+    // With no tenant isolated (any more), a shared tenant's salts are still under `shared:`: none
+    // can name the salt a tenant had while it was isolated.
     const none = createAuthenticator([tenant('c', 'kc', false)], 'interactive', classes);
-    expect(none.identify('Bearer kc', undefined).cacheSalt).toBeNull();
+    expect(none.identify('Bearer kc', undefined).cacheSalt).toEqual({ prefix: 'shared', always: false });
+    // An open gateway leaves every body's salt as it is.
+    expect(
+      createAuthenticator([], 'interactive', classes).identify(undefined, undefined).cacheSalt,
+    ).toBeNull();
   });
 
   it('makes the upstream salt: the tenant part first; a shared tenant only when its client sent one', () => {

@@ -160,6 +160,16 @@ describe('engine timing', () => {
     expect(h.engine.cachedPrefixTokens(history)).toBe(48);
   });
 
+  it('a salt is no block of token ids: an unsalted prompt that starts with its character codes shares nothing with it', () => {
+    const h = new Harness();
+    const salt = 'sixteen-chars-ab';
+    const rest = prompt(64);
+    const codes = Array.from(salt, (c) => c.charCodeAt(0));
+    h.ttftAlone(spec('plain', [...codes, ...rest], 10));
+    expect(h.engine.cachedPrefixTokens([...codes, ...rest])).toBe(80);
+    expect(h.engine.cachedPrefixTokens(rest, salt)).toBe(0);
+  });
+
   it('output fills blocks under the salt of a prompt shorter than a block', () => {
     const h = new Harness();
     const p = prompt(10);
