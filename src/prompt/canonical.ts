@@ -23,7 +23,7 @@
 // own start; the first one's blocks stand for them all, the others are counted). Token-id prompts
 // are hashed as ids, vLLM's own way. Every chain starts from a root named after the model and the
 // request's cache_salt (`cacheRoot`), which key vLLM's cache as well as the tokens do.
-import { blockHashes, namedRoot, ROOT_HASH, TextBlocks } from './chain-hash.ts';
+import { blockHashes, namedRoot, ROOT_HASH, saltedRoot, TextBlocks } from './chain-hash.ts';
 
 /** Characters of canonical text per token of a block (the endpoint picker's approximation: 4). */
 export const BLOCK_CHARS_PER_TOKEN = 4;
@@ -81,9 +81,6 @@ const isSystem = (m: unknown): boolean => isRecord(m) && (m.role === 'system' ||
 const roots = new Map<string, number>();
 const MAX_ROOTS = 256;
 
-/** Names the salt's level of a root: no rendering key is this string (each holds a `=`). */
-const SALT_TAG = '\u0000cache_salt';
-
 /**
  * The root of a request's chain: the endpoint (a chat's messages and a completion's text are
  * never the same tokens to vLLM: its template puts special tokens between messages), the model it
@@ -115,7 +112,7 @@ export function cacheRoot(
   }
   // Per request, like a salt: the fields that change how vLLM renders and tokenizes the prompt.
   if (rendering !== null) root = namedRoot(rendering, root);
-  return typeof cacheSalt === 'string' ? namedRoot(cacheSalt, namedRoot(SALT_TAG, root)) : root;
+  return typeof cacheSalt === 'string' ? saltedRoot(cacheSalt, root) : root;
 }
 
 /**

@@ -64,6 +64,20 @@ export function namedRoot(key: string, parent = ROOT_HASH): number {
   return hashBlock(parent, units, 0, units.length);
 }
 
+/**
+ * Names the salt's level of a root: no rendering key is this string (each holds a `=`), and its 11
+ * units hash as no full block of token ids does (a block's length is in its hash).
+ */
+const SALT_TAG = '\u0000cache_salt';
+
+/**
+ * The root a `cache_salt` names under `parent`, hung from a tag of its own: no salt's root is the
+ * root of another key named there (a rendering key, a block of token ids), however it is spelt.
+ */
+export function saltedRoot(salt: string, parent = ROOT_HASH): number {
+  return namedRoot(salt, namedRoot(SALT_TAG, parent));
+}
+
 /** Hashes of every full block of `tokens`, appended to `out` (which is returned). */
 export function blockHashes(
   tokens: ArrayLike<number>,

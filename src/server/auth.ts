@@ -54,19 +54,16 @@ export function createAuthenticator(
   classes: ReadonlySet<string>,
 ): Authenticator {
   // Key hashes are unique (config validation); the first tenant of a hash would win regardless.
-  const byDigest = new Map<string, TenantSpec>();
+  // Each tenant's salt rule is derived here, once per configuration, not per request (a hash each).
+  const byDigest = new Map<string, { tenant: TenantSpec; salt: SaltRule }>();
   for (const t of tenants ?? []) {
     const digest = t.api_key_sha256.toLowerCase();
-    if (!byDigest.has(digest)) byDigest.set(digest, t);
-  }
-  // Derived once per configuration, not per request (a hash each).
-  const salts = new Map<TenantSpec, SaltRule>();
-  for (const t of tenants ?? []) {
-    salts.set(t, t.isolate_prefix_cache === true ? isolatedSalt(t.name, t.api_key_sha256) : SHARED_SALT);
+    if (byDigest.has(digest)) continue;
+    const salt = t.isolate_prefix_cache === true ? isolatedSalt(t.name, t.api_key_sha256) : SHARED_SALT;
+    byDigest.set(digest, { tenant: t, salt });
   }
   const open = byDigest.size === 0;
-  const find = (key: string): TenantSpec | undefined =>
-    byDigest.get(createHash('sha256').update(key).digest('hex'));
+  const find = (key: string) => byDigest.get(createHash('sha256').update(key).digest('hex'));
 
   return {
     identify(authorization, requestedClass) {
@@ -76,10 +73,11 @@ export function createAuthenticator(
         return { tenant: ANONYMOUS, class: cls, limits: null, cacheSalt: null };
       }
       const match = /^Bearer\s+(\S+)\s*$/i.exec(authorization ?? '');
-      const tenant = match ? find(match[1]!) : undefined;
-      if (tenant === undefined) {
+      const found = match ? find(match[1]!) : undefined;
+      if (found === undefined) {
         throw new GatewayError('invalid_api_key', 'Incorrect or missing API key.');
       }
+      const { tenant, salt } = found;
       const cls =
         requestedClass !== undefined && tenant.allowed_classes.includes(requestedClass)
           ? requestedClass
@@ -88,7 +86,7 @@ export function createAuthenticator(
         tenant: tenant.name,
         class: cls,
         limits: { max_concurrency: tenant.max_concurrency, tokens_per_minute: tenant.tokens_per_minute },
-        cacheSalt: salts.get(tenant) ?? null,
+        cacheSalt: salt,
       };
     },
   };

@@ -2,7 +2,7 @@
 // prefill, a KV block pool with automatic prefix caching, recompute preemption, and step
 // durations from the profile's roofline. See README.md next to this file for what it leaves out.
 
-import { blockHashes, hashBlock, namedRoot, ROOT_HASH } from '../../prompt/chain-hash.ts';
+import { blockHashes, hashBlock, ROOT_HASH, saltedRoot } from '../../prompt/chain-hash.ts';
 import { type EngineClock, realClock } from './clock.ts';
 import { Deque } from './deque.ts';
 import { BlockPool } from './kv-cache.ts';
@@ -123,7 +123,7 @@ class SimEngine implements Engine {
         `request needs ${promptLen + limit} tokens of KV; the cache holds ${(this.p.numGpuBlocks - 1) * this.B}`,
       );
     }
-    const root = saltedRoot(spec.cacheSalt);
+    const root = rootOf(spec.cacheSalt);
     const r: Req = {
       id: spec.id,
       spec,
@@ -179,7 +179,7 @@ class SimEngine implements Engine {
   }
 
   cachedPrefixTokens(tokens: readonly number[], cacheSalt?: string): number {
-    const hashes = blockHashes(tokens, this.B, [], saltedRoot(cacheSalt));
+    const hashes = blockHashes(tokens, this.B, [], rootOf(cacheSalt));
     return this.pool.longestHit(hashes, hashes.length) * this.B;
   }
 
@@ -455,10 +455,7 @@ function attnPairs(c: number, n: number): number {
   return n * c + (n * (n + 1)) / 2;
 }
 
-/** Under it the salts hang, so that no salt's root is a block of token ids chained on the root. */
-const SALT_ROOT = namedRoot('\u0000cache_salt');
-
 /** The parent of a prompt's first block: vLLM mixes a cache_salt into that block's hash. */
-function saltedRoot(cacheSalt: string | undefined): number {
-  return cacheSalt === undefined ? ROOT_HASH : namedRoot(cacheSalt, SALT_ROOT);
+function rootOf(cacheSalt: string | undefined): number {
+  return cacheSalt === undefined ? ROOT_HASH : saltedRoot(cacheSalt);
 }
