@@ -3,7 +3,7 @@
 //
 //   npx tsx scripts/prefix-bench.ts [--parts routing,product,shared,micro] [--rate 8] [--duration-s 240]
 //                                   [--time-scale 1] [--policies LIST] [--out results/prefix-bench.json]
-//                                   [--keep-logs DIR] [--fleet llama3-8b-a100:8]
+//                                   [--keep-logs DIR] [--fleet llama3-8b-a100:8] [--slow-start I:F:S]
 //
 // `--fleet NAME:N,...` runs every part on another fleet, mixed GPU kinds included (one simulated
 // fleet per profile, backends r0… in the order given); with several groups the routing and product
@@ -88,6 +88,7 @@ const { values } = parseArgs({
     'shared-policy': { type: 'string', default: 'slagate/fcfs' },
     'keep-logs': { type: 'string' },
     fleet: { type: 'string', default: 'llama3-8b-a100:8' },
+    'slow-start': { type: 'string' },
   },
 });
 const PARTS = new Set(values.parts!.split(','));
@@ -98,6 +99,30 @@ const FLEET = parseFleet(values.fleet!);
 const REPLICAS = FLEET.reduce((n, g) => n + g.replicas, 0);
 const groupOf = fleetGroupOf(FLEET);
 const SEED = 1;
+
+/**
+ * `--slow-start I:F:S`: replica I's engine steps F times slower for the first S seconds of each
+ * routing or product run (the simulator's `slow` fault, set once the gateway is ready): a replica
+ * that starts slow (a warm-up, a throttled GPU) and then runs as fast as the rest.
+ */
+const SLOW_START = (() => {
+  const text = values['slow-start'];
+  if (text === undefined) return null;
+  const [i, f, sec] = text.split(':').map(Number);
+  if (!(Number.isInteger(i) && i! >= 0 && i! < REPLICAS && f! > 1 && sec! > 0))
+    throw new Error(`--slow-start: INDEX:FACTOR:SECONDS with INDEX < ${REPLICAS}, FACTOR > 1; got ${text}`);
+  return { replica: i!, factor: f!, seconds: sec! };
+})();
+
+async function slowStart(urls: readonly string[]): Promise<void> {
+  if (SLOW_START === null) return;
+  const res = await fetch(`${urls[SLOW_START.replica]}/sim/fault`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ mode: 'slow', factor: SLOW_START.factor, duration_ms: SLOW_START.seconds * 1000 }),
+  });
+  if (!res.ok) throw new Error(`--slow-start: the replica answered ${res.status}: ${await res.text()}`);
+}
 const SLO = { ttft: 500 * TS, tpot: 50 * TS };
 
 export const WORKLOAD = {
@@ -143,6 +168,7 @@ const out: Record<string, unknown> = {
   workload: WORKLOAD,
   rate: RATE,
   durationS: DURATION_S,
+  slowStart: SLOW_START,
 };
 const save = () => {
   mkdirSync(dirname(values.out!), { recursive: true });
@@ -384,6 +410,7 @@ async function routing(
       timeScale: TS,
       gatewayYaml: yaml,
       onProgress: (line) => console.error(`  ${line}`),
+      beforeLoad: slowStart,
     });
     const run = result.runs[0]!;
     if (run.error !== null || run.bench === null) throw new Error(`${policy}: ${run.error}`);

@@ -83,6 +83,8 @@ export interface CompareOptions {
   signal?: AbortSignal;
   /** Bound on waiting for the gateway's /readyz. Default 15 s. */
   readyTimeoutMs?: number;
+  /** Called with the replicas' URLs once the gateway is ready, before the load starts (a fault to set). */
+  beforeLoad?: (replicaUrls: readonly string[]) => Promise<void>;
 }
 
 export interface CompareRun extends ReportedRun {
@@ -239,6 +241,7 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
         return stringifyYaml(config);
       });
       await waitReady(gateway.url, o.readyTimeoutMs);
+      await o.beforeLoad?.(urls);
       stage = 'run failed';
       const bench = await runBench({
         ...benchBase,
