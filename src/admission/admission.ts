@@ -5,6 +5,7 @@
 //   one request counting more than its tenant's tokens_per_minute ──── 400 invalid_request
 //   sheddable class while a protected class is being refused ───────── 429 sla_unattainable
 //   predicted TTFT over its budget on every backend ─────────────────── 429 sla_unattainable
+//     unless it may seed a second backend with its prefix (Scheduler.seedFor): admitted there
 //   otherwise admitted: the tenant's usage lease starts, the request goes to the scheduler
 //
 // Refusing early what cannot meet its target (Mooncake's early rejection) keeps the queue to
@@ -126,6 +127,13 @@ export class AdmissionController {
     const soon = prediction.complete ? soonest(prediction, scheduler) : null;
     const bound = soon === null ? null : spentMs + soon;
     const budget = scheduled.ttftBudgetMs;
+    // Late everywhere, but the one backend holding its prefix is what makes it late, and another
+    // could take it now: let in to seed that one, as a deliberate miss (Scheduler.seedFor).
+    const seedOn = bound !== null && bound > budget ? scheduler.seedFor(scheduled) : null;
+    if (seedOn !== null) {
+      const tenantLease = live.tenantLease(req.tenant, req.budgetTokens);
+      return { scheduled: { ...scheduled, seedOn }, prediction, tenantLease };
+    }
     if (bound !== null && bound > budget) {
       throw this.#refuse(
         req,

@@ -655,6 +655,8 @@ export function missCause(r: LogRecord): string {
     if (r.attempts !== null && r.attempts !== undefined && r.attempts > 1) {
       return 'TTFT over target: retried (more than one attempt)';
     }
+    // Sent where it was predicted late, on purpose: the miss was the price of a second home for its prefix.
+    if (r.reason === 'seed') return 'TTFT over target: a seed (sent cold on purpose, predicted late)';
     if (r.queue_ms === null || r.queue_ms === undefined) return 'TTFT over target: no queue wait recorded';
     if (r.queue_ms >= QUEUE_SHARE * r.ttft_ms)
       return 'TTFT over target: queued too long (queue >= half of TTFT)';

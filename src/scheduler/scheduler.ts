@@ -101,6 +101,8 @@ export interface Grant {
   readonly prefixHit: number | null;
   /** The router's best few candidates, best first, with their cost terms (the debug log line). */
   readonly candidates: readonly Candidate[];
+  /** Sent as a seed: predicted late, to give its prefix a second backend (Scheduler.seedFor). */
+  readonly seed: boolean;
 }
 
 /** How many of the router's candidates a grant keeps for the log. */
@@ -287,6 +289,8 @@ export class Scheduler {
   #prefixGone = 0;
   /** The prefix index's match, bound once (the router's views call it per backend per grant). */
   readonly #match: PrefixMatch;
+  /** Backends with a seed of this instance still prefilling (#seedOf). */
+  readonly #seeding = new Set<string>();
   #lastTick: number;
   #pumping = false;
   #again = false;
@@ -392,6 +396,92 @@ export class Scheduler {
   startsNow(name: string, uncachedTokens: number): boolean {
     if (this.#passedBound || this.#waitedFor.has(name)) return false;
     return this.#room(name) > 0 && this.#prefillRoom(name, uncachedTokens, this.#prefillCap());
+  }
+
+  /**
+   * The backend a request predicted late everywhere would seed now (#seedOf), for admission to
+   * let it in rather than refuse it; null when there is none. Its first attempt then goes there.
+   */
+  seedFor(req: ScheduledRequest): string | null {
+    const available = this.#deps.backends().filter((b) => b.available);
+    return this.#seedOf(req, available, null, null)?.name ?? null;
+  }
+
+  /**
+   * A second home for a hot prefix: where to send a request that would be refused as late
+   * everywhere, as a deliberate miss. Invariant: a prefix held on one backend only is the one whose
+   * every request waits for that backend, and when it is busy they are refused one after another,
+   * while a backend that could take them holds none of it: a cold prefill of this workload's
+   * prompts runs past the target on its own (about 550 ms on an A100 against 500 ms), so the
+   * router's cost and the guard never move it (docs/benchmarks.md, "Where the whole product still
+   * refuses"). One such request sent there anyway is late, as it would have been refused; the
+   * prompt's blocks are then in that backend's index, and the prefix's next requests are ranked
+   * on both. Bounded so that seeds do not become the load: only under `scheduler.policy: slagate`;
+   * only a prompt of which one backend holds at least half, and no other backend half of what that
+   * one holds (a second home, never a third); only to a backend that would start it now, with
+   * under a quarter of the mean in flight of the backends that serve the model (one the fleet is
+   * not using: with the mean itself, seeds went to every backend in turn, 7% of the requests, each
+   * a cold prefill evicting another tenant's prefix, and the goodput fell), and no other seed of
+   * this instance still prefilling there (one cold prefill at a time); the least loaded of those.
+   */
+  #seedOf(
+    req: ScheduledRequest,
+    available: readonly Backend[],
+    round: Round | null,
+    excluded: ReadonlySet<string> | null,
+  ): Backend | null {
+    if (this.#deps.settings().policy !== 'slagate' || req.promptTokens <= 0) return null;
+    const { live } = this.#deps;
+    const cap = round?.prefillCap ?? 0;
+    let most = 0;
+    let total = 0;
+    const seen: { b: Backend; tokens: number; uncached: number; load: number }[] = [];
+    for (const b of available) {
+      if (!b.serves(req.model)) continue;
+      const cached = cachedOn(req.route, b.name, this.#match);
+      const load = live.load(b.name);
+      total += load;
+      most = Math.max(most, cached.tokens);
+      seen.push({ b, tokens: cached.tokens, uncached: cached.uncached, load });
+    }
+    if (seen.length < 2 || most < req.promptTokens / 2) return null;
+    const mean = total / seen.length;
+    let holders = 0;
+    let best: (typeof seen)[number] | null = null;
+    for (const c of seen) {
+      if (c.tokens >= most / 2) {
+        holders++;
+        continue;
+      }
+      const name = c.b.name;
+      // Asked by admission, it must start the request the moment it is queued (startsNow: no entry
+      // waits for it), or the pinned seed would wait there alone and be refused all the same.
+      const opens =
+        round === null
+          ? this.startsNow(name, c.uncached)
+          : (round.room.get(name) ?? 0) > 0 &&
+            !round.closed.has(name) &&
+            this.#prefillRoom(name, c.uncached, cap);
+      if (!opens || excluded?.has(name) || this.#seeding.has(name) || c.load >= mean / 4) continue;
+      if (best === null || c.load < best.load) best = c;
+    }
+    return holders === 1 ? (best?.b ?? null) : null;
+  }
+
+  /**
+   * The backend a request admitted to seed (seedFor) is offered alone: on its first attempt only
+   * (a retry, or a first attempt asked again, is routed as any other), and while no other seed
+   * prefills there (else routed as any other too: late, it may seed elsewhere or is refused).
+   */
+  #pinOf(req: ScheduledRequest, excluded: ReadonlySet<string> | null): string | null {
+    const on = req.seedOn;
+    if (on === undefined || (excluded !== null && excluded.size > 0) || this.#seeding.has(on)) return null;
+    return on;
+  }
+
+  /** A seed's prefill ended (its first token, or its attempt before one): the backend may take another. */
+  seedEnded(name: string): void {
+    this.#seeding.delete(name);
   }
 
   /**
@@ -753,12 +843,25 @@ export class Scheduler {
         return 'pass';
       }
       // Sent now and late there: every backend the router ranked is late (#choose looks past them).
-      if (this.#tooLate(w, choice.view)) {
-        w.settle(null, this.#refusal(w.req, 'queue_timeout'));
-        w.state = 'removed';
+      // Admitted to seed its backend, it is late by design; otherwise it may seed one (#seedOf),
+      // and is refused when it may not.
+      const pinned = this.#pinOf(w.req, w.excluded) === choice.backend.name;
+      if (!pinned && this.#tooLate(w, choice.view)) {
+        const seed = this.#seedOf(w.req, available, round, w.excluded);
+        if (seed === null) {
+          w.settle(null, this.#refusal(w.req, 'queue_timeout'));
+          w.state = 'removed';
+          return 'take';
+        }
+        this.#grant(
+          w,
+          { backend: seed, view: this.#view(w.req, seed, round), ranked: choice.ranked },
+          round,
+          true,
+        );
         return 'take';
       }
-      this.#grant(w, choice, round);
+      this.#grant(w, choice, round, pinned);
       return 'take';
     });
     // At the bound, a request queued now would be beyond it: not reached by this pump whatever
@@ -855,8 +958,11 @@ export class Scheduler {
     // A request that may not wait (x-slagate-no-queue, or no queue at all) is offered only the
     // backends that can start it now: waiting for a busy one would be refusing it.
     const mayWait = !req.noQueue && round.queues;
+    const pin = this.#pinOf(req, excluded);
+    const pinned = pin !== null && available.some((b) => b.name === pin && b.serves(req.model)) ? pin : null;
     for (const b of available) {
       if (excluded?.has(b.name) || !b.serves(req.model)) continue;
+      if (pinned !== null && b.name !== pinned) continue;
       const view = this.#view(req, b, round);
       if (!mayWait && !view.hasRoom) continue;
       views.push(view);
@@ -943,7 +1049,7 @@ export class Scheduler {
     };
   }
 
-  #grant(w: Waiting, choice: Choice, round: Round): void {
+  #grant(w: Waiting, choice: Choice, round: Round, seed = false): void {
     const { live } = this.#deps;
     const { backend: b, view } = choice;
     const req = w.req;
@@ -975,7 +1081,9 @@ export class Scheduler {
       prefixHit:
         req.promptTokens > 0 && req.route.blocks.length > 0 ? view.cachedTokens / req.promptTokens : null,
       candidates: choice.ranked.slice(0, CANDIDATES_KEPT),
+      seed,
     };
+    if (seed) this.#seeding.add(b.name);
     w.ticket.grants.push(grant);
     const settings = this.#deps.settings();
     const predicted = view.predictedTtftMs;
@@ -1521,12 +1629,14 @@ class GrantedSlot implements Slot {
     if (this.#firstToken || this.#released) return false;
     this.#firstToken = true;
     this.#lease.prefillDone();
+    if (this.grant.seed) this.#scheduler.seedEnded(this.backend.name);
     return true;
   }
 
   release(): void {
     if (this.#released) return;
     this.#released = true;
+    if (!this.#firstToken && this.grant.seed) this.#scheduler.seedEnded(this.backend.name);
     if (this.#presumed !== null) clearTimeout(this.#presumed);
     this.#presumed = null;
     this.#lease.end();

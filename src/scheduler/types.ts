@@ -56,6 +56,11 @@ export interface ScheduledRequest {
   readonly prefillMs: number | null;
   /** The best backend's predicted dispatch-to-first-token time, ms (the queue guard); null when unknown. */
   readonly bestBackendMs: number | null;
+  /**
+   * Admitted, though predicted late everywhere, to seed this backend with its prefix
+   * (Scheduler.seedFor): its first attempt is offered this backend alone.
+   */
+  readonly seedOn?: string;
 }
 
 /** How a request's TTFT budget was set, for refusal messages: "the 'x' target of N ms", and why not. */

@@ -53,7 +53,8 @@ export function finishProxied(
   result: ProxyResult,
 ): void {
   const refused = result.outcome === 'refused';
-  const reason: string = result.errorCode ?? result.reason ?? 'ok';
+  // A seed that was served says so: sent where it was predicted late, on purpose (Scheduler.seedFor).
+  const reason: string = result.errorCode ?? result.reason ?? (ticket.lastGrant?.seed ? 'seed' : 'ok');
   let error: string | null = null;
   if (result.refusal !== null) error = result.refusal.message;
   else if (result.outcome !== 'ok')

@@ -97,9 +97,6 @@ export class RemoteBackend {
   readonly classes = new Map<string, WindowTotals>();
   readonly ttft = new FitStats(TTFT_FEATURES);
   readonly tpot = new FitStats(TPOT_FEATURES);
-  /** Each peer's fit weight as it published it: whether any of them has learnt more than the floor. */
-  readonly ttftWeights: number[] = [];
-  readonly tpotWeights: number[] = [];
 
   /** Forgets the in-flight part, before the next one is summed in. */
   clearInflight(): void {

@@ -254,32 +254,6 @@ export class PooledSpread {
       this.cxy[j] = (this.cxy[j] as number) + (v[syOff + 1 + j] as number) - sx(j) * (sy / w);
     this.weight += w;
   }
-
-  /**
-   * The pooled slopes through the means of `all` (the same fits' sums added): how y moves with x
-   * within each fit, at where the fits sit together. Null as `solve` would be for `all`.
-   */
-  solveAt(all: FitStats, minSamples: number): FitCoefficients | null {
-    const { k } = this;
-    const w = all.v[0] as number;
-    if (!(w > 0)) return null;
-    const s = new FitStats(k);
-    const v = s.v;
-    const src = all.v;
-    const syOff = 1 + k + (k * (k + 1)) / 2;
-    v[0] = w;
-    for (let j = 0; j < k; j++) v[1 + j] = src[1 + j] as number;
-    let o = 0;
-    for (let a = 0; a < k; a++) {
-      for (let b = a; b < k; b++, o++)
-        v[1 + k + o] = (this.cxx[o] as number) + (src[1 + a] as number) * ((src[1 + b] as number) / w);
-    }
-    v[syOff] = src[syOff] as number;
-    for (let j = 0; j < k; j++)
-      v[syOff + 1 + j] = (this.cxy[j] as number) + (src[1 + j] as number) * ((src[syOff] as number) / w);
-    v[v.length - 1] = all.samples;
-    return s.solve(minSamples);
-  }
 }
 
 /**
@@ -296,8 +270,6 @@ export const DECAY_FLOOR_SAMPLES = 3;
 /** A local fit: sums decayed to `updatedAt` by a half-life, never below DECAY_FLOOR_SAMPLES by time. */
 export class DecayingFit {
   readonly stats: FitStats;
-  /** When the fit was last taught a sample (its owner sets it); null before the first. */
-  learntAt: number | null = null;
   #updatedAt: number | null = null;
   readonly #lambda: number;
 

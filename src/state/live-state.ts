@@ -20,7 +20,7 @@ import {
   TPOT_FEATURES,
   TTFT_FEATURES,
 } from './backend-state.ts';
-import { DECAY_FLOOR_SAMPLES, type FitCoefficients, FitStats, PooledSpread, predict } from './fit.ts';
+import { type FitCoefficients, FitStats, PooledSpread, predict } from './fit.ts';
 import { type Quantiles, quantiles } from './histogram.ts';
 import {
   addCounts,
@@ -97,26 +97,14 @@ export interface RatesView {
    * Dispatch-to-first-token ≈ baseMs + msPerPrefillToken · (own uncached tokens + prefill tokens
    * pending ahead on the backend) + msPerLoad · load.
    */
-  ttft: {
-    baseMs: number;
-    msPerPrefillToken: number;
-    msPerLoad: number;
-    samples: number;
-    source: FitSource;
-  } | null;
+  ttft: { baseMs: number; msPerPrefillToken: number; msPerLoad: number; samples: number } | null;
   /** TPOT ≈ baseMs + msPerLoad · load. */
-  tpot: { baseMs: number; msPerLoad: number; samples: number; source: FitSource } | null;
+  tpot: { baseMs: number; msPerLoad: number; samples: number } | null;
   /** TPOT predicted at the backend's current load. */
   tpotNowMs: number | null;
   ttftError: FitError;
   tpotError: FitError;
 }
-
-/**
- * Whose samples a backend's fit is: its own, or the whole fleet's while everything it learnt of
- * the backend has aged to the decay floor (LiveStateImpl#fits). `samples` counts the fit's.
- */
-export type FitSource = 'backend' | 'fleet';
 
 export interface BackendLiveView {
   name: string;
@@ -260,8 +248,6 @@ export interface LiveState {
 interface FitCache {
   ttft: FitCoefficients | null;
   tpot: FitCoefficients | null;
-  ttftSource: FitSource;
-  tpotSource: FitSource;
   ttftError: FitError;
   tpotError: FitError;
 }
@@ -300,12 +286,6 @@ interface FleetPool {
   at: number;
   ttft: PooledSpread;
   tpot: PooledSpread;
-  /**
-   * The fleet's fit: the pooled slopes through every backend's sums' means together. What a
-   * backend whose own fit has aged is predicted on (see #fits).
-   */
-  ttftFit: FitCoefficients | null;
-  tpotFit: FitCoefficients | null;
 }
 
 export function createLiveState(config: StateConfig, opts: LiveStateOptions): LiveState {
@@ -345,15 +325,7 @@ class LiveStateImpl implements LiveState {
   >();
   readonly #fitCache = new Map<
     string,
-    {
-      version: number;
-      remoteVersion: number;
-      pool: FleetPool;
-      at: number;
-      /** When time alone would age every part of a fit still the backend's own (#agesAt). */
-      agesAt: number;
-      value: FitCache;
-    }
+    { version: number; remoteVersion: number; pool: FleetPool; at: number; value: FitCache }
   >();
   /** Bumped by every sample on any backend: with #remoteVersion, keys the fleet pool. */
   #fleetVersion = 0;
@@ -485,7 +457,6 @@ class LiveStateImpl implements LiveState {
       if (scale > 0) taught = Math.min(y, SAMPLE_BOUND * scale);
     }
     fit.stats.addSample(x, taught);
-    fit.learntAt = now;
     be.fitVersion++;
     this.#fleetVersion++;
   }
@@ -692,7 +663,6 @@ class LiveStateImpl implements LiveState {
                 msPerPrefillToken: fits.ttft.slopes[0] as number,
                 msPerLoad: fits.ttft.slopes[1] as number,
                 samples: fits.ttft.samples,
-                source: fits.ttftSource,
               },
         tpot:
           fits.tpot === null
@@ -701,7 +671,6 @@ class LiveStateImpl implements LiveState {
                 baseMs: fits.tpot.intercept,
                 msPerLoad: fits.tpot.slopes[0] as number,
                 samples: fits.tpot.samples,
-                source: fits.tpotSource,
               },
         tpotNowMs: fits.tpot === null ? null : predict(fits.tpot, [load]),
         ttftError: fits.ttftError,
@@ -893,7 +862,7 @@ class LiveStateImpl implements LiveState {
     const cached = this.#fitCache.get(name);
     const pool = this.#fleetPool(now);
     // A clock stepped back (the wall clock may be) counts as time passed, not as a fresh solve.
-    if (cached !== undefined && now < cached.agesAt) {
+    if (cached !== undefined) {
       const same =
         cached.version === be.fitVersion &&
         cached.remoteVersion === this.#remoteVersion &&
@@ -903,27 +872,9 @@ class LiveStateImpl implements LiveState {
     const { ttft, tpot } = this.#combined(name, be, now);
     ttft.addPrior(pool.ttft, priorWeight(ttft));
     tpot.addPrior(pool.tpot, priorWeight(tpot));
-    const remote = this.#remoteFor(name);
-    const ttftAgesAt = this.#agesAt(be.ttftFit, remote?.ttftWeights);
-    const tpotAgesAt = this.#agesAt(be.tpotFit, remote?.tpotWeights);
-    // Invariant: a backend is predicted on what it did lately, or on what the fleet does. Its own
-    // fit stays its own however long it is sent nothing (decay alone never moves it), and a backend
-    // predicted slow is sent nothing: one A100 whose first three cold prefills ran slow at a
-    // mixed fleet's start served no request for ten minutes, its fit never corrected
-    // (docs/benchmarks.md, "A backend left idle on a bad early fit"). Once its fit has learnt
-    // nothing for a half-life (#agesAt) it is planned on the fleet's: sent work as an average
-    // backend is, until the first sample that work brings makes its fit its own again.
-    const own = (fit: FitCoefficients | null, agesAt: number, fleet: FitCoefficients | null) =>
-      fit !== null && now >= agesAt && fleet !== null
-        ? { fit: fleet, source: 'fleet' as const }
-        : { fit, source: 'backend' as const };
-    const t = own(ttft.solve(this.#minSamples), ttftAgesAt, pool.ttftFit);
-    const d = own(tpot.solve(this.#minSamples), tpotAgesAt, pool.tpotFit);
     const value: FitCache = {
-      ttft: t.fit,
-      tpot: d.fit,
-      ttftSource: t.source,
-      tpotSource: d.source,
+      ttft: ttft.solve(this.#minSamples),
+      tpot: tpot.solve(this.#minSamples),
       ttftError: errorOf(ttft),
       tpotError: errorOf(tpot),
     };
@@ -932,31 +883,9 @@ class LiveStateImpl implements LiveState {
       remoteVersion: this.#remoteVersion,
       pool,
       at: now,
-      // Re-solved when a fit still its own ages; an aged one changes only with a sample.
-      agesAt: Math.min(
-        ttftAgesAt > now ? ttftAgesAt : Number.POSITIVE_INFINITY,
-        tpotAgesAt > now ? tpotAgesAt : Number.POSITIVE_INFINITY,
-      ),
       value,
     });
     return value;
-  }
-
-  /**
-   * When one backend's fit will have aged, unless it learns: a half-life after this instance last
-   * taught it a sample, and once each peer's part, as it published it (at #remoteFullAt), has
-   * decayed to within one sample of the decay floor. (A peer's snapshot carries its sums, not when
-   * it last learnt: a part of more than one sample over the floor has learnt within the time its
-   * weight takes to decay there. So a peer's first few samples, under that, count as old.)
-   */
-  #agesAt(local: BackendState['ttftFit'], peers: readonly number[] | undefined): number {
-    let t = local.learntAt === null ? Number.NEGATIVE_INFINITY : local.learntAt + this.#halfLifeMs;
-    const at = this.#remoteFullAt;
-    const fresh = DECAY_FLOOR_SAMPLES + 1;
-    if (at !== null)
-      for (const w of peers ?? [])
-        if (w > fresh) t = Math.max(t, at + this.#halfLifeMs * Math.log2(w / fresh));
-    return t;
   }
 
   /** This instance's and the peers' fit sums for one backend, decayed to `now`. */
@@ -991,14 +920,10 @@ class LiveStateImpl implements LiveState {
     }
     const ttft = new PooledSpread(TTFT_FEATURES);
     const tpot = new PooledSpread(TPOT_FEATURES);
-    const ttftAll = new FitStats(TTFT_FEATURES);
-    const tpotAll = new FitStats(TPOT_FEATURES);
     for (const [name, { state }] of this.#backends) {
       const c = this.#combined(name, state, now);
       ttft.add(c.ttft);
       tpot.add(c.tpot);
-      ttftAll.addStats(c.ttft);
-      tpotAll.addStats(c.tpot);
     }
     // Read after the loop: reading the peers' part may drop it as stale (a new remoteVersion).
     const pool = {
@@ -1007,8 +932,6 @@ class LiveStateImpl implements LiveState {
       at: now,
       ttft,
       tpot,
-      ttftFit: ttft.solveAt(ttftAll, this.#minSamples),
-      tpotFit: tpot.solveAt(tpotAll, this.#minSamples),
     };
     this.#pool = pool;
     return pool;

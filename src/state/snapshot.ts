@@ -157,8 +157,8 @@ export function mergeSnapshots(
           }
         }
       }
-      if (remote.ttft.addEncoded(raw.p)) remote.ttftWeights.push((raw.p as number[])[0] as number);
-      if (remote.tpot.addEncoded(raw.d)) remote.tpotWeights.push((raw.d as number[])[0] as number);
+      remote.ttft.addEncoded(raw.p);
+      remote.tpot.addEncoded(raw.d);
     }
     if (isObject(snap.t)) {
       for (const [name, raw] of Object.entries(snap.t)) {

@@ -264,6 +264,115 @@ describe('predicted TTFT', () => {
     expect(codeOf(() => admission.admit(req({ promptTokens: 1000 })))).toBe('admitted');
   });
 
+  describe('a seed: late everywhere because the one backend holding its prefix is busy', () => {
+    // 6,000 tokens: a 5,008-token prefix (313 blocks) held on a, then a question of its own. Cold,
+    // 20 + 0.1 × 6,000 = 620 ms anywhere; warm on a, 120 ms, but a has 5,000 tokens of another
+    // request's prefill waiting (a further 500 ms): late everywhere against the 500 ms target.
+    const chain = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
+    const prefix = chain(1, 313);
+    let question = 0;
+    const ask = (id: string) =>
+      req({
+        reqId: id,
+        promptTokens: 6000,
+        route: route({
+          reqId: id,
+          promptTokens: 6000,
+          blocks: [...prefix, ...chain(10_000 + 100 * question++, 62)],
+        }),
+      });
+    const busyHolder = (policy: 'slagate' | 'fcfs' = 'slagate') => {
+      const { f, admission } = onOneClock(
+        ['a', 'b', 'c'],
+        schedulerSettings({ policy, concurrency: { ...schedulerSettings().concurrency, initial: 4 } }),
+      );
+      f.teach();
+      f.live.prefixInsert('a', prefix);
+      pendingPrefill(f.live, ['a'], 5000);
+      return { f, admission };
+    };
+
+    it('is let in to seed the least loaded backend, once: its prefix then has a second home, not a third', async () => {
+      const { f, admission } = busyHolder();
+      // b is as idle as c; one request already running on c.
+      f.live.lease('c', { promptTokens: 10, expectedOutputTokens: 10 });
+      const first = admission.admit(ask('seed'));
+      expect(first.scheduled.seedOn).toBe('b');
+      // Two requests another instance sent to b since: by the rule b would seed nothing now (and
+      // nothing else would), but the choice admission made stands for the first attempt.
+      for (let i = 0; i < 2; i++) f.live.lease('b', { promptTokens: 10, expectedOutputTokens: 10 });
+      const ticket = f.scheduler.ticket(first.scheduled);
+      const slot = await ticket.acquire(firstAttempt());
+      expect(slot!.backend.name).toBe('b');
+      expect(ticket.lastGrant!.seed).toBe(true);
+      // Its blocks are in b's index now: the prefix's next request is ranked on both, and late on
+      // both it is refused, not sent to seed c.
+      expect(f.live.prefixMatch('b', prefix)).toBe(prefix.length);
+      expect(codeOf(() => admission.admit(ask('after')))).toMatch(/^sla_unattainable/);
+    });
+
+    it('is none under fcfs, none for a prompt no backend holds, none on a backend with a quarter of the mean load or more', () => {
+      const fcfs = busyHolder('fcfs');
+      expect(codeOf(() => fcfs.admission.admit(ask('fcfs')))).toMatch(/^sla_unattainable/);
+      // Held nowhere, its budget is twice its unloaded first token (1,240 ms): late with 8,000
+      // tokens of prefill ahead everywhere, and there is no prefix to give a second home.
+      const cold = busyHolder();
+      pendingPrefill(cold.f.live, ['a', 'b', 'c'], 8000);
+      const nowhere = req({
+        reqId: 'cold',
+        promptTokens: 6000,
+        route: route({ reqId: 'cold', promptTokens: 6000, blocks: chain(90_000, 375) }),
+      });
+      expect(codeOf(() => cold.admission.admit(nowhere))).toMatch(/^sla_unattainable/);
+      // b runs one request, a third of the mean (a and c run four each): not a backend the fleet
+      // leaves unused.
+      const level = busyHolder();
+      const run = (b: string, n: number) => {
+        for (let i = 0; i < n; i++) level.f.live.lease(b, { promptTokens: 10, expectedOutputTokens: 10 });
+      };
+      run('a', 3);
+      run('b', 1);
+      run('c', 4);
+      expect(codeOf(() => level.admission.admit(ask('level')))).toMatch(/^sla_unattainable/);
+    });
+
+    it('at most one seed prefills on a backend at a time: the next once its first token came, or its attempt ended without one', async () => {
+      const { f, admission } = busyHolder();
+      // c runs twelve requests: far above the mean, never a seed's backend here.
+      for (let i = 0; i < 12; i++) f.live.lease('c', { promptTokens: 10, expectedOutputTokens: 10 });
+      // Two more tenants' prefixes, held on a only.
+      const held = [chain(50_000, 313), chain(80_000, 313)];
+      for (const p of held) f.live.prefixInsert('a', p);
+      const asking = (id: string, p: number[]) =>
+        req({
+          reqId: id,
+          promptTokens: 6000,
+          route: route({
+            reqId: id,
+            promptTokens: 6000,
+            blocks: [...p, ...chain(100_000 + 100 * question++, 62)],
+          }),
+        });
+      const seed = async (r: AdmissionRequest) => {
+        const a = admission.admit(r);
+        expect(a.scheduled.seedOn).toBe('b');
+        const slot = await f.scheduler.ticket(a.scheduled).acquire(firstAttempt());
+        expect(slot!.backend.name).toBe('b');
+        return slot!;
+      };
+      const one = await seed(ask('one'));
+      // Refused while b's seed is still prefilling...
+      expect(codeOf(() => admission.admit(asking('two', held[0]!)))).toMatch(/^sla_unattainable/);
+      // ...let in to seed b once that attempt ended, with no first token...
+      one.release();
+      const three = await seed(asking('three', held[0]!));
+      expect(codeOf(() => admission.admit(asking('four', held[1]!)))).toMatch(/^sla_unattainable/);
+      // ...or once its first token came.
+      three.prefillDone();
+      await seed(asking('five', held[1]!));
+    });
+  });
+
   it("a request sent while another's prefill is under way is predicted to wait for what is left of it, not all of it", () => {
     const { admission, teach, live, tick } = setup();
     teach();

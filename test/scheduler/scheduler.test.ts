@@ -1553,58 +1553,32 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
     expect(await grantOf(f, ask('hot-3'))).toBe('b');
   });
 
-  it('a backend predicted slow, and sent nothing since, is sent work again once its fit has aged', async () => {
-    const f = setup(['a', 'b'], settings({ concurrency: { ...settings().concurrency, initial: 8 } }), cost);
-    f.teach(['a']);
-    // b started three times as slow as a (a warm-up, a throttled GPU), then came right.
-    for (let i = 0; i < 20; i++) {
-      f.tick(10);
-      const tokens = 100 + 200 * (i % 5);
-      observe(
-        f.live,
-        latencySample({
-          backend: 'b',
-          uncachedPromptTokens: tokens,
-          queueMs: 0,
-          ttftMs: 3 * (20 + 0.1 * tokens),
-          loadAtDispatch: 0,
-        }),
+  it('a request late everywhere, its prefix held on one busy backend, seeds an idle one rather than be refused; once', async () => {
+    const seeded = async (policy: 'slagate' | 'fcfs') => {
+      const f = setup(
+        ['a', 'b', 'c'],
+        settings({ policy, concurrency: { ...settings().concurrency, initial: 8 } }),
+        cost,
       );
-    }
-    f.tick(100);
-    /** A 1,700-token prompt no backend holds. */
-    const cold = (id: string) =>
-      req({
-        reqId: id,
-        promptTokens: 1700,
-        route: route({ reqId: id, promptTokens: 1700, blocks: chain(70_000 + 1000 * question++, 106) }),
-      });
-    // One request running on a: still cheaper there (190 ms and the stall of the one running, 170
-    // ms) than on b (570 ms).
-    f.live.lease('a', { promptTokens: 100, expectedOutputTokens: 1, uncachedPromptTokens: 0 });
-    expect(await grantOf(f, cold('early'))).toBe('a');
-    // Seventy seconds on, a still learning, b sent nothing: what b did then no longer speaks for
-    // it. Planned on the fleet's fit, idle b is the cheaper.
-    for (let i = 0; i < 70; i++) {
-      f.tick(1000);
-      observe(
-        f.live,
-        latencySample({
-          backend: 'a',
-          uncachedPromptTokens: 900,
-          queueMs: 0,
-          ttftMs: 110,
-          loadAtDispatch: 0,
-        }),
-      );
-    }
-    expect(f.live.backendView('b')!.rates.ttft!.source).toBe('fleet');
-    const probe = await f.scheduler.ticket(cold('later')).acquire(first());
-    expect(probe!.backend.name).toBe('b');
-    // Its first token makes the fit b's own again (at the next solve, 20 ms on at most).
-    probe!.prefillDone();
-    f.tick(100);
-    expect(f.live.backendView('b')!.rates.ttft!.source).toBe('backend');
+      f.teach();
+      f.live.prefixInsert('a', prefix);
+      // 2,000 tokens of another prompt still prefilling on a: warm there, 20 + 0.1 × (100 + 2,000)
+      // = 230 ms; cold on b or c, 190 ms; the target 150 ms.
+      f.live.lease('a', { promptTokens: 2000, expectedOutputTokens: 1, uncachedPromptTokens: 2000 });
+      const ticket = f.scheduler.ticket(ask('late', { ttftTargetMs: 150 }));
+      return { f, ticket, got: await state(ticket.acquire(first())) };
+    };
+    const { f, ticket, got } = await seeded('slagate');
+    expect((got as Slot).backend.name).toBe('b');
+    expect(ticket.lastGrant!.seed).toBe(true);
+    // The prefix has two homes now: the next such request is refused, not sent to seed a third.
+    expect(
+      await state(f.scheduler.ticket(ask('next', { ttftTargetMs: 150 })).acquire(first())),
+    ).toMatchObject({
+      error: { code: 'queue_timeout' },
+    });
+    // Under fcfs nothing seeds.
+    expect((await seeded('fcfs')).got).toMatchObject({ error: { code: 'queue_timeout' } });
   });
 
   it('a backend whose first few samples fit a free prefill does not draw every cold prompt', async () => {

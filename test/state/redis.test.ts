@@ -308,44 +308,6 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     lb.end();
   });
 
-  it('a backend a peer keeps learning is planned on its own fit here too, though this instance sent it nothing for a half-life', async () => {
-    let clock = 1_000_000;
-    const on = (id: string) => {
-      const s = createLiveState(cfg, { instanceId: id, backends: BACKENDS, scrape: false, now: () => clock });
-      states.push(s);
-      return s;
-    };
-    const a = on('a');
-    const b = on('b');
-    await Promise.all([a.ready(), b.ready()]);
-    for (let i = 0; i < 20; i++) {
-      clock += 10;
-      for (const s of [a, b])
-        for (const backend of ['gpu-0', 'gpu-1'])
-          observe(
-            s,
-            sample({ backend, ttftMs: 20 + 0.1 * (100 + 100 * i), uncachedPromptTokens: 100 + 100 * i }),
-          );
-    }
-    // Seventy seconds on: a has gone on learning gpu-0, once a second; b has learnt nothing.
-    for (let i = 0; i < 70; i++) {
-      clock += 1_000;
-      observe(a, sample({ ttftMs: 20 + 0.1 * 800, uncachedPromptTokens: 800 }));
-    }
-    // Once b has read a's snapshot, a's part of gpu-0's fit is fresh: gpu-0 is planned on its own.
-    await until(
-      () => {
-        clock += 1; // past the fit's re-solve interval
-        return b.backendView('gpu-0')!.rates.ttft!.source === 'backend';
-      },
-      2_000,
-      "b to plan gpu-0 on its own fit, a's part fresh",
-    );
-    // gpu-1, which nobody has taught for seventy seconds, is on the fleet's.
-    expect(b.backendView('gpu-1')!.rates.ttft!.source).toBe('fleet');
-    expect(a.backendView('gpu-1')!.rates.ttft!.source).toBe('fleet');
-  });
-
   /** Resolves after the next `n` completed exchanges of `s` with Redis. */
   const exchanges = (s: LiveState, n: number) =>
     new Promise<void>((resolve) => {

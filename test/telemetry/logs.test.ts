@@ -187,6 +187,8 @@ describe('slagate logs', () => {
       // a retry explains a late first token before anything else
       { req_id: 'retried', queue_ms: 500, predicted_ttft_ms: 100, attempts: 2 },
       { req_id: 'pred-over', queue_ms: 5, predicted_ttft_ms: 900 },
+      // a seed was predicted late and sent anyway: that is its cause, not the queue or the prediction
+      { req_id: 'seed', queue_ms: 500, predicted_ttft_ms: 900, reason: 'seed' },
     ].map((f) =>
       JSON.stringify({
         kind: 'admission',
@@ -213,6 +215,7 @@ describe('slagate logs', () => {
       'no-pred': 'TTFT over target: slow after dispatch (no prediction recorded)',
       retried: 'TTFT over target: retried (more than one attempt)',
       'pred-over': 'TTFT over target: prefill slow (predicted over target too)',
+      seed: 'TTFT over target: a seed (sent cold on purpose, predicted late)',
     });
   });
 
