@@ -124,6 +124,7 @@ function schedulerSettings(c: Config): SchedulerSettings {
     policy: s.policy,
     maxQueue: s.max_queue,
     agingMs: s.aging_ms,
+    seeds: s.seeds,
     concurrency: {
       min: s.concurrency.min,
       max: s.concurrency.max,

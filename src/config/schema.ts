@@ -151,6 +151,8 @@ export const SchedulerSchema = Type.Object(
     policy: Type.Enum(['slagate', 'fcfs'], { default: 'slagate' }),
     max_queue: Type.Integer({ minimum: 0, default: 1024 }),
     aging_ms: ms(1, 5_000),
+    /** Seeds (src/scheduler/README.md): a late request sent on purpose to a backend the fleet leaves unused. */
+    seeds: Type.Boolean({ default: true }),
     concurrency: Type.Object(
       {
         min: Type.Integer({ minimum: 1, default: 4 }),

@@ -48,6 +48,8 @@ export interface SchedulerSettings {
   policy: 'slagate' | 'fcfs';
   maxQueue: number;
   agingMs: number;
+  /** Seeds under `slagate` (scheduler.seeds; #seedOf). */
+  seeds: boolean;
   concurrency: LimitBounds & {
     initial: number;
     /** Prefill tokens that may wait on a backend (dispatched, no first token yet); 0 = no cap. */
@@ -430,7 +432,8 @@ export class Scheduler {
     round: Round | null,
     excluded: ReadonlySet<string> | null,
   ): Backend | null {
-    if (this.#deps.settings().policy !== 'slagate' || req.promptTokens <= 0) return null;
+    const settings = this.#deps.settings();
+    if (settings.policy !== 'slagate' || !settings.seeds || req.promptTokens <= 0) return null;
     const { live } = this.#deps;
     const cap = round?.prefillCap ?? 0;
     let most = 0;
@@ -843,25 +846,21 @@ export class Scheduler {
         return 'pass';
       }
       // Sent now and late there: every backend the router ranked is late (#choose looks past them).
-      // Admitted to seed its backend, it is late by design; otherwise it may seed one (#seedOf),
+      // It seeds the backend admission pinned it to (late there by design), or one #seedOf finds,
       // and is refused when it may not.
-      const pinned = this.#pinOf(w.req, w.excluded) === choice.backend.name;
-      if (!pinned && this.#tooLate(w, choice.view)) {
-        const seed = this.#seedOf(w.req, available, round, w.excluded);
+      if (this.#tooLate(w, choice.view)) {
+        const pinned = this.#pinOf(w.req, w.excluded) === choice.backend.name;
+        const seed = pinned ? choice.backend : this.#seedOf(w.req, available, round, w.excluded);
         if (seed === null) {
           w.settle(null, this.#refusal(w.req, 'queue_timeout'));
           w.state = 'removed';
           return 'take';
         }
-        this.#grant(
-          w,
-          { backend: seed, view: this.#view(w.req, seed, round), ranked: choice.ranked },
-          round,
-          true,
-        );
+        const view = pinned ? choice.view : this.#view(w.req, seed, round);
+        this.#grant(w, { backend: seed, view, ranked: choice.ranked }, round, true);
         return 'take';
       }
-      this.#grant(w, choice, round, pinned);
+      this.#grant(w, choice, round);
       return 'take';
     });
     // At the bound, a request queued now would be beyond it: not reached by this pump whatever
@@ -959,10 +958,15 @@ export class Scheduler {
     // backends that can start it now: waiting for a busy one would be refusing it.
     const mayWait = !req.noQueue && round.queues;
     const pin = this.#pinOf(req, excluded);
-    const pinned = pin !== null && available.some((b) => b.name === pin && b.serves(req.model)) ? pin : null;
+    const pinned = pin === null ? undefined : available.find((b) => b.name === pin && b.serves(req.model));
+    if (pinned !== undefined) {
+      // Only while it can start the request now: waiting there alone, it would hold the backend
+      // closed to every entry behind it, on a prediction made at arrival. Else routed as any other.
+      const view = this.#view(req, pinned, round);
+      if (view.hasRoom) return { backend: pinned, view, ranked: this.#deps.router().rank(req.route, [view]) };
+    }
     for (const b of available) {
       if (excluded?.has(b.name) || !b.serves(req.model)) continue;
-      if (pinned !== null && b.name !== pinned) continue;
       const view = this.#view(req, b, round);
       if (!mayWait && !view.hasRoom) continue;
       views.push(view);

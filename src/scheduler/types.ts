@@ -58,7 +58,8 @@ export interface ScheduledRequest {
   readonly bestBackendMs: number | null;
   /**
    * Admitted, though predicted late everywhere, to seed this backend with its prefix
-   * (Scheduler.seedFor): its first attempt is offered this backend alone.
+   * (Scheduler.seedFor): its first attempt is offered this backend alone, while it can start it
+   * and no other seed prefills there.
    */
   readonly seedOn?: string;
 }

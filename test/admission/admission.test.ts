@@ -281,10 +281,18 @@ describe('predicted TTFT', () => {
           blocks: [...prefix, ...chain(10_000 + 100 * question++, 62)],
         }),
       });
-    const busyHolder = (policy: 'slagate' | 'fcfs' = 'slagate') => {
+    const busyHolder = (
+      policy: 'slagate' | 'fcfs' = 'slagate',
+      prefillTokens = 0,
+      router?: RoutingPolicy,
+    ) => {
       const { f, admission } = onOneClock(
         ['a', 'b', 'c'],
-        schedulerSettings({ policy, concurrency: { ...schedulerSettings().concurrency, initial: 4 } }),
+        schedulerSettings({
+          policy,
+          concurrency: { ...schedulerSettings().concurrency, initial: 4, prefillTokens },
+        }),
+        router,
       );
       f.teach();
       f.live.prefixInsert('a', prefix);
@@ -311,9 +319,17 @@ describe('predicted TTFT', () => {
       expect(codeOf(() => admission.admit(ask('after')))).toMatch(/^sla_unattainable/);
     });
 
-    it('is none under fcfs, none for a prompt no backend holds, none on a backend with a quarter of the mean load or more', () => {
+    it('is none under fcfs or with seeds off, none for a prompt no backend holds, none on a backend with a quarter of the mean load or more', () => {
       const fcfs = busyHolder('fcfs');
       expect(codeOf(() => fcfs.admission.admit(ask('fcfs')))).toMatch(/^sla_unattainable/);
+      // Nor with scheduler.seeds off (a reload applies at once).
+      const off = busyHolder();
+      off.f.set(
+        schedulerSettings({ seeds: false, concurrency: { ...schedulerSettings().concurrency, initial: 4 } }),
+      );
+      expect(codeOf(() => off.admission.admit(ask('off')))).toMatch(/^sla_unattainable/);
+      off.f.set(schedulerSettings({ concurrency: { ...schedulerSettings().concurrency, initial: 4 } }));
+      expect(off.admission.admit(ask('on')).scheduled.seedOn).toBe('b');
       // Held nowhere, its budget is twice its unloaded first token (1,240 ms): late with 8,000
       // tokens of prefill ahead everywhere, and there is no prefix to give a second home.
       const cold = busyHolder();
@@ -370,6 +386,71 @@ describe('predicted TTFT', () => {
       // ...or once its first token came.
       three.prefillDone();
       await seed(asking('five', held[1]!));
+    });
+
+    it('the pin holds for the first attempt only, and not while another seed prefills there', async () => {
+      const { f, admission } = busyHolder();
+      for (let i = 0; i < 12; i++) f.live.lease('c', { promptTokens: 10, expectedOutputTokens: 10 });
+      const held = chain(50_000, 313);
+      f.live.prefixInsert('a', held);
+      const other = (id: string) =>
+        req({
+          reqId: id,
+          promptTokens: 6000,
+          route: route({
+            reqId: id,
+            promptTokens: 6000,
+            blocks: [...held, ...chain(200_000 + 100 * question++, 62)],
+          }),
+        });
+      // Both let in to seed b while nothing prefills there.
+      const one = admission.admit(ask('one'));
+      const two = admission.admit(other('two'));
+      expect([one.scheduled.seedOn, two.scheduled.seedOn]).toEqual(['b', 'b']);
+      const seed = await f.scheduler.ticket(one.scheduled).acquire(firstAttempt());
+      expect(seed!.backend.name).toBe('b');
+      // b prefills one's seed now: two is routed as any other, late everywhere, and refused.
+      await expect(f.scheduler.ticket(two.scheduled).acquire(firstAttempt())).rejects.toMatchObject({
+        code: 'queue_timeout',
+      });
+      seed!.release();
+      // A first attempt asked again (b refused it before it started) is never pinned to b.
+      const three = admission.admit(other('three'));
+      expect(three.scheduled.seedOn).toBe('b');
+      const again = { attempt: 0, excluded: new Set(['b']), signal: new Cancel() };
+      await expect(f.scheduler.ticket(three.scheduled).acquire(again)).rejects.toMatchObject({
+        code: 'queue_timeout',
+      });
+    });
+
+    it('is none on a backend an entry is waiting for, though it has a slot and prefill room', async () => {
+      // prefill_tokens 8,000: b has 2,000 ahead; E (7,000, cold everywhere, an easy target) cannot
+      // start anywhere now, and waits for b, its router's first.
+      const bFirst: RoutingPolicy = {
+        name: 'b-first',
+        rank: (_r, views) =>
+          [...views]
+            .sort((x, y) => (x.name === 'b' ? -1 : y.name === 'b' ? 1 : 0))
+            .map((v) => ({ backend: v.name, cost: 0 })),
+      };
+      const { f, admission } = busyHolder('slagate', 8000, bFirst);
+      for (let i = 0; i < 12; i++) f.live.lease('c', { promptTokens: 10, expectedOutputTokens: 10 });
+      pendingPrefill(f.live, ['b'], 2000);
+      const e = req({
+        reqId: 'e',
+        promptTokens: 7000,
+        ttftTargetMs: 30_000,
+        route: route({ reqId: 'e', promptTokens: 7000, blocks: chain(300_000, 437) }),
+      });
+      const waiting = f.scheduler.ticket(admission.admit(e).scheduled).acquire(firstAttempt());
+      expect(f.scheduler.view().queued).toBe(1);
+      // b has slots and room for 6,000 more tokens of prefill, but E waits for it: no seed there.
+      // (Admitted: the waits on b and c are not measured yet, so nothing refuses it; asked directly,
+      // the scheduler names no backend it would seed.)
+      const r = admission.admit(ask('r'));
+      expect(f.scheduler.seedFor(r.scheduled)).toBeNull();
+      r.tenantLease.end();
+      waiting.catch(() => {});
     });
   });
 

@@ -105,6 +105,7 @@ describe('defaults', () => {
       policy: 'slagate',
       max_queue: 1024,
       aging_ms: 5000,
+      seeds: true,
       concurrency: {
         min: 4,
         max: 256,
@@ -367,6 +368,7 @@ describe('violations are reported with the path of the key to fix', () => {
       /must include the tenant's class "interactive"/,
     ],
     ['unsafe tenant name', (c) => (c.tenants[0].name = 'a:b'), 'tenants[0].name', /letters, digits/],
+    ['seeds not a boolean', (c) => (c.scheduler = { seeds: 1 }), 'scheduler.seeds', /boolean/],
     [
       'isolation not a boolean',
       (c) => (c.tenants[0].isolate_prefix_cache = 'yes'),

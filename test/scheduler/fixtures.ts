@@ -15,6 +15,7 @@ export function schedulerSettings(over: Partial<SchedulerSettings> = {}): Schedu
     policy: 'slagate',
     maxQueue: 100,
     agingMs: 1000,
+    seeds: true,
     concurrency: {
       min: 1,
       max: 64,
