@@ -271,14 +271,15 @@ describe('predicted TTFT', () => {
     const chain = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
     const prefix = chain(1, 313);
     let question = 0;
-    const ask = (id: string) =>
+    /** A 6,000-token prompt: `held` (a's prefix unless given), then a question of its own. */
+    const ask = (id: string, held: number[] = prefix) =>
       req({
         reqId: id,
         promptTokens: 6000,
         route: route({
           reqId: id,
           promptTokens: 6000,
-          blocks: [...prefix, ...chain(10_000 + 100 * question++, 62)],
+          blocks: [...held, ...chain(10_000 + 100 * question++, 62)],
         }),
       });
     const busyHolder = (
@@ -359,16 +360,6 @@ describe('predicted TTFT', () => {
       // Two more tenants' prefixes, held on a only.
       const held = [chain(50_000, 313), chain(80_000, 313)];
       for (const p of held) f.live.prefixInsert('a', p);
-      const asking = (id: string, p: number[]) =>
-        req({
-          reqId: id,
-          promptTokens: 6000,
-          route: route({
-            reqId: id,
-            promptTokens: 6000,
-            blocks: [...p, ...chain(100_000 + 100 * question++, 62)],
-          }),
-        });
       const seed = async (r: AdmissionRequest) => {
         const a = admission.admit(r);
         expect(a.scheduled.seedOn).toBe('b');
@@ -378,14 +369,14 @@ describe('predicted TTFT', () => {
       };
       const one = await seed(ask('one'));
       // Refused while b's seed is still prefilling...
-      expect(codeOf(() => admission.admit(asking('two', held[0]!)))).toMatch(/^sla_unattainable/);
+      expect(codeOf(() => admission.admit(ask('two', held[0]!)))).toMatch(/^sla_unattainable/);
       // ...let in to seed b once that attempt ended, with no first token...
       one.release();
-      const three = await seed(asking('three', held[0]!));
-      expect(codeOf(() => admission.admit(asking('four', held[1]!)))).toMatch(/^sla_unattainable/);
+      const three = await seed(ask('three', held[0]!));
+      expect(codeOf(() => admission.admit(ask('four', held[1]!)))).toMatch(/^sla_unattainable/);
       // ...or once its first token came.
       three.prefillDone();
-      await seed(asking('five', held[1]!));
+      await seed(ask('five', held[1]!));
     });
 
     it('the pin holds for the first attempt only, and not while another seed prefills there', async () => {
@@ -393,19 +384,9 @@ describe('predicted TTFT', () => {
       for (let i = 0; i < 12; i++) f.live.lease('c', { promptTokens: 10, expectedOutputTokens: 10 });
       const held = chain(50_000, 313);
       f.live.prefixInsert('a', held);
-      const other = (id: string) =>
-        req({
-          reqId: id,
-          promptTokens: 6000,
-          route: route({
-            reqId: id,
-            promptTokens: 6000,
-            blocks: [...held, ...chain(200_000 + 100 * question++, 62)],
-          }),
-        });
       // Both let in to seed b while nothing prefills there.
       const one = admission.admit(ask('one'));
-      const two = admission.admit(other('two'));
+      const two = admission.admit(ask('two', held));
       expect([one.scheduled.seedOn, two.scheduled.seedOn]).toEqual(['b', 'b']);
       const seed = await f.scheduler.ticket(one.scheduled).acquire(firstAttempt());
       expect(seed!.backend.name).toBe('b');
@@ -415,7 +396,7 @@ describe('predicted TTFT', () => {
       });
       seed!.release();
       // A first attempt asked again (b refused it before it started) is never pinned to b.
-      const three = admission.admit(other('three'));
+      const three = admission.admit(ask('three', held));
       expect(three.scheduled.seedOn).toBe('b');
       const again = { attempt: 0, excluded: new Set(['b']), signal: new Cancel() };
       await expect(f.scheduler.ticket(three.scheduled).acquire(again)).rejects.toMatchObject({
