@@ -127,14 +127,14 @@ export class AdmissionController {
     const soon = prediction.complete ? soonest(prediction, scheduler) : null;
     const bound = soon === null ? null : spentMs + soon;
     const budget = scheduled.ttftBudgetMs;
-    // Late everywhere, but the one backend holding its prefix is what makes it late, and another
-    // could take it now: let in to seed that one, as a deliberate miss (Scheduler.seedFor).
-    const seedOn = bound !== null && bound > budget ? scheduler.seedFor(scheduled) : null;
-    if (seedOn !== null) {
-      const tenantLease = live.tenantLease(req.tenant, req.budgetTokens);
-      return { scheduled: { ...scheduled, seedOn }, prediction, tenantLease };
-    }
     if (bound !== null && bound > budget) {
+      // Late everywhere, but the one backend holding its prefix is what makes it late, and another
+      // could take it now: let in to seed that one, as a deliberate miss (Scheduler.seedFor).
+      const seedOn = scheduler.seedFor(scheduled);
+      if (seedOn !== null) {
+        const tenantLease = live.tenantLease(req.tenant, req.budgetTokens);
+        return { scheduled: { ...scheduled, seedOn }, prediction, tenantLease };
+      }
       throw this.#refuse(
         req,
         new GatewayError(

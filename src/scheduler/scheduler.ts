@@ -435,7 +435,6 @@ export class Scheduler {
     const settings = this.#deps.settings();
     if (settings.policy !== 'slagate' || !settings.seeds || req.promptTokens <= 0) return null;
     const { live } = this.#deps;
-    const cap = round?.prefillCap ?? 0;
     let most = 0;
     let total = 0;
     const seen: { b: Backend; tokens: number; uncached: number; load: number }[] = [];
@@ -459,12 +458,7 @@ export class Scheduler {
       const name = c.b.name;
       // Asked by admission, it must start the request the moment it is queued (startsNow: no entry
       // waits for it), or the pinned seed would wait there alone and be refused all the same.
-      const opens =
-        round === null
-          ? this.startsNow(name, c.uncached)
-          : (round.room.get(name) ?? 0) > 0 &&
-            !round.closed.has(name) &&
-            this.#prefillRoom(name, c.uncached, cap);
+      const opens = round === null ? this.startsNow(name, c.uncached) : this.#opens(name, round, c.uncached);
       if (!opens || excluded?.has(name) || this.#seeding.has(name) || c.load >= mean / 4) continue;
       if (best === null || c.load < best.load) best = c;
     }
@@ -998,13 +992,21 @@ export class Scheduler {
    * capacity (docs/benchmarks.md, "Counting a backend's excess over its limit as entries ahead").
    */
   #slot(b: Backend, round: Round, uncached: number): { open: boolean; waitMs: number | null } {
+    if (this.#opens(b.name, round, uncached)) return { open: true, waitMs: 0 };
     const free = round.room.get(b.name) ?? 0;
-    if (free > 0 && !round.closed.has(b.name) && this.#prefillRoom(b.name, uncached, round.prefillCap))
-      return { open: true, waitMs: 0 };
     const needed = (round.ahead.get(b.name) ?? 0) + 1 - Math.max(0, free);
     if (needed <= 0) return { open: false, waitMs: 0 };
     const rate = this.#controlOf(b.name).releaseRate;
     return { open: false, waitMs: rate === null || rate <= 0 ? null : (needed / rate) * 1000 };
+  }
+
+  /** `name` has a slot free in this round, no earlier entry of it waiting there, and prefill room. */
+  #opens(name: string, round: Round, uncached: number): boolean {
+    return (
+      (round.room.get(name) ?? 0) > 0 &&
+      !round.closed.has(name) &&
+      this.#prefillRoom(name, uncached, round.prefillCap)
+    );
   }
 
   /**
