@@ -13,7 +13,8 @@
 // `--keep-logs DIR` writes each routing or product run's admission log to
 // DIR/<part>-<router>-<scheduler>.log, and each shared instance's to
 // DIR/shared-<router>-<scheduler>-<i>.log
-// (one JSON record a line, as the gateway wrote it), for `slagate logs` to explain.
+// (one JSON record a line, as the gateway wrote it), for `slagate logs` to explain; a routing or
+// product run's gateway /metrics as its load ended goes beside its log, as <part>-<router>-<scheduler>.metrics.
 //
 // Workload: `prefix-shared` shaped like llm-d's published benchmark (150 tenants, each a 6k-token
 // shared context and 5 users with 1.2k-token questions; KV demand 73% of the cluster's), scaled to
@@ -418,6 +419,8 @@ async function routing(
       const file = join(values['keep-logs'], `${part}-${policy.replace('/', '-')}.log`);
       mkdirSync(values['keep-logs'], { recursive: true });
       writeFileSync(file, run.admissionLog.map((r) => `${JSON.stringify(r)}\n`).join(''));
+      // The gateway's own counters as the load ended (slagate_backend_reprobes_total among them).
+      if (run.gatewayMetrics !== null) writeFileSync(file.replace(/\.log$/, '.metrics'), run.gatewayMetrics);
     }
     rows.push(rowOf(policy, run.bench.records, run.figures, run.bench.metrics.outputThroughput));
     console.error(table(rows.slice(-1)).split('\n')[2]);

@@ -39,6 +39,7 @@ import {
   DEFAULT_BACKEND_SET_OPTIONS,
   DEFAULT_RETRY_BUDGET,
   type ProxyConfig,
+  Reprober,
   RetryBudget,
 } from './upstream/index.ts';
 
@@ -394,6 +395,32 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const modelRefresh = setInterval(() => void rt.models.refresh(catalogTargets()), 30_000);
     modelRefresh.unref();
     undo.push(() => clearInterval(modelRefresh));
+    // A backend the fleet passes over is timed now and then, so its fit can show it recovered.
+    const reprober = new Reprober({
+      backends: () => backends.list(),
+      live,
+      target: (b) => {
+        const model = rt.config.models.find((m) => b.serves(m));
+        return model === undefined ? null : { model, maxModelLen: rt.models.maxModelLen(model) };
+      },
+      afterMs: () => rt.config.upstream.reprobe_after_ms,
+      timeoutMs: () => rt.config.upstream.first_token_timeout_ms,
+      onProbe: (r) => {
+        metrics.reprobed(r.backend);
+        logger.info(
+          {
+            event: 'reprobe',
+            backend: r.backend,
+            prompt_tokens: r.promptTokens,
+            ttft_ms: Math.round(r.ttftMs * 10) / 10,
+            predicted_ms: Math.round(r.predictedMs * 10) / 10,
+            more: r.more,
+          },
+          'backend',
+        );
+      },
+    });
+    undo.push(() => reprober.stop());
 
     async function reload(next: Config): Promise<void> {
       // `simulate` applies only at start: a file that moves to it from real backends would, applied,
@@ -528,6 +555,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           rt.lifecycle.shuttingDown = true;
           watcher?.close();
           clearInterval(modelRefresh);
+          reprober.stop();
           const graceMs = rt.config.server.shutdown_grace_ms;
           const deadline = performance.now() + graceMs;
           const { cut } = await rt.lifecycle.drain(graceMs);

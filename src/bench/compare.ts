@@ -91,6 +91,8 @@ export interface CompareRun extends ReportedRun {
   bench: BenchResult | null;
   /** The gateway's admission log lines, parsed; null when the log did not go to a file. */
   admissionLog: Record<string, unknown>[] | null;
+  /** The gateway's own /metrics as the load ended (text); null when it could not be read. */
+  gatewayMetrics: string | null;
 }
 
 export interface CompareResult extends CompareSettings {
@@ -117,6 +119,17 @@ export async function readPrefixCounters(urls: readonly string[]): Promise<Prefi
     queries += sumCounter(text, 'vllm:prefix_cache_queries_total');
   }
   return { hits, queries };
+}
+
+/** The body of a GET of `url`, or null when it failed or did not answer 200 (a figure for the record only). */
+async function readText(url: string): Promise<string | null> {
+  try {
+    const res = await request(url, { headersTimeout: 5_000, bodyTimeout: 5_000 });
+    const text = await res.body.text();
+    return res.statusCode === 200 ? text : null;
+  } catch {
+    return null;
+  }
 }
 
 /** Its size now: a file named in --gateway-yaml may hold earlier runs' lines, which are not this run's. */
@@ -251,6 +264,7 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
       });
       // The replicas' counters are read while they still run; the log once the gateway flushed it.
       const prefix = prefixHitRate(before, await readPrefixCounters(urls));
+      const gatewayMetrics = await readText(`${gateway.url}/metrics`);
       await gateway.stop();
       const admissionLog = await readAdmissionLog(logPath, logFrom);
       return {
@@ -260,6 +274,7 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
         bench,
         benchJson: bench.json,
         admissionLog,
+        gatewayMetrics,
       };
     } catch (err) {
       return {
@@ -269,6 +284,7 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
         bench: null,
         benchJson: null,
         admissionLog: null,
+        gatewayMetrics: null,
       };
     } finally {
       await gateway?.stop();

@@ -230,6 +230,8 @@ export const UpstreamSchema = Type.Object(
     retries: Type.Integer({ minimum: 0, maximum: 10, default: 2 }),
     retry_budget_ratio: Type.Number({ minimum: 0, maximum: 1, default: 0.2 }),
     health_interval_ms: ms(100, 2_000),
+    /** A backend passed over this long, idle, is re-probed (src/upstream/reprobe.ts); 0: never. */
+    reprobe_after_ms: ms(0, 10_000),
     metrics_scrape_interval_ms: ms(50, 500),
     max_connections_per_backend: Type.Integer({ minimum: 1, default: 512 }),
     outlier: OutlierSchema,

@@ -189,6 +189,11 @@ export interface LiveState {
    * room counts.
    */
   prefillAheadTokens(backend: string): number;
+  /**
+   * Samples this instance has taught `backend`'s fits (TTFT and TPOT), ever: it moves while the
+   * backend is sent work from here. 0 for an unknown backend.
+   */
+  samplesTaught(backend: string): number;
   /** The prefill-work part alone (ms per prefill token × tokens); null without a fit. */
   prefillMs(backend: string, tokens: number): number | null;
   /**
@@ -469,6 +474,10 @@ class LiveStateImpl implements LiveState {
     const remote = this.#remoteFor(backend);
     if (remote !== undefined) addCounts(total, remote.inflight);
     return total;
+  }
+
+  samplesTaught(backend: string): number {
+    return this.#backends.get(backend)?.state.fitVersion ?? 0;
   }
 
   load(backend: string): number {

@@ -107,6 +107,7 @@ export class GatewayMetrics {
   private readonly slaMet: Counter<'class'>;
   private readonly slaJudged: Counter<'class'>;
   private readonly backendGauges: Record<keyof BackendGauges, Gauge<'backend'>>;
+  private readonly reprobes: Counter<'backend'>;
   private readonly queueDepth: Gauge<'class'>;
   private readonly prefixHitRatio: Gauge<string>;
   private readonly storeDegraded: Gauge<string>;
@@ -217,6 +218,12 @@ export class GatewayMetrics {
         "The router's current estimate of the backend's prefill rate.",
       ),
     };
+    this.reprobes = new Counter({
+      name: `${PREFIX}backend_reprobes_total`,
+      help: 'Timed completions the backend was sent because the fleet passed it over, that its TTFT fit learnt (re-probing).',
+      labelNames: ['backend'] as const,
+      registers: [reg],
+    });
     this.queueDepth = new Gauge({
       name: `${PREFIX}queue_depth`,
       help: 'Requests waiting in the gateway queue.',
@@ -342,12 +349,18 @@ export class GatewayMetrics {
     setOrDrop(gauges.prefill_tokens_per_second, backend, g.prefill_tokens_per_second);
   }
 
+  /** One re-probe of `backend` learnt (src/upstream/reprobe.ts); none for a backend whose series went. */
+  reprobed(backend: string): void {
+    if (!this.retired.has(backend)) this.reprobes.labels(backend).inc();
+  }
+
   /**
    * Drops every series labelled with this backend (after a reload removed it and its requests
    * drained); records that still name it count under none until a reload brings the name back.
    */
   removeBackend(backend: string): void {
     this.retired.add(backend);
+    this.reprobes.remove(backend);
     for (const gauge of Object.values(this.backendGauges)) gauge.remove(backend);
     for (const [cls, { backends: byBackend }] of this.series) {
       const s = byBackend.get(backend);

@@ -25,6 +25,8 @@ export type {
 } from './proxy.ts';
 export { proxyRequest } from './proxy.ts';
 export type { ClientMode } from './relay.ts';
+export type { ReprobeResult, ReprobeTarget } from './reprobe.ts';
+export { Reprober } from './reprobe.ts';
 export type { RetryBudgetOptions } from './retry-budget.ts';
 export { RetryBudget } from './retry-budget.ts';
 export type { AcquireSlot, Slot, SlotRequest } from './slot.ts';
