@@ -10,8 +10,8 @@
 //
 // The rule, checked every TICK_MS for each backend:
 // - passed over: this instance has taught its fits nothing for `afterMs` (upstream.reprobe_after_ms)
-//   while it taught another backend of its model something since (at low traffic nothing is
-//   passed over: nothing is learnt of any backend);
+//   while it taught another backend of its model something since, and since its last series (a
+//   fleet with no traffic is not probed; one whose traffic stopped gets one series, no more);
 // - idle: nothing in flight on it from any instance, and nothing waiting to prefill there (a
 //   probe must not delay a request, and must time the backend alone);
 // - healthy (in service, its breaker closed: a half-open breaker's one trial is a request's), with
@@ -46,7 +46,7 @@ export const MAX_ERROR = 0.25;
 /**
  * The most probes one series sends (a minute of them). A fit keeps DECAY_FLOOR_SAMPLES (3)
  * samples' worth of its past however old (src/state/fit.ts), and the fleet's slopes as a prior:
- * after a backend ran three times slower, it takes 30 to 40 probes to bring its predictions within
+ * after a backend ran three times slower, it takes about 30 probes to bring its predictions within
  * MAX_ERROR of what it is now (test/upstream/reprobe.test.ts).
  */
 export const MAX_SERIES = 60;
@@ -96,12 +96,15 @@ export interface ReproberDeps {
 interface Track {
   /** The backend it tracks: a reload that moves a name to another server starts a new track. */
   backend: Backend;
-  /** samplesTaught when last seen (a probe's own sample aside), and when it last moved. */
+  /** samplesTaught when last seen (a probe's own sample aside). */
   taught: number;
-  since: number;
-  /** No series starts before this. */
-  next: number;
-  /** Probes sent in the running series (0: none running). */
+  /** When `taught` last moved: the backend was sent work. Null: not since the track began. */
+  taughtAt: number | null;
+  /** When the track began (a start, or a reload that added the backend). */
+  startedAt: number;
+  /** When its last series ended; null: none has. */
+  endedAt: number | null;
+  /** Probes learnt in the running series (0: none running). */
   sent: number;
   /** Relative errors of the running series' probes, latest last. */
   errors: number[];
@@ -112,13 +115,29 @@ export class Reprober {
   readonly #deps: ReproberDeps;
   readonly #now: () => number;
   readonly #tracks = new Map<string, Track>();
-  readonly #timer: NodeJS.Timeout;
+  #timer: NodeJS.Timeout | null = null;
   #stopped = false;
 
   constructor(deps: ReproberDeps) {
     this.#deps = deps;
     this.#now = deps.now ?? (() => performance.now());
-    this.#timer = setInterval(() => this.tick(), TICK_MS);
+    this.#schedule();
+  }
+
+  /**
+   * The next tick, TICK_MS apart on average, each ±25% at random: gateway instances started
+   * together do not check in step (two probes of one backend at once would each time the other's
+   * prefill too; a probe that finds a peer's lease when it ends teaches nothing, not one that
+   * ended after the peer's).
+   */
+  #schedule(): void {
+    this.#timer = setTimeout(
+      () => {
+        this.tick();
+        if (!this.#stopped) this.#schedule();
+      },
+      TICK_MS * (0.75 + Math.random() * 0.5),
+    );
     this.#timer.unref();
   }
 
@@ -128,7 +147,6 @@ export class Reprober {
     const now = this.#now();
     const backends = this.#deps.backends();
     const seen = new Set<string>();
-    const afterMs = this.#deps.afterMs();
     for (const b of backends) {
       seen.add(b.name);
       const taught = this.#deps.live.samplesTaught(b.name);
@@ -138,17 +156,18 @@ export class Reprober {
         this.#tracks.set(b.name, {
           backend: b,
           taught,
-          since: now,
-          next: 0,
+          taughtAt: null,
+          startedAt: now,
+          endedAt: null,
           sent: 0,
           errors: [],
           inflight: null,
         });
       } else if (taught !== t.taught) {
         t.taught = taught;
-        t.since = now;
+        t.taughtAt = now;
         // Sent work (it learns from that now): a running series is over.
-        if (t.sent > 0) this.#endSeries(t, now, afterMs);
+        if (t.sent > 0) this.#endSeries(t, now);
       }
     }
     for (const [name, t] of this.#tracks) {
@@ -156,17 +175,26 @@ export class Reprober {
       t.inflight?.abort();
       this.#tracks.delete(name);
     }
-    if (afterMs <= 0) return;
+    // Read at each tick: a reload applies at once. At 0 nothing runs, nor is learnt.
+    const afterMs = this.#deps.afterMs();
+    if (afterMs <= 0) {
+      for (const t of this.#tracks.values()) {
+        t.inflight?.abort();
+        if (t.sent > 0) this.#endSeries(t, now);
+      }
+      return;
+    }
     for (const b of backends) {
       const t = this.#tracks.get(b.name)!;
-      if (t.inflight !== null || now < t.next) continue;
+      if (t.inflight !== null) continue;
+      if (t.sent === 0 && t.endedAt !== null && now - t.endedAt < afterMs) continue;
       const target = this.#deps.target(b);
       if (target === null || !this.#eligible(b, t, target, backends, now, afterMs)) {
         // A series stops when the backend stops being idle (it learns from its requests now).
-        if (t.sent > 0) this.#endSeries(t, now, afterMs);
+        if (t.sent > 0) this.#endSeries(t, now);
         continue;
       }
-      void this.#probe(b, t, target, afterMs);
+      void this.#probe(b, t, target);
     }
   }
 
@@ -184,15 +212,19 @@ export class Reprober {
     if (live.predictTtftMs(b.name, PROBE_SIZES[0]) === null) return false;
     // A running series goes on while the backend stays idle.
     if (t.sent > 0) return true;
-    if (now - t.since < afterMs) return false;
+    const last = t.taughtAt ?? t.startedAt;
+    if (now - last < afterMs) return false;
+    // Passed over: another backend of its model was sent work since this one was, and since its
+    // last series (a fleet whose traffic stopped gets one series, not one every afterMs).
+    const after = Math.max(last, t.endedAt ?? Number.NEGATIVE_INFINITY);
     return backends.some((o) => {
       if (o === b || !o.serves(target.model)) return false;
-      const ot = this.#tracks.get(o.name);
-      return ot !== undefined && ot.since > t.since;
+      const at = this.#tracks.get(o.name)?.taughtAt ?? null;
+      return at !== null && at > after;
     });
   }
 
-  async #probe(b: Backend, t: Track, target: ReprobeTarget, afterMs: number): Promise<void> {
+  async #probe(b: Backend, t: Track, target: ReprobeTarget): Promise<void> {
     const { live } = this.#deps;
     const words = Math.min(PROBE_SIZES[t.sent % PROBE_SIZES.length]!, Math.floor(target.maxModelLen / 2));
     const ac = new AbortController();
@@ -228,7 +260,7 @@ export class Reprober {
       const counted = answer?.usage?.prompt_tokens;
       if (res.statusCode === 200 && typeof counted === 'number' && counted > 0) promptTokens = counted;
     } catch {
-      // Refused, reset, timed out or not JSON: nothing is learnt, and the series ends.
+      // Refused, reset, timed out, aborted or not JSON: nothing is learnt, and the series ends.
     } finally {
       clearTimeout(timer);
       lease.end();
@@ -246,7 +278,7 @@ export class Reprober {
     // Predicted as the backend stood at the send: idle, nothing ahead.
     const predictedMs = promptTokens === null ? null : live.unloadedTtftMs(b.name, promptTokens);
     if (this.#stopped || ttftMs === null || promptTokens === null || !alone || predictedMs === null) {
-      this.#endSeries(t, now, afterMs);
+      this.#endSeries(t, now);
       return;
     }
     live.recordFirstToken({
@@ -256,27 +288,35 @@ export class Reprober {
       prefillAheadTokens: 0,
       loadAtDispatch: 0,
     });
+    const taught = live.samplesTaught(b.name);
+    // The fit learns nothing while the peers' part of the load is missing (a store outage): then
+    // neither is a probe reported, and the series ends.
+    if (taught === taughtAtSend) {
+      this.#endSeries(t, now);
+      return;
+    }
     // What it taught is not the fleet's traffic: the backend stays passed over. (Nothing else was
     // taught it since the send: `alone`.)
-    t.taught = live.samplesTaught(b.name);
+    t.taught = taught;
     t.sent++;
     t.errors.push(Math.abs(predictedMs - ttftMs) / Math.max(ttftMs, 1));
     const round = t.errors.slice(-PROBE_SIZES.length);
     const settled = round.length === PROBE_SIZES.length && round.every((e) => e <= MAX_ERROR);
     const more = !settled && t.sent < MAX_SERIES;
     this.#deps.onProbe?.({ backend: b.name, promptTokens, ttftMs, predictedMs, more });
-    if (!more) this.#endSeries(t, now, afterMs);
+    if (!more) this.#endSeries(t, now);
   }
 
-  #endSeries(t: Track, now: number, afterMs: number): void {
+  #endSeries(t: Track, now: number): void {
     t.sent = 0;
     t.errors = [];
-    t.next = now + afterMs;
+    t.endedAt = now;
   }
 
   stop(): void {
     this.#stopped = true;
-    clearInterval(this.#timer);
+    if (this.#timer !== null) clearTimeout(this.#timer);
+    this.#timer = null;
     for (const t of this.#tracks.values()) t.inflight?.abort();
   }
 }

@@ -34,7 +34,8 @@ function answering(baseMs: number, msPerToken: number): Script {
 
 const MINUTE = 60_000;
 
-async function setup(scripts: Script[], afterMs = 10_000) {
+async function setup(scripts: Script[], initialAfterMs = 10_000) {
+  let afterMs = initialAfterMs;
   let clock = 1_000_000;
   const ups = await Promise.all(scripts.map((s) => upstream(s)));
   const set: BackendSet = makeSet(ups.map((u) => u.url));
@@ -53,7 +54,8 @@ async function setup(scripts: Script[], afterMs = 10_000) {
     live,
     target: () => ({ model: 'm', maxModelLen: 8192 }),
     afterMs: () => afterMs,
-    timeoutMs: () => 5_000,
+    // Longer than any test: a probe ends by its answer or by the reprober, never by this.
+    timeoutMs: () => 60_000,
     onProbe: (r) => {
       probes.push(r);
       settled?.();
@@ -104,6 +106,10 @@ async function setup(scripts: Script[], afterMs = 10_000) {
     advance: (ms: number) => {
       clock += ms;
     },
+    /** A reload of upstream.reprobe_after_ms. */
+    setAfterMs: (ms: number) => {
+      afterMs = ms;
+    },
   };
 }
 
@@ -139,9 +145,11 @@ describe('Reprober', () => {
       expect(Math.abs(p.predictedMs - p.ttftMs) / p.ttftMs).toBeLessThanOrEqual(0.25);
     const after = t.live.predictTtftMs('b0', 512)!;
     expect(after).toBeLessThan(before * 0.6);
-    // The series is over: nothing more until reprobe_after_ms has passed again.
+    // The series is over: nothing more until reprobe_after_ms has passed again, and only if the
+    // fleet was sent work since (its traffic stopped: no probing on and on).
     expect(await t.tickAndWait()).toBeNull();
     t.advance(10_000);
+    expect(await t.tickAndWait()).toBeNull();
     t.teach('b1', 40, 0.05, 1);
     expect((await t.tickAndWait())?.backend).toBe('b0');
   });
@@ -220,6 +228,40 @@ describe('Reprober', () => {
     expect(t.probes.length).toBe(learnt);
     expect(t.live.samplesTaught('b0')).toBe(before);
     lease!.end();
+  });
+
+  it('applies a reload of reprobe_after_ms at once: 0 ends a running series', async () => {
+    let release: (() => void) | null = null;
+    const b0: Script = async (req, res, hit) => {
+      // The second probe waits until the test lets it answer.
+      if (hit.index === 1) await new Promise<void>((resolve) => (release = resolve));
+      await answering(40, 0.05)(req, res, hit);
+    };
+    const t = await setup([b0, answering(40, 0.05)]);
+    t.teach('b0', 120, 0.15);
+    t.teach('b1', 40, 0.05);
+    await t.tickAndWait();
+    t.advance(10 * MINUTE);
+    t.teach('b1', 40, 0.05, 2);
+    expect((await t.tickAndWait())?.more).toBe(true);
+    const learnt = t.live.samplesTaught('b0');
+    void t.tickAndWait(); // the second probe, held by b0
+    await t.ups[0]!.arrived(1);
+    t.setAfterMs(0);
+    expect(await t.tickAndWait()).toBeNull(); // it aborted the probe in flight
+    await t.ups[0]!.hits[1]!.closed;
+    release!();
+    expect(t.live.samplesTaught('b0')).toBe(learnt);
+    expect(t.live.load('b0')).toBe(0);
+    // Back on: a new series only once the backend is passed over again, a whole period after.
+    t.setAfterMs(10_000);
+    t.teach('b1', 40, 0.05, 1);
+    expect(await t.tickAndWait()).toBeNull();
+    t.advance(10_000);
+    t.teach('b1', 40, 0.05, 1);
+    const next = await t.tickAndWait();
+    expect(next?.backend).toBe('b0');
+    expect(String(t.ups[0]!.hits[2]!.body.prompt).split(' ').length - 1).toBe(PROBE_SIZES[0]);
   });
 
   it('sends nothing with reprobe_after_ms at 0, nor to a backend out of service', async () => {
