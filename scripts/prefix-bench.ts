@@ -4,6 +4,7 @@
 //   npx tsx scripts/prefix-bench.ts [--parts routing,product,shared,micro] [--rate 8] [--duration-s 240]
 //                                   [--time-scale 1] [--policies LIST] [--out results/prefix-bench.json]
 //                                   [--keep-logs DIR] [--fleet llama3-8b-a100:8] [--slow-start I:F:S]
+//                                   [--seeds on|off] [--reprobe on|off]
 //
 // `--fleet NAME:N,...` runs every part on another fleet, mixed GPU kinds included (one simulated
 // fleet per profile, backends r0… in the order given); with several groups the routing and product
@@ -90,12 +91,25 @@ const { values } = parseArgs({
     'keep-logs': { type: 'string' },
     fleet: { type: 'string', default: 'llama3-8b-a100:8' },
     'slow-start': { type: 'string' },
+    seeds: { type: 'string', default: 'on' },
+    reprobe: { type: 'string', default: 'on' },
   },
 });
 const PARTS = new Set(values.parts!.split(','));
 const RATE = Number(values.rate);
 const DURATION_S = Number(values['duration-s']);
 const TS = Number(values['time-scale']);
+const onOff = (name: 'seeds' | 'reprobe'): boolean => {
+  const v = values[name];
+  if (v !== 'on' && v !== 'off') throw new Error(`--${name}: on or off, not ${v}`);
+  return v === 'on';
+};
+/**
+ * `--seeds off` and `--reprobe off`: the product without one of its mechanisms, to weigh it. Each
+ * key is written only when off, so that a checkout from before it runs with its defaults.
+ */
+const SEEDS = onOff('seeds') ? '' : ' seeds: false,';
+const REPROBE = onOff('reprobe') ? '' : ', reprobe_after_ms: 0';
 const FLEET = parseFleet(values.fleet!);
 const REPLICAS = FLEET.reduce((n, g) => n + g.replicas, 0);
 const groupOf = fleetGroupOf(FLEET);
@@ -148,8 +162,8 @@ const gatewayYaml = (ttftTargetMs: number) =>
     '  default_class: interactive',
     '  classes:',
     `    interactive: { ttft_p99_ms: ${ttftTargetMs}, tpot_p99_ms: ${50 * TS}, priority: 0 }`,
-    'scheduler: { max_queue: 8192, concurrency: { initial: 512, max: 1024 } }',
-    'upstream: { max_connections_per_backend: 1024 }',
+    `scheduler: { max_queue: 8192,${SEEDS} concurrency: { initial: 512, max: 1024 } }`,
+    `upstream: { max_connections_per_backend: 1024${REPROBE} }`,
   ].join('\n');
 /** A target nothing here reaches: the gateway refuses nothing, and the router is the only difference. */
 const GATEWAY_YAML = gatewayYaml(60_000);
