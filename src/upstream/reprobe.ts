@@ -74,13 +74,7 @@ export interface ReproberDeps {
   backends: () => readonly Backend[];
   live: Pick<
     LiveState,
-    | 'lease'
-    | 'load'
-    | 'prefillAheadTokens'
-    | 'predictTtftMs'
-    | 'unloadedTtftMs'
-    | 'recordFirstToken'
-    | 'samplesTaught'
+    'lease' | 'load' | 'prefillAheadTokens' | 'unloadedTtftMs' | 'recordFirstToken' | 'samplesTaught'
   >;
   /** What to ask `backend` for; null: nothing known (it is not probed). */
   target: (backend: Backend) => ReprobeTarget | null;
@@ -209,7 +203,8 @@ export class Reprober {
     const { live } = this.#deps;
     // Healthy: in service with its breaker closed (a half-open breaker's one trial is a request's).
     if (b.state !== 'healthy' || live.load(b.name) > 0 || live.prefillAheadTokens(b.name) > 0) return false;
-    if (live.predictTtftMs(b.name, PROBE_SIZES[0]) === null) return false;
+    // A fit to correct (what a probe is judged against).
+    if (live.unloadedTtftMs(b.name, PROBE_SIZES[0]) === null) return false;
     // A running series goes on while the backend stays idle.
     if (t.sent > 0) return true;
     const last = t.taughtAt ?? t.startedAt;
