@@ -4,7 +4,8 @@
 //   npx tsx scripts/prefix-bench.ts [--parts routing,product,shared,micro] [--rate 8] [--duration-s 240]
 //                                   [--time-scale 1] [--policies LIST] [--out results/prefix-bench.json]
 //                                   [--keep-logs DIR] [--fleet llama3-8b-a100:8] [--slow-start I:F:S]
-//                                   [--seeds on|off] [--reprobe on|off]
+//                                   [--seeds on|off] [--reprobe on|off] [--join I:S]
+//                                   [--timeline]
 //
 // `--fleet NAME:N,...` runs every part on another fleet, mixed GPU kinds included (one simulated
 // fleet per profile, backends r0… in the order given); with several groups the routing and product
@@ -63,7 +64,7 @@ import {
 } from '../src/bench/compare.ts';
 import { backendName } from '../src/bench/compare-config.ts';
 import { prefixHitRate } from '../src/bench/compare-report.ts';
-import { percentile } from '../src/bench/metrics.ts';
+import { meetsSlo, percentile } from '../src/bench/metrics.ts';
 import { startChildFleets, startChildGateway, waitReady } from '../src/bench/processes.ts';
 import { runBench } from '../src/bench/run.ts';
 import { syntheticText } from '../src/bench/text.ts';
@@ -93,6 +94,8 @@ const { values } = parseArgs({
     'slow-start': { type: 'string' },
     seeds: { type: 'string', default: 'on' },
     reprobe: { type: 'string', default: 'on' },
+    join: { type: 'string' },
+    timeline: { type: 'boolean', default: false },
   },
 });
 const PARTS = new Set(values.parts!.split(','));
@@ -138,6 +141,25 @@ async function slowStart(urls: readonly string[]): Promise<void> {
   });
   if (!res.ok) throw new Error(`--slow-start: the replica answered ${res.status}: ${await res.text()}`);
 }
+
+/**
+ * `--join I:S`: scale-out. Replica I runs from the start but the gateway of each routing or product
+ * run starts without it; S seconds into the load its config file is rewritten with every replica
+ * (and a SIGHUP sent), as an operator adding a replica would. It implies --timeline.
+ *
+ * `--timeline`: after each routing or product run, what every backend served per half-minute of
+ * the load, what was refused, and the goodput of each half-minute.
+ */
+const JOIN = (() => {
+  const text = values.join;
+  if (text === undefined) return null;
+  const [i, sec] = text.split(':').map(Number);
+  if (!(Number.isInteger(i) && i! >= 0 && i! < REPLICAS && sec! > 0 && sec! < DURATION_S))
+    throw new Error(
+      `--join: INDEX:SECONDS with INDEX < ${REPLICAS}, 0 < SECONDS < --duration-s; got ${text}`,
+    );
+  return { replica: i!, seconds: sec! };
+})();
 const SLO = { ttft: 500 * TS, tpot: 50 * TS };
 
 export const WORKLOAD = {
@@ -184,6 +206,7 @@ const out: Record<string, unknown> = {
   rate: RATE,
   durationS: DURATION_S,
   slowStart: SLOW_START,
+  join: JOIN,
 };
 const save = () => {
   mkdirSync(dirname(values.out!), { recursive: true });
@@ -281,6 +304,42 @@ function coldBreakdown(records: readonly RequestRecord[]): ColdBreakdown | null 
     warmTtftP90Ms: quantile(warmTtft, 0.9),
     warmTtftP98Ms: quantile(warmTtft, 0.98),
   };
+}
+
+/** Seconds in one row of the --join timeline. */
+const BIN_S = 30;
+
+/**
+ * A markdown table, one row per half-minute of the load (by when each request was sent): the
+ * requests every backend served (x-slagate-backend), those refused, and the goodput in req/s.
+ */
+function timeline(records: readonly RequestRecord[]): string {
+  const bins = Math.ceil(DURATION_S / BIN_S);
+  const names = Array.from({ length: REPLICAS }, (_, i) => backendName(i));
+  const served = Array.from({ length: bins }, () => new Map<string, number>());
+  const refused = new Array<number>(bins).fill(0);
+  const good = new Array<number>(bins).fill(0);
+  for (const r of records) {
+    const bin = Math.min(bins - 1, Math.floor(r.startTime / BIN_S));
+    const backend = r.headers['x-slagate-backend'];
+    if (r.success && backend !== undefined) served[bin]!.set(backend, (served[bin]!.get(backend) ?? 0) + 1);
+    if (r.status === 429) refused[bin]!++;
+    if (meetsSlo(r, SLO)) good[bin]!++;
+  }
+  const line = (cells: readonly string[]) => `| ${cells.join(' | ')} |`;
+  const header = ['s', ...names, 'refused', 'goodput req/s'];
+  return [
+    line(header),
+    line(header.map(() => '---')),
+    ...served.map((m, b) =>
+      line([
+        `${b * BIN_S}–${Math.min(DURATION_S, (b + 1) * BIN_S)}`,
+        ...names.map((n) => `${m.get(n) ?? 0}`),
+        `${refused[b]}`,
+        (good[b]! / (Math.min(DURATION_S, (b + 1) * BIN_S) - b * BIN_S)).toFixed(2),
+      ]),
+    ),
+  ].join('\n');
 }
 
 /** Per GPU kind: its share of the requests served and their TTFT P90 (from x-slagate-backend). */
@@ -426,9 +485,13 @@ async function routing(
       gatewayYaml: yaml,
       onProgress: (line) => console.error(`  ${line}`),
       beforeLoad: slowStart,
+      ...(JOIN === null ? {} : { joinLate: { replica: JOIN.replica, afterMs: JOIN.seconds * 1000 } }),
     });
     const run = result.runs[0]!;
     if (run.error !== null || run.bench === null) throw new Error(`${policy}: ${run.error}`);
+    if (JOIN !== null && !run.joined)
+      throw new Error(`${policy}: the load ended before r${JOIN.replica} joined`);
+    if (JOIN !== null || values.timeline) console.log(`${policy}:\n${timeline(run.bench.records)}`);
     if (values['keep-logs'] !== undefined && run.admissionLog !== null) {
       const file = join(values['keep-logs'], `${part}-${policy.replace('/', '-')}.log`);
       mkdirSync(values['keep-logs'], { recursive: true });

@@ -83,12 +83,19 @@ export function backendName(i: number): string {
 
 export function gatewayConfig(
   user: Yaml,
-  args: { dir: string; model: string; urls: readonly string[]; item: PolicyItem },
+  args: {
+    dir: string;
+    model: string;
+    urls: readonly string[];
+    item: PolicyItem;
+    /** A replica of the fleet left out of the backends (one that joins later); each keeps its name. */
+    without?: number;
+  },
 ): Yaml {
   const generated: Yaml = {
     server: { host: '127.0.0.1', port: 0 },
     models: [args.model],
-    backends: args.urls.map((url, i) => ({ name: backendName(i), url })),
+    backends: args.urls.map((url, i) => ({ name: backendName(i), url })).filter((_, i) => i !== args.without),
     router: { policy: args.item.router },
     scheduler: { policy: args.item.scheduler },
     logging: { level: 'warn', admission_log: `${args.dir}/admission.log` },

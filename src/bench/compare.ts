@@ -4,7 +4,7 @@
 // next one begins (try/finally, also on error), so no run shares the machine with another; every
 // run sees the same workload, seed, arrivals, SLO and fleet settings, and only router.policy and
 // scheduler.policy differ between the gateways of one rate.
-import { statSync } from 'node:fs';
+import { renameSync, statSync, writeFileSync } from 'node:fs';
 import { readFile, rm } from 'node:fs/promises';
 import { request } from 'undici';
 import { stringify as stringifyYaml } from 'yaml';
@@ -85,6 +85,13 @@ export interface CompareOptions {
   readyTimeoutMs?: number;
   /** Called with the replicas' URLs once the gateway is ready, before the load starts (a fault to set). */
   beforeLoad?: (replicaUrls: readonly string[]) => Promise<void>;
+  /**
+   * Scale-out: the gateway starts without replica `replica` (the fleet runs it from the start, idle)
+   * and `afterMs` into the load its config file is rewritten with every replica and a SIGHUP sent,
+   * as an operator adding a replica would (the run's `joined` says whether that happened before
+   * the load ended).
+   */
+  joinLate?: { replica: number; afterMs: number };
 }
 
 export interface CompareRun extends ReportedRun {
@@ -93,6 +100,8 @@ export interface CompareRun extends ReportedRun {
   admissionLog: Record<string, unknown>[] | null;
   /** The gateway's own /metrics as the load ended (text); null when it could not be read. */
   gatewayMetrics: string | null;
+  /** With joinLate: the late replica's reload was asked for before the load ended. */
+  joined: boolean;
 }
 
 export interface CompareResult extends CompareSettings {
@@ -247,20 +256,40 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
       const urls = fleet.urls;
       const before = await readPrefixCounters(urls);
       stage = 'gateway did not start';
+      let fullConfig = '';
       gateway = await startChildGateway((dir) => {
         const config = gatewayConfig(user, { dir, model, urls, item });
         logPath = admissionLogPath(config);
         logFrom = sizeOf(logPath);
-        return stringifyYaml(config);
+        fullConfig = stringifyYaml(config);
+        const late = o.joinLate?.replica;
+        return late === undefined
+          ? fullConfig
+          : stringifyYaml(gatewayConfig(user, { dir, model, urls, item, without: late }));
       });
       await waitReady(gateway.url, o.readyTimeoutMs);
       await o.beforeLoad?.(urls);
       stage = 'run failed';
+      const started = gateway;
+      let joined = false;
+      const join =
+        o.joinLate === undefined
+          ? null
+          : setTimeout(() => {
+              // Written whole, then renamed over: the watcher never reads half a file.
+              const tmp = `${started.configPath}.next`;
+              writeFileSync(tmp, fullConfig);
+              renameSync(tmp, started.configPath);
+              started.child.kill('SIGHUP');
+              joined = true;
+            }, o.joinLate.afterMs);
       const bench = await runBench({
         ...benchBase,
         target: gateway.url,
         rate,
         ...(o.signal ? { signal: o.signal } : {}),
+      }).finally(() => {
+        if (join !== null) clearTimeout(join);
       });
       // The replicas' counters are read while they still run; the log once the gateway flushed it.
       const prefix = prefixHitRate(before, await readPrefixCounters(urls));
@@ -275,6 +304,7 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
         benchJson: bench.json,
         admissionLog,
         gatewayMetrics,
+        joined,
       };
     } catch (err) {
       return {
@@ -285,6 +315,7 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
         benchJson: null,
         admissionLog: null,
         gatewayMetrics: null,
+        joined: false,
       };
     } finally {
       await gateway?.stop();

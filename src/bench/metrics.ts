@@ -115,6 +115,11 @@ function peakConcurrency(ok: readonly RequestRecord[]): number {
   return peak;
 }
 
+/** A served request that met every target of `slo` (what goodput counts). */
+export function meetsSlo(r: RequestRecord, slo: Slo): boolean {
+  return r.success && isGood(r, r.outputLen > 1 ? (r.latency - r.ttft) / (r.outputLen - 1) : 0, slo);
+}
+
 function isGood(r: RequestRecord, tpot: number, slo: Slo): boolean {
   if (slo.ttft !== undefined && r.ttft * 1000 > slo.ttft) return false;
   if (slo.tpot !== undefined && tpot * 1000 > slo.tpot) return false;

@@ -352,6 +352,33 @@ describe('runCompare on real processes', () => {
     expect(JSON.stringify(result.json)).not.toContain('admissionLog');
   });
 
+  it('starts the gateway without a late replica and adds it by a config reload during the load', async () => {
+    // Round robin over 2 replicas, r1 joining 0.6 s into a 3 s load: what was sent before the join
+    // can only have gone to r0 (r1 is not in the config), and r1 serves its turns once it is in.
+    const r = await runCompare({
+      policies: ['round_robin/fcfs'],
+      replicas: 2,
+      timeScale: 0.05,
+      requests: 60,
+      rates: [20],
+      seed: 4,
+      slo: SLO,
+      joinLate: { replica: 1, afterMs: 600 },
+    });
+    const run = r.runs[0]!;
+    expect(run.error).toBeNull();
+    expect(run.joined).toBe(true);
+    const served = run.bench!.records.filter((x) => x.success);
+    expect(served).toHaveLength(60);
+    const on = (b: string, from: number, to: number) =>
+      served.filter((x) => x.headers['x-slagate-backend'] === b && x.startTime >= from && x.startTime < to)
+        .length;
+    expect(on('r1', 0, 0.6)).toBe(0);
+    expect(on('r0', 0, 0.6)).toBeGreaterThan(0);
+    // The reload is asked for at 0.6 s; by a second later it has long been applied.
+    expect(on('r1', 1.6, 10)).toBeGreaterThan(0);
+  }, 120_000);
+
   it('reports a gateway that would not start as that run’s error, with no figures', async () => {
     const yamlPath = join(dir, 'bad.yaml');
     await writeFile(yamlPath, 'upstream: { retries: -1 }\n');
