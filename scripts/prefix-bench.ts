@@ -5,7 +5,7 @@
 //                                   [--time-scale 1] [--policies LIST] [--out results/prefix-bench.json]
 //                                   [--keep-logs DIR] [--fleet llama3-8b-a100:8] [--slow-start I:F:S]
 //                                   [--seeds on|off] [--reprobe on|off] [--join I:S]
-//                                   [--timeline]
+//                                   [--crash I:S:D] [--timeline]
 //
 // `--fleet NAME:N,...` runs every part on another fleet, mixed GPU kinds included (one simulated
 // fleet per profile, backends r0… in the order given); with several groups the routing and product
@@ -95,6 +95,7 @@ const { values } = parseArgs({
     seeds: { type: 'string', default: 'on' },
     reprobe: { type: 'string', default: 'on' },
     join: { type: 'string' },
+    crash: { type: 'string' },
     timeline: { type: 'boolean', default: false },
   },
 });
@@ -132,14 +133,42 @@ const SLOW_START = (() => {
   return { replica: i!, factor: f!, seconds: sec! };
 })();
 
-async function slowStart(urls: readonly string[]): Promise<void> {
-  if (SLOW_START === null) return;
-  const res = await fetch(`${urls[SLOW_START.replica]}/sim/fault`, {
+/** The crash of the run under way, once it has been set (null before, and without --crash). */
+let crashed: Promise<void> | null = null;
+
+/**
+ * Called as the load starts: sets the slow start now, and the crash for its time (the crash is
+ * checked, and waited for, once the run ended: see routing()).
+ */
+async function beforeLoad(urls: readonly string[]): Promise<void> {
+  crashed = null;
+  if (CRASH !== null) {
+    const url = urls[CRASH.replica]!;
+    crashed = new Promise<void>((resolve) => setTimeout(resolve, CRASH.seconds * 1000)).then(() =>
+      fault(url, { mode: 'crash', duration_ms: CRASH.downSeconds * 1000 }, '--crash'),
+    );
+    // Read after the run; until then a failure is only held (no unhandled rejection meanwhile).
+    crashed.catch(() => {});
+  }
+  await slowStart(urls);
+}
+
+async function fault(url: string, spec: Record<string, unknown>, flag: string): Promise<void> {
+  const res = await fetch(`${url}/sim/fault`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ mode: 'slow', factor: SLOW_START.factor, duration_ms: SLOW_START.seconds * 1000 }),
+    body: JSON.stringify(spec),
   });
-  if (!res.ok) throw new Error(`--slow-start: the replica answered ${res.status}: ${await res.text()}`);
+  if (!res.ok) throw new Error(`${flag}: the replica answered ${res.status}: ${await res.text()}`);
+}
+
+async function slowStart(urls: readonly string[]): Promise<void> {
+  if (SLOW_START === null) return;
+  await fault(
+    urls[SLOW_START.replica]!,
+    { mode: 'slow', factor: SLOW_START.factor, duration_ms: SLOW_START.seconds * 1000 },
+    '--slow-start',
+  );
 }
 
 /**
@@ -159,6 +188,23 @@ const JOIN = (() => {
       `--join: INDEX:SECONDS with INDEX < ${REPLICAS}, 0 < SECONDS < --duration-s; got ${text}`,
     );
   return { replica: i!, seconds: sec! };
+})();
+
+/**
+ * `--crash I:S:D`: failover. S seconds into the load of each routing or product run, replica I
+ * crashes (the simulator's `crash` fault: its sockets destroyed, its cache and counters dropped,
+ * its port closed) and D seconds later listens again, a new process with a cold cache. It implies
+ * --timeline.
+ */
+const CRASH = (() => {
+  const text = values.crash;
+  if (text === undefined) return null;
+  const [i, sec, down] = text.split(':').map(Number);
+  if (!(Number.isInteger(i) && i! >= 0 && i! < REPLICAS && sec! > 0 && sec! < DURATION_S && down! > 0))
+    throw new Error(
+      `--crash: INDEX:SECONDS:DOWN_SECONDS with INDEX < ${REPLICAS}, 0 < SECONDS < --duration-s; got ${text}`,
+    );
+  return { replica: i!, seconds: sec!, downSeconds: down! };
 })();
 const SLO = { ttft: 500 * TS, tpot: 50 * TS };
 
@@ -207,6 +253,7 @@ const out: Record<string, unknown> = {
   durationS: DURATION_S,
   slowStart: SLOW_START,
   join: JOIN,
+  crash: CRASH,
 };
 const save = () => {
   mkdirSync(dirname(values.out!), { recursive: true });
@@ -306,28 +353,31 @@ function coldBreakdown(records: readonly RequestRecord[]): ColdBreakdown | null 
   };
 }
 
-/** Seconds in one row of the --join timeline. */
+/** Seconds in one row of the timeline. */
 const BIN_S = 30;
 
 /**
  * A markdown table, one row per half-minute of the load (by when each request was sent): the
- * requests every backend served (x-slagate-backend), those refused, and the goodput in req/s.
+ * requests every backend served (x-slagate-backend), those refused (429), those that failed
+ * otherwise, and the goodput in req/s.
  */
 function timeline(records: readonly RequestRecord[]): string {
   const bins = Math.ceil(DURATION_S / BIN_S);
   const names = Array.from({ length: REPLICAS }, (_, i) => backendName(i));
   const served = Array.from({ length: bins }, () => new Map<string, number>());
   const refused = new Array<number>(bins).fill(0);
+  const failed = new Array<number>(bins).fill(0);
   const good = new Array<number>(bins).fill(0);
   for (const r of records) {
     const bin = Math.min(bins - 1, Math.floor(r.startTime / BIN_S));
     const backend = r.headers['x-slagate-backend'];
     if (r.success && backend !== undefined) served[bin]!.set(backend, (served[bin]!.get(backend) ?? 0) + 1);
     if (r.status === 429) refused[bin]!++;
+    else if (!r.success) failed[bin]!++;
     if (meetsSlo(r, SLO)) good[bin]!++;
   }
   const line = (cells: readonly string[]) => `| ${cells.join(' | ')} |`;
-  const header = ['s', ...names, 'refused', 'goodput req/s'];
+  const header = ['s', ...names, 'refused', 'failed', 'goodput req/s'];
   return [
     line(header),
     line(header.map(() => '---')),
@@ -336,6 +386,7 @@ function timeline(records: readonly RequestRecord[]): string {
         `${b * BIN_S}–${Math.min(DURATION_S, (b + 1) * BIN_S)}`,
         ...names.map((n) => `${m.get(n) ?? 0}`),
         `${refused[b]}`,
+        `${failed[b]}`,
         (good[b]! / (Math.min(DURATION_S, (b + 1) * BIN_S) - b * BIN_S)).toFixed(2),
       ]),
     ),
@@ -484,14 +535,18 @@ async function routing(
       timeScale: TS,
       gatewayYaml: yaml,
       onProgress: (line) => console.error(`  ${line}`),
-      beforeLoad: slowStart,
+      beforeLoad,
       ...(JOIN === null ? {} : { joinLate: { replica: JOIN.replica, afterMs: JOIN.seconds * 1000 } }),
     });
     const run = result.runs[0]!;
     if (run.error !== null || run.bench === null) throw new Error(`${policy}: ${run.error}`);
     if (JOIN !== null && !run.joined)
       throw new Error(`${policy}: the load ended before r${JOIN.replica} joined`);
-    if (JOIN !== null || values.timeline) console.log(`${policy}:\n${timeline(run.bench.records)}`);
+    // The crash was timed within the load (--crash checks SECONDS < --duration-s), so it has been
+    // set by now, or failed.
+    if (crashed !== null) await crashed;
+    if (JOIN !== null || CRASH !== null || values.timeline)
+      console.log(`${policy}:\n${timeline(run.bench.records)}`);
     if (values['keep-logs'] !== undefined && run.admissionLog !== null) {
       const file = join(values['keep-logs'], `${part}-${policy.replace('/', '-')}.log`);
       mkdirSync(values['keep-logs'], { recursive: true });
