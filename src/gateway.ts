@@ -324,8 +324,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const live = createLiveState(config.state, {
       backends: scrapeTargets(),
       scrape: { intervalMs: config.upstream.metrics_scrape_interval_ms },
-      // A restarted replica may serve other models now.
-      onBackendRestart: () => refreshModels(),
+      // A restarted replica is a new process: its ejection's failures were the old one's
+      // (src/upstream/outlier.ts), and it may serve other models now.
+      onBackendRestart: (name) => {
+        backends.engineRestarted(name);
+        refreshModels();
+      },
       logger,
       indexBlockTokens: () =>
         tokens.fleet.textBlockTokens((rtRef?.config ?? config).router.block_size_tokens),

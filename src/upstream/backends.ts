@@ -64,6 +64,15 @@ export class BackendSet {
     return this.list().filter((b) => b.available);
   }
 
+  /**
+   * `name`'s engine restarted (the live state saw its counters go down): a new process, which its
+   * ejection's failures say nothing about. Ends the ejection (outlier.ts); a no-op for a name the
+   * set does not hold.
+   */
+  engineRestarted(name: string): void {
+    if (this.#backends.get(name)?.outlier.engineRestarted()) this.#emit({ type: 'unejected', backend: name });
+  }
+
   /** Applies a new backend list; returns when the retired backends have drained. */
   update(configs: readonly BackendConfig[]): Promise<void> {
     const wanted = new Map(configs.map((c) => [c.name, c]));

@@ -5,7 +5,9 @@
 // An ejection caused only by failures to reach the backend (connection refused or timed out)
 // ends early when an active probe passes (Envoy's successful_active_health_check_uneject_host): a
 // passing /health proves it is reachable again. One caused by errors the backend answered with
-// runs its course, since /health says nothing about those.
+// runs its course, since /health says nothing about those, unless the backend's engine restarts:
+// the failures were the old process's, and say nothing about the new one (a crashed replica that
+// came back would otherwise sit idle, healthy, for the rest of the ejection).
 
 export interface OutlierOptions {
   /** Consecutive failures that eject (Envoy consecutive_5xx: 5). */
@@ -85,6 +87,18 @@ export class OutlierDetector {
     this.#ejectedUntil = this.#now() + ms;
     this.#decayFrom = this.#ejectedUntil;
     return ms;
+  }
+
+  /**
+   * The backend's engine restarted (its counters went down): ends an ejection whatever caused it,
+   * and the streak of failures under way. True if it ended an ejection.
+   */
+  engineRestarted(): boolean {
+    this.#consecutive = 0;
+    this.#streakUnreachable = true;
+    if (!this.ejected()) return false;
+    this.#ejectedUntil = Number.NEGATIVE_INFINITY;
+    return true;
   }
 
   /** A probe passed: ends an ejection that failures to reach the backend caused. True if it did. */

@@ -523,6 +523,42 @@ describe('failures that never reached the engine, and coming back (found when tr
     await new Promise((r) => setTimeout(r, 500));
     expect((await adminBackends(t.url)).find((b) => b.name === 'r0')!.state).toBe('ejected');
   });
+
+  it('a replica ejected for its errors, then crashed and restarted, is back in service once its restart is seen', async () => {
+    t = await startTestGateway({
+      replicas: 2,
+      config: {
+        upstream: {
+          metrics_scrape_interval_ms: 50,
+          outlier: { consecutive_failures: 2, base_ejection_ms: 30_000, max_ejection_percent: 50 },
+        },
+      },
+    });
+    const r0 = t.fleet!.replicas[0]!;
+    // Served first, so that its counters are above 0 when the gateway scrapes them.
+    for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    await waitFor(() => (t!.gw.runtime.live.telemetry('r0')?.prefixQueries ?? 0) > 0, 2000, 'r0 scraped');
+    await r0.fault({ mode: 'error', status: 500 });
+    for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    expect((await adminBackends(t.url)).find((b) => b.name === 'r0')!.state).toBe('ejected');
+    // The process dies and a new one listens 300 ms later: a cold cache, counters from 0, no fault.
+    const crashed = performance.now();
+    await r0.fault({ mode: 'crash', durationMs: 300 });
+    await waitFor(
+      async () => {
+        const r = (await adminBackends(t!.url)).find((b) => b.name === 'r0')!;
+        return r.available && !r.ejected;
+      },
+      5000,
+      'r0 back',
+    );
+    // Within the crash, a scrape and a probe or two: not the 30 s ejection.
+    expect(performance.now() - crashed).toBeLessThan(5000);
+    const before = (await t.records()).length;
+    for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
+    const served = (await t.records()).slice(before);
+    expect(served.some((r) => r.backend === 'r0' && r.attempts === 1)).toBe(true);
+  });
 });
 
 describe("the predictor's error", () => {

@@ -111,6 +111,37 @@ describe('passive outlier ejection (item 9)', () => {
   });
 });
 
+describe('an engine restart', () => {
+  it('ends an ejection for errors the backend answered with, which a passing probe leaves to run', async () => {
+    const { ups, set, gw, events } = await fleet(
+      [status(500), healthy(1)],
+      outlier({ consecutiveFailures: 2, maxEjectionPercent: 50 }),
+    );
+    for (let i = 0; i < 3; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
+    const b0 = set.get('b0')!;
+    expect(b0.state).toBe('ejected');
+    // Its failures were answers (500s), not failures to reach it: a probe passing changes nothing.
+    expect(b0.outlier.probePassed()).toBe(false);
+    expect(b0.state).toBe('ejected');
+    // A restart of the other backend, which is not ejected, tells nothing.
+    set.engineRestarted('b1');
+    set.engineRestarted('gone');
+    expect(events.filter((e) => e.type === 'unejected')).toEqual([]);
+    set.engineRestarted('b0');
+    expect(events.filter((e) => e.type === 'unejected')).toEqual([{ type: 'unejected', backend: 'b0' }]);
+    expect(b0.state).toBe('healthy');
+    // Back in rotation: the next request reaches it first (it still answers 500, and is retried).
+    const hits = ups[0]!.hits.length;
+    await post(gw.url, chatBody());
+    expect(ups[0]!.hits.length).toBe(hits + 1);
+    expect(b0.outlier.consecutiveFailures).toBe(1);
+    // Another restart: the streak was the old process's. Nothing was ejected, so nothing is told.
+    set.engineRestarted('b0');
+    expect(b0.outlier.consecutiveFailures).toBe(0);
+    expect(events.filter((e) => e.type === 'unejected')).toHaveLength(1);
+  });
+});
+
 describe('breaker', () => {
   it("the gateway's own refusals, 4xx, 429 and deadline cuts neither open it nor eject (items 10, 11)", async () => {
     let mode = 'reject';
