@@ -137,20 +137,18 @@ const SLOW_START = (() => {
 let crashed: Promise<void> | null = null;
 
 /**
- * Called as the load starts: sets the slow start now, and the crash for its time (the crash is
- * checked, and waited for, once the run ended: see routing()).
+ * Called as the load's clock starts: sets the crash for its time, on the clock the timeline reads
+ * (it is checked, and waited for, once the run ended: see routing()).
  */
-async function beforeLoad(urls: readonly string[]): Promise<void> {
+function onLoadStart(urls: readonly string[]): void {
   crashed = null;
-  if (CRASH !== null) {
-    const url = urls[CRASH.replica]!;
-    crashed = new Promise<void>((resolve) => setTimeout(resolve, CRASH.seconds * 1000)).then(() =>
-      fault(url, { mode: 'crash', duration_ms: CRASH.downSeconds * 1000 }, '--crash'),
-    );
-    // Read after the run; until then a failure is only held (no unhandled rejection meanwhile).
-    crashed.catch(() => {});
-  }
-  await slowStart(urls);
+  if (CRASH === null) return;
+  const url = urls[CRASH.replica]!;
+  crashed = new Promise<void>((resolve) => setTimeout(resolve, CRASH.seconds * 1000)).then(() =>
+    fault(url, { mode: 'crash', duration_ms: CRASH.downSeconds * 1000 }, '--crash'),
+  );
+  // Read after the run; until then a failure is only held (no unhandled rejection meanwhile).
+  crashed.catch(() => {});
 }
 
 async function fault(url: string, spec: Record<string, unknown>, flag: string): Promise<void> {
@@ -193,16 +191,20 @@ const JOIN = (() => {
 /**
  * `--crash I:S:D`: failover. S seconds into the load of each routing or product run, replica I
  * crashes (the simulator's `crash` fault: its sockets destroyed, its cache and counters dropped,
- * its port closed) and D seconds later listens again, a new process with a cold cache. It implies
- * --timeline.
+ * its port closed) and D seconds later listens again, a new process with a cold cache. It must be
+ * back before the load ends (S + D < --duration-s): the replicas' prefix counters are read then.
+ * Those counters start from 0 in the new process, so the run's prefix hit rate leaves out what the
+ * crashed replica counted before its crash. It implies --timeline.
  */
 const CRASH = (() => {
   const text = values.crash;
   if (text === undefined) return null;
   const [i, sec, down] = text.split(':').map(Number);
-  if (!(Number.isInteger(i) && i! >= 0 && i! < REPLICAS && sec! > 0 && sec! < DURATION_S && down! > 0))
+  if (
+    !(Number.isInteger(i) && i! >= 0 && i! < REPLICAS && sec! > 0 && down! > 0 && sec! + down! < DURATION_S)
+  )
     throw new Error(
-      `--crash: INDEX:SECONDS:DOWN_SECONDS with INDEX < ${REPLICAS}, 0 < SECONDS < --duration-s; got ${text}`,
+      `--crash: INDEX:SECONDS:DOWN_SECONDS with INDEX < ${REPLICAS}, SECONDS + DOWN_SECONDS < --duration-s; got ${text}`,
     );
   return { replica: i!, seconds: sec!, downSeconds: down! };
 })();
@@ -535,7 +537,8 @@ async function routing(
       timeScale: TS,
       gatewayYaml: yaml,
       onProgress: (line) => console.error(`  ${line}`),
-      beforeLoad,
+      beforeLoad: slowStart,
+      onLoadStart,
       ...(JOIN === null ? {} : { joinLate: { replica: JOIN.replica, afterMs: JOIN.seconds * 1000 } }),
     });
     const run = result.runs[0]!;

@@ -92,6 +92,11 @@ export interface CompareOptions {
    * the load ended).
    */
   joinLate?: { replica: number; afterMs: number };
+  /**
+   * Called with the replicas' URLs as the load's clock starts (the time 0 of the records'
+   * startTime): to time an event into the load (a fault).
+   */
+  onLoadStart?: (replicaUrls: readonly string[]) => void;
 }
 
 export interface CompareRun extends ReportedRun {
@@ -272,22 +277,26 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
       stage = 'run failed';
       const started = gateway;
       let joined = false;
-      const join =
-        o.joinLate === undefined
-          ? null
-          : setTimeout(() => {
-              // Written whole, then renamed over: the watcher never reads half a file.
-              const tmp = `${started.configPath}.next`;
-              writeFileSync(tmp, fullConfig);
-              renameSync(tmp, started.configPath);
-              started.child.kill('SIGHUP');
-              joined = true;
-            }, o.joinLate.afterMs);
+      let join: NodeJS.Timeout | null = null;
+      const joinLate = o.joinLate;
       const bench = await runBench({
         ...benchBase,
         target: gateway.url,
         rate,
         ...(o.signal ? { signal: o.signal } : {}),
+        // Timed from the load's own clock, not from before the workload was built.
+        onStart: () => {
+          o.onLoadStart?.(urls);
+          if (joinLate === undefined) return;
+          join = setTimeout(() => {
+            // Written whole, then renamed over: the watcher never reads half a file.
+            const tmp = `${started.configPath}.next`;
+            writeFileSync(tmp, fullConfig);
+            renameSync(tmp, started.configPath);
+            started.child.kill('SIGHUP');
+            joined = true;
+          }, joinLate.afterMs);
+        },
       }).finally(() => {
         if (join !== null) clearTimeout(join);
       });

@@ -66,6 +66,11 @@ export interface BenchOptions {
   progress?: boolean;
   /** Aborting stops new sends and cancels requests in flight; the result covers what ran. */
   signal?: AbortSignal;
+  /**
+   * Called once as the run's clock starts (the time 0 of every record's startTime), after the
+   * workload was built and just before the first send: to time an event into the load.
+   */
+  onStart?: () => void;
 }
 
 export interface BenchResult {
@@ -238,6 +243,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
     const date = timestamp(new Date());
     const t0 = performance.now();
     const clock = () => (performance.now() - t0) / 1000;
+    o.onStart?.();
     const ctx: ClientContext = {
       dispatcher,
       url,

@@ -5,9 +5,12 @@
 // An ejection caused only by failures to reach the backend (connection refused or timed out)
 // ends early when an active probe passes (Envoy's successful_active_health_check_uneject_host): a
 // passing /health proves it is reachable again. One caused by errors the backend answered with
-// runs its course, since /health says nothing about those, unless the backend's engine restarts:
-// the failures were the old process's, and say nothing about the new one (a crashed replica that
-// came back would otherwise sit idle, healthy, for the rest of the ejection).
+// runs its course, since /health says nothing about those, unless the backend's engine restarts
+// while it is ejected for the first time (in the multiplier's memory): the failures were the old
+// process's, and say nothing about the new one (a crashed replica that came back would otherwise
+// sit idle, healthy, for the rest of the ejection). A backend ejected again since (one that keeps
+// crashing, or whose new process fails as the old one did) serves its longer ejections whole.
+// An ejection ended early starts the multiplier's decay from that moment, as one that ran out does.
 
 export interface OutlierOptions {
   /** Consecutive failures that eject (Envoy consecutive_5xx: 5). */
@@ -90,22 +93,28 @@ export class OutlierDetector {
   }
 
   /**
-   * The backend's engine restarted (its counters went down): ends an ejection whatever caused it,
-   * and the streak of failures under way. True if it ended an ejection.
+   * The backend's engine restarted (its counters went down): ends the streak of failures under
+   * way, and a first ejection whatever caused it (see the header). True if it ended an ejection.
    */
   engineRestarted(): boolean {
     this.#consecutive = 0;
     this.#streakUnreachable = true;
-    if (!this.ejected()) return false;
-    this.#ejectedUntil = Number.NEGATIVE_INFINITY;
+    if (!this.ejected() || this.#ejections > 1) return false;
+    this.#endEjection();
     return true;
   }
 
   /** A probe passed: ends an ejection that failures to reach the backend caused. True if it did. */
   probePassed(): boolean {
     if (!this.ejected() || !this.#ejectedUnreachable) return false;
-    this.#ejectedUntil = Number.NEGATIVE_INFINITY;
+    this.#endEjection();
     return true;
+  }
+
+  #endEjection(): void {
+    const now = this.#now();
+    this.#ejectedUntil = Number.NEGATIVE_INFINITY;
+    this.#decayFrom = now;
   }
 }
 

@@ -554,6 +554,8 @@ describe('failures that never reached the engine, and coming back (found when tr
     );
     // Within the crash, a scrape and a probe or two: not the 30 s ejection.
     expect(performance.now() - crashed).toBeLessThan(5000);
+    // The new process has no fault: the old one's 500s went with it.
+    expect(r0.stats().fault).toBeNull();
     const before = (await t.records()).length;
     for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
     const served = (await t.records()).slice(before);

@@ -71,6 +71,45 @@ describe('OutlierDetector', () => {
     expect(o.ejections).toBe(1);
   });
 
+  it('an engine restart ends a first ejection only; a later one is served whole', () => {
+    let now = 0;
+    const o = new OutlierDetector(opts, () => now);
+    const yes = () => true;
+    const burst = () => [o.failure(yes), o.failure(yes), o.failure(yes)];
+    expect(burst()).toEqual([null, null, 1_000]);
+    now = 200;
+    expect(o.engineRestarted()).toBe(true);
+    expect(o.ejected()).toBe(false);
+    // The new process fails as the old one did: ejected again, for twice as long, and a restart
+    // (one that keeps crashing) no longer ends it.
+    expect(burst()).toEqual([null, null, 2_000]);
+    now = 300;
+    expect(o.engineRestarted()).toBe(false);
+    expect(o.ejected()).toBe(true);
+    now = 2_300;
+    expect(o.ejected()).toBe(false);
+  });
+
+  it('an ejection ended early decays the multiplier from then, as one that ran out does', () => {
+    let now = 0;
+    const o = new OutlierDetector(opts, () => now);
+    for (let i = 0; i < 3; i++) o.failure(() => true, true);
+    expect(o.ejections).toBe(1);
+    // Its failures were failures to reach it: a passing probe ends it 100 ms in, not at 1,000.
+    now = 100;
+    expect(o.probePassed()).toBe(true);
+    // A base ejection time of serving counted from the early end takes the step off.
+    now = 1_100;
+    o.success();
+    expect(o.ejections).toBe(0);
+    for (let i = 0; i < 3; i++) o.failure(() => true);
+    now = 1_200;
+    expect(o.engineRestarted()).toBe(true);
+    now = 2_200;
+    o.success();
+    expect(o.ejections).toBe(0);
+  });
+
   it('allows max(1, floor(share × n)) ejected backends', () => {
     expect([maxEjected(1, 10), maxEjected(4, 10), maxEjected(20, 10), maxEjected(3, 34)]).toEqual([
       1, 1, 2, 1,
