@@ -542,7 +542,7 @@ describe('failures that never reached the engine, and coming back (found when tr
     for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
     expect((await adminBackends(t.url)).find((b) => b.name === 'r0')!.state).toBe('ejected');
     // The process dies and a new one listens 300 ms later: a cold cache, counters from 0, no fault.
-    const crashed = performance.now();
+    // Back within a scrape and a probe or two of that, not the 30 s ejection.
     await r0.fault({ mode: 'crash', durationMs: 300 });
     await waitFor(
       async () => {
@@ -552,8 +552,6 @@ describe('failures that never reached the engine, and coming back (found when tr
       5000,
       'r0 back',
     );
-    // Within the crash, a scrape and a probe or two: not the 30 s ejection.
-    expect(performance.now() - crashed).toBeLessThan(5000);
     // The new process has no fault: the old one's 500s went with it.
     expect(r0.stats().fault).toBeNull();
     const before = (await t.records()).length;
