@@ -5,7 +5,7 @@
 //                                   [--time-scale 1] [--policies LIST] [--out results/prefix-bench.json]
 //                                   [--keep-logs DIR] [--fleet llama3-8b-a100:8] [--slow-start I:F:S]
 //                                   [--seeds on|off] [--reprobe on|off] [--join I:S]
-//                                   [--crash I:S:D] [--timeline]
+//                                   [--leave I:S] [--crash I:S:D] [--timeline]
 //
 // `--fleet NAME:N,...` runs every part on another fleet, mixed GPU kinds included (one simulated
 // fleet per profile, backends r0… in the order given); with several groups the routing and product
@@ -95,6 +95,7 @@ const { values } = parseArgs({
     seeds: { type: 'string', default: 'on' },
     reprobe: { type: 'string', default: 'on' },
     join: { type: 'string' },
+    leave: { type: 'string' },
     crash: { type: 'string' },
     timeline: { type: 'boolean', default: false },
   },
@@ -172,20 +173,36 @@ async function slowStart(urls: readonly string[]): Promise<void> {
 /**
  * `--join I:S`: scale-out. Replica I runs from the start but the gateway of each routing or product
  * run starts without it; S seconds into the load its config file is rewritten with every replica
- * (and a SIGHUP sent), as an operator adding a replica would. It implies --timeline.
+ * (and a SIGHUP sent), as an operator adding a replica would.
+ * `--leave I:S`: scale-in. The gateway starts with every replica, and S seconds into the load its
+ * config is rewritten without replica I: what it serves then drains there, nothing new goes to it.
+ * Either implies --timeline.
  *
  * `--timeline`: after each routing or product run, what every backend served per half-minute of
  * the load, what was refused, and the goodput of each half-minute.
  */
-const JOIN = (() => {
-  const text = values.join;
-  if (text === undefined) return null;
+const RECONFIGURE = (() => {
+  if (values.join !== undefined && values.leave !== undefined) throw new Error('--join or --leave, not both');
+  const flag = values.join !== undefined ? 'join' : values.leave !== undefined ? 'leave' : null;
+  if (flag === null) return null;
+  const text = values[flag]!;
   const [i, sec] = text.split(':').map(Number);
   if (!(Number.isInteger(i) && i! >= 0 && i! < REPLICAS && sec! > 0 && sec! < DURATION_S))
     throw new Error(
-      `--join: INDEX:SECONDS with INDEX < ${REPLICAS}, 0 < SECONDS < --duration-s; got ${text}`,
+      `--${flag}: INDEX:SECONDS with INDEX < ${REPLICAS}, 0 < SECONDS < --duration-s; got ${text}`,
     );
-  return { replica: i!, seconds: sec! };
+  const all = Array.from({ length: REPLICAS }, (_, j) => j);
+  const others = all.filter((j) => j !== i);
+  return {
+    flag,
+    replica: i!,
+    seconds: sec!,
+    change: {
+      from: flag === 'join' ? others : all,
+      to: flag === 'join' ? all : others,
+      afterMs: sec! * 1000,
+    },
+  };
 })();
 
 /**
@@ -254,7 +271,8 @@ const out: Record<string, unknown> = {
   rate: RATE,
   durationS: DURATION_S,
   slowStart: SLOW_START,
-  join: JOIN,
+  reconfigure:
+    RECONFIGURE === null ? null : { [RECONFIGURE.flag]: RECONFIGURE.replica, seconds: RECONFIGURE.seconds },
   crash: CRASH,
 };
 const save = () => {
@@ -539,16 +557,16 @@ async function routing(
       onProgress: (line) => console.error(`  ${line}`),
       beforeLoad: slowStart,
       onLoadStart,
-      ...(JOIN === null ? {} : { joinLate: { replica: JOIN.replica, afterMs: JOIN.seconds * 1000 } }),
+      ...(RECONFIGURE === null ? {} : { reconfigure: RECONFIGURE.change }),
     });
     const run = result.runs[0]!;
     if (run.error !== null || run.bench === null) throw new Error(`${policy}: ${run.error}`);
-    if (JOIN !== null && !run.joined)
-      throw new Error(`${policy}: the load ended before r${JOIN.replica} joined`);
+    if (RECONFIGURE !== null && !run.reconfigured)
+      throw new Error(`${policy}: the load ended before the --${RECONFIGURE.flag} reload`);
     // The crash was timed within the load (--crash checks SECONDS < --duration-s), so it has been
     // set by now, or failed.
     if (crashed !== null) await crashed;
-    if (JOIN !== null || CRASH !== null || values.timeline)
+    if (RECONFIGURE !== null || CRASH !== null || values.timeline)
       console.log(`${policy}:\n${timeline(run.bench.records)}`);
     if (values['keep-logs'] !== undefined && run.admissionLog !== null) {
       const file = join(values['keep-logs'], `${part}-${policy.replace('/', '-')}.log`);

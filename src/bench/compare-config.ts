@@ -88,14 +88,16 @@ export function gatewayConfig(
     model: string;
     urls: readonly string[];
     item: PolicyItem;
-    /** A replica of the fleet left out of the backends (one that joins later); each keeps its name. */
-    without?: number;
+    /** The replicas of the fleet to list as backends, by index (default all); each keeps its name. */
+    only?: readonly number[] | undefined;
   },
 ): Yaml {
   const generated: Yaml = {
     server: { host: '127.0.0.1', port: 0 },
     models: [args.model],
-    backends: args.urls.map((url, i) => ({ name: backendName(i), url })).filter((_, i) => i !== args.without),
+    backends: args.urls
+      .map((url, i) => ({ name: backendName(i), url }))
+      .filter((_, i) => args.only === undefined || args.only.includes(i)),
     router: { policy: args.item.router },
     scheduler: { policy: args.item.scheduler },
     logging: { level: 'warn', admission_log: `${args.dir}/admission.log` },

@@ -86,12 +86,13 @@ export interface CompareOptions {
   /** Called with the replicas' URLs once the gateway is ready, before the load starts (a fault to set). */
   beforeLoad?: (replicaUrls: readonly string[]) => Promise<void>;
   /**
-   * Scale-out: the gateway starts without replica `replica` (the fleet runs it from the start, idle)
-   * and `afterMs` into the load its config file is rewritten with every replica and a SIGHUP sent,
-   * as an operator adding a replica would (the run's `joined` says whether that happened before
-   * the load ended).
+   * The fleet changed under load, as an operator's reload changes it: the gateway starts with the
+   * replicas `from` lists (indices into the fleet, which runs every replica from the start), and
+   * `afterMs` into the load its config file is rewritten with those `to` lists and a SIGHUP sent.
+   * One more is a scale-out, one fewer a scale-in (the run's `reconfigured` says whether the reload
+   * was asked for before the load ended).
    */
-  joinLate?: { replica: number; afterMs: number };
+  reconfigure?: { from: readonly number[]; to: readonly number[]; afterMs: number };
   /**
    * Called with the replicas' URLs as the load's clock starts (the time 0 of the records'
    * startTime): to time an event into the load (a fault).
@@ -105,8 +106,8 @@ export interface CompareRun extends ReportedRun {
   admissionLog: Record<string, unknown>[] | null;
   /** The gateway's own /metrics as the load ended (text); null when it could not be read. */
   gatewayMetrics: string | null;
-  /** With joinLate: the late replica's reload was asked for before the load ended. */
-  joined: boolean;
+  /** With reconfigure: its reload was asked for before the load ended. */
+  reconfigured: boolean;
 }
 
 export interface CompareResult extends CompareSettings {
@@ -261,24 +262,22 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
       const urls = fleet.urls;
       const before = await readPrefixCounters(urls);
       stage = 'gateway did not start';
-      let fullConfig = '';
+      const change = o.reconfigure;
+      let later = '';
       gateway = await startChildGateway((dir) => {
-        const config = gatewayConfig(user, { dir, model, urls, item });
+        const config = gatewayConfig(user, { dir, model, urls, item, only: change?.from });
         logPath = admissionLogPath(config);
         logFrom = sizeOf(logPath);
-        fullConfig = stringifyYaml(config);
-        const late = o.joinLate?.replica;
-        return late === undefined
-          ? fullConfig
-          : stringifyYaml(gatewayConfig(user, { dir, model, urls, item, without: late }));
+        if (change !== undefined)
+          later = stringifyYaml(gatewayConfig(user, { dir, model, urls, item, only: change.to }));
+        return stringifyYaml(config);
       });
       await waitReady(gateway.url, o.readyTimeoutMs);
       await o.beforeLoad?.(urls);
       stage = 'run failed';
       const started = gateway;
-      let joined = false;
-      let join: NodeJS.Timeout | null = null;
-      const joinLate = o.joinLate;
+      let reconfigured = false;
+      let reload: NodeJS.Timeout | null = null;
       const bench = await runBench({
         ...benchBase,
         target: gateway.url,
@@ -287,18 +286,18 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
         // Timed from the load's own clock, not from before the workload was built.
         onStart: () => {
           o.onLoadStart?.(urls);
-          if (joinLate === undefined) return;
-          join = setTimeout(() => {
+          if (change === undefined) return;
+          reload = setTimeout(() => {
             // Written whole, then renamed over: the watcher never reads half a file.
             const tmp = `${started.configPath}.next`;
-            writeFileSync(tmp, fullConfig);
+            writeFileSync(tmp, later);
             renameSync(tmp, started.configPath);
             started.child.kill('SIGHUP');
-            joined = true;
-          }, joinLate.afterMs);
+            reconfigured = true;
+          }, change.afterMs);
         },
       }).finally(() => {
-        if (join !== null) clearTimeout(join);
+        if (reload !== null) clearTimeout(reload);
       });
       // The replicas' counters are read while they still run; the log once the gateway flushed it.
       const prefix = prefixHitRate(before, await readPrefixCounters(urls));
@@ -313,7 +312,7 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
         benchJson: bench.json,
         admissionLog,
         gatewayMetrics,
-        joined,
+        reconfigured,
       };
     } catch (err) {
       return {
@@ -324,7 +323,7 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
         benchJson: null,
         admissionLog: null,
         gatewayMetrics: null,
-        joined: false,
+        reconfigured: false,
       };
     } finally {
       await gateway?.stop();

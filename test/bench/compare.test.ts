@@ -363,11 +363,11 @@ describe('runCompare on real processes', () => {
       rates: [20],
       seed: 4,
       slo: SLO,
-      joinLate: { replica: 1, afterMs: 600 },
+      reconfigure: { from: [0], to: [0, 1], afterMs: 600 },
     });
     const run = r.runs[0]!;
     expect(run.error).toBeNull();
-    expect(run.joined).toBe(true);
+    expect(run.reconfigured).toBe(true);
     const served = run.bench!.records.filter((x) => x.success);
     expect(served).toHaveLength(60);
     const on = (b: string, from: number, to: number) =>
@@ -377,6 +377,30 @@ describe('runCompare on real processes', () => {
     expect(on('r0', 0, 0.6)).toBeGreaterThan(0);
     // The reload is asked for at 0.6 s; by a second later it has long been applied.
     expect(on('r1', 1.6, 10)).toBeGreaterThan(0);
+  }, 120_000);
+
+  it('takes a replica out by a config reload during the load: nothing new goes to it, nothing fails', async () => {
+    const r = await runCompare({
+      policies: ['round_robin/fcfs'],
+      replicas: 2,
+      timeScale: 0.05,
+      requests: 60,
+      rates: [20],
+      seed: 5,
+      slo: SLO,
+      reconfigure: { from: [0, 1], to: [0], afterMs: 600 },
+    });
+    const run = r.runs[0]!;
+    expect(run.error).toBeNull();
+    expect(run.reconfigured).toBe(true);
+    const served = run.bench!.records.filter((x) => x.success);
+    expect(served).toHaveLength(60);
+    const on = (b: string, from: number, to: number) =>
+      served.filter((x) => x.headers['x-slagate-backend'] === b && x.startTime >= from && x.startTime < to)
+        .length;
+    expect(on('r1', 0, 0.6)).toBeGreaterThan(0);
+    expect(on('r1', 1.6, 10)).toBe(0);
+    expect(on('r0', 1.6, 10)).toBeGreaterThan(0);
   }, 120_000);
 
   it('reports a gateway that would not start as that run’s error, with no figures', async () => {
