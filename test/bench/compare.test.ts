@@ -352,52 +352,43 @@ describe('runCompare on real processes', () => {
     expect(JSON.stringify(result.json)).not.toContain('admissionLog');
   });
 
-  it('starts the gateway without a late replica and adds it by a config reload during the load', async () => {
-    // Round robin over 2 replicas, r1 joining 0.6 s into a 3 s load: what was sent before the join
-    // can only have gone to r0 (r1 is not in the config), and r1 serves its turns once it is in.
+  /**
+   * Round robin over 2 replicas for a 3 s load, the reload asked for 0.6 s in: the run, and how
+   * many requests sent in [from, to) seconds each backend served.
+   */
+  async function reloaded(reconfigure: { from: number[]; to: number[] }, seed: number) {
     const r = await runCompare({
       policies: ['round_robin/fcfs'],
       replicas: 2,
       timeScale: 0.05,
       requests: 60,
       rates: [20],
-      seed: 4,
+      seed,
       slo: SLO,
-      reconfigure: { from: [0], to: [0, 1], afterMs: 600 },
+      reconfigure: { ...reconfigure, afterMs: 600 },
     });
     const run = r.runs[0]!;
     expect(run.error).toBeNull();
     expect(run.reconfigured).toBe(true);
     const served = run.bench!.records.filter((x) => x.success);
+    // Nothing failed, across the reload.
     expect(served).toHaveLength(60);
-    const on = (b: string, from: number, to: number) =>
+    return (b: string, from: number, to: number) =>
       served.filter((x) => x.headers['x-slagate-backend'] === b && x.startTime >= from && x.startTime < to)
         .length;
+  }
+
+  it('starts the gateway without a late replica and adds it by a config reload during the load', async () => {
+    const on = await reloaded({ from: [0], to: [0, 1] }, 4);
+    // What was sent before the reload can only have gone to r0 (r1 is not in the config).
     expect(on('r1', 0, 0.6)).toBe(0);
     expect(on('r0', 0, 0.6)).toBeGreaterThan(0);
-    // The reload is asked for at 0.6 s; by a second later it has long been applied.
+    // A second after it was asked for, it has long been applied: r1 serves its turns.
     expect(on('r1', 1.6, 10)).toBeGreaterThan(0);
   }, 120_000);
 
   it('takes a replica out by a config reload during the load: nothing new goes to it, nothing fails', async () => {
-    const r = await runCompare({
-      policies: ['round_robin/fcfs'],
-      replicas: 2,
-      timeScale: 0.05,
-      requests: 60,
-      rates: [20],
-      seed: 5,
-      slo: SLO,
-      reconfigure: { from: [0, 1], to: [0], afterMs: 600 },
-    });
-    const run = r.runs[0]!;
-    expect(run.error).toBeNull();
-    expect(run.reconfigured).toBe(true);
-    const served = run.bench!.records.filter((x) => x.success);
-    expect(served).toHaveLength(60);
-    const on = (b: string, from: number, to: number) =>
-      served.filter((x) => x.headers['x-slagate-backend'] === b && x.startTime >= from && x.startTime < to)
-        .length;
+    const on = await reloaded({ from: [0, 1], to: [0] }, 5);
     expect(on('r1', 0, 0.6)).toBeGreaterThan(0);
     expect(on('r1', 1.6, 10)).toBe(0);
     expect(on('r0', 1.6, 10)).toBeGreaterThan(0);
