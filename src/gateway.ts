@@ -301,8 +301,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       // queue. The reload pumps itself once both know the new list.
       if (e.type === 'added' || e.type === 'removed') return;
       // A backend that was not up when the catalog asked it is asked now: until it lists its
-      // models it is sent every configured one (Backend.serves).
-      if (e.type === 'probe_up' || e.type === 'probe_confirmed') refreshModels();
+      // models it is sent every configured one (Backend.serves). A restarted one may serve others.
+      if (e.type === 'probe_up' || e.type === 'probe_confirmed' || e.type === 'engine_restarted')
+        refreshModels();
       onAvailabilityChange();
     };
     // Set once the first catalog exists (the start refreshes itself); then the catalog in force.
@@ -324,12 +325,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const live = createLiveState(config.state, {
       backends: scrapeTargets(),
       scrape: { intervalMs: config.upstream.metrics_scrape_interval_ms },
-      // A restarted replica is a new process: its ejection's failures were the old one's
-      // (src/upstream/outlier.ts), and it may serve other models now.
-      onBackendRestart: (name) => {
-        backends.engineRestarted(name);
-        refreshModels();
-      },
+      // Told to the backends, whose event (logged, and asking the models again) it becomes.
+      onBackendRestart: (name) => backends.engineRestarted(name),
       logger,
       indexBlockTokens: () =>
         tokens.fleet.textBlockTokens((rtRef?.config ?? config).router.block_size_tokens),

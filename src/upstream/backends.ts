@@ -16,6 +16,8 @@ export type BackendEvent =
   | { type: 'unejected'; backend: string }
   | { type: 'breaker_open' | 'breaker_half_open' | 'breaker_close'; backend: string }
   | { type: 'probe_down' | 'probe_up'; backend: string }
+  /** Its engine restarted (the live state saw its counters fall): a new process, a cold cache. */
+  | { type: 'engine_restarted'; backend: string }
   /** Its first probe passed: a backend that was not up when the gateway asked its /v1/models is now. */
   | { type: 'probe_confirmed'; backend: string }
   /** What its /v1/models lists changed (Backend.learned): the queue may go to it now, or not. */
@@ -65,12 +67,15 @@ export class BackendSet {
   }
 
   /**
-   * `name`'s engine restarted (the live state saw its counters go down): a new process, which its
-   * ejection's failures say nothing about. Ends the ejection (outlier.ts); a no-op for a name the
-   * set does not hold.
+   * `name`'s engine restarted (the live state saw its counters go down): told as an event, and a
+   * new process, which a first ejection's failures say nothing about, ends it (outlier.ts). A no-op
+   * for a name the set does not hold.
    */
   engineRestarted(name: string): void {
-    if (this.#backends.get(name)?.outlier.engineRestarted()) this.#emit({ type: 'unejected', backend: name });
+    const b = this.#backends.get(name);
+    if (b === undefined) return;
+    this.#emit({ type: 'engine_restarted', backend: name });
+    if (b.outlier.engineRestarted()) this.#emit({ type: 'unejected', backend: name });
   }
 
   /** Applies a new backend list; returns when the retired backends have drained. */
