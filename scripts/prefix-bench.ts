@@ -121,6 +121,17 @@ const groupOf = fleetGroupOf(FLEET);
 const SEED = 1;
 
 /**
+ * `--flag I:...` as numbers: I a replica of the fleet, the rest as `ok` accepts them; otherwise
+ * throws, naming the flag, its form and bounds (`usage`) and what was given.
+ */
+function replicaSpec(flag: string, text: string, usage: string, ok: (rest: number[]) => boolean) {
+  const [i, ...rest] = text.split(':').map(Number);
+  if (!(Number.isInteger(i) && i! >= 0 && i! < REPLICAS && ok(rest)))
+    throw new Error(`--${flag}: ${usage}; got ${text}`);
+  return { replica: i!, rest };
+}
+
+/**
  * `--slow-start I:F:S`: replica I's engine steps F times slower for the first S seconds of each
  * routing or product run (the simulator's `slow` fault, set once the gateway is ready): a replica
  * that starts slow (a warm-up, a throttled GPU) and then runs as fast as the rest.
@@ -128,10 +139,13 @@ const SEED = 1;
 const SLOW_START = (() => {
   const text = values['slow-start'];
   if (text === undefined) return null;
-  const [i, f, sec] = text.split(':').map(Number);
-  if (!(Number.isInteger(i) && i! >= 0 && i! < REPLICAS && f! > 1 && sec! > 0))
-    throw new Error(`--slow-start: INDEX:FACTOR:SECONDS with INDEX < ${REPLICAS}, FACTOR > 1; got ${text}`);
-  return { replica: i!, factor: f!, seconds: sec! };
+  const { replica, rest } = replicaSpec(
+    'slow-start',
+    text,
+    `INDEX:FACTOR:SECONDS with INDEX < ${REPLICAS}, FACTOR > 1`,
+    ([f, sec]) => f! > 1 && sec! > 0,
+  );
+  return { replica, factor: rest[0]!, seconds: rest[1]! };
 })();
 
 /** The crash of the run under way, once it has been set (null before, and without --crash). */
@@ -186,21 +200,23 @@ const RECONFIGURE = (() => {
   const flag = values.join !== undefined ? 'join' : values.leave !== undefined ? 'leave' : null;
   if (flag === null) return null;
   const text = values[flag]!;
-  const [i, sec] = text.split(':').map(Number);
-  if (!(Number.isInteger(i) && i! >= 0 && i! < REPLICAS && sec! > 0 && sec! < DURATION_S))
-    throw new Error(
-      `--${flag}: INDEX:SECONDS with INDEX < ${REPLICAS}, 0 < SECONDS < --duration-s; got ${text}`,
-    );
+  const { replica, rest } = replicaSpec(
+    flag,
+    text,
+    `INDEX:SECONDS with INDEX < ${REPLICAS}, 0 < SECONDS < --duration-s`,
+    ([sec]) => sec! > 0 && sec! < DURATION_S,
+  );
+  const seconds = rest[0]!;
   const all = Array.from({ length: REPLICAS }, (_, j) => j);
-  const others = all.filter((j) => j !== i);
+  const others = all.filter((j) => j !== replica);
   return {
     flag,
-    replica: i!,
-    seconds: sec!,
+    replica,
+    seconds,
     change: {
       from: flag === 'join' ? others : all,
       to: flag === 'join' ? all : others,
-      afterMs: sec! * 1000,
+      afterMs: seconds * 1000,
     },
   };
 })();
@@ -216,14 +232,13 @@ const RECONFIGURE = (() => {
 const CRASH = (() => {
   const text = values.crash;
   if (text === undefined) return null;
-  const [i, sec, down] = text.split(':').map(Number);
-  if (
-    !(Number.isInteger(i) && i! >= 0 && i! < REPLICAS && sec! > 0 && down! > 0 && sec! + down! < DURATION_S)
-  )
-    throw new Error(
-      `--crash: INDEX:SECONDS:DOWN_SECONDS with INDEX < ${REPLICAS}, SECONDS + DOWN_SECONDS < --duration-s; got ${text}`,
-    );
-  return { replica: i!, seconds: sec!, downSeconds: down! };
+  const { replica, rest } = replicaSpec(
+    'crash',
+    text,
+    `INDEX:SECONDS:DOWN_SECONDS with INDEX < ${REPLICAS}, SECONDS + DOWN_SECONDS < --duration-s`,
+    ([sec, down]) => sec! > 0 && down! > 0 && sec! + down! < DURATION_S,
+  );
+  return { replica, seconds: rest[0]!, downSeconds: rest[1]! };
 })();
 const SLO = { ttft: 500 * TS, tpot: 50 * TS };
 

@@ -61,8 +61,7 @@ export class OutlierDetector {
   }
 
   success(): void {
-    this.#consecutive = 0;
-    this.#streakUnreachable = true;
+    this.#endStreak();
     const now = this.#now();
     if (this.#ejections > 0 && now >= this.#decayFrom + this.#opts.baseEjectionMs) {
       this.#ejections--;
@@ -83,9 +82,8 @@ export class OutlierDetector {
     this.#streakUnreachable &&= unreachable;
     if (this.#consecutive < this.#opts.consecutiveFailures || !mayEject()) return null;
     this.#ejections++;
-    this.#consecutive = 0;
     this.#ejectedUnreachable = this.#streakUnreachable;
-    this.#streakUnreachable = true;
+    this.#endStreak();
     const ms = Math.min(this.#opts.baseEjectionMs * this.#ejections, this.#opts.maxEjectionMs);
     this.#ejectedUntil = this.#now() + ms;
     this.#decayFrom = this.#ejectedUntil;
@@ -97,8 +95,7 @@ export class OutlierDetector {
    * way, and a first ejection whatever caused it (see the header). True if it ended an ejection.
    */
   engineRestarted(): boolean {
-    this.#consecutive = 0;
-    this.#streakUnreachable = true;
+    this.#endStreak();
     if (!this.ejected() || this.#ejections > 1) return false;
     this.#endEjection();
     return true;
@@ -111,10 +108,15 @@ export class OutlierDetector {
     return true;
   }
 
+  #endStreak(): void {
+    this.#consecutive = 0;
+    this.#streakUnreachable = true;
+  }
+
+  /** Ends the ejection now, and the multiplier's decay counts from now (as from an ejection's end). */
   #endEjection(): void {
-    const now = this.#now();
     this.#ejectedUntil = Number.NEGATIVE_INFINITY;
-    this.#decayFrom = now;
+    this.#decayFrom = this.#now();
   }
 }
 
