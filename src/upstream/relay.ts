@@ -452,7 +452,22 @@ export class Attempt implements Dispatcher.DispatchHandler {
     }
     if (this.#phase !== 'committed') return;
     if (sawData) this.#lastDataAt = now;
+    if (this.#handed > 0) this.#write(out);
+    else this.#writeOpening(out);
+  }
+
+  /**
+   * The response's first write: its head and first token, the client's TTFT. res.write corks the
+   * socket and sends what it holds from a tick queued behind everything queued before it (other
+   * streams' reads, whatever the commit set going); this write leaves at once. Only the cork
+   * res.write itself took is lifted. (A first token read together with [DONE] leaves with the last
+   * chunk, in the one write #closeClient makes.)
+   */
+  #writeOpening(out: Buffer[]): void {
+    const socket = this.spec.res.socket;
+    const corked = socket?.writableCorked ?? 0;
     this.#write(out);
+    if (socket != null && socket.writableCorked > corked) socket.uncork();
   }
 
   #hold(raw: Buffer): boolean {

@@ -2,9 +2,11 @@
 // sees them: every stage of a streamed request once, in path order, under its request id; a request
 // refused before admission stops at the stage where it was refused.
 import { subscribe, unsubscribe } from 'node:diagnostics_channel';
+import type { IncomingMessage } from 'node:http';
+import type { Socket } from 'node:net';
 import { afterEach, expect, it } from 'vitest';
 import { STAGE_CHANNEL, type StageMark } from '../../src/telemetry/stages.ts';
-import { chat, chatStreamText, post, scripted, startTestGateway } from './harness.ts';
+import { chat, chatStreamText, post, scripted, sseData, startTestGateway } from './harness.ts';
 
 const CHAT = '/v1/chat/completions';
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -59,4 +61,52 @@ it('a request refused at intake is marked up to the handler and no further', asy
   const res = await post(t.url, CHAT, { ...chat(), model: 'no-such-model' }, { 'x-request-id': 'stages-2' });
   expect(res.status).toBe(404);
   expect(marks.filter((m) => m.reqId === 'stages-2').map((m) => m.stage)).toEqual(['received', 'parsed']);
+});
+
+it("a stream's head and first token reach the kernel before anything queued after the commit runs", async () => {
+  // The first write is the client's TTFT: it must not wait for the end of the tick behind other
+  // work (src/upstream/relay.ts, #writeOpening). A tick queued at the commit mark, before the write,
+  // finds the write already handed to the kernel: nothing corked, nothing buffered.
+  const text = chatStreamText(3);
+  const cut = text.indexOf('\n\n') + 2; // the role chunk: the commit point
+  let rest!: () => void;
+  const restMayGo = new Promise<void>((r) => {
+    rest = r;
+  });
+  const b = await scripted(async (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
+    res.write(text.slice(0, cut));
+    await restMayGo;
+    res.end(text.slice(cut));
+  });
+  cleanups.push(() => b.close());
+  const t = await startTestGateway({ backends: [{ name: 'b0', url: b.url }] });
+  cleanups.push(() => t.close());
+
+  let socket: Socket | null = null;
+  const onStart = (m: unknown) => {
+    const { request } = m as { request: IncomingMessage };
+    if (request.headers['x-request-id'] === 'stages-3') socket = request.socket;
+  };
+  subscribe('http.server.request.start', onStart);
+  cleanups.push(() => {
+    unsubscribe('http.server.request.start', onStart);
+  });
+  const seen = new Promise<{ corked: number; buffered: number }>((resolve) => {
+    const onMark = (m: unknown) => {
+      const mark = m as StageMark;
+      if (mark.reqId !== 'stages-3' || mark.stage !== 'committed') return;
+      unsubscribe(STAGE_CHANNEL, onMark);
+      process.nextTick(() => {
+        const s = socket as Socket | null;
+        resolve({ corked: s?.writableCorked ?? -1, buffered: s?.writableLength ?? -1 });
+        rest();
+      });
+    };
+    subscribe(STAGE_CHANNEL, onMark);
+  });
+  const res = await post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'stages-3' });
+  expect(await seen).toEqual({ corked: 0, buffered: 0 });
+  expect(res.status).toBe(200);
+  expect(sseData(res.text)).toHaveLength(5); // role, three tokens, [DONE] (no usage asked for)
 });
