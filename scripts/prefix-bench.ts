@@ -5,7 +5,7 @@
 //                                   [--time-scale 1] [--policies LIST] [--out results/prefix-bench.json]
 //                                   [--keep-logs DIR] [--fleet llama3-8b-a100:8] [--slow-start I:F:S]
 //                                   [--seeds on|off] [--reprobe on|off] [--join I:S]
-//                                   [--leave I:S] [--crash I:S:D] [--timeline]
+//                                   [--leave I:S] [--crash I:S:D[:E]] [--timeline]
 //
 // `--fleet NAME:N,...` runs every part on another fleet, mixed GPU kinds included (one simulated
 // fleet per profile, backends r0… in the order given); with several groups the routing and product
@@ -148,19 +148,23 @@ const SLOW_START = (() => {
   return { replica, factor: rest[0]!, seconds: rest[1]! };
 })();
 
-/** The crash of the run under way, once it has been set (null before, and without --crash). */
-let crashed: Promise<void> | null = null;
+/** The crashes of the run under way, once they have been set (null before, and without --crash). */
+let crashed: Promise<unknown> | null = null;
 
 /**
- * Called as the load's clock starts: sets the crash for its time, on the clock the timeline reads
- * (it is checked, and waited for, once the run ended: see routing()).
+ * Called as the load's clock starts: sets the crashes for their times, on the clock the timeline
+ * reads (they are checked, and waited for, once the run ended: see routing()).
  */
 function onLoadStart(urls: readonly string[]): void {
   crashed = null;
   if (CRASH === null) return;
   const url = urls[CRASH.replica]!;
-  crashed = new Promise<void>((resolve) => setTimeout(resolve, CRASH.seconds * 1000)).then(() =>
-    fault(url, { mode: 'crash', duration_ms: CRASH.downSeconds * 1000 }, '--crash'),
+  crashed = Promise.all(
+    CRASH.at.map((s) =>
+      new Promise<void>((resolve) => setTimeout(resolve, s * 1000)).then(() =>
+        fault(url, { mode: 'crash', duration_ms: CRASH.downSeconds * 1000 }, '--crash'),
+      ),
+    ),
   );
   // Read after the run; until then a failure is only held (no unhandled rejection meanwhile).
   crashed.catch(() => {});
@@ -222,12 +226,13 @@ const RECONFIGURE = (() => {
 })();
 
 /**
- * `--crash I:S:D`: failover. S seconds into the load of each routing or product run, replica I
+ * `--crash I:S:D[:E]`: failover. S seconds into the load of each routing or product run, replica I
  * crashes (the simulator's `crash` fault: its sockets destroyed, its cache and counters dropped,
- * its port closed) and D seconds later listens again, a new process with a cold cache. It must be
- * back before the load ends (S + D < --duration-s): the replicas' prefix counters are read then.
- * Those counters start from 0 in the new process, so the run's prefix hit rate leaves out what the
- * crashed replica counted before its crash. It implies --timeline.
+ * its port closed) and D seconds later listens again, a new process with a cold cache. With E (a
+ * crash loop), it crashes again every E seconds (E > D: each crash finds it back up), as long as it
+ * is back before the load ends. It must be (S + D < --duration-s): the replicas' prefix counters are
+ * read then. Those counters start from 0 in each new process, so the run's prefix hit rate leaves
+ * out what the crashed replica counted before its last crash. It implies --timeline.
  */
 const CRASH = (() => {
   const text = values.crash;
@@ -235,10 +240,14 @@ const CRASH = (() => {
   const { replica, rest } = replicaSpec(
     'crash',
     text,
-    `INDEX:SECONDS:DOWN_SECONDS with INDEX < ${REPLICAS}, SECONDS + DOWN_SECONDS < --duration-s`,
-    ([sec, down]) => sec! > 0 && down! > 0 && sec! + down! < DURATION_S,
+    `INDEX:SECONDS:DOWN_SECONDS[:EVERY_SECONDS] with INDEX < ${REPLICAS}, SECONDS + DOWN_SECONDS < --duration-s, EVERY_SECONDS > DOWN_SECONDS`,
+    ([sec, down, every]) =>
+      sec! > 0 && down! > 0 && sec! + down! < DURATION_S && (every === undefined || every > down!),
   );
-  return { replica, seconds: rest[0]!, downSeconds: rest[1]! };
+  const [seconds, downSeconds, every] = rest as [number, number, number | undefined];
+  const at = [seconds];
+  while (every !== undefined && at.at(-1)! + every + downSeconds < DURATION_S) at.push(at.at(-1)! + every);
+  return { replica, seconds, downSeconds, every: every ?? null, at };
 })();
 const SLO = { ttft: 500 * TS, tpot: 50 * TS };
 
