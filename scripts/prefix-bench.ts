@@ -143,7 +143,7 @@ const SLOW_START = (() => {
     'slow-start',
     text,
     `INDEX:FACTOR:SECONDS with INDEX < ${REPLICAS}, FACTOR > 1`,
-    ([f, sec]) => f! > 1 && sec! > 0,
+    (rest) => rest.length === 2 && rest[0]! > 1 && rest[1]! > 0,
   );
   return { replica, factor: rest[0]!, seconds: rest[1]! };
 })();
@@ -208,7 +208,7 @@ const RECONFIGURE = (() => {
     flag,
     text,
     `INDEX:SECONDS with INDEX < ${REPLICAS}, 0 < SECONDS < --duration-s`,
-    ([sec]) => sec! > 0 && sec! < DURATION_S,
+    (rest) => rest.length === 1 && rest[0]! > 0 && rest[0]! < DURATION_S,
   );
   const seconds = rest[0]!;
   const all = Array.from({ length: REPLICAS }, (_, j) => j);
@@ -229,7 +229,7 @@ const RECONFIGURE = (() => {
  * `--crash I:S:D[:E]`: failover. S seconds into the load of each routing or product run, replica I
  * crashes (the simulator's `crash` fault: its sockets destroyed, its cache and counters dropped,
  * its port closed) and D seconds later listens again, a new process with a cold cache. With E (a
- * crash loop), it crashes again every E seconds (E > D: each crash finds it back up), as long as it
+ * crash loop), it crashes again every E seconds (E ≥ D + 1: each crash finds it back up), as long as it
  * is back before the load ends. It must be (S + D < --duration-s): the replicas' prefix counters are
  * read then. Those counters start from 0 in each new process, so the run's prefix hit rate leaves
  * out what the crashed replica counted before its last crash. It implies --timeline.
@@ -240,9 +240,13 @@ const CRASH = (() => {
   const { replica, rest } = replicaSpec(
     'crash',
     text,
-    `INDEX:SECONDS:DOWN_SECONDS[:EVERY_SECONDS] with INDEX < ${REPLICAS}, SECONDS + DOWN_SECONDS < --duration-s, EVERY_SECONDS > DOWN_SECONDS`,
-    ([sec, down, every]) =>
-      sec! > 0 && down! > 0 && sec! + down! < DURATION_S && (every === undefined || every > down!),
+    `INDEX:SECONDS:DOWN_SECONDS[:EVERY_SECONDS] with INDEX < ${REPLICAS}, SECONDS + DOWN_SECONDS < --duration-s, EVERY_SECONDS ≥ DOWN_SECONDS + 1`,
+    ([sec, down, every, ...more]) =>
+      more.length === 0 &&
+      sec! > 0 &&
+      down! > 0 &&
+      sec! + down! < DURATION_S &&
+      (every === undefined || every >= down! + 1),
   );
   const [seconds, downSeconds, every] = rest as [number, number, number | undefined];
   const at = [seconds];

@@ -458,10 +458,11 @@ export class Attempt implements Dispatcher.DispatchHandler {
 
   /**
    * The response's first write: its head and first token, the client's TTFT. res.write corks the
-   * socket and sends what it holds from a tick queued behind everything queued before it (other
-   * streams' reads, whatever the commit set going); this write leaves at once. Only the cork
-   * res.write itself took is lifted. (A first token read together with [DONE] leaves with the last
-   * chunk, in the one write #closeClient makes.)
+   * socket and sends what it holds from a tick, which runs only after the rest of this upstream
+   * read's parsing and the ticks queued before it; this write leaves at once (a few hundredths of
+   * a millisecond sooner, docs/benchmarks.md). Only the cork res.write itself took is lifted. (A
+   * first token read together with [DONE] leaves with the last chunk, in the one write
+   * #closeClient makes.)
    */
   #writeOpening(out: Buffer[]): void {
     const socket = this.spec.res.socket;
