@@ -300,6 +300,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       // granted on it leases the live state did not count, and one new backend took the whole
       // queue. The reload pumps itself once both know the new list.
       if (e.type === 'added' || e.type === 'removed') return;
+      if (e.type === 'ejected') metrics.ejected(e.backend);
       // A backend that was not up when the catalog asked it is asked now: until it lists its
       // models it is sent every configured one (Backend.serves). A restarted one may serve others.
       if (e.type === 'probe_up' || e.type === 'probe_confirmed' || e.type === 'engine_restarted')

@@ -108,6 +108,7 @@ export class GatewayMetrics {
   private readonly slaJudged: Counter<'class'>;
   private readonly backendGauges: Record<keyof BackendGauges, Gauge<'backend'>>;
   private readonly reprobes: Counter<'backend'>;
+  private readonly ejections: Counter<'backend'>;
   private readonly queueDepth: Gauge<'class'>;
   private readonly prefixHitRatio: Gauge<string>;
   private readonly storeDegraded: Gauge<string>;
@@ -221,6 +222,12 @@ export class GatewayMetrics {
     this.reprobes = new Counter({
       name: `${PREFIX}backend_reprobes_total`,
       help: 'Timed completions the backend was sent because the fleet passed it over, that its TTFT fit learnt (re-probing).',
+      labelNames: ['backend'] as const,
+      registers: [reg],
+    });
+    this.ejections = new Counter({
+      name: `${PREFIX}backend_ejections_total`,
+      help: 'Times outlier detection ejected the backend (each ejection longer than the last while they recur).',
       labelNames: ['backend'] as const,
       registers: [reg],
     });
@@ -354,6 +361,11 @@ export class GatewayMetrics {
     if (!this.retired.has(backend)) this.reprobes.labels(backend).inc();
   }
 
+  /** Outlier detection ejected `backend`; none counted for a backend whose series went. */
+  ejected(backend: string): void {
+    if (!this.retired.has(backend)) this.ejections.labels(backend).inc();
+  }
+
   /**
    * Drops every series labelled with this backend (after a reload removed it and its requests
    * drained); records that still name it count under none until a reload brings the name back.
@@ -361,6 +373,7 @@ export class GatewayMetrics {
   removeBackend(backend: string): void {
     this.retired.add(backend);
     this.reprobes.remove(backend);
+    this.ejections.remove(backend);
     for (const gauge of Object.values(this.backendGauges)) gauge.remove(backend);
     for (const [cls, { backends: byBackend }] of this.series) {
       const s = byBackend.get(backend);

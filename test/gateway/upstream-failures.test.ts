@@ -32,6 +32,8 @@ interface AdminBackend {
   name: string;
   state: string;
   ejected: boolean;
+  ejections: number;
+  ejected_for_ms: number | null;
   available: boolean;
   local_inflight: number;
   inflight: { requests: number };
@@ -321,9 +323,17 @@ describe('what counts against a backend (items 9, 10, 11)', () => {
     t = await startTestGateway({ replicas: 2, config: ejecting });
     await t.fleet!.replicas[0]!.fault({ mode: 'error', status: 500 });
     for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
-    const r0 = (await adminBackends(t.url)).find((b) => b.name === 'r0')!;
-    expect(r0.available).toBe(false);
-    expect(r0.state).toBe('ejected');
+    const [r0, r1] = await adminBackends(t.url);
+    expect(r0!.available).toBe(false);
+    expect(r0!.state).toBe('ejected');
+    // Its first ejection, the default base of 30 s, under way; r1 never ejected.
+    expect(r0!.ejections).toBe(1);
+    expect(r0!.ejected_for_ms).toBeGreaterThan(25_000);
+    expect(r0!.ejected_for_ms).toBeLessThanOrEqual(30_000);
+    expect(r1).toMatchObject({ name: 'r1', ejected: false, ejections: 0, ejected_for_ms: null });
+    const metrics = (await get(t.url, '/metrics')).text;
+    expect(metrics).toContain('slagate_backend_ejections_total{backend="r0"} 1\n');
+    expect(metrics).not.toContain('slagate_backend_ejections_total{backend="r1"}');
     const before = (await t.records()).length;
     for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
     const after = (await t.records()).slice(before);

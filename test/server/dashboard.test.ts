@@ -8,8 +8,10 @@ import type { BrowserContext, Page } from 'playwright-core';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { runBench } from '../../src/bench/run.ts';
 import {
+  chat,
   get,
   METHOD_NAMED_CLASSES,
+  post,
   startTestGateway,
   type TestGateway,
   waitFor,
@@ -230,6 +232,63 @@ it('charts a class named like a method of every object (toString) as any other: 
     expect(errors).toEqual([]);
   } finally {
     await page.close();
+    await g.close();
+  }
+});
+
+it("shows an ejected backend's time left, and how many times it was ejected once that is more than one", async () => {
+  const g = await startTestGateway({
+    replicas: 2,
+    timeScale: 0.2,
+    config: {
+      upstream: { outlier: { consecutive_failures: 2, base_ejection_ms: 2_000, max_ejection_percent: 50 } },
+    },
+  });
+  const ejected = async () =>
+    (
+      JSON.parse((await get(g.url, '/admin/state')).text) as {
+        backends: { name: string; ejected: boolean }[];
+      }
+    ).backends.find((b) => b.name === 'r0')!.ejected;
+  /** Requests until r0 (answering 500) is ejected: each fails there and is served by r1. */
+  const ejectR0 = async () => {
+    for (let i = 0; i < 20 && !(await ejected()); i++)
+      expect((await post(g.url, '/v1/chat/completions', chat())).status).toBe(200);
+    expect(await ejected()).toBe(true);
+  };
+  /** r0's state cell once it matches `pattern` (the page polls once a second). */
+  const r0State = async (page: Page, pattern: RegExp): Promise<string> => {
+    const handle = await page.waitForFunction(
+      (source) => {
+        const { document } = globalThis as unknown as {
+          document: { querySelector(selector: string): { textContent: string | null } | null };
+        };
+        const td = document.querySelector('#backends tbody tr[data-backend="r0"] td:nth-child(2)');
+        const text = td?.textContent ?? '';
+        return new RegExp(source).test(text) ? text : null;
+      },
+      pattern.source,
+      { timeout: 5_000 },
+    );
+    return (await handle.jsonValue()) as string;
+  };
+  try {
+    await g.fleet!.replicas[0]!.fault({ mode: 'error', status: 500 });
+    await ejectR0();
+    const page = await browser.newPage();
+    await page.goto(`${g.url}/dashboard`);
+    // The first ejection: 2 s at most, no count shown.
+    const first = await r0State(page, /^ejected, \d+ s left$/);
+    expect(Number(/(\d+) s left/.exec(first)![1])).toBeGreaterThanOrEqual(1);
+    expect(Number(/(\d+) s left/.exec(first)![1])).toBeLessThanOrEqual(2);
+    expect(await page.textContent('#backends tbody tr[data-backend="r1"] td:nth-child(2)')).toBe('healthy');
+    // It runs out; r0 still fails, and is ejected again, for twice as long.
+    await waitFor(async () => !(await ejected()), 5_000, 'r0 back');
+    await ejectR0();
+    const second = await r0State(page, /^ejected ×2, \d+ s left$/);
+    expect(Number(/(\d+) s left/.exec(second)![1])).toBeLessThanOrEqual(4);
+    await page.close();
+  } finally {
     await g.close();
   }
 });

@@ -173,9 +173,21 @@ function draw(key, elId, log = false) {
 
 function stateCell(b) {
   const td = document.createElement('td');
-  td.textContent = b.state;
+  td.textContent = b.state + ejection(b);
   td.className = `state-${b.state}`;
   return td;
+}
+
+/**
+ * An ejection under way, whatever state shows first (a failing probe says down): how many times
+ * outlier detection counts it ejected when that is more than once (a backend that keeps failing,
+ * each ejection longer), and the seconds left of this one. Nothing when it is not ejected.
+ */
+function ejection(b) {
+  if (b.ejected_for_ms == null) return '';
+  const times = b.ejections > 1 ? ` ×${b.ejections}` : '';
+  const left = `${Math.ceil(b.ejected_for_ms / 1000)} s left`;
+  return b.state === 'ejected' ? `${times}, ${left}` : ` (ejected${times}, ${left})`;
 }
 
 function barCell(value, max, text) {
