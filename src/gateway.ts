@@ -300,7 +300,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       // granted on it leases the live state did not count, and one new backend took the whole
       // queue. The reload pumps itself once both know the new list.
       if (e.type === 'added' || e.type === 'removed') return;
-      if (e.type === 'ejected') metrics.ejected(e.backend);
+      if (e.type === 'ejected') metrics.backendEvent('ejection', e.backend);
+      else if (e.type === 'engine_restarted') metrics.backendEvent('engine_restart', e.backend);
       // A backend that was not up when the catalog asked it is asked now: until it lists its
       // models it is sent every configured one (Backend.serves). A restarted one may serve others.
       if (e.type === 'probe_up' || e.type === 'probe_confirmed' || e.type === 'engine_restarted')
@@ -408,7 +409,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       afterMs: () => rt.config.upstream.reprobe_after_ms,
       timeoutMs: () => rt.config.upstream.first_token_timeout_ms,
       onProbe: (r) => {
-        metrics.reprobed(r.backend);
+        metrics.backendEvent('reprobe', r.backend);
         logger.info(
           {
             event: 'reprobe',

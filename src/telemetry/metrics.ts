@@ -63,6 +63,13 @@ export interface MetricsOptions {
 }
 
 const NONE = 'none';
+
+/**
+ * What happens to a backend that is counted, one series per backend from its first: a re-probe
+ * learnt (src/upstream/reprobe.ts), an ejection by outlier detection, a restart of its engine
+ * seen by the live state.
+ */
+export type BackendCount = 'reprobe' | 'ejection' | 'engine_restart';
 const PREFIX = 'slagate_';
 // Each admitted request moves the prefix-hit gauge by 1% of its weight, so the gauge follows
 // roughly the last hundred requests.
@@ -107,8 +114,7 @@ export class GatewayMetrics {
   private readonly slaMet: Counter<'class'>;
   private readonly slaJudged: Counter<'class'>;
   private readonly backendGauges: Record<keyof BackendGauges, Gauge<'backend'>>;
-  private readonly reprobes: Counter<'backend'>;
-  private readonly ejections: Counter<'backend'>;
+  private readonly backendEvents: Record<BackendCount, Counter<'backend'>>;
   private readonly queueDepth: Gauge<'class'>;
   private readonly prefixHitRatio: Gauge<string>;
   private readonly storeDegraded: Gauge<string>;
@@ -219,18 +225,22 @@ export class GatewayMetrics {
         "The router's current estimate of the backend's prefill rate.",
       ),
     };
-    this.reprobes = new Counter({
-      name: `${PREFIX}backend_reprobes_total`,
-      help: 'Timed completions the backend was sent because the fleet passed it over, that its TTFT fit learnt (re-probing).',
-      labelNames: ['backend'] as const,
-      registers: [reg],
-    });
-    this.ejections = new Counter({
-      name: `${PREFIX}backend_ejections_total`,
-      help: 'Times outlier detection ejected the backend (each ejection longer than the last while they recur).',
-      labelNames: ['backend'] as const,
-      registers: [reg],
-    });
+    const backendCounter = (name: string, help: string) =>
+      new Counter({ name: `${PREFIX}${name}`, help, labelNames: ['backend'] as const, registers: [reg] });
+    this.backendEvents = {
+      reprobe: backendCounter(
+        'backend_reprobes_total',
+        'Timed completions the backend was sent because the fleet passed it over, that its TTFT fit learnt (re-probing).',
+      ),
+      ejection: backendCounter(
+        'backend_ejections_total',
+        'Times outlier detection ejected the backend (each ejection longer than the last while they recur).',
+      ),
+      engine_restart: backendCounter(
+        'backend_engine_restarts_total',
+        "Times this instance saw the backend's engine restart (its vLLM prefix-cache counters fell between two scrapes).",
+      ),
+    };
     this.queueDepth = new Gauge({
       name: `${PREFIX}queue_depth`,
       help: 'Requests waiting in the gateway queue.',
@@ -356,14 +366,9 @@ export class GatewayMetrics {
     setOrDrop(gauges.prefill_tokens_per_second, backend, g.prefill_tokens_per_second);
   }
 
-  /** One re-probe of `backend` learnt (src/upstream/reprobe.ts); none for a backend whose series went. */
-  reprobed(backend: string): void {
-    if (!this.retired.has(backend)) this.reprobes.labels(backend).inc();
-  }
-
-  /** Outlier detection ejected `backend`; none counted for a backend whose series went. */
-  ejected(backend: string): void {
-    if (!this.retired.has(backend)) this.ejections.labels(backend).inc();
+  /** Counts one `event` of `backend` (BackendCount); none for a backend whose series went. */
+  backendEvent(event: BackendCount, backend: string): void {
+    if (!this.retired.has(backend)) this.backendEvents[event].labels(backend).inc();
   }
 
   /**
@@ -372,8 +377,7 @@ export class GatewayMetrics {
    */
   removeBackend(backend: string): void {
     this.retired.add(backend);
-    this.reprobes.remove(backend);
-    this.ejections.remove(backend);
+    for (const counter of Object.values(this.backendEvents)) counter.remove(backend);
     for (const gauge of Object.values(this.backendGauges)) gauge.remove(backend);
     for (const [cls, { backends: byBackend }] of this.series) {
       const s = byBackend.get(backend);

@@ -564,6 +564,11 @@ describe('failures that never reached the engine, and coming back (found when tr
     );
     // The new process has no fault: the old one's 500s went with it.
     expect(r0.stats().fault).toBeNull();
+    // One ejection, one restart, both counted for the operator.
+    const metrics = (await get(t.url, '/metrics')).text;
+    expect(metrics).toContain('slagate_backend_ejections_total{backend="r0"} 1\n');
+    expect(metrics).toContain('slagate_backend_engine_restarts_total{backend="r0"} 1\n');
+    expect(metrics).not.toContain('slagate_backend_engine_restarts_total{backend="r1"}');
     const before = (await t.records()).length;
     for (let i = 0; i < 4; i++) expect((await post(t.url, CHAT, chat())).status).toBe(200);
     const served = (await t.records()).slice(before);

@@ -512,15 +512,18 @@ describe('GatewayMetrics', () => {
       m.observeRequest(record({ backend }), [10]);
       m.observeRequest(record({ backend, class: 'batch', outcome: 'timeout', sla_met: false }));
       m.setBackendGauges(backend, { inflight: 1, healthy: true, concurrency_limit: 4 });
-      m.reprobed(backend);
+      m.backendEvent('reprobe', backend);
+      m.backendEvent('ejection', backend);
+      m.backendEvent('engine_restart', backend);
     }
-    m.reprobed('gpu-1');
+    m.backendEvent('reprobe', 'gpu-1');
     expect(
       value(parseSamples(await m.render()), 'slagate_backend_reprobes_total', { backend: 'gpu-0' }),
     ).toBe(1);
     m.removeBackend('gpu-0');
-    // A probe that ends after its backend's series went counts nowhere.
-    m.reprobed('gpu-0');
+    // A probe that ends after its backend's series went counts nowhere, nor does an event.
+    m.backendEvent('reprobe', 'gpu-0');
+    m.backendEvent('ejection', 'gpu-0');
     const text = await m.render();
     expect(text).not.toContain('backend="gpu-0"');
     const s = parseSamples(text);
@@ -529,6 +532,8 @@ describe('GatewayMetrics', () => {
     );
     expect(value(s, 'slagate_backend_inflight', { backend: 'gpu-1' })).toBe(1);
     expect(value(s, 'slagate_backend_reprobes_total', { backend: 'gpu-1' })).toBe(2);
+    expect(value(s, 'slagate_backend_ejections_total', { backend: 'gpu-1' })).toBe(1);
+    expect(value(s, 'slagate_backend_engine_restarts_total', { backend: 'gpu-1' })).toBe(1);
     // A backend added back later (the reload names it again) starts from zero.
     m.setBackends(['gpu-0', 'gpu-1']);
     m.observeRequest(record({ backend: 'gpu-0' }));
