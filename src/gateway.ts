@@ -312,6 +312,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     let refreshModels = (): void => {};
     const backends = new BackendSet(backendSetOptions(config, onBackendEvent), backendConfigs(config, fleet));
     undo.push(() => backends.close());
+    metrics.setBackends(backends.list().map((b) => b.name));
     // Each backend learns what its /v1/models lists (Backend.learned).
     const catalogTargets = () => backends.list();
     const scrapeTargets = () => backends.list().map((b) => ({ name: b.name, url: b.url }));

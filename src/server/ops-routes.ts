@@ -111,8 +111,8 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
           // Ejected by outlier detection, whatever `state` shows first (a failing probe says 'down').
           ejected: b.outlier.ejected(),
           // Times ejected as outlier detection counts them (one less per base ejection time served;
-          // the next ejection lasts base × this + 1), and what is left of the current one (null:
-          // not ejected).
+          // the next ejection lasts base × (this + 1) unless it decays first), and what is left of
+          // the current one (null: not ejected).
           ejections: b.outlier.ejections,
           ejected_for_ms: b.outlier.ejected() ? Math.ceil(b.outlier.remainingMs()) : null,
           available: b.available,

@@ -65,9 +65,9 @@ export interface MetricsOptions {
 const NONE = 'none';
 
 /**
- * What happens to a backend that is counted, one series per backend from its first: a re-probe
- * learnt (src/upstream/reprobe.ts), an ejection by outlier detection, a restart of its engine
- * seen by the live state.
+ * What happens to a backend that is counted, one series per backend in service, from 0: a
+ * re-probe learnt (src/upstream/reprobe.ts), an ejection by outlier detection, a restart of its
+ * engine seen by the live state.
  */
 export type BackendCount = 'reprobe' | 'ejection' | 'engine_restart';
 const PREFIX = 'slagate_';
@@ -123,7 +123,7 @@ export class GatewayMetrics {
   private configured = new Set<string>();
   /** Backends a reload removed and whose series are gone: a late record names none of them. */
   private readonly retired = new Set<string>();
-  /** The backends in service since the last reload (setBackends). */
+  /** The backends in service, from the start or the last reload (setBackends). */
   private inService = new Set<string>();
   /** Each removed name's latest removal, until its drain ends (backendRemoved, backendDrained). */
   private readonly removals = new Map<string, number>();
@@ -388,10 +388,15 @@ export class GatewayMetrics {
     }
   }
 
-  /** The backends in service after a reload: a name that comes back is counted as itself again. */
+  /** The backends in service, at the start and after each reload: a name that comes back is counted as itself again. */
   setBackends(names: Iterable<string>): void {
     this.inService = new Set(names);
-    for (const name of this.inService) this.retired.delete(name);
+    for (const name of this.inService) {
+      this.retired.delete(name);
+      // Invariant: a backend in service has its event counters from 0 (an existing one keeps its
+      // count): a series born at its first event would show that event to no increase() or rate().
+      for (const counter of Object.values(this.backendEvents)) counter.labels(name).inc(0);
+    }
   }
 
   /**

@@ -506,6 +506,25 @@ describe('GatewayMetrics', () => {
     expect(value(s, 'slagate_queue_wait_seconds_sum', { class: 'batch', backend: 'none' })).toBeCloseTo(1.5);
   });
 
+  it("counts a backend's events from 0 once it is in service, and keeps a count across a reload", async () => {
+    const m = createMetrics(CLASSES, { processMetrics: false });
+    m.setBackends(['gpu-0', 'gpu-1']);
+    let s = parseSamples(await m.render());
+    for (const name of [
+      'slagate_backend_reprobes_total',
+      'slagate_backend_ejections_total',
+      'slagate_backend_engine_restarts_total',
+    ]) {
+      expect(value(s, name, { backend: 'gpu-0' })).toBe(0);
+      expect(value(s, name, { backend: 'gpu-1' })).toBe(0);
+    }
+    m.backendEvent('ejection', 'gpu-1');
+    m.setBackends(['gpu-1', 'gpu-2']);
+    s = parseSamples(await m.render());
+    expect(value(s, 'slagate_backend_ejections_total', { backend: 'gpu-1' })).toBe(1);
+    expect(value(s, 'slagate_backend_ejections_total', { backend: 'gpu-2' })).toBe(0);
+  });
+
   it('removeBackend drops every series of that backend and keeps the others', async () => {
     const m = createMetrics(CLASSES, { processMetrics: false });
     for (const backend of ['gpu-0', 'gpu-1']) {
