@@ -174,6 +174,13 @@ export class ReplicaMetrics implements EngineObserver {
       out.push(`${name}_created{${L}} ${promFloat(this.s.createdS)}`);
     };
 
+    // prometheus_client's process collector, which vLLM's server exports in one process: when this
+    // process started (a crash starts a new one).
+    out.push(
+      '# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.',
+      '# TYPE process_start_time_seconds gauge',
+      `process_start_time_seconds ${promFloat(this.s.createdS)}`,
+    );
     gauge('vllm:num_requests_running', 'Number of requests in model execution batches.', stats.running);
     gauge('vllm:num_requests_waiting', 'Number of requests waiting to be processed.', stats.waiting);
     gauge('vllm:kv_cache_usage_perc', 'KV-cache usage. 1 means 100 percent usage.', stats.kvCacheUsage);

@@ -58,8 +58,8 @@ export interface ScraperOptions {
   maxBodyBytes?: number;
   now?: () => number;
   /**
-   * Called when a backend's engine restarted (a counter of its went down between two scrapes): a
-   * new process holds nothing of what the old one had cached.
+   * Called when a backend's engine restarted (a later process start time, or a counter of its went
+   * down, between two scrapes): a new process holds nothing of what the old one had cached.
    */
   onRestart?: (backend: string) => void;
 }
@@ -209,8 +209,10 @@ export class TelemetryScraper {
         throw new Error('/metrics has no vllm:num_requests_running or vllm:num_requests_waiting');
       }
       if (t.removed) return;
-      if (restarted(t.metrics, metrics)) this.#onRestart?.(t.name);
-      t.prefixHitRate = hitRate(t.metrics, metrics, t.prefixHitRate);
+      // A new process: what the old one counted says nothing about the new one's hit rate.
+      const restart = restarted(t.metrics, metrics);
+      if (restart) this.#onRestart?.(t.name);
+      t.prefixHitRate = restart ? hitRate(null, metrics, null) : hitRate(t.metrics, metrics, t.prefixHitRate);
       t.metrics = metrics;
       t.scrapedAt = this.#now();
       t.scrapedMono = performance.now();
@@ -228,11 +230,18 @@ function metricsUrl(base: string): string {
   return `${base.replace(/\/+$/, '')}/metrics`;
 }
 
-/** A counter that went down: the engine restarted, and counts from 0 again. */
+/**
+ * A new server process since the last good scrape: it started later (process_start_time_seconds,
+ * when exported), or a prefix-cache counter went down (it counts from 0 again). The start time
+ * also sees a process that died before it counted anything, whose successor's counters have
+ * nothing to fall from.
+ */
 function restarted(prev: VllmMetrics | null, cur: VllmMetrics): boolean {
   if (prev === null) return false;
   const fell = (a: number | null, b: number | null) => a !== null && b !== null && b < a;
-  return fell(prev.prefixQueries, cur.prefixQueries) || fell(prev.prefixHits, cur.prefixHits);
+  const later =
+    prev.processStartS !== null && cur.processStartS !== null && cur.processStartS > prev.processStartS;
+  return later || fell(prev.prefixQueries, cur.prefixQueries) || fell(prev.prefixHits, cur.prefixHits);
 }
 
 /** Hit rate over the last interval that saw lookups; else the previous one; else since start. */

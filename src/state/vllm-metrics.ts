@@ -5,6 +5,8 @@
 //                                        with or without the `_total` suffix prometheus_client adds
 //   vllm:gpu_prefix_cache_hit_rate      (v0 engine: a gauge instead of counters)
 //   vllm:cache_config_info{block_size, num_gpu_blocks}
+//   process_start_time_seconds          (prometheus_client's process collector: absent when the
+//                                        server exports its metrics in multiprocess mode)
 // Several series of one metric (data-parallel engines, several models) are summed, except KV usage,
 // which is averaged (each engine has its own cache of the same size). A NaN or infinite sample is
 // ignored; a metric with no usable sample is null.
@@ -21,9 +23,11 @@ export interface VllmMetrics {
   prefixHitRateGauge: number | null;
   blockSize: number | null;
   numGpuBlocks: number | null;
+  /** When the server process started (Unix seconds); a later one is a new process. */
+  processStartS: number | null;
 }
 
-type Field = Exclude<keyof VllmMetrics, 'blockSize' | 'numGpuBlocks'>;
+type Field = Exclude<keyof VllmMetrics, 'blockSize' | 'numGpuBlocks' | 'processStartS'>;
 
 /** Names in order of preference: the first one present wins, so mixed old/new text is not counted twice. */
 const NAMES: Record<Field, readonly string[]> = {
@@ -46,6 +50,7 @@ const NAMES: Record<Field, readonly string[]> = {
 };
 const AVERAGED: ReadonlySet<Field> = new Set(['kvCacheUsage', 'prefixHitRateGauge']);
 const CACHE_INFO = 'vllm:cache_config_info';
+const PROCESS_START = 'process_start_time_seconds';
 
 const WANTED = new Set<string>([...Object.values(NAMES).flat(), CACHE_INFO]);
 
@@ -53,8 +58,15 @@ export function parseVllmMetrics(text: string): VllmMetrics {
   const samples = new Map<string, number[]>();
   let blockSize: number | null = null;
   let numGpuBlocks: number | null = null;
+  let processStartS: number | null = null;
   for (const raw of text.split('\n')) {
     const line = raw.trim();
+    if (line.startsWith(PROCESS_START)) {
+      const sample = parseSampleLine(line);
+      if (sample?.name === PROCESS_START && Number.isFinite(sample.value) && sample.value > 0)
+        processStartS = sample.value;
+      continue;
+    }
     if (!line.startsWith('vllm:')) continue; // comments, blank lines, other exporters
     const sample = parseSampleLine(line);
     if (sample === null || !WANTED.has(sample.name)) continue;
@@ -91,6 +103,7 @@ export function parseVllmMetrics(text: string): VllmMetrics {
     prefixHitRateGauge: pick('prefixHitRateGauge'),
     blockSize,
     numGpuBlocks,
+    processStartS,
   };
 }
 

@@ -576,6 +576,26 @@ describe('failures that never reached the engine, and coming back (found when tr
   });
 });
 
+it('a replica that served nothing, crashed and restarted, is seen restarting by its process start time', async () => {
+  t = await startTestGateway({ replicas: 2, config: { upstream: { metrics_scrape_interval_ms: 50 } } });
+  const r0 = t.fleet!.replicas[0]!;
+  await waitFor(() => t!.gw.runtime.live.telemetry('r0')?.scrapedAt != null, 2000, 'r0 scraped');
+  // Its counters are at 0 and stay there: only the later start time tells the new process.
+  expect(t.gw.runtime.live.telemetry('r0')?.prefixQueries).toBe(0);
+  await r0.fault({ mode: 'crash', durationMs: 300 });
+  await waitFor(
+    async () =>
+      (await get(t!.url, '/metrics')).text.includes(
+        'slagate_backend_engine_restarts_total{backend="r0"} 1\n',
+      ),
+    5000,
+    'r0 restart counted',
+  );
+  expect((await get(t.url, '/metrics')).text).toContain(
+    'slagate_backend_engine_restarts_total{backend="r1"} 0\n',
+  );
+});
+
 describe("the predictor's error", () => {
   it('is learnt from requests served by their first attempt only: a retry waited through a failure no prediction covers', async () => {
     const broken = await scripted((_req, res) => res.writeHead(503).end());

@@ -300,4 +300,41 @@ describe('vLLM telemetry scraper', () => {
     state.prefixInsert('x', blocks);
     expect(state.prefixMatch('x', blocks)).toBe(4);
   });
+
+  it('sees a restart by its later process start time, when the counters have nothing to fall from', async () => {
+    // A process that served nothing (its backend ejected, or idle) counts 0; its successor too.
+    let start = 1_700_000_000.25;
+    let waiting = 0;
+    const srv = await metricsServer(
+      () =>
+        `vllm:num_requests_running 0\nvllm:num_requests_waiting ${waiting}\n` +
+        'vllm:prefix_cache_queries_total 0\nvllm:prefix_cache_hits_total 0\n' +
+        `# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds ${start}\n`,
+    );
+    cleanups.push(() => closeServer(srv.server));
+    const restarts: string[] = [];
+    const state = createLiveState(
+      { store: 'memory' },
+      {
+        backends: [{ name: 'x', url: srv.url }],
+        scrape: { intervalMs: 20 },
+        onBackendRestart: (n) => restarts.push(n),
+      },
+    );
+    cleanups.push(() => state.close());
+    await until(() => state.telemetry('x')?.waiting === 0, 2_000, 'first scrape');
+    const blocks = [21, 22, 23];
+    state.prefixInsert('x', blocks);
+    // The same process, scraped again: nothing.
+    waiting = 1;
+    await until(() => state.telemetry('x')?.waiting === 1, 2_000, 'x scraped again');
+    expect(state.prefixMatch('x', blocks)).toBe(3);
+    expect(restarts).toEqual([]);
+    // A new process: its start time is later, its counters at 0 as before.
+    start += 40;
+    waiting = 2;
+    await until(() => state.telemetry('x')?.waiting === 2, 2_000, 'x after its restart');
+    expect(restarts).toEqual(['x']);
+    expect(state.prefixMatch('x', blocks)).toBe(0);
+  });
 });

@@ -26,6 +26,9 @@ vllm:gpu_prefix_cache_hits_total{engine="1",model_name="m"} 400000.0
 vllm:cache_config_info{num_gpu_blocks="9000",block_size="32",cache_dtype="auto",engine="0"} 1.0
 vllm:cache_config_info{num_gpu_blocks="9000",block_size="32",cache_dtype="auto",engine="1"} 1.0
 vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 3.0
+# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds 1.71234e+09
 `;
 
 describe('vLLM /metrics parsing', () => {
@@ -39,6 +42,7 @@ describe('vLLM /metrics parsing', () => {
       prefixHitRateGauge: null,
       blockSize: 32,
       numGpuBlocks: 18_000,
+      processStartS: 1_712_340_000,
     });
   });
 
@@ -74,7 +78,11 @@ describe('vLLM /metrics parsing', () => {
   });
 
   it('reads the simulator’s exposition (the current vLLM names)', () => {
-    const metrics = new ReplicaMetrics({ model: 'meta-llama/Llama-3.1-8B-Instruct', frontendOverheadS: 0 });
+    const metrics = new ReplicaMetrics({
+      model: 'meta-llama/Llama-3.1-8B-Instruct',
+      frontendOverheadS: 0,
+      createdS: 1_700_000_000.5,
+    });
     const text = metrics.render({
       running: 4,
       waiting: 9,
@@ -97,6 +105,7 @@ describe('vLLM /metrics parsing', () => {
       prefixHitRateGauge: null,
       blockSize: 16,
       numGpuBlocks: 27_000,
+      processStartS: 1_700_000_000.5,
     });
   });
 
