@@ -43,7 +43,7 @@ export interface LiveStateOptions {
   backends: readonly ScrapeTarget[];
   /** Scrape each backend's /metrics (upstream.metrics_scrape_interval_ms); false = no telemetry. */
   scrape: false | { intervalMs: number; staleAfterMs?: number; timeoutMs?: number };
-  /** A backend's engine restarted (a counter of its went down): told after the index forgot it. */
+  /** A backend's engine restarted (a later process start time, or a counter that fell): told after the index forgot it. */
   onBackendRestart?: (backend: string) => void;
   /** Sliding-window shape; default 60 buckets of 1 s. */
   window?: { bucketMs: number; buckets: number };

@@ -234,7 +234,9 @@ function metricsUrl(base: string): string {
  * A new server process since the last good scrape: it started later (process_start_time_seconds,
  * when exported), or a prefix-cache counter went down (it counts from 0 again). The start time
  * also sees a process that died before it counted anything, whose successor's counters have
- * nothing to fall from.
+ * nothing to fall from. It takes the start time for one constant per process, as vLLM's
+ * prometheus_client reports it (read once from /proc); an exporter whose value drifts upward would
+ * read as restarting.
  */
 function restarted(prev: VllmMetrics | null, cur: VllmMetrics): boolean {
   if (prev === null) return false;

@@ -238,7 +238,7 @@ export class GatewayMetrics {
       ),
       engine_restart: backendCounter(
         'backend_engine_restarts_total',
-        "Times this instance saw the backend's engine restart (its vLLM prefix-cache counters fell between two scrapes).",
+        "Times this instance saw the backend's engine restart between two scrapes (a later process_start_time_seconds, or a vLLM prefix-cache counter that fell).",
       ),
     };
     this.queueDepth = new Gauge({

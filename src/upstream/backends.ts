@@ -16,7 +16,7 @@ export type BackendEvent =
   | { type: 'unejected'; backend: string }
   | { type: 'breaker_open' | 'breaker_half_open' | 'breaker_close'; backend: string }
   | { type: 'probe_down' | 'probe_up'; backend: string }
-  /** Its engine restarted (the live state saw its counters fall): a new process, a cold cache. */
+  /** Its engine restarted (the live state saw a new process: a later start time, or counters that fell): a cold cache. */
   | { type: 'engine_restarted'; backend: string }
   /** Its first probe passed: a backend that was not up when the gateway asked its /v1/models is now. */
   | { type: 'probe_confirmed'; backend: string }
@@ -67,7 +67,7 @@ export class BackendSet {
   }
 
   /**
-   * `name`'s engine restarted (the live state saw its counters go down): told as an event, and a
+   * `name`'s engine restarted (the live state saw a new process): told as an event, and a
    * new process, which a first ejection's failures say nothing about, ends it (outlier.ts). A no-op
    * for a name the set does not hold.
    */

@@ -91,7 +91,7 @@ export class OutlierDetector {
   }
 
   /**
-   * The backend's engine restarted (its counters went down): ends the streak of failures under
+   * The backend's engine restarted (a new process): ends the streak of failures under
    * way, and a first ejection whatever caused it (see the header). True if it ended an ejection.
    */
   engineRestarted(): boolean {

@@ -337,4 +337,26 @@ describe('vLLM telemetry scraper', () => {
     expect(restarts).toEqual(['x']);
     expect(state.prefixMatch('x', blocks)).toBe(0);
   });
+
+  it("takes a new process's prefix hit rate afresh, not across the restart", async () => {
+    // The old process: 900 hits in 1,000 queried tokens. The new one has already counted past it
+    // (3,000 and 1,000) when the first scrape after the restart sees it: nothing fell, the start
+    // time moved. Its rate is its own 1,000 / 3,000, not (1,000 − 900) / (3,000 − 1,000).
+    let body =
+      'vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n' +
+      'vllm:prefix_cache_queries_total 1000\nvllm:prefix_cache_hits_total 900\nprocess_start_time_seconds 1700000000\n';
+    const srv = await metricsServer(() => body);
+    cleanups.push(() => closeServer(srv.server));
+    const state = createLiveState(
+      { store: 'memory' },
+      { backends: [{ name: 'x', url: srv.url }], scrape: { intervalMs: 20 } },
+    );
+    cleanups.push(() => state.close());
+    await until(() => state.telemetry('x')?.prefixQueries === 1000, 2_000, 'the old process scraped');
+    body =
+      'vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n' +
+      'vllm:prefix_cache_queries_total 3000\nvllm:prefix_cache_hits_total 1000\nprocess_start_time_seconds 1700000040\n';
+    await until(() => state.telemetry('x')?.prefixQueries === 3000, 2_000, 'the new process scraped');
+    expect(state.telemetry('x')?.prefixHitRate).toBeCloseTo(1 / 3, 6);
+  });
 });
