@@ -5,7 +5,7 @@ import { randomUUID } from 'node:crypto';
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import { afterEach, expect, it } from 'vitest';
-import { chat, chatStreamText, openStream, scripted, startTestGateway, type TestGateway } from './harness.ts';
+import { chat, heldStream, openStream, startTestGateway, type TestGateway } from './harness.ts';
 
 v8.setFlagsFromString('--expose-gc');
 const gc = vm.runInNewContext('gc') as () => void;
@@ -17,18 +17,7 @@ afterEach(async () => {
 
 it("a request's parsed body can be collected while its stream is still open", async () => {
   // The backend sends the role chunk and one token, then holds the stream open until released.
-  const full = chatStreamText(3);
-  const cut = full.indexOf('\n\n', full.indexOf('\n\n') + 2) + 2;
-  let release!: () => void;
-  const released = new Promise<void>((resolve) => {
-    release = resolve;
-  });
-  const b = await scripted(async (_req, res) => {
-    res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
-    res.write(full.slice(0, cut));
-    await released;
-    res.end(full.slice(cut));
-  });
+  const b = await heldStream(3, 2);
   cleanups.push(() => b.close());
   const t: TestGateway = await startTestGateway({ backends: [{ name: 'b0', url: b.url }] });
   cleanups.push(() => t.close());
@@ -77,6 +66,6 @@ it("a request's parsed body can be collected while its stream is still open", as
   expect(res.received()).not.toContain('[DONE]');
   expect([...collected].sort()).toEqual(['body', 'message', 'messages']);
 
-  release();
+  b.release();
   await res.until((text) => text.includes('[DONE]'));
 });

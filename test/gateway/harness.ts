@@ -283,6 +283,30 @@ export async function scripted(
   return { ...(await listenLoopback(server)), hits };
 }
 
+/**
+ * A scripted backend that streams a chat answer of `tokens` tokens (chatStreamText), sends its
+ * first `events` events at once and holds the rest until `release()`: a stream caught mid-way.
+ */
+export async function heldStream(
+  tokens: number,
+  events: number,
+): Promise<{ url: string; release(): void; close(): Promise<void> }> {
+  const text = chatStreamText(tokens);
+  let cut = 0;
+  for (let i = 0; i < events; i++) cut = text.indexOf('\n\n', cut) + 2;
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => {
+    release = resolve;
+  });
+  const b = await scripted(async (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
+    res.write(text.slice(0, cut));
+    await released;
+    res.end(text.slice(cut));
+  });
+  return { url: b.url, release, close: () => b.close() };
+}
+
 /** A whole vLLM-shaped chat stream of `n` tokens (usage included). */
 export function chatStreamText(n: number): string {
   const frame = (o: unknown) => `data: ${JSON.stringify(o)}\n\n`;

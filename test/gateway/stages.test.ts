@@ -6,7 +6,7 @@ import type { IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
 import { afterEach, expect, it } from 'vitest';
 import { STAGE_CHANNEL, type StageMark } from '../../src/telemetry/stages.ts';
-import { chat, chatStreamText, post, scripted, sseData, startTestGateway } from './harness.ts';
+import { chat, chatStreamText, heldStream, post, scripted, sseData, startTestGateway } from './harness.ts';
 
 const CHAT = '/v1/chat/completions';
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -67,18 +67,7 @@ it("a stream's head and first token reach the kernel before anything queued afte
   // The first write is the client's TTFT: it must not wait for the end of the tick behind other
   // work (src/upstream/relay.ts, #writeOpening). A tick queued at the commit mark, before the write,
   // finds the write already handed to the kernel: nothing corked, nothing buffered.
-  const text = chatStreamText(3);
-  const cut = text.indexOf('\n\n') + 2; // the role chunk: the commit point
-  let rest!: () => void;
-  const restMayGo = new Promise<void>((r) => {
-    rest = r;
-  });
-  const b = await scripted(async (_req, res) => {
-    res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
-    res.write(text.slice(0, cut));
-    await restMayGo;
-    res.end(text.slice(cut));
-  });
+  const b = await heldStream(3, 1); // the role chunk alone: the commit point
   cleanups.push(() => b.close());
   const t = await startTestGateway({ backends: [{ name: 'b0', url: b.url }] });
   cleanups.push(() => t.close());
@@ -100,7 +89,7 @@ it("a stream's head and first token reach the kernel before anything queued afte
       process.nextTick(() => {
         const s = socket as Socket | null;
         resolve({ corked: s?.writableCorked ?? -1, buffered: s?.writableLength ?? -1 });
-        rest();
+        b.release();
       });
     };
     subscribe(STAGE_CHANNEL, onMark);
