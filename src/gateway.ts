@@ -125,6 +125,7 @@ function schedulerSettings(c: Config): SchedulerSettings {
     policy: s.policy,
     maxQueue: s.max_queue,
     agingMs: s.aging_ms,
+    priorities: new Map(Object.entries(c.sla.classes).map(([name, k]) => [name, k.priority])),
     seeds: s.seeds,
     concurrency: {
       min: s.concurrency.min,

@@ -44,8 +44,9 @@ export interface QueueEntry {
   /** performance.now() when it was queued. */
   readonly queuedAt: number;
   /**
-   * The order key (FifoQueue: queuedAt). Set before the entry is pushed, and only then: a queue
-   * whose discipline changes (a reload) keys its entries again before it pushes them into the new one.
+   * The order key (FifoQueue: queuedAt). Set before the entry is pushed, and only then: a reload
+   * that changes the order (the policy, aging_ms, a class's priority) makes a new queue, which keys
+   * the entries again as they move into it (Scheduler.#discipline).
    */
   key: number;
   /** Its dispatch was charged already (a first attempt asked again): charged nothing this time. */
@@ -53,8 +54,21 @@ export interface QueueEntry {
   state: EntryState;
 }
 
+/** What a queue's order is made of; fixed for the queue's life. */
+export interface QueueOrder {
+  readonly policy: 'slagate' | 'fcfs';
+  readonly agingMs: number;
+  /**
+   * Each configured class's priority (lower is served first). A class not in it (a reload removed
+   * it while its requests waited) keeps the priority its requests were given at arrival.
+   */
+  readonly priorities: ReadonlyMap<string, number>;
+}
+
 export interface QueueDiscipline {
   readonly name: 'slagate' | 'fcfs';
+  /** Whether this queue orders its entries as `order` would: if not, a reload changed the order. */
+  ordersAs(order: QueueOrder): boolean;
   /** Live entries. */
   readonly size: number;
   push(e: QueueEntry): void;
@@ -145,10 +159,24 @@ export class SlagateQueue implements QueueDiscipline {
   #size = 0;
   #dead = 0;
   readonly #classes = new Map<string, ClassQueue>();
-  readonly #agingMs: () => number;
+  readonly #agingMs: number;
+  readonly #priorities: ReadonlyMap<string, number>;
 
-  constructor(agingMs: () => number) {
-    this.#agingMs = agingMs;
+  constructor(order: Pick<QueueOrder, 'agingMs'> & Partial<Pick<QueueOrder, 'priorities'>>) {
+    this.#agingMs = order.agingMs;
+    this.#priorities = order.priorities ?? new Map();
+  }
+
+  ordersAs(order: QueueOrder): boolean {
+    if (order.policy !== 'slagate' || order.agingMs !== this.#agingMs) return false;
+    if (order.priorities.size !== this.#priorities.size) return false;
+    for (const [name, p] of order.priorities) if (this.#priorities.get(name) !== p) return false;
+    return true;
+  }
+
+  /** `req`'s class priority in this queue's order. */
+  #priority(req: ScheduledRequest): number {
+    return this.#priorities.get(req.className) ?? req.priority;
   }
 
   readonly #models = new Map<string, number>();
@@ -165,7 +193,7 @@ export class SlagateQueue implements QueueDiscipline {
     const slack =
       req.bestBackendMs === null ? req.ttftBudgetMs : Math.max(0, req.ttftBudgetMs - req.bestBackendMs);
     const size = req.prefillMs === null ? 0 : Math.min(Math.max(0, req.prefillMs), slack / 2);
-    return now + this.#agingMs() * req.priority + size;
+    return now + this.#agingMs * this.#priority(req) + size;
   }
 
   push(e: QueueEntry): void {
@@ -283,7 +311,7 @@ export class SlagateQueue implements QueueDiscipline {
     let n = 0;
     for (const c of this.#classes.values()) {
       if (c.size === 0) continue;
-      if (c.priority < req.priority) {
+      if (c.priority < this.#priority(req)) {
         if (only === undefined) n += c.size;
         else for (const t of c.tenants.values()) n += sizeOf(t);
         continue;
@@ -341,7 +369,7 @@ export class SlagateQueue implements QueueDiscipline {
     // and sheddable for a sheddable req.
     let victim: QueueEntry | undefined;
     for (const c of this.#classes.values()) {
-      if (c.priority < req.priority) continue;
+      if (c.priority < this.#priority(req)) continue;
       const t = c.tenants.get(biggest);
       if (t === undefined || t.size === 0) continue;
       const worst = worstOf(t.heap.values(), (e) => e !== self && (!req.sheddable || e.req.sheddable));
@@ -352,11 +380,8 @@ export class SlagateQueue implements QueueDiscipline {
 
   #classQueue(req: ScheduledRequest): ClassQueue {
     let c = this.#classes.get(req.className);
-    if (c === undefined || c.priority !== req.priority) {
-      // A reload may change a class's priority: new entries compete under the new one, entries
-      // already queued keep the keys they were given.
-      const tenants = c?.tenants ?? new Map<string, TenantQueue>();
-      c = { name: req.className, priority: req.priority, tenants, size: c?.size ?? 0 };
+    if (c === undefined) {
+      c = { name: req.className, priority: this.#priority(req), tenants: new Map(), size: 0 };
       this.#classes.set(req.className, c);
     }
     return c;
@@ -395,6 +420,10 @@ export class FifoQueue implements QueueDiscipline {
 
   keyFor(_req: ScheduledRequest, now: number): number {
     return now;
+  }
+
+  ordersAs(order: QueueOrder): boolean {
+    return order.policy === 'fcfs';
   }
 
   push(e: QueueEntry): void {

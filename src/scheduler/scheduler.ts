@@ -41,13 +41,11 @@ import { type LimitBounds, nextLimit, nextTpotShare, quantile, type Setpoints } 
 import { Heap } from './heap.ts';
 import { atPlan, type Plan, PlanRing } from './plan.ts';
 import { gonePrefillMs } from './prefix-gone.ts';
-import { FifoQueue, type QueueDiscipline, type QueueEntry, SlagateQueue } from './queue.ts';
+import { FifoQueue, type QueueDiscipline, type QueueEntry, type QueueOrder, SlagateQueue } from './queue.ts';
 import { budgetWords, type ScheduledRequest } from './types.ts';
 
-export interface SchedulerSettings {
-  policy: 'slagate' | 'fcfs';
+export interface SchedulerSettings extends QueueOrder {
   maxQueue: number;
-  agingMs: number;
   /** Seeds under `slagate` (scheduler.seeds; #seedOf). */
   seeds: boolean;
   concurrency: LimitBounds & {
@@ -296,13 +294,15 @@ export class Scheduler {
   #lastTick: number;
   #pumping = false;
   #again = false;
+  /** The settings the queue's order was last checked against (#discipline). */
+  #orderedBy: SchedulerSettings | null = null;
   #closed = false;
 
   constructor(deps: SchedulerDeps) {
     this.#deps = deps;
     this.#match = (backend, hashes) => deps.live.prefixMatch(backend, hashes);
     this.#now = deps.now ?? (() => performance.now());
-    this.#queue = this.#makeQueue(deps.settings().policy);
+    this.#queue = this.#makeQueue(deps.settings());
     this.#lastTick = this.#now();
     this.#controlTimer = setInterval(() => this.#control(), deps.settings().concurrency.intervalMs);
     this.#controlTimer.unref();
@@ -633,7 +633,7 @@ export class Scheduler {
     if (sr.signal.aborted) return Promise.reject(sr.signal.reason);
     if (!anyUsable(this.#deps.backends(), sr.excluded, req.model)) return Promise.resolve(null);
     const settings = this.#deps.settings();
-    const queue = this.#discipline(settings.policy);
+    const queue = this.#discipline(settings);
     // Invariant: a request the gateway took in is not refused for a full queue on its way back in;
     // its place was counted when it first asked (retries are not counted against the bound either).
     // One that may not wait (x-slagate-no-queue, or max_queue 0) is still refused below when no
@@ -740,8 +740,8 @@ export class Scheduler {
   }
 
   #pumpOnce(): void {
-    // A reload's policy takes effect at its pump (the waiting entries move to its queue).
-    this.#discipline(this.#deps.settings().policy);
+    // A reload's order takes effect at its pump (the waiting entries move to its queue).
+    this.#discipline(this.#deps.settings());
     // Nothing waits: nothing to grant (a release or a first token with an empty queue, the usual case).
     if (this.#queue.size === 0 && this.#retries.length === 0) {
       if (this.#passedBound || this.#waitedFor.size > 0) {
@@ -1444,16 +1444,21 @@ export class Scheduler {
   }
 
   /**
-   * The queue of the configured policy; a reload that changes it moves the waiting entries over
-   * (at the reload's pump, or the first request after it). Invariant: every entry's key is the one
-   * its queue's discipline gives it: a moved entry is keyed again, from the time of its first ask,
-   * as if it had waited in the new queue all along (an fcfs key has no priority term, and a
-   * slagate key puts a lower class behind its aging).
+   * The queue of the configured order (policy, aging_ms, class priorities); a reload that changes
+   * it moves the waiting entries to a new queue (at the reload's pump, or the first request after
+   * it). Invariant: every entry's key is the one the order in force gives it: a moved entry is keyed
+   * again, from the time of its first ask, as if it had waited in the new queue all along (an fcfs
+   * key has no priority term, and a slagate key puts a lower class behind its aging). Otherwise a
+   * class a reload made urgent would wait out its old aging offset behind the classes it now
+   * precedes, and an aging_ms made shorter would let the class's new entries pass its old ones.
    */
-  #discipline(policy: 'slagate' | 'fcfs'): QueueDiscipline {
-    if (this.#queue.name === policy) return this.#queue;
+  #discipline(settings: SchedulerSettings): QueueDiscipline {
+    // The settings are one object per configuration: compared again only after a reload.
+    if (settings === this.#orderedBy) return this.#queue;
+    this.#orderedBy = settings;
+    if (this.#queue.ordersAs(settings)) return this.#queue;
     const old = this.#queue;
-    const queue = this.#makeQueue(policy);
+    const queue = this.#makeQueue(settings);
     this.#queue = queue;
     const moving: Waiting[] = [];
     old.scan((e) => {
@@ -1468,8 +1473,8 @@ export class Scheduler {
     return queue;
   }
 
-  #makeQueue(policy: 'slagate' | 'fcfs'): QueueDiscipline {
-    return policy === 'fcfs' ? new FifoQueue() : new SlagateQueue(() => this.#deps.settings().agingMs);
+  #makeQueue(order: QueueOrder): QueueDiscipline {
+    return order.policy === 'fcfs' ? new FifoQueue() : new SlagateQueue(order);
   }
 }
 

@@ -15,6 +15,8 @@ export function schedulerSettings(over: Partial<SchedulerSettings> = {}): Schedu
     policy: 'slagate',
     maxQueue: 100,
     agingMs: 1000,
+    // Empty: each request's own priority (a test's request names it).
+    priorities: new Map(),
     seeds: true,
     concurrency: {
       min: 1,

@@ -50,7 +50,7 @@ function drain(q: SlagateQueue | FifoQueue): string[] {
 
 describe('SlagateQueue', () => {
   it('orders by class priority, then by predicted prefill among requests that arrived together', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     entry(q, 0, { reqId: 'batch-short', priority: 2, prefillMs: 1 });
     entry(q, 0, { reqId: 'long', prefillMs: 120 });
     entry(q, 0, { reqId: 'short', prefillMs: 5 });
@@ -59,7 +59,7 @@ describe('SlagateQueue', () => {
   });
 
   it('waiting is aging: a request is overtaken only by arrivals within its window', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     // A long prompt (prefill 120 ms, slack 500 − 50 = 450 → size term min(120, 225) = 120 ms).
     entry(q, 0, { reqId: 'long', prefillMs: 120 });
     // Shorts arriving inside its window (< 120 − their own 5 ms) overtake it; later ones do not.
@@ -70,7 +70,7 @@ describe('SlagateQueue', () => {
   });
 
   it('a lower class catches up after aging_ms × the priority difference', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     entry(q, 0, { reqId: 'batch', priority: 2, prefillMs: 0 });
     entry(q, 1999, { reqId: 'interactive-early', prefillMs: 0 });
     entry(q, 2001, { reqId: 'interactive-late', prefillMs: 0 });
@@ -78,7 +78,7 @@ describe('SlagateQueue', () => {
   });
 
   it('size never costs a request more than half its slack', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     // Slack 500 − 300 = 200: the size term is capped at 100 though its prefill is 250.
     const e = entry(q, 0, { reqId: 'x', prefillMs: 250, bestBackendMs: 300 });
     expect(e.key).toBe(100);
@@ -87,7 +87,7 @@ describe('SlagateQueue', () => {
   });
 
   it('between tenants of a class: the least-served tenant goes next, whatever the other queued', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     // Tenant A bursts 6 requests; B queues 2, later and larger.
     for (let i = 0; i < 6; i++)
       entry(q, i, { reqId: `a${i}`, tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
@@ -98,7 +98,7 @@ describe('SlagateQueue', () => {
   });
 
   it('a request granted a second time (its first backend refused it unstarted) is not charged again', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     const again = req({ reqId: 'a0', tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
     q.push({ req: again, queuedAt: 0, key: q.keyFor(again, 0), alreadyCharged: true, state: 'queued' });
     entry(q, 1, { reqId: 'a1', tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
@@ -110,7 +110,7 @@ describe('SlagateQueue', () => {
   });
 
   it("fairness is by work, not request count: a tenant's large requests use its share faster", () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     for (let i = 0; i < 4; i++)
       entry(q, i, { reqId: `big${i}`, tenant: 'big', uncachedTokens: 300, expectedOutputTokens: 0 });
     for (let i = 0; i < 6; i++)
@@ -121,7 +121,7 @@ describe('SlagateQueue', () => {
   });
 
   it('a tenant back from idle banks no credit: its counter is lifted to the waiting ones', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     for (let i = 0; i < 3; i++)
       entry(q, i, { reqId: `a${i}`, tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
     entry(q, 0, { reqId: 'b0', tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0 });
@@ -137,7 +137,7 @@ describe('SlagateQueue', () => {
   });
 
   it('work served while a tenant was alone is no debt at the next backlog: counters start afresh once the queue empties', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     // Light load: H's thousand requests each leave at once, nobody else waiting; L's one too.
     for (let i = 0; i < 1000; i++) {
       entry(q, i, { reqId: `h${i}`, tenant: 'h', uncachedTokens: 1000 });
@@ -164,7 +164,7 @@ describe('SlagateQueue', () => {
   });
 
   it('removed entries never leave; depth and size follow; a protected request is given the worst sheddable place', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     const a = entry(q, 0, { reqId: 'a' });
     entry(q, 1, { reqId: 'b', className: 'batch', priority: 2, sheddable: true });
     const c = entry(q, 2, { reqId: 'c', className: 'batch', priority: 2, sheddable: true, prefillMs: 100 });
@@ -182,7 +182,7 @@ describe('SlagateQueue', () => {
   });
 
   it("a full queue gives the place of the biggest holder's worst entry, never a tenant's own or a more urgent class's", () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     const a = [0, 1, 2].map((i) => entry(q, i, { reqId: `a${i}`, tenant: 'a', prefillMs: i }));
     entry(q, 3, { reqId: 'b0', tenant: 'b' });
     // b holds 1 (2 with a new one), a holds 3: a's worst-placed entry gives way.
@@ -198,7 +198,7 @@ describe('SlagateQueue', () => {
     // A less urgent class does not take a more urgent class's place, whoever holds it.
     expect(q.victimFor(req({ reqId: 'c0', tenant: 'c', className: 'batch', priority: 2 }))).toBeUndefined();
     // What a tenant holds counts whole: its entries of a more urgent class and its retries too.
-    const u = new SlagateQueue(() => AGING);
+    const u = new SlagateQueue({ agingMs: AGING });
     for (let i = 0; i < 4; i++) entry(u, i, { reqId: `ua${i}`, tenant: 'a' });
     const small = [0, 1].map((i) =>
       entry(u, 10 + i, { reqId: `ub${i}`, tenant: 'b', className: 'standard', priority: 1 }),
@@ -222,7 +222,7 @@ describe('SlagateQueue', () => {
   });
 
   it('many removals below the top are compacted away', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     const keep = entry(q, 0, { reqId: 'keep', prefillMs: 0 });
     const gone = Array.from({ length: 500 }, (_, i) => entry(q, 1 + i, { reqId: `g${i}` }));
     for (const g of gone) q.remove(g);
@@ -232,7 +232,7 @@ describe('SlagateQueue', () => {
   });
 
   it('estimates how many queued entries would leave first', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     for (let i = 0; i < 3; i++)
       entry(q, 0, { reqId: `hi${i}`, className: 'urgent', priority: 0, prefillMs: 1 });
     for (let i = 0; i < 4; i++) entry(q, 0, { reqId: `me${i}`, priority: 1, prefillMs: 10 });
@@ -244,7 +244,7 @@ describe('SlagateQueue', () => {
   });
 
   it('counts the entries of another class of the same priority that would leave first, by key', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     // Two classes of priority 0 (as interactive and completion are by default) compete by key.
     for (let i = 0; i < 6; i++) entry(q, 0, { reqId: `c${i}`, className: 'completion', prefillMs: 1 });
     for (let i = 0; i < 2; i++) entry(q, 0, { reqId: `late${i}`, className: 'completion', prefillMs: 400 });
@@ -257,7 +257,7 @@ describe('SlagateQueue', () => {
   });
 
   it('counts the entries of a less urgent class that have aged past a new request, by key', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     // Batch (priority 2) entries keyed 2 × AGING later than they came; queued long enough ago,
     // they leave before an interactive request that comes now.
     for (let i = 0; i < 5; i++) entry(q, 0, { reqId: `old${i}`, className: 'batch', priority: 2 });
@@ -271,7 +271,7 @@ describe('SlagateQueue', () => {
   });
 
   it('a scan shows entries in leaving order; a passed one keeps its place, and is not charged to its tenant', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     // Tenant a: two entries; tenant b: one. Equal counters: the smallest key leaves first.
     entry(q, 0, { reqId: 'a1', tenant: 'a', prefillMs: 1 });
     entry(q, 0, { reqId: 'a2', tenant: 'a', prefillMs: 2 });
@@ -289,7 +289,7 @@ describe('SlagateQueue', () => {
   });
 
   it('an entry refused as it is shown (taken out removed) is not charged to its tenant', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     entry(q, 0, { reqId: 'a1', tenant: 'a', prefillMs: 1 });
     entry(q, 0, { reqId: 'a2', tenant: 'a', prefillMs: 2 });
     entry(q, 0, { reqId: 'b1', tenant: 'b', prefillMs: 3 });
@@ -308,7 +308,7 @@ describe('SlagateQueue', () => {
   });
 
   it('a scan that passes everything leaves the queue as it was', () => {
-    const q = new SlagateQueue(() => AGING);
+    const q = new SlagateQueue({ agingMs: AGING });
     for (const [id, t, p] of [
       ['x', 'a', 5],
       ['y', 'b', 1],

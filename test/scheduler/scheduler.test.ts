@@ -682,6 +682,70 @@ describe('refusals while waiting', () => {
     expect(served).toEqual(['interactive', 'batch']);
   });
 
+  describe('a reload that changes the order of a slagate queue keys the waiting entries again', () => {
+    const order = (over: Partial<SchedulerSettings>) =>
+      settings({
+        priorities: new Map([
+          ['interactive', 0],
+          ['batch', 2],
+        ]),
+        concurrency: { ...settings().concurrency, initial: 1 },
+        ...over,
+      });
+    /** One held slot, and a way to queue requests behind it that records the order they are served in. */
+    async function behindOne(f: ReturnType<typeof setup>) {
+      const held = await f.scheduler.ticket(req()).acquire(first());
+      const served: string[] = [];
+      const waiting: Promise<void>[] = [];
+      return {
+        wait(id: string, over: Partial<ScheduledRequest>) {
+          const p = f.scheduler
+            .ticket(req({ reqId: id, ...over }))
+            .acquire(first())
+            .then((slot) => {
+              served.push(id);
+              slot!.release();
+            });
+          waiting.push(p);
+        },
+        async drain() {
+          held!.release();
+          await Promise.all(waiting);
+          return served;
+        },
+      };
+    }
+    const batch = { className: 'batch', priority: 2 };
+
+    it('a class made as urgent as another no longer waits out its old aging offset behind it', async () => {
+      const f = setup(['a'], order({}));
+      const q = await behindOne(f);
+      q.wait('batch', batch);
+      q.wait('interactive', {});
+      // batch, first in, ranked 2 × aging_ms behind; the reload puts both classes at priority 0.
+      f.set(
+        order({
+          priorities: new Map([
+            ['interactive', 0],
+            ['batch', 0],
+          ]),
+        }),
+      );
+      f.scheduler.pump();
+      expect(await q.drain()).toEqual(['batch', 'interactive']);
+    });
+
+    it("a shorter aging_ms does not let a class's new entries pass its old ones", async () => {
+      const f = setup(['a'], order({ agingMs: 60_000 }));
+      const q = await behindOne(f);
+      q.wait('old', batch);
+      f.set(order({ agingMs: 1 }));
+      // Keyed now at 2 × 1 ms: before the reload's keys moved, it would pass the old entry's 2 × 60 s.
+      q.wait('new', batch);
+      expect(await q.drain()).toEqual(['old', 'new']);
+    });
+  });
+
   it('x-slagate-no-queue (and max_queue 0) refuse what cannot be dispatched at once', async () => {
     const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
     const { scheduler, set } = setup(['a'], s);
