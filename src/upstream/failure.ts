@@ -90,7 +90,7 @@ export class AttemptFailure extends Error {
   readonly beforeHead: boolean;
   /** Upstream HTTP status when one was received; for an in-band rejection, the status it names. */
   readonly status: number | null;
-  /** For a cut: the error the client is told instead of the generic upstream_error. */
+  /** For a cut, or an answer too large (the request's own size): the error the client is told instead of the generic upstream_error. */
   readonly clientError: GatewayError | null;
   /** For an in-band rejection: the upstream's message (capped), which the client may be told. */
   readonly upstreamMessage: string | null;

@@ -115,7 +115,7 @@ export interface AttemptRecord {
   detail: string | null;
 }
 
-export type ResultReason = FailureReason | 'upstream_rejected' | 'no_healthy_backend' | 'retry_budget';
+export type ResultReason = FailureReason | 'upstream_rejected' | 'no_healthy_backend';
 
 export interface ProxyResult {
   outcome: Outcome;
@@ -224,7 +224,8 @@ async function attemptLoop(
   let rejectedBy: { backend: Backend; failure: AttemptFailure } | null = null;
   while (!signal.aborted) {
     if (req.deadlineAt - performance.now() <= TIMER_SLACK_MS) {
-      s.stop = 'deadline';
+      // No time for another attempt: the last one's failure is the answer (none made: the deadline's).
+      if (s.last === null) s.stop = 'deadline';
       break;
     }
     // A retry of a failure the engine may have caused needs a retry and a budget slot; one that
@@ -239,10 +240,8 @@ async function attemptLoop(
     const budgeted = failed?.reachedEngine === true && !freeReset;
     if (budgeted) {
       if (engineRetries >= cfg.retries) break;
-      if (!budget.tryAcquireRetry()) {
-        s.stop = 'retry_budget';
-        break;
-      }
+      // The fleet is retrying too much already: the last failure is the answer.
+      if (!budget.tryAcquireRetry()) break;
     }
     const asked = performance.now();
     let slot: Slot | null;
@@ -490,6 +489,19 @@ function result(s: LoopState, e: Ending, lat: Latencies | null, e2eMs: number): 
 
 /** The error the client gets when no attempt committed and none rejected the request. */
 function failureResponse(s: LoopState): { err: GatewayError; reason: ResultReason; outcome: Outcome } {
+  // The deadline passed while the request waited for a slot (a retry held in the queue, or no
+  // attempt made at all): it ran out of time in the gateway, whatever failed before (the failed
+  // attempts are in its record). Not the last failure's 502, nor a 503 that asks to come back.
+  if (s.stop === 'deadline') {
+    return {
+      err: new GatewayError(
+        'first_token_timeout',
+        "No token arrived from a backend by the request's deadline",
+      ),
+      reason: 'deadline',
+      outcome: 'timeout',
+    };
+  }
   if (s.stop === 'no_healthy_backend') {
     return {
       err: new GatewayError('no_healthy_backend', 'No healthy backend is available'),
@@ -519,7 +531,10 @@ function failureResponse(s: LoopState): { err: GatewayError; reason: ResultReaso
     };
   }
   return {
-    err: new GatewayError('upstream_error', 'The backend failed before the response started'),
+    // A failure the request itself caused (an answer too large) says so; any other does not say more.
+    err:
+      s.last?.failure?.clientError ??
+      new GatewayError('upstream_error', 'The backend failed before the response started'),
     reason,
     outcome: 'failed_before_commit',
   };

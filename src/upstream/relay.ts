@@ -267,7 +267,12 @@ export class Attempt implements Dispatcher.DispatchHandler {
         this.#bodyBytes += chunk.length;
         if (this.#bodyBytes > this.spec.maxBodyBytes) {
           this.#fail(
-            new AttemptFailure('response_too_large', `response body over ${this.spec.maxBodyBytes} bytes`),
+            new AttemptFailure('response_too_large', `response body over ${this.spec.maxBodyBytes} bytes`, {
+              clientError: new GatewayError(
+                'upstream_error',
+                `The answer grew past ${this.spec.maxBodyBytes} bytes; stream it, or lower max_tokens or what it returns per token (logprobs).`,
+              ),
+            }),
           );
         } else {
           this.#body.push(chunk);
@@ -350,8 +355,19 @@ export class Attempt implements Dispatcher.DispatchHandler {
       // An event past max_event_bytes (an echoed long prompt's logprobs) is this request's size,
       // as a body past max_body_bytes is: another backend would send it as large, so it is neither
       // retried there nor counted against this one.
-      const reason = err instanceof SseEventTooLargeError ? 'response_too_large' : 'protocol_error';
-      this.#fail(new AttemptFailure(reason, (err as Error).message, { cause: err }));
+      if (err instanceof SseEventTooLargeError) {
+        this.#fail(
+          new AttemptFailure('response_too_large', err.message, {
+            cause: err,
+            clientError: new GatewayError(
+              'upstream_error',
+              `An event of the answer grew past ${this.spec.maxEventBytes} bytes; lower what it returns per token (logprobs, prompt_logprobs, echo).`,
+            ),
+          }),
+        );
+      } else {
+        this.#fail(new AttemptFailure('protocol_error', (err as Error).message, { cause: err }));
+      }
       return;
     }
     const now = performance.now();

@@ -234,6 +234,11 @@ describe('streaming relay', () => {
     const res = await post(gw.url, chatBody());
     expect(res.text.length).toBeLessThan(4096);
     expect(dataEvents(res.text).at(-1)).toBe('[DONE]');
+    // The client is told what is too large and what to change, not that the backend failed.
+    expect(JSON.parse(dataEvents(res.text).at(-2)!).error).toMatchObject({
+      code: 'upstream_error',
+      message: expect.stringContaining('An event of the answer grew past 65536 bytes'),
+    });
     expect(await gw.nextResult()).toMatchObject({
       outcome: 'failed_after_commit',
       reason: 'response_too_large',
@@ -241,6 +246,25 @@ describe('streaming relay', () => {
     // The size is the request's (an echoed prompt's logprobs, say): another backend would send it as large.
     expect(set.get('b0')!.outlier.consecutiveFailures).toBe(0);
     expect(set.get('b0')!.breaker.stats.failures).toBe(0);
+  });
+
+  it('an oversized first event is a 502 that says what is too large, not that the backend failed', async () => {
+    const { gw } = await setup(async (_req, res) => {
+      sseHead(res);
+      res.write(`data: {"pad":"${'x'.repeat(80 * 1024)}"}\n\n`);
+      res.end();
+    });
+    const res = await post(gw.url, chatBody());
+    expect(res.status).toBe(502);
+    expect(JSON.parse(res.text).error).toMatchObject({
+      code: 'upstream_error',
+      message: expect.stringContaining('An event of the answer grew past 65536 bytes'),
+    });
+    expect(await gw.nextResult()).toMatchObject({
+      outcome: 'failed_before_commit',
+      reason: 'response_too_large',
+      attempts: 1,
+    });
   });
 
   it('headers then no token: the first-token timeout fires and aborts the upstream (item 6)', async () => {

@@ -175,6 +175,29 @@ describe('retries before the commit point (item 3)', () => {
     expect(set.get('b0')!.breaker.stats.failures).toBe(0);
   });
 
+  it('a retry held in the queue until the deadline is a 504 timeout, not the failure before it', async () => {
+    const deadlineMs = 300;
+    const { set, gw } = await fleet([[status(503)], [healthy(1)]], {
+      deadlineMs,
+      // The first attempt goes to b0; the retry waits for a slot until the deadline, as the
+      // scheduler's guard holds one (it settles the wait with null there).
+      acquire: ({ attempt, signal }) =>
+        attempt === 0
+          ? Promise.resolve(slotOn(set.get('b0')!))
+          : new Promise((resolve) => {
+              const t = setTimeout(() => resolve(null), deadlineMs);
+              signal.onAbort(() => clearTimeout(t));
+            }),
+    });
+    const res = await post(gw.url, chatBody());
+    const result = await gw.nextResult();
+    expect(res.status).toBe(504);
+    expect(JSON.parse(res.text).error.code).toBe('first_token_timeout');
+    expect(result).toMatchObject({ outcome: 'timeout', reason: 'deadline', attempts: 1 });
+    // What failed before is still in the record.
+    expect(result.attemptLog.map((a) => [a.backend, a.reason])).toEqual([['b0', 'upstream_status']]);
+  });
+
   it('a body passed through may take longer than the first-token cap: its generation is in it', async () => {
     const slowBody: Script = async (_req, res) => {
       await sleep(600);
@@ -587,6 +610,11 @@ describe('a body passed through that is too large', () => {
     const res = await post(gw.url, chatBody({ stream: false }));
     const result = await gw.nextResult();
     expect(res.status).toBe(502);
+    // Told what to change, as an assembled answer's client is, not that the backend failed.
+    expect(JSON.parse(res.text).error).toMatchObject({
+      code: 'upstream_error',
+      message: expect.stringContaining('The answer grew past 1024 bytes; stream it'),
+    });
     expect(result).toMatchObject({ attempts: 1, reason: 'response_too_large' });
     expect(result.attemptLog.map((a) => [a.backend, a.reason])).toEqual([['b0', 'response_too_large']]);
     expect(ups[1]!.hits).toHaveLength(0);
