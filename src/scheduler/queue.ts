@@ -174,6 +174,37 @@ export class SlagateQueue implements QueueDiscipline {
     return true;
   }
 
+  /** The work counters of every tenant of each class with entries waiting (a copy). */
+  counters(): Map<string, Map<string, number>> {
+    const out = new Map<string, Map<string, number>>();
+    for (const c of this.#classes.values()) {
+      if (c.size === 0) continue;
+      out.set(c.name, new Map([...c.tenants].map(([name, t]) => [name, t.counter])));
+    }
+    return out;
+  }
+
+  /**
+   * Takes over the counters of another queue's (`counters()`, read before its entries moved here):
+   * a reload that changes the order does not change what each tenant has been served. Called once
+   * the moved entries are pushed, so no counter is lifted by the push of a tenant's first entry.
+   * Tenants idle in a class that still has entries keep theirs too, for when they are back.
+   */
+  carry(counters: ReadonlyMap<string, ReadonlyMap<string, number>>): void {
+    for (const [name, tenants] of counters) {
+      const c = this.#classes.get(name);
+      if (c === undefined || c.size === 0) continue;
+      for (const [tenant, counter] of tenants) {
+        let t = c.tenants.get(tenant);
+        if (t === undefined) {
+          t = { heap: new Heap(byKey, alive), size: 0, counter: 0, lifted: 0 };
+          c.tenants.set(tenant, t);
+        }
+        t.counter = counter;
+      }
+    }
+  }
+
   /** `req`'s class priority in this queue's order. */
   #priority(req: ScheduledRequest): number {
     return this.#priorities.get(req.className) ?? req.priority;

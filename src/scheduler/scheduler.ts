@@ -294,6 +294,13 @@ export class Scheduler {
   #lastTick: number;
   #pumping = false;
   #again = false;
+  /**
+   * An entry the next scan must reach, past its bound: one that may not wait (x-slagate-no-queue,
+   * max_queue 0), refused unless that pump grants it. Invariant: such a request is refused "no
+   * room" only when it was looked at and no backend could start it; the bound, which spares a pump
+   * from ranking a long backlog again, must not refuse it unseen while a backend idles.
+   */
+  #mustReach: Waiting | null = null;
   /** The settings the queue's order was last checked against (#discipline). */
   #orderedBy: SchedulerSettings | null = null;
   #closed = false;
@@ -680,7 +687,14 @@ export class Scheduler {
         queue.push(w);
         if (sr.excluded.size > 0) this.#reasked.add(w);
       }
-      this.pump();
+      // One that may not wait is judged by this pump, however far behind the scan's bound it is.
+      const mayWait = !req.noQueue && settings.maxQueue > 0;
+      if (!mayWait && !retry) this.#mustReach = w;
+      try {
+        this.pump();
+      } finally {
+        this.#mustReach = null;
+      }
       if (w.state !== 'queued') return;
       // Not granted at once: is it allowed to wait? A retry that may not is given up (null: the
       // attempt loop answers with the failure before it), as a first attempt is refused.
@@ -811,9 +825,11 @@ export class Scheduler {
     let shut: Set<string> | null = null;
     const maxPasses = PASSES_PER_BACKEND * available.length;
     this.#waitedFor = round.closed;
+    let reach = this.#mustReach;
     this.#queue.scan((e) => {
-      if (!this.#anyOpen(available, round) || passes >= maxPasses) return 'stop';
+      if (!this.#anyOpen(available, round) || (passes >= maxPasses && reach === null)) return 'stop';
       const w = e as Waiting;
+      if (w === reach) reach = null;
       // Invariant: the bound counts entries ranked and left waiting for a backend open to them; an
       // entry of a model no open backend serves is passed over unranked and uncounted, so a
       // backlog of one model never hides an idle backend from another's entries behind it, and the
@@ -1448,7 +1464,8 @@ export class Scheduler {
    * it moves the waiting entries to a new queue (at the reload's pump, or the first request after
    * it). Invariant: every entry's key is the one the order in force gives it: a moved entry is keyed
    * again, from the time of its first ask, as if it had waited in the new queue all along (an fcfs
-   * key has no priority term, and a slagate key puts a lower class behind its aging). Otherwise a
+   * key has no priority term, and a slagate key puts a lower class behind its aging), and each
+   * tenant keeps its work counter (SlagateQueue.carry). Otherwise a
    * class a reload made urgent would wait out its old aging offset behind the classes it now
    * precedes, and an aging_ms made shorter would let the class's new entries pass its old ones.
    */
@@ -1460,6 +1477,8 @@ export class Scheduler {
     const old = this.#queue;
     const queue = this.#makeQueue(settings);
     this.#queue = queue;
+    // Read before the move: taking the entries out charges their tenants as if they were served.
+    const counters = old instanceof SlagateQueue ? old.counters() : null;
     const moving: Waiting[] = [];
     old.scan((e) => {
       moving.push(e as Waiting);
@@ -1470,6 +1489,8 @@ export class Scheduler {
       e.key = queue.keyFor(e.req, e.ticket.firstAskedAt(e.queuedAt));
       queue.push(e);
     }
+    // What each tenant has been served stays (a reload to fcfs and back starts them afresh).
+    if (counters !== null && queue instanceof SlagateQueue) queue.carry(counters);
     return queue;
   }
 

@@ -735,6 +735,43 @@ describe('refusals while waiting', () => {
       expect(await q.drain()).toEqual(['batch', 'interactive']);
     });
 
+    it("keeps what each tenant has been served: the heavy tenant does not take the light one's turns", async () => {
+      const f = setup(['a'], order({}));
+      const held = await f.scheduler.ticket(req()).acquire(first());
+      const served: string[] = [];
+      const all: Promise<void>[] = [];
+      const wait = (id: string, tenant: string, uncachedTokens: number, then?: () => void) =>
+        all.push(
+          f.scheduler
+            .ticket(req({ reqId: id, tenant, uncachedTokens }))
+            .acquire(first())
+            .then((slot) => {
+              served.push(id);
+              then?.();
+              slot!.release();
+            }),
+        );
+      // Once a1 is served, tenant A has been served 100 times B's work to come: B's five go first.
+      // The reload (a class added) comes while a1 holds the slot.
+      wait('a1', 'A', 10_000, () => {
+        f.set(
+          order({
+            priorities: new Map([
+              ['interactive', 0],
+              ['batch', 2],
+              ['new', 1],
+            ]),
+          }),
+        );
+        f.scheduler.pump();
+      });
+      wait('a2', 'A', 10_000);
+      for (let i = 1; i <= 5; i++) wait(`b${i}`, 'B', 100);
+      held!.release();
+      await Promise.all(all);
+      expect(served).toEqual(['a1', 'b1', 'b2', 'b3', 'b4', 'b5', 'a2']);
+    });
+
     it("a shorter aging_ms does not let a class's new entries pass its old ones", async () => {
       const f = setup(['a'], order({ agingMs: 60_000 }));
       const q = await behindOne(f);
@@ -744,6 +781,32 @@ describe('refusals while waiting', () => {
       q.wait('new', batch);
       expect(await q.drain()).toEqual(['old', 'new']);
     });
+  });
+
+  it("x-slagate-no-queue is judged however long the backlog ahead of it: a backend idle behind the pump's bound takes it", async () => {
+    // Every queued request waits for `a` (ranked first, busy); `b` idles. A pump ranks at most 16
+    // waiting entries per backend before it stops; the request that may not wait is 41st.
+    const aFirst: RoutingPolicy = {
+      name: 'a-first',
+      rank: (_r, views) =>
+        [...views]
+          .sort((x, y) => (x.name === 'a' ? 0 : 1) - (y.name === 'a' ? 0 : 1))
+          .map((v) => ({ backend: v.name, cost: 0 })),
+    };
+    const { scheduler } = setup(
+      ['a', 'b'],
+      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
+      aFirst,
+    );
+    const held = await scheduler.ticket(req()).acquire(first());
+    expect(held!.backend.name).toBe('a');
+    const waiting = Array.from({ length: 40 }, () => scheduler.ticket(req()).acquire(first()));
+    expect(scheduler.view().queued).toBe(40);
+    const slot = await scheduler.ticket(req({ reqId: 'hurry', noQueue: true })).acquire(first());
+    expect(slot?.backend.name).toBe('b');
+    // Those ahead still wait for `a`: none was passed for it.
+    expect(await Promise.all(waiting.map(state))).toEqual(waiting.map(() => 'waiting'));
+    expect(scheduler.view().queued).toBe(40);
   });
 
   it('x-slagate-no-queue (and max_queue 0) refuse what cannot be dispatched at once', async () => {
