@@ -62,7 +62,16 @@ local logged = {}
 local logErr = ''
 if ARGV[5] ~= '' then
   local r = redis.pcall('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'i', ARGV[1], 'p', ARGV[5])
-  if type(r) == 'table' and r.err then logErr = r.err end
+  if type(r) == 'table' and r.err then
+    logErr = r.err
+    -- Over maxmemory (noeviction) the append is refused, and with it the only trim the log had:
+    -- it gives up its older half instead (a trim frees memory and is never refused), tick after
+    -- tick, until appends fit again. The log is what the exchange can lose; the snapshots are not.
+    if string.find(logErr, 'OOM', 1, true) then
+      local len = redis.pcall('XLEN', KEYS[3])
+      if type(len) == 'number' and len > 0 then redis.pcall('XTRIM', KEYS[3], 'MAXLEN', math.floor(len / 2)) end
+    end
+  end
 end
 if logErr == '' then
   local from = ARGV[6]
@@ -112,11 +121,15 @@ local function depart(id, snap, at)
 end
 local cutoff = '(' .. (now - ttl)
 -- Each with its last heartbeat: its tokens count from then, whoever finds it dead and when.
+-- Its entries are deleted before its departed entry is written: Redis over maxmemory refuses a
+-- script's first write that may add memory (and the script with it), so the HSET must not be the
+-- first write when the log's append was refused, or one crashed peer would stop every exchange.
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff, 'WITHSCORES')
 for i = 1, #dead, 2 do
-  depart(dead[i], redis.call('HGET', KEYS[2], dead[i]), tonumber(dead[i + 1]))
+  local snap = redis.call('HGET', KEYS[2], dead[i])
   redis.call('HDEL', KEYS[2], dead[i])
   redis.call('HDEL', KEYS[4], dead[i])
+  depart(dead[i], snap, tonumber(dead[i + 1]))
 end
 -- An instance judged dead that comes back counts its own tokens again.
 redis.call('HDEL', KEYS[5], ARGV[1])

@@ -312,6 +312,43 @@ describe('RedisSync', () => {
     expect(await logged(c)).toEqual(['e-kept']);
   });
 
+  it('a Redis over maxmemory refuses the log alone, with a crashed peer to sweep too; the log gives up its older half', async () => {
+    const c = cfg();
+    const a = host();
+    a.snapshot = () => JSON.stringify({ v: 3, b: {}, t: { teamA: [1, 5000] } });
+    const b = host();
+    const sa = start('a', a, c);
+    const sb = start('b', b, c);
+    await Promise.all([sa.ready(), sb.ready()]);
+    for (const e of ['e-1', 'e-2', 'e-3', 'e-4']) {
+      a.queue.push(e);
+      await sa.tick();
+    }
+    await sb.tick();
+    // `a` crashes: its heartbeat is past the TTL (on Redis' clock), within the time its tenants'
+    // tokens still count, so the sweep keeps them as a departed instance's.
+    const [secs, micros] = (await redis.cli('time')).trim().split('\n').map(Number);
+    const now = secs! * 1000 + Math.floor(micros! / 1000);
+    await redis.cli('zadd', `{${c.key_prefix}}:instances`, String(now - sb.ttlMs - 1_000), 'a');
+    await redis.cli('config', 'set', 'maxmemory', '1');
+    try {
+      b.queue.push('e-refused');
+      await sb.tick();
+      // The append is refused; the sweep and the exchange are not.
+      expect(sb.status()).toMatchObject({ degraded: false, logError: expect.stringMatching(/OOM/) });
+      expect((await redis.cli('zrange', `{${c.key_prefix}}:instances`, '0', '-1')).trim()).toBe('b');
+      expect((await redis.cli('hkeys', `{${c.key_prefix}}:departed`)).trim()).toBe('a');
+      expect(await logged(c)).toEqual(['e-3', 'e-4']);
+    } finally {
+      await redis.cli('config', 'set', 'maxmemory', '0');
+    }
+    // Room again: the next append is taken, and the error clears.
+    b.queue.push('e-5');
+    await sb.tick();
+    expect(sb.status().logError).toBeNull();
+    expect(await logged(c)).toEqual(['e-3', 'e-4', 'e-5']);
+  });
+
   it('a Redis turned replica (READONLY) is left for a new connection, which finds the primary once there is one', async () => {
     const { c, w, connection } = await oneInstance();
     const before = await connection();
