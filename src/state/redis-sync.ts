@@ -356,6 +356,14 @@ export class RedisSync {
   #peers = 0;
   /** When the full snapshots were last exchanged (null: due at the next tick). */
   #fullAt: number | null = null;
+  /**
+   * The last tick was a full exchange, and it failed. Invariant: the in-flight counts travel even
+   * when the full exchange cannot (peers' snapshots too large to come back within the command
+   * timeout, a snapshots key Redis refuses): a failed full tick is followed by an in-flight-only
+   * one, then the full exchange is tried again. Without it every tick after a failure was full
+   * (nothing had succeeded since the last full exchange), and each failed the same way.
+   */
+  #fullFailed = false;
   /** The peers whose full snapshot and in-flight part the last full exchange brought. */
   #inFull: string[] = [];
   /** The id of the last log entry read ('-': none yet, so the first tick reads the history). */
@@ -458,9 +466,11 @@ export class RedisSync {
       // Due half a tick early: ticks drift by a fraction of a millisecond, and one that came 249 ms
       // after the last full exchange would otherwise push the next to the tick after (300 ms).
       const full =
-        this.#fullAt === null ||
-        at < this.#fullAt ||
-        at - this.#fullAt + tickIntervalMs(this.#cfg) / 2 >= fullIntervalMs(this.#cfg);
+        !this.#fullFailed &&
+        (this.#fullAt === null ||
+          at < this.#fullAt ||
+          at - this.#fullAt + tickIntervalMs(this.#cfg) / 2 >= fullIntervalMs(this.#cfg));
+      this.#fullFailed = false;
       // Invariant: an entry is sent once. A call that failed may have run on Redis all the same
       // (a timeout says only that no reply came in time), so resending it would append it twice,
       // and each resend of a growing backlog would carry everything before it again. A block in
@@ -491,6 +501,7 @@ export class RedisSync {
       try {
         reply = await call;
       } catch (e) {
+        if (full) this.#fullFailed = true;
         // Redis answered with an error (a key of the wrong type, a command the ACL denies):
         // nothing is pending on the connection, and a new one would get the same answer. The next
         // tick tries again, at the usual pace. Except READONLY: the server is a replica now (a

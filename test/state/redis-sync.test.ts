@@ -312,6 +312,33 @@ describe('RedisSync', () => {
     expect(await logged(c)).toEqual(['e-kept']);
   });
 
+  it('a full exchange that keeps failing does not stop the in-flight counts: the tick after it sends them alone', async () => {
+    const c = cfg();
+    // Redis refuses every full exchange (the snapshots key is not a hash); the in-flight part alone passes.
+    await redis.cli('set', `{${c.key_prefix}}:snapshots`, 'not a hash');
+    const a = host();
+    const b = host();
+    let aPeers: string[] = [];
+    a.applyPeers = (_snapshots, inflight) => {
+      aPeers = inflight;
+      return inflight.length;
+    };
+    b.inflight = () => '{"from":"b"}';
+    const sa = start('a', a, c);
+    const sb = start('b', b, c);
+    await Promise.all([sa.ready(), sb.ready()]);
+    for (const s of [sb, sa, sb, sa]) await s.tick();
+    expect(aPeers).toEqual(['{"from":"b"}']);
+    // Of any two ticks in a row one tries the full exchange again (refused), the other passes.
+    const seen: string[] = [];
+    for (let i = 0; i < 2; i++) {
+      await sa.tick();
+      const st = sa.status();
+      seen.push(st.degraded ? `refused: ${/WRONGTYPE/.test(st.lastError ?? '')}` : 'passed');
+    }
+    expect(seen.sort()).toEqual(['passed', 'refused: true']);
+  });
+
   it('a Redis over maxmemory refuses the log alone, with a crashed peer to sweep too; the log gives up its older half', async () => {
     const c = cfg();
     const a = host();
