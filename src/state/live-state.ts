@@ -308,7 +308,8 @@ class LiveStateImpl implements LiveState {
   readonly #shape: { bucketMs: number; buckets: number };
   readonly #halfLifeMs: number;
   readonly #minSamples: number;
-  readonly #backends = new Map<string, { state: BackendState; url: string }>();
+  /** startS: the latest engine start known for it (#sameEngine); null until one is. */
+  readonly #backends = new Map<string, { state: BackendState; url: string; startS: number | null }>();
   /** Removed backends with requests still running on them: their counts, kept until those end. */
   readonly #draining = new Map<string, { url: string; inflight: Inflight }>();
   readonly #scraper: TelemetryScraper | null;
@@ -362,9 +363,13 @@ class LiveStateImpl implements LiveState {
             {
               ...opts.scrape,
               now: this.#now,
-              onRestart: (b) => {
-                this.#prefix.drop(b);
+              onRestart: (b, startS) => {
+                // Unless a peer's log part told of this start first: the index holds its blocks.
+                if (startS === null || this.#backends.get(b)?.startS !== startS) this.#prefix.drop(b);
                 opts.onBackendRestart?.(b);
+              },
+              onStart: (b, s) => {
+                this.#sameEngine(b, s);
               },
             },
             opts.backends,
@@ -388,13 +393,18 @@ class LiveStateImpl implements LiveState {
               applyPeers: (snaps, inflight, now) => this.#applyPeers(snaps, inflight, now),
               logEntry: () => {
                 const tag = this.#blockTag();
-                return encodePrefixLog(this.#prefix.drainRecent(), tag);
+                return encodePrefixLog(
+                  this.#prefix.drainRecent(),
+                  tag,
+                  (b) => this.#backends.get(b)?.startS ?? null,
+                );
               },
               applyLog: (entries) => {
                 const tag = this.#blockTag();
                 for (const e of entries) {
-                  decodePrefixLog(e, tag, (b, h) => {
-                    if (this.#backends.has(b)) this.#prefix.insertPeer(b, h);
+                  decodePrefixLog(e, tag, (b, h, startS) => {
+                    if (this.#backends.has(b) && (startS === null || this.#sameEngine(b, startS)))
+                      this.#prefix.insertPeer(b, h);
                   });
                 }
               },
@@ -774,7 +784,27 @@ class LiveStateImpl implements LiveState {
     this.#backends.set(b.name, {
       state: new BackendState(b.name, this.#shape, this.#halfLifeMs, carried),
       url: b.url,
+      startS: null,
     });
+  }
+
+  /**
+   * Whether what is told of `backend`'s cache under the engine started at `startS` (its
+   * process_start_time_seconds, from this instance's scrape or a peer's log part) is of its
+   * current engine. Invariant: the index holds one engine's blocks per backend, the latest start
+   * known. A later start than known means the engine restarted since the blocks learnt: they are
+   * dropped (as a scrape that sees the restart does), and the new start is known from then; an
+   * earlier one is the old engine's, and what is told under it is skipped. Without it an instance
+   * started after a replica's restart learnt the old engine's blocks from the log's history (it
+   * had no earlier scrape to compare with), and routed cold prefixes there as cached.
+   */
+  #sameEngine(backend: string, startS: number): boolean {
+    const entry = this.#backends.get(backend);
+    if (entry === undefined) return false;
+    if (entry.startS !== null && startS < entry.startS) return false;
+    if (entry.startS !== null && startS > entry.startS) this.#prefix.drop(backend);
+    entry.startS = startS;
+    return true;
   }
 
   *#states(): Iterable<BackendState> {
@@ -957,14 +987,25 @@ class LiveStateImpl implements LiveState {
 const PREFIX_HASHING = 2;
 
 /**
- * `backend@size.v:h,h,…;backend@size.v:h,…` with each 53-bit hash in base 36 ('' when there is
- * nothing); `tag` is `@size.v`, or '' for untagged parts. A backend name never holds '@' (SAFE_NAME),
- * and a version that predates the tag reads a tagged part as an unknown backend and skips it.
+ * `backend@size.v:h,h,…/start;backend@size.v:h,…` with each 53-bit hash in base 36 ('' when there
+ * is nothing); `tag` is `@size.v`, or '' for untagged parts; `/start` the backend's engine start
+ * (process_start_time_seconds) as the sender knows it, absent when it knows none. A backend name
+ * never holds '@' (SAFE_NAME), and a version that predates the tag reads a tagged part as an
+ * unknown backend and skips it. The start goes last, where a version that predates it reads it as
+ * the end of the last hash (parseInt stops at '/') and learns the part as before.
  */
-function encodePrefixLog(recent: Map<string, number[]>, tag: string): string {
+function encodePrefixLog(
+  recent: Map<string, number[]>,
+  tag: string,
+  startOf: (backend: string) => number | null,
+): string {
   const parts: string[] = [];
   for (const [backend, hashes] of recent) {
-    if (hashes.length > 0) parts.push(`${backend}${tag}:${hashes.map((h) => h.toString(36)).join(',')}`);
+    if (hashes.length === 0) continue;
+    const start = startOf(backend);
+    parts.push(
+      `${backend}${tag}:${hashes.map((h) => h.toString(36)).join(',')}${start === null ? '' : `/${start}`}`,
+    );
   }
   return parts.join(';');
 }
@@ -976,7 +1017,7 @@ function encodePrefixLog(recent: Map<string, number[]>, tag: string): string {
 function decodePrefixLog(
   text: string,
   tag: string,
-  insert: (backend: string, hashes: number[]) => void,
+  insert: (backend: string, hashes: number[], startS: number | null) => void,
 ): void {
   for (const part of text.split(';')) {
     const colon = part.indexOf(':');
@@ -984,12 +1025,15 @@ function decodePrefixLog(
     const at = part.indexOf('@');
     const nameEnd = at >= 0 && at < colon ? at : colon;
     if (part.slice(nameEnd, colon) !== tag) continue;
+    const slash = part.indexOf('/', colon);
+    const start = slash < 0 ? null : Number(part.slice(slash + 1));
     const hashes = part
-      .slice(colon + 1)
+      .slice(colon + 1, slash < 0 ? undefined : slash)
       .split(',')
       .map((h) => Number.parseInt(h, 36))
       .filter((h) => Number.isSafeInteger(h) && h >= 0);
-    if (hashes.length > 0) insert(part.slice(0, nameEnd), hashes);
+    if (hashes.length > 0)
+      insert(part.slice(0, nameEnd), hashes, start !== null && Number.isFinite(start) ? start : null);
   }
 }
 

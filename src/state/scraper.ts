@@ -61,7 +61,9 @@ export interface ScraperOptions {
    * Called when a backend's engine restarted (a later process start time, or a counter of its went
    * down, between two scrapes): a new process holds nothing of what the old one had cached.
    */
-  onRestart?: (backend: string) => void;
+  onRestart?: (backend: string, startS: number | null) => void;
+  /** Called at every good scrape that reports the process start time (after onRestart, if both). */
+  onStart?: (backend: string, startS: number) => void;
 }
 
 interface TargetState {
@@ -86,7 +88,8 @@ export class TelemetryScraper {
   readonly #timeoutMs: number;
   readonly #maxBodyBytes: number;
   readonly #now: () => number;
-  readonly #onRestart: ((backend: string) => void) | null;
+  readonly #onRestart: ((backend: string, startS: number | null) => void) | null;
+  readonly #onStart: ((backend: string, startS: number) => void) | null;
   readonly #agent = new Agent({ connections: 2, keepAliveTimeout: 10_000 });
   readonly #targets = new Map<string, TargetState>();
   #closed = false;
@@ -98,6 +101,7 @@ export class TelemetryScraper {
     this.#maxBodyBytes = opts.maxBodyBytes ?? 8 * 1024 * 1024;
     this.#now = opts.now ?? Date.now;
     this.#onRestart = opts.onRestart ?? null;
+    this.#onStart = opts.onStart ?? null;
     this.setTargets(targets);
   }
 
@@ -211,7 +215,8 @@ export class TelemetryScraper {
       if (t.removed) return;
       // A new process: what the old one counted says nothing about the new one's hit rate.
       const restart = restarted(t.metrics, metrics);
-      if (restart) this.#onRestart?.(t.name);
+      if (restart) this.#onRestart?.(t.name, metrics.processStartS);
+      if (metrics.processStartS !== null) this.#onStart?.(t.name, metrics.processStartS);
       t.prefixHitRate = restart ? hitRate(null, metrics, null) : hitRate(t.metrics, metrics, t.prefixHitRate);
       t.metrics = metrics;
       t.scrapedAt = this.#now();

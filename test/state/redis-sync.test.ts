@@ -285,9 +285,12 @@ describe('RedisSync', () => {
     expect(seen.slice(from).find((x) => x.full !== null)).toEqual({ full: [], counts: [] });
   });
 
-  it('a log Redis refuses costs the peers the prefix blocks, not the snapshots', async () => {
-    const c = cfg();
-    await redis.cli('set', `{${c.key_prefix}}:log`, 'not a stream');
+  /**
+   * Instances a and b, ready, over a Redis whose `{prefix}:<key>` is a string (so Redis refuses
+   * the commands on it); `peers()`: the in-flight parts a read last (b's is `{"from":"b"}`).
+   */
+  const twoOverBrokenKey = async (c: RedisStateConfig, key: string) => {
+    await redis.cli('set', `{${c.key_prefix}}:${key}`, 'not of its type');
     const a = host();
     const b = host();
     let aPeers: string[] = [];
@@ -299,10 +302,16 @@ describe('RedisSync', () => {
     const sa = start('a', a, c);
     const sb = start('b', b, c);
     await Promise.all([sa.ready(), sb.ready()]);
+    return { a, sa, sb, peers: () => aPeers };
+  };
+
+  it('a log Redis refuses costs the peers the prefix blocks, not the snapshots', async () => {
+    const c = cfg();
+    const { a, sa, sb, peers } = await twoOverBrokenKey(c, 'log');
     a.queue.push('e-lost');
     await sb.tick();
     await sa.tick();
-    expect(aPeers).toEqual(['{"from":"b"}']);
+    expect(peers()).toEqual(['{"from":"b"}']);
     expect(sa.status()).toMatchObject({ degraded: false, logError: expect.stringMatching(/WRONGTYPE/) });
     // Fixed: the log works again, and the error clears.
     await redis.cli('del', `{${c.key_prefix}}:log`);
@@ -313,22 +322,10 @@ describe('RedisSync', () => {
   });
 
   it('a full exchange that keeps failing does not stop the in-flight counts: the tick after it sends them alone', async () => {
-    const c = cfg();
     // Redis refuses every full exchange (the snapshots key is not a hash); the in-flight part alone passes.
-    await redis.cli('set', `{${c.key_prefix}}:snapshots`, 'not a hash');
-    const a = host();
-    const b = host();
-    let aPeers: string[] = [];
-    a.applyPeers = (_snapshots, inflight) => {
-      aPeers = inflight;
-      return inflight.length;
-    };
-    b.inflight = () => '{"from":"b"}';
-    const sa = start('a', a, c);
-    const sb = start('b', b, c);
-    await Promise.all([sa.ready(), sb.ready()]);
+    const { sa, sb, peers } = await twoOverBrokenKey(cfg(), 'snapshots');
     for (const s of [sb, sa, sb, sa]) await s.tick();
-    expect(aPeers).toEqual(['{"from":"b"}']);
+    expect(peers()).toEqual(['{"from":"b"}']);
     // Of any two ticks in a row one tries the full exchange again (refused), the other passes.
     const seen: string[] = [];
     for (let i = 0; i < 2; i++) {

@@ -6,6 +6,7 @@ import type { RedisStateConfig } from '../../src/config/index.ts';
 import { createLiveState, type LiveState, livenessTtlMs } from '../../src/state/index.ts';
 import { SHARE_EVERY_MS } from '../../src/state/prefix-index.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
+import { closeServer, metricsServer } from './fixtures/metrics-server.ts';
 import { latencySample, observe } from './fixtures/sample.ts';
 
 const BACKENDS = [
@@ -347,6 +348,53 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     await exchanges(late, 1);
     expect(late.prefixMatch('gpu-0', [...system, ...chain(1000, 10)])).toBe(50);
     expect(late.prefixMatch('gpu-1', chain(7000, 5))).toBe(5);
+  });
+
+  it("an instance started after a backend's engine restarted does not learn the old engine's blocks from the log", async () => {
+    // gpu-0's /metrics: its process start time, and a waiting count that marks each new answer.
+    let start = 1_700_000_000.5;
+    let waiting = 0;
+    const srv = await metricsServer(
+      () =>
+        `vllm:num_requests_running 0\nvllm:num_requests_waiting ${waiting}\n` +
+        `# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds ${start}\n`,
+    );
+    try {
+      const scraping = (id: string) => {
+        const s = createLiveState(cfg, {
+          instanceId: id,
+          backends: [{ name: 'gpu-0', url: srv.url }],
+          scrape: { intervalMs: 20 },
+        });
+        states.push(s);
+        return s;
+      };
+      const scraped = (s: LiveState, w: number) =>
+        until(() => s.telemetry('gpu-0')?.waiting === w, 2_000, `a scrape showing ${w} waiting`);
+      const a = scraping('a');
+      await a.ready();
+      await scraped(a, 0);
+      a.prefixInsert('gpu-0', chain(1, 10));
+      await exchanges(a, 1);
+      // The engine restarts: a sees it and forgets what the old one held.
+      start += 60;
+      waiting = 1;
+      await scraped(a, 1);
+      expect(a.prefixMatch('gpu-0', chain(1, 10))).toBe(0);
+      // An instance that joins now reads the log's history, told under the old engine.
+      const late = scraping('late');
+      await late.ready();
+      await exchanges(late, 1);
+      await scraped(late, 1);
+      expect(late.prefixMatch('gpu-0', chain(1, 10))).toBe(0);
+      // What is told of the new engine is learnt.
+      a.prefixInsert('gpu-0', chain(100, 5));
+      await exchanges(a, 1);
+      await exchanges(late, 2);
+      expect(late.prefixMatch('gpu-0', chain(100, 5))).toBe(5);
+    } finally {
+      await closeServer(srv.server);
+    }
   });
 
   it('a peer learns only the blocks hashed at its own block size (a rolling change of router.block_size_tokens)', async () => {

@@ -1,9 +1,9 @@
-import { createServer, type Server } from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
 import { createLiveState } from '../../src/state/index.ts';
 import { DEFAULT_CAPACITY, DEFAULT_KV_TOKENS } from '../../src/state/prefix-index.ts';
 import { TelemetryScraper } from '../../src/state/scraper.ts';
+import { closeServer, metricsServer } from './fixtures/metrics-server.ts';
 import { trackHandles } from './handles.ts';
 
 async function until(cond: () => boolean, timeoutMs: number, what: string): Promise<number> {
@@ -13,30 +13,6 @@ async function until(cond: () => boolean, timeoutMs: number, what: string): Prom
     await new Promise((r) => setTimeout(r, 5));
   }
   return performance.now() - start;
-}
-
-/** An HTTP server answering /metrics with `body()`; `hang` makes it never answer. */
-async function metricsServer(
-  body: () => string,
-  opts: { hang?: boolean } = {},
-): Promise<{ url: string; server: Server }> {
-  const server = createServer((req, res) => {
-    if (opts.hang) return;
-    if (req.url !== '/metrics') {
-      res.writeHead(404).end();
-      return;
-    }
-    res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(body());
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const addr = server.address();
-  const port = typeof addr === 'object' && addr !== null ? addr.port : 0;
-  return { url: `http://127.0.0.1:${port}`, server };
-}
-
-function closeServer(server: Server): Promise<void> {
-  server.closeAllConnections();
-  return new Promise((r) => server.close(() => r()));
 }
 
 describe('vLLM telemetry scraper', () => {
