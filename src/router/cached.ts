@@ -16,6 +16,7 @@ export interface Cached {
 export type PrefixMatch = (backend: string, hashes: readonly number[]) => number;
 
 export function cachedOn(req: RouteRequest, backend: string, match: PrefixMatch): Cached {
+  if (req.readsNoCache === true) return { blocks: 0, tokens: 0, uncached: req.promptTokens };
   const ceiling = Math.max(0, req.promptTokens - 1);
   const known = req.knownCachedTokens?.get(backend);
   let blocks: number;

@@ -57,6 +57,11 @@ export interface RouteRequest {
   /** Tokens one block stands for (estimated from characters for text prompts). */
   readonly tokensPerBlock: number;
   /**
+   * The backend reads no prefix cache for it (it asks for its prompt's logprobs): no backend holds
+   * any of it for this request, though its blocks are cached once it is sent (cachedOn).
+   */
+  readonly readsNoCache?: true | undefined;
+  /**
    * The decode steps one sequence is expected to take (its `n` choices, or several completion
    * prompts, decode side by side): its tenant's learnt output per sequence, or its max_tokens when
    * that is fewer.

@@ -63,6 +63,13 @@ export interface InferenceRequest {
   promptParts: PromptPart[];
   /** The sequences the backend will generate: `n` (chat), or prompts × `n` (completions); ≤ MAX_SEQUENCES. */
   sequences: number;
+  /**
+   * Whether vLLM reads its prefix cache for it: not for a request that asks for its prompt's
+   * logprobs, which it prefills whole (it still caches the blocks for others). vLLM asks for them
+   * when `prompt_logprobs` is set, or on `echo` from `logprobs` (completions, default none) or
+   * `top_logprobs` (chat, default 0, so chat's echo alone does).
+   */
+  readsPrefixCache: boolean;
   /** The body as received; proxied with stream_options rewritten. */
   body: Record<string, unknown>;
 }
@@ -273,8 +280,16 @@ export function parseInferenceRequest(endpoint: Endpoint, body: unknown): Infere
       (endpoint !== 'chat' && body.max_tokens === undefined ? COMPLETION_DEFAULT_MAX_TOKENS : null),
     promptParts: parts,
     sequences,
+    readsPrefixCache: !wantsPromptLogprobs(endpoint, body),
     body,
   };
+}
+
+/** vLLM's to_sampling_params: prompt_logprobs, or on echo the (top_)logprobs count. */
+function wantsPromptLogprobs(endpoint: Endpoint, body: Record<string, unknown>): boolean {
+  if (body.prompt_logprobs != null) return true;
+  if (body.echo !== true) return false;
+  return endpoint === 'chat' ? body.top_logprobs !== null : body.logprobs != null;
 }
 
 /**

@@ -93,6 +93,7 @@ function routeOf(rt: Runtime, call: InferenceCall, served: Served): RouteRequest
     blocks: served.blocks,
     blockSizeTokens: blockSize,
     tokensPerBlock: served.tokensPerBlock,
+    ...(served.readsPrefixCache ? {} : { readsNoCache: true as const }),
     outputTokensPerSequence: served.expectedTokensPerSequence,
     tpotTargetMs: served.cls.tpot_p99_ms,
     sessionId: sessionKey(header(call, rt.config.router.session_header), namedTenant(served.identity)),

@@ -58,6 +58,8 @@ export interface Served {
   readonly expectedTokensPerSequence: number;
   /** Tokens one block of the prompt stands for, at its tenant's estimate (the router's cached share). */
   readonly tokensPerBlock: number;
+  /** InferenceRequest.readsPrefixCache: false, the backend prefills it whole wherever its blocks are. */
+  readonly readsPrefixCache: boolean;
   /** Sequences vLLM generates for it, side by side: `n`, times the prompts of a completion. */
   readonly sequences: number;
   /** How the client is answered (InferenceRequest.mode), and the body an assembly builds. */
@@ -177,6 +179,7 @@ export function intake(
     expectedOutputTokens: perSequence * sequences,
     expectedTokensPerSequence: Math.min(ir.outputLimit ?? Number.POSITIVE_INFINITY, estimate.outputTokens),
     tokensPerBlock: estimate.tokensPerBlock(prompt, blockSize),
+    readsPrefixCache: ir.readsPrefixCache,
     sequences,
     mode: ir.mode,
     assembleKind: ir.assembleKind,

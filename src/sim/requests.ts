@@ -24,6 +24,12 @@ export interface GenerationRequest {
   n: number;
   /** vLLM's cache_salt: its prompt shares cached blocks only with requests under the same salt. */
   cacheSalt: string | undefined;
+  /**
+   * vLLM's skip_reading_prefix_cache: set when the request wants its prompt's logprobs
+   * (`prompt_logprobs`, or on `echo` the completion's `logprobs` or chat's `top_logprobs`,
+   * default 0): such a prompt is prefilled whole, its blocks cached for others.
+   */
+  skipReadingPrefixCache: boolean;
 }
 
 type Body = Record<string, unknown>;
@@ -110,6 +116,9 @@ export function parseGeneration(
     seed: optionalInt(body, 'seed'),
     n,
     cacheSalt: cacheSaltOf(body),
+    skipReadingPrefixCache:
+      body.prompt_logprobs != null ||
+      (body.echo === true && (kind === 'chat' ? body.top_logprobs !== null : body.logprobs != null)),
   };
 }
 

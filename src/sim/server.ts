@@ -322,6 +322,7 @@ class Generation {
             seed: c.seed,
             slowFactor: this.slowFactor,
             cacheSalt: this.g.cacheSalt,
+            skipReadingPrefixCache: this.g.skipReadingPrefixCache,
           },
           { onToken: (_tokenId, index, finish) => this.onToken(i, index, finish) },
         );

@@ -81,6 +81,47 @@ describe('prefix-cache routing (router.policy: slagate)', () => {
     }
     expect(backends.size).toBe(1);
   });
+
+  it("credits no cache hit to a request that asks for its prompt's logprobs: vLLM reads none for it", async () => {
+    t = await startTestGateway({ replicas: 2, config: { router: { policy: 'slagate', explore_ratio: 0 } } });
+    const gw = t;
+    const ask = async (id: string, extra: Record<string, unknown>) => {
+      const res = await post(
+        gw.url,
+        CHAT,
+        {
+          model: MODEL,
+          messages: [system, { role: 'user', content: `question ${id}` }],
+          max_tokens: 4,
+          ...extra,
+        },
+        { 'x-request-id': id },
+      );
+      expect(res.status, res.text).toBe(200);
+      return { backend: res.headers['x-slagate-backend'], hit: Number(res.headers['x-slagate-prefix-hit']) };
+    };
+    const total = async () => (await cacheHits(gw.fleet!.urls)).reduce((a, b) => a + b, 0);
+    const first = await ask('plain-1', {});
+    const before = await total();
+    // prompt_logprobs, and chat's echo (its top_logprobs defaults to 0): prefilled whole.
+    for (const [id, extra] of [
+      ['score-2', { prompt_logprobs: 1 }],
+      ['echo-3', { echo: true }],
+    ] as const) {
+      const r = await ask(id, extra);
+      expect(r.hit).toBe(0);
+      // Its record is written after its response, by the work deferred past it.
+      gw.gw.runtime.afterwork.settle();
+      expect((await gw.recordOf(id)).prefix_hit_est).toBe(0);
+    }
+    // The replicas agree: those two looked nothing up.
+    expect(await total()).toBe(before);
+    // Their blocks were still cached: a plain request after them is a hit, where it is sent.
+    const after = await ask('plain-4', {});
+    expect(after.hit).toBeGreaterThan(0.8);
+    expect(first.hit).toBe(0);
+    expect(await total()).toBeGreaterThan(before);
+  });
 });
 
 describe('router.policy: oracle (benchmarks only)', () => {

@@ -189,6 +189,32 @@ describe('parseInferenceRequest', () => {
   });
 });
 
+describe("parseInferenceRequest: whether vLLM reads its prefix cache (it does not when it computes the prompt's logprobs)", () => {
+  const msg = [{ role: 'user', content: 'hi' }];
+  const reads = (endpoint: 'chat' | 'completions', extra: Record<string, unknown>) =>
+    parseInferenceRequest(endpoint, {
+      model: 'm',
+      ...(endpoint === 'chat' ? { messages: msg } : { prompt: 'hi' }),
+      ...extra,
+    }).readsPrefixCache;
+
+  it('reads it for a plain request, and for logprobs of the output alone', () => {
+    expect(reads('chat', {})).toBe(true);
+    expect(reads('chat', { logprobs: true, top_logprobs: 3 })).toBe(true);
+    expect(reads('completions', { logprobs: 2 })).toBe(true);
+    expect(reads('chat', { prompt_logprobs: null })).toBe(true);
+  });
+
+  it('not with prompt_logprobs, nor on echo with a (top_)logprobs count: chat defaults it to 0, completions to none', () => {
+    expect(reads('chat', { prompt_logprobs: 0 })).toBe(false);
+    expect(reads('completions', { prompt_logprobs: 1 })).toBe(false);
+    expect(reads('chat', { echo: true })).toBe(false);
+    expect(reads('chat', { echo: true, top_logprobs: null })).toBe(true);
+    expect(reads('completions', { echo: true })).toBe(true);
+    expect(reads('completions', { echo: true, logprobs: 1, max_tokens: 0 })).toBe(false);
+  });
+});
+
 describe('parseInferenceRequest: sampling parameters of the wrong type', () => {
   const msg = [{ role: 'user', content: 'hi' }];
   const chat = (extra: Record<string, unknown>) => () =>

@@ -305,7 +305,8 @@ class SimEngine implements Engine {
         continue;
       }
       // At least the last token is computed, so a full hit still recomputes its last block.
-      const hitBlocks = pool.longestHit(r.hashes, Math.floor((r.numTokens - 1) / B));
+      const reads = r.spec.skipReadingPrefixCache !== true;
+      const hitBlocks = reads ? pool.longestHit(r.hashes, Math.floor((r.numTokens - 1) / B)) : 0;
       const hitTokens = hitBlocks * B;
       const numNew = Math.min(r.numTokens - hitTokens, budget);
       const need = Math.ceil((hitTokens + numNew) / B) - hitBlocks;
@@ -319,7 +320,8 @@ class SimEngine implements Engine {
       // vLLM (since 0.11, PR #25787) counts a request's lookup once: a re-admission after
       // preemption mostly hits its own freed blocks, and would lift the hit rate of a fleet that
       // preempts (an overloaded one) over what its routing earned.
-      if (Number.isNaN(r.scheduledMs)) {
+      // A request that skips the cache read is not a lookup (vLLM returns before recording one).
+      if (Number.isNaN(r.scheduledMs) && reads) {
         this.counters.prefixCacheQueries += r.numTokens;
         this.counters.prefixCacheHits += hitTokens;
       }

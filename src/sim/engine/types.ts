@@ -25,6 +25,8 @@ export interface EngineRequestSpec {
   slowFactor?: number;
   /** vLLM's cache_salt: mixed into the first block's hash, so other salts share no cached block. */
   cacheSalt?: string | undefined;
+  /** vLLM's skip_reading_prefix_cache: no cache hit is looked up (nor counted); its blocks are still cached. */
+  skipReadingPrefixCache?: boolean | undefined;
 }
 
 /** Callbacks the engine calls; all of them run on the engine's own timer turn. */
