@@ -11,9 +11,12 @@
 //
 // Rendering, for chat: per message `<role>[:<name>]\n<content>\n\n`, with the tool definitions as
 // `tools\n<JSON of tools>\n\n` after the leading system (or developer) messages, where chat
-// templates put them (Llama 3.1, Qwen, Hermes: the system prompt first, then the tools), so that
-// one system prompt with different tools shares its blocks, and different system prompts with one
-// tool list share none. A content array's consecutive text parts are one text, joined by '\n' as
+// templates put them (Qwen, Hermes: the system prompt first, then the tools), so that one system
+// prompt with different tools shares its blocks, and different system prompts with one tool list
+// share none. A chain with tools starts from a root of its own (TOOLS_TAG): Llama 3.x's template
+// writes `Environment: ipython` into the system header, before the system prompt, whenever tools
+// are given, so the same system prompt with tools and without shares no block there; under a
+// template that does not, the cost is a missed hit, where one chain would be a false one. A content array's consecutive text parts are one text, joined by '\n' as
 // vLLM joins them for a template that takes a string (so parts and the same text as a string hash
 // alike); any other part (an image) is a digest of its JSON followed by a fixed run of filler
 // standing for its tokens (`media`), '\n' between it and its neighbours; an assistant's tool calls
@@ -34,6 +37,8 @@ export const BLOCK_CHARS_PER_TOKEN = 4;
  * tokens' worth of filler, whatever its size, so the geometry never depends on an estimate.
  */
 export const MEDIA_PART_TOKENS = 576;
+/** Names a chain with tool definitions (promptBlocks): no rendering key (each holds '=') or salt tag is this. */
+const TOOLS_TAG = '\u0000tools';
 const MEDIA_FILLER = '\u0001'.repeat(MEDIA_PART_TOKENS * BLOCK_CHARS_PER_TOKEN);
 /**
  * A string in a media part or an earlier turn's reasoning longer than this is named by its length
@@ -148,7 +153,13 @@ export function renderingKey(kind: 'chat' | 'completion', body: Record<string, u
  * Renders and hashes one prompt; `blockSizeTokens` is `router.block_size_tokens`, `root` the
  * chain's root (`cacheRoot`).
  */
-export function promptBlocks(source: PromptSource, blockSizeTokens: number, root = ROOT_HASH): PromptBlocks {
+export function promptBlocks(
+  source: PromptSource,
+  blockSizeTokens: number,
+  chainRoot = ROOT_HASH,
+): PromptBlocks {
+  const hasTools = source.kind === 'chat' && source.tools !== undefined && source.tools !== null;
+  const root = hasTools ? namedRoot(TOOLS_TAG, chainRoot) : chainRoot;
   if (source.kind === 'ids') {
     // Several id prompts are separate prompts to vLLM; the first one's blocks stand for them all.
     let total = 0;

@@ -195,6 +195,18 @@ describe('promptBlocks', () => {
     expect(bare.hashes[0]).not.toBe(promptBlocks(chat([user], toolsB), BLOCK).hashes[0]);
   });
 
+  it('a prompt with tools shares no block with the same prompt without them (Llama 3.x changes the system header)', () => {
+    const sys = { role: 'system', content: 'policy '.repeat(CHARS) };
+    const user = { role: 'user', content: 'what now?' };
+    const tools = [{ type: 'function', function: { name: 'search', parameters: { q: 'string' } } }];
+    const withTools = promptBlocks(chat([sys, user], tools), BLOCK);
+    const without = promptBlocks(chat([sys, user]), BLOCK);
+    expect(without.hashes.length).toBeGreaterThanOrEqual(5);
+    expect(withTools.hashes[0]).not.toBe(without.hashes[0]);
+    // `tools: null` is no tools.
+    expect(promptBlocks(chat([sys, user], null), BLOCK).hashes).toEqual(without.hashes);
+  });
+
   it('text parts hash as the same text sent as one string (vLLM joins them with a newline)', () => {
     const one = 'a'.repeat(CHARS * 2 + 5);
     const two = 'b'.repeat(CHARS * 3 + 7);
