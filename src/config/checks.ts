@@ -147,6 +147,15 @@ function checkBackends(config: Obj, add: Add): void {
       const shown = show(maskedUrl(state.redis_url));
       // ioredis reads the path as a database number; anything else silently meant database 0, and
       // so does any path for a cluster, which has only database 0.
+      const u = parsedUrl(state.redis_url);
+      if (u !== null && !(decodes(u.username) && decodes(u.password))) {
+        // The client decodes them (decodeURIComponent), and a '%' that starts no escape throws at
+        // start, naming no key: refused here, as serve would fail.
+        add(
+          ['state', 'redis_url'],
+          `its user name or password has a '%' that is not a valid escape; write a '%' as %25 (got ${shown})`,
+        );
+      }
       if (!/^\d*$/.test(db)) {
         add(['state', 'redis_url'], `its path must be a database number (got ${shown})`);
       } else if (state.topology === 'cluster' && db !== '' && Number(db) !== 0) {
@@ -360,4 +369,14 @@ function apiKeyProblem(value: string | undefined): string | undefined {
     return 'holds characters a header cannot carry (control characters or non-ASCII)';
   }
   return undefined;
+}
+
+/** Whether a URL's user name or password (percent-encoded as written) decodes. */
+function decodes(part: string): boolean {
+  try {
+    decodeURIComponent(part);
+    return true;
+  } catch {
+    return false;
+  }
 }

@@ -497,6 +497,12 @@ describe('violations are reported with the path of the key to fix', () => {
       /^its path must be a database number \(got "redis:\/\/:\*\*\*@h:6379\/abc"\)$/,
     ],
     [
+      "a Redis password with a '%' that starts no escape (the client would throw at start, naming no key)",
+      (c) => (c.state = { store: 'redis', redis_url: 'redis://:pa%zzss@h:6379' }),
+      'state.redis_url',
+      /^its user name or password has a '%' that is not a valid escape; write a '%' as %25 \(got "redis:\/\/:\*\*\*@h:6379"\)$/,
+    ],
+    [
       'a Redis URL that is no URL at all, perhaps the password alone: not shown',
       (c) => (c.state = { store: 'redis', redis_url: 'hunter2' }),
       'state.redis_url',
