@@ -44,20 +44,23 @@ function matchesConsts(branch: SchemaNode, value: Record<string, unknown>): bool
 
 /**
  * Defaults that depend on other keys. Each is filled only when the key it derives from has the
- * right type; the returned paths let callers drop issues found at a derived key, since the issue
- * is already reported where the user wrote the value.
+ * right type (`value` undefined otherwise); the returned paths, every derived key left out
+ * whether filled or not, let callers drop issues found there: a key left out that could not be
+ * filled is missing only because the key it derives from is wrong, which is reported where the
+ * user wrote it (or left it out), once, not again at every key derived from it.
  */
 export function applyDerivedDefaults(config: Record<string, unknown>): Set<string> {
   const derived = new Set<string>();
   const fill = (target: Record<string, unknown>, key: string, value: unknown, path: Path) => {
-    if (target[key] !== undefined || value === undefined) return;
-    target[key] = value;
+    if (target[key] !== undefined) return;
     derived.add(renderPath(path));
+    if (value !== undefined) target[key] = value;
   };
 
   const { simulate, models, sla, tenants, scheduler } = config;
-  if (isRecord(simulate) && Array.isArray(models) && typeof models[0] === 'string') {
-    fill(simulate, 'model', models[0], ['simulate', 'model']);
+  if (isRecord(simulate)) {
+    const first = Array.isArray(models) && typeof models[0] === 'string' ? models[0] : undefined;
+    fill(simulate, 'model', first, ['simulate', 'model']);
   }
 
   const defaultClass = isRecord(sla) && typeof sla.default_class === 'string' ? sla.default_class : undefined;
@@ -65,16 +68,19 @@ export function applyDerivedDefaults(config: Record<string, unknown>): Set<strin
     tenants.forEach((tenant, i) => {
       if (!isRecord(tenant)) return;
       fill(tenant, 'class', defaultClass, ['tenants', i, 'class']);
-      if (typeof tenant.class === 'string') {
-        fill(tenant, 'allowed_classes', [tenant.class], ['tenants', i, 'allowed_classes']);
-      }
+      const own = typeof tenant.class === 'string' ? [tenant.class] : undefined;
+      fill(tenant, 'allowed_classes', own, ['tenants', i, 'allowed_classes']);
     });
   }
 
   const concurrency = isRecord(scheduler) ? scheduler.concurrency : undefined;
-  if (isRecord(concurrency) && Number.isInteger(concurrency.min) && Number.isInteger(concurrency.max)) {
-    const [min, max] = [concurrency.min as number, concurrency.max as number];
-    fill(concurrency, 'initial', Math.min(Math.max(16, min), max), ['scheduler', 'concurrency', 'initial']);
+  if (isRecord(concurrency)) {
+    const { min, max } = concurrency;
+    const initial =
+      Number.isInteger(min) && Number.isInteger(max)
+        ? Math.min(Math.max(16, min as number), max as number)
+        : undefined;
+    fill(concurrency, 'initial', initial, ['scheduler', 'concurrency', 'initial']);
   }
   return derived;
 }

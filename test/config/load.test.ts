@@ -625,6 +625,29 @@ describe('violations are reported with the path of the key to fix', () => {
     expect(issues.map((i) => i.path)).toEqual(['sla.default_class']);
   });
 
+  it('a key left out that derives from a wrong or missing one is not reported: the one it derives from is', () => {
+    // Two tenants without a class or allowed_classes, and no default class to take them from.
+    const noDefault = issuesFor((c) => {
+      delete c.sla.default_class;
+      c.tenants = [
+        { name: 'team-b', api_key_sha256: HASH_B },
+        { name: 'team-c', api_key_sha256: 'c'.repeat(64) },
+      ];
+    });
+    expect(noDefault.map((i) => i.path)).toEqual(['sla.default_class']);
+    // concurrency.initial comes from min and max; simulate.model from the first model.
+    const badMin = issuesFor((c) => {
+      c.scheduler = { concurrency: { min: 2.5 } };
+    });
+    expect(badMin.map((i) => i.path)).toEqual(['scheduler.concurrency.min']);
+    const badModel = issuesFor((c) => {
+      c.models = [1];
+      c.simulate = { replicas: 2 };
+      delete c.backends;
+    });
+    expect(badModel.map((i) => i.path)).toEqual(['models[0]']);
+  });
+
   it('a root that is not a mapping', () => {
     expect(issuesOf('- a\n- b\n')).toEqual([
       { path: '', message: expect.stringMatching(/must be a mapping/) },
