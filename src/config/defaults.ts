@@ -18,7 +18,11 @@ interface SchemaNode {
 /** Fills absent keys from `default` annotations, in place; returns the (possibly new) value. */
 export function applySchemaDefaults(jsonSchema: object, value: unknown): unknown {
   const schema = jsonSchema as SchemaNode;
-  const filled = value === undefined && 'default' in schema ? structuredClone(schema.default) : value;
+  // An empty mapping where a union with a default is expected (`state: {}`) names no branch: it is
+  // the default, as the section left out is.
+  const absent =
+    value === undefined || (schema.anyOf !== undefined && isRecord(value) && Object.keys(value).length === 0);
+  const filled = absent && 'default' in schema ? structuredClone(schema.default) : value;
   if (Array.isArray(filled) && schema.items) {
     for (let i = 0; i < filled.length; i++) filled[i] = applySchemaDefaults(schema.items, filled[i]);
   }

@@ -625,6 +625,16 @@ describe('violations are reported with the path of the key to fix', () => {
     expect(issues.map((i) => i.path)).toEqual(['sla.default_class']);
   });
 
+  it('an empty state section is the memory store, as the section left out is; one with other keys names its store', () => {
+    const config = base();
+    config.state = {};
+    expect(parseConfig(stringify(config), 'test.yaml').state).toEqual({ store: 'memory' });
+    const noStore = issuesFor((c) => {
+      c.state = { redis_url: 'redis://h:6379' };
+    });
+    expect(noStore.map((i) => i.path)).toEqual(['state.store']);
+  });
+
   it('a key left out that derives from a wrong or missing one is not reported: the one it derives from is', () => {
     // Two tenants without a class or allowed_classes, and no default class to take them from.
     const noDefault = issuesFor((c) => {
