@@ -118,10 +118,17 @@ export function parseBenchArgs(argv: string[]): BenchArgs | null {
   }
   if (values.help) return null;
   if (values.target === undefined) throw new UsageError('--target URL is required');
+  let target: URL;
   try {
-    new URL(values.target);
+    target = new URL(values.target);
   } catch {
     throw new UsageError(`--target is not a URL: "${values.target}"`);
+  }
+  // `localhost:8080` parses, as a URL of scheme `localhost:`: refused here, as a bad flag.
+  if (target.protocol !== 'http:' && target.protocol !== 'https:') {
+    throw new UsageError(
+      `--target must be an http:// or https:// URL, got "${values.target}" (did you mean http://${values.target}?)`,
+    );
   }
   const endpoint = values.endpoint ?? 'chat';
   if (endpoint !== 'chat' && endpoint !== 'completions') {

@@ -39,6 +39,8 @@ describe('slagate command line', () => {
     for (const args of [
       ['bench', '--bogus'],
       ['bench', '--target', 'http://127.0.0.1:1', '--rate', 'fast'],
+      // Parses as a URL of scheme `localhost:`: a bad flag, not a run that could not start.
+      ['bench', '--target', 'localhost:8080', '--requests', '2'],
     ]) {
       const r = await run(args);
       expect(r.code).toBe(2);
@@ -49,6 +51,9 @@ describe('slagate command line', () => {
       expect(lines[1]).toBe('see: slagate bench --help');
     }
     expect((await run(['bench', '--bogus'])).err).toContain("'--bogus'");
+    expect((await run(['bench', '--target', 'localhost:8080'])).err).toContain(
+      'did you mean http://localhost:8080',
+    );
   });
 
   it('serve refuses an empty or malformed --port (an empty one is not port 0), exit 2', async () => {
