@@ -90,18 +90,28 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
       const lines = createInterface({ input, crlfDelay: Number.POSITIVE_INFINITY });
       reading = { raw, lines };
       let first = true;
-      for await (const text of lines) {
-        // A byte-order mark (a file saved by an editor) is not part of the first line's JSON.
-        const line = first && text.charCodeAt(0) === 0xfeff ? text.slice(1) : text;
-        first = false;
-        const record = parseAdmissionLine(line);
-        if (record === null) {
-          if (line.trim() !== '') summary.skipped++;
-          continue;
+      try {
+        for await (const text of lines) {
+          // A byte-order mark (a file saved by an editor) is not part of the first line's JSON.
+          const line = first && text.charCodeAt(0) === 0xfeff ? text.slice(1) : text;
+          first = false;
+          const record = parseAdmissionLine(line);
+          if (record === null) {
+            if (line.trim() !== '') summary.skipped++;
+            continue;
+          }
+          if (!keep(record)) continue;
+          if (!args.values.pretty) summary.add(record);
+          else if (!io.stdout.write(`${prettyLine(record)}\n`)) await once(io.stdout, 'drain');
         }
-        if (!keep(record)) continue;
-        if (!args.values.pretty) summary.add(record);
-        else if (!io.stdout.write(`${prettyLine(record)}\n`)) await once(io.stdout, 'drain');
+      } catch (err) {
+        // One file that cannot be opened or read (logrotate deleted the oldest of a rotated set,
+        // a directory, no permission) is reported and skipped: the others are still read, and the
+        // report is of what could be.
+        if ((err as NodeJS.ErrnoException).code === 'EPIPE') throw err;
+        unreadable = true;
+        io.stderr.write(`slagate logs: ${file === '-' ? 'stdin' : file}: ${(err as Error).message}\n`);
+        raw.destroy();
       }
     }
     // Exit status 1 when some input could not be read (its report is of what could): a script

@@ -492,6 +492,11 @@ describe('slagate logs', () => {
     };
     // The old file compressed, then the current one: both counted.
     expect((await report([`${path}.1.gz`, path])).rep.requests).toBe(270);
+    // The oldest of the set already deleted by logrotate, and a directory: each said, the rest read.
+    const missing = await report([`${path}.2.gz`, `${path}.1.gz`, dir, path], undefined, 1);
+    expect(missing.rep.requests).toBe(270);
+    expect(missing.err).toMatch(/admission\.log\.2\.gz: ENOENT/);
+    expect(missing.err).toMatch(/EISDIR/);
     // ... and said to be cut (exit status 1), down to a cut in its last eight bytes (the length).
     const cut = await report([`${path}.cut.gz`], undefined, 1);
     expect(cut.rep.requests).toBeGreaterThan(100);
