@@ -6,7 +6,7 @@
 import { type Admitted, type Prediction, runnerUp } from '../admission/index.ts';
 import { retired, type Ticket } from '../scheduler/index.ts';
 import type { AdmissionFields, RequestRecord } from '../telemetry/admission-log.ts';
-import type { ProxyResult } from '../upstream/index.ts';
+import { endedByClient, type ProxyResult } from '../upstream/index.ts';
 import type { Served } from './intake.ts';
 import { endRecord } from './record.ts';
 import type { Runtime } from './runtime.ts';
@@ -57,7 +57,8 @@ export function finishProxied(
   const reason: string = result.errorCode ?? result.reason ?? (ticket.lastGrant?.seed ? 'seed' : 'ok');
   let error: string | null = null;
   if (result.refusal !== null) error = result.refusal.message;
-  else if (result.outcome !== 'ok')
+  // A client that left is no failure to detail (one that stopped reading is: the gateway cut it).
+  else if (result.outcome !== 'ok' && result.reason !== 'client_cancelled')
     error =
       result.reason === 'cut'
         ? 'cut at the end of the shutdown grace period'
@@ -68,8 +69,10 @@ export function finishProxied(
     backend: result.backend,
     attempts: result.attempts,
     ...predictionFields(admitted.prediction, result.backend),
+    // The attempts that failed: not one its client ended (it left, or stopped reading), which says
+    // nothing of its backend.
     failed_attempts: result.attemptLog
-      .filter((a) => a.kind === 'failed' && a.reason !== null)
+      .filter((a) => a.kind === 'failed' && a.reason !== null && !endedByClient(a.reason))
       .map((a) => ({
         backend: a.backend,
         reason: a.reason as string,

@@ -57,6 +57,11 @@ const NOT_BACKEND_FAULT: ReadonlySet<FailureReason> = new Set<FailureReason>([
   'cut',
 ]);
 
+/** The client ended the attempt: it left, or stopped reading. Says nothing of the backend. */
+export function endedByClient(reason: FailureReason): boolean {
+  return reason === 'client_cancelled' || reason === 'client_stalled';
+}
+
 /** Reasons another backend would not change: the budget is spent, or the answer is too big anywhere. */
 const FINAL: ReadonlySet<FailureReason> = new Set<FailureReason>(['deadline', 'response_too_large']);
 
@@ -127,7 +132,7 @@ export class AttemptFailure extends Error {
   }
 
   get byClient(): boolean {
-    return this.reason === 'client_cancelled' || this.reason === 'client_stalled';
+    return endedByClient(this.reason);
   }
 
   /** Before the commit point, whether another backend may be tried at all (the loop adds its limits). */

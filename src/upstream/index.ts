@@ -8,7 +8,7 @@ export type { BackendEvent, BackendSetOptions } from './backends.ts';
 export { BackendSet } from './backends.ts';
 export type { BreakerOptions } from './breaker.ts';
 export { Cancel, CancelledError } from './cancel.ts';
-export type { FailureReason } from './failure.ts';
+export { endedByClient, type FailureReason } from './failure.ts';
 export type { HealthOptions } from './health.ts';
 export { DecodeMeter, gapStats } from './measure.ts';
 export { DEFAULT_BACKEND_SET_OPTIONS, DEFAULT_PROXY_CONFIG, DEFAULT_RETRY_BUDGET } from './options.ts';

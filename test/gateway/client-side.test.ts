@@ -60,6 +60,9 @@ it('17: a client that hangs up mid-stream → the engine drops the request withi
     backend: 'r0',
     attempts: 1,
     sla_met: null,
+    // The backend did not fail: the client left. Nothing to count against it, no failure to detail.
+    failed_attempts: [],
+    error: null,
   });
   expect(t.gw.runtime.lifecycle.active).toBe(0);
 });
