@@ -293,7 +293,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     let onAvailabilityChange = (): void => {};
     const onBackendEvent = (e: BackendEvent): void => {
       logger.info(
-        { event: e.type, backend: e.backend, ...('durationMs' in e ? { ms: e.durationMs } : {}) },
+        {
+          event: e.type,
+          backend: e.backend,
+          ...('durationMs' in e ? { ms: e.durationMs } : {}),
+          ...('why' in e ? { why: e.why } : {}),
+        },
         'backend',
       );
       // Invariant: the queue is pumped onto a new backend only once the live state knows it. A

@@ -22,7 +22,8 @@ export type BackendEvent =
   | { type: 'probe_confirmed'; backend: string }
   /** What its /v1/models lists changed (Backend.learned): the queue may go to it now, or not. */
   | { type: 'models'; backend: string; models: readonly string[] }
-  | { type: 'added' | 'removed'; backend: string };
+  /** In the set or out of it: the backends it starts with, a reload's changes, every backend as it closes. */
+  | { type: 'added' | 'removed'; backend: string; why: 'start' | 'reload' | 'shutdown' };
 
 export interface BackendSetOptions {
   pool: PoolOptions;
@@ -50,7 +51,7 @@ export class BackendSet {
     const bucketMs = opts.breaker.rollingWindowMs / opts.breaker.rollingBuckets;
     this.#rotateTimer = setInterval(() => this.#rotate.emit('rotate'), bucketMs);
     this.#rotateTimer.unref();
-    this.update(configs);
+    void this.#update(configs, 'start');
   }
 
   get(name: string): Backend | undefined {
@@ -78,22 +79,26 @@ export class BackendSet {
     if (b.outlier.engineRestarted()) this.#emit({ type: 'unejected', backend: name });
   }
 
-  /** Applies a new backend list; returns when the retired backends have drained. */
+  /** Applies a new backend list (a reload); returns when the retired backends have drained. */
   update(configs: readonly BackendConfig[]): Promise<void> {
+    return this.#update(configs, 'reload');
+  }
+
+  #update(configs: readonly BackendConfig[], why: 'start' | 'reload'): Promise<void> {
     const wanted = new Map(configs.map((c) => [c.name, c]));
     const drains: Promise<void>[] = [];
     for (const [name, b] of this.#backends) {
       const c = wanted.get(name);
       if (c === undefined || new URL(c.url).origin !== b.url) {
         this.#backends.delete(name);
-        drains.push(this.#retire(b));
+        drains.push(this.#retire(b, why));
       } else {
         b.weight = c.weight ?? 1;
         b.authorization = authorizationOf(c);
       }
     }
     for (const c of configs) {
-      if (!this.#backends.has(c.name)) this.#backends.set(c.name, this.#build(c));
+      if (!this.#backends.has(c.name)) this.#backends.set(c.name, this.#build(c, why));
     }
     return Promise.all(drains).then(() => undefined);
   }
@@ -103,13 +108,13 @@ export class BackendSet {
     clearInterval(this.#rotateTimer);
     const all = [...this.#backends.values()];
     this.#backends.clear();
-    await Promise.all([...all.map((b) => this.#retire(b)), ...this.#retiring]);
+    await Promise.all([...all.map((b) => this.#retire(b, 'shutdown')), ...this.#retiring]);
   }
 
-  #retire(b: Backend): Promise<void> {
+  #retire(b: Backend, why: 'start' | 'reload' | 'shutdown'): Promise<void> {
     const p = b.retire().finally(() => this.#retiring.delete(p));
     this.#retiring.add(p);
-    this.#emit({ type: 'removed', backend: b.name });
+    this.#emit({ type: 'removed', backend: b.name, why });
     return p;
   }
 
@@ -127,7 +132,7 @@ export class BackendSet {
     );
   }
 
-  #build(c: BackendConfig): Backend {
+  #build(c: BackendConfig, why: 'start' | 'reload'): Backend {
     const { name } = c;
     const breaker = createBreaker(name, this.#opts.breaker, this.#rotate);
     const outlier = new OutlierDetector(this.#opts.outlier, this.#now);
@@ -162,7 +167,7 @@ export class BackendSet {
     breaker.on('halfOpen', () => this.#emit({ type: 'breaker_half_open', backend: name }));
     breaker.on('close', () => this.#emit({ type: 'breaker_close', backend: name }));
     probe?.start();
-    this.#emit({ type: 'added', backend: name });
+    this.#emit({ type: 'added', backend: name, why });
     return backend;
   }
 
