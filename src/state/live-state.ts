@@ -16,7 +16,7 @@ import {
   BackendState,
   type Inflight,
   newInflight,
-  type RemoteBackend,
+  RemoteBackend,
   TPOT_FEATURES,
   TTFT_FEATURES,
 } from './backend-state.ts';
@@ -363,9 +363,16 @@ class LiveStateImpl implements LiveState {
             {
               ...opts.scrape,
               now: this.#now,
-              onRestart: (b, startS) => {
-                // Unless a peer's log part told of this start first: the index holds its blocks.
-                if (startS === null || this.#backends.get(b)?.startS !== startS) this.#prefix.drop(b);
+              onRestart: (b, { before, after }) => {
+                // Unless a peer's log part told of this later start first: the index was emptied
+                // then and holds the new engine's blocks alone. A restart seen by counters that
+                // fell under the same start time (or none) empties it.
+                const toldFirst =
+                  before !== null &&
+                  after !== null &&
+                  after > before &&
+                  this.#backends.get(b)?.startS === after;
+                if (!toldFirst) this.#prefix.drop(b);
                 opts.onBackendRestart?.(b);
               },
               onStart: (b, s) => {
@@ -562,12 +569,21 @@ class LiveStateImpl implements LiveState {
   }
 
   tenantShare(): number {
-    return this.#peersMissing() ? 1 / (this.#peersLost + 1) : 1;
+    return 1 / (this.#tenantsUnknown() + 1);
   }
 
   /** Peers an outage of the store dropped from the view are still out of it (none without peers). */
   #peersMissing(): boolean {
     return !this.#remoteFresh() && this.#peersLost > 0;
+  }
+
+  /**
+   * Peers whose tenants' usage is unknown: those an outage dropped from the view, or, while a full
+   * exchange keeps failing and only their counts travel, every peer (their tenants travel in full).
+   */
+  #tenantsUnknown(): number {
+    if (!this.#remoteFresh()) return this.#peersLost;
+    return this.#remoteFullAt === null ? this.#peersCounted : 0;
   }
 
   tenantTokensFreedInMs(tenant: string, needed: number): number {
@@ -854,6 +870,23 @@ class LiveStateImpl implements LiveState {
       this.#remoteFullAt = null;
       this.#remoteVersion++;
       return false;
+    }
+    // Invariant: what travels only in the full snapshots (windows, fits, tenants) ages on its own.
+    // The in-flight parts may go on while every full exchange fails; the peers' counts stay, and
+    // the rest goes at the TTL as it would with the counts: frozen, an ended request of a peer
+    // still counted against its tenant's limits, and its tokens for as long as it lasted.
+    if (this.#remoteFullAt !== null && now - this.#remoteFullAt > this.#sync.ttlMs) {
+      const counts = new Map<string, RemoteBackend>();
+      for (const [name, r] of this.#remote) {
+        const kept = new RemoteBackend();
+        Object.assign(kept.inflight, r.inflight);
+        kept.prefillAhead = r.prefillAhead;
+        counts.set(name, kept);
+      }
+      this.#remote = counts;
+      this.#remoteTenants = new Map();
+      this.#remoteFullAt = null;
+      this.#remoteVersion++;
     }
     return true;
   }

@@ -364,6 +364,11 @@ export class RedisSync {
    * (nothing had succeeded since the last full exchange), and each failed the same way.
    */
   #fullFailed = false;
+  /**
+   * A full exchange failed and none has passed since: the store stays degraded, though the
+   * in-flight-only ticks between pass (the peers' windows, fits and tenants are not current).
+   */
+  #fullOwed = false;
   /** The peers whose full snapshot and in-flight part the last full exchange brought. */
   #inFull: string[] = [];
   /** The id of the last log entry read ('-': none yet, so the first tick reads the history). */
@@ -501,7 +506,10 @@ export class RedisSync {
       try {
         reply = await call;
       } catch (e) {
-        if (full) this.#fullFailed = true;
+        if (full) {
+          this.#fullFailed = true;
+          this.#fullOwed = true;
+        }
         // Redis answered with an error (a key of the wrong type, a command the ACL denies):
         // nothing is pending on the connection, and a new one would get the same answer. The next
         // tick tries again, at the usual pace. Except READONLY: the server is a replica now (a
@@ -551,6 +559,9 @@ export class RedisSync {
       if (log.length > 0) this.#opts.host.applyLog(log);
       this.#peers = this.#opts.host.applyPeers(peers, inflight, now());
       this.#lastOkAt = now();
+      if (peers !== null) this.#fullOwed = false;
+      // Only the in-flight part passed, the full exchange still failing: still degraded, its error kept.
+      if (this.#fullOwed) return;
       // An error the client reported between ticks (a reset it recovered from) is over too.
       this.#lastError = null;
       if (this.#degraded) {

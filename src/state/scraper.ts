@@ -61,7 +61,7 @@ export interface ScraperOptions {
    * Called when a backend's engine restarted (a later process start time, or a counter of its went
    * down, between two scrapes): a new process holds nothing of what the old one had cached.
    */
-  onRestart?: (backend: string, startS: number | null) => void;
+  onRestart?: (backend: string, startS: { before: number | null; after: number | null }) => void;
   /** Called at every good scrape that reports the process start time (after onRestart, if both). */
   onStart?: (backend: string, startS: number) => void;
 }
@@ -88,7 +88,9 @@ export class TelemetryScraper {
   readonly #timeoutMs: number;
   readonly #maxBodyBytes: number;
   readonly #now: () => number;
-  readonly #onRestart: ((backend: string, startS: number | null) => void) | null;
+  readonly #onRestart:
+    | ((backend: string, startS: { before: number | null; after: number | null }) => void)
+    | null;
   readonly #onStart: ((backend: string, startS: number) => void) | null;
   readonly #agent = new Agent({ connections: 2, keepAliveTimeout: 10_000 });
   readonly #targets = new Map<string, TargetState>();
@@ -215,7 +217,8 @@ export class TelemetryScraper {
       if (t.removed) return;
       // A new process: what the old one counted says nothing about the new one's hit rate.
       const restart = restarted(t.metrics, metrics);
-      if (restart) this.#onRestart?.(t.name, metrics.processStartS);
+      if (restart)
+        this.#onRestart?.(t.name, { before: t.metrics?.processStartS ?? null, after: metrics.processStartS });
       if (metrics.processStartS !== null) this.#onStart?.(t.name, metrics.processStartS);
       t.prefixHitRate = restart ? hitRate(null, metrics, null) : hitRate(t.metrics, metrics, t.prefixHitRate);
       t.metrics = metrics;

@@ -536,6 +536,35 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     }
   });
 
+  it("a full exchange that keeps failing: the counts still travel; the peers' tenants go at the TTL, as in an outage; the store stays degraded", async () => {
+    const a = make('a');
+    const b = make('b');
+    await Promise.all([a.ready(), b.ready()]);
+    const tenant = a.tenantLease('acme', 700);
+    const held = a.lease('gpu-0', { promptTokens: 10, expectedOutputTokens: 1 });
+    await until(
+      () => b.tenantUsage('acme').inflight === 1 && b.load('gpu-0') === 1,
+      2_000,
+      "b to see a's lease",
+    );
+    // Every full exchange is refused from now on (the snapshots key is not a hash); the in-flight parts pass.
+    await redis.cli('set', `{${cfg.key_prefix}}:snapshots`, 'not a hash');
+    tenant.end();
+    // a's tenant, which travels only in full, is no longer known to b: not frozen at the last full
+    // exchange (its ended request counted against acme's limits), but shared out as in an outage.
+    await until(
+      () => b.tenantUsage('acme').inflight === 0 && b.tenantShare() === 0.5,
+      livenessTtlMs(cfg) + 2_000,
+      "a's tenants to leave b's view",
+    );
+    // The counts still travel both ways.
+    expect(b.load('gpu-0')).toBe(1);
+    held.end();
+    await until(() => b.load('gpu-0') === 0, 2_000, "a's request to leave b's count");
+    expect(b.status().degraded).toBe(true);
+    expect(a.status().degraded).toBe(true);
+  });
+
   it("a tenant's tokens stay counted after the instance that admitted them stops, until they leave the window", async () => {
     // The window a departed instance's tokens count for, shortened from a minute.
     const KEEP_MS = 1_500;

@@ -238,9 +238,12 @@ describe('vLLM telemetry scraper', () => {
   });
   it('forgets what the index held on a backend whose engine restarted (its counters went down)', async () => {
     const counters = { x: [100, 50], y: [100, 50] };
+    // The server's start time stays (an engine of several restarting under one API server): the
+    // counters that fell are the only sign, and they are enough.
     const body = (name: 'x' | 'y') => () =>
       'vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n' +
-      `vllm:prefix_cache_queries_total ${counters[name][0]}\nvllm:prefix_cache_hits_total ${counters[name][1]}\n`;
+      `vllm:prefix_cache_queries_total ${counters[name][0]}\nvllm:prefix_cache_hits_total ${counters[name][1]}\n` +
+      'process_start_time_seconds 1700000000\n';
     const x = await metricsServer(body('x'));
     const y = await metricsServer(body('y'));
     cleanups.push(
