@@ -340,7 +340,17 @@ describe('RedisSync', () => {
     expect(applied.every((full) => !full)).toBe(true);
   });
 
-  it('a Redis over maxmemory refuses the log alone, with a crashed peer to sweep too; the log gives up its older half', async () => {
+  /** Runs `body` with Redis over maxmemory (noeviction): it refuses every write that adds memory first. */
+  const overMaxmemory = async (body: () => Promise<void>) => {
+    await redis.cli('config', 'set', 'maxmemory', '1');
+    try {
+      await body();
+    } finally {
+      await redis.cli('config', 'set', 'maxmemory', '0');
+    }
+  };
+
+  it('a Redis over maxmemory refuses the log alone: a crashed peer is swept, though its departed entry is the first write', async () => {
     const c = cfg();
     const a = host();
     a.snapshot = () => JSON.stringify({ v: 3, b: {}, t: { teamA: [1, 5000] } });
@@ -348,29 +358,39 @@ describe('RedisSync', () => {
     const sa = start('a', a, c);
     const sb = start('b', b, c);
     await Promise.all([sa.ready(), sb.ready()]);
-    for (const e of ['e-1', 'e-2', 'e-3', 'e-4']) {
-      a.queue.push(e);
-      await sa.tick();
-    }
+    await sa.tick();
     await sb.tick();
     // `a` crashes: its heartbeat is past the TTL (on Redis' clock), within the time its tenants'
-    // tokens still count, so the sweep keeps them as a departed instance's.
+    // tokens still count, so the sweep keeps them as a departed instance's. No log yet: the
+    // refused append trims nothing, so nothing is written before the sweep.
     const [secs, micros] = (await redis.cli('time')).trim().split('\n').map(Number);
     const now = secs! * 1000 + Math.floor(micros! / 1000);
     await redis.cli('zadd', `{${c.key_prefix}}:instances`, String(now - sb.ttlMs - 1_000), 'a');
-    await redis.cli('config', 'set', 'maxmemory', '1');
-    try {
+    await overMaxmemory(async () => {
       b.queue.push('e-refused');
       await sb.tick();
       // The append is refused; the sweep and the exchange are not.
       expect(sb.status()).toMatchObject({ degraded: false, logError: expect.stringMatching(/OOM/) });
       expect((await redis.cli('zrange', `{${c.key_prefix}}:instances`, '0', '-1')).trim()).toBe('b');
       expect((await redis.cli('hkeys', `{${c.key_prefix}}:departed`)).trim()).toBe('a');
-      expect(await logged(c)).toEqual(['e-3', 'e-4']);
-    } finally {
-      await redis.cli('config', 'set', 'maxmemory', '0');
+    });
+  });
+
+  it('a log whose append Redis over maxmemory refuses gives up its older half, and takes appends once there is room', async () => {
+    const c = cfg();
+    const b = host();
+    const sb = start('b', b, c);
+    await sb.ready();
+    for (const e of ['e-1', 'e-2', 'e-3', 'e-4']) {
+      b.queue.push(e);
+      await sb.tick();
     }
-    // Room again: the next append is taken, and the error clears.
+    await overMaxmemory(async () => {
+      b.queue.push('e-refused');
+      await sb.tick();
+      expect(sb.status()).toMatchObject({ degraded: false, logError: expect.stringMatching(/OOM/) });
+      expect(await logged(c)).toEqual(['e-3', 'e-4']);
+    });
     b.queue.push('e-5');
     await sb.tick();
     expect(sb.status().logError).toBeNull();
