@@ -108,7 +108,8 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
         // One file that cannot be opened or read (logrotate deleted the oldest of a rotated set,
         // a directory, no permission) is reported and skipped: the others are still read, and the
         // report is of what could be.
-        if ((err as NodeJS.ErrnoException).code === 'EPIPE') throw err;
+        // The output failing (its reader gone, a full disk) is not this input's: handled below.
+        if (readerGone || (err as NodeJS.ErrnoException).code === 'EPIPE') throw err;
         unreadable = true;
         io.stderr.write(`slagate logs: ${file === '-' ? 'stdin' : file}: ${(err as Error).message}\n`);
         raw.destroy();
