@@ -108,7 +108,7 @@ export function predict(
     }
     const ms = live.predictTtftMs(b.name, own);
     backendMs.set(b.name, ms);
-    if (scheduler.startsNow(b.name, own)) startsNow.add(b.name);
+    if (scheduler.startsNow(b.name, own, req.noQueue)) startsNow.add(b.name);
     if (ms === null) {
       complete = false;
       if (bestBackendMs === null) uncachedTokens = Math.min(uncachedTokens, own);

@@ -401,9 +401,12 @@ export class Scheduler {
    * none of it there, however long the queue: its wait on this backend is 0, not the fleet's.
    * It reads the last pump: an entry that waited for a busy backend and has since become late
    * there, with no pump in between, may take this backend first (it is judged at the next pump).
+   * `noQueue`: the request may not wait (x-slagate-no-queue): its pump goes past the bound as far
+   * as it (#mustReach), so a pump that stopped at the bound does not close a backend to it.
    */
-  startsNow(name: string, uncachedTokens: number): boolean {
-    if (this.#passedBound || this.#waitedFor.has(name)) return false;
+  startsNow(name: string, uncachedTokens: number, noQueue = false): boolean {
+    const mayWait = !noQueue && this.#deps.settings().maxQueue > 0;
+    if ((mayWait && this.#passedBound) || this.#waitedFor.has(name)) return false;
     return this.#room(name) > 0 && this.#prefillRoom(name, uncachedTokens, this.#prefillCap());
   }
 

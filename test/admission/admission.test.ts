@@ -829,6 +829,51 @@ describe('predicted TTFT', () => {
     expect(codeOf(() => admission.admit(batch('large')))).toMatch(/^sla_unattainable/);
   });
 
+  it("predicts no wait on an idle backend for a request that may not wait, however long the backlog ahead of the pump's bound", async () => {
+    // Every queued request waits for `a` (ranked first, busy); `b` idles. The pump ranked 16 per
+    // backend and stopped there: a request that may wait would wait behind the fleet's queue, but
+    // one that may not is judged by a pump that reaches it (Scheduler.#mustReach), and starts on b.
+    const aFirst: RoutingPolicy = {
+      name: 'a-first',
+      rank: (_r, views) =>
+        [...views]
+          .sort((x, y) => (x.name === 'a' ? 0 : 1) - (y.name === 'a' ? 0 : 1))
+          .map((v) => ({ backend: v.name, cost: 0 })),
+    };
+    // The scheduler on performance.now(), as the requests' arrival times are.
+    const f = schedulerFixture(
+      ['a', 'b'],
+      schedulerSettings({ concurrency: { ...schedulerSettings().concurrency, initial: 1 } }),
+      aFirst,
+    );
+    cleanups.push(() => f.close());
+    const admission = new AdmissionController({
+      backends: () => f.backends.list(),
+      live: f.live,
+      scheduler: f.scheduler,
+    });
+    // Targets no wait here reaches: nothing is refused for its wait.
+    const slow = { ttftTargetMs: 60_000 };
+    const held = await f.scheduler
+      .ticket(admission.admit(req({ reqId: 'held', ...slow })).scheduled)
+      .acquire(firstAttempt());
+    expect(held!.backend.name).toBe('a');
+    for (let i = 0; i < 40; i++)
+      void f.scheduler
+        .ticket(admission.admit(req({ reqId: `w${i}`, ...slow })).scheduled)
+        .acquire(firstAttempt())
+        .catch(() => {});
+    expect(f.scheduler.view().queued).toBe(40);
+    const hurry = admission.admit(req({ reqId: 'hurry', noQueue: true, ...slow }));
+    expect(hurry.prediction.byBackend.get('b')?.waitMs).toBe(0);
+    // One that may wait is predicted behind the queue there.
+    expect(
+      admission.admit(req({ reqId: 'patient', ...slow })).prediction.byBackend.get('b')?.waitMs,
+    ).not.toBe(0);
+    const slot = await f.scheduler.ticket(hurry.scheduled).acquire(firstAttempt());
+    expect(slot?.backend.name).toBe('b');
+  });
+
   it("keeps the predictor's error: median and P90 of |predicted − actual| / actual, and the bias", () => {
     const { admission } = setup();
     expect(admission.predictionError()).toEqual({ samples: 0, median: null, p90: null, bias: null });
