@@ -141,7 +141,21 @@ export class SimReplica implements ReplicaContext {
 
   private async listen(): Promise<void> {
     if (this.server !== null || this.closed) return;
-    const server = createServer({ keepAliveTimeout: 5000 }, (req, res) => handleRequest(this, req, res));
+    // Invariant: a replica that stopped listening (refuse, crash) serves nothing more, not even on
+    // a connection it had open: a request that comes on one is dropped with its connection, and a
+    // response still under way when the port closed ends its connection when it ends (as a server
+    // that drains). Otherwise a client's pooled connections, busy when the fault came, carried new
+    // requests and health checks through a refusing replica for as long as they were reused.
+    const server = createServer({ keepAliveTimeout: 5000 }, (req, res) => {
+      if (this.server !== server) {
+        req.socket.destroy();
+        return;
+      }
+      res.once('finish', () => {
+        if (this.server !== server) req.socket.end();
+      });
+      handleRequest(this, req, res);
+    });
     server.on('connection', (s: Socket) => {
       this.sockets.add(s);
       s.once('close', () => this.sockets.delete(s));

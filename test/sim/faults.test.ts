@@ -1,3 +1,4 @@
+import { Pool } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseFaultHeader, parseFaultJson } from '../../src/sim/faults.ts';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
@@ -103,6 +104,31 @@ describe('refuse', () => {
     expect(sseData(s.received()).at(-1)).toBe('[DONE]');
     await waitFor(() => replica.stats().listening, 3000, 'listening again');
     expect(await connectResult(base)).toBe('ok');
+  });
+});
+
+describe('refuse, on a connection opened before it', () => {
+  it('serves nothing more on it: the response under way ends its connection, and a request on it is dropped', async () => {
+    // One pooled connection, busy with a stream when the fault comes, as a gateway's pool holds them.
+    const pool = new Pool(base, { connections: 1, pipelining: 1 });
+    try {
+      const first = await pool.request({
+        path: CHAT,
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ ...LONG, max_tokens: 20 }),
+      });
+      await replica.fault({ mode: 'refuse', durationMs: 5_000 });
+      expect(first.statusCode).toBe(200);
+      expect(sseData(await first.body.text()).at(-1)).toBe('[DONE]');
+      // The pool would reuse that connection: the replica closed it, and a new one is refused.
+      await expect(pool.request({ path: '/health', method: 'GET' })).rejects.toMatchObject({
+        code: expect.stringMatching(/ECONNREFUSED|UND_ERR_SOCKET|ECONNRESET/),
+      });
+    } finally {
+      await pool.close();
+      await replica.reset();
+    }
   });
 });
 
