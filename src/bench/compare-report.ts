@@ -38,6 +38,11 @@ export interface RunFigures {
 export interface PrefixCounters {
   hits: number;
   queries: number;
+  /**
+   * Each replica's process_start_time_seconds, in order (null where it exports none): a replica
+   * that restarted during a run counts from 0 again, and what it counted before is lost.
+   */
+  starts?: readonly (number | null)[];
 }
 
 /** Sum over every series of a Prometheus counter (`name` exactly, any labels) in exposition text. */
@@ -53,9 +58,19 @@ export function sumCounter(text: string, name: string): number {
   return sum;
 }
 
+/**
+ * The replicas' hit rate over a run, from their counters before and after it; null when nothing
+ * was queried, or when a replica restarted meanwhile (a later start time, or counters that fell):
+ * the difference would drop what it counted before its crash, so it is not the run's figure.
+ */
 export function prefixHitRate(before: PrefixCounters, after: PrefixCounters): number | null {
   const queries = after.queries - before.queries;
-  return queries > 0 ? (after.hits - before.hits) / queries : null;
+  const hits = after.hits - before.hits;
+  if (queries < 0 || hits < 0) return null;
+  const b = before.starts;
+  const a = after.starts;
+  if (b !== undefined && a !== undefined && b.some((s, i) => s !== (a[i] ?? null))) return null;
+  return queries > 0 ? hits / queries : null;
 }
 
 const share = (n: number, of: number): number | null => (of > 0 ? n / of : null);

@@ -126,14 +126,18 @@ export interface CompareResult extends CompareSettings {
 export async function readPrefixCounters(urls: readonly string[]): Promise<PrefixCounters> {
   let hits = 0;
   let queries = 0;
+  const starts: (number | null)[] = [];
   for (const url of urls) {
     const res = await request(`${url}/metrics`);
     const text = await res.body.text();
     if (res.statusCode !== 200) throw new Error(`GET ${url}/metrics returned ${res.statusCode}`);
     hits += sumCounter(text, 'vllm:prefix_cache_hits_total');
     queries += sumCounter(text, 'vllm:prefix_cache_queries_total');
+    starts.push(
+      /^process_start_time_seconds \S+$/m.test(text) ? sumCounter(text, 'process_start_time_seconds') : null,
+    );
   }
-  return { hits, queries };
+  return { hits, queries, starts };
 }
 
 /** The body of a GET of `url`, or null when it failed or did not answer 200 (a figure for the record only). */

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { RequestRecord } from '../../src/bench/client.ts';
-import { type CompareResult, runCompare } from '../../src/bench/compare.ts';
+import { type CompareResult, readPrefixCounters, runCompare } from '../../src/bench/compare.ts';
 import { gatewayConfig, parsePolicies, parsePolicyItem } from '../../src/bench/compare-config.ts';
 import {
   formatCompareTable,
@@ -19,6 +19,8 @@ import {
 import { computeMetrics } from '../../src/bench/metrics.ts';
 import { startChildFleets } from '../../src/bench/processes.ts';
 import { ROUTER_POLICIES } from '../../src/config/schema.ts';
+import { getProfile } from '../../src/sim/profiles.ts';
+import { SimReplica } from '../../src/sim/replica.ts';
 import { runSlagate, SMALL_SWEEP } from '../helpers/cli.ts';
 
 const SLO = { ttft: 500, tpot: 50 };
@@ -214,6 +216,41 @@ describe('run figures', () => {
     expect(sumCounter(text, 'vllm:absent_total')).toBe(0);
     expect(prefixHitRate({ hits: 10, queries: 100 }, { hits: 74, queries: 356 })).toBeCloseTo(64 / 256, 12);
     expect(prefixHitRate({ hits: 5, queries: 50 }, { hits: 5, queries: 50 })).toBeNull();
+    // A replica restarted meanwhile: what it counted before is gone from the change.
+    const starts = [1_700_000_000, 1_700_000_000];
+    expect(
+      prefixHitRate(
+        { hits: 10, queries: 100, starts },
+        { hits: 74, queries: 356, starts: [1_700_000_000, 1_700_000_090] },
+      ),
+    ).toBeNull();
+    expect(prefixHitRate({ hits: 10, queries: 100, starts }, { hits: 74, queries: 356, starts })).toBeCloseTo(
+      64 / 256,
+      12,
+    );
+    expect(prefixHitRate({ hits: 500, queries: 900 }, { hits: 74, queries: 356 })).toBeNull();
+  });
+
+  it("reads each replica's start time with its counters: a replica crashed during the run makes the hit rate unmeasured", async () => {
+    const replica = await SimReplica.start({ profile: getProfile('llama3-8b-h100'), timeScale: 0.05 });
+    try {
+      const before = await readPrefixCounters([replica.url]);
+      expect(before.starts).toEqual([expect.any(Number)]);
+      expect(prefixHitRate(before, await readPrefixCounters([replica.url]))).toBeNull(); // nothing queried
+      // A crash is a new process: a later start time, the counters from 0.
+      // The start time is the wall clock's, in ms: the crash comes in a later one.
+      const t = Date.now();
+      while (Date.now() <= t) await new Promise((r) => setImmediate(r));
+      await replica.fault({ mode: 'crash' });
+      await replica.reset();
+      const after = await readPrefixCounters([replica.url]);
+      expect(after.starts![0]).toBeGreaterThan(before.starts![0]!);
+      expect(
+        prefixHitRate(before, { ...after, hits: before.hits + 1, queries: before.queries + 2 }),
+      ).toBeNull();
+    } finally {
+      await replica.close();
+    }
   });
 });
 
