@@ -207,10 +207,11 @@ export interface LiveState {
   /** `tenant`'s usage over all live instances. */
   tenantUsage(tenant: string): TenantUsage;
   /**
-   * The share of each tenant's limits this instance enforces on its own: 1 while the peers' counts
-   * are in the view (or it has none), 1 / (n + 1) once an outage of the store has dropped the n
-   * peers its last exchange counted, so that n + 1 instances each counting alone admit about a
-   * limit's worth together, not n + 1 times it.
+   * The share of each tenant's limits this instance enforces on its own: 1 while the peers' tenants
+   * are in the view (or it has none), 1 / (n + 1) once they are not, so that n + 1 instances each
+   * counting alone admit about a limit's worth together, not n + 1 times it: an outage of the store
+   * dropped the n peers its last exchange counted, or full exchanges keep failing while only the
+   * n peers' counts travel (their tenants travel in full).
    */
   tenantShare(): number;
   /** Milliseconds until `needed` of this instance's tokens for `tenant` leave the minute window. */
