@@ -62,10 +62,13 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
     return 2;
   }
   // A reader that goes away (`slagate logs --pretty | head`, or the summary's reader) ends the
-  // command quietly: the handler stays until the report is written.
+  // command quietly: the handler stays until the report is written. Any other output error (a
+  // full disk) ends it too, said on stderr, with exit status 1 (`ended`).
   let readerGone = false;
+  let outputError: NodeJS.ErrnoException | null = null;
   let reading: { raw: Readable; lines: ReturnType<typeof createInterface> } | null = null;
-  const onOutputError = () => {
+  const onOutputError = (err: NodeJS.ErrnoException) => {
+    outputError ??= err;
     readerGone = true;
     reading?.lines.close();
     // The input too: piped into the gunzip check, it would flow on (a `tail -f` never ends).
@@ -74,6 +77,14 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
   io.stdout.on('error', onOutputError);
   const summary = new Summary();
   let unreadable = false;
+  /** The exit status: 1 when some input could not be read or the output failed (not its reader gone). */
+  const ended = (): number => {
+    if (outputError !== null && outputError.code !== 'EPIPE') {
+      io.stderr.write(`slagate logs: ${outputError.message}\n`);
+      return 1;
+    }
+    return unreadable ? 1 : 0;
+  };
   try {
     for (const file of files) {
       if (readerGone) break;
@@ -117,7 +128,7 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
     }
     // Exit status 1 when some input could not be read (its report is of what could): a script
     // can tell a damaged file from a whole one.
-    if (args.values.pretty || readerGone) return unreadable ? 1 : 0;
+    if (args.values.pretty || readerGone) return ended();
     const report = summary.report();
     // The summary's lines quote records' strings (classes, tenants, backends, request ids, reasons):
     // each is made visible as --pretty's lines are, so that no log another tool wrote can hide text.
@@ -126,9 +137,16 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
       : formatReport(visibleDeep(report) as LogsReport);
     // Written whole before the handler goes: a reader that left meanwhile (EPIPE) ends it quietly.
     // The write's callback comes once it is done or has failed, on a stream already gone too.
-    await new Promise<void>((resolve) => io.stdout.write(out, () => resolve()));
-    return unreadable ? 1 : 0;
+    await new Promise<void>((resolve) =>
+      io.stdout.write(out, (err) => {
+        if (err) outputError ??= err;
+        resolve();
+      }),
+    );
+    return ended();
   } catch (err) {
+    // The output's own error, met while waiting for it to drain: said once, by ended().
+    if (outputError !== null) return ended();
     if ((err as NodeJS.ErrnoException).code === 'EPIPE') return 0;
     io.stderr.write(`slagate logs: ${(err as Error).message}\n`);
     return 1;

@@ -468,7 +468,8 @@ export class Scheduler {
       const name = c.b.name;
       // Asked by admission, it must start the request the moment it is queued (startsNow: no entry
       // waits for it), or the pinned seed would wait there alone and be refused all the same.
-      const opens = round === null ? this.startsNow(name, c.uncached) : this.#opens(name, round, c.uncached);
+      const opens =
+        round === null ? this.startsNow(name, c.uncached, req.noQueue) : this.#opens(name, round, c.uncached);
       if (!opens || excluded?.has(name) || this.#seeding.has(name) || c.load >= mean / 4) continue;
       if (best === null || c.load < best.load) best = c;
     }

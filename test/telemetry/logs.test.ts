@@ -449,26 +449,31 @@ describe('slagate logs', () => {
     expect(text).toContain('SLA misses explained');
   });
 
-  it('an output that fails (a full disk) is said as such, not blamed on the file being read', async () => {
+  it('an output that fails (a full disk) is said as such, exit 1, not blamed on the file being read, in every mode', async () => {
     const path = join(dir, 'admission.log');
     await writeMix(path);
-    let err = '';
-    const stdout = new Writable({
-      highWaterMark: 1,
-      write(_chunk, _enc, cb) {
-        setImmediate(() =>
-          cb(Object.assign(new Error('write ENOSPC'), { code: 'ENOSPC', syscall: 'write' })),
-        );
-      },
-    });
-    const stderr = new Writable({
-      write(chunk, _enc, cb) {
-        err += String(chunk);
-        cb();
-      },
-    });
-    expect(await logsCommand([path, '--pretty'], { stdin: Readable.from([]), stdout, stderr })).toBe(1);
-    expect(err).toBe('slagate logs: write ENOSPC\n');
+    for (const mode of [[], ['--json'], ['--pretty']]) {
+      let err = '';
+      const stdout = new Writable({
+        highWaterMark: 1,
+        write(_chunk, _enc, cb) {
+          setImmediate(() =>
+            cb(Object.assign(new Error('write ENOSPC'), { code: 'ENOSPC', syscall: 'write' })),
+          );
+        },
+      });
+      const stderr = new Writable({
+        write(chunk, _enc, cb) {
+          err += String(chunk);
+          cb();
+        },
+      });
+      expect(
+        await logsCommand([path, ...mode], { stdin: Readable.from([]), stdout, stderr }),
+        mode.join(' '),
+      ).toBe(1);
+      expect(err, mode.join(' ')).toBe('slagate logs: write ENOSPC\n');
+    }
   });
 
   it('reads a gzip-compressed log (as logrotate leaves it) and one that starts with a byte-order mark', async () => {
