@@ -233,7 +233,9 @@ export class AdmissionController {
     // share of a limit (at least one request, and at least a request that fits the whole budget).
     const share = live.tenantShare();
     const alone = (n: number) =>
-      share === 1 ? '' : ` (${n} on this gateway instance while the other instances' tenant counts are not shared)`;
+      share === 1
+        ? ''
+        : ` (${n} on this gateway instance while the other instances' tenant counts are not shared)`;
     const max =
       limits.max_concurrency === undefined
         ? undefined
