@@ -368,14 +368,11 @@ export class RedisSync {
   /**
    * A full exchange failed and none has passed since: the store stays degraded, though the
    * in-flight-only ticks between pass (the peers' windows, fits and tenants are not current).
+   * So after an outage whose last failed call was full, the degraded state ends a tick after the
+   * first that passes (an in-flight-only one): the full exchange's own failure and an outage look
+   * alike from here, and telling them apart broke the alternation that lets the counts travel.
    */
   #fullOwed = false;
-  /**
-   * The last tick failed though it was in-flight-only, or failed before its call: not the full
-   * exchange's own failure (an outage, a key Redis refuses for both). Until a tick passes every
-   * tick is full, so the first that passes publishes the snapshot and ends the degraded state.
-   */
-  #outage = false;
   /** The peers whose full snapshot and in-flight part the last full exchange brought. */
   #inFull: string[] = [];
   /** The id of the last log entry read ('-': none yet, so the first tick reads the history). */
@@ -417,8 +414,6 @@ export class RedisSync {
     });
     // Reconnected: publish everything at once rather than at the next interval.
     this.client.on('ready', () => {
-      // A new connection: the full exchange is tried at once, whatever failed on the old one.
-      this.#fullFailed = false;
       this.#connections++;
       this.#dropped = null;
       this.#fullAt = null;
@@ -464,8 +459,6 @@ export class RedisSync {
   async #exchange(): Promise<void> {
     const { now } = this.#opts;
     const started = performance.now();
-    // What this tick tried: a failure of the full exchange alone is told from any other (#outage).
-    let tried: 'full' | 'inflight' | null = null;
     try {
       const client = this.client;
       if (client.status === 'wait') {
@@ -481,12 +474,11 @@ export class RedisSync {
       const at = now();
       // Due half a tick early: ticks drift by a fraction of a millisecond, and one that came 249 ms
       // after the last full exchange would otherwise push the next to the tick after (300 ms).
-      const due =
-        this.#fullAt === null ||
-        at < this.#fullAt ||
-        at - this.#fullAt + tickIntervalMs(this.#cfg) / 2 >= fullIntervalMs(this.#cfg);
-      // After an outage the first tick that passes is full, whenever the last full one was.
-      const full = this.#outage || (!this.#fullFailed && due);
+      const full =
+        !this.#fullFailed &&
+        (this.#fullAt === null ||
+          at < this.#fullAt ||
+          at - this.#fullAt + tickIntervalMs(this.#cfg) / 2 >= fullIntervalMs(this.#cfg));
       this.#fullFailed = false;
       // Invariant: an entry is sent once. A call that failed may have run on Redis all the same
       // (a timeout says only that no reply came in time), so resending it would append it twice,
@@ -518,7 +510,10 @@ export class RedisSync {
       try {
         reply = await call;
       } catch (e) {
-        tried = full ? 'full' : 'inflight';
+        if (full) {
+          this.#fullFailed = true;
+          this.#fullOwed = true;
+        }
         // Redis answered with an error (a key of the wrong type, a command the ACL denies):
         // nothing is pending on the connection, and a new one would get the same answer. The next
         // tick tries again, at the usual pace. Except READONLY: the server is a replica now (a
@@ -568,7 +563,6 @@ export class RedisSync {
       if (log.length > 0) this.#opts.host.applyLog(log);
       this.#peers = this.#opts.host.applyPeers(peers, inflight, now());
       this.#lastOkAt = now();
-      this.#outage = false;
       if (peers !== null) this.#fullOwed = false;
       // Only the in-flight part passed, the full exchange still failing: still degraded, its error kept.
       if (this.#fullOwed) return;
@@ -579,12 +573,6 @@ export class RedisSync {
         this.#opts.logger?.info({ peers: this.#peers }, 'state store reachable: sharing state');
       }
     } catch (e) {
-      if (tried === 'full') {
-        this.#fullFailed = true;
-        this.#fullOwed = true;
-      } else {
-        this.#outage = true;
-      }
       this.#lastError = e instanceof Error ? e.message : String(e);
       if (!this.#degraded) {
         this.#degraded = true;

@@ -6,7 +6,7 @@ import { AdmissionController, type AdmissionRequest, SHED_WINDOW_MS } from '../.
 import type { RoutingPolicy } from '../../src/router/index.ts';
 import type { SchedulerSettings } from '../../src/scheduler/scheduler.ts';
 import { Cancel } from '../../src/upstream/cancel.ts';
-import { route } from '../router/fixtures.ts';
+import { rankingFirst, route } from '../router/fixtures.ts';
 import { schedulerFixture, schedulerSettings } from '../scheduler/fixtures.ts';
 
 const cleanups: (() => unknown)[] = [];
@@ -833,13 +833,7 @@ describe('predicted TTFT', () => {
     // Every queued request waits for `a` (ranked first, busy); `b` idles. The pump ranked 16 per
     // backend and stopped there: a request that may wait would wait behind the fleet's queue, but
     // one that may not is judged by a pump that reaches it (Scheduler.#mustReach), and starts on b.
-    const aFirst: RoutingPolicy = {
-      name: 'a-first',
-      rank: (_r, views) =>
-        [...views]
-          .sort((x, y) => (x.name === 'a' ? 0 : 1) - (y.name === 'a' ? 0 : 1))
-          .map((v) => ({ backend: v.name, cost: 0 })),
-    };
+    const aFirst = rankingFirst('a');
     // The scheduler on performance.now(), as the requests' arrival times are.
     const f = schedulerFixture(
       ['a', 'b'],

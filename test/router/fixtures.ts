@@ -1,5 +1,5 @@
 // Requests and backend views for the router's, the scheduler's and admission's unit tests.
-import type { BackendView, RouteRequest } from '../../src/router/types.ts';
+import type { BackendView, RouteRequest, RoutingPolicy } from '../../src/router/types.ts';
 
 export function route(over: Partial<RouteRequest> = {}): RouteRequest {
   return {
@@ -30,5 +30,16 @@ export function view(name: string, over: Partial<BackendView> = {}): BackendView
     tpotMs: null,
     cacheFill: 0,
     ...over,
+  };
+}
+
+/** A router that ranks `first` first whatever the views say, the others after it in their order. */
+export function rankingFirst(first: string): RoutingPolicy {
+  return {
+    name: `${first}-first`,
+    rank: (_r, views) =>
+      [...views]
+        .sort((x, y) => (x.name === first ? 0 : 1) - (y.name === first ? 0 : 1))
+        .map((v) => ({ backend: v.name, cost: 0 })),
   };
 }

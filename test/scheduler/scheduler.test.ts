@@ -13,7 +13,7 @@ import { DEFAULT_CAPACITY } from '../../src/state/prefix-index.ts';
 import { Cancel } from '../../src/upstream/cancel.ts';
 import type { DecodeMeter } from '../../src/upstream/measure.ts';
 import type { Slot } from '../../src/upstream/slot.ts';
-import { route } from '../router/fixtures.ts';
+import { rankingFirst, route } from '../router/fixtures.ts';
 import { latencySample, observe } from '../state/fixtures/sample.ts';
 import { schedulerFixture, schedulerSettings as settings } from './fixtures.ts';
 
@@ -786,13 +786,7 @@ describe('refusals while waiting', () => {
   it("x-slagate-no-queue is judged however long the backlog ahead of it: a backend idle behind the pump's bound takes it", async () => {
     // Every queued request waits for `a` (ranked first, busy); `b` idles. A pump ranks at most 16
     // waiting entries per backend before it stops; the request that may not wait is 41st.
-    const aFirst: RoutingPolicy = {
-      name: 'a-first',
-      rank: (_r, views) =>
-        [...views]
-          .sort((x, y) => (x.name === 'a' ? 0 : 1) - (y.name === 'a' ? 0 : 1))
-          .map((v) => ({ backend: v.name, cost: 0 })),
-    };
+    const aFirst = rankingFirst('a');
     const { scheduler } = setup(
       ['a', 'b'],
       settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
