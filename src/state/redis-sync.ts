@@ -124,10 +124,13 @@ local cutoff = '(' .. (now - ttl)
 -- Its entries are deleted before its departed entry is written: Redis over maxmemory refuses a
 -- script's first write that may add memory (and the script with it), so the HSET must not be the
 -- first write when the log's append was refused, or one crashed peer would stop every exchange.
+-- The snapshots' hash is touched under pcall on a tick that does not exchange them: a key Redis
+-- refuses there (of another type) costs the full exchange, never the in-flight parts and the sweep.
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff, 'WITHSCORES')
 for i = 1, #dead, 2 do
-  local snap = redis.call('HGET', KEYS[2], dead[i])
-  redis.call('HDEL', KEYS[2], dead[i])
+  local snap = redis.pcall('HGET', KEYS[2], dead[i])
+  if type(snap) ~= 'string' then snap = nil end
+  redis.pcall('HDEL', KEYS[2], dead[i])
   redis.call('HDEL', KEYS[4], dead[i])
   depart(dead[i], snap, tonumber(dead[i + 1]))
 end
@@ -142,7 +145,7 @@ local n = redis.call('ZCARD', KEYS[1])
 if n > max then
   local extra = redis.call('ZRANGE', KEYS[1], 0, n - max - 1)
   for i = 1, #extra do
-    redis.call('HDEL', KEYS[2], extra[i])
+    redis.pcall('HDEL', KEYS[2], extra[i])
     redis.call('HDEL', KEYS[4], extra[i])
   end
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - max - 1)
@@ -151,7 +154,7 @@ end
 -- count, so that a successor started after a crash of every instance still finds them (and drops
 -- the dead, their windows unread, at its first tick); the in-flight parts go with the TTL.
 redis.call('PEXPIRE', KEYS[1], math.max(ttl, keep))
-redis.call('PEXPIRE', KEYS[2], math.max(ttl, keep))
+if full then redis.call('PEXPIRE', KEYS[2], math.max(ttl, keep)) end
 redis.call('PEXPIRE', KEYS[4], ttl)
 local live = redis.call('ZRANGE', KEYS[1], 0, -1)
 local out = {}
@@ -260,11 +263,14 @@ export interface StateLogger {
 
 export interface StoreStatus {
   store: 'memory' | 'redis';
-  /** True while the shared store is unreachable (or not reached yet): local state is serving. */
+  /**
+   * True while the shared store is unreachable (or not reached yet): local state is serving; and
+   * from a failed full exchange until one passes (in-flight-only exchanges may pass meanwhile).
+   */
   degraded: boolean;
-  /** The error since the last successful exchange; null once one succeeds. */
+  /** The error since the last successful exchange (a full one, after a full one failed); null once one succeeds. */
   lastError: string | null;
-  /** Time since the last successful exchange; null if none yet (or with the memory store). */
+  /** Time since the last exchange that passed, of either kind; null if none yet (or with the memory store). */
   lastSyncAgeMs: number | null;
   /** How long the last exchange took (success or failure). */
   lastSyncDurationMs: number | null;
