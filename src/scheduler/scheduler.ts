@@ -405,8 +405,8 @@ export class Scheduler {
    * as it (#mustReach), so a pump that stopped at the bound does not close a backend to it.
    */
   startsNow(name: string, uncachedTokens: number, noQueue = false): boolean {
-    const mayWait = !noQueue && this.#deps.settings().maxQueue > 0;
-    if ((mayWait && this.#passedBound) || this.#waitedFor.has(name)) return false;
+    if ((mayWait(noQueue, this.#deps.settings()) && this.#passedBound) || this.#waitedFor.has(name))
+      return false;
     return this.#room(name) > 0 && this.#prefillRoom(name, uncachedTokens, this.#prefillCap());
   }
 
@@ -692,8 +692,8 @@ export class Scheduler {
         if (sr.excluded.size > 0) this.#reasked.add(w);
       }
       // One that may not wait is judged by this pump, however far behind the scan's bound it is.
-      const mayWait = !req.noQueue && settings.maxQueue > 0;
-      if (!mayWait && !retry) this.#mustReach = w;
+      const waits = mayWait(req.noQueue, settings);
+      if (!waits && !retry) this.#mustReach = w;
       try {
         this.pump();
       } finally {
@@ -702,12 +702,12 @@ export class Scheduler {
       if (w.state !== 'queued') return;
       // Not granted at once: is it allowed to wait? A retry that may not is given up (null: the
       // attempt loop answers with the failure before it), as a first attempt is refused.
-      if (retry && (req.noQueue || settings.maxQueue === 0)) {
+      if (retry && !waits) {
         this.#dropRetry(w);
         w.settle(null);
         return;
       }
-      if (!retry && (req.noQueue || settings.maxQueue === 0)) {
+      if (!retry && !waits) {
         queue.remove(w);
         const why = req.noQueue
           ? 'No backend has room for this request now and x-slagate-no-queue is set.'
@@ -1518,6 +1518,11 @@ function trimOuterWindow(periods: number[][]): void {
     periods.shift();
     newer -= (periods[0] as number[]).length;
   }
+}
+
+/** A request may wait in the queue: it did not ask not to (x-slagate-no-queue), and the gateway queues (max_queue > 0). */
+function mayWait(noQueue: boolean, settings: SchedulerSettings): boolean {
+  return !noQueue && settings.maxQueue > 0;
 }
 
 /** Some available backend does not serve `model`: a fleet of several models, as `model` sees it. */
