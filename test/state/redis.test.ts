@@ -6,7 +6,7 @@ import type { RedisStateConfig } from '../../src/config/index.ts';
 import { createLiveState, type LiveState, livenessTtlMs } from '../../src/state/index.ts';
 import { SHARE_EVERY_MS } from '../../src/state/prefix-index.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
-import { closeServer, metricsServer } from './fixtures/metrics-server.ts';
+import { closeServer, metricsServer, vllmPage } from './fixtures/metrics-server.ts';
 import { latencySample, observe } from './fixtures/sample.ts';
 
 const BACKENDS = [
@@ -354,11 +354,7 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     // gpu-0's /metrics: its process start time, and a waiting count that marks each new answer.
     let start = 1_700_000_000.5;
     let waiting = 0;
-    const srv = await metricsServer(
-      () =>
-        `vllm:num_requests_running 0\nvllm:num_requests_waiting ${waiting}\n` +
-        `# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds ${start}\n`,
-    );
+    const srv = await metricsServer(() => vllmPage({ waiting, startS: start }));
     try {
       const scraping = (id: string) => {
         const s = createLiveState(cfg, {

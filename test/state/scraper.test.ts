@@ -3,7 +3,7 @@ import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
 import { createLiveState } from '../../src/state/index.ts';
 import { DEFAULT_CAPACITY, DEFAULT_KV_TOKENS } from '../../src/state/prefix-index.ts';
 import { TelemetryScraper } from '../../src/state/scraper.ts';
-import { closeServer, metricsServer } from './fixtures/metrics-server.ts';
+import { closeServer, metricsServer, vllmPage } from './fixtures/metrics-server.ts';
 import { trackHandles } from './handles.ts';
 
 async function until(cond: () => boolean, timeoutMs: number, what: string): Promise<number> {
@@ -284,12 +284,7 @@ describe('vLLM telemetry scraper', () => {
     // A process that served nothing (its backend ejected, or idle) counts 0; its successor too.
     let start = 1_700_000_000.25;
     let waiting = 0;
-    const srv = await metricsServer(
-      () =>
-        `vllm:num_requests_running 0\nvllm:num_requests_waiting ${waiting}\n` +
-        'vllm:prefix_cache_queries_total 0\nvllm:prefix_cache_hits_total 0\n' +
-        `# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds ${start}\n`,
-    );
+    const srv = await metricsServer(() => vllmPage({ waiting, startS: start, prefix: [0, 0] }));
     cleanups.push(() => closeServer(srv.server));
     const restarts: string[] = [];
     const state = createLiveState(
