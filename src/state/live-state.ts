@@ -336,6 +336,8 @@ class LiveStateImpl implements LiveState {
   >();
   /** Bumped by every sample on any backend: with #remoteVersion, keys the fleet pool. */
   #fleetVersion = 0;
+  /** The pending solve of the fits off the request path (#oweRefresh), if any. */
+  #refreshing: NodeJS.Timeout | null = null;
   #pool: FleetPool | null = null;
   readonly #tenants = new TenantUsageTable();
   #remoteTenants = new Map<string, RemoteTenant>();
@@ -482,6 +484,7 @@ class LiveStateImpl implements LiveState {
     fit.stats.addSample(x, taught);
     be.fitVersion++;
     this.#fleetVersion++;
+    this.#oweRefresh();
   }
 
   inflight(backend: string): InflightCounts {
@@ -787,6 +790,8 @@ class LiveStateImpl implements LiveState {
   }
 
   close(): Promise<void> {
+    if (this.#refreshing !== null) clearTimeout(this.#refreshing);
+    this.#refreshing = null;
     this.#closed ??= Promise.all([this.#sync?.close(), this.#scraper?.close()]).then(() => {});
     return this.#closed;
   }
@@ -851,6 +856,7 @@ class LiveStateImpl implements LiveState {
     this.#peersCounted = counted;
     this.#peersLost = 0;
     this.#remoteAt = now;
+    if (snapshots !== null) this.#oweRefresh();
     for (const listener of this.#peerListeners) listener();
     return counted;
   }
@@ -922,6 +928,46 @@ class LiveStateImpl implements LiveState {
     const value = { latency: latencyView(all), byClass };
     this.#latencyCache.set(name, { key, value });
     return value;
+  }
+
+  /**
+   * A sample was learnt (or the peers' fits arrived): the fits are solved again off the request
+   * path, at the loop's next timers (#refreshFits), instead of by the next prediction.
+   */
+  #oweRefresh(): void {
+    if (this.#refreshing !== null || this.#closed !== null) return;
+    this.#refreshing = setTimeout(this.#refreshOwed, 0);
+    this.#refreshing.unref();
+  }
+
+  readonly #refreshOwed = (): void => this.#refreshFits(true);
+  readonly #refreshHeld = (): void => this.#refreshFits(false);
+
+  /**
+   * Solves the fits whose samples or peers' part changed since their last solve, each at most once
+   * per REFIT_MS as a read would; one held back by that is solved when its REFIT_MS is up (`again`:
+   * once; the next sample owes the next refresh). What any read returns is unchanged: only where
+   * the solve runs is (not inside a request's admission, where it was about a quarter of the
+   * admission's time at one stream).
+   */
+  #refreshFits(again: boolean): void {
+    this.#refreshing = null;
+    const now = this.#now();
+    let waitMs = Number.POSITIVE_INFINITY;
+    for (const [name, { state }] of this.#backends) {
+      this.#fits(name, state);
+      const c = this.#fitCache.get(name);
+      const pool = this.#pool;
+      if (c === undefined || pool === null) continue;
+      if (pool.fleetVersion !== this.#fleetVersion || pool.remoteVersion !== this.#remoteVersion)
+        waitMs = Math.min(waitMs, REFIT_MS - (now - pool.at));
+      else if (c.version !== state.fitVersion || c.remoteVersion !== this.#remoteVersion || c.pool !== pool)
+        waitMs = Math.min(waitMs, REFIT_MS - (now - c.at));
+    }
+    if (!again || waitMs === Number.POSITIVE_INFINITY || this.#closed !== null) return;
+    // A clock stepped back: never sooner than a millisecond, never later than REFIT_MS.
+    this.#refreshing = setTimeout(this.#refreshHeld, Math.min(REFIT_MS, Math.max(1, waitMs)));
+    this.#refreshing.unref();
   }
 
   /**
