@@ -58,10 +58,36 @@ async function serveUntilStopped(
   host: string | undefined,
   port: number | undefined,
 ): Promise<number> {
+  // Invariant: a stop asked for at any moment is heard, during the start too. The start can take
+  // seconds (the backends' model lists, an unreachable Redis, a simulated fleet's child), and a
+  // signal without a handler is ignored by a process that runs as PID 1, as the container image's
+  // does: a `docker stop` or a pod deleted then was lost, and the gateway started and served until
+  // SIGKILL, with no drain. One asked for during the start is kept, and the drain begins once the
+  // gateway is up. The same for a parent (over IPC) gone before the start ended.
+  let stopAsked: string | null = null;
+  let onStop = (why: string): void => {
+    if (stopAsked !== null) return;
+    stopAsked = why;
+    process.stderr.write(`slagate: ${why} while starting; stopping once started\n`);
+  };
+  const onTerm = () => onStop('SIGTERM');
+  const onInt = () => onStop('SIGINT');
+  const onParentGone = () => onStop('parent gone');
+  process.on('SIGTERM', onTerm);
+  process.on('SIGINT', onInt);
+  // Started over IPC by a parent (a benchmark, a test) that is gone: nobody will stop us otherwise.
+  if (process.send !== undefined) {
+    process.channel?.unref();
+    if (process.connected) process.once('disconnect', onParentGone);
+    else onParentGone();
+  }
   let gateway: Awaited<ReturnType<typeof startGateway>>;
   try {
     gateway = await startGateway({ configPath, host, port });
   } catch (err) {
+    process.off('SIGTERM', onTerm);
+    process.off('SIGINT', onInt);
+    process.off('disconnect', onParentGone);
     // A config error lists every issue with its path; anything else is one line.
     process.stderr.write(`slagate serve: ${isConfigError(err) ? err.message : (err as Error).message}\n`);
     return 1;
@@ -75,8 +101,6 @@ async function serveUntilStopped(
   );
   return new Promise<number>((resolve) => {
     let draining = false;
-    const onTerm = () => stop('SIGTERM');
-    const onInt = () => stop('SIGINT');
     // A SIGHUP also reopens a file admission log at its path (the config watcher reloads the
     // config on the same signal): logrotate's usual `create` renames the file, and a descriptor
     // kept open would write on into the renamed (or compressed and deleted) one.
@@ -92,11 +116,10 @@ async function serveUntilStopped(
 `),
       );
     };
-    // Once the drain is over (or failed), a stop signal has its default action again: whatever
-    // keeps the process alive then, a signal ends it.
+    // Once the drain is over (or failed), a stop signal ends the process at once: whatever keeps
+    // it alive then, a signal ends it (as PID 1 no default action would).
     const done = (code: number) => {
-      process.off('SIGTERM', onTerm);
-      process.off('SIGINT', onInt);
+      onStop = () => process.exit(code);
       process.off('SIGHUP', onHup);
       resolve(code);
     };
@@ -129,13 +152,8 @@ async function serveUntilStopped(
         },
       );
     };
-    process.on('SIGTERM', onTerm);
-    process.on('SIGINT', onInt);
     process.on('SIGHUP', onHup);
-    // Started over IPC by a parent (a benchmark, a test) that is gone: nobody will stop us otherwise.
-    if (process.send !== undefined) {
-      process.channel?.unref();
-      process.once('disconnect', () => stop('parent gone'));
-    }
+    onStop = stop;
+    if (stopAsked !== null) stop(stopAsked);
   });
 }

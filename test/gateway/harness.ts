@@ -1,6 +1,7 @@
 // A real gateway for the gateway-level tests: startGateway on 127.0.0.1:0 in front of a simulated
 // fleet (or scripted node:http backends), its admission log in a temporary file, and raw HTTP
 // clients that can read a stream incrementally and hang up mid-way.
+import type { ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
@@ -355,7 +356,14 @@ export interface ServedGateway {
  */
 export async function serveChild(
   config: Json,
-  opts: { readStdout?: boolean; args?: string[] } = {},
+  opts: {
+    readStdout?: boolean;
+    args?: string[];
+    /** Called with the child as soon as it is spawned (before it serves). */
+    spawned?: (child: ChildProcess) => void;
+    /** Spawned with an IPC channel, as the benchmark spawns it. */
+    ipc?: boolean;
+  } = {},
 ): Promise<ServedGateway> {
   const { spawn } = await import('node:child_process');
   const tmp = tempDir();
@@ -371,9 +379,10 @@ export async function serveChild(
     ),
   );
   const child = spawn(process.execPath, [BIN, 'serve', '--config', path, ...(opts.args ?? [])], {
-    stdio: ['ignore', 'pipe', 'pipe'],
+    stdio: opts.ipc === true ? ['ignore', 'pipe', 'pipe', 'ipc'] : ['ignore', 'pipe', 'pipe'],
   });
   const exited = once(child, 'exit').then(([code]) => code as number | null);
+  opts.spawned?.(child);
   let stderr = '';
   let stdout = '';
   child.stderr!.setEncoding('utf8');

@@ -2,6 +2,7 @@
 // an in-flight stream drains to completion (or is cut after a short grace period), the process
 // exits 0, and the admission log file holds every record. Checklist item 34.
 import { renameSync } from 'node:fs';
+import { type AddressInfo, createServer, type Socket } from 'node:net';
 import { afterEach, expect, it } from 'vitest';
 import {
   chat,
@@ -71,6 +72,44 @@ it('SIGTERM: refuse new requests, drain the in-flight stream (a SIGHUP or a seco
     draining: 'ok',
     'after-sigterm': 'refused',
   });
+});
+
+/** A backend that takes connections and answers nothing: a gateway's start waits for its model list. */
+async function silentBackend(): Promise<{ url: string; server: ReturnType<typeof createServer> }> {
+  const held: Socket[] = [];
+  const server = createServer((socket) => held.push(socket));
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  cleanups.push(() => {
+    for (const socket of held) socket.destroy();
+    return new Promise((resolve) => server.close(resolve));
+  });
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server };
+}
+
+it('SIGTERM while the gateway starts (its backend holds the model-list call): the stop is kept, the gateway drains once up and exits 0', async () => {
+  const backend = await silentBackend();
+  const s = await serveChild(
+    { models: [MODEL], backends: [{ name: 'r0', url: backend.url }] },
+    {
+      // The first connection the gateway makes to its backend is during its start.
+      spawned: (child) => backend.server.once('connection', () => child.kill('SIGTERM')),
+    },
+  );
+  cleanups.push(s.dispose);
+  expect(await s.exited).toBe(0);
+  expect(s.stderr()).toContain('SIGTERM while starting; stopping once started');
+  expect(s.stderr()).toContain('SIGTERM, draining');
+});
+
+it('a parent (over IPC) gone while the gateway starts: the gateway drains once up and exits 0, not left running', async () => {
+  const backend = await silentBackend();
+  const s = await serveChild(
+    { models: [MODEL], backends: [{ name: 'r0', url: backend.url }] },
+    { ipc: true, spawned: (child) => backend.server.once('connection', () => child.disconnect()) },
+  );
+  cleanups.push(s.dispose);
+  expect(await s.exited).toBe(0);
+  expect(s.stderr()).toContain('parent gone while starting; stopping once started');
 });
 
 it('SIGTERM with a short grace period: a longer stream is cut, recorded, and the process exits', async () => {
