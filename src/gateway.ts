@@ -537,6 +537,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
               : [String(err)];
             logger.error({ issues }, 'config reload refused; the running configuration is kept');
           },
+          onWatchLost: (err) =>
+            logger.warn(
+              { path: opts.configPath, err: String(err) },
+              'config file not watched: edits are not seen; SIGHUP reloads it',
+            ),
         },
         { initial: config },
       );

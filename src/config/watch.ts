@@ -18,9 +18,14 @@ export interface ConfigWatchHandlers {
    * or the promise it returns rejects), the watcher keeps the previous one as current.
    */
   onChange(next: Config, previous: Config): void | Promise<void>;
-  /** A ConfigError for an invalid or unreadable file (the previous configuration is kept), a
-   *  watcher failure, or the failure of onChange. */
+  /** A ConfigError for an invalid or unreadable file (the previous configuration is kept), or the
+   *  failure of onChange. */
   onError(err: Error): void;
+  /**
+   * The file cannot be watched (the system's inotify limits used up: ENOSPC, EMFILE) or its
+   * watcher failed: edits are no longer seen, and SIGHUP (when on) is what reloads the file now.
+   */
+  onWatchLost(err: Error): void;
   /** A SIGHUP read the file and found the configuration in force (nothing to apply). */
   onUnchanged?(): void;
 }
@@ -103,14 +108,26 @@ export function watchConfig(
     timer.unref();
   };
 
+  // Invariant: a file that cannot be watched never stops the gateway. fs.watch throws at once when
+  // the per-user inotify limits are used up (shared by every container of one uid on a node), and
+  // a gateway that serves fine must not be undone at its start for it: the loss is reported, and
+  // SIGHUP still reloads.
   let watcher: FSWatcher | undefined;
   if (watchFile) {
     const name = basename(file);
-    // `..data` and friends: the Kubernetes atomic writer swaps a symlink next to the file.
-    watcher = watch(dirname(file), { persistent: false }, (_event, changed) => {
-      if (changed === null || changed === name || changed.startsWith('..')) schedule(false);
-    });
-    watcher.on('error', (err) => handlers.onError(err));
+    try {
+      // `..data` and friends: the Kubernetes atomic writer swaps a symlink next to the file.
+      watcher = watch(dirname(file), { persistent: false }, (_event, changed) => {
+        if (changed === null || changed === name || changed.startsWith('..')) schedule(false);
+      });
+      watcher.on('error', (err) => {
+        watcher?.close();
+        watcher = undefined;
+        handlers.onWatchLost(err);
+      });
+    } catch (err) {
+      handlers.onWatchLost(err as Error);
+    }
   }
   const onSighup = () => schedule(true);
   if (sighup) process.on('SIGHUP', onSighup);

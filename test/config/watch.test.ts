@@ -1,4 +1,4 @@
-import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
@@ -17,7 +17,8 @@ const WAIT_MS = 5000;
 type Event =
   | { kind: 'change'; next: Config; previous: Config }
   | { kind: 'error'; err: Error }
-  | { kind: 'unchanged' };
+  | { kind: 'unchanged' }
+  | { kind: 'watch_lost'; err: Error };
 
 /** Collects watcher callbacks; `next()` resolves with the next one (or fails after WAIT_MS). */
 class Recorder {
@@ -27,6 +28,7 @@ class Recorder {
     onChange: (next: Config, previous: Config) => this.push({ kind: 'change', next, previous }),
     onError: (err: Error) => this.push({ kind: 'error', err }),
     onUnchanged: () => this.push({ kind: 'unchanged' }),
+    onWatchLost: (err: Error) => this.push({ kind: 'watch_lost', err }),
   };
   private push(event: Event) {
     this.events.push(event);
@@ -154,6 +156,7 @@ describe('watchConfig on file changes', () => {
       {
         onChange: () => new Promise<void>((_, r) => (reject = r)),
         onError: (err) => errors.push(err),
+        onWatchLost: (err) => errors.push(err),
       },
       { debounceMs: 30 },
     );
@@ -179,6 +182,32 @@ describe('watchConfig on file changes', () => {
     expect(recorder.events).toHaveLength(1);
     expect(e.kind === 'change' && e.previous.server.port).toBe(8080);
     expect(w.current().server.port).toBe(9005);
+  });
+});
+
+describe('a file that cannot be watched', () => {
+  it('is reported, does not throw, and SIGHUP still reloads it', async () => {
+    // fs.watch throws at once when it cannot watch (the inotify limits used up: ENOSPC, EMFILE; here
+    // ENOENT, the file's directory gone when the watch begins).
+    const initial = watchConfig(file, new Recorder().handlers, { watchFile: false, sighup: false }).current();
+    rmSync(dir, { recursive: true, force: true });
+    const recorder = new Recorder();
+    const w = start(recorder, { initial });
+    expect(recorder.events).toHaveLength(1);
+    const lost = recorder.events[0]!;
+    expect(lost.kind === 'watch_lost' && (lost.err as NodeJS.ErrnoException).code).toBe('ENOENT');
+    // The read a watch given `initial` makes at once finds no file.
+    expect((await recorder.next()).kind).toBe('error');
+    // The file comes back changed; only the signal can tell the watcher.
+    mkdirSync(dir);
+    writeFileSync(file, valid(9400));
+    await delay(200);
+    expect(recorder.events).toHaveLength(2);
+    const event = recorder.next();
+    process.kill(process.pid, 'SIGHUP');
+    const e = await event;
+    expect(e.kind === 'change' && e.next.server.port).toBe(9400);
+    expect(w.current().server.port).toBe(9400);
   });
 });
 
