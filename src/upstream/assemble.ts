@@ -8,11 +8,22 @@
 // vLLM's reasoning parsers give no content (null, not "") when the model wrote only reasoning.
 //
 // Several choices (n > 1, several completion prompts) are folded by their index into the body's
-// choices, in index order. Shapes it does not cover are sent upstream non-streamed and relayed as
-// they come (`assemblable` says which): logprobs of any kind, tool definitions (tool-call deltas),
-// echo, best_of and beam search, vLLM's token-id and prompt-text extras, the transfer parameters of
-// disaggregated prefill. The usage is the backend's final one, every field of it; the fingerprint
-// the one a chunk carried.
+// choices, in index order. A choice's tool calls are folded by their own index (the first delta
+// that names a call carries its id, type and function name; its arguments come in pieces), and its
+// logprobs are the chunks' lists joined (chat's `content`; a completion's four parallel lists,
+// whose text offsets vLLM streams from the start of the output). Shapes it does not cover are sent
+// upstream non-streamed and relayed as they come (`assemblable` says which): the prompt's logprobs,
+// echo, best_of and beam search, the deprecated `functions`, vLLM's token-id and prompt-text
+// extras, the transfer parameters of disaggregated prefill. The usage is the backend's final one,
+// every field of it; the fingerprint the one a chunk carried.
+//
+// Where vLLM's own non-streamed body differs: a call's arguments are the text the model streamed,
+// where vLLM's `tool_choice: "required"` re-serialises them (Python's json.dumps: the same JSON,
+// other spacing); a message of tool calls alone has content null, where vLLM's named and required
+// tool choices write "" (its `auto` writes null, as OpenAI does); and a call whose stream named no
+// id gets one made here, as vLLM makes one.
+
+import { randomUUID } from 'node:crypto';
 
 export type AssembleKind = 'chat' | 'completion';
 
@@ -20,16 +31,8 @@ export type AssembleKind = 'chat' | 'completion';
 // Chat's echo and beam search too: vLLM's stream of an echo hands a message's content parts to a
 // string field (an in-band error where its non-streamed answer succeeds), and a beam search streams
 // nothing until the search ends (past a first-token timeout set for a stream).
-const CHAT_UNCOVERED = [
-  'logprobs',
-  'top_logprobs',
-  'prompt_logprobs',
-  'tools',
-  'functions',
-  'echo',
-  'use_beam_search',
-] as const;
-const COMPLETION_UNCOVERED = ['logprobs', 'prompt_logprobs', 'echo', 'best_of', 'use_beam_search'] as const;
+const CHAT_UNCOVERED = ['prompt_logprobs', 'functions', 'echo', 'use_beam_search'] as const;
+const COMPLETION_UNCOVERED = ['prompt_logprobs', 'echo', 'best_of', 'use_beam_search'] as const;
 // The transfer parameters of disaggregated prefill: vLLM returns them in the non-streamed body only
 // (no stream chunk carries them), so such a request must reach the backend as sent.
 // `return_prompt_text`: the prompt's text, which a stream carries on its first chunk only.
@@ -48,7 +51,7 @@ const VLLM_EXTRAS = [
  */
 const ZERO_ASKS: Readonly<Record<AssembleKind, ReadonlySet<string>>> = {
   chat: new Set(['prompt_logprobs']),
-  completion: new Set(['logprobs', 'prompt_logprobs']),
+  completion: new Set(['prompt_logprobs']),
 };
 
 function set(v: unknown, zeroAsks = false): boolean {
@@ -70,11 +73,29 @@ export function assemblable(kind: AssembleKind, body: Record<string, unknown>): 
 
 interface Choice {
   index?: unknown;
-  delta?: { role?: unknown; content?: unknown; reasoning?: unknown; reasoning_content?: unknown } | null;
+  delta?: {
+    role?: unknown;
+    content?: unknown;
+    reasoning?: unknown;
+    reasoning_content?: unknown;
+    tool_calls?: unknown;
+  } | null;
   text?: unknown;
+  logprobs?: unknown;
   finish_reason?: unknown;
   stop_reason?: unknown;
 }
+
+/** One tool call's deltas folded: vLLM's DeltaToolCall, by its index. */
+interface ToolCallState {
+  id: string | null;
+  type: string | null;
+  name: string;
+  arguments: string;
+}
+
+/** The four parallel lists of a completion's logprobs, in vLLM's order. */
+const COMPLETION_LOGPROB_LISTS = ['text_offset', 'token_logprobs', 'tokens', 'top_logprobs'] as const;
 
 export interface StreamChunk {
   id?: unknown;
@@ -102,11 +123,24 @@ interface ChoiceState {
   stop: unknown;
   /** The role its first chunk named (vLLM's response role, or the last message's). */
   role: string | null;
+  /** Its tool calls by their index (chat). */
+  calls: Map<number, ToolCallState> | null;
+  /** Its logprobs' lists by name, joined (null: no chunk carried logprobs). */
+  logprobs: Map<string, unknown[]> | null;
 }
 
 /** A choice nothing has been folded into yet. */
 function newChoice(): ChoiceState {
-  return { text: '', reasoning: null, reasoningContent: null, finish: null, stop: null, role: null };
+  return {
+    text: '',
+    reasoning: null,
+    reasoningContent: null,
+    finish: null,
+    stop: null,
+    role: null,
+    calls: null,
+    logprobs: null,
+  };
 }
 
 export class Assembler {
@@ -126,8 +160,11 @@ export class Assembler {
     this.kind = kind;
   }
 
-  /** Folds one parsed data event in (the usage chunk included). */
-  add(chunk: StreamChunk): void {
+  /**
+   * Folds one parsed data event in (the usage chunk included); `dataChars`, the event's data as
+   * received, is what a chunk's logprobs count against the body's bound (an upper bound of them).
+   */
+  add(chunk: StreamChunk, dataChars = 0): void {
     if (this.#id === null && chunk.id !== undefined) {
       this.#id = chunk.id;
       this.#created = chunk.created ?? null;
@@ -164,9 +201,14 @@ export class Assembler {
           st.reasoningContent = (st.reasoningContent ?? '') + d.reasoning_content;
           this.#chars += d.reasoning_content.length;
         }
+        if (Array.isArray(d?.tool_calls)) this.#chars += foldCalls(st, d.tool_calls);
       } else if (typeof c.text === 'string') {
         st.text += c.text;
         this.#chars += c.text.length;
+      }
+      if (c.logprobs != null && typeof c.logprobs === 'object') {
+        foldLogprobs(st, this.kind, c.logprobs as Record<string, unknown>);
+        this.#chars += dataChars;
       }
       if (c.finish_reason !== undefined && c.finish_reason !== null) {
         st.finish = c.finish_reason;
@@ -214,7 +256,7 @@ export class Assembler {
           choices: states.map(([index, st]) => ({
             index,
             message: chatMessage(st, names),
-            logprobs: null,
+            logprobs: logprobsOf(st, 'chat'),
             finish_reason: st.finish,
             stop_reason: st.stop,
           })),
@@ -235,7 +277,7 @@ export class Assembler {
         choices: states.map(([index, st]) => ({
           index,
           text: st.text,
-          logprobs: null,
+          logprobs: logprobsOf(st, 'completion'),
           finish_reason: st.finish,
           stop_reason: st.stop,
           prompt_logprobs: null,
@@ -258,17 +300,81 @@ function chatMessage(
   names: { reasoning: boolean; reasoningContent: boolean },
 ): Record<string, unknown> {
   const reasoned = st.reasoning !== null || st.reasoningContent !== null;
+  const calls = toolCalls(st);
   const message: Record<string, unknown> = {
     role: st.role ?? 'assistant',
-    content: reasoned && st.text === '' ? null : st.text,
+    content: (reasoned || calls.length > 0) && st.text === '' ? null : st.text,
     refusal: null,
     annotations: null,
     audio: null,
     function_call: null,
-    tool_calls: [],
+    tool_calls: calls,
   };
   // The name the backend used, or else the earlier releases' null (as the simulator writes it).
   if (names.reasoning) message.reasoning = st.reasoning;
   if (names.reasoningContent || !names.reasoning) message.reasoning_content = st.reasoningContent;
   return message;
+}
+
+/** Folds a chunk's tool-call deltas into `st`; returns the characters they added. */
+function foldCalls(st: ChoiceState, deltas: unknown[]): number {
+  let chars = 0;
+  for (const raw of deltas) {
+    if (raw === null || typeof raw !== 'object') continue;
+    const d = raw as { index?: unknown; id?: unknown; type?: unknown; function?: unknown };
+    const index = typeof d.index === 'number' ? d.index : 0;
+    st.calls ??= new Map();
+    let call = st.calls.get(index);
+    if (call === undefined) {
+      call = { id: null, type: null, name: '', arguments: '' };
+      st.calls.set(index, call);
+    }
+    if (call.id === null && typeof d.id === 'string') call.id = d.id;
+    if (call.type === null && typeof d.type === 'string') call.type = d.type;
+    const fn = d.function as { name?: unknown; arguments?: unknown } | null | undefined;
+    if (typeof fn?.name === 'string') {
+      call.name += fn.name;
+      chars += fn.name.length;
+    }
+    if (typeof fn?.arguments === 'string') {
+      call.arguments += fn.arguments;
+      chars += fn.arguments.length;
+    }
+  }
+  return chars;
+}
+
+/** vLLM's ToolCall list of a message, in the calls' index order. */
+function toolCalls(st: ChoiceState): Record<string, unknown>[] {
+  if (st.calls === null) return [];
+  return [...st.calls.entries()]
+    .sort(([a], [b]) => a - b)
+    .map(([, c]) => ({
+      id: c.id ?? `chatcmpl-tool-${randomUUID().replaceAll('-', '')}`,
+      type: c.type ?? 'function',
+      function: { name: c.name, arguments: c.arguments },
+    }));
+}
+
+/** Joins a chunk's logprobs into `st`: chat's `content` list, a completion's four lists. */
+function foldLogprobs(st: ChoiceState, kind: AssembleKind, logprobs: Record<string, unknown>): void {
+  st.logprobs ??= new Map();
+  const names = kind === 'chat' ? ['content'] : COMPLETION_LOGPROB_LISTS;
+  for (const name of names) {
+    const part = logprobs[name];
+    if (!Array.isArray(part)) continue;
+    const list = st.logprobs.get(name);
+    if (list === undefined) st.logprobs.set(name, [...part]);
+    else for (const item of part) list.push(item);
+  }
+}
+
+/** A choice's logprobs as vLLM's non-streamed body writes them; null when no chunk carried any. */
+function logprobsOf(st: ChoiceState, kind: AssembleKind): Record<string, unknown> | null {
+  if (st.logprobs === null) return null;
+  const lists = st.logprobs;
+  if (kind === 'chat') return { content: lists.get('content') ?? null };
+  const out: Record<string, unknown> = {};
+  for (const name of COMPLETION_LOGPROB_LISTS) out[name] = lists.get(name) ?? [];
+  return out;
 }

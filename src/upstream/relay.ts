@@ -425,7 +425,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
       if (usage != null && typeof usage === 'object' && (this.spec.sequences === 1 || choices === null))
         this.#takeUsage(usage);
       if (assembler !== null && msg !== null) {
-        assembler.add(msg);
+        assembler.add(msg, bytes.length);
         // Invariant: an answer built in memory is bounded as one passed through whole is.
         if (assembler.chars > this.spec.maxBodyBytes) {
           this.#fail(

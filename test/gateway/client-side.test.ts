@@ -190,10 +190,10 @@ it('a client that leaves once its TTFT target has passed is judged a miss; one t
   stream.close();
   await waitFor(async () => (await t!.records()).length === 3, 2000, 'its record');
 
-  // A non-streamed request of a shape passed through whole (logprobs): no first token is seen, so
+  // A non-streamed request of a shape passed through whole (chat's echo): no first token is seen, so
   // a client that leaves after the target says nothing of when it came.
   sentAt = performance.now();
-  const whole = openStream(t.url, CHAT, chat({ max_tokens: 5, logprobs: true }), {
+  const whole = openStream(t.url, CHAT, chat({ max_tokens: 5, echo: true }), {
     'x-request-id': 'passed-through',
   });
   await waitFor(() => held.has('passed-through'), 2000, 'passed-through dispatched');

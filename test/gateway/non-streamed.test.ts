@@ -1,6 +1,7 @@
 // A non-streamed request is streamed from the backend and its body assembled at the gateway, so it
 // is measured like a streamed one; the client gets exactly the body vLLM would have sent. Shapes
 // the assembler does not cover pass through as before (docs/architecture.md lists them).
+import OpenAI from 'openai';
 import { afterEach, describe, expect, it } from 'vitest';
 import {
   chat,
@@ -165,6 +166,84 @@ describe('assembled from a stream', () => {
     }
   });
 
+  it('tools and logprobs, as the real openai client reads them: streamed from the backend, the calls and logprobs assembled, TTFT measured and the SLA judged', async () => {
+    const seen: { stream: unknown; tools: unknown }[] = [];
+    const lp = (token: string, logprob: number) => ({
+      token,
+      logprob,
+      bytes: [...Buffer.from(token)],
+      top_logprobs: [],
+    });
+    const b = await scripted((_req, res, hit) => {
+      const sent = JSON.parse(hit.body) as { stream?: unknown; tools?: unknown };
+      seen.push({ stream: sent.stream, tools: sent.tools });
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const head = { id: 'chatcmpl-tc', object: 'chat.completion.chunk', created: 5, model: MODEL };
+      const f = (delta: Record<string, unknown>, logprobs: unknown = null, finish: string | null = null) =>
+        `data: ${JSON.stringify({ ...head, choices: [{ index: 0, delta, logprobs, finish_reason: finish }] })}\n\n`;
+      res.end(
+        f({ role: 'assistant', content: '' }) +
+          f(
+            {
+              tool_calls: [
+                {
+                  index: 0,
+                  id: 'chatcmpl-tool-1',
+                  type: 'function',
+                  function: { name: 'weather', arguments: '' },
+                },
+              ],
+            },
+            { content: [lp('<tool>', -0.01)] },
+          ) +
+          f(
+            { tool_calls: [{ index: 0, function: { arguments: '{"city": "Oslo"}' } }] },
+            { content: [lp('{"', -0.2)] },
+            'tool_calls',
+          ) +
+          `data: ${JSON.stringify({ ...head, choices: [], usage: { prompt_tokens: 9, total_tokens: 11, completion_tokens: 2 } })}\n\n` +
+          'data: [DONE]\n\n',
+      );
+    });
+    t = await startTestGateway({ backends: [{ name: 'b', url: b.url }] });
+    try {
+      const openai = new OpenAI({ baseURL: `${t.url}/v1`, apiKey: 'k', maxRetries: 0 });
+      const tools = [
+        {
+          type: 'function' as const,
+          function: {
+            name: 'weather',
+            parameters: { type: 'object', properties: { city: { type: 'string' } } },
+          },
+        },
+      ];
+      const completion = await openai.chat.completions.create(
+        { model: MODEL, messages: [{ role: 'user', content: 'Weather in Oslo?' }], tools, logprobs: true },
+        { headers: { 'x-request-id': 'tc' } },
+      );
+      const choice = completion.choices[0]!;
+      expect(choice.finish_reason).toBe('tool_calls');
+      expect(choice.message.content).toBeNull();
+      expect(choice.message.tool_calls).toEqual([
+        {
+          id: 'chatcmpl-tool-1',
+          type: 'function',
+          function: { name: 'weather', arguments: '{"city": "Oslo"}' },
+        },
+      ]);
+      expect(choice.logprobs?.content?.map((c) => c.token)).toEqual(['<tool>', '{"']);
+      expect(completion.usage).toMatchObject({ prompt_tokens: 9, completion_tokens: 2 });
+      // Asked as a stream, the tools as the client sent them.
+      expect(seen).toEqual([{ stream: true, tools }]);
+      const rec = await t.recordOf('tc');
+      expect(rec).toMatchObject({ stream: false, outcome: 'ok', completion_tokens: 2 });
+      expect(rec.ttft_ms).not.toBeNull();
+      expect(typeof rec.sla_met).toBe('boolean');
+    } finally {
+      await b.close();
+    }
+  });
+
   it('a stream that fails after its first token ends in the error envelope (nothing was sent yet)', async () => {
     t = await startTestGateway({ replicas: 1 });
     await t.fleet!.replicas[0]!.fault({ mode: 'drop', afterTokens: 3 });
@@ -180,7 +259,7 @@ describe('assembled from a stream', () => {
 });
 
 describe('shapes the assembler does not cover pass through', () => {
-  it('logprobs: sent non-streamed, relayed as it came, no TTFT claimed', async () => {
+  it("chat's echo: sent non-streamed, relayed as it came, no TTFT claimed", async () => {
     const bodies: Record<string, unknown>[] = [];
     const reply = JSON.stringify({
       id: 'x',
@@ -189,7 +268,7 @@ describe('shapes the assembler does not cover pass through', () => {
         {
           index: 0,
           message: { role: 'assistant', content: 'hi' },
-          logprobs: { content: [] },
+          logprobs: null,
           finish_reason: 'stop',
         },
       ],
@@ -198,7 +277,7 @@ describe('shapes the assembler does not cover pass through', () => {
     const b = await jsonBackend(reply, bodies);
     t = await startTestGateway({ backends: [{ name: 'b', url: b.url }] });
     try {
-      const res = await post(t.url, CHAT, chat({ logprobs: true, top_logprobs: 2 }), {
+      const res = await post(t.url, CHAT, chat({ echo: true }), {
         'x-request-id': 'lp',
       });
       expect(res.status).toBe(200);
@@ -227,7 +306,7 @@ describe('shapes the assembler does not cover pass through', () => {
       },
     });
     try {
-      const res = await post(t.url, CHAT, chat({ tools: [{ type: 'function', function: { name: 'f' } }] }), {
+      const res = await post(t.url, CHAT, chat({ echo: true }), {
         'x-request-id': 'tools-long',
       });
       expect(res.status).toBe(200);
@@ -258,7 +337,7 @@ describe('shapes the assembler does not cover pass through', () => {
     type State = { backends: { local_inflight: number; inflight: { pendingPrefillTokens: number } }[] };
     const state = async () => JSON.parse((await get(t!.url, '/admin/state')).text) as State;
     try {
-      const res = post(t.url, CHAT, chat({ logprobs: true }), { 'x-request-id': 'lp-long' });
+      const res = post(t.url, CHAT, chat({ echo: true }), { 'x-request-id': 'lp-long' });
       let s = await state();
       const started = performance.now();
       while (answer === null || s.backends[0]!.local_inflight === 0) {

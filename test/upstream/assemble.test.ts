@@ -194,3 +194,141 @@ describe('what is not assembled', () => {
     expect(assemblable('completion', { model: 'm', prompt: 'x', ec_transfer_params: {} })).toBe(false);
   });
 });
+
+describe('tool calls and logprobs, folded from their deltas', () => {
+  it("a call's id, type and name come from its first delta, its arguments in pieces; calls listed by index", () => {
+    const a = new Assembler('chat');
+    a.add(chunk({ role: 'assistant', content: '' }));
+    a.add(chunk({ content: 'Checking.' }));
+    a.add(
+      chunk({
+        tool_calls: [
+          { index: 0, id: 'chatcmpl-tool-a', type: 'function', function: { name: 'weather', arguments: '' } },
+        ],
+      }),
+    );
+    a.add(chunk({ tool_calls: [{ index: 0, function: { arguments: '{"city": ' } }] }));
+    // A second call whose first delta comes before the first call's last piece.
+    a.add(
+      chunk({
+        tool_calls: [
+          { index: 1, id: 'chatcmpl-tool-b', type: 'function', function: { name: 'time', arguments: '{}' } },
+        ],
+      }),
+    );
+    a.add(chunk({ tool_calls: [{ index: 0, function: { arguments: '"Oslo"}' } }] }, 'tool_calls'));
+    const body = JSON.parse(a.body().toString());
+    expect(body.choices[0].finish_reason).toBe('tool_calls');
+    expect(body.choices[0].message).toMatchObject({
+      content: 'Checking.',
+      tool_calls: [
+        {
+          id: 'chatcmpl-tool-a',
+          type: 'function',
+          function: { name: 'weather', arguments: '{"city": "Oslo"}' },
+        },
+        { id: 'chatcmpl-tool-b', type: 'function', function: { name: 'time', arguments: '{}' } },
+      ],
+    });
+    // vLLM's ToolCall: id, type, function (name, arguments), in that order.
+    expect(Object.keys(body.choices[0].message.tool_calls[0])).toEqual(['id', 'type', 'function']);
+    expect(a.chars).toBe('Checking.'.length + 'weather'.length + 16 + 'time'.length + 2);
+  });
+
+  it('calls alone leave content null, as vLLM and OpenAI write it; a call whose stream named no id gets one', () => {
+    const a = new Assembler('chat');
+    a.add(chunk({ role: 'assistant', content: '' }));
+    a.add(chunk({ tool_calls: [{ index: 0, function: { name: 'f', arguments: '{"x":1}' } }] }, 'tool_calls'));
+    const message = JSON.parse(a.body().toString()).choices[0].message;
+    expect(message.content).toBeNull();
+    expect(message.tool_calls).toHaveLength(1);
+    expect(message.tool_calls[0].id).toMatch(/^chatcmpl-tool-[0-9a-f]{32}$/);
+    expect(message.tool_calls[0]).toMatchObject({
+      type: 'function',
+      function: { name: 'f', arguments: '{"x":1}' },
+    });
+    // Without calls the message keeps vLLM's empty list.
+    expect(message.function_call).toBeNull();
+    const plain = new Assembler('chat');
+    plain.add(chunk({ role: 'assistant', content: '' }));
+    plain.add(chunk({ content: 'hi' }, 'stop'));
+    expect(JSON.parse(plain.body().toString()).choices[0].message.tool_calls).toEqual([]);
+  });
+
+  it("chat: each chunk's logprobs content joined; a choice whose chunks carried none keeps null", () => {
+    const lp = (token: string, logprob: number) => ({
+      token,
+      logprob,
+      bytes: [...Buffer.from(token)],
+      top_logprobs: [{ token, logprob, bytes: [...Buffer.from(token)] }],
+    });
+    const a = new Assembler('chat');
+    a.add(chunk({ role: 'assistant', content: '' }));
+    a.add({
+      ...head,
+      choices: [
+        { index: 0, delta: { content: 'Hi' }, logprobs: { content: [lp('Hi', -0.1)] }, finish_reason: null },
+      ],
+    });
+    a.add(
+      {
+        ...head,
+        choices: [
+          {
+            index: 0,
+            delta: { content: ' there' },
+            logprobs: { content: [lp(' there', -0.5)] },
+            finish_reason: 'stop',
+          },
+        ],
+      },
+      400,
+    );
+    const body = JSON.parse(a.body().toString());
+    expect(body.choices[0].logprobs).toEqual({ content: [lp('Hi', -0.1), lp(' there', -0.5)] });
+    expect(body.choices[0].message.content).toBe('Hi there');
+    // What a chunk with logprobs counts against the body's bound: its data as received.
+    expect(a.chars).toBe('Hi there'.length + 400);
+    const none = new Assembler('chat');
+    none.add(chunk({ content: 'x' }, 'stop'));
+    expect(JSON.parse(none.body().toString()).choices[0].logprobs).toBeNull();
+  });
+
+  it("completions: the four lists of each chunk joined, in vLLM's order, the text offsets as streamed", () => {
+    const cmpl = (
+      text: string,
+      offset: number,
+      logprob: number,
+      finish: string | null = null,
+    ): StreamChunk => ({
+      ...head,
+      object: 'text_completion',
+      choices: [
+        {
+          index: 0,
+          text,
+          logprobs: {
+            text_offset: [offset],
+            token_logprobs: [logprob],
+            tokens: [text],
+            top_logprobs: [{ [text]: logprob }],
+          },
+          finish_reason: finish,
+          stop_reason: null,
+        },
+      ],
+    });
+    const a = new Assembler('completion');
+    a.add(cmpl(' once', 0, -1));
+    a.add(cmpl(' upon', 5, -2, 'length'));
+    const choice = JSON.parse(a.body().toString()).choices[0];
+    expect(choice.text).toBe(' once upon');
+    expect(choice.logprobs).toEqual({
+      text_offset: [0, 5],
+      token_logprobs: [-1, -2],
+      tokens: [' once', ' upon'],
+      top_logprobs: [{ ' once': -1 }, { ' upon': -2 }],
+    });
+    expect(Object.keys(choice.logprobs)).toEqual(['text_offset', 'token_logprobs', 'tokens', 'top_logprobs']);
+  });
+});

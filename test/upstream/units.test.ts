@@ -281,13 +281,16 @@ describe('DecodeMeter and the median gap', () => {
 
 describe('assemblable', () => {
   const chat = { model: 'm', messages: [] };
-  it('a 0 that still asks vLLM for logprobs passes the body through; a 0 that asks nothing does not', () => {
-    // Completion logprobs 0: the sampled token's logprob. prompt_logprobs 0: the prompt's.
-    expect(assemblable('completion', { model: 'm', prompt: 'p', logprobs: 0 })).toBe(false);
+  it("the prompt's logprobs pass the body through, a 0 included (it asks for the prompt's own); the output's are assembled", () => {
     expect(assemblable('completion', { model: 'm', prompt: 'p', prompt_logprobs: 0 })).toBe(false);
     expect(assemblable('chat', { ...chat, prompt_logprobs: 0 })).toBe(false);
-    // Chat's logprobs is a boolean to vLLM (0 is false), top_logprobs 0 asks for no alternatives.
-    expect(assemblable('chat', { ...chat, logprobs: 0, top_logprobs: 0 })).toBe(true);
+    expect(assemblable('chat', { ...chat, prompt_logprobs: null })).toBe(true);
+    expect(assemblable('completion', { model: 'm', prompt: 'p', logprobs: 0 })).toBe(true);
+    expect(assemblable('chat', { ...chat, logprobs: true, top_logprobs: 3 })).toBe(true);
+    expect(assemblable('chat', { ...chat, tools: [{ type: 'function', function: { name: 'f' } }] })).toBe(
+      true,
+    );
+    expect(assemblable('chat', { ...chat, functions: [{ name: 'f' }] })).toBe(false);
     expect(assemblable('completion', { model: 'm', prompt: 'p', logprobs: null, echo: false })).toBe(true);
   });
 });
