@@ -484,8 +484,11 @@ export async function compareCommand(argv: string[]): Promise<number> {
     const result = await runCompare({
       ...options,
       signal: abort.signal,
+      // On a terminal only: piped, long work stays quiet (the failures below are always said).
       progress: !quiet && process.stderr.isTTY === true,
-      ...(quiet ? {} : { onProgress: (line: string) => process.stderr.write(`${line}\n`) }),
+      ...(quiet || process.stderr.isTTY !== true
+        ? {}
+        : { onProgress: (line: string) => process.stderr.write(`${line}\n`) }),
     });
     for (const run of result.runs) {
       if (run.error !== null) {
