@@ -944,24 +944,30 @@ class LiveStateImpl implements LiveState {
   readonly #refreshHeld = (): void => this.#refreshFits(false);
 
   /**
-   * Solves the fits whose samples or peers' part changed since their last solve, each at most once
-   * per REFIT_MS as a read would; one held back by that is solved when its REFIT_MS is up (`again`:
-   * once; the next sample owes the next refresh). What any read returns is unchanged: only where
-   * the solve runs is (not inside a request's admission, where it was about a quarter of the
-   * admission's time at one stream).
+   * Solves the fits whose own samples or the peers' part changed since their last solve, each at
+   * most once per REFIT_MS as a read would; one held back by that is solved when its REFIT_MS is up
+   * (`again`: once; the next sample owes the next refresh). A fit stale only by the fleet's prior
+   * (another backend's sample) is left to the read that wants it, as before: a backend no request
+   * asks about (another model's replica) is not solved on every sample of the fleet. Reads still
+   * solve what they find stale past REFIT_MS, and may get a solution up to REFIT_MS older than the
+   * last sample, as before; this moves the solve of the usual case out of a request's admission,
+   * where it was about a quarter of the admission's time at one stream.
    */
   #refreshFits(again: boolean): void {
     this.#refreshing = null;
     const now = this.#now();
     let waitMs = Number.POSITIVE_INFINITY;
     for (const [name, { state }] of this.#backends) {
+      const before = this.#fitCache.get(name);
+      if (
+        before !== undefined &&
+        before.version === state.fitVersion &&
+        before.remoteVersion === this.#remoteVersion
+      )
+        continue;
       this.#fits(name, state);
       const c = this.#fitCache.get(name);
-      const pool = this.#pool;
-      if (c === undefined || pool === null) continue;
-      if (pool.fleetVersion !== this.#fleetVersion || pool.remoteVersion !== this.#remoteVersion)
-        waitMs = Math.min(waitMs, REFIT_MS - (now - pool.at));
-      else if (c.version !== state.fitVersion || c.remoteVersion !== this.#remoteVersion || c.pool !== pool)
+      if (c !== undefined && (c.version !== state.fitVersion || c.remoteVersion !== this.#remoteVersion))
         waitMs = Math.min(waitMs, REFIT_MS - (now - c.at));
     }
     if (!again || waitMs === Number.POSITIVE_INFINITY || this.#closed !== null) return;

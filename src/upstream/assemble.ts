@@ -9,13 +9,17 @@
 //
 // Several choices (n > 1, several completion prompts) are folded by their index into the body's
 // choices, in index order. A choice's tool calls are folded by their own index (the first delta
-// that names a call carries its id, type and function name; its arguments come in pieces), and its
-// logprobs are the chunks' lists joined (chat's `content`; a completion's four parallel lists,
-// whose text offsets vLLM streams from the start of the output). Shapes it does not cover are sent
-// upstream non-streamed and relayed as they come (`assemblable` says which): the prompt's logprobs,
-// echo, best_of and beam search, the deprecated `functions`, vLLM's token-id and prompt-text
-// extras, the transfer parameters of disaggregated prefill. The usage is the backend's final one,
-// every field of it; the fingerprint the one a chunk carried.
+// that names a call carries its id, type and function name; its arguments come in pieces), and a
+// completion's logprobs are the chunks' four parallel lists joined (vLLM streams the text offsets
+// from the start of the output, and every token's logprobs). Shapes it does not cover are sent
+// upstream non-streamed and relayed as they come (`assemblable` says which): a chat's logprobs
+// (vLLM's chat stream drops the chunks its tool and reasoning parsers hold back, logprobs and all:
+// `<tool_call>`, a call's name, `<think>`; its non-streamed body lists every token), tools with
+// several sequences (vLLM's chat stream shared one tool parser among the choices until 2026-03, and
+// lost their calls), the prompt's logprobs, echo, best_of and beam search, the deprecated
+// `functions`, vLLM's token-id and prompt-text extras, the transfer parameters of disaggregated
+// prefill. The usage is the backend's final one, every field of it; the fingerprint the one a
+// chunk carried.
 //
 // Where vLLM's own non-streamed body differs: a call's arguments are the text the model streamed,
 // where vLLM's `tool_choice: "required"` re-serialises them (Python's json.dumps: the same JSON,
@@ -31,7 +35,14 @@ export type AssembleKind = 'chat' | 'completion';
 // Chat's echo and beam search too: vLLM's stream of an echo hands a message's content parts to a
 // string field (an in-band error where its non-streamed answer succeeds), and a beam search streams
 // nothing until the search ends (past a first-token timeout set for a stream).
-const CHAT_UNCOVERED = ['prompt_logprobs', 'functions', 'echo', 'use_beam_search'] as const;
+const CHAT_UNCOVERED = [
+  'logprobs',
+  'top_logprobs',
+  'prompt_logprobs',
+  'functions',
+  'echo',
+  'use_beam_search',
+] as const;
 const COMPLETION_UNCOVERED = ['prompt_logprobs', 'echo', 'best_of', 'use_beam_search'] as const;
 // The transfer parameters of disaggregated prefill: vLLM returns them in the non-streamed body only
 // (no stream chunk carries them), so such a request must reach the backend as sent.
@@ -68,6 +79,8 @@ export function assemblable(kind: AssembleKind, body: Record<string, unknown>): 
   const zero = ZERO_ASKS[kind];
   for (const k of uncovered) if (set(body[k], zero.has(k))) return false;
   for (const k of VLLM_EXTRAS) if (set(body[k])) return false;
+  // Tools with several sequences (n > 1): see the header comment.
+  if (kind === 'chat' && set(body.tools) && typeof body.n === 'number' && body.n > 1) return false;
   return true;
 }
 
@@ -125,7 +138,7 @@ interface ChoiceState {
   role: string | null;
   /** Its tool calls by their index (chat). */
   calls: Map<number, ToolCallState> | null;
-  /** Its logprobs' lists by name, joined (null: no chunk carried logprobs). */
+  /** A completion's logprobs lists by name, joined (null: no chunk carried logprobs). */
   logprobs: Map<string, unknown[]> | null;
 }
 
@@ -160,11 +173,8 @@ export class Assembler {
     this.kind = kind;
   }
 
-  /**
-   * Folds one parsed data event in (the usage chunk included); `dataChars`, the event's data as
-   * received, is what a chunk's logprobs count against the body's bound (an upper bound of them).
-   */
-  add(chunk: StreamChunk, dataChars = 0): void {
+  /** Folds one parsed data event in (the usage chunk included). */
+  add(chunk: StreamChunk): void {
     if (this.#id === null && chunk.id !== undefined) {
       this.#id = chunk.id;
       this.#created = chunk.created ?? null;
@@ -206,10 +216,8 @@ export class Assembler {
         st.text += c.text;
         this.#chars += c.text.length;
       }
-      if (c.logprobs != null && typeof c.logprobs === 'object') {
-        foldLogprobs(st, this.kind, c.logprobs as Record<string, unknown>);
-        this.#chars += dataChars;
-      }
+      if (this.kind === 'completion' && c.logprobs != null && typeof c.logprobs === 'object')
+        this.#chars += foldLogprobs(st, c.logprobs as Record<string, unknown>);
       if (c.finish_reason !== undefined && c.finish_reason !== null) {
         st.finish = c.finish_reason;
         st.stop = c.stop_reason ?? null;
@@ -256,7 +264,7 @@ export class Assembler {
           choices: states.map(([index, st]) => ({
             index,
             message: chatMessage(st, names),
-            logprobs: logprobsOf(st, 'chat'),
+            logprobs: null,
             finish_reason: st.finish,
             stop_reason: st.stop,
           })),
@@ -277,7 +285,7 @@ export class Assembler {
         choices: states.map(([index, st]) => ({
           index,
           text: st.text,
-          logprobs: logprobsOf(st, 'completion'),
+          logprobs: logprobsOf(st),
           finish_reason: st.finish,
           stop_reason: st.stop,
           prompt_logprobs: null,
@@ -356,25 +364,28 @@ function toolCalls(st: ChoiceState): Record<string, unknown>[] {
     }));
 }
 
-/** Joins a chunk's logprobs into `st`: chat's `content` list, a completion's four lists. */
-function foldLogprobs(st: ChoiceState, kind: AssembleKind, logprobs: Record<string, unknown>): void {
+/**
+ * Joins a completion chunk's four logprobs lists into `st`; returns the characters they add to the
+ * body (their JSON), what they count against its bound.
+ */
+function foldLogprobs(st: ChoiceState, logprobs: Record<string, unknown>): number {
   st.logprobs ??= new Map();
-  const names = kind === 'chat' ? ['content'] : COMPLETION_LOGPROB_LISTS;
-  for (const name of names) {
+  let chars = 0;
+  for (const name of COMPLETION_LOGPROB_LISTS) {
     const part = logprobs[name];
     if (!Array.isArray(part)) continue;
+    chars += JSON.stringify(part).length;
     const list = st.logprobs.get(name);
     if (list === undefined) st.logprobs.set(name, [...part]);
     else for (const item of part) list.push(item);
   }
+  return chars;
 }
 
-/** A choice's logprobs as vLLM's non-streamed body writes them; null when no chunk carried any. */
-function logprobsOf(st: ChoiceState, kind: AssembleKind): Record<string, unknown> | null {
+/** A completion choice's logprobs as vLLM's non-streamed body writes them; null when no chunk carried any. */
+function logprobsOf(st: ChoiceState): Record<string, unknown> | null {
   if (st.logprobs === null) return null;
-  const lists = st.logprobs;
-  if (kind === 'chat') return { content: lists.get('content') ?? null };
   const out: Record<string, unknown> = {};
-  for (const name of COMPLETION_LOGPROB_LISTS) out[name] = lists.get(name) ?? [];
+  for (const name of COMPLETION_LOGPROB_LISTS) out[name] = st.logprobs.get(name) ?? [];
   return out;
 }

@@ -425,7 +425,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
       if (usage != null && typeof usage === 'object' && (this.spec.sequences === 1 || choices === null))
         this.#takeUsage(usage);
       if (assembler !== null && msg !== null) {
-        assembler.add(msg, bytes.length);
+        assembler.add(msg);
         // Invariant: an answer built in memory is bounded as one passed through whole is.
         if (assembler.chars > this.spec.maxBodyBytes) {
           this.#fail(
@@ -435,7 +435,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
               {
                 clientError: new GatewayError(
                   'upstream_error',
-                  `The answer grew past ${this.spec.maxBodyBytes} characters; stream it, or lower max_tokens.`,
+                  `The answer grew past ${this.spec.maxBodyBytes} characters; stream it, or lower max_tokens or the logprobs it asks for.`,
                 ),
               },
             ),

@@ -255,43 +255,31 @@ describe('tool calls and logprobs, folded from their deltas', () => {
     expect(JSON.parse(plain.body().toString()).choices[0].message.tool_calls).toEqual([]);
   });
 
-  it("chat: each chunk's logprobs content joined; a choice whose chunks carried none keeps null", () => {
-    const lp = (token: string, logprob: number) => ({
-      token,
-      logprob,
-      bytes: [...Buffer.from(token)],
-      top_logprobs: [{ token, logprob, bytes: [...Buffer.from(token)] }],
-    });
+  it("a chat's logprobs are not folded (such a request passes through): the body keeps vLLM's null", () => {
     const a = new Assembler('chat');
     a.add(chunk({ role: 'assistant', content: '' }));
     a.add({
       ...head,
       choices: [
-        { index: 0, delta: { content: 'Hi' }, logprobs: { content: [lp('Hi', -0.1)] }, finish_reason: null },
+        {
+          index: 0,
+          delta: { content: 'Hi' },
+          logprobs: { content: [{ token: 'Hi', logprob: -0.1 }] },
+          finish_reason: 'stop',
+        },
       ],
     });
-    a.add(
-      {
-        ...head,
-        choices: [
-          {
-            index: 0,
-            delta: { content: ' there' },
-            logprobs: { content: [lp(' there', -0.5)] },
-            finish_reason: 'stop',
-          },
-        ],
-      },
-      400,
-    );
-    const body = JSON.parse(a.body().toString());
-    expect(body.choices[0].logprobs).toEqual({ content: [lp('Hi', -0.1), lp(' there', -0.5)] });
-    expect(body.choices[0].message.content).toBe('Hi there');
-    // What a chunk with logprobs counts against the body's bound: its data as received.
-    expect(a.chars).toBe('Hi there'.length + 400);
-    const none = new Assembler('chat');
-    none.add(chunk({ content: 'x' }, 'stop'));
-    expect(JSON.parse(none.body().toString()).choices[0].logprobs).toBeNull();
+    expect(JSON.parse(a.body().toString()).choices[0].logprobs).toBeNull();
+    expect(assemblable('chat', { model: 'm', messages: [], logprobs: true })).toBe(false);
+    expect(assemblable('chat', { model: 'm', messages: [], top_logprobs: 2 })).toBe(false);
+  });
+
+  it('tools with several sequences pass through; with one, or n: 1, they are assembled', () => {
+    const tools = [{ type: 'function', function: { name: 'f' } }];
+    expect(assemblable('chat', { model: 'm', messages: [], tools, n: 3 })).toBe(false);
+    expect(assemblable('chat', { model: 'm', messages: [], tools, n: 1 })).toBe(true);
+    expect(assemblable('chat', { model: 'm', messages: [], tools })).toBe(true);
+    expect(assemblable('chat', { model: 'm', messages: [], n: 3 })).toBe(true);
   });
 
   it("completions: the four lists of each chunk joined, in vLLM's order, the text offsets as streamed", () => {
@@ -321,6 +309,13 @@ describe('tool calls and logprobs, folded from their deltas', () => {
     const a = new Assembler('completion');
     a.add(cmpl(' once', 0, -1));
     a.add(cmpl(' upon', 5, -2, 'length'));
+    // What the lists add to the body counts against its bound, with the text.
+    const listChars = (text: string, offset: number, lp: number) =>
+      JSON.stringify([offset]).length +
+      JSON.stringify([lp]).length +
+      JSON.stringify([text]).length +
+      JSON.stringify([{ [text]: lp }]).length;
+    expect(a.chars).toBe(' once upon'.length + listChars(' once', 0, -1) + listChars(' upon', 5, -2));
     const choice = JSON.parse(a.body().toString()).choices[0];
     expect(choice.text).toBe(' once upon');
     expect(choice.logprobs).toEqual({

@@ -634,7 +634,8 @@ describe('a non-streamed answer assembled from a stream that grows too large', (
     expect(res.status).toBe(502);
     expect(JSON.parse(res.text).error).toMatchObject({
       code: 'upstream_error',
-      message: 'The answer grew past 100 characters; stream it, or lower max_tokens.',
+      message:
+        'The answer grew past 100 characters; stream it, or lower max_tokens or the logprobs it asks for.',
     });
     expect(result).toMatchObject({ attempts: 1, reason: 'response_too_large' });
     // The backend sent a healthy stream: the size is the request's, not its fault.

@@ -281,12 +281,13 @@ describe('DecodeMeter and the median gap', () => {
 
 describe('assemblable', () => {
   const chat = { model: 'm', messages: [] };
-  it("the prompt's logprobs pass the body through, a 0 included (it asks for the prompt's own); the output's are assembled", () => {
+  it("the prompt's logprobs pass the body through, a 0 included (it asks for the prompt's own); a completion's output logprobs are assembled, a chat's (a boolean to vLLM: 0 asks nothing) pass through", () => {
     expect(assemblable('completion', { model: 'm', prompt: 'p', prompt_logprobs: 0 })).toBe(false);
     expect(assemblable('chat', { ...chat, prompt_logprobs: 0 })).toBe(false);
     expect(assemblable('chat', { ...chat, prompt_logprobs: null })).toBe(true);
     expect(assemblable('completion', { model: 'm', prompt: 'p', logprobs: 0 })).toBe(true);
-    expect(assemblable('chat', { ...chat, logprobs: true, top_logprobs: 3 })).toBe(true);
+    expect(assemblable('chat', { ...chat, logprobs: true, top_logprobs: 3 })).toBe(false);
+    expect(assemblable('chat', { ...chat, logprobs: 0, top_logprobs: 0 })).toBe(true);
     expect(assemblable('chat', { ...chat, tools: [{ type: 'function', function: { name: 'f' } }] })).toBe(
       true,
     );
