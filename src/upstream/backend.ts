@@ -72,6 +72,8 @@ export class Backend {
    * (every change emits) or the slot is returned, so it is never set outside half-open.
    */
   #trial: object | null = null;
+  /** performance.now() when it last began an answer (a first token, a whole body); null: never. */
+  answeredAt: number | null = null;
 
   constructor(config: BackendConfig, pool: PoolOptions, parts: BackendParts) {
     this.name = config.name;
@@ -191,22 +193,22 @@ export class Backend {
    */
   async run(attempt: Attempt): Promise<AttemptEnd | null> {
     try {
-      await this.breaker.fire(trialCall(this.breaker, () => attempt.start(this.pool)));
+      const how = await this.breaker.fire(trialCall(this.breaker, () => attempt.start(this.pool)));
+      // Invariant: outlier detection counts a request the backend answered as a success when the
+      // answer begins, as the breaker does (and Envoy at a good response head), not when a stream
+      // that may last minutes ends: a replica serving half its requests well was otherwise ejected
+      // once five failures ended in a row while its good streams were still running.
+      if (how === 'first_token' || how === 'body') {
+        this.answeredAt = performance.now();
+        this.outlier.success();
+      }
     } catch {
       // A pre-commit failure already reached the breaker; `done` carries it below.
       if (!attempt.started) return null;
     }
     const end = await attempt.done;
-    this.#record(end);
+    if (end.kind !== 'ok' && end.failure?.backendFault) this.blame(end.failure);
     return end;
-  }
-
-  #record(end: AttemptEnd): void {
-    if (end.kind === 'ok') {
-      this.outlier.success();
-    } else if (end.failure?.backendFault) {
-      this.blame(end.failure);
-    }
   }
 
   /**

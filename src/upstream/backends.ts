@@ -1,9 +1,14 @@
 // The set of backends. Reload (`update`) adds new backends and retires removed ones without
 // dropping their in-flight requests; a backend whose URL changed is replaced under the same name.
 // The set owns what is shared across backends: the ejection cap and the breakers' bucket clock.
-// Invariant: an ejection never takes the last backend in service out of service. A replica that
-// fails some requests serves better than none (Envoy reaches the same end with its panic
-// threshold); the breaker, whose reset is short, still guards a sole backend that fails them all.
+// Invariant: an ejection never takes the last backend in service out of service, then or later. A
+// replica that fails some requests serves better than none (Envoy reaches the same end with its
+// panic threshold); the breaker, whose reset is short, still guards a sole backend that fails them
+// all. So an ejection is allowed only while another backend stays in service, and when the others
+// leave service afterwards (their probes fail, a reload removes them) the ejections still running
+// end at once (`unejected`).
+// Invariant: every ejection's end is told (`unejected`), the early ones and those that run out,
+// each once, and the queue is pumped on it (a timer per ejection, cleared when it ends early).
 // Invariant: after close() resolves, the set owns no timer, socket or listener.
 import { EventEmitter } from 'node:events';
 import { authorizationOf, Backend, type BackendConfig, type PoolOptions } from './backend.ts';
@@ -43,6 +48,8 @@ export class BackendSet {
   readonly #retiring = new Set<Promise<void>>();
   readonly #rotate = new EventEmitter();
   readonly #rotateTimer: NodeJS.Timeout;
+  /** Each running ejection's end, told when it comes (#unejected clears it when it ends early). */
+  readonly #ejectionEnds = new Map<Backend, NodeJS.Timeout>();
 
   constructor(opts: BackendSetOptions, configs: readonly BackendConfig[] = []) {
     this.#opts = opts;
@@ -76,7 +83,7 @@ export class BackendSet {
     const b = this.#backends.get(name);
     if (b === undefined) return;
     this.#emit({ type: 'engine_restarted', backend: name });
-    if (b.outlier.engineRestarted()) this.#emit({ type: 'unejected', backend: name });
+    if (b.outlier.engineRestarted()) this.#unejected(b);
   }
 
   /** Applies a new backend list (a reload); returns when the retired backends have drained. */
@@ -100,18 +107,24 @@ export class BackendSet {
     for (const c of configs) {
       if (!this.#backends.has(c.name)) this.#backends.set(c.name, this.#build(c, why));
     }
+    if (drains.length > 0) this.#rescue();
     return Promise.all(drains).then(() => undefined);
   }
 
   /** Retires every backend (in-flight requests finish first) and stops the shared clock. */
   async close(): Promise<void> {
     clearInterval(this.#rotateTimer);
+    for (const t of this.#ejectionEnds.values()) clearTimeout(t);
+    this.#ejectionEnds.clear();
     const all = [...this.#backends.values()];
     this.#backends.clear();
     await Promise.all([...all.map((b) => this.#retire(b, 'shutdown')), ...this.#retiring]);
   }
 
   #retire(b: Backend, why: 'start' | 'reload' | 'shutdown'): Promise<void> {
+    const end = this.#ejectionEnds.get(b);
+    if (end !== undefined) clearTimeout(end);
+    this.#ejectionEnds.delete(b);
     const p = b.retire().finally(() => this.#retiring.delete(p));
     this.#retiring.add(p);
     this.#emit({ type: 'removed', backend: b.name, why });
@@ -132,32 +145,71 @@ export class BackendSet {
     );
   }
 
+  /** `b`'s ejection ended (ran out, or ended early): told once, its timer cleared. */
+  #unejected(b: Backend): void {
+    const end = this.#ejectionEnds.get(b);
+    if (end !== undefined) clearTimeout(end);
+    this.#ejectionEnds.delete(b);
+    this.#emit({ type: 'unejected', backend: b.name });
+  }
+
+  /** `b` was ejected for `ms`: its end is told when it comes, unless it ends early. */
+  #ejected(b: Backend, ms: number): void {
+    this.#emit({ type: 'ejected', backend: b.name, durationMs: ms });
+    const previous = this.#ejectionEnds.get(b);
+    if (previous !== undefined) clearTimeout(previous);
+    const end = setTimeout(() => {
+      this.#ejectionEnds.delete(b);
+      if (!b.outlier.ejected()) this.#emit({ type: 'unejected', backend: b.name });
+    }, ms + 1);
+    end.unref();
+    this.#ejectionEnds.set(b, end);
+  }
+
+  /**
+   * No backend is in service any more (the others' probes failed, a reload removed them): the
+   * ejections still running end now, on the backends whose probe is up (see the header).
+   */
+  #rescue(): void {
+    const all = [...this.#backends.values()];
+    if (all.some((b) => b.inService)) return;
+    for (const b of all) {
+      if ((b.probe === null || b.probe.up) && b.outlier.release()) this.#unejected(b);
+    }
+  }
+
   #build(c: BackendConfig, why: 'start' | 'reload'): Backend {
     const { name } = c;
     const breaker = createBreaker(name, this.#opts.breaker, this.#rotate);
     const outlier = new OutlierDetector(this.#opts.outlier, this.#now);
     let confirmed = false;
-    const probe =
+    // The backend is made below; the probe's callbacks run only once it exists.
+    let backend: Backend;
+    const probe: HealthProbe | null =
       this.#opts.health.intervalMs > 0
         ? new HealthProbe(
             new URL(c.url).origin,
             this.#opts.health,
-            (up) => this.#emit({ type: up ? 'probe_up' : 'probe_down', backend: name }),
+            (up) => {
+              this.#emit({ type: up ? 'probe_up' : 'probe_down', backend: name });
+              if (!up) this.#rescue();
+            },
             (ok) => {
               if (ok && !confirmed) {
                 confirmed = true;
                 this.#emit({ type: 'probe_confirmed', backend: name });
               }
-              if (ok && outlier.probePassed()) this.#emit({ type: 'unejected', backend: name });
+              if (ok && outlier.probePassed()) this.#unejected(backend);
             },
+            () => backend.answeredAt,
           )
         : null;
-    const backend = new Backend(c, this.#opts.pool, {
+    backend = new Backend(c, this.#opts.pool, {
       breaker,
       outlier,
       probe,
       mayEject: () => this.#mayEject(name),
-      onEjected: (ms) => this.#emit({ type: 'ejected', backend: name, durationMs: ms }),
+      onEjected: (ms) => this.#ejected(backend, ms),
       onModels: (models) => this.#emit({ type: 'models', backend: name, models: [...models] }),
     });
     // Invariant: a breaker's events reach the listeners (the scheduler pumps on them) after the

@@ -6,6 +6,11 @@
 // is not ready); `unhealthyThreshold` consecutive failed probes mark it down, `healthyThreshold`
 // consecutive good ones (status 200) mark it up; every probe's result is reported too (a passing
 // one can end an outlier ejection).
+// Invariant: a probe that timed out says nothing of a backend that began an answer since the
+// probe before it: a busy vLLM answers /health from the same event loop as its requests, and may
+// answer it late while it serves (seconds under a load spike). Such a probe is not counted, so
+// that a replica serving well is never taken out for being busy; one that times out while the
+// backend answers nothing counts, and one refused or answered with an error counts always.
 // Invariant: at most one probe is in flight and at most one timer is pending; stop() clears both.
 import { Client } from 'undici';
 
@@ -23,6 +28,9 @@ export class HealthProbe {
   readonly #client: Client;
   readonly #onChange: (up: boolean) => void;
   readonly #onResult: (ok: boolean) => void;
+  readonly #answeredAt: () => number | null;
+  /** performance.now() when the last probe began (null: none yet). */
+  #lastProbeAt: number | null = null;
   #timer: NodeJS.Timeout | null = null;
   #inflight: AbortController | null = null;
   #stopped = false;
@@ -35,10 +43,12 @@ export class HealthProbe {
     opts: HealthOptions,
     onChange: (up: boolean) => void,
     onResult: (ok: boolean) => void = () => {},
+    answeredAt: () => number | null = () => null,
   ) {
     this.#opts = opts;
     this.#onChange = onChange;
     this.#onResult = onResult;
+    this.#answeredAt = answeredAt;
     this.#client = new Client(url, { connectTimeout: opts.timeoutMs, pipelining: 1 });
   }
 
@@ -62,7 +72,13 @@ export class HealthProbe {
   async probe(): Promise<boolean> {
     const ac = new AbortController();
     this.#inflight = ac;
-    const timer = setTimeout(() => ac.abort(), this.#opts.timeoutMs);
+    const since = this.#lastProbeAt;
+    this.#lastProbeAt = performance.now();
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      ac.abort();
+    }, this.#opts.timeoutMs);
     let ok = false;
     try {
       const res = await this.#client.request({ path: this.#opts.path, method: 'GET', signal: ac.signal });
@@ -74,6 +90,8 @@ export class HealthProbe {
       clearTimeout(timer);
       this.#inflight = null;
     }
+    const answered = this.#answeredAt();
+    if (!ok && timedOut && since !== null && answered !== null && answered >= since) return false;
     if (!this.#stopped) {
       if (ok) this.#confirmed = true;
       this.#record(ok);

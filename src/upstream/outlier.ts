@@ -101,6 +101,16 @@ export class OutlierDetector {
     return true;
   }
 
+  /**
+   * No other backend is in service (backends.ts): ends the ejection, whatever caused it, since a
+   * replica that fails some requests serves better than none. True if it ended one.
+   */
+  release(): boolean {
+    if (!this.ejected()) return false;
+    this.#endEjection();
+    return true;
+  }
+
   /** A probe passed: ends an ejection that failures to reach the backend caused. True if it did. */
   probePassed(): boolean {
     if (!this.ejected() || !this.#ejectedUnreachable) return false;

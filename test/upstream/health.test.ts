@@ -4,6 +4,7 @@ import { afterEach, describe, expect, it, vi } from 'vitest';
 import type { Backend } from '../../src/upstream/backend.ts';
 import type { BackendEvent, BackendSetOptions } from '../../src/upstream/backends.ts';
 import { BackendSet } from '../../src/upstream/backends.ts';
+import { HealthProbe } from '../../src/upstream/health.ts';
 import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
 import { openStream } from '../helpers/http.ts';
 import {
@@ -16,10 +17,12 @@ import {
   healthy,
   makeSet,
   post,
+  roleChunk,
   type Script,
   sleep,
   sseHead,
   status,
+  tokenChunk,
   upstream,
 } from './helpers.ts';
 
@@ -108,6 +111,98 @@ describe('passive outlier ejection (item 9)', () => {
     const hits = ups[1]!.hits.length;
     expect((await post(gw.url, chatBody())).status).toBe(502);
     expect(ups[1]!.hits.length).toBe(hits + 1);
+  });
+});
+
+describe('an ejection ends when the rest of the fleet leaves service, and is told when it runs out', () => {
+  it('the last backend in service failing its probes brings the ejected one back at once: unejected, and requests reach it', async () => {
+    let health1 = 200;
+    // b0 answers its probes but fails its requests; b1 serves them until its probe fails.
+    const b0: Script = (req, res, hit) => {
+      if (req.url === '/health') res.writeHead(200).end();
+      else status(500)(req, res, hit);
+    };
+    const b1: Script = (req, res, hit) => {
+      if (req.url === '/health') res.writeHead(health1).end();
+      else healthy(1)(req, res, hit);
+    };
+    const { ups, set, gw, events } = await fleet([b0, b1], {
+      ...outlier({ consecutiveFailures: 2, maxEjectionPercent: 50 }),
+      ...breaker({ volumeThreshold: 1000 }),
+      health: { intervalMs: 30, timeoutMs: 200, path: '/health', unhealthyThreshold: 1, healthyThreshold: 1 },
+    });
+    for (let i = 0; i < 2; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
+    expect(set.get('b0')!.state).toBe('ejected');
+    health1 = 503;
+    await vi.waitFor(() => expect(set.get('b1')!.state).toBe('down'), { timeout: 2_000, interval: 5 });
+    // A replica that fails some requests serves better than none.
+    expect(set.get('b0')!.state).toBe('healthy');
+    const told = events.filter((e) => e.type === 'probe_down' || e.type === 'unejected');
+    expect(told).toEqual([
+      { type: 'probe_down', backend: 'b1' },
+      { type: 'unejected', backend: 'b0' },
+    ]);
+    const hits = ups[0]!.hits.length;
+    expect((await post(gw.url, chatBody())).status).toBe(502);
+    expect(ups[0]!.hits.length).toBe(hits + 1);
+  });
+
+  it('an ejection that ended early is told once, not again when it would have run out; one that runs out is told then', async () => {
+    const { set, gw, events } = await fleet(
+      [status(500), healthy(1)],
+      outlier({ consecutiveFailures: 2, maxEjectionPercent: 50, baseEjectionMs: 60 }),
+    );
+    const unejected = () => events.filter((e) => e.type === 'unejected');
+    for (let i = 0; i < 2; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
+    const b0 = set.get('b0')!;
+    expect(b0.state).toBe('ejected');
+    // Its first ejection ends early (an engine restart): told at once...
+    set.engineRestarted('b0');
+    expect(unejected()).toHaveLength(1);
+    // ...and not again when it would have run out (60 ms).
+    await sleep(150);
+    expect(unejected()).toHaveLength(1);
+    // Ejected again, for 2 × 60 ms: told when that runs out, and in service again.
+    for (let i = 0; i < 2; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
+    expect(b0.state).toBe('ejected');
+    await vi.waitFor(() => expect(unejected()).toHaveLength(2), { timeout: 2_000, interval: 5 });
+    expect(b0.state).toBe('healthy');
+  });
+});
+
+describe('outlier detection counts an answer when it begins', () => {
+  it('a stream still running when later requests fail has broken their streak: no ejection', async () => {
+    let release: () => void = () => {};
+    const released = new Promise<void>((r) => {
+      release = r;
+    });
+    let n = 0;
+    // b0: two failures, then a stream that holds after its first token, then a failure.
+    const b0: Script = async (req, res, hit) => {
+      const k = n++;
+      if (k === 2) {
+        sseHead(res);
+        res.write(roleChunk() + tokenChunk('a'));
+        await released;
+        res.end(tokenChunk('b', 'stop') + 'data: [DONE]\n\n');
+        return;
+      }
+      status(500)(req, res, hit);
+    };
+    const { set, gw, events } = await fleet([b0, healthy(1)], {
+      ...outlier({ consecutiveFailures: 3, maxEjectionPercent: 50 }),
+      ...breaker({ volumeThreshold: 1000 }),
+    });
+    for (let i = 0; i < 2; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
+    const held = await openStream(gw.url, '/v1/chat/completions', chatBody()).response;
+    await held.until((text) => text.includes('"content":"a"'));
+    expect((await post(gw.url, chatBody())).status).toBe(200);
+    const b = set.get('b0')!;
+    expect(b.outlier.consecutiveFailures).toBe(1);
+    expect(b.state).toBe('healthy');
+    expect(events.filter((e) => e.type === 'ejected')).toEqual([]);
+    release();
+    expect(await held.ended).toEqual({ complete: true });
   });
 });
 
@@ -436,6 +531,35 @@ describe('active health probes', () => {
       'probe_down',
       'probe_up',
     ]);
+  });
+
+  it('a probe that times out says nothing of a backend that began an answer since the probe before; one that answers nothing is taken out', async () => {
+    const probes: number[] = [];
+    const server = await upstream((req) => {
+      if (req.url === '/health') probes.push(performance.now());
+    });
+    cleanups.push(server.close);
+    let answeredAt: number | null = null;
+    const changes: boolean[] = [];
+    const probe = new HealthProbe(
+      server.url,
+      // The first probe has no probe before it and counts: a second failure would take it out.
+      { intervalMs: 20, timeoutMs: 40, path: '/health', unhealthyThreshold: 2, healthyThreshold: 1 },
+      (up) => changes.push(up),
+      () => {},
+      () => answeredAt,
+    );
+    cleanups.push(() => probe.stop());
+    // Serving: an answer began after every probe's start (the one before it).
+    answeredAt = Number.POSITIVE_INFINITY;
+    probe.start();
+    await vi.waitFor(() => expect(probes.length).toBeGreaterThanOrEqual(5), { timeout: 2_000, interval: 5 });
+    expect(probe.up).toBe(true);
+    expect(changes).toEqual([]);
+    // Nothing answered since: the next timeout counts.
+    answeredAt = null;
+    await vi.waitFor(() => expect(probe.up).toBe(false), { timeout: 2_000, interval: 5 });
+    expect(changes).toEqual([false]);
   });
 
   it('a probe that hangs counts as failed after its timeout', async () => {
