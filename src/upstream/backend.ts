@@ -207,7 +207,8 @@ export class Backend {
       if (!attempt.started) return null;
     }
     const end = await attempt.done;
-    if (end.kind !== 'ok' && end.failure?.backendFault) this.blame(end.failure);
+    if (end.kind === 'ok') this.outlier.completed();
+    else if (end.failure?.backendFault) this.blame(end.failure, end.committed);
     return end;
   }
 
@@ -216,10 +217,10 @@ export class Backend {
    * that are the backend's when they end; the attempt loop calls it later for one that another
    * backend showed to be this one's (an in-band rejection, failure.ts).
    */
-  blame(failure: AttemptFailure): void {
+  blame(failure: AttemptFailure, afterAnswer = false): void {
     // A retired backend's name may already belong to its replacement (a reload that changed its URL).
     if (this.#removed) return;
-    const ms = this.outlier.failure(this.#mayEject, !failure.reachedEngine);
+    const ms = this.outlier.failure(this.#mayEject, !failure.reachedEngine, afterAnswer);
     if (ms !== null) this.#onEjected(ms);
   }
 

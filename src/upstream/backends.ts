@@ -192,7 +192,9 @@ export class BackendSet {
             this.#opts.health,
             (up) => {
               this.#emit({ type: up ? 'probe_up' : 'probe_down', backend: name });
-              if (!up) this.#rescue();
+              // Down: the last in service may have gone. Up: an ejected backend whose probe was
+              // down when the rest of the fleet left may be the one left to serve.
+              this.#rescue();
             },
             (ok) => {
               if (ok && !confirmed) {

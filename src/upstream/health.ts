@@ -6,11 +6,12 @@
 // is not ready); `unhealthyThreshold` consecutive failed probes mark it down, `healthyThreshold`
 // consecutive good ones (status 200) mark it up; every probe's result is reported too (a passing
 // one can end an outlier ejection).
-// Invariant: a probe that timed out says nothing of a backend that began an answer since the
-// probe before it: a busy vLLM answers /health from the same event loop as its requests, and may
-// answer it late while it serves (seconds under a load spike). Such a probe is not counted, so
-// that a replica serving well is never taken out for being busy; one that times out while the
-// backend answers nothing counts, and one refused or answered with an error counts always.
+// Invariant: a probe that timed out says nothing of a backend that began an answer to this
+// instance since the probe before it: a busy vLLM answers /health from the same event loop as its
+// requests, and may answer it late while it serves (seconds under a load spike). Such a probe is
+// not counted; one that times out while the backend began no answer to this instance counts (a
+// replica busy with other instances' requests, or only with streams begun earlier, can still be
+// taken out by two late probes), and one refused or answered with an error counts always.
 // Invariant: at most one probe is in flight and at most one timer is pending; stop() clears both.
 import { Client } from 'undici';
 

@@ -11,6 +11,14 @@
 // sit idle, healthy, for the rest of the ejection). A backend ejected again since (one that keeps
 // crashing, or whose new process fails as the old one did) serves its longer ejections whole.
 // An ejection ended early starts the multiplier's decay from that moment, as one that ran out does.
+//
+// Two streaks, one threshold: failures before an answer began (connect errors, 5xx, first-token
+// timeouts), which a request the backend began answering ends (success(), at its commit point, as
+// the breaker and Envoy count it); and failures after an answer began (a stream reset, an in-band
+// error, an idle timeout mid-stream), which only a request the backend answered to its end ends
+// (completed()). One streak would not do: ended at the commit, a backend that fails every stream
+// after its first token would never reach the threshold; ended at the end of a stream, the failures
+// after a long stream still running would look consecutive.
 
 export interface OutlierOptions {
   /** Consecutive failures that eject (Envoy consecutive_5xx: 5). */
@@ -25,6 +33,8 @@ export class OutlierDetector {
   readonly #opts: OutlierOptions;
   readonly #now: () => number;
   #consecutive = 0;
+  /** Failures after an answer began, in a row (ended by an answer to its end). */
+  #consecutiveAfter = 0;
   /** Every failure of the current streak was a failure to reach the backend. */
   #streakUnreachable = true;
   #ejectedUnreachable = false;
@@ -38,8 +48,9 @@ export class OutlierDetector {
     this.#now = now;
   }
 
+  /** The longer of the two streaks (see the header). */
   get consecutiveFailures(): number {
-    return this.#consecutive;
+    return Math.max(this.#consecutive, this.#consecutiveAfter);
   }
 
   /**
@@ -60,8 +71,10 @@ export class OutlierDetector {
     return Math.max(0, this.#ejectedUntil - now);
   }
 
+  /** The backend began an answer (a first token, a whole body): ends the streak before answers. */
   success(): void {
-    this.#endStreak();
+    this.#consecutive = 0;
+    this.#streakUnreachable = true;
     const now = this.#now();
     if (this.#ejections > 0 && now >= this.#decayFrom + this.#opts.baseEjectionMs) {
       this.#ejections--;
@@ -69,18 +82,30 @@ export class OutlierDetector {
     }
   }
 
+  /** The backend answered a request to its end: ends the streak after answers began. */
+  completed(): void {
+    this.#consecutiveAfter = 0;
+  }
+
   /**
-   * Records one backend failure; `unreachable`: the request never reached the backend. `mayEject`
-   * asks the set whether the ejection cap leaves room. Returns the ejection duration when this
-   * failure ejected the backend, else null.
+   * Records one backend failure; `unreachable`: the request never reached the backend;
+   * `afterAnswer`: its answer had begun (see the header). `mayEject` asks the set whether the
+   * ejection cap leaves room. Returns the ejection duration when this failure ejected the backend,
+   * else null.
    */
-  failure(mayEject: () => boolean, unreachable = false): number | null {
+  failure(mayEject: () => boolean, unreachable = false, afterAnswer = false): number | null {
     // A request sent before the ejection that fails during it says nothing new: not counted (it
     // would otherwise start the next streak, and eject again at once when this ejection ends).
     if (this.ejected()) return null;
-    this.#consecutive++;
-    this.#streakUnreachable &&= unreachable;
-    if (this.#consecutive < this.#opts.consecutiveFailures || !mayEject()) return null;
+    let streak: number;
+    if (afterAnswer) streak = ++this.#consecutiveAfter;
+    else {
+      streak = ++this.#consecutive;
+      this.#streakUnreachable &&= unreachable;
+    }
+    if (streak < this.#opts.consecutiveFailures || !mayEject()) return null;
+    // An ejection for failures after answers began is for answered errors, never for reaching it.
+    if (afterAnswer) this.#streakUnreachable = false;
     this.#ejections++;
     this.#ejectedUnreachable = this.#streakUnreachable;
     this.#endStreak();
@@ -120,6 +145,7 @@ export class OutlierDetector {
 
   #endStreak(): void {
     this.#consecutive = 0;
+    this.#consecutiveAfter = 0;
     this.#streakUnreachable = true;
   }
 

@@ -170,6 +170,56 @@ describe('an ejection ends when the rest of the fleet leaves service, and is tol
   });
 });
 
+describe('an ejection ends when the rest of the fleet leaves service (the probe coming back)', () => {
+  it('an ejected backend whose probe was down when the last other went is brought back when its probe passes again', async () => {
+    const health = [200, 200];
+    const script =
+      (i: number, serve: Script): Script =>
+      (req, res, hit) => {
+        if (req.url === '/health') res.writeHead(health[i]!).end();
+        else serve(req, res, hit);
+      };
+    const { set, gw, events } = await fleet([script(0, status(500)), script(1, healthy(1))], {
+      ...outlier({ consecutiveFailures: 2, maxEjectionPercent: 50 }),
+      ...breaker({ volumeThreshold: 1000 }),
+      health: { intervalMs: 30, timeoutMs: 200, path: '/health', unhealthyThreshold: 1, healthyThreshold: 1 },
+    });
+    for (let i = 0; i < 2; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
+    const [b0, b1] = [set.get('b0')!, set.get('b1')!];
+    expect(b0.state).toBe('ejected');
+    // b0's probe fails (b1 still serves), then b1's: nothing is in service, and b0 is down.
+    health[0] = 503;
+    await vi.waitFor(() => expect(b0.probe!.up).toBe(false), { timeout: 2_000, interval: 5 });
+    health[1] = 503;
+    await vi.waitFor(() => expect(b1.state).toBe('down'), { timeout: 2_000, interval: 5 });
+    expect(b0.outlier.ejected()).toBe(true);
+    // b0's probe passes again: the one backend that can serve is back at once, not after its ejection.
+    health[0] = 200;
+    await vi.waitFor(() => expect(b0.state).toBe('healthy'), { timeout: 2_000, interval: 5 });
+    expect(events.filter((e) => e.type === 'unejected')).toEqual([{ type: 'unejected', backend: 'b0' }]);
+  });
+});
+
+describe('outlier detection: failures after an answer began', () => {
+  it('a backend that fails every stream after its first token is ejected, each stream counted in a streak of its own', async () => {
+    // b0 sends a first token, then resets the stream; b1 serves.
+    const b0: Script = (_req, res) => {
+      sseHead(res);
+      res.write(roleChunk() + tokenChunk('a'), () => res.destroy());
+    };
+    const { set, gw, events } = await fleet([b0, healthy(1)], {
+      ...outlier({ consecutiveFailures: 3, maxEjectionPercent: 50 }),
+      ...breaker({ volumeThreshold: 1000 }),
+    });
+    for (let i = 0; i < 3; i++) {
+      const stream = await openStream(gw.url, '/v1/chat/completions', chatBody()).response;
+      await stream.ended;
+    }
+    expect(set.get('b0')!.state).toBe('ejected');
+    expect(events.filter((e) => e.type === 'ejected').map((e) => e.backend)).toEqual(['b0']);
+  });
+});
+
 describe('outlier detection counts an answer when it begins', () => {
   it('a stream still running when later requests fail has broken their streak: no ejection', async () => {
     let release: () => void = () => {};
