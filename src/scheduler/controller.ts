@@ -56,9 +56,13 @@
 // the remaining distance; e grows more slowly than B (the a in a + b·B), so both fall short of
 // the setpoint rather than past it, and the loop converges without oscillating. An increase
 // shows in the signal once the new requests have been prefilled and decode, a step or two after
-// their admission; growth is capped at 1.5× a period so that one period's evidence never admits
-// more than half again the batch it was measured on. From far below the limit still grows 1.5×
-// every period: from 16 to a few hundred in about two seconds.
+// their admission; growth is capped at 1.5× the larger of the limit and the batch running now, per
+// period. That is not a bound on the batch the evidence was measured on: the signal's window is a
+// few periods long, so the same evidence can grow the limit in several periods running (2.25× the
+// measured batch after two), and the limit can overshoot the setpoint by a step before the signal
+// of the larger batch arrives and brings it back (a toy model of gap = 20 + 0.25·B, with a one-period
+// lag, overshot a setpoint of 80 to 87 and settled within 79–83). From far below the limit still
+// grows 1.5× every period: from 16 to a few hundred in about two seconds.
 
 // Outer loop, every `outer_periods` periods: the inner loop holds the typical step, while the
 // target is on the P99 of per-request TPOT, which also carries the slow steps. tpot_share is
