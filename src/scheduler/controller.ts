@@ -60,8 +60,7 @@
 // period. That is not a bound on the batch the evidence was measured on: the signal's window is a
 // few periods long, so the same evidence can grow the limit in several periods running (2.25× the
 // measured batch after two), and the limit can overshoot the setpoint by a step before the signal
-// of the larger batch arrives and brings it back (a toy model of gap = 20 + 0.25·B, with a one-period
-// lag, overshot a setpoint of 80 to 87 and settled within 79–83). From far below the limit still
+// of the larger batch arrives and brings it back down. From far below the limit still
 // grows 1.5× every period: from 16 to a few hundred in about two seconds.
 
 // Outer loop, every `outer_periods` periods: the inner loop holds the typical step, while the
