@@ -1315,6 +1315,8 @@ export class Scheduler {
       c.gapsAt = (c.gapsAt + 1) % SIGNAL_PERIODS;
       if (settings.policy === 'fcfs') {
         c.limit = cc.initial;
+        // Nothing measured it: not a limit for the peers to follow.
+        this.#deps.live.shareLimit(b.name, null);
         // No outer loop runs: completions from a fixed limit must not wait in its window for a
         // reload to slagate, to be judged then as if they came from its loop.
         c.tpotRatios = [[]];
@@ -1356,6 +1358,19 @@ export class Scheduler {
         );
         c.limit = step.limit;
         c.error = step.error;
+        // Invariant: an instance without evidence of its own follows the instances with it. Every
+        // instance's room on a backend is its own limit less the load of all of them, and its loop
+        // learns only from what it sent there: one whose limit is below the load the others keep
+        // there (it started, or restarted in a rolling deploy, at `initial`) was granted nothing,
+        // so it measured nothing, and its limit never moved; its requests waited and were refused
+        // while the backend ran at the others' limit. So a period with no signal takes the highest
+        // limit a peer's own evidence set, and a limit is told to the peers only when it was set
+        // on evidence (a follower telling what it followed would hold the others up with it).
+        if (step.error === null) {
+          const peers = this.#deps.live.peersLimit(b.name);
+          if (peers !== null) c.limit = Math.min(cc.max, Math.max(cc.min, peers));
+        }
+        this.#deps.live.shareLimit(b.name, step.error === null ? null : c.limit);
         if (binding && step.error !== null && step.error >= TPOT_BOUND_ERROR) c.boundPeriods++;
         if (++c.periods >= cc.outerPeriods) this.#outerStep(c);
       }

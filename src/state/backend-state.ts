@@ -42,6 +42,8 @@ export class BackendState {
   version = 0;
   /** Bumped by every sample either fit learns; keys the façade's fit cache (leases are never cached). */
   fitVersion = 0;
+  /** This instance's concurrency limit for the backend, told to the peers with its in-flight part (null: none set). */
+  limit: number | null = null;
 
   constructor(
     readonly name: string,
@@ -94,6 +96,8 @@ export class RemoteBackend {
   readonly inflight: InflightCounts = zeroCounts();
   /** The peers' prefill still ahead on the backend, as their in-flight parts had it. */
   prefillAhead = 0;
+  /** The highest concurrency limit a peer's in-flight part gave for the backend (null: none did). */
+  peerLimit: number | null = null;
   readonly classes = new Map<string, WindowTotals>();
   readonly ttft = new FitStats(TTFT_FEATURES);
   readonly tpot = new FitStats(TPOT_FEATURES);
@@ -105,6 +109,7 @@ export class RemoteBackend {
     this.inflight.expectedOutputTokens = 0;
     this.inflight.pendingPrefillTokens = 0;
     this.prefillAhead = 0;
+    this.peerLimit = null;
   }
 
   classTotals(cls: string): WindowTotals | undefined {

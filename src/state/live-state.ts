@@ -197,6 +197,16 @@ export interface LiveState {
   /** The prefill-work part alone (ms per prefill token × tokens); null without a fit. */
   prefillMs(backend: string, tokens: number): number | null;
   /**
+   * This instance's concurrency limit for `backend`, told to the peers with its in-flight counts;
+   * null tells none.
+   */
+  shareLimit(backend: string, limit: number | null): void;
+  /**
+   * The highest concurrency limit a live peer told for `backend` in its last in-flight part; null
+   * when none did (no peers, a store outage, peers of an earlier version).
+   */
+  peersLimit(backend: string): number | null;
+  /**
    * Dispatch to first token on the backend with nothing else on it (no prefill waiting, no load):
    * the least this prompt's first token can take there. Null without a fit.
    */
@@ -550,6 +560,15 @@ class LiveStateImpl implements LiveState {
     if (be === undefined) return null;
     const fit = this.#fits(backend, be).ttft;
     return fit === null ? null : predict(fit, [nonNegative(uncachedTokens), 0]);
+  }
+
+  shareLimit(backend: string, limit: number | null): void {
+    const be = this.#backends.get(backend)?.state;
+    if (be !== undefined) be.limit = limit;
+  }
+
+  peersLimit(backend: string): number | null {
+    return this.#remoteFor(backend)?.peerLimit ?? null;
   }
 
   prefillMs(backend: string, tokens: number): number | null {

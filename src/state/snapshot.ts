@@ -43,6 +43,9 @@ export function encodeInflight(
   msPerPrefillToken: (backend: string) => number | null = () => null,
 ): string {
   const b: Record<string, number[]> = {};
+  // The concurrency limits ride beside the counts, not in them: a peer of the previous version
+  // takes a part whose counts have five fields only, and ignores a key it does not know.
+  let l: Record<string, number> | null = null;
   for (const be of backends) {
     const f = be.inflight;
     b[be.name] = [
@@ -52,8 +55,12 @@ export function encodeInflight(
       f.pendingPrefillTokens,
       be.prefillAhead(msPerPrefillToken(be.name)),
     ];
+    if (be.limit !== null) {
+      l ??= {};
+      l[be.name] = be.limit;
+    }
   }
-  return JSON.stringify({ v: VERSION, b });
+  return JSON.stringify(l === null ? { v: VERSION, b } : { v: VERSION, b, l });
 }
 
 /**
@@ -121,6 +128,13 @@ export function mergeInflight(texts: readonly string[], into: Map<string, Remote
       remote.inflight.expectedOutputTokens += f[2] as number;
       remote.inflight.pendingPrefillTokens += f[3] as number;
       remote.prefillAhead += Math.min(f[4] as number, f[3] as number);
+    }
+    if (isObject(part.l)) {
+      for (const [name, limit] of Object.entries(part.l)) {
+        if (typeof limit !== 'number' || !Number.isFinite(limit) || limit <= 0) continue;
+        const remote = remoteOf(into, name);
+        remote.peerLimit = Math.max(remote.peerLimit ?? 0, limit);
+      }
     }
   }
   return merged;
