@@ -175,6 +175,40 @@ export interface SchedulerView {
 /** Fewest gaps, and first tokens, over the recent periods (SIGNAL_PERIODS) for the controller to act. */
 const MIN_GAPS = 16;
 const MIN_FIRST_TOKENS = 8;
+
+/**
+ * The TTFT signal: the P90, over recent first tokens, of the waiting beyond `steps` as a share of
+ * each one's class target; null with fewer than MIN_FIRST_TOKENS. Invariant: a class of few first
+ * tokens with a tight target is judged on its own: each target's first tokens have their own P90
+ * when there are MIN_FIRST_TOKENS of them, and the largest is the signal. Pooled, a backend serving
+ * 95% batch (30 s) and 5% interactive (500 ms) first tokens took its P90 from the batch ones, and a
+ * second of waiting inside the backend, eight times what the interactive class may wait there,
+ * read as a thirtieth of the share.
+ */
+function waitingShare(
+  firstTokens: readonly { waitMs: number; targetMs: number }[],
+  steps: number,
+): number | null {
+  if (firstTokens.length < MIN_FIRST_TOKENS) return null;
+  const byTarget = new Map<number, number[]>();
+  for (const f of firstTokens) {
+    const share = Math.max(0, f.waitMs - steps) / f.targetMs;
+    const list = byTarget.get(f.targetMs);
+    if (list === undefined) byTarget.set(f.targetMs, [share]);
+    else list.push(share);
+  }
+  if (byTarget.size === 1) return quantile(byTarget.values().next().value as number[], 0.9);
+  let worst: number | null = null;
+  const pooled: number[] = [];
+  for (const shares of byTarget.values()) {
+    for (const x of shares) pooled.push(x);
+    if (shares.length < MIN_FIRST_TOKENS) continue;
+    const p90 = quantile(shares, 0.9);
+    if (worst === null || p90 > worst) worst = p90;
+  }
+  // No target has enough of its own: the pool's, as with one target.
+  return worst ?? quantile(pooled, 0.9);
+}
 /**
  * Periods both signals are taken over: a few decode steps and first tokens per period are too
  * few for a steady median or a p90. Decreases step from the running batch, so this lag does not
@@ -1338,8 +1372,7 @@ export class Scheduler {
         // is taken off today's waits (a gap kept from a large batch's chat, once its traffic
         // turned to one-token answers, hid 90 ms of every first token's wait from the loop).
         const steps = 2 * (stats?.medianMs ?? 0);
-        const recent = c.firstTokens.flat().map((f) => Math.max(0, f.waitMs - steps) / f.targetMs);
-        const ttftQueueShare = recent.length >= MIN_FIRST_TOKENS ? quantile(recent, 0.9) : null;
+        const ttftQueueShare = waitingShare(c.firstTokens.flat(), steps);
         const setpoints: Setpoints = { tpotShare: c.tpotShare, ttftShare: cc.ttftShare };
         const binding = c.blocked || inflight >= this.#limitOf(b.name);
         const step = nextLimit(

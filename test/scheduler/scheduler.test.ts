@@ -1398,6 +1398,39 @@ describe('the control loop and the estimates', () => {
       running!.release();
     });
 
+    it("judges each class's first tokens on their own: a few with a tight target are not lost among many with a lax one", async () => {
+      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+      const f = setup(
+        ['a'],
+        settings({ concurrency: { ...settings().concurrency, initial: 8, intervalMs: 100 } }),
+        undefined,
+        { sharedClock: true },
+      );
+      f.teach(); // first token = 20 + 0.1 ms per prompt token: 120 ms for 1,000
+      const running = await f.scheduler
+        .ticket(req({ arrivedAt: f.now(), deadlineAt: f.now() + 600_000, tpotTargetMs: 1000 }))
+        .acquire(first());
+      const serve = async (ttftTargetMs: number, waitMs: number) => {
+        const at = { arrivedAt: f.now(), deadlineAt: f.now() + 600_000, ttftTargetMs, tpotTargetMs: 1000 };
+        const slot = await f.scheduler
+          .ticket(req({ ...at, promptTokens: 1000, uncachedTokens: 1000 }))
+          .acquire(first());
+        f.tick(120 + waitMs);
+        slot!.prefillDone();
+        slot!.release();
+      };
+      // 8 interactive first tokens 300 ms past their prefill (0.6 of their 500 ms target, over the
+      // 0.25 share), then 92 batch ones a second past it (a thirtieth of their 30 s target).
+      // Pooled, the P90 is a batch one's, and the limit would hold. (The interactive ones come
+      // first: after the batch ones the guard would plan them at the batch's ratio of actual to
+      // predicted, and refuse them.)
+      for (let i = 0; i < 8; i++) await serve(500, 300);
+      for (let i = 0; i < 92; i++) await serve(30_000, 1000);
+      period();
+      expect(f.scheduler.limit('a')).toBeLessThan(8);
+      running!.release();
+    });
+
     it('takes its signal over the last four periods together', async () => {
       const { f, meter } = await paced();
       // Five gaps a period: too few to act on (16) over three periods, enough over four.
