@@ -176,14 +176,17 @@ export interface SchedulerView {
 const MIN_GAPS = 16;
 const MIN_FIRST_TOKENS = 8;
 
+/** First tokens of one target for a P90 of its own: 20, so that its P90 is not its maximum. */
+const MIN_TARGET_FIRST_TOKENS = 20;
+
 /**
  * The TTFT signal: the P90, over recent first tokens, of the waiting beyond `steps` as a share of
- * each one's class target; null with fewer than MIN_FIRST_TOKENS. Invariant: a class of few first
- * tokens with a tight target is judged on its own: each target's first tokens have their own P90
- * when there are MIN_FIRST_TOKENS of them, and the largest is the signal. Pooled, a backend serving
- * 95% batch (30 s) and 5% interactive (500 ms) first tokens took its P90 from the batch ones, and a
- * second of waiting inside the backend, eight times what the interactive class may wait there,
- * read as a thirtieth of the share.
+ * each one's class target; null with fewer than MIN_FIRST_TOKENS. Invariant: a target of few first
+ * tokens among many of a laxer one is not lost in the pool: the signal is the largest of the pool's
+ * P90 and each target's own P90 (a target with MIN_TARGET_FIRST_TOKENS first tokens). Pooled alone,
+ * a backend serving 95% batch (30 s) and 5% interactive (500 ms) first tokens took its P90 from the
+ * batch ones, and a second of waiting inside the backend, eight times what the interactive class may
+ * wait there, read as a thirtieth of the share.
  */
 function waitingShare(
   firstTokens: readonly { waitMs: number; targetMs: number }[],
@@ -198,16 +201,13 @@ function waitingShare(
     else list.push(share);
   }
   if (byTarget.size === 1) return quantile(byTarget.values().next().value as number[], 0.9);
-  let worst: number | null = null;
   const pooled: number[] = [];
+  let worst = 0;
   for (const shares of byTarget.values()) {
     for (const x of shares) pooled.push(x);
-    if (shares.length < MIN_FIRST_TOKENS) continue;
-    const p90 = quantile(shares, 0.9);
-    if (worst === null || p90 > worst) worst = p90;
+    if (shares.length >= MIN_TARGET_FIRST_TOKENS) worst = Math.max(worst, quantile(shares, 0.9));
   }
-  // No target has enough of its own: the pool's, as with one target.
-  return worst ?? quantile(pooled, 0.9);
+  return Math.max(worst, quantile(pooled, 0.9));
 }
 /**
  * Periods both signals are taken over: a few decode steps and first tokens per period are too
@@ -246,6 +246,8 @@ interface Control {
   /** The server it was learnt on (null until a grant or a control step saw it). */
   server: Backend | null;
   limit: number;
+  /** This instance's own evidence set `limit` (not `initial`, not a peer's limit it followed). */
+  limitOwn: boolean;
   tpotShare: number;
   readonly meter: DecodeMeter;
   /** Token gaps of the last SIGNAL_PERIODS periods, a ring: `gapsAt` is the oldest. */
@@ -1349,6 +1351,7 @@ export class Scheduler {
       c.gapsAt = (c.gapsAt + 1) % SIGNAL_PERIODS;
       if (settings.policy === 'fcfs') {
         c.limit = cc.initial;
+        c.limitOwn = false;
         // Nothing measured it: not a limit for the peers to follow.
         this.#deps.live.shareLimit(b.name, null);
         // No outer loop runs: completions from a fixed limit must not wait in its window for a
@@ -1389,6 +1392,7 @@ export class Scheduler {
           setpoints,
           cc,
         );
+        if (step.error !== null && step.limit !== c.limit) c.limitOwn = true;
         c.limit = step.limit;
         c.error = step.error;
         // Invariant: an instance without evidence of its own follows the instances with it. Every
@@ -1396,14 +1400,21 @@ export class Scheduler {
         // learns only from what it sent there: one whose limit is below the load the others keep
         // there (it started, or restarted in a rolling deploy, at `initial`) was granted nothing,
         // so it measured nothing, and its limit never moved; its requests waited and were refused
-        // while the backend ran at the others' limit. So a period with no signal takes the highest
-        // limit a peer's own evidence set, and a limit is told to the peers only when it was set
-        // on evidence (a follower telling what it followed would hold the others up with it).
+        // while the backend ran at the others' limit. So a period with no signal takes the lowest
+        // limit a peer's own evidence set, with room for one more request than the backend runs
+        // now, so that a follower always has a slot to learn from (one following a lower limit set
+        // for a tighter target would otherwise be locked out the same way). A limit is told to the
+        // peers only while this instance's own evidence set it: a follower telling what it
+        // followed, or held on a signal that moved nothing, would hold the others to it.
         if (step.error === null) {
           const peers = this.#deps.live.peersLimit(b.name);
-          if (peers !== null) c.limit = Math.min(cc.max, Math.max(cc.min, peers));
+          if (peers !== null) {
+            const followed = Math.max(peers, inflight + 1);
+            c.limit = Math.min(cc.max, Math.max(cc.min, followed));
+            c.limitOwn = false;
+          }
         }
-        this.#deps.live.shareLimit(b.name, step.error === null ? null : c.limit);
+        this.#deps.live.shareLimit(b.name, c.limitOwn ? c.limit : null);
         if (binding && step.error !== null && step.error >= TPOT_BOUND_ERROR) c.boundPeriods++;
         if (++c.periods >= cc.outerPeriods) this.#outerStep(c);
       }
@@ -1452,6 +1463,7 @@ export class Scheduler {
       c = {
         server: null,
         limit: cc.initial,
+        limitOwn: false,
         tpotShare: cc.tpotShare,
         meter: new DecodeMeter(),
         gaps: Array.from({ length: SIGNAL_PERIODS }, () => new DecodeMeter()),

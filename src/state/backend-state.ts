@@ -96,7 +96,7 @@ export class RemoteBackend {
   readonly inflight: InflightCounts = zeroCounts();
   /** The peers' prefill still ahead on the backend, as their in-flight parts had it. */
   prefillAhead = 0;
-  /** The highest concurrency limit a peer's in-flight part gave for the backend (null: none did). */
+  /** The lowest concurrency limit a peer's in-flight part gave for the backend (null: none did). */
   peerLimit: number | null = null;
   readonly classes = new Map<string, WindowTotals>();
   readonly ttft = new FitStats(TTFT_FEATURES);

@@ -202,8 +202,9 @@ export interface LiveState {
    */
   shareLimit(backend: string, limit: number | null): void;
   /**
-   * The highest concurrency limit a live peer told for `backend` in its last in-flight part; null
-   * when none did (no peers, a store outage, peers of an earlier version).
+   * The lowest concurrency limit a live peer told for `backend` in its last in-flight part (each set
+   * on that peer's own evidence); null when none did (no peers, a store outage, peers of an earlier
+   * version).
    */
   peersLimit(backend: string): number | null;
   /**

@@ -133,7 +133,7 @@ export function mergeInflight(texts: readonly string[], into: Map<string, Remote
       for (const [name, limit] of Object.entries(part.l)) {
         if (typeof limit !== 'number' || !Number.isFinite(limit) || limit <= 0) continue;
         const remote = remoteOf(into, name);
-        remote.peerLimit = Math.max(remote.peerLimit ?? 0, limit);
+        remote.peerLimit = Math.min(remote.peerLimit ?? Number.POSITIVE_INFINITY, limit);
       }
     }
   }

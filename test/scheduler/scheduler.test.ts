@@ -1419,13 +1419,13 @@ describe('the control loop and the estimates', () => {
         slot!.prefillDone();
         slot!.release();
       };
-      // 8 interactive first tokens 300 ms past their prefill (0.6 of their 500 ms target, over the
-      // 0.25 share), then 92 batch ones a second past it (a thirtieth of their 30 s target).
-      // Pooled, the P90 is a batch one's, and the limit would hold. (The interactive ones come
-      // first: after the batch ones the guard would plan them at the batch's ratio of actual to
-      // predicted, and refuse them.)
-      for (let i = 0; i < 8; i++) await serve(500, 300);
-      for (let i = 0; i < 92; i++) await serve(30_000, 1000);
+      // 20 interactive first tokens 300 ms past their prefill (0.6 of their 500 ms target, over the
+      // 0.25 share), then 200 batch ones a second past it (a thirtieth of their 30 s target).
+      // Pooled, the P90 is a batch one's (the interactive ones are 9% of the 220), and the limit
+      // would hold. (The interactive ones come first: after the batch ones the guard would plan
+      // them at the batch's ratio of actual to predicted, and refuse them.)
+      for (let i = 0; i < 20; i++) await serve(500, 300);
+      for (let i = 0; i < 200; i++) await serve(30_000, 1000);
       period();
       expect(f.scheduler.limit('a')).toBeLessThan(8);
       running!.release();
