@@ -1359,7 +1359,8 @@ describe('the control loop and the estimates', () => {
       expect(f.scheduler.limit('a')).toBeCloseTo(4 / (72.7 / 50), 1);
     });
 
-    it("takes no decode step off a first token's wait once the window has no gap: a step of a batch that left is not today's", async () => {
+    /** A backend at limit 8 whose fit is taught, its loop run by `period()`, on the live state's clock. */
+    const taughtAt8 = () => {
       vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
       const f = setup(
         ['a'],
@@ -1367,7 +1368,12 @@ describe('the control loop and the estimates', () => {
         undefined,
         { sharedClock: true },
       );
-      f.teach(); // first token = 20 + 0.1 ms per prompt token
+      f.teach(); // first token = 20 + 0.1 ms per prompt token: 120 ms for 1,000
+      return f;
+    };
+
+    it("takes no decode step off a first token's wait once the window has no gap: a step of a batch that left is not today's", async () => {
+      const f = taughtAt8();
       // A long chat with a lax TPOT target: its 45 ms steps move nothing.
       const running = await f.scheduler
         .ticket(req({ arrivedAt: f.now(), deadlineAt: f.now() + 60_000, tpotTargetMs: 1000 }))
@@ -1399,14 +1405,7 @@ describe('the control loop and the estimates', () => {
     });
 
     it("judges each class's first tokens on their own: a few with a tight target are not lost among many with a lax one", async () => {
-      vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
-      const f = setup(
-        ['a'],
-        settings({ concurrency: { ...settings().concurrency, initial: 8, intervalMs: 100 } }),
-        undefined,
-        { sharedClock: true },
-      );
-      f.teach(); // first token = 20 + 0.1 ms per prompt token: 120 ms for 1,000
+      const f = taughtAt8();
       const running = await f.scheduler
         .ticket(req({ arrivedAt: f.now(), deadlineAt: f.now() + 600_000, tpotTargetMs: 1000 }))
         .acquire(first());
