@@ -246,8 +246,10 @@ interface Control {
   /** The server it was learnt on (null until a grant or a control step saw it). */
   server: Backend | null;
   limit: number;
-  /** This instance's own evidence set `limit` (not `initial`, not a peer's limit it followed). */
+  /** This instance's own evidence set `limit` (not `initial`, not a reload's clamp, not a peer's limit it followed). */
   limitOwn: boolean;
+  /** Control periods in a row without a signal. */
+  lapsed: number;
   tpotShare: number;
   readonly meter: DecodeMeter;
   /** Token gaps of the last SIGNAL_PERIODS periods, a ring: `gapsAt` is the oldest. */
@@ -1392,7 +1394,10 @@ export class Scheduler {
           setpoints,
           cc,
         );
-        if (step.error !== null && step.limit !== c.limit) c.limitOwn = true;
+        // A limit a reload's bounds clamp is not moved by evidence.
+        const held = Math.min(cc.max, Math.max(cc.min, c.limit));
+        if (step.error !== null && step.limit !== held) c.limitOwn = true;
+        c.lapsed = step.error === null ? c.lapsed + 1 : 0;
         c.limit = step.limit;
         c.error = step.error;
         // Invariant: an instance without evidence of its own follows the instances with it. Every
@@ -1400,21 +1405,27 @@ export class Scheduler {
         // learns only from what it sent there: one whose limit is below the load the others keep
         // there (it started, or restarted in a rolling deploy, at `initial`) was granted nothing,
         // so it measured nothing, and its limit never moved; its requests waited and were refused
-        // while the backend ran at the others' limit. So a period with no signal takes the lowest
-        // limit a peer's own evidence set, with room for one more request than the backend runs
-        // now, so that a follower always has a slot to learn from (one following a lower limit set
-        // for a tighter target would otherwise be locked out the same way). A limit is told to the
-        // peers only while this instance's own evidence set it: a follower telling what it
-        // followed, or held on a signal that moved nothing, would hold the others to it.
-        if (step.error === null) {
+        // while the backend ran at the others' limit. So a period with no signal, in an instance
+        // whose own evidence set nothing (or set it more than the signal's window ago), takes the
+        // lowest limit a peer's current evidence set; while it has nothing of its own running there,
+        // with room for one more request than the backend runs, so that it has a slot to learn from
+        // (following a lower limit set for a tighter target would otherwise lock it out the same
+        // way), and only that one (followers each adding one a period would push the load up
+        // together). A limit is told to the peers only while this instance's own evidence sets it,
+        // this period: a follower telling what it followed, a limit held on a signal that moved
+        // nothing, or one an idle instance set long ago, would hold the others to it; and an instance
+        // whose own evidence set its limit holds it through a short lapse of its signal.
+        if (step.error === null && (!c.limitOwn || c.lapsed >= SIGNAL_PERIODS)) {
           const peers = this.#deps.live.peersLimit(b.name);
           if (peers !== null) {
-            const followed = Math.max(peers, inflight + 1);
+            let own = 0;
+            for (const n of c.targets.values()) own += n;
+            const followed = own > 0 ? peers : Math.max(peers, inflight + 1);
             c.limit = Math.min(cc.max, Math.max(cc.min, followed));
             c.limitOwn = false;
           }
         }
-        this.#deps.live.shareLimit(b.name, c.limitOwn ? c.limit : null);
+        this.#deps.live.shareLimit(b.name, c.limitOwn && step.error !== null ? c.limit : null);
         if (binding && step.error !== null && step.error >= TPOT_BOUND_ERROR) c.boundPeriods++;
         if (++c.periods >= cc.outerPeriods) this.#outerStep(c);
       }
@@ -1464,6 +1475,7 @@ export class Scheduler {
         server: null,
         limit: cc.initial,
         limitOwn: false,
+        lapsed: 0,
         tpotShare: cc.tpotShare,
         meter: new DecodeMeter(),
         gaps: Array.from({ length: SIGNAL_PERIODS }, () => new DecodeMeter()),

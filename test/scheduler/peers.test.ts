@@ -7,6 +7,7 @@ import { leastLoaded } from '../../src/router/policies/least-loaded.ts';
 import { Scheduler } from '../../src/scheduler/scheduler.ts';
 import { createLiveState, type LiveState } from '../../src/state/index.ts';
 import { BackendSet } from '../../src/upstream/backends.ts';
+import { Cancel } from '../../src/upstream/cancel.ts';
 import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
 import { type RedisServer, startRedisServer } from '../helpers/redis-server.ts';
 import { schedulerSettings } from './fixtures.ts';
@@ -90,4 +91,41 @@ it('an instance with no evidence of its own takes the limit a peer set on eviden
   peer.shareLimit('a', 3);
   await until(() => scheduler.limit('a') === 13, "the peer's lower limit taken, with a slot");
   expect(scheduler.startsNow('a', 0)).toBe(true);
+  // Once it has a request of its own running there, the slot is taken: it follows the peer's limit
+  // itself (followers each adding one a period would push the load up together).
+  const slot = await scheduler
+    .ticket({
+      reqId: 'mine',
+      className: 'interactive',
+      priority: 0,
+      sheddable: false,
+      tenant: 't',
+      model: 'm',
+      arrivedAt: performance.now(),
+      ttftTargetMs: 60_000,
+      tpotTargetMs: 60_000,
+      deadlineAt: performance.now() + 60_000,
+      promptTokens: 10,
+      uncachedTokens: 10,
+      expectedOutputTokens: 10,
+      noQueue: false,
+      route: {
+        reqId: 'mine',
+        promptTokens: 10,
+        blocks: [],
+        blockSizeTokens: 64,
+        tokensPerBlock: 16,
+        outputTokensPerSequence: 10,
+        tpotTargetMs: 60_000,
+      },
+      predictions: new Map(),
+      prefillMs: null,
+      bestBackendMs: null,
+      ttftBudgetMs: 60_000,
+      loopDelayMs: 0,
+    })
+    .acquire({ attempt: 0, excluded: new Set(), signal: new Cancel() });
+  expect(slot?.backend.name).toBe('a');
+  await until(() => scheduler.limit('a') === 3, "the peer's limit, without the slot");
+  slot!.release();
 });
