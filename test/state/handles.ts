@@ -9,6 +9,8 @@ import { createHook } from 'node:async_hooks';
 export interface HandleTracker {
   /** Handles created since trackHandles() that are still alive, by type. */
   live(): Record<string, number>;
+  /** Where each timer still alive was created: the frames of its stack in src/ and test/. */
+  timerStacks(): string[];
   stop(): void;
 }
 
@@ -21,6 +23,7 @@ const UNDICI_SHARED_TIMER = /undici[/\\]lib[/\\]util[/\\]timers\.js/;
  */
 export function trackHandles(own: RegExp = OWN_CODE, except?: RegExp): HandleTracker {
   const alive = new Map<number, string>();
+  const stacks = new Map<number, string>();
   const previousLimit = Error.stackTraceLimit;
   Error.stackTraceLimit = 50;
   const hook = createHook({
@@ -28,10 +31,14 @@ export function trackHandles(own: RegExp = OWN_CODE, except?: RegExp): HandleTra
       if (type === 'TCPWRAP') alive.set(id, type);
       if (type !== 'Timeout') return;
       const stack = new Error().stack ?? '';
-      if (own.test(stack) && !UNDICI_SHARED_TIMER.test(stack) && !except?.test(stack)) alive.set(id, type);
+      if (own.test(stack) && !UNDICI_SHARED_TIMER.test(stack) && !except?.test(stack)) {
+        alive.set(id, type);
+        stacks.set(id, stack);
+      }
     },
     destroy(id) {
       alive.delete(id);
+      stacks.delete(id);
     },
   });
   hook.enable();
@@ -40,6 +47,14 @@ export function trackHandles(own: RegExp = OWN_CODE, except?: RegExp): HandleTra
       const out: Record<string, number> = {};
       for (const type of alive.values()) out[type] = (out[type] ?? 0) + 1;
       return out;
+    },
+    timerStacks() {
+      return [...stacks.values()].map((stack) =>
+        stack
+          .split('\n')
+          .filter((line) => /[/\\](src|test)[/\\]/.test(line))
+          .join(' | '),
+      );
     },
     stop() {
       hook.disable();
