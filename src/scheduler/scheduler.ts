@@ -200,7 +200,6 @@ function waitingShare(
     if (list === undefined) byTarget.set(f.targetMs, [share]);
     else list.push(share);
   }
-  if (byTarget.size === 1) return quantile(byTarget.values().next().value as number[], 0.9);
   const pooled: number[] = [];
   let worst = 0;
   for (const shares of byTarget.values()) {

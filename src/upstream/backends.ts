@@ -114,17 +114,14 @@ export class BackendSet {
   /** Retires every backend (in-flight requests finish first) and stops the shared clock. */
   async close(): Promise<void> {
     clearInterval(this.#rotateTimer);
-    for (const t of this.#ejectionEnds.values()) clearTimeout(t);
-    this.#ejectionEnds.clear();
+    for (const b of [...this.#ejectionEnds.keys()]) this.#clearEjectionEnd(b);
     const all = [...this.#backends.values()];
     this.#backends.clear();
     await Promise.all([...all.map((b) => this.#retire(b, 'shutdown')), ...this.#retiring]);
   }
 
   #retire(b: Backend, why: 'start' | 'reload' | 'shutdown'): Promise<void> {
-    const end = this.#ejectionEnds.get(b);
-    if (end !== undefined) clearTimeout(end);
-    this.#ejectionEnds.delete(b);
+    this.#clearEjectionEnd(b);
     const p = b.retire().finally(() => this.#retiring.delete(p));
     this.#retiring.add(p);
     this.#emit({ type: 'removed', backend: b.name, why });
@@ -147,17 +144,20 @@ export class BackendSet {
 
   /** `b`'s ejection ended (ran out, or ended early): told once, its timer cleared. */
   #unejected(b: Backend): void {
+    this.#clearEjectionEnd(b);
+    this.#emit({ type: 'unejected', backend: b.name });
+  }
+
+  #clearEjectionEnd(b: Backend): void {
     const end = this.#ejectionEnds.get(b);
     if (end !== undefined) clearTimeout(end);
     this.#ejectionEnds.delete(b);
-    this.#emit({ type: 'unejected', backend: b.name });
   }
 
   /** `b` was ejected for `ms`: its end is told when it comes, unless it ends early. */
   #ejected(b: Backend, ms: number): void {
     this.#emit({ type: 'ejected', backend: b.name, durationMs: ms });
-    const previous = this.#ejectionEnds.get(b);
-    if (previous !== undefined) clearTimeout(previous);
+    this.#clearEjectionEnd(b);
     const end = setTimeout(() => {
       this.#ejectionEnds.delete(b);
       if (!b.outlier.ejected()) this.#emit({ type: 'unejected', backend: b.name });
