@@ -1,12 +1,16 @@
 // The set of backends. Reload (`update`) adds new backends and retires removed ones without
 // dropping their in-flight requests; a backend whose URL changed is replaced under the same name.
 // The set owns what is shared across backends: the ejection cap and the breakers' bucket clock.
-// Invariant: an ejection never takes the last backend in service out of service, then or later. A
-// replica that fails some requests serves better than none (Envoy reaches the same end with its
-// panic threshold); the breaker, whose reset is short, still guards a sole backend that fails them
-// all. So an ejection is allowed only while another backend stays in service, and when the others
-// leave service afterwards (their probes fail, a reload removes them) the ejections still running
-// end at once (`unejected`).
+// Invariant: an ejection never takes the last backend in service for a model out of service, then
+// or later. A replica that fails some requests serves better than none (Envoy reaches the same end
+// with its panic threshold); the breaker, whose reset is short, still guards a sole backend that
+// fails them all. So an ejection is allowed only while every model the backend lists is served by
+// another backend in service (any other in service, while its list is unknown: it is then taken to
+// serve every model), and when that stops holding afterwards (the others' probes fail, a reload
+// removes them, their lists drop the model) the ejections still running on the backends that
+// serve a model left without one end at once (`unejected`). Per model, not per fleet: in a fleet
+// of two models, the one replica of the first left its model unserved (503 for each of its
+// requests, for up to the ejection's length) while the second's replicas were in service.
 // Invariant: every ejection's end is told (`unejected`), the early ones and those that run out,
 // each once, and the queue is pumped on it (a timer per ejection, cleared when it ends early).
 // Invariant: after close() resolves, the set owns no timer, socket or listener.
@@ -128,18 +132,29 @@ export class BackendSet {
     return p;
   }
 
-  /** The ejection cap leaves room, and another backend stays in service if `name` goes. */
+  /** The ejection cap leaves room, and each model `name` serves stays served if it goes. */
   #mayEject(name: string): boolean {
     const now = this.#now();
     let ejected = 0;
-    let othersInService = 0;
-    for (const b of this.#backends.values()) {
-      if (b.outlier.ejected(now)) ejected++;
-      else if (b.name !== name && b.inService) othersInService++;
-    }
+    for (const b of this.#backends.values()) if (b.outlier.ejected(now)) ejected++;
+    const b = this.#backends.get(name);
     return (
-      othersInService > 0 && ejected < maxEjected(this.#backends.size, this.#opts.outlier.maxEjectionPercent)
+      b !== undefined &&
+      this.#othersServe(b) &&
+      ejected < maxEjected(this.#backends.size, this.#opts.outlier.maxEjectionPercent)
     );
+  }
+
+  /**
+   * Another backend in service serves each model `b` lists; with its list unknown (it is taken to
+   * serve every model), any other backend in service does.
+   */
+  #othersServe(b: Backend): boolean {
+    const others: Backend[] = [];
+    for (const o of this.#backends.values()) if (o !== b && o.inService) others.push(o);
+    if (b.models === null) return others.length > 0;
+    for (const model of b.models) if (!others.some((o) => o.mayServe(model))) return false;
+    return true;
   }
 
   /** `b`'s ejection ended (ran out, or ended early): told once, its timer cleared. */
@@ -167,15 +182,18 @@ export class BackendSet {
   }
 
   /**
-   * No backend is in service any more (the others' probes failed, a reload removed them): the
-   * ejections still running end now, on the backends whose probe is up (see the header).
+   * A model may have lost its last backend in service (the others' probes failed, a reload
+   * removed them, their lists dropped it): the ejections still running end now on every backend
+   * whose probe is up and that serves a model no backend in service serves (see the header). Each
+   * is judged against the service as it stands before any of them ends, so a model's ejected
+   * backends all come back together, as the fleet's did when nothing was left.
    */
   #rescue(): void {
-    const all = [...this.#backends.values()];
-    if (all.some((b) => b.inService)) return;
-    for (const b of all) {
-      if ((b.probe === null || b.probe.up) && b.outlier.release()) this.#unejected(b);
+    const stranded: Backend[] = [];
+    for (const b of this.#backends.values()) {
+      if (b.outlier.ejected() && (b.probe === null || b.probe.up) && !this.#othersServe(b)) stranded.push(b);
     }
+    for (const b of stranded) if (b.outlier.release()) this.#unejected(b);
   }
 
   #build(c: BackendConfig, why: 'start' | 'reload'): Backend {
@@ -212,7 +230,11 @@ export class BackendSet {
       probe,
       mayEject: () => this.#mayEject(name),
       onEjected: (ms) => this.#ejected(backend, ms),
-      onModels: (models) => this.#emit({ type: 'models', backend: name, models: [...models] }),
+      onModels: (models) => {
+        this.#emit({ type: 'models', backend: name, models: [...models] });
+        // Its list may have dropped a model an ejected backend is the last to serve.
+        this.#rescue();
+      },
     });
     // Invariant: a breaker's events reach the listeners (the scheduler pumps on them) after the
     // backend's own state has followed: registered before it, a close was told while the half-open

@@ -200,6 +200,86 @@ describe('an ejection ends when the rest of the fleet leaves service (the probe 
   });
 });
 
+describe('the last backend in service is counted per model', () => {
+  it("does not eject the one backend that lists a model, though another model's backend is in service", async () => {
+    const { set, gw, events } = await fleet([status(500), healthy(1)], {
+      ...outlier({ consecutiveFailures: 2, maxEjectionPercent: 100 }),
+      ...breaker({ volumeThreshold: 1000 }),
+    });
+    const [b0, b1] = [set.get('b0')!, set.get('b1')!];
+    b0.learned(new Set(['m']));
+    b1.learned(new Set(['other']));
+    // The test gateway takes b0 then b1 whatever the model: b0 fails each request, b1 answers it.
+    for (let i = 0; i < 4; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
+    expect(b0.outlier.consecutiveFailures).toBeGreaterThanOrEqual(2);
+    expect(b0.state).toBe('healthy');
+    expect(events.filter((e) => e.type === 'ejected')).toEqual([]);
+    // Once b1 lists 'm' too, b0 may go.
+    b1.learned(new Set(['m', 'other']));
+    for (let i = 0; i < 2; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
+    expect(b0.state).toBe('ejected');
+  });
+
+  it("ends an ejection when the model's last other backend leaves service, though another model's backend is still in", async () => {
+    const health = [200, 200, 200];
+    const script =
+      (i: number, serve: Script): Script =>
+      (req, res, hit) => {
+        if (req.url === '/health') res.writeHead(health[i]!).end();
+        else serve(req, res, hit);
+      };
+    const { set, gw, events } = await fleet(
+      [script(0, status(500)), script(1, healthy(1)), script(2, healthy(1))],
+      {
+        ...outlier({ consecutiveFailures: 2, maxEjectionPercent: 100 }),
+        ...breaker({ volumeThreshold: 1000 }),
+        health: {
+          intervalMs: 30,
+          timeoutMs: 200,
+          path: '/health',
+          unhealthyThreshold: 1,
+          healthyThreshold: 1,
+        },
+      },
+    );
+    const [b0, b1, b2] = [set.get('b0')!, set.get('b1')!, set.get('b2')!];
+    b0.learned(new Set(['m']));
+    b1.learned(new Set(['m']));
+    b2.learned(new Set(['other']));
+    for (let i = 0; i < 2; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
+    expect(b0.state).toBe('ejected');
+    // b1, the other backend of 'm', fails its probe; b2 (another model) stays in service.
+    health[1] = 503;
+    await vi.waitFor(() => expect(b1.state).toBe('down'), { timeout: 2_000, interval: 5 });
+    expect(b2.state).toBe('healthy');
+    expect(b0.state).toBe('healthy');
+    const told = events.filter((e) => e.type === 'probe_down' || e.type === 'unejected');
+    expect(told).toEqual([
+      { type: 'probe_down', backend: 'b1' },
+      { type: 'unejected', backend: 'b0' },
+    ]);
+  });
+
+  it("ends an ejection when the model's other backend drops it from its list", async () => {
+    const { set, gw, events } = await fleet([status(500), healthy(1)], {
+      ...outlier({ consecutiveFailures: 2, maxEjectionPercent: 100 }),
+      ...breaker({ volumeThreshold: 1000 }),
+    });
+    const [b0, b1] = [set.get('b0')!, set.get('b1')!];
+    b0.learned(new Set(['m']));
+    b1.learned(new Set(['m', 'other']));
+    for (let i = 0; i < 2; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
+    expect(b0.state).toBe('ejected');
+    const from = events.length;
+    b1.learned(new Set(['other']));
+    expect(b0.state).toBe('healthy');
+    expect(events.slice(from)).toEqual([
+      { type: 'models', backend: 'b1', models: ['other'] },
+      { type: 'unejected', backend: 'b0' },
+    ]);
+  });
+});
+
 describe('outlier detection: failures after an answer began', () => {
   it('a backend that fails every stream after its first token is ejected, each stream counted in a streak of its own', async () => {
     // b0 sends a first token, then resets the stream; b1 serves.
