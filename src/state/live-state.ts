@@ -170,7 +170,11 @@ export interface LiveState {
   recordFirstToken(sample: FirstTokenSample): void;
   /** Adds a finished request to the windows and the TPOT fit. O(1); unknown backends are ignored. */
   record(sample: LatencySample): void;
-  /** In-flight work on `backend`, all live instances. */
+  /**
+   * In-flight work on `backend`, all live instances. While an outage of the store keeps the n peers
+   * its last exchange counted out of the view, each is counted as running what this instance runs
+   * there (n + 1 times this instance's own), as tenantShare divides a tenant's limits.
+   */
   inflight(backend: string): InflightCounts;
   /** In-flight requests on `backend`, all live instances: the `load` of the fits. */
   load(backend: string): number;
@@ -505,7 +509,19 @@ class LiveStateImpl implements LiveState {
     addCounts(total, be.inflight);
     const remote = this.#remoteFor(backend);
     if (remote !== undefined) addCounts(total, remote.inflight);
+    else for (let k = this.#peersUnseen(); k > 0; k--) addCounts(total, be.inflight);
     return total;
+  }
+
+  /**
+   * Peers whose in-flight requests the view has lost: those an outage of the store dropped (as for
+   * tenantShare). Each is taken to run on every backend what this instance runs there. Invariant:
+   * n + 1 instances each counting alone fill about one concurrency limit of a backend together,
+   * not n + 1 of them: counting only its own requests against a limit meant for the whole backend,
+   * each sent it a whole limit's worth once the peers' part was dropped.
+   */
+  #peersUnseen(): number {
+    return this.#peersMissing() ? this.#peersLost : 0;
   }
 
   samplesTaught(backend: string): number {
@@ -522,18 +538,22 @@ class LiveStateImpl implements LiveState {
     const fit = this.#fits(backend, be).ttft;
     if (fit === null) return null;
     const remote = this.#remoteFor(backend);
+    // The peers an outage dropped from the view run what this instance does (#peersUnseen).
+    const times = remote === undefined ? 1 + this.#peersUnseen() : 1;
     const ahead =
-      be.prefillAhead(drainMsPerToken(fit.slopes[0] as number, remote)) + (remote?.prefillAhead ?? 0);
+      be.prefillAhead(drainMsPerToken(fit.slopes[0] as number, remote)) * times + (remote?.prefillAhead ?? 0);
     return predict(fit, [
       nonNegative(uncachedTokens) + ahead,
-      be.inflight.requests + (remote?.inflight.requests ?? 0),
+      be.inflight.requests * times + (remote?.inflight.requests ?? 0),
     ]);
   }
 
   prefillAheadTokens(backend: string): number {
     const be = this.#backends.get(backend)?.state;
     if (be === undefined) return 0;
-    return be.prefillAhead(this.#drainMsPerToken(backend)) + (this.#remoteFor(backend)?.prefillAhead ?? 0);
+    const remote = this.#remoteFor(backend);
+    const times = remote === undefined ? 1 + this.#peersUnseen() : 1;
+    return be.prefillAhead(this.#drainMsPerToken(backend)) * times + (remote?.prefillAhead ?? 0);
   }
 
   /** The ms per prefill token at which this instance's backlog on `backend` drains (drainMsPerToken). */
