@@ -15,8 +15,9 @@
 //
 // "Sheddable classes are refused first": once a request of a protected (non-sheddable) class has
 // been refused for capacity (sla_unattainable, queue_full, queue_timeout), every sheddable request
-// that would compete for its backends (of its model, or of a model some backend serves with it) is
-// refused at arrival for SHED_WINDOW_MS after it, so the capacity left goes to protected work. A
+// that would compete for its backends (of its model, or of a model some backend in service serves
+// with it) is refused at arrival for SHED_WINDOW_MS after it, so the capacity left goes to
+// protected work. A
 // sheddable request for a model on other backends takes nothing the protected one could use, and
 // passes. (The scheduler also evicts a queued sheddable request to make room when the queue is full.)
 //
@@ -169,7 +170,7 @@ export class AdmissionController {
 
   /**
    * A protected request was refused for capacity within SHED_WINDOW_MS for `model`, or for a model
-   * that some backend serves with it. Windows that have closed are forgotten here.
+   * that some backend in service serves with it. Windows that have closed are forgotten here.
    */
   #sheds(model: string): boolean {
     const now = this.#now();
@@ -181,7 +182,9 @@ export class AdmissionController {
       }
       if (refused === model) return true;
       backends ??= this.#deps.backends();
-      for (const b of backends) if (b.serves(model) && b.serves(refused)) return true;
+      // Only a backend in service competes: one down, ejected or never reached (whose unknown
+      // list reads as every model) would tie every model to every other.
+      for (const b of backends) if (b.inService && b.serves(model) && b.serves(refused)) return true;
     }
     return false;
   }

@@ -827,6 +827,13 @@ describe('predicted TTFT', () => {
     c!.learned(new Set(['large']));
     expect(codeOf(() => admission.admit(batch('small')))).toBe('admitted');
     expect(codeOf(() => admission.admit(batch('large')))).toMatch(/^sla_unattainable/);
+    // Nor does a backend out of service that would serve both (ejected here; down by its probe,
+    // or never reached at all, likewise): it takes nothing from either while it is out.
+    c!.learned(new Set(['small', 'large']));
+    expect(codeOf(() => admission.admit(batch('small')))).toMatch(/^sla_unattainable/);
+    while (!c!.outlier.ejected()) c!.outlier.failure(() => true);
+    expect(c!.inService).toBe(false);
+    expect(codeOf(() => admission.admit(batch('small')))).toBe('admitted');
   });
 
   it("predicts no wait on an idle backend for a request that may not wait, however long the backlog ahead of the pump's bound", async () => {
