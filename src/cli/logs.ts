@@ -292,12 +292,17 @@ export function parseAdmissionLine(line: string): LogRecord | null {
     for (const k of fields) {
       const v = o[k];
       if (v === undefined) o[k] = null;
-      else if (v !== null && typeof v !== type) return null;
+      else if (v !== null && (typeof v !== type || (type === 'number' && !Number.isFinite(v)))) return null;
     }
   }
   if (o.decision !== null && o.decision !== 'admitted' && o.decision !== 'refused') return null;
+  // A time that is no date (the pretty view prints it as one).
+  if (o.time !== null && Math.abs(o.time as number) > MAX_DATE_MS) return null;
   return o as unknown as LogRecord;
 }
+
+/** The largest time from the epoch, either way, that a JavaScript Date holds (ECMA-262). */
+const MAX_DATE_MS = 8.64e15;
 
 const FIELD_TYPES: readonly (readonly [readonly string[], 'string' | 'number' | 'boolean'])[] = [
   [['tenant', 'class', 'model', 'backend', 'runner_up', 'error', 'decision'], 'string'],

@@ -388,6 +388,8 @@ describe('slagate logs', () => {
       { kind: 'admission', req_id: 'x', outcome: 'ok', msg: 'admission' },
       { ...good, req_id: 'y', ttft_ms: '700' },
       { ...good, req_id: 'z', decision: 'maybe' },
+      // A time no date has (past JavaScript's ±8.64e15 ms), and one JSON reads as Infinity.
+      { ...good, req_id: 't', time: 1e17 },
       // A cancel before admission: decision null, read as a record.
       {
         ...good,
@@ -398,13 +400,16 @@ describe('slagate logs', () => {
         ttft_ms: null,
       },
     ].map((l) => JSON.stringify(l));
+    lines.splice(1, 0, JSON.stringify({ ...good, req_id: 'inf' }).replace('{', '{"time":1e400,'));
     await appendFile(path, `${lines.join('\n')}\n`);
     const text = io();
     expect(await logsCommand([path], text.io)).toBe(0);
-    expect(text.out()).toContain('admission log: 2 requests (3 other lines skipped)');
+    expect(text.out()).toContain('admission log: 2 requests (5 other lines skipped)');
     const pretty = io();
     expect(await logsCommand([path, '--pretty'], pretty.io)).toBe(0);
+    // Each good record, the one after the bad times included.
     expect(pretty.out().trimEnd().split('\n')).toHaveLength(2);
+    expect(pretty.out()).toContain('gone');
   });
 
   it("prints no record's control characters raw in the summary: an escape sequence cannot hide text", async () => {
