@@ -116,7 +116,8 @@ export class AdmissionController {
         new GatewayError(
           'sla_unattainable',
           `Class '${req.className}' is sheddable and the gateway is refusing protected classes for lack of capacity.`,
-          { retryAfterS: this.#retryAfterS(req.model) },
+          // Shed for the protected classes: back once the queue has drained.
+          { retryAfterS: this.#retryAfterS(scheduler.drainMs(req.model)) },
         ),
         prediction,
       );
@@ -141,7 +142,7 @@ export class AdmissionController {
         new GatewayError(
           'sla_unattainable',
           `Predicted time to first token ${Math.round(bound)} ms (at its P99) exceeds ${budgetWords(scheduled)} on every backend.`,
-          { retryAfterS: this.#retryAfterS(req.model, bound, budget) },
+          { retryAfterS: this.#retryAfterS(prediction.waitMs, bound, budget) },
         ),
         prediction,
       );
@@ -279,11 +280,16 @@ export class AdmissionController {
     return new Refusal(err, prediction);
   }
 
-  /** Seconds until a refused request could be served: the drain time of its model's queue, or the overshoot. */
-  #retryAfterS(model: string, predictedMs?: number, targetMs?: number): number {
-    const drain = this.#deps.scheduler.drainMs(model);
+  /**
+   * Seconds until a refused request could be served: `waitMs` (what would leave before it, at its
+   * place in the queue's order, or the whole queue's drain for one shed for the protected
+   * classes), or by as much as its prediction overshot, whichever is longer. Its place, not the
+   * whole queue: an interactive request refused beside a backlog of batch work it would pass was
+   * told to wait out that backlog's drain (tens of seconds, which the OpenAI clients honour).
+   */
+  #retryAfterS(waitMs: number | null, predictedMs?: number, targetMs?: number): number {
     const over = predictedMs !== undefined && targetMs !== undefined ? predictedMs - targetMs : 0;
-    return clampS(Math.ceil(Math.max(drain ?? 0, over) / 1000));
+    return clampS(Math.ceil(Math.max(waitMs ?? 0, over) / 1000));
   }
 }
 

@@ -1257,8 +1257,11 @@ export class Scheduler {
   }
 
   #refusal(req: ScheduledRequest, code: 'queue_full' | 'queue_timeout', message?: string): GatewayError {
-    const drain = this.drainMs(req.model);
-    const retryAfterS = drain === null ? 1 : Math.min(60, Math.max(1, Math.ceil(drain / 1000)));
+    // A full queue has room again only as the overload ends: its drain. A request that waited past
+    // its start: once what waits ahead of it in the queue's order has left (a less urgent backlog
+    // it passes is none of its wait).
+    const wait = code === 'queue_full' ? this.drainMs(req.model) : this.estimateWaitMs(req);
+    const retryAfterS = wait === null ? 1 : Math.min(60, Math.max(1, Math.ceil(wait / 1000)));
     const text =
       message ??
       (code === 'queue_full'

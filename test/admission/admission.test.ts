@@ -633,6 +633,53 @@ describe('predicted TTFT', () => {
       return { f, admission, at };
     }
 
+    it('a Retry-After counts what would leave before the request, not the less urgent backlog it passes', async () => {
+      const { f, admission, at } = await measured(['a'], { limit: 1 });
+      const held = await f.scheduler.ticket(admission.admit(at()).scheduled).acquire(firstAttempt());
+      // 90 requests of a less urgent class wait: the whole queue drains in seconds.
+      const batch = Array.from({ length: 90 }, (_, i) =>
+        f.scheduler
+          .ticket(
+            admission.admit(
+              at({ reqId: `batch${i}`, className: 'batch', priority: 2, ttftTargetMs: 600_000 }),
+            ).scheduled,
+          )
+          .acquire(firstAttempt())
+          .catch(() => null),
+      );
+      expect(f.scheduler.view().queued).toBe(90);
+      const drainS = f.scheduler.drainMs('m')! / 1000;
+      expect(drainS).toBeGreaterThan(3);
+      // An interactive request would pass every one of them: late by a few tens of milliseconds
+      // (4,000 tokens of prefill ahead of it: 20 + 0.1 × 5,000 ms against 500, and one slot's
+      // wait), it may come back in a second, not after the whole drain.
+      const release = pendingPrefill(f.live, ['a'], 4000);
+      const caught = thrownBy(() => admission.admit(at({ promptTokens: 1000 })));
+      expect(caught).toMatchObject({ code: 'sla_unattainable', retryAfterS: 1 });
+      // One of the same class as the backlog, come after it, waits behind all of it: its
+      // Retry-After is the drain.
+      f.tick(100);
+      const behind = thrownBy(() =>
+        admission.admit(at({ reqId: 'late', className: 'batch', priority: 2, ttftTargetMs: 1_000 })),
+      );
+      expect(behind).toMatchObject({ code: 'sla_unattainable' });
+      expect((behind as { retryAfterS: number }).retryAfterS).toBeGreaterThanOrEqual(Math.floor(drainS));
+      // An interactive request admitted, queued first, and still waiting at its latest start (the
+      // slot stays held): refused queue_timeout, and told to come back in a second as well.
+      release();
+      const soon = f.scheduler
+        .ticket(admission.admit(at({ reqId: 'soon', promptTokens: 1000 })).scheduled)
+        .acquire(firstAttempt());
+      f.tick(1_000);
+      await expect(soon).rejects.toMatchObject({ code: 'queue_timeout', retryAfterS: 1 });
+      expect(f.scheduler.drainMs('m')! / 1000).toBeGreaterThan(3);
+      held!.release();
+      // One of the backlog starts in the slot freed.
+      const next = await Promise.race(batch);
+      expect(next?.backend.name).toBe('a');
+      next!.release();
+    });
+
     it('is none where nobody waits: the queue ahead counts only on a backend that is full', async () => {
       const { f, admission, at } = await measured(['a', 'b'], { limit: 1 });
       // a's slot is taken, and eight retries that may not go to b wait for it.
