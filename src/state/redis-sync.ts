@@ -364,13 +364,19 @@ export class RedisSync {
   /** When the full snapshots were last exchanged (null: due at the next tick). */
   #fullAt: number | null = null;
   /**
-   * The last tick was a full exchange, and it failed. Invariant: the in-flight counts travel even
-   * when the full exchange cannot (peers' snapshots too large to come back within the command
-   * timeout, a snapshots key Redis refuses): a failed full tick is followed by an in-flight-only
-   * one, then the full exchange is tried again. Without it every tick after a failure was full
-   * (nothing had succeeded since the last full exchange), and each failed the same way.
+   * Full exchanges that failed in a row (0 once one passes), and when (performance.now()) the next
+   * may be tried. Invariant: the in-flight counts travel even when the full exchange cannot (peers'
+   * snapshots too large to come back within the command timeout, a snapshots key Redis refuses):
+   * after a failed full exchange the ticks carry the in-flight parts alone until the full one is
+   * tried again, a full interval later after the first failure and twice as long after each one
+   * after it, up to the liveness TTL. Without the in-flight-only ticks every tick after a failure
+   * was full (nothing had succeeded since the last full exchange), and each failed the same way;
+   * without the backoff, a full exchange that timed out was tried again every few ticks, each
+   * time making Redis build every peer's snapshot for a reply nobody read, and dropping the
+   * connection the in-flight counts travel on (a few reconnections a second per instance).
    */
-  #fullFailed = false;
+  #fullFailures = 0;
+  #fullRetryAt = 0;
   /**
    * A full exchange failed and none has passed since: the store stays degraded, though the
    * in-flight-only ticks between pass (the peers' windows, fits and tenants are not current).
@@ -481,11 +487,10 @@ export class RedisSync {
       // Due half a tick early: ticks drift by a fraction of a millisecond, and one that came 249 ms
       // after the last full exchange would otherwise push the next to the tick after (300 ms).
       const full =
-        !this.#fullFailed &&
+        performance.now() >= this.#fullRetryAt &&
         (this.#fullAt === null ||
           at < this.#fullAt ||
           at - this.#fullAt + tickIntervalMs(this.#cfg) / 2 >= fullIntervalMs(this.#cfg));
-      this.#fullFailed = false;
       // Invariant: an entry is sent once. A call that failed may have run on Redis all the same
       // (a timeout says only that no reply came in time), so resending it would append it twice,
       // and each resend of a growing backlog would carry everything before it again. A block in
@@ -517,7 +522,10 @@ export class RedisSync {
         reply = await call;
       } catch (e) {
         if (full) {
-          this.#fullFailed = true;
+          this.#fullFailures++;
+          this.#fullRetryAt =
+            performance.now() +
+            Math.min(fullIntervalMs(this.#cfg) * 2 ** Math.min(this.#fullFailures - 1, 16), this.ttlMs);
           this.#fullOwed = true;
         }
         // Redis answered with an error (a key of the wrong type, a command the ACL denies):
@@ -569,7 +577,11 @@ export class RedisSync {
       if (log.length > 0) this.#opts.host.applyLog(log);
       this.#peers = this.#opts.host.applyPeers(peers, inflight, now());
       this.#lastOkAt = now();
-      if (peers !== null) this.#fullOwed = false;
+      if (peers !== null) {
+        this.#fullOwed = false;
+        this.#fullFailures = 0;
+        this.#fullRetryAt = 0;
+      }
       // Only the in-flight part passed, the full exchange still failing: still degraded, its error kept.
       if (this.#fullOwed) return;
       // An error the client reported between ticks (a reset it recovered from) is over too.

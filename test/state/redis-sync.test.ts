@@ -346,6 +346,29 @@ describe('RedisSync', () => {
     expect(applied.every((full) => !full)).toBe(true);
   });
 
+  it('a full exchange that keeps failing is tried again less and less often, the in-flight ticks passing between', async () => {
+    // Full exchanges due every 50 ms (half the refresh interval), all refused.
+    const { sa, applied } = await twoOverBrokenKey({ ...cfg(), refresh_interval_ms: 100 }, 'snapshots');
+    const client = sa.client as unknown as { slagateSync: (...args: unknown[]) => Promise<unknown> };
+    const original = client.slagateSync.bind(client);
+    const fullAt: number[] = [];
+    client.slagateSync = (...args: unknown[]) => {
+      if (args[6] !== '') fullAt.push(performance.now());
+      return original(...args);
+    };
+    const started = performance.now();
+    while (performance.now() - started < 1_000) await sa.tick();
+    // Tried again 50, 100, 200, 400 ms after each failure: five or six tries in the second, where
+    // every other tick was one (hundreds at this pace); the in-flight parts passed in between.
+    expect(fullAt.length).toBeGreaterThanOrEqual(3);
+    expect(fullAt.length).toBeLessThanOrEqual(7);
+    const gaps = fullAt.slice(1).map((t, i) => t - fullAt[i]!);
+    for (let i = 1; i < gaps.length; i++) expect(gaps[i]!).toBeGreaterThan(gaps[i - 1]! * 1.5);
+    expect(applied.length).toBeGreaterThan(20);
+    expect(applied.every((full) => !full)).toBe(true);
+    expect(sa.status()).toMatchObject({ degraded: true, lastError: expect.stringMatching(/WRONGTYPE/) });
+  });
+
   it('a crashed peer is swept, and the counts still pass, while the full exchange is refused', async () => {
     const c = cfg();
     const { sa, sb, applied } = await twoOverBrokenKey(c, 'snapshots');
@@ -497,11 +520,12 @@ describe('RedisSync', () => {
       await redis.cli('replicaof', 'no', 'one');
     }
     // Primary again: once connected (the ticks meanwhile may have dropped another connection),
-    // an exchange succeeds.
+    // exchanges succeed, and the store is sound again at the first full one (tried again a full
+    // interval after the one refused: 500 ms here).
     if (w.client.status !== 'ready')
       await new Promise<void>((resolve) => w.client.once('ready', () => resolve()));
-    await w.tick();
-    await w.tick();
+    const by = performance.now() + 3_000;
+    while (w.status().degraded && performance.now() < by) await w.tick();
     expect(w.status()).toMatchObject({ degraded: false, lastError: null });
   });
 });
