@@ -506,7 +506,7 @@ describe('RedisSync', () => {
   });
 
   it('a Redis turned replica (READONLY) is left for a new connection, which finds the primary once there is one', async () => {
-    const { c, w, connection } = await oneInstance();
+    const { w, connection } = await oneInstance();
     const before = await connection();
     // A failover behind the same address: the server answers, read-only.
     await redis.cli('replicaof', '127.0.0.1', '1');
