@@ -120,6 +120,12 @@ local function depart(id, snap, at)
   redis.call('PEXPIRE', KEYS[5], keep)
 end
 local cutoff = '(' .. (now - ttl)
+-- A heartbeat later than Redis' now was scored by another server's clock (a failover to a replica
+-- whose clock is behind): it ages from now. Otherwise a dead instance would count on for as long
+-- as the two clocks differ, not the TTL. (Under pcall: rare, and a Redis over maxmemory may refuse
+-- a script's first write.)
+local ahead = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+for i = 1, #ahead do redis.pcall('ZADD', KEYS[1], 'XX', now, ahead[i]) end
 -- Each with its last heartbeat: its tokens count from then, whoever finds it dead and when.
 -- Its entries are deleted before its departed entry is written: Redis over maxmemory refuses a
 -- script's first write that may add memory (and the script with it), so the HSET must not be the
@@ -182,6 +188,8 @@ if full then
     if not at or at < now - keep then
       redis.call('HDEL', KEYS[5], all[i])
     else
+      -- Written by another server's clock, ahead of this one's (as for the heartbeats): from now.
+      if at > now then redis.pcall('HSET', KEYS[5], all[i], now .. string.sub(v, sep)) end
       departed[#departed + 1] = string.sub(v, sep + 1)
     end
   end

@@ -369,6 +369,45 @@ describe('RedisSync', () => {
     expect(sa.status()).toMatchObject({ degraded: true, lastError: expect.stringMatching(/WRONGTYPE/) });
   });
 
+  it("a heartbeat scored ahead of Redis' clock (a failover to a server whose clock is behind) ages from now: swept after the TTL", async () => {
+    const c = { ...cfg(), refresh_interval_ms: 100, command_timeout_ms: 100 };
+    const h = host();
+    let counted: string[] = [];
+    h.applyPeers = (_snapshots, inflight) => {
+      counted = inflight;
+      return inflight.length;
+    };
+    const w = start('w', h, c);
+    await w.ready();
+    // A peer that died just before the failover, its last heartbeat a minute ahead of this clock.
+    const [secs, micros] = (await redis.cli('time')).trim().split('\n').map(Number);
+    const now = secs! * 1000 + Math.floor(micros! / 1000);
+    await redis.cli('zadd', `{${c.key_prefix}}:instances`, String(now + 60_000), 'ghost');
+    await redis.cli('hset', `{${c.key_prefix}}:inflight`, 'ghost', '{"from":"ghost"}');
+    // And an instance departed then, its tenants' tokens kept from a time ahead of this clock.
+    const tokens = '{"b":{},"t":{"acme":[0,5]}}';
+    await redis.cli('hset', `{${c.key_prefix}}:departed`, 'gone', `${now + 60_000}|${tokens}`);
+    // The departed entry's time is set to now at a full exchange (one comes every 50 ms here; a
+    // tick asked for while the timer's is out is that one, which may have begun before the writes).
+    const departed = async () =>
+      (await redis.cli('hget', `{${c.key_prefix}}:departed`, 'gone')).trim().split('|');
+    const by = performance.now() + 2_000;
+    while ((counted.length === 0 || Number((await departed())[0]) > now + 5_000) && performance.now() < by)
+      await w.tick();
+    expect(counted).toEqual(['{"from":"ghost"}']);
+    const [at, kept] = await departed();
+    expect(Number(at)).toBeLessThan(now + 5_000);
+    expect(kept).toBe(tokens);
+    const from = performance.now();
+    while (counted.length > 0 && performance.now() - from < 5_000) await w.tick();
+    // Gone after the liveness TTL (1 s here) from the tick that first saw it, not after a minute.
+    expect(counted).toEqual([]);
+    expect(performance.now() - from).toBeLessThan(w.ttlMs + 1_000);
+    expect((await redis.cli('zrange', `{${c.key_prefix}}:instances`, '0', '-1')).split('\n')).not.toContain(
+      'ghost',
+    );
+  });
+
   it('a crashed peer is swept, and the counts still pass, while the full exchange is refused', async () => {
     const c = cfg();
     const { sa, sb, applied } = await twoOverBrokenKey(c, 'snapshots');
