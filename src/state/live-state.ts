@@ -188,7 +188,8 @@ export interface LiveState {
    * Uncached prompt tokens the backend still has to prefill ahead of a request sent now: this
    * instance's as they drain at the backend's prefill rate since they were sent (prefill-backlog.ts),
    * at most its exact pending count, and not while a peer has prefill ahead there (drainMsPerToken);
-   * each peer's as its last in-flight part had it (not drained between exchanges). What predictTtftMs
+   * each peer's as its last in-flight part had it (not drained between exchanges). Through an outage
+   * of the store, n + 1 times this instance's, as inflight() counts (#drainAt). What predictTtftMs
    * counts ahead, what the TTFT fit learns a first token against, and what the scheduler's prefill
    * room counts.
    */
@@ -541,7 +542,7 @@ class LiveStateImpl implements LiveState {
     // The peers an outage dropped from the view run what this instance does (#peersUnseen).
     const times = remote === undefined ? 1 + this.#peersUnseen() : 1;
     const ahead =
-      be.prefillAhead(drainMsPerToken(fit.slopes[0] as number, remote)) * times + (remote?.prefillAhead ?? 0);
+      be.prefillAhead(this.#drainAt(fit.slopes[0] as number, remote)) * times + (remote?.prefillAhead ?? 0);
     return predict(fit, [
       nonNegative(uncachedTokens) + ahead,
       be.inflight.requests * times + (remote?.inflight.requests ?? 0),
@@ -561,7 +562,21 @@ class LiveStateImpl implements LiveState {
     const be = this.#backends.get(backend)?.state;
     if (be === undefined) return null;
     const fit = this.#fits(backend, be).ttft;
-    return fit === null ? null : drainMsPerToken(fit.slopes[0] as number, this.#remoteFor(backend));
+    return fit === null ? null : this.#drainAt(fit.slopes[0] as number, this.#remoteFor(backend));
+  }
+
+  /**
+   * drainMsPerToken, and while an outage keeps n peers out of the view (#peersUnseen), n + 1 times
+   * it: those peers are taken to have as much prefill ahead there as this instance, which the
+   * backend works beside this one's, so this one's part drains at 1 / (n + 1) of the rate (at the
+   * whole rate, the n + 1 times counted ahead went in the time this part alone takes). Reads the
+   * view as it stands, without the freshness check (#catchUpPrefill runs inside it): whoever
+   * changes the view catches every backlog up first.
+   */
+  #drainAt(slope: number | null, remote: RemoteBackend | undefined): number | null {
+    const ms = drainMsPerToken(slope, remote);
+    const unseen = this.#sync !== null && this.#remoteAt === null ? this.#peersLost : 0;
+    return ms === null || remote !== undefined ? ms : ms * (1 + unseen);
   }
 
   /**
@@ -572,7 +587,7 @@ class LiveStateImpl implements LiveState {
   #catchUpPrefill(): void {
     for (const [name, { state: be }] of this.#backends) {
       const slope = (this.#fitCache.get(name)?.value.ttft?.slopes[0] as number | undefined) ?? null;
-      be.catchUpPrefill(drainMsPerToken(slope, this.#remote.get(name)));
+      be.catchUpPrefill(this.#drainAt(slope, this.#remote.get(name)));
     }
   }
 

@@ -388,9 +388,10 @@ export class RedisSync {
   /**
    * A full exchange failed and none has passed since: the store stays degraded, though the
    * in-flight-only ticks between pass (the peers' windows, fits and tenants are not current).
-   * So after an outage whose last failed call was full, the degraded state ends a tick after the
-   * first that passes (an in-flight-only one): the full exchange's own failure and an outage look
-   * alike from here, and telling them apart broke the alternation that lets the counts travel.
+   * So after an outage whose last failed call was full, the degraded state ends with the first
+   * full exchange after its backoff (#fullRetryAt), the ticks before it in-flight-only: the full
+   * exchange's own failure and an outage look alike from here, and telling them apart broke the
+   * alternation that lets the counts travel.
    */
   #fullOwed = false;
   /** The peers whose full snapshot and in-flight part the last full exchange brought. */

@@ -5,10 +5,10 @@
 // or later. A replica that fails some requests serves better than none (Envoy reaches the same end
 // with its panic threshold); the breaker, whose reset is short, still guards a sole backend that
 // fails them all. So an ejection is allowed only while every model the backend lists is served by
-// another backend in service (any other in service, while its list is unknown: it is then taken to
-// serve every model), and when that stops holding afterwards (the others' probes fail, a reload
-// removes them, their lists drop the model) the ejections still running on the backends that
-// serve a model left without one end at once (`unejected`). Per model, not per fleet: in a fleet
+// another backend in service (while its list is unknown, it is taken to serve every model: each
+// model any other backend lists, #othersServe), and when that stops holding afterwards (the
+// others' probes fail, a reload removes them, their lists drop the model) the ejections still
+// running on the backends that serve a model left without one end at once (`unejected`). Per model, not per fleet: in a fleet
 // of two models, the one replica of the first left its model unserved (503 for each of its
 // requests, for up to the ejection's length) while the second's replicas were in service.
 // Invariant: every ejection's end is told (`unejected`), the early ones and those that run out,
@@ -146,14 +146,24 @@ export class BackendSet {
   }
 
   /**
-   * Another backend in service serves each model `b` lists; with its list unknown (it is taken to
-   * serve every model), any other backend in service does.
+   * Another backend in service serves each model `b` lists. With its list unknown it is taken to
+   * serve every model: then another backend in service whose list is unknown too, or, for each model
+   * any other backend lists, one in service that serves it (at least one in service in all).
    */
   #othersServe(b: Backend): boolean {
     const others: Backend[] = [];
     for (const o of this.#backends.values()) if (o !== b && o.inService) others.push(o);
-    if (b.models === null) return others.length > 0;
-    for (const model of b.models) if (!others.some((o) => o.mayServe(model))) return false;
+    if (others.length === 0) return false;
+    const served = (model: string) => others.some((o) => o.mayServe(model));
+    if (b.models !== null) {
+      for (const model of b.models) if (!served(model)) return false;
+      return true;
+    }
+    if (others.some((o) => o.models === null)) return true;
+    for (const o of this.#backends.values()) {
+      if (o === b || o.models === null) continue;
+      for (const model of o.models) if (!served(model)) return false;
+    }
     return true;
   }
 

@@ -25,7 +25,7 @@ export interface OutlierOptions {
   consecutiveFailures: number;
   baseEjectionMs: number;
   maxEjectionMs: number;
-  /** Share of the set that may be ejected at once; at least one backend always may be, never the last in service (backends.ts). */
+  /** Share of the set that may be ejected at once; at least one backend always may be, never the last in service for a model (backends.ts). */
   maxEjectionPercent: number;
 }
 
@@ -127,8 +127,9 @@ export class OutlierDetector {
   }
 
   /**
-   * No other backend is in service (backends.ts): ends the ejection, whatever caused it, since a
-   * replica that fails some requests serves better than none. True if it ended one.
+   * No other backend in service serves one of this backend's models (backends.ts): ends the
+   * ejection, whatever caused it, since a replica that fails some requests serves better than none.
+   * True if it ended one.
    */
   release(): boolean {
     if (!this.ejected()) return false;

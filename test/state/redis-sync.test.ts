@@ -332,8 +332,9 @@ describe('RedisSync', () => {
     const { sa, sb, peers, applied } = await twoOverBrokenKey(cfg(), 'snapshots');
     for (const s of [sb, sa, sb, sa]) await s.tick();
     expect(peers()).toEqual(['{"from":"b"}']);
-    // Of any two ticks in a row one tries the full exchange again (refused), the other passes with
-    // the in-flight parts alone; the store stays degraded, its error shown, until a full one passes.
+    // The full exchange is tried again only after its backoff (refused again); the ticks between
+    // pass with the in-flight parts alone; the store stays degraded, its error shown, until a full
+    // one passes.
     // Each tick that passed (in-flight-only) leaves the store degraded all the same.
     let passed = 0;
     for (let i = 0; i < 4; i++) {

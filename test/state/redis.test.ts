@@ -623,6 +623,49 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     }
   });
 
+  it('peers dropped by an outage are counted as running what this instance runs, their prefill ahead draining beside its own', async () => {
+    // a on a clock of the test's own: the view ages past the TTL when the test says, between two
+    // exchanges (each stamps the view with this clock).
+    let now = Date.now();
+    const a = createLiveState(cfg, { instanceId: 'a', backends: BACKENDS, scrape: false, now: () => now });
+    states.push(a);
+    const b = make('b');
+    await Promise.all([a.ready(), b.ready()]);
+    b.lease('gpu-1', { promptTokens: 10, expectedOutputTokens: 1 });
+    await until(() => a.load('gpu-1') === 1, 2_000, "a to count b's lease");
+    // The TTFT fit: 0.1 ms per prefill token.
+    for (let i = 0; i < 40; i++) {
+      const tokens = 500 + 100 * (i % 10);
+      a.recordFirstToken({
+        backend: 'gpu-1',
+        backendTtftMs: ttftOf(tokens, 1),
+        uncachedPromptTokens: tokens,
+        prefillAheadTokens: 0,
+        loadAtDispatch: 1,
+      });
+    }
+    now += 50;
+    expect(a.backendView('gpu-1')?.rates.prefillTokensPerS).toBeCloseTo(10_000, -2);
+    // Everything from here to the end runs in one turn of the loop: no exchange comes between.
+    now += livenessTtlMs(cfg) + 1;
+    expect(a.status().peers).toBe(0);
+    const lease = a.lease('gpu-1', {
+      promptTokens: 1000,
+      expectedOutputTokens: 10,
+      uncachedPromptTokens: 1000,
+    });
+    // b is taken to run what a runs: twice a's one request, twice its 1,000 tokens of prefill.
+    expect(a.load('gpu-1')).toBe(2);
+    expect(a.prefillAheadTokens('gpu-1')).toBeCloseTo(2000, 0);
+    // After a's 1,000 tokens' worth of prefill time (100 ms) half of the 2,000 is done: the backend
+    // works b's beside a's, and a's part drains at half the rate.
+    now += 100;
+    expect(a.prefillAheadTokens('gpu-1')).toBeCloseTo(1000, -1);
+    now += 100;
+    expect(a.prefillAheadTokens('gpu-1')).toBeCloseTo(0, 0);
+    lease.end();
+  });
+
   it('Redis killed under load: calls answer from local state at once, degraded soon, recovery without backlog replay', async () => {
     const a = make('a');
     const b = make('b');

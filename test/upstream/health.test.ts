@@ -220,6 +220,26 @@ describe('the last backend in service is counted per model', () => {
     expect(b0.state).toBe('ejected');
   });
 
+  it('a backend whose list is unknown is taken to serve every model another lists: not ejected while it is the last in service for one', async () => {
+    const { set, gw, events } = await fleet([status(500), healthy(1), healthy(1)], {
+      ...outlier({ consecutiveFailures: 2, maxEjectionPercent: 100 }),
+      ...breaker({ volumeThreshold: 1000 }),
+    });
+    const [b0, b1, b2] = [set.get('b0')!, set.get('b1')!, set.get('b2')!];
+    // b0 never listed its models; b1 serves another model; b2, the one that lists 'm', is out.
+    b1.learned(new Set(['other']));
+    b2.learned(new Set(['m']));
+    while (!b2.outlier.ejected()) b2.outlier.failure(() => true);
+    for (let i = 0; i < 4; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
+    expect(b0.outlier.consecutiveFailures).toBeGreaterThanOrEqual(2);
+    expect(b0.state).toBe('healthy');
+    expect(events.filter((e) => e.type === 'ejected')).toEqual([]);
+    // Once b1 lists 'm' too, every model listed is served without b0: it may go.
+    b1.learned(new Set(['m', 'other']));
+    for (let i = 0; i < 2; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
+    expect(b0.state).toBe('ejected');
+  });
+
   it("ends an ejection when the model's last other backend leaves service, though another model's backend is still in", async () => {
     const health = [200, 200, 200];
     const script =
