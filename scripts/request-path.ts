@@ -24,7 +24,9 @@
 // request on a reused connection only after the event loop's poll phase (docs/benchmarks.md,
 // "Bursts at 32 streams").
 // Per path: added TTFT p50 / p99 over direct, the total time of its requests (the sum of its
-// rounds' wall times) and the proxy process's CPU per request (utime + stime from /proc).
+// rounds' wall times) and the proxy process's CPU per request (utime + stime from /proc), and of
+// it, its main thread's (the event loop: JavaScript and its syscalls; the rest is V8's and libuv's
+// helper threads, garbage collection and compilation).
 //
 // slagate runs with targets no load here reaches and concurrency limits above 256, so nothing is
 // queued or refused: what is measured is the per-request work of every stage, not a decision.
@@ -42,7 +44,7 @@ import type { Workload } from '../src/bench/workloads.ts';
 import { undecidingGatewayYaml } from './lib/checkout-gateway.ts';
 import { summarizeByModule, summarizeProfile } from './lib/cpu-profile.ts';
 import { type Spawned, spawnFixedBackend, spawnFloor, stopOnExit } from './lib/spawn-fixed-backend.ts';
-import { arrivals, cpuSeconds, percentile, poissonRate } from './lib/stats.ts';
+import { arrivals, cpuSeconds, mainThreadCpuSeconds, percentile, poissonRate } from './lib/stats.ts';
 import { uniqueWorkload } from './lib/unique-workload.ts';
 
 const { values } = parseArgs({
@@ -109,9 +111,9 @@ const out = (s: string) => {
   process.stdout.write(`${s}\n`);
 };
 out(
-  '| prompts | streams | requests per path | path | TTFT p50 / p99 ms | added p50 / p99 ms | TPOT p50 ms | total s | proxy CPU ms per request | failed |',
+  '| prompts | streams | requests per path | path | TTFT p50 / p99 ms | added p50 / p99 ms | TPOT p50 ms | total s | proxy CPU ms per request | of which its main thread | failed |',
 );
-out('|---|---|---|---|---|---|---|---|---|---|');
+out('|---|---|---|---|---|---|---|---|---|---|---|');
 try {
   const warmup = Number(values.warmup);
   for (const p of paths)
@@ -135,6 +137,7 @@ try {
         tpot: [] as number[],
         wallS: 0,
         cpuS: 0,
+        mainS: 0,
         failed: 0,
         n: 0,
       }));
@@ -156,10 +159,14 @@ try {
           const s = stats[k]!;
           const wl = uniqueWorkload(kind, per, outputTokens, 1000 * (r + 1) + k);
           const cpu0 = p.pid === null ? 0 : cpuSeconds(p.pid);
+          const main0 = p.pid === null ? 0 : mainThreadCpuSeconds(p.pid);
           const t0 = performance.now();
           const res = await bench(p.url, streams, wl, per, r + 1, rate);
           s.wallS += (performance.now() - t0) / 1000;
-          if (p.pid !== null) s.cpuS += cpuSeconds(p.pid) - cpu0;
+          if (p.pid !== null) {
+            s.cpuS += cpuSeconds(p.pid) - cpu0;
+            s.mainS += mainThreadCpuSeconds(p.pid) - main0;
+          }
           s.failed += res.metrics.failed;
           s.n += per;
           for (const rec of res.records) {
@@ -183,8 +190,9 @@ try {
         const p99 = percentile(s.ttft, 99);
         const added = k === 0 ? '—' : `${sign(p50 - d50)} / ${sign(p99 - d99)}`;
         const cpu = p.pid === null ? '—' : ((s.cpuS * 1000) / s.n).toFixed(2);
+        const main = p.pid === null ? '—' : ((s.mainS * 1000) / s.n).toFixed(2);
         out(
-          `| ${kind} | ${poisson ? `${streams} (Poisson)` : streams} | ${s.n} | ${p.name} | ${f(p50)} / ${f(p99)} | ${added} | ${f(percentile(s.tpot, 50))} | ${s.wallS.toFixed(2)} | ${cpu} | ${s.failed} |`,
+          `| ${kind} | ${poisson ? `${streams} (Poisson)` : streams} | ${s.n} | ${p.name} | ${f(p50)} / ${f(p99)} | ${added} | ${f(percentile(s.tpot, 50))} | ${s.wallS.toFixed(2)} | ${cpu} | ${main} | ${s.failed} |`,
         );
       });
     }

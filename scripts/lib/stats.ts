@@ -17,6 +17,15 @@ export function cpuSeconds(pid: number): number {
 }
 
 /**
+ * A process's main thread's CPU time so far (its event loop's, JavaScript's and the syscalls it
+ * makes, without V8's and libuv's helper threads: garbage collection, compilation), in seconds.
+ */
+export function mainThreadCpuSeconds(pid: number): number {
+  const f = readFileSync(`/proc/${pid}/task/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+  return (Number(f[11]) + Number(f[12])) / 100;
+}
+
+/**
  * The Poisson rate that holds `streams` requests in flight on average (Little's law): streams ÷
  * the mean request time of `records` (a warm-up's successful requests, times in seconds).
  */
