@@ -333,9 +333,11 @@ export class Scheduler {
   #again = false;
   /**
    * An entry the next scan must reach, past its bound: one that may not wait (x-slagate-no-queue,
-   * max_queue 0), refused unless that pump grants it. Invariant: such a request is refused "no
-   * room" only when it was looked at and no backend could start it; the bound, which spares a pump
-   * from ranking a long backlog again, must not refuse it unseen while a backend idles.
+   * max_queue 0), refused unless that pump grants it, or one that met a full queue, refused or
+   * given another's place unless it does. Invariant: such a request is refused "no room" (or
+   * takes a place from another) only when it was looked at and no backend could start it; the
+   * bound, which spares a pump from ranking a long backlog again, must not refuse it unseen while a
+   * backend idles.
    */
   #mustReach: Waiting | null = null;
   /** The settings the queue's order was last checked against (#discipline). */
@@ -728,9 +730,11 @@ export class Scheduler {
         queue.push(w);
         if (sr.excluded.size > 0) this.#reasked.add(w);
       }
-      // One that may not wait is judged by this pump, however far behind the scan's bound it is.
+      // One that may not wait is judged by this pump, however far behind the scan's bound it is; so
+      // is one that meets a full queue, which is refused or takes another's place below only if no
+      // backend starts it now (unseen, it was refused while a backend it ranked first idled).
       const waits = mayWait(req.noQueue, settings);
-      if (!waits && !retry) this.#mustReach = w;
+      if ((!waits || full) && !retry) this.#mustReach = w;
       try {
         this.pump();
       } finally {
@@ -867,6 +871,9 @@ export class Scheduler {
     const maxPasses = PASSES_PER_BACKEND * available.length;
     this.#waitedFor = round.closed;
     let reach = this.#mustReach;
+    // Refused in the scan, told after it: a refusal's Retry-After counts the entries waiting ahead
+    // of it (aheadOf), and those the scan has passed are out of their heaps until it ends.
+    const late: Waiting[] = [];
     this.#queue.scan((e) => {
       if (!this.#anyOpen(available, round) || (passes >= maxPasses && reach === null)) return 'stop';
       const w = e as Waiting;
@@ -903,8 +910,8 @@ export class Scheduler {
         const pinned = this.#pinOf(w.req, w.excluded) === choice.backend.name;
         const seed = pinned ? choice.backend : this.#seedOf(w.req, available, round, w.excluded);
         if (seed === null) {
-          w.settle(null, this.#refusal(w.req, 'queue_timeout'));
           w.state = 'removed';
+          late.push(w);
           return 'take';
         }
         const view = pinned ? choice.view : this.#view(w.req, seed, round);
@@ -914,6 +921,7 @@ export class Scheduler {
       this.#grant(w, choice, round);
       return 'take';
     });
+    for (const w of late) w.settle(null, this.#refusal(w.req, 'queue_timeout'));
     // At the bound, a request queued now would be beyond it: not reached by this pump whatever
     // it waits for (whether more entries were left or not).
     this.#passedBound = passes >= maxPasses;

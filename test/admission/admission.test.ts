@@ -680,6 +680,43 @@ describe('predicted TTFT', () => {
       next!.release();
     });
 
+    it('a request the pump finds late on the one backend with room is told the wait of the entries ahead of it, those the pump passed included', async () => {
+      const { f, admission, at } = await measured(['a', 'b'], { limit: 2 });
+      const onlyA = { attempt: 0, excluded: new Set(['b']), signal: new Cancel() };
+      const held = [
+        await f.scheduler.ticket(admission.admit(at()).scheduled).acquire(onlyA),
+        await f.scheduler.ticket(admission.admit(at()).scheduled).acquire(onlyA),
+      ];
+      expect(held.map((h) => h!.backend.name)).toEqual(['a', 'a']);
+      // 31 requests wait for a (b is not for them); the pump ranks them each time it runs.
+      const ahead = Array.from({ length: 31 }, (_, i) =>
+        f.scheduler
+          .ticket(admission.admit(at({ reqId: `w${i}`, ttftTargetMs: 60_000 })).scheduled)
+          .acquire({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() })
+          .catch(() => null),
+      );
+      f.tick(1);
+      // Admitted while b was free; then b takes 4,000 tokens of prefill (20 + 0.1 × 5,000 ms there
+      // now, against 500), and the pump that reaches it finds it late on b and waiting on a.
+      const late = admission.admit(at({ reqId: 'late', promptTokens: 1000 }));
+      const release = pendingPrefill(f.live, ['b'], 4000);
+      const refused = await f.scheduler
+        .ticket(late.scheduled)
+        .acquire(firstAttempt())
+        .then(
+          () => null,
+          (e: unknown) => e,
+        );
+      expect(refused).toMatchObject({ code: 'queue_timeout' });
+      // The 31 ahead of it leave before it could start: their wait, at the rate slots free.
+      const rate = f.scheduler.view().releasesPerS!;
+      expect((refused as { retryAfterS: number }).retryAfterS).toBe(Math.min(60, Math.ceil(32 / rate)));
+      expect(Math.ceil(32 / rate)).toBeGreaterThan(1);
+      release();
+      for (const h of held) h!.release();
+      await Promise.race(ahead);
+    });
+
     it('is none where nobody waits: the queue ahead counts only on a backend that is full', async () => {
       const { f, admission, at } = await measured(['a', 'b'], { limit: 1 });
       // a's slot is taken, and eight retries that may not go to b wait for it.

@@ -803,6 +803,34 @@ describe('refusals while waiting', () => {
     expect(scheduler.view().queued).toBe(40);
   });
 
+  it("a request that meets a full queue is judged by its pump, however long the backlog: a backend idle behind the pump's bound takes it", async () => {
+    // Every queued request waits for `a` (ranked first for them, busy); `b` idles, and is the
+    // first choice of the request that comes when the queue is full. A pump ranks at most 16
+    // waiting entries per backend before it stops; that request is the 41st.
+    const byRequest: RoutingPolicy = {
+      name: 'fresh-on-b',
+      rank: (r, views) => {
+        const firstChoice = r.reqId === 'fresh' ? 'b' : 'a';
+        const rankOf = (v: BackendView) => (v.name === firstChoice ? 0 : 1);
+        return [...views].sort((x, y) => rankOf(x) - rankOf(y)).map((v) => ({ backend: v.name, cost: 0 }));
+      },
+    };
+    const { scheduler } = setup(
+      ['a', 'b'],
+      settings({ maxQueue: 40, concurrency: { ...settings().concurrency, initial: 1 } }),
+      byRequest,
+    );
+    const held = await scheduler.ticket(req()).acquire(first());
+    expect(held!.backend.name).toBe('a');
+    const waiting = Array.from({ length: 40 }, () => scheduler.ticket(req()).acquire(first()));
+    expect(scheduler.view().queued).toBe(40);
+    // Not refused queue_full (one tenant, nothing to give way) while b idles: started there.
+    const slot = await scheduler.ticket(req({ reqId: 'fresh' })).acquire(first());
+    expect(slot?.backend.name).toBe('b');
+    expect(await Promise.all(waiting.map(state))).toEqual(waiting.map(() => 'waiting'));
+    expect(scheduler.view().queued).toBe(40);
+  });
+
   it('x-slagate-no-queue (and max_queue 0) refuse what cannot be dispatched at once', async () => {
     const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
     const { scheduler, set } = setup(['a'], s);
