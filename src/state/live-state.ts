@@ -9,7 +9,7 @@
 // TTL, then dropped: a short blip does not make counts jump, and a peer that died during an outage
 // still stops counting within the TTL.
 
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { StateConfig } from '../config/index.ts';
 import {
@@ -326,7 +326,11 @@ class LiveStateImpl implements LiveState {
   readonly #halfLifeMs: number;
   readonly #minSamples: number;
   /** startS: the latest engine start known for it (#sameEngine); null until one is. */
-  readonly #backends = new Map<string, { state: BackendState; url: string; startS: number | null }>();
+  /** `server`: urlKey(url), what a log part names the server by (encodePrefixLog). */
+  readonly #backends = new Map<
+    string,
+    { state: BackendState; url: string; server: string; startS: number | null }
+  >();
   /** Removed backends with requests still running on them: their counts, kept until those end. */
   readonly #draining = new Map<string, { url: string; inflight: Inflight }>();
   readonly #scraper: TelemetryScraper | null;
@@ -419,18 +423,17 @@ class LiveStateImpl implements LiveState {
               applyPeers: (snaps, inflight, now) => this.#applyPeers(snaps, inflight, now),
               logEntry: () => {
                 const tag = this.#blockTag();
-                return encodePrefixLog(
-                  this.#prefix.drainRecent(),
-                  tag,
-                  (b) => this.#backends.get(b)?.startS ?? null,
-                );
+                return encodePrefixLog(this.#prefix.drainRecent(), tag, (b) => this.#backends.get(b));
               },
               applyLog: (entries) => {
                 const tag = this.#blockTag();
                 for (const e of entries) {
-                  decodePrefixLog(e, tag, (b, h, startS) => {
-                    if (this.#backends.has(b) && (startS === null || this.#sameEngine(b, startS)))
-                      this.#prefix.insertPeer(b, h);
+                  decodePrefixLog(e, tag, (b, server, h, startS) => {
+                    // Another server under this name (a reload that moved it, which reached the
+                    // peer first or not yet): its blocks, and its start time, are not this one's.
+                    const entry = this.#backends.get(b);
+                    if (entry === undefined || (server !== null && server !== entry.server)) return;
+                    if (startS === null || this.#sameEngine(b, startS)) this.#prefix.insertPeer(b, h);
                   });
                 }
               },
@@ -861,6 +864,7 @@ class LiveStateImpl implements LiveState {
     this.#backends.set(b.name, {
       state: new BackendState(b.name, this.#shape, this.#halfLifeMs, carried),
       url: b.url,
+      server: urlKey(b.url),
       startS: null,
     });
   }
@@ -1138,17 +1142,27 @@ const PREFIX_HASHING = 2;
 function encodePrefixLog(
   recent: Map<string, number[]>,
   tag: string,
-  startOf: (backend: string) => number | null,
+  entryOf: (backend: string) => { server: string; startS: number | null } | undefined,
 ): string {
   const parts: string[] = [];
   for (const [backend, hashes] of recent) {
-    if (hashes.length === 0) continue;
-    const start = startOf(backend);
+    const entry = entryOf(backend);
+    if (hashes.length === 0 || entry === undefined) continue;
+    const start = entry.startS;
     parts.push(
-      `${backend}${tag}:${hashes.map((h) => h.toString(36)).join(',')}${start === null ? '' : `/${start}`}`,
+      `${backend}~${entry.server}${tag}:${hashes.map((h) => h.toString(36)).join(',')}${start === null ? '' : `/${start}`}`,
     );
   }
   return parts.join(';');
+}
+
+/**
+ * What a log part names a backend's server by, beside its name: a digest of its URL, short. A name
+ * is the operator's, and a reload may move it to another server, reaching one instance before
+ * another: parts told of the other server are skipped, not learnt as this one's.
+ */
+function urlKey(url: string): string {
+  return createHash('sha256').update(url).digest('base64url').slice(0, 8);
 }
 
 /**
@@ -1158,7 +1172,7 @@ function encodePrefixLog(
 function decodePrefixLog(
   text: string,
   tag: string,
-  insert: (backend: string, hashes: number[], startS: number | null) => void,
+  insert: (backend: string, server: string | null, hashes: number[], startS: number | null) => void,
 ): void {
   for (const part of text.split(';')) {
     const colon = part.indexOf(':');
@@ -1166,6 +1180,9 @@ function decodePrefixLog(
     const at = part.indexOf('@');
     const nameEnd = at >= 0 && at < colon ? at : colon;
     if (part.slice(nameEnd, colon) !== tag) continue;
+    // A part without the server's key (written before parts had it) is taken as of the name's.
+    const tilde = part.indexOf('~');
+    const named = tilde >= 0 && tilde < nameEnd;
     const slash = part.indexOf('/', colon);
     const start = slash < 0 ? null : Number(part.slice(slash + 1));
     const hashes = part
@@ -1174,7 +1191,12 @@ function decodePrefixLog(
       .map((h) => Number.parseInt(h, 36))
       .filter((h) => Number.isSafeInteger(h) && h >= 0);
     if (hashes.length > 0)
-      insert(part.slice(0, nameEnd), hashes, start !== null && Number.isFinite(start) ? start : null);
+      insert(
+        part.slice(0, named ? tilde : nameEnd),
+        named ? part.slice(tilde + 1, nameEnd) : null,
+        hashes,
+        start !== null && Number.isFinite(start) ? start : null,
+      );
   }
 }
 

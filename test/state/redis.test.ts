@@ -431,6 +431,29 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     expect(a.prefixSize('gpu-0').blocks).toBe(0);
   });
 
+  it('a peer skips blocks told of another server under the same name (a reload that moved it, reaching one instance first)', async () => {
+    const a = make('a');
+    // b has had the reload: gpu-0 is another server now.
+    const moved = BACKENDS.map((t) => (t.name === 'gpu-0' ? { ...t, url: 'http://127.0.0.1:1/moved' } : t));
+    const b = createLiveState(cfg, { instanceId: 'b', backends: moved, scrape: false });
+    states.push(b);
+    await Promise.all([a.ready(), b.ready()]);
+    b.prefixInsert('gpu-0', chain(300, 6));
+    b.prefixInsert('gpu-1', chain(900, 4));
+    await exchanges(b, 1);
+    await exchanges(a, 2);
+    // The server both name the same: learnt. The one a does not know under that name: skipped.
+    expect(a.prefixMatch('gpu-1', chain(900, 4))).toBe(4);
+    expect(a.prefixMatch('gpu-0', chain(300, 6))).toBe(0);
+    expect(a.prefixSize('gpu-0').blocks).toBe(0);
+    // Once a has the reload too, what b tells of the new server is learnt.
+    a.setBackends(moved);
+    b.prefixInsert('gpu-0', chain(400, 3));
+    await exchanges(b, 1);
+    await exchanges(a, 2);
+    expect(a.prefixMatch('gpu-0', chain(400, 3))).toBe(3);
+  });
+
   it('blocks hashed before a reload that changes the block size are not told to peers at the new size', async () => {
     let size = 16;
     const a = createLiveState(cfg, {
