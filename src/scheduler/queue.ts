@@ -94,11 +94,11 @@ export interface QueueDiscipline {
   byModel(): ReadonlyMap<string, number>;
   /**
    * The queued entry a full queue gives up to take `req` in, if any: for a protected request, the
-   * worst-placed entry of a sheddable class. Under slagate, failing that, the worst-placed entry of
-   * the tenant that holds the most places (its entries of every class and its `retries`), when that
-   * is more than `req`'s own tenant would hold with `req`, among its entries `req` may take the
-   * place of (of classes no more urgent than its own; sheddable ones only, for a sheddable
-   * request): a full queue is shared by the tenants as its order is, and one tenant's burst does
+   * worst-placed entry of a sheddable class. Under slagate, failing that, of the tenants that hold
+   * more places (their entries of every class and their `retries`) than `req`'s own tenant would
+   * with `req`, the one holding the most that has an entry `req` may take the place of (of classes
+   * no more urgent than its own; sheddable ones only, for a sheddable request) gives its
+   * worst-placed such entry: a full queue is shared by the tenants as its order is, and one tenant's burst does
    * not keep the others out. `self`: `req`'s own entry when it is queued already (never its own
    * victim, and counted once).
    */
@@ -387,26 +387,26 @@ export class SlagateQueue implements QueueDiscipline {
     for (const c of this.#classes.values())
       for (const [name, t] of c.tenants) if (t.size > 0) held.set(name, (held.get(name) ?? 0) + t.size);
     // req's own tenant with req counted once (queued already, it is in its tenant's count).
-    let most = (held.get(req.tenant) ?? 0) + (self === undefined ? 1 : 0);
-    let biggest: string | undefined;
-    for (const [name, n] of held) {
-      if (name !== req.tenant && n > most) {
-        most = n;
-        biggest = name;
+    const own = (held.get(req.tenant) ?? 0) + (self === undefined ? 1 : 0);
+    // The tenants holding more than that, most first: the first with an entry req may take the
+    // place of gives it up. (Only the one holding the most was asked: when all of its entries were
+    // of a more urgent class, or not sheddable for a sheddable req, a second tenant's burst kept
+    // every other tenant out.)
+    const over = [...held].filter(([name, n]) => name !== req.tenant && n > own).sort((x, y) => y[1] - x[1]);
+    for (const [tenant] of over) {
+      // Its worst-placed entry that req may take the place of: of a class no more urgent than
+      // req's, and sheddable for a sheddable req.
+      let victim: QueueEntry | undefined;
+      for (const c of this.#classes.values()) {
+        if (c.priority < this.#priority(req)) continue;
+        const t = c.tenants.get(tenant);
+        if (t === undefined || t.size === 0) continue;
+        const worst = worstOf(t.heap.values(), (e) => e !== self && (!req.sheddable || e.req.sheddable));
+        if (worst !== undefined && (victim === undefined || byKey(victim, worst))) victim = worst;
       }
+      if (victim !== undefined) return victim;
     }
-    if (biggest === undefined) return undefined;
-    // Its worst-placed entry that req may take the place of: of a class no more urgent than req's,
-    // and sheddable for a sheddable req.
-    let victim: QueueEntry | undefined;
-    for (const c of this.#classes.values()) {
-      if (c.priority < this.#priority(req)) continue;
-      const t = c.tenants.get(biggest);
-      if (t === undefined || t.size === 0) continue;
-      const worst = worstOf(t.heap.values(), (e) => e !== self && (!req.sheddable || e.req.sheddable));
-      if (worst !== undefined && (victim === undefined || byKey(victim, worst))) victim = worst;
-    }
-    return victim;
+    return undefined;
   }
 
   #classQueue(req: ScheduledRequest): ClassQueue {

@@ -215,6 +215,14 @@ describe('SlagateQueue', () => {
         new Map([['b', 4]]),
       ),
     ).toBe(small[1]);
+    // The biggest holder has nothing c's batch request may displace (all interactive): the next
+    // biggest, whose burst is of c's own class, gives way instead.
+    const m = new SlagateQueue({ agingMs: AGING });
+    for (let i = 0; i < 5; i++) entry(m, i, { reqId: `ma${i}`, tenant: 'a' });
+    const burst = [0, 1, 2].map((i) =>
+      entry(m, 10 + i, { reqId: `mb${i}`, tenant: 'b', className: 'batch', priority: 2, prefillMs: i }),
+    );
+    expect(m.victimFor(req({ reqId: 'mc', tenant: 'c', className: 'batch', priority: 2 }))).toBe(burst[2]);
     // Under fcfs, arrival order is the rule: no tenant's place is given up.
     const f = new FifoQueue();
     for (let i = 0; i < 3; i++) entry(f, i, { reqId: `fa${i}`, tenant: 'a' });
