@@ -441,12 +441,19 @@ export class Scheduler {
    * It reads the last pump: an entry that waited for a busy backend and has since become late
    * there, with no pump in between, may take this backend first (it is judged at the next pump).
    * `noQueue`: the request may not wait (x-slagate-no-queue): its pump goes past the bound as far
-   * as it (#mustReach), so a pump that stopped at the bound does not close a backend to it.
+   * as it (#mustReach), so a pump that stopped at the bound does not close a backend to it; so
+   * does the pump of a first ask that meets a full queue.
    */
   startsNow(name: string, uncachedTokens: number, noQueue = false): boolean {
-    if ((mayWait(noQueue, this.#deps.settings()) && this.#passedBound) || this.#waitedFor.has(name))
-      return false;
+    const settings = this.#deps.settings();
+    const reached = !mayWait(noQueue, settings) || this.#full(settings);
+    if ((!reached && this.#passedBound) || this.#waitedFor.has(name)) return false;
     return this.#room(name) > 0 && this.#prefillRoom(name, uncachedTokens, this.#prefillCap());
+  }
+
+  /** A first ask now would find the queue at its bound (retries counted against it). */
+  #full(settings: SchedulerSettings): boolean {
+    return settings.maxQueue > 0 && this.#queue.size + this.#retries.length >= settings.maxQueue;
   }
 
   /**
@@ -690,8 +697,7 @@ export class Scheduler {
     // backend can take it at once, as on its first ask.
     // A full queue takes a request only in place of an entry it gives up for it (victimFor, below),
     // and only when the request must wait: one a backend starts at once takes no place.
-    const full =
-      !retry && !reasked && settings.maxQueue > 0 && queue.size + this.#retries.length >= settings.maxQueue;
+    const full = !retry && !reasked && this.#full(settings);
     return new Promise<Slot | null>((resolve, reject) => {
       const now = this.#now();
       const onAbort = () => {
@@ -776,7 +782,7 @@ export class Scheduler {
             'queue_full',
             victim.req.sheddable && !req.sheddable
               ? 'evicted from the queue to make room for a protected class'
-              : "evicted from the queue: its tenant held the most of it, and another tenant's request needed a place",
+              : 'evicted from the queue: its tenant held more of it than another tenant whose request needed a place',
           ),
         );
         this.#expiries.push(w);

@@ -1150,16 +1150,17 @@ function encodePrefixLog(
     if (hashes.length === 0 || entry === undefined) continue;
     const start = entry.startS;
     parts.push(
-      `${backend}~${entry.server}${tag}:${hashes.map((h) => h.toString(36)).join(',')}${start === null ? '' : `/${start}`}`,
+      `${backend}${tag}:${hashes.map((h) => h.toString(36)).join(',')},~${entry.server}${start === null ? '' : `/${start}`}`,
     );
   }
   return parts.join(';');
 }
 
 /**
- * What a log part names a backend's server by, beside its name: a digest of its URL, short. A name
- * is the operator's, and a reload may move it to another server, reaching one instance before
- * another: parts told of the other server are skipped, not learnt as this one's.
+ * What a log part names a backend's server by, beside its name: a digest of its URL, short, after
+ * the hashes (`~` and the digest: a version before this one reads it as no hash, and skips it). A
+ * name is the operator's, and a reload may move it to another server, reaching one instance
+ * before another: parts told of the other server are skipped, not learnt as this one's.
  */
 function urlKey(url: string): string {
   return createHash('sha256').update(url).digest('base64url').slice(0, 8);
@@ -1180,23 +1181,15 @@ function decodePrefixLog(
     const at = part.indexOf('@');
     const nameEnd = at >= 0 && at < colon ? at : colon;
     if (part.slice(nameEnd, colon) !== tag) continue;
-    // A part without the server's key (written before parts had it) is taken as of the name's.
-    const tilde = part.indexOf('~');
-    const named = tilde >= 0 && tilde < nameEnd;
     const slash = part.indexOf('/', colon);
     const start = slash < 0 ? null : Number(part.slice(slash + 1));
-    const hashes = part
-      .slice(colon + 1, slash < 0 ? undefined : slash)
-      .split(',')
-      .map((h) => Number.parseInt(h, 36))
-      .filter((h) => Number.isSafeInteger(h) && h >= 0);
+    const tokens = part.slice(colon + 1, slash < 0 ? undefined : slash).split(',');
+    // A part without the server's digest (written before parts had it) is taken as of the name's.
+    const last = tokens.at(-1) ?? '';
+    const server = last.startsWith('~') ? last.slice(1) : null;
+    const hashes = tokens.map((h) => Number.parseInt(h, 36)).filter((h) => Number.isSafeInteger(h) && h >= 0);
     if (hashes.length > 0)
-      insert(
-        part.slice(0, named ? tilde : nameEnd),
-        named ? part.slice(tilde + 1, nameEnd) : null,
-        hashes,
-        start !== null && Number.isFinite(start) ? start : null,
-      );
+      insert(part.slice(0, nameEnd), server, hashes, start !== null && Number.isFinite(start) ? start : null);
   }
 }
 

@@ -717,6 +717,33 @@ describe('predicted TTFT', () => {
       await Promise.race(ahead);
     });
 
+    it("is none for a request that meets a full queue, on a backend idle behind the pump's bound", async () => {
+      const { f, admission, at } = await measured(['a', 'b'], { limit: 1, maxQueue: 40 });
+      const onlyA = () => ({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+      const held = await f.scheduler.ticket(admission.admit(at()).scheduled).acquire(onlyA());
+      expect(held!.backend.name).toBe('a');
+      // 40 wait for a (b is not for them): the queue is full, and the last pump stopped at its
+      // bound (16 passes per backend) before the end of it.
+      const waiting = Array.from({ length: 40 }, (_, i) =>
+        f.scheduler
+          .ticket(admission.admit(at({ reqId: `w${i}`, ttftTargetMs: 60_000 })).scheduled)
+          .acquire(onlyA())
+          .catch(() => null),
+      );
+      expect(f.scheduler.view().queued).toBe(40);
+      f.tick(100);
+      // A new request's pump reaches it, so b, idle, would start it at once: no wait there, and
+      // admitted, where the 40 ahead of it on the fleet's count would have made it late.
+      const fresh = admission.admit(at({ reqId: 'fresh', promptTokens: 1000 }));
+      expect(fresh.prediction.byBackend.get('b')).toMatchObject({ waitMs: 0 });
+      expect(fresh.prediction.waitMs!).toBeGreaterThan(1_000);
+      const slot = await f.scheduler.ticket(fresh.scheduled).acquire(firstAttempt());
+      expect(slot?.backend.name).toBe('b');
+      slot!.release();
+      held!.release();
+      await Promise.race(waiting);
+    });
+
     it('is none where nobody waits: the queue ahead counts only on a backend that is full', async () => {
       const { f, admission, at } = await measured(['a', 'b'], { limit: 1 });
       // a's slot is taken, and eight retries that may not go to b wait for it.

@@ -579,7 +579,10 @@ describe('refusals while waiting', () => {
     const b = scheduler.ticket(req({ reqId: 'b0', tenant: 'b' })).acquire(first());
     const [victim, queued] = await Promise.all([state(held[2]!), state(b)]);
     expect(victim).toMatchObject({
-      error: { code: 'queue_full', message: expect.stringMatching(/its tenant held the most/) },
+      error: {
+        code: 'queue_full',
+        message: expect.stringMatching(/its tenant held more of it than another tenant/),
+      },
     });
     expect(queued).toBe('waiting');
     expect(await state(held[0]!)).toBe('waiting');

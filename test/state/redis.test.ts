@@ -440,10 +440,17 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     await Promise.all([a.ready(), b.ready()]);
     b.prefixInsert('gpu-0', chain(300, 6));
     b.prefixInsert('gpu-1', chain(900, 4));
+    // And a part of a version before parts named the server: taken as of the name's.
+    const hex = (from: number, n: number) =>
+      chain(from, n)
+        .map((h) => h.toString(36))
+        .join(',');
+    await redis.cli('xadd', `{${cfg.key_prefix}}:log`, '*', 'i', 'old', 'p', `gpu-1:${hex(700, 3)}`);
     await exchanges(b, 1);
     await exchanges(a, 2);
     // The server both name the same: learnt. The one a does not know under that name: skipped.
     expect(a.prefixMatch('gpu-1', chain(900, 4))).toBe(4);
+    expect(a.prefixMatch('gpu-1', chain(700, 3))).toBe(3);
     expect(a.prefixMatch('gpu-0', chain(300, 6))).toBe(0);
     expect(a.prefixSize('gpu-0').blocks).toBe(0);
     // Once a has the reload too, what b tells of the new server is learnt.
