@@ -1132,12 +1132,14 @@ class LiveStateImpl implements LiveState {
 const PREFIX_HASHING = 2;
 
 /**
- * `backend@size.v:h,h,…/start;backend@size.v:h,…` with each 53-bit hash in base 36 ('' when there
- * is nothing); `tag` is `@size.v`, or '' for untagged parts; `/start` the backend's engine start
- * (process_start_time_seconds) as the sender knows it, absent when it knows none. A backend name
- * never holds '@' (SAFE_NAME), and a version that predates the tag reads a tagged part as an
- * unknown backend and skips it. The start goes last, where a version that predates it reads it as
- * the end of the last hash (parseInt stops at '/') and learns the part as before.
+ * `backend@size.v:h,h,…,~digest/start;backend@size.v:h,…,~digest` with each 53-bit hash in base 36
+ * ('' when there is nothing); `tag` is `@size.v`, or '' for untagged parts; `~digest` the backend's
+ * server (urlKey: base64url, so no ',', ';', ':', '@' or '/' in it); `/start` the backend's engine
+ * start (process_start_time_seconds) as the sender knows it, absent when it knows none. A backend
+ * name never holds '@' (SAFE_NAME), and a version that predates the tag reads a tagged part as an
+ * unknown backend and skips it. The digest and the start go last, where a version that predates
+ * them reads no hash in `~digest` (parseInt gives NaN, which it drops) and learns the part as
+ * before.
  */
 function encodePrefixLog(
   recent: Map<string, number[]>,

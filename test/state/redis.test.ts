@@ -451,6 +451,21 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     // The server both name the same: learnt. The one a does not know under that name: skipped.
     expect(a.prefixMatch('gpu-1', chain(900, 4))).toBe(4);
     expect(a.prefixMatch('gpu-1', chain(700, 3))).toBe(3);
+    // What b wrote, as a version before the digest reads it (name up to '@' or ':', the hashes
+    // that parse in base 36): the same backend and the same hashes, the digest no hash to it.
+    const written = (await redis.cli('xrange', `{${cfg.key_prefix}}:log`, '-', '+'))
+      .split('\n')
+      .filter((l) => l.includes('gpu-1') && !l.includes(hex(700, 3)));
+    expect(written).toHaveLength(1);
+    const part = written[0]!.split(';').find((p) => p.startsWith('gpu-1'))!;
+    expect(part).toMatch(/^gpu-1(@[0-9.]+)?:[0-9a-z,]+,~[A-Za-z0-9_-]{8}(\/[0-9.]+)?$/);
+    const oldHashes = part
+      .slice(part.indexOf(':') + 1)
+      .split('/')[0]!
+      .split(',')
+      .map((h) => Number.parseInt(h, 36))
+      .filter((h) => Number.isSafeInteger(h) && h >= 0);
+    expect(oldHashes).toEqual(chain(900, 4));
     expect(a.prefixMatch('gpu-0', chain(300, 6))).toBe(0);
     expect(a.prefixSize('gpu-0').blocks).toBe(0);
     // Once a has the reload too, what b tells of the new server is learnt.
