@@ -200,6 +200,20 @@ describe('an ejection ends when the rest of the fleet leaves service (the probe 
   });
 });
 
+/**
+ * b0 fails every request (the test gateway takes b0, then b1, whatever the model) and is not
+ * ejected, the last in service for 'm'; once b1 lists 'm' too, it may go, and is ejected.
+ */
+async function keptUntilAnotherServesM(url: string, b0: Backend, b1: Backend, events: BackendEvent[]) {
+  for (let i = 0; i < 4; i++) expect((await post(url, chatBody())).status).toBe(200);
+  expect(b0.outlier.consecutiveFailures).toBeGreaterThanOrEqual(2);
+  expect(b0.state).toBe('healthy');
+  expect(events.filter((e) => e.type === 'ejected')).toEqual([]);
+  b1.learned(new Set(['m', 'other']));
+  for (let i = 0; i < 2; i++) expect((await post(url, chatBody())).status).toBe(200);
+  expect(b0.state).toBe('ejected');
+}
+
 describe('the last backend in service is counted per model', () => {
   it("does not eject the one backend that lists a model, though another model's backend is in service", async () => {
     const { set, gw, events } = await fleet([status(500), healthy(1)], {
@@ -209,15 +223,7 @@ describe('the last backend in service is counted per model', () => {
     const [b0, b1] = [set.get('b0')!, set.get('b1')!];
     b0.learned(new Set(['m']));
     b1.learned(new Set(['other']));
-    // The test gateway takes b0 then b1 whatever the model: b0 fails each request, b1 answers it.
-    for (let i = 0; i < 4; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
-    expect(b0.outlier.consecutiveFailures).toBeGreaterThanOrEqual(2);
-    expect(b0.state).toBe('healthy');
-    expect(events.filter((e) => e.type === 'ejected')).toEqual([]);
-    // Once b1 lists 'm' too, b0 may go.
-    b1.learned(new Set(['m', 'other']));
-    for (let i = 0; i < 2; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
-    expect(b0.state).toBe('ejected');
+    await keptUntilAnotherServesM(gw.url, b0, b1, events);
   });
 
   it('a backend whose list is unknown is taken to serve every model another lists: not ejected while it is the last in service for one', async () => {
@@ -230,14 +236,7 @@ describe('the last backend in service is counted per model', () => {
     b1.learned(new Set(['other']));
     b2.learned(new Set(['m']));
     while (!b2.outlier.ejected()) b2.outlier.failure(() => true);
-    for (let i = 0; i < 4; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
-    expect(b0.outlier.consecutiveFailures).toBeGreaterThanOrEqual(2);
-    expect(b0.state).toBe('healthy');
-    expect(events.filter((e) => e.type === 'ejected')).toEqual([]);
-    // Once b1 lists 'm' too, every model listed is served without b0: it may go.
-    b1.learned(new Set(['m', 'other']));
-    for (let i = 0; i < 2; i++) expect((await post(gw.url, chatBody())).status).toBe(200);
-    expect(b0.state).toBe('ejected');
+    await keptUntilAnotherServesM(gw.url, b0, b1, events);
   });
 
   it("ends an ejection when the model's last other backend leaves service, though another model's backend is still in", async () => {
