@@ -5,7 +5,8 @@
 //
 //   acquire(attempt) ─▶ retry? ─▶ retry list (served before every fresh request)
 //        │               fresh ─▶ queue full? evict the entry that gives way (a sheddable one; under
-//        │                        slagate, else the biggest holder's), or 429 queue_full
+//        │                        slagate, else one of the biggest tenant holding more than its
+//        │                        own would that has one to give), or 429 queue_full
 //        │                        x-slagate-no-queue and no room now? 429 queue_full
 //        ▼                        otherwise the queue discipline (queue.ts)
 //     pump ─▶ while some backend is open, the entries in order: the router ranks every available
@@ -340,6 +341,12 @@ export class Scheduler {
    * backend idles.
    */
   #mustReach: Waiting | null = null;
+  /**
+   * #mustReach met a full queue: its pump offers it a backend that starts it now, on time, before
+   * the router's first choice (which may be a busy backend it would be on time at after a wait):
+   * waiting, it would take another's place, or be refused, where a backend could serve it now.
+   */
+  #reachFull = false;
   /** The settings the queue's order was last checked against (#discipline). */
   #orderedBy: SchedulerSettings | null = null;
   #closed = false;
@@ -449,6 +456,21 @@ export class Scheduler {
     const reached = !mayWait(noQueue, settings) || this.#full(settings);
     if ((!reached && this.#passedBound) || this.#waitedFor.has(name)) return false;
     return this.#room(name) > 0 && this.#prefillRoom(name, uncachedTokens, this.#prefillCap());
+  }
+
+  /**
+   * Some available backend that serves `req`'s model, not excluded, would start it the moment it
+   * is queued, as the last pump left it (startsNow, the bound aside).
+   */
+  #opensTo(req: ScheduledRequest, excluded: ReadonlySet<string>): boolean {
+    const cap = this.#prefillCap();
+    for (const b of this.#deps.backends()) {
+      if (!b.available || excluded.has(b.name) || !b.serves(req.model) || this.#waitedFor.has(b.name))
+        continue;
+      const { uncached } = cachedOn(req.route, b.name, this.#match);
+      if (this.#room(b.name) > 0 && this.#prefillRoom(b.name, uncached, cap)) return true;
+    }
+    return false;
   }
 
   /** A first ask now would find the queue at its bound (retries counted against it). */
@@ -737,14 +759,19 @@ export class Scheduler {
         if (sr.excluded.size > 0) this.#reasked.add(w);
       }
       // One that may not wait is judged by this pump, however far behind the scan's bound it is; so
-      // is one that meets a full queue, which is refused or takes another's place below only if no
-      // backend starts it now (unseen, it was refused while a backend it ranked first idled).
+      // is one that meets a full queue while a backend would start it now (the last pump left one
+      // open to it), which is refused or takes another's place below only if none does (unseen,
+      // it was refused while a backend idled). Only then: a pump that reaches a request ranks every
+      // entry before it, and a full queue's arrivals would each rank most of it.
       const waits = mayWait(req.noQueue, settings);
-      if ((!waits || full) && !retry) this.#mustReach = w;
+      const reachFull = full && waits && this.#opensTo(req, sr.excluded);
+      if ((!waits || reachFull) && !retry) this.#mustReach = w;
+      this.#reachFull = reachFull;
       try {
         this.pump();
       } finally {
         this.#mustReach = null;
+        this.#reachFull = false;
       }
       if (w.state !== 'queued') return;
       // Not granted at once: is it allowed to wait? A retry that may not is given up (null: the
@@ -1039,6 +1066,13 @@ export class Scheduler {
     }
     if (views.length === 0) return null;
     const ranked = this.#deps.router().rank(req.route, views);
+    if (onTime !== null && onTime === this.#mustReach && this.#reachFull) {
+      for (const c of ranked) {
+        const view = views.find((v) => v.name === c.backend);
+        if (view?.hasRoom && !this.#tooLate(onTime, view, 0))
+          return { backend: byName.get(c.backend)!, view, ranked };
+      }
+    }
     let first: Choice | null = null;
     for (const c of ranked) {
       const b = byName.get(c.backend);

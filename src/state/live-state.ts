@@ -6,8 +6,9 @@
 //
 // View = this instance's own data (always current) + the live peers' last in-flight parts and full
 // snapshots (Redis store only). While Redis is unreachable the peers' part is kept until it is older than the liveness
-// TTL, then dropped: a short blip does not make counts jump, and a peer that died during an outage
-// still stops counting within the TTL.
+// TTL, then dropped: a short blip does not make counts jump. From then until the store answers, each
+// peer the last exchange counted, a dead one included, is taken to run what this instance runs
+// (#peersUnseen), as tenantShare divides tenant limits: the safe side of not knowing.
 
 import { createHash, randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';

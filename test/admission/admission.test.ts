@@ -6,6 +6,7 @@ import { AdmissionController, type AdmissionRequest, SHED_WINDOW_MS } from '../.
 import type { RoutingPolicy } from '../../src/router/index.ts';
 import type { SchedulerSettings } from '../../src/scheduler/scheduler.ts';
 import { Cancel } from '../../src/upstream/cancel.ts';
+import type { Slot } from '../../src/upstream/slot.ts';
 import { rankingFirst, route } from '../router/fixtures.ts';
 import { schedulerFixture, schedulerSettings } from '../scheduler/fixtures.ts';
 
@@ -741,6 +742,40 @@ describe('predicted TTFT', () => {
       expect(slot?.backend.name).toBe('b');
       slot!.release();
       held!.release();
+      await Promise.race(waiting);
+    });
+
+    it('a request that meets a full queue starts on a backend with room, before a busy one its router ranks first', async () => {
+      // a is ranked first for every request, busy, and would start one within its budget after a
+      // short wait (nobody waits for it); b has room; the 40 queued wait for c (a and b are not for
+      // them), and fill the queue.
+      const { f, admission, at } = await measured(
+        ['a', 'b', 'c'],
+        { limit: 2, maxQueue: 40 },
+        rankingFirst('a'),
+      );
+      const only = (name: string) => ({
+        attempt: 0,
+        excluded: new Set(['a', 'b', 'c'].filter((n) => n !== name)),
+        signal: new Cancel(),
+      });
+      const held: (Slot | null)[] = [];
+      for (const name of ['a', 'a', 'c', 'c'])
+        held.push(await f.scheduler.ticket(admission.admit(at()).scheduled).acquire(only(name)));
+      expect(held.map((h) => h!.backend.name)).toEqual(['a', 'a', 'c', 'c']);
+      const waiting = Array.from({ length: 40 }, (_, i) =>
+        f.scheduler
+          .ticket(admission.admit(at({ reqId: `w${i}`, ttftTargetMs: 60_000 })).scheduled)
+          .acquire(only('c'))
+          .catch(() => null),
+      );
+      expect(f.scheduler.view().queued).toBe(40);
+      // Waiting for a, it would take a place in a full queue nobody gives up (one tenant): refused.
+      const fresh = admission.admit(at({ reqId: 'fresh', promptTokens: 1000, ttftTargetMs: 5_000 }));
+      const slot = await f.scheduler.ticket(fresh.scheduled).acquire(firstAttempt());
+      expect(slot?.backend.name).toBe('b');
+      slot!.release();
+      for (const h of held) h!.release();
       await Promise.race(waiting);
     });
 

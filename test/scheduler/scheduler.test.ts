@@ -834,6 +834,37 @@ describe('refusals while waiting', () => {
     expect(scheduler.view().queued).toBe(40);
   });
 
+  it('a request that meets a full queue with no backend open to it is not reached past the bound: its pump ranks no more than any other', async () => {
+    // a (busy) serves the model; b, with room, serves another one only. 40 wait for a.
+    let ranks = 0;
+    const counting: RoutingPolicy = {
+      name: 'counting',
+      rank: (_r, views) => {
+        ranks++;
+        return views.map((v) => ({ backend: v.name, cost: 0 }));
+      },
+    };
+    const f = setup(
+      ['a', 'b'],
+      settings({ maxQueue: 40, concurrency: { ...settings().concurrency, initial: 1 } }),
+      counting,
+    );
+    f.backends.get('a')!.learned(new Set(['m']));
+    f.backends.get('b')!.learned(new Set(['other']));
+    const held = await f.scheduler.ticket(req()).acquire(first());
+    expect(held!.backend.name).toBe('a');
+    const waiting = Array.from({ length: 40 }, () => f.scheduler.ticket(req()).acquire(first()));
+    expect(f.scheduler.view().queued).toBe(40);
+    ranks = 0;
+    expect(await state(f.scheduler.ticket(req({ reqId: 'more' })).acquire(first()))).toMatchObject({
+      error: { code: 'queue_full' },
+    });
+    // Its pump stopped at the bound (16 passes per backend), as the pumps before it did.
+    expect(ranks).toBeLessThanOrEqual(32);
+    expect(await Promise.all(waiting.map(state))).toEqual(waiting.map(() => 'waiting'));
+    held!.release();
+  });
+
   it('x-slagate-no-queue (and max_queue 0) refuse what cannot be dispatched at once', async () => {
     const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
     const { scheduler, set } = setup(['a'], s);
