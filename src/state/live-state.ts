@@ -523,10 +523,12 @@ class LiveStateImpl implements LiveState {
    * tenantShare). Each is taken to run on every backend what this instance runs there. Invariant:
    * n + 1 instances each counting alone fill about one concurrency limit of a backend together,
    * not n + 1 of them: counting only its own requests against a limit meant for the whole backend,
-   * each sent it a whole limit's worth once the peers' part was dropped.
+   * each sent it a whole limit's worth once the peers' part was dropped. Reads the view as it
+   * stands: callers check its freshness first (#remoteFor), except #catchUpPrefill, which runs
+   * inside that check.
    */
   #peersUnseen(): number {
-    return this.#peersMissing() ? this.#peersLost : 0;
+    return this.#sync !== null && this.#remoteAt === null ? this.#peersLost : 0;
   }
 
   samplesTaught(backend: string): number {
@@ -573,14 +575,12 @@ class LiveStateImpl implements LiveState {
    * drainMsPerToken, and while an outage keeps n peers out of the view (#peersUnseen), n + 1 times
    * it: those peers are taken to have as much prefill ahead there as this instance, which the
    * backend works beside this one's, so this one's part drains at 1 / (n + 1) of the rate (at the
-   * whole rate, the n + 1 times counted ahead went in the time this part alone takes). Reads the
-   * view as it stands, without the freshness check (#catchUpPrefill runs inside it): whoever
-   * changes the view catches every backlog up first.
+   * whole rate, the n + 1 times counted ahead went in the time this part alone takes). Whoever
+   * changes the view catches every backlog up first, at the rate before.
    */
   #drainAt(slope: number | null, remote: RemoteBackend | undefined): number | null {
     const ms = drainMsPerToken(slope, remote);
-    const unseen = this.#sync !== null && this.#remoteAt === null ? this.#peersLost : 0;
-    return ms === null || remote !== undefined ? ms : ms * (1 + unseen);
+    return ms === null || remote !== undefined ? ms : ms * (1 + this.#peersUnseen());
   }
 
   /**
