@@ -454,8 +454,16 @@ export class Scheduler {
   startsNow(name: string, uncachedTokens: number, noQueue = false): boolean {
     const settings = this.#deps.settings();
     const reached = !mayWait(noQueue, settings) || this.#full(settings);
-    if ((!reached && this.#passedBound) || this.#waitedFor.has(name)) return false;
-    return this.#room(name) > 0 && this.#prefillRoom(name, uncachedTokens, this.#prefillCap());
+    return (reached || !this.#passedBound) && this.#opensNow(name, uncachedTokens);
+  }
+
+  /** startsNow with the last pump's bound aside: a slot, prefill room, and no entry waiting there. */
+  #opensNow(name: string, uncachedTokens: number): boolean {
+    return (
+      !this.#waitedFor.has(name) &&
+      this.#room(name) > 0 &&
+      this.#prefillRoom(name, uncachedTokens, this.#prefillCap())
+    );
   }
 
   /**
@@ -463,12 +471,9 @@ export class Scheduler {
    * is queued, as the last pump left it (startsNow, the bound aside).
    */
   #opensTo(req: ScheduledRequest, excluded: ReadonlySet<string>): boolean {
-    const cap = this.#prefillCap();
     for (const b of this.#deps.backends()) {
-      if (!b.available || excluded.has(b.name) || !b.serves(req.model) || this.#waitedFor.has(b.name))
-        continue;
-      const { uncached } = cachedOn(req.route, b.name, this.#match);
-      if (this.#room(b.name) > 0 && this.#prefillRoom(b.name, uncached, cap)) return true;
+      if (!b.available || excluded.has(b.name) || !b.serves(req.model)) continue;
+      if (this.#opensNow(b.name, cachedOn(req.route, b.name, this.#match).uncached)) return true;
     }
     return false;
   }
