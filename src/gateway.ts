@@ -305,7 +305,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       // backend is added in the middle of a reload's update, before live.setBackends: a pump then
       // granted on it leases the live state did not count, and one new backend took the whole
       // queue. The reload pumps itself once both know the new list.
-      if (e.type === 'added' || e.type === 'removed') return;
+      if (e.type === 'added' || e.type === 'removed' || e.type === 'drained') return;
       if (e.type === 'ejected') metrics.backendEvent('ejection', e.backend);
       else if (e.type === 'engine_restarted') metrics.backendEvent('engine_restart', e.backend);
       // A backend that was not up when the catalog asked it is asked now: until it lists its

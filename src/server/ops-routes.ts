@@ -101,44 +101,73 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
       window_ms: live.windowMs,
       models: rt.models.list().data.map((m) => ({ id: m.id, max_model_len: m.max_model_len })),
       sla: rt.config.sla,
-      backends: rt.backends.list().map((b) => {
-        const v = liveByName.get(b.name);
-        return {
+      backends: [
+        ...rt.backends.list().map((b) => {
+          const v = liveByName.get(b.name);
+          return {
+            name: b.name,
+            url: b.url,
+            weight: b.weight,
+            state: b.state,
+            // Ejected by outlier detection, whatever `state` shows first (a failing probe says 'down').
+            ejected: b.outlier.ejected(),
+            // Times ejected as outlier detection counts them (one less per base ejection time served;
+            // the next ejection lasts base × (this + 1) unless it decays first), and what is left of
+            // the current one (null: not ejected).
+            ejections: b.outlier.ejections,
+            ejected_for_ms: b.outlier.ejected() ? Math.ceil(b.outlier.remainingMs()) : null,
+            available: b.available,
+            // What its /v1/models last listed (null: not heard yet, so sent every configured model).
+            models: b.models === null ? null : [...b.models],
+            // This instance's attempts in flight, and the shared counts over every instance.
+            local_inflight: v?.localInflight.requests ?? 0,
+            inflight: v?.inflight ?? null,
+            // What a request sent there now would wait for: the prefill the backend has not yet
+            // worked off (docs/state.md, "Prefill still ahead").
+            prefill_ahead_tokens: rt.live.prefillAheadTokens(b.name),
+            concurrency_limit: limits.get(b.name)?.limit ?? null,
+            control_error: limits.get(b.name)?.error ?? null,
+            tpot_share: limits.get(b.name)?.tpotShare ?? null,
+            // Its own P99 of actual ÷ predicted first tokens (null: too few yet, planned on the fleet's).
+            plan_multiplier: limits.get(b.name)?.planMultiplier ?? null,
+            prefix_index: {
+              ...rt.live.prefixSize(b.name),
+              capacity_assumed: rt.live.prefixCapacityAssumed(b.name),
+            },
+            latency: v?.latency ?? null,
+            by_class: v?.byClass ?? null,
+            rates: v?.rates ?? null,
+            telemetry: v?.telemetry ?? null,
+          };
+        }),
+        // Backends a reload removed that still drain, after those in service: where an operator
+        // taking a replica out watches its last streams end. Only what is known of them: the live
+        // state, the scheduler and the index forgot them at the reload (their name may already be a
+        // new server's), so every figure of theirs but this instance's attempts is null.
+        ...rt.backends.retiring().map((b) => ({
           name: b.name,
           url: b.url,
           weight: b.weight,
           state: b.state,
-          // Ejected by outlier detection, whatever `state` shows first (a failing probe says 'down').
           ejected: b.outlier.ejected(),
-          // Times ejected as outlier detection counts them (one less per base ejection time served;
-          // the next ejection lasts base × (this + 1) unless it decays first), and what is left of
-          // the current one (null: not ejected).
           ejections: b.outlier.ejections,
           ejected_for_ms: b.outlier.ejected() ? Math.ceil(b.outlier.remainingMs()) : null,
           available: b.available,
-          // What its /v1/models last listed (null: not heard yet, so sent every configured model).
           models: b.models === null ? null : [...b.models],
-          // This instance's attempts in flight, and the shared counts over every instance.
-          local_inflight: v?.localInflight.requests ?? 0,
-          inflight: v?.inflight ?? null,
-          // What a request sent there now would wait for: the prefill the backend has not yet
-          // worked off (docs/state.md, "Prefill still ahead").
-          prefill_ahead_tokens: rt.live.prefillAheadTokens(b.name),
-          concurrency_limit: limits.get(b.name)?.limit ?? null,
-          control_error: limits.get(b.name)?.error ?? null,
-          tpot_share: limits.get(b.name)?.tpotShare ?? null,
-          // Its own P99 of actual ÷ predicted first tokens (null: too few yet, planned on the fleet's).
-          plan_multiplier: limits.get(b.name)?.planMultiplier ?? null,
-          prefix_index: {
-            ...rt.live.prefixSize(b.name),
-            capacity_assumed: rt.live.prefixCapacityAssumed(b.name),
-          },
-          latency: v?.latency ?? null,
-          by_class: v?.byClass ?? null,
-          rates: v?.rates ?? null,
-          telemetry: v?.telemetry ?? null,
-        };
-      }),
+          local_inflight: b.running,
+          inflight: null,
+          prefill_ahead_tokens: null,
+          concurrency_limit: null,
+          control_error: null,
+          tpot_share: null,
+          plan_multiplier: null,
+          prefix_index: null,
+          latency: null,
+          by_class: null,
+          rates: null,
+          telemetry: null,
+        })),
+      ],
     };
   });
 }

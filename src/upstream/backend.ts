@@ -74,6 +74,7 @@ export class Backend {
   #trial: object | null = null;
   /** performance.now() when it last began an answer (a first token, a whole body); null: never. */
   answeredAt: number | null = null;
+  #running = 0;
 
   constructor(config: BackendConfig, pool: PoolOptions, parts: BackendParts) {
     this.name = config.name;
@@ -192,6 +193,23 @@ export class Backend {
    * when the breaker refused the call (the attempt never started: not an attempt at all).
    */
   async run(attempt: Attempt): Promise<AttemptEnd | null> {
+    this.#running++;
+    try {
+      return await this.#run(attempt);
+    } finally {
+      this.#running--;
+    }
+  }
+
+  /**
+   * Attempts on this server that have not ended (run() has not returned): what a backend a reload
+   * removed still drains, where the live state counts by name only.
+   */
+  get running(): number {
+    return this.#running;
+  }
+
+  async #run(attempt: Attempt): Promise<AttemptEnd | null> {
     try {
       const how = await this.breaker.fire(trialCall(this.breaker, () => attempt.start(this.pool)));
       // Invariant: outlier detection counts a request the backend answered as a success when the

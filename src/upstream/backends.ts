@@ -31,8 +31,11 @@ export type BackendEvent =
   | { type: 'probe_confirmed'; backend: string }
   /** What its /v1/models lists changed (Backend.learned): the queue may go to it now, or not. */
   | { type: 'models'; backend: string; models: readonly string[] }
-  /** In the set or out of it: the backends it starts with, a reload's changes, every backend as it closes. */
-  | { type: 'added' | 'removed'; backend: string; why: 'start' | 'reload' | 'shutdown' };
+  /**
+   * In the set or out of it: the backends it starts with, a reload's changes, every backend as it
+   * closes; `drained` when a removed one's last attempt has ended (its server may be stopped).
+   */
+  | { type: 'added' | 'removed' | 'drained'; backend: string; why: 'start' | 'reload' | 'shutdown' };
 
 export interface BackendSetOptions {
   pool: PoolOptions;
@@ -49,7 +52,8 @@ export class BackendSet {
   readonly #opts: BackendSetOptions;
   readonly #now: () => number;
   readonly #backends = new Map<string, Backend>();
-  readonly #retiring = new Set<Promise<void>>();
+  /** Backends out of the set whose attempts have not all ended, and the end of their drain. */
+  readonly #retiring = new Map<Backend, Promise<void>>();
   readonly #rotate = new EventEmitter();
   readonly #rotateTimer: NodeJS.Timeout;
   /** Each running ejection's end, told when it comes (#unejected clears it when it ends early). */
@@ -71,6 +75,15 @@ export class BackendSet {
 
   list(): Backend[] {
     return [...this.#backends.values()];
+  }
+
+  /**
+   * Backends a reload (or the shutdown) took out of the set that are still draining: no new
+   * request goes to them; their attempts under way finish. Each leaves this list when told
+   * `drained`. A backend whose URL changed is here under its name while its replacement is in list().
+   */
+  retiring(): Backend[] {
+    return [...this.#retiring.keys()];
   }
 
   /** Backends that may take a new request now. */
@@ -121,13 +134,16 @@ export class BackendSet {
     for (const b of [...this.#ejectionEnds.keys()]) this.#clearEjectionEnd(b);
     const all = [...this.#backends.values()];
     this.#backends.clear();
-    await Promise.all([...all.map((b) => this.#retire(b, 'shutdown')), ...this.#retiring]);
+    await Promise.all([...all.map((b) => this.#retire(b, 'shutdown')), ...this.#retiring.values()]);
   }
 
   #retire(b: Backend, why: 'start' | 'reload' | 'shutdown'): Promise<void> {
     this.#clearEjectionEnd(b);
-    const p = b.retire().finally(() => this.#retiring.delete(p));
-    this.#retiring.add(p);
+    const p = b.retire().finally(() => {
+      this.#retiring.delete(b);
+      this.#emit({ type: 'drained', backend: b.name, why });
+    });
+    this.#retiring.set(b, p);
     this.#emit({ type: 'removed', backend: b.name, why });
     return p;
   }

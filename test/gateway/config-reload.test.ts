@@ -193,12 +193,28 @@ describe('on reload', () => {
     expect(draining).not.toContain(`slagate_backend_healthy{backend="${removed}"}`);
     expect(draining).not.toContain(`slagate_backend_inflight{backend="${removed}"}`);
     expect(draining).toContain(`slagate_backend_healthy{backend="${kept.name}"}`);
+    // /admin/state lists it while it drains, after the backends in service, with its one stream.
+    const listed = async () =>
+      (
+        JSON.parse((await get(t.url, '/admin/state')).text) as { backends: Record<string, unknown>[] }
+      ).backends.map((b) => ({
+        name: b.name,
+        state: b.state,
+        available: b.available,
+        local_inflight: b.local_inflight,
+      }));
+    expect(await listed()).toEqual([
+      { name: kept.name, state: 'healthy', available: true, local_inflight: 0 },
+      { name: removed, state: 'removed', available: false, local_inflight: 1 },
+    ]);
     for (let i = 0; i < 3; i++) {
       expect((await post(t.url, CHAT, chat())).headers['x-slagate-backend']).toBe(kept.name);
     }
     expect(await s.ended).toEqual({ complete: true });
     expect(sseData(s.received()).at(-1)).toBe('[DONE]');
     await reloaded;
+    // Drained: gone from the list.
+    expect((await listed()).map((b) => b.name)).toEqual([kept.name]);
     expect(await t.recordOf('survivor')).toMatchObject({
       outcome: 'ok',
       backend: removed,

@@ -294,3 +294,41 @@ it("shows an ejected backend's time left, and how many times it was ejected once
     await g.close();
   }
 });
+
+it('draws the available backends’ limit at 0 when none is available, not as a gap', async () => {
+  const g = await startTestGateway({ replicas: 2, timeScale: 0.2 });
+  /** The last value of the in-flight chart's limit series, and the page's poll count. */
+  const limitNow = (page: Page) =>
+    page.evaluate(() => {
+      const d = (
+        globalThis as unknown as {
+          slagateDashboard: {
+            polls: number;
+            charts: Record<string, { plot: { data: (number | null)[][] }; names: string[] }>;
+          };
+        }
+      ).slagateDashboard;
+      const c = d.charts.inflight;
+      const i = c?.names.indexOf('limit (available backends)') ?? -1;
+      return { polls: d.polls, limit: i < 0 ? undefined : c!.plot.data[i + 1]!.at(-1) };
+    });
+  const page = await browser.newPage();
+  try {
+    await page.goto(`${g.url}/dashboard`);
+    await waitFor(async () => ((await limitNow(page)).limit ?? 0) > 0, 5_000, 'a limit drawn');
+    for (const r of g.fleet!.replicas) await r.fault({ mode: 'refuse' });
+    const available = async () =>
+      (
+        JSON.parse((await get(g.url, '/admin/state')).text) as { backends: { available: boolean }[] }
+      ).backends.some((b) => b.available);
+    await waitFor(async () => !(await available()), 5_000, 'no backend available');
+    // Two polls after that: the last drawn is of a fleet with nothing available.
+    const polls = (await limitNow(page)).polls;
+    await waitFor(async () => (await limitNow(page)).polls >= polls + 2, 5_000, 'two more polls');
+    expect(await available()).toBe(false);
+    expect((await limitNow(page)).limit).toBe(0);
+  } finally {
+    await page.close();
+    await g.close();
+  }
+});

@@ -45,14 +45,19 @@ function sample(s, t) {
   let limit = 0;
   let anyLimit = false;
   for (const b of s.backends) {
+    inflight += b.inflight?.requests ?? b.local_inflight;
+    // A backend a reload removed, still draining, has only its attempts to show: its name may be a
+    // new server's already, whose series these are.
+    if (b.state === 'removed') continue;
     row.ttft[b.name] = b.latency?.ttft.p99 ?? null;
     row.tpot[b.name] = b.latency?.tpot.p99 ?? null;
     const kv = kvNow(b);
     row.kv[b.name] = kv === null ? null : 100 * kv;
-    inflight += b.inflight?.requests ?? b.local_inflight;
-    if (b.concurrency_limit !== null && b.available) {
-      limit += b.concurrency_limit;
+    // The sum is measured once any backend has a limit: 0 when none of them is available (a fleet
+    // down is a line at 0, not a gap).
+    if (b.concurrency_limit !== null) {
       anyLimit = true;
+      if (b.available) limit += b.concurrency_limit;
     }
   }
   row.inflight['in flight'] = inflight;
