@@ -432,7 +432,17 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     });
     undo.push(() => reprober.stop());
 
-    async function reload(next: Config): Promise<void> {
+    async function reload(next: Config, how: { signalled: boolean } = { signalled: true }): Promise<void> {
+      // Invariant: a file event never turns API keys off. A file written in place by a writer that
+      // pauses (a template rendered into it, scp, rsync --inplace) is read as it stands after the
+      // debounce; cut before its `tenants`, it is valid YAML with none, and applied it would open
+      // the gateway to every caller, with any class, until the rest arrived. Only a SIGHUP (or a
+      // reload the program asks for) applies a file that drops every tenant.
+      if (!how.signalled && rt.config.tenants.length > 0 && next.tenants.length === 0) {
+        throw new Error(
+          'tenants: the file lists no tenants, which turns API keys off; a file event does not apply that (the file may be half-written): send SIGHUP to apply it; reload refused',
+        );
+      }
       // `simulate` applies only at start: a file that moves to it from real backends would, applied,
       // leave no backend at all. Refused before anything changes (the watcher keeps the running one).
       if (fleet === null && next.backends.length === 0) {
@@ -528,7 +538,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         {
           // A reload that fails rejects: the watcher then keeps
           // the running configuration as its current one, and onError logs why.
-          onChange: (next) => reload(next),
+          onChange: (next, _previous, how) => reload(next, how),
           onUnchanged: () =>
             logger.info({ path: opts.configPath }, 'config reload: file read, nothing changed'),
           onError: (err) => {

@@ -500,6 +500,47 @@ describe('on reload', () => {
     expect((await post(s.url, CHAT, chat())).status).toBe(200);
   });
 
+  it('a file event that drops every tenant is refused (a half-written file would open the gateway); SIGHUP applies it', async () => {
+    const sha = createHash('sha256').update('the-key').digest('hex');
+    const s = await serveChild({
+      models: [MODEL],
+      simulate: { replicas: 1, time_scale: 0.2 },
+      server: { host: '127.0.0.1', port: 0 },
+      logging: { level: 'info' },
+      tenants: [{ name: 'only', api_key_sha256: sha }],
+    });
+    cleanups.push(s.dispose);
+    const lines = () =>
+      s
+        .stdout()
+        .split('\n')
+        .filter((l) => l.startsWith('{'))
+        .map((l) => JSON.parse(l) as { msg: string; issues?: string[] });
+    const count = (msg: string) => lines().filter((l) => l.msg === msg).length;
+    expect((await post(s.url, CHAT, chat())).status).toBe(401);
+    // The file as a writer cut before its tenants leaves it: valid, with none.
+    const text = readFileSync(s.configPath, 'utf8');
+    const { tenants: _cut, ...rest } = parse(text) as Record<string, unknown>;
+    writeFileSync(s.configPath, stringify(rest));
+    await waitFor(
+      () => count('config reload refused; the running configuration is kept') === 1,
+      5000,
+      'refused',
+    );
+    expect(
+      lines()
+        .find((l) => l.msg.startsWith('config reload refused'))!
+        .issues!.join(),
+    ).toMatch(/tenants: .*SIGHUP/);
+    expect(count('config reloaded')).toBe(0);
+    expect((await post(s.url, CHAT, chat())).status).toBe(401);
+    expect((await post(s.url, CHAT, chat(), { authorization: 'Bearer the-key' })).status).toBe(200);
+    // The operator means it: SIGHUP applies the same file.
+    s.child.kill('SIGHUP');
+    await waitFor(() => count('config reloaded') === 1, 5000, 'applied on SIGHUP');
+    expect((await post(s.url, CHAT, chat())).status).toBe(200);
+  });
+
   it("the file's server.port changed under serve's --port is no change a restart would apply: no warning", async () => {
     const s = await serveChild(
       {
