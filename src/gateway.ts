@@ -181,44 +181,49 @@ function tenantSet(c: Config): Set<string> {
  * at every start, so a change of the file's value there is no change a restart would apply.
  */
 function restartOnlyChanges(prev: Config, next: Config, flags: { host?: string; port?: number }): string[] {
-  const changed: string[] = [];
-  const same = (a: unknown, b: unknown) => isDeepStrictEqual(a, b);
   // shutdown_grace_ms is read when the shutdown starts, so it is the one server key a reload changes.
-  const listener = (c: Config) => [
-    flags.host ?? c.server.host,
-    flags.port ?? c.server.port,
-    c.server.body_limit_bytes,
-    c.server.keep_alive_timeout_ms,
-  ];
-  if (!same(listener(prev), listener(next))) {
-    changed.push('server (host, port, body_limit_bytes, keep_alive_timeout_ms)');
-  }
-  if (!same(prev.simulate, next.simulate)) changed.push('simulate');
-  if (!same(prev.state, next.state)) changed.push('state');
-  if (!same(prev.logging, next.logging)) changed.push('logging');
-  // Built into the backend set and the scraper when the gateway starts.
-  const built = (c: Config) => {
-    const u = c.upstream;
-    return [
-      u.outlier,
-      u.breaker,
-      u.health_interval_ms,
-      u.max_connections_per_backend,
-      u.connect_timeout_ms,
-      u.retry_budget_ratio,
-      u.metrics_scrape_interval_ms,
-    ];
-  };
-  if (!same(built(prev), built(next))) {
-    changed.push(
-      'upstream (breaker, outlier, health_interval_ms, max_connections_per_backend, connect_timeout_ms, ' +
-        'retry_budget_ratio, metrics_scrape_interval_ms)',
-    );
-  }
-  if (prev.scheduler.concurrency.interval_ms !== next.scheduler.concurrency.interval_ms) {
-    changed.push('scheduler.concurrency.interval_ms');
-  }
+  const restartOnly = (c: Config) => ({
+    server: {
+      host: flags.host ?? c.server.host,
+      port: flags.port ?? c.server.port,
+      body_limit_bytes: c.server.body_limit_bytes,
+      keep_alive_timeout_ms: c.server.keep_alive_timeout_ms,
+    },
+    simulate: c.simulate,
+    state: c.state,
+    logging: c.logging,
+    // Built into the backend set and the scraper when the gateway starts.
+    upstream: {
+      outlier: c.upstream.outlier,
+      breaker: c.upstream.breaker,
+      health_interval_ms: c.upstream.health_interval_ms,
+      max_connections_per_backend: c.upstream.max_connections_per_backend,
+      connect_timeout_ms: c.upstream.connect_timeout_ms,
+      retry_budget_ratio: c.upstream.retry_budget_ratio,
+      metrics_scrape_interval_ms: c.upstream.metrics_scrape_interval_ms,
+    },
+    scheduler: { concurrency: { interval_ms: c.scheduler.concurrency.interval_ms } },
+  });
+  const changed: string[] = [];
+  changedPaths(restartOnly(prev), restartOnly(next), '', changed);
   return changed;
+}
+
+/**
+ * The paths (`upstream.breaker.volume_threshold`) at which `a` and `b` differ, appended to `out`:
+ * objects are walked key by key, anything else (a list, a value, a section present on one side
+ * only) is one leaf.
+ */
+function changedPaths(a: unknown, b: unknown, path: string, out: string[]): void {
+  if (isDeepStrictEqual(a, b)) return;
+  const record = (v: unknown): v is Record<string, unknown> =>
+    typeof v === 'object' && v !== null && !Array.isArray(v);
+  if (!record(a) || !record(b)) {
+    out.push(path);
+    return;
+  }
+  for (const key of new Set([...Object.keys(a), ...Object.keys(b)]))
+    changedPaths(a[key], b[key], path === '' ? key : `${path}.${key}`, out);
 }
 
 /** After the grace period, time for the last answers (e.g. 503s just written) to leave. */
@@ -448,6 +453,20 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       if (fleet === null && next.backends.length === 0) {
         throw new Error(
           'backends: the file names no backends, and simulate applies only after a restart; reload refused',
+        );
+      }
+      // The simulated fleet keeps the model it started with (simulate applies only at start): a file
+      // whose models no longer list it, applied, would leave every backend serving a model no
+      // request may name (404), and every model a request may name served by none (503).
+      const fleetModel = config.simulate?.model;
+      if (
+        fleet !== null &&
+        next.backends.length === 0 &&
+        fleetModel !== undefined &&
+        !next.models.includes(fleetModel)
+      ) {
+        throw new Error(
+          `models: the simulated fleet serves ${JSON.stringify(fleetModel)} (simulate applies only after a restart), which the file's models do not list; reload refused`,
         );
       }
       // The pools keep the size they started with (a restart-only setting): a concurrency cap above
