@@ -123,8 +123,8 @@ export function finishProxied(
   // Its first token taught the TTFT fit when it came (the scheduler's firstToken). A TPOT the
   // client's slow reading stretched (the relay paused the backend for it) is the client's pace,
   // not the backend's: it teaches neither the backend's windows and fit nor its concurrency limit
-  // (the record keeps it: it is what the client saw).
-  const backendTpotMs = result.clientPaced ? null : result.tpotMs;
+  // (the record keeps it: it is what the client saw). Nor does a TPOT of tokens all read at once.
+  const backendTpotMs = result.clientPaced || result.decodeUnseen ? null : result.tpotMs;
   rt.live.record({
     backend: result.backend,
     class: cls,

@@ -73,6 +73,13 @@ export interface Latencies {
    * the backend, and are not the backend's pace.
    */
   clientPaced: boolean;
+  /**
+   * Every token event of a stream of one sequence came with its first, in one read (a loop held
+   * up for as long as the whole decode, a proxy that buffers the stream): its TPOT is 0, the
+   * reading's, and says nothing of the backend's pace. (A stream of several sequences has no TPOT
+   * then.)
+   */
+  decodeUnseen: boolean;
 }
 
 /**
@@ -210,6 +217,7 @@ export class TokenClock {
         itlMs: this.itlMs,
         e2eMs: endedAt - this.startedAt,
         clientPaced: this.#clientPaced,
+        decodeUnseen: false,
       };
     }
     const last = this.lastTokenAt;
@@ -227,6 +235,7 @@ export class TokenClock {
       itlMs: this.itlMs,
       e2eMs: endedAt - this.startedAt,
       clientPaced: this.#clientPaced,
+      decodeUnseen: tpotMs === 0,
     };
   }
 }

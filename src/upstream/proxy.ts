@@ -156,6 +156,8 @@ export interface ProxyResult {
   e2eMs: number;
   /** The client held the stream back (Latencies.clientPaced): its TPOT is not the backend's pace. */
   clientPaced: boolean;
+  /** Its tokens were all read at once (Latencies.decodeUnseen): nor is its TPOT. */
+  decodeUnseen: boolean;
   promptTokens: number | null;
   completionTokens: number | null;
 }
@@ -482,6 +484,7 @@ function result(s: LoopState, e: Ending, lat: Latencies | null, e2eMs: number): 
     itlMs: lat?.itlMs ?? [],
     e2eMs,
     clientPaced: lat?.clientPaced ?? false,
+    decodeUnseen: lat?.decodeUnseen ?? false,
     promptTokens: last?.promptTokens ?? null,
     completionTokens: last?.completionTokens ?? null,
   };

@@ -17,7 +17,8 @@
 //   commit (comments do not reset it), and client stall while the client does not drain. None of
 //   them caps a healthy stream's total length.
 // - Events are forwarded as their original bytes; only the usage chunk is dropped when the
-//   client did not ask for usage (the gateway always asks the backend for it).
+//   client did not ask for usage (the gateway always asks the backend for it), and a blank line
+//   that stands alone between events (no event at all) is not forwarded.
 // - After the commit point a relayed stream parses only what it must: an event whose bytes show a
 //   plain output chunk (OutputShape: the bytes around the text are those of the stream's last
 //   plain chunk, else isPlainOutput: a `"choices":[{`, non-empty `content` or `text`, no

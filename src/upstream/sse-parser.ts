@@ -25,7 +25,8 @@ export interface SseEvent {
   readonly dataBytes: Buffer | null;
   /**
    * The event's bytes as received, through its terminating blank line (it may start with the LF
-   * of a CRLF split across chunks). All raws concatenated equal the stream, minus a BOM.
+   * of a CRLF split across chunks). All raws concatenated equal the stream, minus a BOM and the
+   * blank lines that stand alone, before any field (they carry no event and are not returned).
    */
   readonly raw: Buffer;
 }

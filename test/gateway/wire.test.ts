@@ -3,7 +3,15 @@
 // keep-alive connection after it, and the HTTP/1.0 case (no chunks at all) are read here raw.
 import net from 'node:net';
 import { afterEach, expect, it } from 'vitest';
-import { chat, chatStreamText, type Script, scripted, sseData, startTestGateway } from './harness.ts';
+import {
+  chat,
+  chatStreamText,
+  type Script,
+  scripted,
+  sseData,
+  startTestGateway,
+  waitFor,
+} from './harness.ts';
 
 const cleanups: (() => Promise<void>)[] = [];
 afterEach(async () => {
@@ -168,4 +176,37 @@ it('a first event of megabytes (a long prompt echoed with its logprobs) is relay
   const events = sseData(await res.text());
   expect(events.at(-1)).toBe('[DONE]');
   expect(events[0]!.length).toBeGreaterThan(big.length);
+});
+
+it('a stream read at once (every token with the first) keeps its TPOT of 0 in the record and teaches the backend nothing of its pace', async () => {
+  let atOnce = true;
+  const t = await gatewayWith((req, res, hit) => {
+    if (atOnce) {
+      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
+      res.end(chatStreamText(4));
+    } else groupedStream(4, 1)(req, res, hit);
+  });
+  const send = async (id: string) => {
+    const res = await fetch(`${t.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-request-id': id },
+      body: JSON.stringify(chat({ stream: true })),
+    });
+    expect(sseData(await res.text()).at(-1)).toBe('[DONE]');
+    // The record is written as the response closes, which may follow the client's last read.
+    await waitFor(async () => (await t.records()).some((r) => r.req_id === id), 2000, `${id}'s record`);
+    return t.recordOf(id);
+  };
+  const tpot = () => {
+    t.gw.runtime.afterwork.settle();
+    return t.gw.runtime.live.backendView('b0')!.latency;
+  };
+  expect(await send('at-once')).toMatchObject({ outcome: 'ok', tpot_ms: 0 });
+  expect(tpot()).toMatchObject({ requests: 1, tpot: { p50: null } });
+  // Tokens 5 ms apart: their pace is learnt.
+  atOnce = false;
+  expect((await send('paced')).tpot_ms).toBeGreaterThan(1);
+  const seen = tpot();
+  expect(seen.requests).toBe(2);
+  expect(seen.tpot.p50).toBeGreaterThan(1);
 });
