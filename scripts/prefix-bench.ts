@@ -231,8 +231,8 @@ const RECONFIGURE = (() => {
  * its port closed) and D seconds later listens again, a new process with a cold cache. With E (a
  * crash loop), it crashes again every E seconds (E ≥ D + 1: each crash finds it back up), as long as it
  * is back before the load ends. It must be (S + D < --duration-s): the replicas' prefix counters are
- * read then. Those counters start from 0 in each new process, so the run's prefix hit rate leaves
- * out what the crashed replica counted before its last crash. It implies --timeline.
+ * read then. Those counters start from 0 in each new process, so the run's prefix hit rate is
+ * unmeasured (shown as –; prefixHitRate sees the new start time). It implies --timeline.
  */
 const CRASH = (() => {
   const text = values.crash;

@@ -140,6 +140,19 @@ export async function readPrefixCounters(urls: readonly string[]): Promise<Prefi
   return { hits, queries, starts };
 }
 
+/**
+ * The replicas' hit rate over a run that began at `before`, read from them now; null (unmeasured)
+ * when one of them cannot be read: a replica down at the end (a fault set by the caller) leaves
+ * the run's other figures measured.
+ */
+export async function prefixHitAfter(
+  before: PrefixCounters,
+  urls: readonly string[],
+): Promise<number | null> {
+  const after = await readPrefixCounters(urls).catch(() => null);
+  return after === null ? null : prefixHitRate(before, after);
+}
+
 /** The body of a GET of `url`, or null when it failed or did not answer 200 (a figure for the record only). */
 async function readText(url: string): Promise<string | null> {
   try {
@@ -304,7 +317,7 @@ export async function runCompare(o: CompareOptions): Promise<CompareResult> {
         if (reload !== null) clearTimeout(reload);
       });
       // The replicas' counters are read while they still run; the log once the gateway flushed it.
-      const prefix = prefixHitRate(before, await readPrefixCounters(urls));
+      const prefix = await prefixHitAfter(before, urls);
       const gatewayMetrics = await readText(`${gateway.url}/metrics`);
       await gateway.stop();
       const admissionLog = await readAdmissionLog(logPath, logFrom);

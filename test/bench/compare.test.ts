@@ -7,7 +7,12 @@ import { join } from 'node:path';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { RequestRecord } from '../../src/bench/client.ts';
-import { type CompareResult, readPrefixCounters, runCompare } from '../../src/bench/compare.ts';
+import {
+  type CompareResult,
+  prefixHitAfter,
+  readPrefixCounters,
+  runCompare,
+} from '../../src/bench/compare.ts';
 import { gatewayConfig, parsePolicies, parsePolicyItem } from '../../src/bench/compare-config.ts';
 import {
   formatCompareTable,
@@ -248,6 +253,18 @@ describe('run figures', () => {
       expect(
         prefixHitRate(before, { ...after, hits: before.hits + 1, queries: before.queries + 2 }),
       ).toBeNull();
+    } finally {
+      await replica.close();
+    }
+  });
+
+  it('a replica down when the run ends makes the hit rate unmeasured, not the run failed', async () => {
+    const replica = await SimReplica.start({ profile: getProfile('llama3-8b-h100'), timeScale: 0.05 });
+    try {
+      const before = await readPrefixCounters([replica.url]);
+      await replica.fault({ mode: 'refuse' });
+      await expect(readPrefixCounters([replica.url])).rejects.toThrow();
+      expect(await prefixHitAfter(before, [replica.url])).toBeNull();
     } finally {
       await replica.close();
     }
