@@ -2,7 +2,7 @@
 // bounds. They run on the defaulted value even when the schema found problems (so one run reports
 // everything), hence every rule first checks the types it relies on.
 import { PROFILES } from '../sim/profiles.ts';
-import { isRecord, type Path } from './path.ts';
+import { isRecord, type Path, renderPath } from './path.ts';
 import { ENV_NAME } from './schema.ts';
 import { mayHoldSecret, type RawIssue, show } from './validate.ts';
 
@@ -13,7 +13,11 @@ type Obj = Record<string, unknown>;
 const list = (value: unknown): unknown[] => (Array.isArray(value) ? value : []);
 const int = (value: unknown): value is number => Number.isInteger(value);
 
-export function crossFieldIssues(config: Obj): RawIssue[] {
+/**
+ * `written`: whether the file holds the key at a path (one the loader did not fill with its
+ * default): a rule between two keys is reported at the one the user wrote.
+ */
+export function crossFieldIssues(config: Obj, written: (path: Path) => boolean = () => true): RawIssue[] {
   const issues: RawIssue[] = [];
   const add = (path: Path, message: string) => issues.push({ path, message });
 
@@ -22,8 +26,28 @@ export function crossFieldIssues(config: Obj): RawIssue[] {
   checkBackends(config, add);
   checkSla(config, add);
   checkTenants(config, add);
-  checkOrdering(config, add);
+  checkOrdering(config, add, written);
   return issues;
+}
+
+/**
+ * `low` ≤ `high` does not hold: reported at the side `at` names, unless only the other is in the
+ * file (that side is a default the user never wrote, and a position at its section or nowhere
+ * would not lead to the key to change), then at the other. A default compared with is named as one.
+ */
+function misordered(
+  low: { path: Path; value: number },
+  high: { path: Path; value: number },
+  at: 'low' | 'high',
+  add: Add,
+  written: (path: Path) => boolean,
+): void {
+  const named = (side: { path: Path; value: number }) =>
+    `${renderPath(side.path)} (${side.value}${written(side.path) ? '' : ', its default'})`;
+  const [first, other] = at === 'low' ? [low, high] : [high, low];
+  const atLow = written(first.path) || !written(other.path) ? first === low : other === low;
+  if (atLow) add(low.path, `must be <= ${named(high)} (got ${low.value})`);
+  else add(high.path, `must be >= ${named(low)} (got ${high.value})`);
 }
 
 type Add = (path: Path, message: string) => void;
@@ -227,31 +251,43 @@ function checkTenants(config: Obj, add: Add): void {
   });
 }
 
-function checkOrdering(config: Obj, add: Add): void {
+function checkOrdering(config: Obj, add: Add, written: (path: Path) => boolean): void {
   const scheduler = isRecord(config.scheduler) ? config.scheduler : {};
   const c = isRecord(scheduler.concurrency) ? scheduler.concurrency : {};
   const path = ['scheduler', 'concurrency'];
+  const minAt = [...path, 'min'];
+  const maxAt = [...path, 'max'];
+  const initialAt = [...path, 'initial'];
   if (int(c.min) && int(c.max) && c.min > c.max) {
-    add([...path, 'min'], `must be <= scheduler.concurrency.max (${c.max}) (got ${c.min})`);
+    misordered({ path: minAt, value: c.min }, { path: maxAt, value: c.max }, 'low', add, written);
   }
   // Judged against max alone when min is past max too, so that one run reports both.
   const low = int(c.min) && int(c.max) && c.min <= c.max ? c.min : null;
   if (int(c.max) && int(c.initial) && (c.initial > c.max || (low !== null && c.initial < low))) {
-    add(
-      [...path, 'initial'],
-      low === null
-        ? `must be <= max (${c.max}) (got ${c.initial})`
-        : `must be between min (${low}) and max (${c.max}) (got ${c.initial})`,
-    );
+    if (written(initialAt)) {
+      add(
+        initialAt,
+        low === null
+          ? `must be <= max (${c.max}) (got ${c.initial})`
+          : `must be between min (${low}) and max (${c.max}) (got ${c.initial})`,
+      );
+    } else if (c.initial > c.max) {
+      misordered({ path: initialAt, value: c.initial }, { path: maxAt, value: c.max }, 'low', add, written);
+    } else if (low !== null) {
+      misordered({ path: minAt, value: low }, { path: initialAt, value: c.initial }, 'high', add, written);
+    }
   }
 
   const upstream = isRecord(config.upstream) ? config.upstream : {};
   const outlier = isRecord(upstream.outlier) ? upstream.outlier : {};
   if (int(outlier.base_ejection_ms) && int(outlier.max_ejection_ms)) {
     if (outlier.base_ejection_ms > outlier.max_ejection_ms) {
-      add(
-        ['upstream', 'outlier', 'base_ejection_ms'],
-        `must be <= upstream.outlier.max_ejection_ms (${outlier.max_ejection_ms}) (got ${outlier.base_ejection_ms})`,
+      misordered(
+        { path: ['upstream', 'outlier', 'base_ejection_ms'], value: outlier.base_ejection_ms },
+        { path: ['upstream', 'outlier', 'max_ejection_ms'], value: outlier.max_ejection_ms },
+        'low',
+        add,
+        written,
       );
     }
   }
@@ -259,9 +295,12 @@ function checkOrdering(config: Obj, add: Add): void {
   // smaller than the concurrency cap would queue requests inside undici, out of the scheduler's sight.
   const connections = upstream.max_connections_per_backend;
   if (int(connections) && int(c.max) && connections < c.max) {
-    add(
-      ['upstream', 'max_connections_per_backend'],
-      `must be >= scheduler.concurrency.max (${c.max}) (got ${connections})`,
+    misordered(
+      { path: maxAt, value: c.max },
+      { path: ['upstream', 'max_connections_per_backend'], value: connections },
+      'high',
+      add,
+      written,
     );
   }
 }

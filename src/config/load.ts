@@ -53,7 +53,8 @@ export function parseConfig(text: string, sourceName: string): Config {
 
   applySchemaDefaults(ConfigSchema, value);
   const derived = applyDerivedDefaults(value);
-  const raw = [...schemaIssues(value), ...crossFieldIssues(value)].filter(
+  const written = (path: Path) => doc.hasIn(path);
+  const raw = [...schemaIssues(value), ...crossFieldIssues(value, written)].filter(
     (issue) => !isDerived(renderPath(issue.path), derived),
   );
   if (raw.length > 0) {
