@@ -1161,7 +1161,7 @@ export class Scheduler {
       // The TPOT fit is learnt at the load a request found when it was sent, itself not counted
       // (the grant's loadAtDispatch): this request, sent now, finds `inflight`.
       tpotMs: live.predictTpotMs(b.name, inflight),
-      cacheFill: size.capacity > 0 ? Math.min(1, size.blocks / size.capacity) : 0,
+      cacheFill: size.capacity > 0 ? Math.min(1, size.tokens / size.capacity) : 0,
     };
   }
 
@@ -1178,7 +1178,7 @@ export class Scheduler {
     });
     // Sent there: its blocks are (about to be) in that backend's cache, so the next request with
     // this prefix finds them even while this one is still prefilling.
-    live.prefixInsert(b.name, req.route.blocks, req.route.blockSizeTokens);
+    live.prefixInsert(b.name, req.route.blocks, req.route.blockSizeTokens, req.route.tokensPerBlock);
     this.#deps.router().sent?.(req.route, b.name);
     const trial = b.takeTrial();
     // A half-open backend's one trial is taken: no other entry of this round goes there.

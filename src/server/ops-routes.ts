@@ -30,6 +30,20 @@ function refreshGauges(rt: Runtime): void {
   rt.metrics.setStoreDegraded(rt.live.status().degraded);
 }
 
+/**
+ * What the prefix index holds for `name`: its blocks, the tokens they stand for (each at the
+ * estimate it was sent with) and the backend's KV cache it is bounded by, in tokens.
+ */
+function prefixIndex(rt: Runtime, name: string) {
+  const size = rt.live.prefixSize(name);
+  return {
+    blocks: size.blocks,
+    tokens: Math.round(size.tokens),
+    capacity_tokens: size.capacity,
+    capacity_assumed: rt.live.prefixCapacityAssumed(name),
+  };
+}
+
 export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
   registerDashboard(app);
   app.get('/healthz', async () => ({ status: 'alive' }));
@@ -130,10 +144,7 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
             tpot_share: limits.get(b.name)?.tpotShare ?? null,
             // Its own P99 of actual ÷ predicted first tokens (null: too few yet, planned on the fleet's).
             plan_multiplier: limits.get(b.name)?.planMultiplier ?? null,
-            prefix_index: {
-              ...rt.live.prefixSize(b.name),
-              capacity_assumed: rt.live.prefixCapacityAssumed(b.name),
-            },
+            prefix_index: prefixIndex(rt, b.name),
             latency: v?.latency ?? null,
             by_class: v?.byClass ?? null,
             rates: v?.rates ?? null,

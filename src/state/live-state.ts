@@ -31,7 +31,7 @@ import {
   type LeaseTokens,
   zeroCounts,
 } from './leases.ts';
-import { DEFAULT_CAPACITY, DEFAULT_KV_TOKENS, PrefixIndex, VLLM_BLOCK_TOKENS } from './prefix-index.ts';
+import { DEFAULT_KV_TOKENS, PrefixIndex, VLLM_BLOCK_TOKENS } from './prefix-index.ts';
 import { RedisSync, type StateLogger, type StoreStatus } from './redis-sync.ts';
 import { type BackendTelemetry, type ScrapeTarget, TelemetryScraper } from './scraper.ts';
 import { encodeDeparted, encodeInflight, encodeSnapshot, mergeInflight, mergeSnapshots } from './snapshot.ts';
@@ -240,14 +240,18 @@ export interface LiveState {
   /**
    * The request with these blocks was just sent to `backend` (shared with peers at the next tick).
    * `hashedAt`: the block size they were hashed at; blocks of another size than prompts are
-   * hashed at now (a request taken in before a reload changed it) are dropped.
+   * hashed at now (a request taken in before a reload changed it) are dropped. `tokensPerBlock`:
+   * the tokens one of them stands for (the request's estimate; the fleet's when not given).
    */
-  prefixInsert(backend: string, hashes: readonly number[], hashedAt?: number): void;
-  /** Blocks the prefix index holds for `backend`, and its capacity. */
-  prefixSize(backend: string): { blocks: number; capacity: number };
+  prefixInsert(backend: string, hashes: readonly number[], hashedAt?: number, tokensPerBlock?: number): void;
   /**
-   * Whether prefixSize's capacity rests on an assumed KV cache: vLLM's num_gpu_blocks (and, when
-   * index blocks are sized in tokens, its block_size) not scraped yet. For /admin/state only.
+   * Blocks the prefix index holds for `backend`, the tokens they stand for (each block at the
+   * estimate it was sent with), and its capacity in tokens (the backend's KV cache).
+   */
+  prefixSize(backend: string): { blocks: number; tokens: number; capacity: number };
+  /**
+   * Whether prefixSize's capacity rests on an assumed KV cache: vLLM's num_gpu_blocks or its
+   * block_size not scraped yet. For /admin/state only.
    */
   prefixCapacityAssumed(backend: string): boolean;
   telemetry(backend: string): BackendTelemetry | null;
@@ -434,7 +438,8 @@ class LiveStateImpl implements LiveState {
                     // peer first or not yet): its blocks, and its start time, are not this one's.
                     const entry = this.#backends.get(b);
                     if (entry === undefined || (server !== null && server !== entry.server)) return;
-                    if (startS === null || this.#sameEngine(b, startS)) this.#prefix.insertPeer(b, h);
+                    if (startS === null || this.#sameEngine(b, startS))
+                      this.#prefix.insertPeer(b, h, this.#fleetBlockTokens());
                   });
                 }
               },
@@ -661,10 +666,20 @@ class LiveStateImpl implements LiveState {
     return this.#prefix.match(backend, hashes);
   }
 
-  prefixInsert(backend: string, hashes: readonly number[], hashedAt?: number): void {
+  prefixInsert(backend: string, hashes: readonly number[], hashedAt?: number, tokensPerBlock?: number): void {
     this.#sameBlockSize();
     if (hashedAt !== undefined && this.#indexedAt !== undefined && hashedAt !== this.#indexedAt) return;
-    this.#prefix.insert(backend, hashes);
+    this.#prefix.insert(backend, hashes, tokensPerBlock ?? this.#fleetBlockTokens());
+  }
+
+  /**
+   * The tokens a block of text stands for at the fleet's characters per token: what a block weighs
+   * when nothing better is known (a peer tells no estimate with its blocks); without a ratio, one
+   * vLLM KV block.
+   */
+  #fleetBlockTokens(): number {
+    const perBlock = this.#indexBlockTokens?.();
+    return perBlock !== undefined && perBlock > 0 ? perBlock : VLLM_BLOCK_TOKENS;
   }
 
   /**
@@ -690,39 +705,33 @@ class LiveStateImpl implements LiveState {
     return this.#indexedAt === undefined ? '' : `@${this.#indexedAt}.${PREFIX_HASHING}`;
   }
 
-  prefixSize(backend: string): { blocks: number; capacity: number } {
+  prefixSize(backend: string): { blocks: number; tokens: number; capacity: number } {
     return {
       blocks: this.#prefix.size(backend),
+      tokens: this.#prefix.held(backend),
       capacity: this.#indexCapacity(backend),
     };
   }
 
   prefixCapacityAssumed(backend: string): boolean {
     const m = this.#scraper?.get(backend);
-    if (m === undefined || m.numGpuBlocks === null) return true;
-    const perBlock = this.#indexBlockTokens?.();
-    return perBlock !== undefined && perBlock > 0 && m.blockSize === null;
+    return m === undefined || m.numGpuBlocks === null || m.blockSize === null;
   }
 
   /**
-   * The prefix index's capacity for `backend`, in index blocks: its KV cache in tokens (vLLM's
-   * num_gpu_blocks × block_size; DEFAULT_KV_TOKENS until scraped) over the tokens one index block
-   * stands for (without that ratio, one index block per KV block). Invariant: the index
-   * forgets a prefix about when the backend's LRU would, whatever the text's characters per token
-   * (a block is 4 characters per token of text: on text of 5 characters per token, an index
-   * sized in KV blocks held 4/5 of the tokens the cache does and forgot prefixes it still held).
-   * One ratio for every block: a token-id prompt's blocks (exactly block_size_tokens each) are
-   * counted at the text ratio too, so under mixed traffic the bound is off by their difference.
+   * The prefix index's capacity for `backend`, in tokens: its KV cache (vLLM's num_gpu_blocks ×
+   * block_size; DEFAULT_KV_TOKENS until scraped). Each block weighs the tokens it stands for at the
+   * estimate of the request that sent it (its tenant's characters per token; a prompt of token ids
+   * exactly block_size_tokens). Invariant: the index forgets a prefix about when the backend's LRU
+   * would, whatever the text's characters per token: sized in blocks at the fleet's ratio, it held
+   * about three times the tokens the cache does of a tenant writing in a script of one or two
+   * characters per token beside English at four, and counted on prefixes long evicted.
    */
   #indexCapacity(backend: string): number {
     const m = this.#scraper?.get(backend);
-    const perBlock = this.#indexBlockTokens?.();
-    if (perBlock === undefined || !(perBlock > 0)) return m?.numGpuBlocks ?? DEFAULT_CAPACITY;
-    const kvTokens =
-      m === undefined || m.numGpuBlocks === null
-        ? DEFAULT_KV_TOKENS
-        : m.numGpuBlocks * (m.blockSize ?? VLLM_BLOCK_TOKENS);
-    return Math.max(1, Math.floor(kvTokens / perBlock));
+    return m === undefined || m.numGpuBlocks === null
+      ? DEFAULT_KV_TOKENS
+      : m.numGpuBlocks * (m.blockSize ?? VLLM_BLOCK_TOKENS);
   }
 
   predictTpotMs(backend: string, load?: number): number | null {

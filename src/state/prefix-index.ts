@@ -1,13 +1,17 @@
 // Which backend holds which prompt blocks: learnt from dispatch decisions (a request's blocks are
 // inserted on the backend it is sent to, at once, so a burst of one prefix does not all miss while
-// the first of them is prefilled) and aged out least-recently-used, within a capacity per backend
-// (its KV cache, in index blocks; live-state.ts sizes it in tokens). An estimate of what vLLM's
-// prefix cache holds, never a copy of it: vLLM evicts only blocks no running request uses, and may
-// evict sooner.
+// the first of them is prefilled) and aged out least-recently-used, within a capacity per backend.
+// Each block weighs what it takes of that capacity: live-state.ts counts both in tokens (the KV
+// cache's, and the tokens the request's tenant's estimate gives one block of its text), so a
+// tenant writing in a script of fewer characters per token fills the cache as fast as it does in
+// vLLM, not at the fleet's ratio. An estimate of what vLLM's prefix cache holds, never a copy of
+// it: vLLM evicts only blocks no running request uses, and may evict sooner.
 //
 // Invariants:
-// - per backend, at most `capacity(backend)` hashes are held; inserting past it evicts the least
-//   recently inserted or matched ones, so memory is bounded whatever the traffic;
+// - per backend, the weights held sum to at most `capacity(backend)` (one block is kept whatever it
+//   weighs); inserting past it evicts the least recently inserted or matched ones. Every weight is
+//   at least MIN_WEIGHT, so at most capacity / MIN_WEIGHT hashes are held: memory is bounded
+//   whatever the traffic;
 // - a request's blocks are touched from the last to the first, so a prompt's leading blocks are
 //   always at least as recent as its later ones: what a backend holds of one chain is (nearly
 //   always) a prefix of it, and the longest match is found by bisection, O(log n) lookups;
@@ -36,8 +40,10 @@
 
 import { HashSlots } from './hash-slots.ts';
 
-/** Hashes a backend's LRU holds when nothing says how many tokens one stands for (~16k blocks). */
+/** A backend's capacity when none is given: 16,384 blocks of the default weight (1). */
 export const DEFAULT_CAPACITY = 16_384;
+/** The least a block may weigh (a weight under it, or not a number, counts as it; see the invariants). */
+export const MIN_WEIGHT = 1 / 64;
 /** A backend's KV cache in tokens until its metrics say (16,384 of vLLM's 16-token blocks). */
 export const DEFAULT_KV_TOKENS = 262_144;
 /** vLLM's KV block size on CUDA, taken when a backend's metrics give its block count alone. */
@@ -52,11 +58,14 @@ export const MAX_RECENT_BLOCKS = 1 << 18;
  */
 export const MAX_TOLD_BLOCKS = 1 << 16;
 
-/** One request's blocks, as sent to one backend. */
+/** One request's blocks, as sent to one backend, and what each weighs. */
 interface Sent {
   readonly backend: string;
   readonly hashes: readonly number[];
+  readonly weight: number;
 }
+
+const weightOf = (w: number): number => (w >= MIN_WEIGHT ? w : Number.isFinite(w) ? MIN_WEIGHT : 1);
 
 export class PrefixIndex {
   readonly #backends = new Map<string, Lru>();
@@ -71,7 +80,7 @@ export class PrefixIndex {
   #older: Sent[] = [];
   #recording = false;
   /** Inserts not yet applied (see settle()), in order. */
-  readonly #pending: { backend: string; hashes: readonly number[] }[] = [];
+  readonly #pending: Sent[] = [];
   #settleTimer: NodeJS.Timeout | null = null;
 
   constructor(
@@ -90,12 +99,13 @@ export class PrefixIndex {
   }
 
   /**
-   * The request's blocks are on `backend` now (it is being sent there). `hashes` is kept as given;
-   * the index holds them for every later read, and touches them after this turn's sends.
+   * The request's blocks are on `backend` now (it is being sent there), each weighing `weight` (a
+   * block already held takes this weight: the latest estimate of its size). `hashes` is kept as
+   * given; the index holds them for every later read, and touches them after this turn's sends.
    */
-  insert(backend: string, hashes: readonly number[]): void {
+  insert(backend: string, hashes: readonly number[], weight = 1): void {
     if (hashes.length === 0) return;
-    this.#pending.push({ backend, hashes });
+    this.#pending.push({ backend, hashes, weight: weightOf(weight) });
     if (this.#settleTimer === null) {
       this.#settleTimer = setTimeout(this.#onSettleTimer, 0);
       this.#settleTimer.unref();
@@ -107,8 +117,8 @@ export class PrefixIndex {
     const pending = this.#pending;
     if (pending.length === 0) return;
     for (let i = 0; i < pending.length; i++) {
-      const { backend, hashes } = pending[i]!;
-      this.#lru(backend).touchAll(hashes, Math.max(1, this.#capacity(backend)), null);
+      const { backend, hashes, weight } = pending[i]!;
+      this.#lru(backend).touchAll(hashes, weight, true, this.#capacity(backend), null);
       if (!this.#recording || hashes.length > MAX_RECENT_BLOCKS / 2) continue;
       if (this.#recentBlocks + hashes.length > MAX_RECENT_BLOCKS / 2) {
         // The newest generation is full: it becomes the older one, and the older one goes.
@@ -127,10 +137,13 @@ export class PrefixIndex {
     this.settle();
   };
 
-  /** A peer sent these blocks to `backend` (and told of them: not to be told again for a while). */
-  insertPeer(backend: string, hashes: readonly number[]): void {
+  /**
+   * A peer sent these blocks to `backend` (and told of them: not to be told again for a while). A
+   * peer tells no weight: a block new here weighs `weight`, one held keeps its own.
+   */
+  insertPeer(backend: string, hashes: readonly number[], weight = 1): void {
     this.settle();
-    this.#lru(backend).touchAll(hashes, Math.max(1, this.#capacity(backend)), this.#now());
+    this.#lru(backend).touchAll(hashes, weightOf(weight), false, this.#capacity(backend), this.#now());
   }
 
   /** Leading blocks of `hashes` that `backend` holds. */
@@ -151,9 +164,16 @@ export class PrefixIndex {
     return lo;
   }
 
+  /** Blocks held for `backend`. */
   size(backend: string): number {
     this.settle();
     return this.#backends.get(backend)?.size ?? 0;
+  }
+
+  /** What the blocks held for `backend` weigh together (of its capacity). */
+  held(backend: string): number {
+    this.settle();
+    return this.#backends.get(backend)?.held ?? 0;
   }
 
   /** Forget every block, those not applied yet included (they were hashed some other way). */
@@ -242,6 +262,9 @@ export class PrefixIndex {
 class Lru {
   readonly #slot = new HashSlots();
   #keys = new Float64Array(64);
+  #weight = new Float64Array(64);
+  /** Σ #weight over the slots held. */
+  #held = 0;
   /** When each slot's hash was last told to (or by) a peer; −Infinity: never. */
   #told = new Float64Array(64).fill(Number.NEGATIVE_INFINITY);
   #prev = new Int32Array(64);
@@ -255,17 +278,28 @@ class Lru {
     return this.#slot.size;
   }
 
+  get held(): number {
+    return this.#held;
+  }
+
   has(hash: number): boolean {
     return this.#slot.has(hash);
   }
 
   /**
-   * Touches `hashes` from the last to the first (the leading blocks end most recent), marks them
-   * told at `toldAt` unless null, and trims to `cap`.
+   * Touches `hashes` from the last to the first (the leading blocks end most recent), each new one
+   * weighing `weight` (and each held one too when `reweigh`), marks them told at `toldAt` unless
+   * null, and trims to `cap`.
    */
-  touchAll(hashes: readonly number[], cap: number, toldAt: number | null): void {
+  touchAll(
+    hashes: readonly number[],
+    weight: number,
+    reweigh: boolean,
+    cap: number,
+    toldAt: number | null,
+  ): void {
     for (let i = hashes.length - 1; i >= 0; i--) {
-      const s = this.touch(hashes[i]!);
+      const s = this.touch(hashes[i]!, weight, reweigh);
       if (toldAt !== null) this.#told[s] = toldAt;
     }
     this.trim(cap);
@@ -285,10 +319,14 @@ class Lru {
     return true;
   }
 
-  /** Makes `hash` the most recent; returns its slot. */
-  touch(hash: number): number {
+  /** Makes `hash` the most recent, weighing `weight` if new (or if `reweigh`); returns its slot. */
+  touch(hash: number, weight: number, reweigh: boolean): number {
     const s = this.#slot.get(hash);
     if (s >= 0) {
+      if (reweigh) {
+        this.#held += weight - this.#weight[s]!;
+        this.#weight[s] = weight;
+      }
       if (s !== this.#head) {
         this.#unlink(s);
         this.#pushHead(s);
@@ -297,20 +335,25 @@ class Lru {
     }
     const n = this.#alloc();
     this.#keys[n] = hash;
+    this.#weight[n] = weight;
+    this.#held += weight;
     this.#told[n] = Number.NEGATIVE_INFINITY;
     this.#slot.set(hash, n);
     this.#pushHead(n);
     return n;
   }
 
-  /** Drops the least recent hashes until at most `cap` are held. */
+  /** Drops the least recent hashes until what is held weighs at most `cap` (or one is left). */
   trim(cap: number): void {
-    while (this.#slot.size > cap && this.#tail >= 0) {
+    while (this.#held > cap && this.#slot.size > 1) {
       const s = this.#tail;
       this.#unlink(s);
       this.#slot.delete(this.#keys[s]!);
+      this.#held -= this.#weight[s]!;
       this.#free.push(s);
     }
+    // Sums of fractions drift; an empty LRU holds nothing.
+    if (this.#slot.size === 0) this.#held = 0;
   }
 
   #alloc(): number {
@@ -323,6 +366,7 @@ class Lru {
         return b;
       };
       this.#keys = grow(this.#keys, (n) => new Float64Array(n));
+      this.#weight = grow(this.#weight, (n) => new Float64Array(n));
       this.#told = grow(this.#told, (n) => new Float64Array(n));
       this.#prev = grow(this.#prev, (n) => new Int32Array(n));
       this.#next = grow(this.#next, (n) => new Int32Array(n));

@@ -1,5 +1,6 @@
-// The prefix index's bound follows the characters per token the gateway learns from the backends'
-// counts: each backend's part holds as many tokens as its KV cache, not one hash per KV block.
+// The prefix index is bounded by each backend's KV cache in tokens, and each block it holds weighs
+// the tokens its text stands for at the characters per token the gateway learns from the
+// backends' counts: text of 2 characters a token fills the cache twice as fast as text of 4.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chat, get, post, startTestGateway, type TestGateway, waitFor } from './harness.ts';
 
@@ -12,7 +13,9 @@ afterAll(async () => {
 });
 
 interface IndexSize {
-  capacity: number;
+  blocks: number;
+  tokens: number;
+  capacity_tokens: number;
   capacity_assumed: boolean;
 }
 
@@ -22,27 +25,36 @@ async function indexSize(): Promise<IndexSize> {
   };
   return s.backends[0]!.prefix_index;
 }
-const capacity = async () => (await indexSize()).capacity;
 
-describe('prefix index capacity', () => {
-  it('shrinks to the KV cache in tokens once the text turns out to be 2 characters per token', async () => {
-    // Until the backend's cache config is scraped the index has its default bound, and says it is
-    // assumed (test/state/memory.test.ts, scraper.test.ts): here the scrape may already be in.
+describe('prefix index size', () => {
+  it('weighs each block at the tokens its text stands for, within the KV cache in tokens', async () => {
     await waitFor(async () => !(await indexSize()).capacity_assumed, 3000, 'cache config scraped');
-    expect((await indexSize()).capacity_assumed).toBe(false);
-    const before = await capacity();
-    // 4 characters per token (the start): one index block per KV block of 16 tokens.
-    expect(before).toBeGreaterThan(0);
-    // "a a a …": each " a" is one token, 2 characters. The backend's count teaches the gateway.
-    const res = await post(
-      t.url,
-      '/v1/chat/completions',
-      chat({ messages: [{ role: 'user', content: 'a '.repeat(2_000) }] }),
-    );
-    expect(res.status).toBe(200);
-    const after = await capacity();
-    // An index block (64 characters) now stands for about 32 tokens: about half as many blocks.
-    expect(after).toBeLessThan(before * 0.6);
-    expect(after).toBeGreaterThan(before * 0.4);
+    const empty = await indexSize();
+    expect(empty).toMatchObject({ blocks: 0, tokens: 0 });
+    expect(empty.capacity_tokens).toBeGreaterThan(0);
+    // "a a a …": each " a" is one token, 2 characters. Sent at the initial 4 characters a token,
+    // its blocks weigh 64 tokens (an index block is 256 characters); the backend's count then
+    // teaches the gateway the text's ratio.
+    const send = async (word: string) =>
+      expect(
+        (
+          await post(
+            t.url,
+            '/v1/chat/completions',
+            chat({ messages: [{ role: 'user', content: `${word} `.repeat(2_000) }] }),
+          )
+        ).status,
+      ).toBe(200);
+    await send('a');
+    const first = await indexSize();
+    expect(first.blocks).toBeGreaterThan(10);
+    expect(first.tokens / first.blocks).toBeCloseTo(64, 0);
+    // The next prompt of the same kind: its blocks weigh about twice as much.
+    await send('b');
+    const second = await indexSize();
+    const perBlock = (second.tokens - first.tokens) / (second.blocks - first.blocks);
+    expect(perBlock).toBeGreaterThan(64 * 1.6);
+    expect(perBlock).toBeLessThan(64 * 2.4);
+    expect(second.capacity_tokens).toBe(empty.capacity_tokens);
   });
 });

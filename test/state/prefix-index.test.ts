@@ -4,6 +4,7 @@ import { describe, expect, it } from 'vitest';
 import {
   MAX_RECENT_BLOCKS,
   MAX_TOLD_BLOCKS,
+  MIN_WEIGHT,
   PrefixIndex,
   SHARE_EVERY_MS,
 } from '../../src/state/prefix-index.ts';
@@ -23,6 +24,31 @@ describe('PrefixIndex', () => {
     expect(idx.match('a', [...system, ...chain(1000, 5)])).toBe(35);
     expect(idx.match('a', chain(9000, 3))).toBe(0);
     expect(idx.match('a', [])).toBe(0);
+  });
+
+  it('counts each block at its weight against the capacity; a peer tells no weight, so a held block keeps its own', () => {
+    const idx = new PrefixIndex(() => 1_000);
+    idx.insert('a', chain(1, 50), 10); // 500 of 1,000
+    idx.insert('a', chain(100, 10), 40); // 400 more: 900
+    expect([idx.size('a'), idx.held('a')]).toEqual([60, 900]);
+    // 5 blocks of 40: 200 more, so the 10 least recent of weight 10 go (the chain's last 10).
+    idx.insert('a', chain(200, 5), 40);
+    expect([idx.size('a'), idx.held('a')]).toEqual([55, 1_000]);
+    expect(idx.match('a', chain(1, 50))).toBe(40);
+    // A peer's blocks: new ones weigh what it is given, a held one keeps its weight.
+    idx.insertPeer('a', [...chain(100, 10), 300], 10);
+    expect(idx.held('a')).toBe(1_000);
+    expect(idx.size('a')).toBe(55); // 300 in, the least recent of weight 10 out
+    // Sent again from here, a held block takes the weight it is sent with.
+    idx.insert('a', [300], 100);
+    expect(idx.match('a', [300])).toBe(1);
+    expect(idx.held('a')).toBeLessThanOrEqual(1_000);
+    // A weight that is no number counts as 1; one below MIN_WEIGHT as MIN_WEIGHT: memory stays bounded.
+    const tiny = new PrefixIndex(() => 10);
+    tiny.insert('a', chain(1, 5_000), 0);
+    expect(tiny.size('a')).toBe(10 / MIN_WEIGHT);
+    tiny.insert('b', chain(1, 50), Number.NaN);
+    expect(tiny.size('b')).toBe(10);
   });
 
   it('stays within its capacity under a stream of unique prompts', () => {

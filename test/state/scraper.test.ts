@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
 import { createLiveState } from '../../src/state/index.ts';
-import { DEFAULT_CAPACITY, DEFAULT_KV_TOKENS } from '../../src/state/prefix-index.ts';
+import { DEFAULT_KV_TOKENS } from '../../src/state/prefix-index.ts';
 import { TelemetryScraper } from '../../src/state/scraper.ts';
 import { closeServer, metricsServer, vllmPage } from './fixtures/metrics-server.ts';
 import { trackHandles } from './handles.ts';
@@ -169,14 +169,14 @@ describe('vLLM telemetry scraper', () => {
     expect(tracker.live().Timeout ?? 0).toBe(0);
   });
 
-  it('sizes the prefix index in tokens: KV blocks × their size over the tokens one index block stands for', async () => {
+  it('bounds the prefix index by the KV cache in tokens, each block weighing the tokens it was sent as', async () => {
     const srv = await metricsServer(
       () =>
         'vllm:num_requests_running 0\nvllm:cache_config_info{num_gpu_blocks="1000",block_size="16",engine="0"} 1.0\n',
     );
     cleanups.push(() => closeServer(srv.server));
     let perIndexBlock = 12.5;
-    const sized = createLiveState(
+    const live = createLiveState(
       { store: 'memory' },
       {
         backends: [{ name: 'x', url: srv.url }],
@@ -184,39 +184,29 @@ describe('vLLM telemetry scraper', () => {
         indexBlockTokens: () => perIndexBlock,
       },
     );
-    const plain = createLiveState(
-      { store: 'memory' },
-      { backends: [{ name: 'x', url: srv.url }], scrape: { intervalMs: 1_000 } },
-    );
-    cleanups.push(
-      () => sized.close(),
-      () => plain.close(),
-    );
-    // Until scraped: a KV cache of DEFAULT_KV_TOKENS, or DEFAULT_CAPACITY blocks without a ratio.
-    expect(sized.prefixSize('x').capacity).toBe(Math.floor(DEFAULT_KV_TOKENS / 12.5));
-    expect(plain.prefixSize('x').capacity).toBe(DEFAULT_CAPACITY);
-    expect([sized, plain].map((s) => s.prefixCapacityAssumed('x'))).toEqual([true, true]);
-    await until(
-      () => sized.prefixSize('x').capacity === 1_280 && plain.prefixSize('x').capacity === 1_000,
-      2_000,
-      'cache config scraped',
-    );
-    // 16,000 tokens of KV: 1,280 index blocks of 12.5 tokens, or one per KV block without a ratio.
-    expect(sized.prefixSize('x').capacity).toBe(1_280);
-    expect(plain.prefixSize('x').capacity).toBe(1_000);
-    expect([sized, plain].map((s) => s.prefixCapacityAssumed('x'))).toEqual([false, false]);
+    cleanups.push(() => live.close());
+    // Until scraped: a KV cache of DEFAULT_KV_TOKENS, assumed.
+    expect(live.prefixSize('x').capacity).toBe(DEFAULT_KV_TOKENS);
+    expect(live.prefixCapacityAssumed('x')).toBe(true);
+    await until(() => live.prefixSize('x').capacity === 16_000, 2_000, 'cache config scraped');
+    expect(live.prefixCapacityAssumed('x')).toBe(false);
+    // Blocks sent without an estimate weigh the fleet's: 16,000 tokens of KV hold 1,280 of 12.5.
     const unique = Array.from({ length: 2_000 }, (_, i) => i + 1);
-    sized.prefixInsert('x', unique);
-    plain.prefixInsert('x', unique);
-    expect(sized.prefixSize('x').blocks).toBe(1_280);
-    expect(plain.prefixSize('x').blocks).toBe(1_000);
-    // The ratio is read at every trim: text of fewer characters per token means bigger blocks.
-    perIndexBlock = 32;
-    sized.prefixInsert('x', [5_000]);
-    expect(sized.prefixSize('x')).toEqual({ blocks: 500, capacity: 500 });
-    // The most recent survive: the new hash and the leading blocks of the chain (touched last).
-    expect(sized.prefixMatch('x', [1, 2, 3])).toBe(3);
-    expect(sized.prefixMatch('x', [5_000])).toBe(1);
+    live.prefixInsert('x', unique);
+    expect(live.prefixSize('x')).toEqual({ blocks: 1_280, tokens: 16_000, capacity: 16_000 });
+    // A tenant whose text is 2 characters a token: its blocks weigh 32 tokens each, whatever the
+    // fleet's ratio, so 100 of them take the room of 256 of the fleet's (the oldest go).
+    const cjk = Array.from({ length: 100 }, (_, i) => 10_000 + i);
+    live.prefixInsert('x', cjk, undefined, 32);
+    expect(live.prefixSize('x')).toEqual({ blocks: 1_280 - 256 + 100, tokens: 16_000, capacity: 16_000 });
+    expect(live.prefixMatch('x', cjk)).toBe(100);
+    // The most recent of the rest survive: the leading blocks of the chain (touched last).
+    expect(live.prefixMatch('x', [1, 2, 3])).toBe(3);
+    // A held block sent again takes the weight it is sent with now.
+    perIndexBlock = 16;
+    live.prefixInsert('x', cjk.slice(0, 10), undefined, 64);
+    expect(live.prefixSize('x').tokens).toBeLessThanOrEqual(16_000);
+    expect(live.prefixMatch('x', cjk.slice(0, 10))).toBe(10);
   });
 
   it("takes vLLM's 16-token KV blocks when the metrics give the block count alone", async () => {
@@ -229,12 +219,10 @@ describe('vLLM telemetry scraper', () => {
       { backends: [{ name: 'x', url: srv.url }], scrape: { intervalMs: 1_000 }, indexBlockTokens: () => 64 },
     );
     cleanups.push(() => live.close());
-    await until(
-      () => live.prefixSize('x').capacity !== DEFAULT_KV_TOKENS / 64,
-      2_000,
-      'cache config scraped',
-    );
-    expect(live.prefixSize('x').capacity).toBe(250);
+    await until(() => live.prefixSize('x').capacity !== DEFAULT_KV_TOKENS, 2_000, 'cache config scraped');
+    expect(live.prefixSize('x').capacity).toBe(16_000);
+    // The block size is assumed: said so.
+    expect(live.prefixCapacityAssumed('x')).toBe(true);
   });
   it('forgets what the index held on a backend whose engine restarted (its counters went down)', async () => {
     const counters = { x: [100, 50], y: [100, 50] };
