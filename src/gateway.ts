@@ -330,8 +330,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     // The live state and the scheduler read the swappable parts through rt (once it exists), so a
     // reload reaches them.
     let rtRef: Runtime | null = null;
-    // Learnt from what the backends count, per tenant over the fleet's; the prefix index sizes
-    // itself in tokens with the fleet's.
+    // Learnt from what the backends count, per tenant over the fleet's; a block a peer told of
+    // weighs the fleet's in the prefix index.
     const tokens = new TokenEstimates();
     tokens.retain(tenantSet(config));
     // Live state: local first; with `state.store: redis`, shared in the background. ready() is

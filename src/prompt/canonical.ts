@@ -231,9 +231,9 @@ class CanonicalText {
 
   /**
    * Invariant: no content can render as a message boundary. Each piece a client writes (a text,
-   * tool calls, a tool call id) is preceded by a marker naming its kind and length, hashed and not
-   * counted, so a user text holding "\n\nassistant\n…" is not taken for two messages, nor a chat
-   * for a completion of its rendered text: vLLM's template puts special tokens there.
+   * tool calls, a tool call id) is between markers naming its kind and its length (piece()), hashed
+   * and not counted, so a user text holding "\n\nassistant\n…" is not taken for two messages, nor
+   * a chat for a completion of its rendered text: vLLM's template puts special tokens there.
    */
   message(m: unknown, currentTurn = true): void {
     if (!isRecord(m)) return;
@@ -304,10 +304,19 @@ class CanonicalText {
     this.mediaParts++;
   }
 
-  /** A client's text, after its marker (kind and length: hashed, not counted). */
+  /**
+   * A client's text between two markers, hashed and not counted: its kind before it, its length
+   * after it. The length goes after: two texts that open alike (one document followed by different
+   * questions, in one message) share the blocks of that opening, as their tokens share vLLM's
+   * cache; a length before the text made every block of such texts differ from their first.
+   * Invariant: the rendering still reads one way only from its end (each piece's length, read from
+   * its end, says where it starts), so no content stands for another message list; a text may
+   * mimic a marker inside a shared opening, which costs that request its routing, never an answer.
+   */
   piece(kind: string, s: string): void {
-    this.opaque(`\u0000${kind}${s.length}\u0000`);
+    this.opaque(`\u0000${kind}\u0000`);
     this.text(s);
+    this.opaque(`\u0000${s.length}\u0000`);
   }
 }
 

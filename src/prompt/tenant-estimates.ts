@@ -6,8 +6,8 @@
 // otherwise have every other tenant's prompts counted at its ratio: an English prompt counted as
 // three times its tokens is refused against its tenant's tokens_per_minute, and predicted three
 // times as slow to prefill. Until a tenant has learnt a figure from that many prompts it reads the
-// fleet's (learnt from every prompt, its own included). The fleet's estimate also sizes the prefix
-// index (LiveState's indexBlockTokens) and is what /admin/state shows.
+// fleet's (learnt from every prompt, its own included). The fleet's estimate is what /admin/state
+// shows, and what a block a peer told of weighs in the prefix index (LiveState's indexBlockTokens).
 import { TokenEstimate } from './canonical.ts';
 
 /** Prompts a tenant's own figure is learnt from before it replaces the fleet's. */

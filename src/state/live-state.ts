@@ -56,8 +56,8 @@ export interface LiveStateOptions {
   /** Clock in ms for windows, fits and ages; default Date.now. */
   now?: () => number;
   /**
-   * Tokens one prefix-index block stands for (the prompt layer's estimate for text blocks, applied
-   * to every block); default: as many as one KV block of the backend, one hash per KV block.
+   * Tokens one prefix-index block of text stands for at the fleet's characters per token: what a
+   * block weighs when its request told no estimate (a peer's); default one KV block (16 tokens).
    */
   indexBlockTokens?: () => number;
   /**
@@ -1137,9 +1137,10 @@ class LiveStateImpl implements LiveState {
  * markers). Invariant: two instances share blocks only when they hash alike: a change there bumps
  * this, and an instance skips the blocks its peers of another version tell (a rolling upgrade, a
  * restart within the log's lifetime), as it skips those of another block size. 1 was untagged
- * (the size alone); 2 names the endpoint in the root and marks roles.
+ * (the size alone); 2 names the endpoint in the root and marks roles; 3 puts a piece's length
+ * after its text (a shared opening of one message shares its blocks).
  */
-const PREFIX_HASHING = 2;
+const PREFIX_HASHING = 3;
 
 /**
  * `backend@size.v:h,h,…,~digest/start;backend@size.v:h,…,~digest` with each 53-bit hash in base 36
