@@ -437,15 +437,16 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     });
     undo.push(() => reprober.stop());
 
-    async function reload(next: Config, how: { signalled: boolean } = { signalled: true }): Promise<void> {
-      // Invariant: a file event never turns API keys off. A file written in place by a writer that
-      // pauses (a template rendered into it, scp, rsync --inplace) is read as it stands after the
-      // debounce; cut before its `tenants`, it is valid YAML with none, and applied it would open
-      // the gateway to every caller, with any class, until the rest arrived. Only a SIGHUP (or a
-      // reload the program asks for) applies a file that drops every tenant.
-      if (!how.signalled && rt.config.tenants.length > 0 && next.tenants.length === 0) {
+    async function reload(next: Config): Promise<void> {
+      // Invariant: a reload never turns API keys off; that takes a restart. A file written in place
+      // by a writer that pauses (a template rendered into it, scp, rsync --inplace) is read as it
+      // stands after the debounce; cut before its `tenants`, it is valid YAML with none, and
+      // applied it would open the gateway to every caller, with any class, until the rest arrived
+      // (or for good, if the writer died: a later SIGHUP, such as log rotation's, re-reads the
+      // same cut file, so no signal can tell an operator's intent from it).
+      if (rt.config.tenants.length > 0 && next.tenants.length === 0) {
         throw new Error(
-          'tenants: the file lists no tenants, which turns API keys off; a file event does not apply that (the file may be half-written): send SIGHUP to apply it; reload refused',
+          'tenants: the file lists no tenants, which would turn API keys off; a reload does not do that (the file may be half-written): restart the gateway to run without tenants; reload refused',
         );
       }
       // `simulate` applies only at start: a file that moves to it from real backends would, applied,
@@ -557,7 +558,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         {
           // A reload that fails rejects: the watcher then keeps
           // the running configuration as its current one, and onError logs why.
-          onChange: (next, _previous, how) => reload(next, how),
+          onChange: (next) => reload(next),
           onUnchanged: () =>
             logger.info({ path: opts.configPath }, 'config reload: file read, nothing changed'),
           onError: (err) => {

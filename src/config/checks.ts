@@ -30,6 +30,11 @@ export function crossFieldIssues(config: Obj, written: (path: Path) => boolean =
   return issues;
 }
 
+/** A key as a message names another: its path and value, and whether that value is a default. */
+function namedKey(path: Path, value: number, written: (path: Path) => boolean): string {
+  return `${renderPath(path)} (${value}${written(path) ? '' : ', its default'})`;
+}
+
 /**
  * `low` ≤ `high` does not hold: reported at the side `at` names, unless only the other is in the
  * file (that side is a default the user never wrote, and a position at its section or nowhere
@@ -42,8 +47,7 @@ function misordered(
   add: Add,
   written: (path: Path) => boolean,
 ): void {
-  const named = (side: { path: Path; value: number }) =>
-    `${renderPath(side.path)} (${side.value}${written(side.path) ? '' : ', its default'})`;
+  const named = (side: { path: Path; value: number }) => namedKey(side.path, side.value, written);
   const [first, other] = at === 'low' ? [low, high] : [high, low];
   const atLow = written(first.path) || !written(other.path) ? first === low : other === low;
   if (atLow) add(low.path, `must be <= ${named(high)} (got ${low.value})`);
@@ -263,19 +267,16 @@ function checkOrdering(config: Obj, add: Add, written: (path: Path) => boolean):
   }
   // Judged against max alone when min is past max too, so that one run reports both.
   const low = int(c.min) && int(c.max) && c.min <= c.max ? c.min : null;
+  // Only a written initial can be out: one the file leaves out is derived within min and max
+  // (defaults.ts), and an issue at a derived key is not reported.
   if (int(c.max) && int(c.initial) && (c.initial > c.max || (low !== null && c.initial < low))) {
-    if (written(initialAt)) {
-      add(
-        initialAt,
-        low === null
-          ? `must be <= max (${c.max}) (got ${c.initial})`
-          : `must be between min (${low}) and max (${c.max}) (got ${c.initial})`,
-      );
-    } else if (c.initial > c.max) {
-      misordered({ path: initialAt, value: c.initial }, { path: maxAt, value: c.max }, 'low', add, written);
-    } else if (low !== null) {
-      misordered({ path: minAt, value: low }, { path: initialAt, value: c.initial }, 'high', add, written);
-    }
+    const max = namedKey(maxAt, c.max, written);
+    add(
+      initialAt,
+      low === null
+        ? `must be <= ${max} (got ${c.initial})`
+        : `must be between ${namedKey(minAt, low, written)} and ${max} (got ${c.initial})`,
+    );
   }
 
   const upstream = isRecord(config.upstream) ? config.upstream : {};

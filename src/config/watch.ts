@@ -14,12 +14,10 @@ import type { Config } from './schema.ts';
 
 export interface ConfigWatchHandlers {
   /**
-   * A new valid configuration that differs from the previous one; `how.signalled` when a SIGHUP
-   * read it (an operator asked for this file), false when a file event did (the file may be
-   * mid-write). If applying it fails (it throws, or the promise it returns rejects), the watcher
-   * keeps the previous one as current.
+   * A new valid configuration that differs from the previous one. If applying it fails (it throws,
+   * or the promise it returns rejects), the watcher keeps the previous one as current.
    */
-  onChange(next: Config, previous: Config, how: { signalled: boolean }): void | Promise<void>;
+  onChange(next: Config, previous: Config): void | Promise<void>;
   /** A ConfigError for an invalid or unreadable file (the previous configuration is kept), or the
    *  failure of onChange. */
   onError(err: Error): void;
@@ -90,7 +88,7 @@ export function watchConfig(
       handlers.onError(err instanceof Error ? err : new Error(String(err)));
     };
     try {
-      const applied = handlers.onChange(next, previous, { signalled: force });
+      const applied = handlers.onChange(next, previous);
       if (applied instanceof Promise) applied.catch(failed);
     } catch (err) {
       failed(err);

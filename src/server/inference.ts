@@ -174,11 +174,12 @@ async function serve(
   proxied.add(record);
   const ticket = rt.scheduler.ticket(admitted.scheduled);
   const responseHeaders = { 'x-request-id': call.id, 'x-slagate-class': identity.class };
-  // A request that never reached an engine (refused or cancelled while it waited, no backend,
-  // every attempt refused a connection) is not charged to its tenant's tokens per minute: a tenant
-  // retrying through an overload, as Retry-After tells it to, would otherwise spend its budget
-  // without being served once.
-  let reachedEngine = true;
+  // A request no engine worked on (refused or cancelled while it waited, no backend, every attempt
+  // refused a connection, or refused by the backends before any work: a 4xx status, a 408 or 429)
+  // is not charged to its tenant's tokens per minute: a tenant retrying through an overload, as
+  // Retry-After tells it to, would otherwise spend its budget without being served once, and one
+  // prompt over the context, which the gateway leaves the backend to judge, a minute's worth.
+  let engineWorked = true;
   // What the backend counted the request used (its usage), when it said: charged to the tenant
   // over what admission charged (TenantLease.end).
   let usedTokens: number | null = null;
@@ -203,7 +204,7 @@ async function serve(
       rt.proxy,
       rt.retryBudget,
     );
-    reachedEngine = result.reachedEngine;
+    engineWorked = result.engineWorked;
     if (result.completionTokens !== null)
       usedTokens = (result.promptTokens ?? got.promptTokens) + result.completionTokens;
     // The client has its answer: the record and what it teaches wait for the next request (afterwork.ts).
@@ -219,7 +220,7 @@ async function serve(
     const committed = res.headersSent;
     // Whether a backend's engine saw it is unknown here: it did when its answer had begun, and
     // one that failed before that is treated as one that never got there (nothing was served).
-    reachedEngine = committed;
+    engineWorked = committed;
     if (committed) res.destroy();
     else writeErrorResponse(res, new GatewayError('internal_error', INTERNAL_MESSAGE), responseHeaders);
     endRecord(rt, record, committed ? 'failed_after_commit' : 'failed_before_commit', {
@@ -228,6 +229,6 @@ async function serve(
       error: err instanceof Error ? err.message : String(err),
     });
   } finally {
-    admitted.tenantLease.end(!reachedEngine, usedTokens);
+    admitted.tenantLease.end(!engineWorked, usedTokens);
   }
 }

@@ -4,6 +4,7 @@
 import type { FastifyInstance } from 'fastify';
 import { currentTelemetry } from '../state/index.ts';
 import { registerDashboard } from './dashboard.ts';
+import type { Backend } from '../upstream/index.ts';
 import type { Runtime } from './runtime.ts';
 
 /**
@@ -28,6 +29,12 @@ function refreshGauges(rt: Runtime): void {
   }
   rt.metrics.setQueueDepths(rt.scheduler.view().byClass);
   rt.metrics.setStoreDegraded(rt.live.status().degraded);
+}
+
+/** Backends still draining that no backend in service stands for (the same name at the same URL). */
+function retiringOnly(rt: Runtime): Backend[] {
+  const serving = new Map(rt.backends.list().map((b) => [b.name, b.url]));
+  return rt.backends.retiring().filter((b) => serving.get(b.name) !== b.url);
 }
 
 /**
@@ -154,8 +161,10 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
         // Backends a reload removed that still drain, after those in service: where an operator
         // taking a replica out watches its last streams end. Only what is known of them: the live
         // state, the scheduler and the index forgot them at the reload (their name may already be a
-        // new server's), so every figure of theirs but this instance's attempts is null.
-        ...rt.backends.retiring().map((b) => ({
+        // new server's), so every figure of theirs but this instance's attempts is null. Not one
+        // added back since at the same URL: that entry in service is the same server, and its
+        // counts took these attempts in (live-state.ts), so listing both would count them twice.
+        ...retiringOnly(rt).map((b) => ({
           name: b.name,
           url: b.url,
           weight: b.weight,

@@ -74,10 +74,10 @@ export interface Latencies {
    */
   clientPaced: boolean;
   /**
-   * Every token event of a stream of one sequence came with its first, in one read (a loop held
-   * up for as long as the whole decode, a proxy that buffers the stream): its TPOT is 0, the
-   * reading's, and says nothing of the backend's pace. (A stream of several sequences has no TPOT
-   * then.)
+   * Every token event came within SAME_READ_MS of the first (a loop held up for as long as the
+   * whole decode, a proxy that buffers the stream; the events of one read come one HTTP chunk
+   * each, microseconds apart): the TPOT, near 0, is the reading's and says nothing of the
+   * backend's pace. False without a TPOT.
    */
   decodeUnseen: boolean;
 }
@@ -210,14 +210,17 @@ export class TokenClock {
   finish(endedAt: number, completionTokens: number | null, observed = true): Latencies {
     this.#flushMeter();
     const first = observed ? this.firstTokenAt : null;
+    // Read together: the stream's first and last token events less than a read apart.
+    const together = first !== null && this.lastTokenAt !== null && this.lastTokenAt - first < SAME_READ_MS;
     if (this.#sequences > 1) {
+      const tpotMs = first === null ? null : this.#perSequenceTpot(completionTokens);
       return {
         ttftMs: first === null ? null : first - this.startedAt,
-        tpotMs: first === null ? null : this.#perSequenceTpot(completionTokens),
+        tpotMs,
         itlMs: this.itlMs,
         e2eMs: endedAt - this.startedAt,
         clientPaced: this.#clientPaced,
-        decodeUnseen: false,
+        decodeUnseen: tpotMs !== null && together,
       };
     }
     const last = this.lastTokenAt;
@@ -235,7 +238,7 @@ export class TokenClock {
       itlMs: this.itlMs,
       e2eMs: endedAt - this.startedAt,
       clientPaced: this.#clientPaced,
-      decodeUnseen: tpotMs === 0,
+      decodeUnseen: tpotMs !== null && together,
     };
   }
 }

@@ -131,6 +131,13 @@ export interface ProxyResult {
    */
   reachedEngine: boolean;
   /**
+   * Some attempt may have had an engine work on it: one answered, or one that failed once it may
+   * have been running. Not a backend's refusal before any work: a relayed 4xx status (vLLM's API
+   * server validates a request, its length against the context included, before the engine sees
+   * it) or a 408/429 (shedding load). What a tenant's tokens are charged on.
+   */
+  engineWorked: boolean;
+  /**
    * Answered with a backend's rejection that is surely the client's own error: a 400, 413 or 422
    * status, or an in-band rejection or a 501 a second backend gave alike (same kind, same status).
    * An in-band rejection no second backend confirmed (no retry left, the next one failed otherwise)
@@ -195,6 +202,7 @@ interface LoopState {
   rejection: AttemptEnd | null;
   queueMs: number;
   reachedEngine: boolean;
+  engineWorked: boolean;
   /** A second backend rejected the request as the first did (same kind and status). */
   confirmedRejection: boolean;
 }
@@ -217,6 +225,7 @@ async function attemptLoop(
     rejection: null,
     queueMs: 0,
     reachedEngine: false,
+    engineWorked: false,
     confirmedRejection: false,
   };
   let engineRetries = 0;
@@ -348,6 +357,7 @@ async function attemptLoop(
     });
     const f = end.failure;
     if (f === null || f.reachedEngine) s.reachedEngine = true;
+    if (f === null ? end.kind !== 'rejected' : f.reachedEngine && f.reason !== 'upstream_busy') s.engineWorked = true;
     if (end.kind === 'rejected' || f?.unconfirmedRejection) s.rejection = end;
     if (f?.unconfirmedRejection) {
       // A second backend rejected the request too: it is the request's. Surely the client's error
@@ -468,6 +478,7 @@ function result(s: LoopState, e: Ending, lat: Latencies | null, e2eMs: number): 
     attempts: s.log.length,
     attemptLog: s.log,
     reachedEngine: s.reachedEngine,
+    engineWorked: s.engineWorked,
     clientError:
       e.reason === 'upstream_rejected' &&
       e.errorCode !== 'model_not_found' &&

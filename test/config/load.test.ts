@@ -403,7 +403,13 @@ describe('violations are reported with the path of the key to fix', () => {
       'initial outside min..max',
       (c) => (c.scheduler = { concurrency: { min: 2, max: 8, initial: 9 } }),
       'scheduler.concurrency.initial',
-      /between min \(2\) and max \(8\)/,
+      /between scheduler.concurrency.min \(2\) and scheduler.concurrency.max \(8\)/,
+    ],
+    [
+      'initial below the default min: the default named',
+      (c) => (c.scheduler = { concurrency: { initial: 2 } }),
+      'scheduler.concurrency.initial',
+      /between scheduler.concurrency.min \(4, its default\) and scheduler.concurrency.max \(256, its default\) \(got 2\)/,
     ],
     [
       'ejection base above cap',

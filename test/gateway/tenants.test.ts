@@ -476,6 +476,49 @@ describe('tenant limits (item 31)', () => {
     expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(200);
   });
 
+  it('tokens_per_minute: a request the backends refuse before any work (a 400, a 429) gives its tokens back', async () => {
+    // vLLM's API server refuses a prompt over the context before its engine sees it; a backend
+    // shedding load answers 429. Each answer in turn: 400, 400, 429, then a stream.
+    const answers = ['400', '400', '429'];
+    const backend = await scripted((_req, res) => {
+      const a = answers.shift();
+      if (a === undefined) {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(chatStreamText(3));
+        return;
+      }
+      res.writeHead(Number(a), { 'content-type': 'application/json' });
+      res.end(
+        JSON.stringify({
+          error: {
+            message: "This model's maximum context length is 8192 tokens.",
+            type: 'BadRequestError',
+            code: Number(a),
+          },
+        }),
+      );
+    });
+    cleanups.push(backend.close);
+    const tenants = [
+      { name: 'tpm', api_key_sha256: sha('key-t'), class: 'interactive', tokens_per_minute: 600 },
+    ];
+    t = await startTestGateway({
+      backends: [{ name: 'b0', url: backend.url }],
+      config: { tenants, upstream: { retries: 0 } },
+    });
+    for (const status of [400, 400]) {
+      expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(status);
+      expect(t.gw.runtime.live.tenantUsage('tpm')).toMatchObject({ inflight: 0, tokens: 0 });
+    }
+    expect(
+      (await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status,
+    ).toBeGreaterThanOrEqual(429);
+    expect(t.gw.runtime.live.tenantUsage('tpm')).toMatchObject({ inflight: 0, tokens: 0 });
+    // Served: charged (its estimate, corrected by the usage the backend reported).
+    expect((await post(t.url, CHAT, chat({ max_tokens: 250 }), bearer('key-t'))).status).toBe(200);
+    expect(t.gw.runtime.live.tenantUsage('tpm').tokens).toBeGreaterThan(0);
+  });
+
   it('tokens_per_minute: a request without max_tokens is charged, as it ends, what its backend says it used', async () => {
     const tenants = [
       { name: 'tpm', api_key_sha256: sha('key-t'), class: 'interactive', tokens_per_minute: 1200 },

@@ -150,6 +150,35 @@ describe('TokenClock', () => {
     expect(new TokenClock(0).finish(5, 3).tpotMs).toBeNull();
   });
 
+  it('calls a decode whose every token came within a read of the first unseen: its TPOT is no pace', () => {
+    // One read handled chunk by chunk, microseconds apart: 5 tokens in 0.2 ms.
+    const read = new TokenClock(100);
+    for (const t of [150, 150.05, 150.1, 150.15, 150.2]) read.token(t);
+    const r = read.finish(151, 5);
+    expect(r.tpotMs).toBeCloseTo(0.05, 10);
+    expect(r.decodeUnseen).toBe(true);
+    // A decode of real steps, however short, is seen: 2 tokens a step of 1 ms apart.
+    const paced = new TokenClock(100);
+    for (const t of [150, 151]) paced.token(t);
+    expect(paced.finish(152, 2)).toMatchObject({ tpotMs: 1, decodeUnseen: false });
+    // No TPOT, nothing unseen: a single token.
+    const one = new TokenClock(100);
+    one.token(150);
+    expect(one.finish(151, 1)).toMatchObject({ tpotMs: null, decodeUnseen: false });
+    // Several sequences read together alike.
+    const many = new TokenClock(100, null, 2);
+    for (const [t, seq] of [
+      [150, 0],
+      [150, 1],
+      [150.1, 0],
+      [150.1, 1],
+    ] as const)
+      many.token(t, seq);
+    const m = many.finish(151, 4);
+    expect(m.tpotMs).toBeCloseTo(0.1, 10);
+    expect(m.decodeUnseen).toBe(true);
+  });
+
   it('times a stream of several sequences per sequence, and gives neither ITL nor meter gaps', () => {
     const m = new DecodeMeter();
     const c = new TokenClock(100, m, 3);
