@@ -3,8 +3,8 @@
 
 import type { FastifyInstance } from 'fastify';
 import { currentTelemetry } from '../state/index.ts';
-import { registerDashboard } from './dashboard.ts';
 import type { Backend } from '../upstream/index.ts';
+import { registerDashboard } from './dashboard.ts';
 import type { Runtime } from './runtime.ts';
 
 /**

@@ -357,7 +357,8 @@ async function attemptLoop(
     });
     const f = end.failure;
     if (f === null || f.reachedEngine) s.reachedEngine = true;
-    if (f === null ? end.kind !== 'rejected' : f.reachedEngine && f.reason !== 'upstream_busy') s.engineWorked = true;
+    if (f === null ? end.kind !== 'rejected' : f.reachedEngine && f.reason !== 'upstream_busy')
+      s.engineWorked = true;
     if (end.kind === 'rejected' || f?.unconfirmedRejection) s.rejection = end;
     if (f?.unconfirmedRejection) {
       // A second backend rejected the request too: it is the request's. Surely the client's error
