@@ -20,8 +20,9 @@
 // vLLM joins them for a template that takes a string (so parts and the same text as a string hash
 // alike); any other part (an image) is a digest of its JSON followed by a fixed run of filler
 // standing for its tokens (`media`), '\n' between it and its neighbours; an assistant's tool calls
-// follow as their JSON; each text, tool calls and tool call id is preceded by a marker of its kind
-// and length (hashed, not counted as text), so no content can forge a boundary. For completions:
+// follow as their JSON; each text, tool calls and tool call id stands between a marker of its kind
+// and one of its length (hashed, not counted as text), its own NULs doubled, so no content can
+// forge a boundary. For completions:
 // the first prompt's text as it is (several prompts are separate sequences to vLLM, each from its
 // own start; the first one's blocks stand for them all, the others are counted). Token-id prompts
 // are hashed as ids, vLLM's own way. Every chain starts from a root named after the model and the
@@ -309,13 +310,20 @@ class CanonicalText {
    * after it. The length goes after: two texts that open alike (one document followed by different
    * questions, in one message) share the blocks of that opening, as their tokens share vLLM's
    * cache; a length before the text made every block of such texts differ from their first.
-   * Invariant: the rendering still reads one way only from its end (each piece's length, read from
-   * its end, says where it starts), so no content stands for another message list; a text may
-   * mimic a marker inside a shared opening, which costs that request its routing, never an answer.
+   * Invariant: the hashed stream reads one way from its start, so two message lists share blocks
+   * only as far as they are alike. Each marker is one NUL, a name or a length, one NUL; a NUL of the
+   * client's is hashed doubled, so inside a text a single NUL always starts its closing marker and
+   * no content spells one (a text holding a boundary's markers shared all but the last block of
+   * another conversation, and its insert made that conversation's blocks look cached where they
+   * were not). Counted as the client wrote it.
    */
   piece(kind: string, s: string): void {
     this.opaque(`\u0000${kind}\u0000`);
-    this.text(s);
+    if (s.indexOf('\u0000') < 0) this.text(s);
+    else {
+      this.blocks.add(s.replaceAll('\u0000', '\u0000\u0000'));
+      this.textChars += s.length;
+    }
     this.opaque(`\u0000${s.length}\u0000`);
   }
 }

@@ -31,10 +31,16 @@ function refreshGauges(rt: Runtime): void {
   rt.metrics.setStoreDegraded(rt.live.status().degraded);
 }
 
-/** Backends still draining that no backend in service stands for (the same name at the same URL). */
+/**
+ * Backends still draining whose attempts no backend in service counts: not one a reload added back
+ * at the same URL, whose live entry took their counts (LiveState.carriesDrained). One moved to
+ * another URL and back took nothing, and its old self is listed.
+ */
 function retiringOnly(rt: Runtime): Backend[] {
   const serving = new Map(rt.backends.list().map((b) => [b.name, b.url]));
-  return rt.backends.retiring().filter((b) => serving.get(b.name) !== b.url);
+  return rt.backends
+    .retiring()
+    .filter((b) => !(serving.get(b.name) === b.url && rt.live.carriesDrained(b.name)));
 }
 
 /**

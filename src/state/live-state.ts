@@ -254,6 +254,11 @@ export interface LiveState {
    * block_size not scraped yet. For /admin/state only.
    */
   prefixCapacityAssumed(backend: string): boolean;
+  /**
+   * Whether `backend`'s entry took the counts of a removed one at its URL (a reload added it back
+   * while requests sent before still ran there): those requests are counted under it.
+   */
+  carriesDrained(backend: string): boolean;
   telemetry(backend: string): BackendTelemetry | null;
   backendView(name: string): BackendLiveView | undefined;
   view(): LiveStateView;
@@ -334,7 +339,14 @@ class LiveStateImpl implements LiveState {
   /** `server`: urlKey(url), what a log part names the server by (encodePrefixLog). */
   readonly #backends = new Map<
     string,
-    { state: BackendState; url: string; server: string; startS: number | null }
+    {
+      state: BackendState;
+      url: string;
+      server: string;
+      startS: number | null;
+      /** Added back at the URL a removed entry had, whose counts (its requests still running) it took. */
+      carried: boolean;
+    }
   >();
   /** Removed backends with requests still running on them: their counts, kept until those end. */
   readonly #draining = new Map<string, { url: string; inflight: Inflight }>();
@@ -713,6 +725,10 @@ class LiveStateImpl implements LiveState {
     };
   }
 
+  carriesDrained(backend: string): boolean {
+    return this.#backends.get(backend)?.carried ?? false;
+  }
+
   prefixCapacityAssumed(backend: string): boolean {
     const m = this.#scraper?.get(backend);
     return m === undefined || m.numGpuBlocks === null || m.blockSize === null;
@@ -867,15 +883,14 @@ class LiveStateImpl implements LiveState {
   #add(b: ScrapeTarget): void {
     const d = this.#draining.get(b.name);
     this.#draining.delete(b.name);
-    const carried =
-      d !== undefined && d.url === b.url
-        ? d.inflight
-        : newInflight(this.#steady, () => this.#drainMsPerToken(b.name));
+    const adopt = d !== undefined && d.url === b.url;
+    const carried = adopt ? d.inflight : newInflight(this.#steady, () => this.#drainMsPerToken(b.name));
     this.#backends.set(b.name, {
       state: new BackendState(b.name, this.#shape, this.#halfLifeMs, carried),
       url: b.url,
       server: urlKey(b.url),
       startS: null,
+      carried: adopt,
     });
   }
 

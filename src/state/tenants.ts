@@ -31,8 +31,9 @@ export interface TenantUsage {
 
 export interface TenantLease {
   /**
-   * Ends the lease. With `refund`, the request never reached a backend's engine (refused or
-   * cancelled while it waited, no backend, every attempt refused a connection): its tokens leave
+   * Ends the lease. With `refund`, no backend's engine worked on the request (refused or cancelled
+   * while it waited, no backend, every attempt refused a connection, or refused by the backends
+   * before any work: ProxyResult.engineWorked): its tokens leave
    * the window too, as if never admitted. Otherwise, with `usedTokens` (prompt + completion, as
    * the backend counted them), what it used over what it was charged at admission is charged now:
    * a request without max_tokens is charged an estimate of its output, and may generate to the

@@ -132,9 +132,10 @@ export interface ProxyResult {
   reachedEngine: boolean;
   /**
    * Some attempt may have had an engine work on it: one answered, or one that failed once it may
-   * have been running. Not a backend's refusal before any work: a relayed 4xx status (vLLM's API
-   * server validates a request, its length against the context included, before the engine sees
-   * it) or a 408/429 (shedding load). What a tenant's tokens are charged on.
+   * have been running. Not a backend's refusal before any work: a relayed 400, 413 or 422 status
+   * before a streamed answer's head (vLLM's API server validates a request, its length against the
+   * context included, before the engine sees it) or a 408/429 (shedding load). What a tenant's
+   * tokens are charged on.
    */
   engineWorked: boolean;
   /**
@@ -357,8 +358,11 @@ async function attemptLoop(
     });
     const f = end.failure;
     if (f === null || f.reachedEngine) s.reachedEngine = true;
-    if (f === null ? end.kind !== 'rejected' : f.reachedEngine && f.reason !== 'upstream_busy')
-      s.engineWorked = true;
+    // A relayed rejection is before any work only while the answer's head comes before the
+    // engine runs (a stream, or a body the gateway assembles from one); a pass-through body's
+    // head comes after generation, and vLLM can still answer 400 then (a tool call cut short).
+    const beforeWork = end.kind === 'rejected' && req.mode !== 'passthrough';
+    if (f === null ? !beforeWork : f.reachedEngine && f.reason !== 'upstream_busy') s.engineWorked = true;
     if (end.kind === 'rejected' || f?.unconfirmedRejection) s.rejection = end;
     if (f?.unconfirmedRejection) {
       // A second backend rejected the request too: it is the request's. Surely the client's error

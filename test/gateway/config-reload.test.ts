@@ -287,6 +287,50 @@ describe('on reload', () => {
     expect(await t.recordOf('hold-2')).toMatchObject({ outcome: 'ok', backend: 'a' });
   });
 
+  it('a backend moved to another URL and back while a stream drains at the first: its draining self is still listed', async () => {
+    const held: (() => void)[] = [];
+    const script: Script = (req, res) => {
+      const answer = () => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(chatStreamText(2));
+      };
+      if (String(req.headers['x-request-id']).startsWith('hold')) held.push(answer);
+      else answer();
+    };
+    const [u1, u2] = await Promise.all([scripted(script), scripted(script)]);
+    cleanups.push(u1.close, u2.close);
+    const patient = {
+      upstream: { first_token_timeout_ms: 30_000 },
+      sla: {
+        default_class: 'interactive',
+        classes: { interactive: { ttft_p99_ms: 30_000, tpot_p99_ms: 1000, priority: 0 } },
+      },
+    };
+    const t = await startTestGateway({ backends: [{ name: 'a', url: u1.url }], config: patient });
+    cleanups.push(() => t.close());
+    const admissionLog = t.gw.runtime.config.logging.admission_log;
+    const at = (url: string) => toConfig(merge(baseConfig([{ name: 'a', url }], admissionLog), patient));
+    const listed = async () =>
+      (
+        JSON.parse((await get(t.url, '/admin/state')).text) as { backends: Record<string, unknown>[] }
+      ).backends.map((b) => [b.name, b.url, b.state, b.local_inflight]);
+    const stream = post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'hold-1' });
+    await waitFor(() => held.length === 1, 2000, 'hold-1 at U1');
+    const moved = t.gw.reload(at(u2.url));
+    await waitFor(() => t.gw.runtime.backends.list()[0]?.url === new URL(u2.url).origin, 2000, 'moved');
+    await t.gw.reload(at(u1.url));
+    // At U1 again, a new entry that took nothing: the stream still running there is the old one's.
+    const origin = new URL(u1.url).origin;
+    expect(await listed()).toEqual([
+      ['a', origin, 'healthy', 0],
+      ['a', origin, 'removed', 1],
+    ]);
+    held[0]!();
+    expect((await stream).status).toBe(200);
+    await moved;
+    expect(await listed()).toEqual([['a', origin, 'healthy', 0]]);
+  });
+
   it("a reload's new class targets become bucket boundaries of the latency histograms, the old ones kept", async () => {
     const t = await startTestGateway({ replicas: 1, timeScale: 0.1 });
     cleanups.push(() => t.close());

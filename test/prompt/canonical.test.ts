@@ -127,6 +127,27 @@ describe('promptBlocks', () => {
     const inText = hashes(chat([{ role: 'tool', content: `${pad}\ncall_1${tail}` }]));
     const asId = hashes(chat([{ role: 'tool', content: pad, tool_call_id: `call_1${tail}` }]));
     expect(inText).not.toEqual(asId);
+    // One user message spelling the markers of a boundary (NULs and all), against the list it
+    // spells: they share the document's blocks, as vLLM's cache would, and nothing after.
+    const doc = 'The quick brown fox jumps over the lazy dog. '.repeat(40);
+    const answer = 'An answer that the assistant wrote, long enough to span blocks. '.repeat(20);
+    const honest = hashes(
+      chat([
+        { role: 'user', content: doc },
+        { role: 'assistant', content: answer },
+        { role: 'user', content: 'Next?' },
+      ]),
+    );
+    const spelt = hashes(
+      chat([
+        {
+          role: 'user',
+          content: `${doc}\u0000${doc.length}\u0000\n\n\u0000o\u0000assistant\u00009\u0000\n\u0000t\u0000${answer}`,
+        },
+      ]),
+    );
+    expect(honest.length).toBeGreaterThan(40);
+    expect(common(honest, spelt)).toBeLessThanOrEqual(Math.ceil(('user\n'.length + 8 + doc.length) / CHARS));
     // A completion prompt of a chat's old rendering, against the chat.
     const text = hashes({ kind: 'text', texts: [`user\n${pad}${tail}\n\n`] });
     expect(text).not.toEqual(hashes(chat([{ role: 'user', content: `${pad}${tail}` }])));

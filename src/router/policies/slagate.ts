@@ -32,8 +32,9 @@ const SESSIONS = 65_536;
  *          class allows there, max(0, TPOT with it added − TPOT target) × one sequence's expected output tokens (n choices decode side by side)
  *        + decode pressure caused: its prefill time there × the requests running there, each of
  *          which waits about that long in the steps that carry the prefill
- *        + cache displaced: its prefill time there × how full that backend's cache is (the prefix
- *          index's blocks ÷ its capacity): what a miss on a full cache evicts, someone prefills again
+ *        + cache displaced: its prefill time there × how full that backend's cache is (the tokens
+ *          the prefix index holds there ÷ its KV cache): what a miss on a full cache evicts, someone
+ *          prefills again
  *
  * Costs within the predictor's typical error of the lowest are ties: among them one that can start
  * the request now wins, then the backend this request's session last went to, then the one
