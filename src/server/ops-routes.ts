@@ -31,6 +31,26 @@ function refreshGauges(rt: Runtime): void {
   rt.metrics.setStoreDegraded(rt.live.status().degraded);
 }
 
+/** What /admin/state says of any backend, in service or draining: its name, state and ejection. */
+function backendHead(b: Backend) {
+  return {
+    name: b.name,
+    url: b.url,
+    weight: b.weight,
+    state: b.state,
+    // Ejected by outlier detection, whatever `state` shows first (a failing probe says 'down').
+    ejected: b.outlier.ejected(),
+    // Times ejected as outlier detection counts them (one less per base ejection time served; the
+    // next ejection lasts base × (this + 1) unless it decays first), and what is left of the
+    // current one (null: not ejected).
+    ejections: b.outlier.ejections,
+    ejected_for_ms: b.outlier.ejected() ? Math.ceil(b.outlier.remainingMs()) : null,
+    available: b.available,
+    // What its /v1/models last listed (null: not heard yet, so sent every configured model).
+    models: b.models === null ? null : [...b.models],
+  };
+}
+
 /**
  * Backends still draining whose attempts no backend in service counts: not one a reload added back
  * at the same URL, whose live entry took their counts (LiveState.carriesDrained). One moved to
@@ -132,20 +152,7 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
         ...rt.backends.list().map((b) => {
           const v = liveByName.get(b.name);
           return {
-            name: b.name,
-            url: b.url,
-            weight: b.weight,
-            state: b.state,
-            // Ejected by outlier detection, whatever `state` shows first (a failing probe says 'down').
-            ejected: b.outlier.ejected(),
-            // Times ejected as outlier detection counts them (one less per base ejection time served;
-            // the next ejection lasts base × (this + 1) unless it decays first), and what is left of
-            // the current one (null: not ejected).
-            ejections: b.outlier.ejections,
-            ejected_for_ms: b.outlier.ejected() ? Math.ceil(b.outlier.remainingMs()) : null,
-            available: b.available,
-            // What its /v1/models last listed (null: not heard yet, so sent every configured model).
-            models: b.models === null ? null : [...b.models],
+            ...backendHead(b),
             // This instance's attempts in flight, and the shared counts over every instance.
             local_inflight: v?.localInflight.requests ?? 0,
             inflight: v?.inflight ?? null,
@@ -171,15 +178,7 @@ export function registerOpsRoutes(app: FastifyInstance, rt: Runtime): void {
         // added back since at the same URL: that entry in service is the same server, and its
         // counts took these attempts in (live-state.ts), so listing both would count them twice.
         ...retiringOnly(rt).map((b) => ({
-          name: b.name,
-          url: b.url,
-          weight: b.weight,
-          state: b.state,
-          ejected: b.outlier.ejected(),
-          ejections: b.outlier.ejections,
-          ejected_for_ms: b.outlier.ejected() ? Math.ceil(b.outlier.remainingMs()) : null,
-          available: b.available,
-          models: b.models === null ? null : [...b.models],
+          ...backendHead(b),
           local_inflight: b.running,
           inflight: null,
           prefill_ahead_tokens: null,
