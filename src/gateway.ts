@@ -403,6 +403,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       tokens,
       lifecycle,
       afterwork: new Afterwork((err) => logger.error({ err }, 'bookkeeping after a response failed')),
+      drainCountedAs: new WeakMap(),
     };
     rtRef = rt;
 
@@ -516,6 +517,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       const removed = before
         .filter((name) => !kept.has(name))
         .map((name) => ({ name, token: metrics.backendRemoved(name) }));
+      // What counted each backend just taken out, before the live state moves on: /admin/state
+      // lists a draining backend only while nothing in service counts its attempts.
+      for (const b of backends.retiring())
+        if (!rt.drainCountedAs.has(b)) rt.drainCountedAs.set(b, live.countedAs(b.name, b.url));
       live.setBackends(scrapeTargets());
       // Against the list in force, not the last reload's: that one may still be waiting for its
       // catalog, and would throw it away once it saw this newer reload. A new backend learns its

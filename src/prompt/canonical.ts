@@ -274,8 +274,13 @@ class CanonicalText {
         if (!first) this.text('\n');
         first = false;
         if (isRecord(part) && typeof part.type === 'string') this.media(part);
-        // Neither text nor a typed part (vLLM refuses the request): named by its JSON, nothing counted.
-        else this.opaque(JSON.stringify(part) ?? '');
+        // Neither text nor a typed part (vLLM refuses the request): named by its JSON after a marker
+        // of its own and its length (what comes before it, an earlier turn's reasoning digest, has
+        // no closing marker), nothing counted.
+        else {
+          const json = JSON.stringify(part) ?? '';
+          this.opaque(`\u0000u${json.length}\u0000${json}`);
+        }
       }
       if (run !== null) {
         if (!first) this.text('\n');

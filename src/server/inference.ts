@@ -175,7 +175,7 @@ async function serve(
   const ticket = rt.scheduler.ticket(admitted.scheduled);
   const responseHeaders = { 'x-request-id': call.id, 'x-slagate-class': identity.class };
   // A request no engine worked on (refused or cancelled while it waited, no backend, every attempt
-  // refused a connection, or refused by the backends before any work: a 4xx status, a 408 or 429)
+  // refused a connection, or refused by the backends before any work: ProxyResult.engineWorked)
   // is not charged to its tenant's tokens per minute: a tenant retrying through an overload, as
   // Retry-After tells it to, would otherwise spend its budget without being served once, and one
   // prompt over the context, which the gateway leaves the backend to judge, a minute's worth.

@@ -52,15 +52,16 @@ function backendHead(b: Backend) {
 }
 
 /**
- * Backends still draining whose attempts no backend in service counts: not one a reload added back
- * at the same URL, whose live entry took their counts (LiveState.carriesDrained). One moved to
- * another URL and back took nothing, and its old self is listed.
+ * Backends still draining whose attempts no backend in service counts: not one whose live entry at
+ * its name and URL is still what counted its requests when it was taken out (a reload added it back
+ * at that URL and the entry took their counts: Runtime.drainCountedAs). One moved to another URL
+ * and back started afresh, and its old self is listed.
  */
 function retiringOnly(rt: Runtime): Backend[] {
-  const serving = new Map(rt.backends.list().map((b) => [b.name, b.url]));
-  return rt.backends
-    .retiring()
-    .filter((b) => !(serving.get(b.name) === b.url && rt.live.carriesDrained(b.name)));
+  return rt.backends.retiring().filter((b) => {
+    const was = rt.drainCountedAs.get(b);
+    return was === undefined || was === null || rt.live.countedAs(b.name, b.url) !== was;
+  });
 }
 
 /**

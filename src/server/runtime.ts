@@ -12,7 +12,13 @@ import type { Scheduler } from '../scheduler/index.ts';
 import type { LiveState } from '../state/index.ts';
 import type { AdmissionLog } from '../telemetry/admission-log.ts';
 import type { GatewayMetrics } from '../telemetry/metrics.ts';
-import { type BackendSet, Cancel, type ProxyConfig, type RetryBudget } from '../upstream/index.ts';
+import {
+  type Backend,
+  type BackendSet,
+  Cancel,
+  type ProxyConfig,
+  type RetryBudget,
+} from '../upstream/index.ts';
 import type { Afterwork } from './afterwork.ts';
 import type { Authenticator } from './auth.ts';
 import type { ModelCatalog } from './model-catalog.ts';
@@ -37,6 +43,12 @@ export interface Runtime {
   lifecycle: Lifecycle;
   /** A finished request's bookkeeping, run after the response (afterwork.ts); settle() before reading it. */
   afterwork: Afterwork;
+  /**
+   * For each backend a reload took out of the set, what counted its requests in the live state
+   * then (LiveState.countedAs, null: nothing at its URL): while the entry in service at its name
+   * and URL still says the same, that entry counts its attempts still draining.
+   */
+  drainCountedAs: WeakMap<Backend, number | null>;
 }
 
 /** What a request refused or cut by the shutdown is told. */

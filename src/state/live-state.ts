@@ -255,10 +255,12 @@ export interface LiveState {
    */
   prefixCapacityAssumed(backend: string): boolean;
   /**
-   * Whether `backend`'s entry took the counts of a removed one at its URL (a reload added it back
-   * while requests sent before still ran there): those requests are counted under it.
+   * What counts the requests of `backend` at `url` (null: no entry for it there). The same while an
+   * entry, and one a reload added back at its URL that took its counts (its requests still
+   * running), live on; another for an entry that started afresh (new, or at another URL). Compared
+   * before and after a reload, it says whether requests sent before are still counted.
    */
-  carriesDrained(backend: string): boolean;
+  countedAs(backend: string, url: string): number | null;
   telemetry(backend: string): BackendTelemetry | null;
   backendView(name: string): BackendLiveView | undefined;
   view(): LiveStateView;
@@ -344,12 +346,16 @@ class LiveStateImpl implements LiveState {
       url: string;
       server: string;
       startS: number | null;
-      /** Added back at the URL a removed entry had, whose counts (its requests still running) it took. */
-      carried: boolean;
+      /**
+       * Names what counts this entry's requests: new for an entry that starts afresh, the removed
+       * entry's for one added back at its URL that took its counts (its requests still running).
+       */
+      lineage: number;
     }
   >();
   /** Removed backends with requests still running on them: their counts, kept until those end. */
-  readonly #draining = new Map<string, { url: string; inflight: Inflight }>();
+  readonly #draining = new Map<string, { url: string; inflight: Inflight; lineage: number }>();
+  #nextLineage = 1;
   readonly #scraper: TelemetryScraper | null;
   readonly #sync: RedisSync | null;
   #remote = new Map<string, RemoteBackend>();
@@ -725,8 +731,9 @@ class LiveStateImpl implements LiveState {
     };
   }
 
-  carriesDrained(backend: string): boolean {
-    return this.#backends.get(backend)?.carried ?? false;
+  countedAs(backend: string, url: string): number | null {
+    const entry = this.#backends.get(backend);
+    return entry === undefined || entry.url !== url ? null : entry.lineage;
   }
 
   prefixCapacityAssumed(backend: string): boolean {
@@ -862,7 +869,7 @@ class LiveStateImpl implements LiveState {
       this.#fitCache.delete(name);
       this.#pool = null;
       if (url === undefined && entry.state.inflight.requests > 0) {
-        this.#draining.set(name, { url: entry.url, inflight: entry.state.carry() });
+        this.#draining.set(name, { url: entry.url, inflight: entry.state.carry(), lineage: entry.lineage });
       }
     }
     for (const b of list) if (!this.#backends.has(b.name)) this.#add(b);
@@ -890,7 +897,7 @@ class LiveStateImpl implements LiveState {
       url: b.url,
       server: urlKey(b.url),
       startS: null,
-      carried: adopt,
+      lineage: adopt ? d.lineage : this.#nextLineage++,
     });
   }
 

@@ -288,17 +288,18 @@ describe('on reload', () => {
   });
 
   it('a backend moved to another URL and back while a stream drains at the first: its draining self is still listed', async () => {
-    const held: (() => void)[] = [];
+    const held = new Map<string, () => void>();
     const script: Script = (req, res) => {
+      const id = String(req.headers['x-request-id']).split('.')[0]!;
       const answer = () => {
         res.writeHead(200, { 'content-type': 'text/event-stream' });
         res.end(chatStreamText(2));
       };
-      if (String(req.headers['x-request-id']).startsWith('hold')) held.push(answer);
+      if (id.startsWith('hold')) held.set(id, answer);
       else answer();
     };
-    const [u1, u2] = await Promise.all([scripted(script), scripted(script)]);
-    cleanups.push(u1.close, u2.close);
+    const [u1, u2, other] = await Promise.all([scripted(script), scripted(script), scripted(script)]);
+    cleanups.push(u1.close, u2.close, other.close);
     const patient = {
       upstream: { first_token_timeout_ms: 30_000 },
       sla: {
@@ -309,26 +310,44 @@ describe('on reload', () => {
     const t = await startTestGateway({ backends: [{ name: 'a', url: u1.url }], config: patient });
     cleanups.push(() => t.close());
     const admissionLog = t.gw.runtime.config.logging.admission_log;
-    const at = (url: string) => toConfig(merge(baseConfig([{ name: 'a', url }], admissionLog), patient));
+    const with_ = (backends: { name: string; url: string }[]) =>
+      toConfig(merge(baseConfig(backends, admissionLog), patient));
     const listed = async () =>
       (
         JSON.parse((await get(t.url, '/admin/state')).text) as { backends: Record<string, unknown>[] }
       ).backends.map((b) => [b.name, b.url, b.state, b.local_inflight]);
-    const stream = post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'hold-1' });
-    await waitFor(() => held.length === 1, 2000, 'hold-1 at U1');
-    const moved = t.gw.reload(at(u2.url));
-    await waitFor(() => t.gw.runtime.backends.list()[0]?.url === new URL(u2.url).origin, 2000, 'moved');
-    await t.gw.reload(at(u1.url));
-    // At U1 again, a new entry that took nothing: the stream still running there is the old one's.
     const origin = new URL(u1.url).origin;
+    const k = ['k', new URL(other.url).origin, 'healthy', 0];
+    const first = post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'hold-1' });
+    await waitFor(() => held.has('hold-1'), 2000, 'hold-1 at U1');
+    const moved = t.gw.reload(with_([{ name: 'a', url: u2.url }]));
+    await waitFor(() => t.gw.runtime.backends.list()[0]?.url === new URL(u2.url).origin, 2000, 'moved');
+    await t.gw.reload(with_([{ name: 'a', url: u1.url }]));
+    // At U1 again, a new entry that took nothing: the stream still running there is the old one's.
     expect(await listed()).toEqual([
       ['a', origin, 'healthy', 0],
       ['a', origin, 'removed', 1],
     ]);
-    held[0]!();
-    expect((await stream).status).toBe(200);
+    // Then a stream on the new entry, the name removed and added back at U1: the new entry takes
+    // that stream's counts (its drain is not listed), and still not the first's (listed).
+    const third = post(t.url, CHAT, chat({ stream: true }), { 'x-request-id': 'hold-3' });
+    await waitFor(() => held.has('hold-3'), 2000, 'hold-3 at U1');
+    const removed = t.gw.reload(with_([{ name: 'k', url: other.url }]));
+    await waitFor(() => t.gw.runtime.backends.list()[0]?.name === 'k', 2000, 'a removed');
+    await t.gw.reload(
+      with_([
+        { name: 'a', url: u1.url },
+        { name: 'k', url: other.url },
+      ]),
+    );
+    expect(await listed()).toEqual([k, ['a', origin, 'healthy', 1], ['a', origin, 'removed', 1]]);
+    held.get('hold-1')!();
+    expect((await first).status).toBe(200);
     await moved;
-    expect(await listed()).toEqual([['a', origin, 'healthy', 0]]);
+    held.get('hold-3')!();
+    expect((await third).status).toBe(200);
+    await removed;
+    expect(await listed()).toEqual([k, ['a', origin, 'healthy', 0]]);
   });
 
   it("a reload's new class targets become bucket boundaries of the latency histograms, the old ones kept", async () => {
