@@ -19,9 +19,16 @@ const MAX_ERRORS = 500;
 
 export function schemaIssues(config: unknown): RawIssue[] {
   const state = isRecord(config) ? config.state : undefined;
-  const issues = collect(ConfigSchema, config, []).filter(
-    (issue) => !(isRecord(state) && issue.path[0] === 'state'),
-  );
+  // `state` is a union by its store: a mapping is judged by its store's branch (stateIssues), and
+  // anything else by the first issue the schema finds there (not a mapping), not again as
+  // matching no branch of the union.
+  let stateSeen = false;
+  const issues = collect(ConfigSchema, config, []).filter((issue) => {
+    if (issue.path[0] !== 'state') return true;
+    if (isRecord(state) || stateSeen) return false;
+    stateSeen = true;
+    return true;
+  });
   if (isRecord(state)) issues.push(...stateIssues(state));
   return dedupe(issues);
 }

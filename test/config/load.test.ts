@@ -657,6 +657,15 @@ describe('violations are reported with the path of the key to fix', () => {
       c.state = { redis_url: 'redis://h:6379' };
     });
     expect(noStore.map((i) => i.path)).toEqual(['state.store']);
+    // Written but empty (null), or not a mapping: one issue, not a second as matching no store.
+    for (const value of [null, 5, 'redis']) {
+      const issues = issuesFor((c) => {
+        c.state = value as never;
+      });
+      expect(issues).toEqual([
+        expect.objectContaining({ path: 'state', message: expect.stringMatching(/must be a mapping/) }),
+      ]);
+    }
   });
 
   it('a key left out that derives from a wrong or missing one is not reported: the one it derives from is', () => {
