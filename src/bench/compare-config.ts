@@ -1,7 +1,10 @@
 // How `bench compare` describes a run's gateway: the policy items of --policies and the YAML
-// each run's gateway starts with. The generated keys (server, models, backends, both policies)
-// always win over --gateway-yaml, so a user file can tune a gateway but never point it at
-// anything other than the run's own fresh fleet.
+// each run's gateway starts with. The generated keys (server, models, backends, both policies,
+// the memory store and the admission log's file) always win over --gateway-yaml, and its tenants
+// are dropped, so a user file (a copy of a production one, say) can tune a gateway but never
+// point it at anything other than the run's own fresh fleet: not a shared Redis (the production
+// one, or a host name this machine cannot resolve, whose outage every run would measure), not
+// stdout for the log the report reads, not API keys the benchmark's client does not send.
 import { readFile } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { parse as parseYaml } from 'yaml';
@@ -104,9 +107,15 @@ export function gatewayConfig(
   };
   const merged = deepMerge(generated, user);
   delete merged.simulate;
+  delete merged.tenants;
   merged.server = generated.server;
   merged.models = generated.models;
   merged.backends = generated.backends;
+  merged.state = { store: 'memory' };
+  merged.logging = {
+    ...(isMap(merged.logging) ? merged.logging : {}),
+    admission_log: (generated.logging as Yaml).admission_log,
+  };
   merged.router = { ...(isMap(merged.router) ? merged.router : {}), policy: args.item.router };
   merged.scheduler = { ...(isMap(merged.scheduler) ? merged.scheduler : {}), policy: args.item.scheduler };
   return merged;

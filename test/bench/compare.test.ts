@@ -280,8 +280,10 @@ describe('gateway config', () => {
       simulate: { replicas: 8 },
       router: { policy: 'cache_aware', explore_ratio: 0 },
       scheduler: { policy: 'fcfs', max_queue: 7 },
-      logging: { level: 'debug' },
+      logging: { level: 'debug', admission_log: 'stdout' },
       upstream: { retries: 0 },
+      state: { store: 'redis', redis_url: 'redis://redis:6379', key_prefix: 'prod' },
+      tenants: [{ name: 't', api_key_sha256: 'a'.repeat(64) }],
     };
     const item = { label: 'round_robin', router: 'round_robin', scheduler: 'slagate' };
     const c = gatewayConfig(user, { dir: '/tmp/d', model: 'm', urls: ['http://a', 'http://b'], item });
@@ -296,6 +298,9 @@ describe('gateway config', () => {
     expect(c.scheduler).toEqual({ policy: 'slagate', max_queue: 7 });
     expect(c.logging).toEqual({ level: 'debug', admission_log: '/tmp/d/admission.log' });
     expect(c.upstream).toEqual({ retries: 0 });
+    // A production file's shared store and API keys are not the run's.
+    expect(c.state).toEqual({ store: 'memory' });
+    expect(c.tenants).toBeUndefined();
   });
 });
 
