@@ -120,6 +120,33 @@ describe('at start', () => {
   });
 });
 
+/**
+ * Backends that answer at once, except a request whose id starts with "hold": that one waits in
+ * `held` (by id) until the test releases it.
+ */
+function holding(): { held: Map<string, () => void>; script: Script } {
+  const held = new Map<string, () => void>();
+  const script: Script = (req, res) => {
+    const id = String(req.headers['x-request-id']).split('.')[0]!;
+    const answer = () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(chatStreamText(2));
+    };
+    if (id.startsWith('hold')) held.set(id, answer);
+    else answer();
+  };
+  return { held, script };
+}
+
+/** Patient targets: a held request is not cut while a test arranges the next step. */
+const PATIENT = {
+  upstream: { first_token_timeout_ms: 30_000 },
+  sla: {
+    default_class: 'interactive',
+    classes: { interactive: { ttft_p99_ms: 30_000, tpot_p99_ms: 1000, priority: 0 } },
+  },
+};
+
 describe('on reload', () => {
   it('a bad file is refused and the running configuration kept; a good one is applied', async () => {
     const fleet = await startFleet({ replicas: 2, profile: 'llama3-8b-h100', timeScale: 0.1 });
@@ -227,28 +254,10 @@ describe('on reload', () => {
   });
 
   it("a name removed, brought back and removed again: the first removal's drain leaves the second's series alone", async () => {
-    // Backends that answer at once, except a request whose id starts with "hold": that one waits
-    // until the test releases it.
-    const held = new Map<string, () => void>();
-    const script: Script = (req, res) => {
-      const id = String(req.headers['x-request-id']).split('.')[0]!;
-      const answer = () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        res.end(chatStreamText(2));
-      };
-      if (id.startsWith('hold')) held.set(id, answer);
-      else answer();
-    };
+    const { held, script } = holding();
     const [a, k] = await Promise.all([scripted(script), scripted(script)]);
     cleanups.push(a.close, k.close);
-    // Patient targets: a held request is not cut while the test arranges the next step.
-    const patient = {
-      upstream: { first_token_timeout_ms: 30_000 },
-      sla: {
-        default_class: 'interactive',
-        classes: { interactive: { ttft_p99_ms: 30_000, tpot_p99_ms: 1000, priority: 0 } },
-      },
-    };
+    const patient = PATIENT;
     const t = await startTestGateway({ backends: [{ name: 'a', url: a.url }], config: patient });
     cleanups.push(() => t.close());
     const admissionLog = t.gw.runtime.config.logging.admission_log;
@@ -288,25 +297,10 @@ describe('on reload', () => {
   });
 
   it('a backend moved to another URL and back while a stream drains at the first: its draining self is still listed', async () => {
-    const held = new Map<string, () => void>();
-    const script: Script = (req, res) => {
-      const id = String(req.headers['x-request-id']).split('.')[0]!;
-      const answer = () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        res.end(chatStreamText(2));
-      };
-      if (id.startsWith('hold')) held.set(id, answer);
-      else answer();
-    };
+    const { held, script } = holding();
     const [u1, u2, other] = await Promise.all([scripted(script), scripted(script), scripted(script)]);
     cleanups.push(u1.close, u2.close, other.close);
-    const patient = {
-      upstream: { first_token_timeout_ms: 30_000 },
-      sla: {
-        default_class: 'interactive',
-        classes: { interactive: { ttft_p99_ms: 30_000, tpot_p99_ms: 1000, priority: 0 } },
-      },
-    };
+    const patient = PATIENT;
     const t = await startTestGateway({ backends: [{ name: 'a', url: u1.url }], config: patient });
     cleanups.push(() => t.close());
     const admissionLog = t.gw.runtime.config.logging.admission_log;
