@@ -10,10 +10,12 @@ import {
   type BackendSpec,
   type Config,
   type ConfigWatcher,
+  changedPaths,
   envValue,
   formatIssue,
   isConfigError,
   loadConfigFile,
+  renderPath,
   watchConfig,
 } from './config/index.ts';
 import { TokenEstimates } from './prompt/tenant-estimates.ts';
@@ -204,26 +206,7 @@ function restartOnlyChanges(prev: Config, next: Config, flags: { host?: string; 
     },
     scheduler: { concurrency: { interval_ms: c.scheduler.concurrency.interval_ms } },
   });
-  const changed: string[] = [];
-  changedPaths(restartOnly(prev), restartOnly(next), '', changed);
-  return changed;
-}
-
-/**
- * The paths (`upstream.breaker.volume_threshold`) at which `a` and `b` differ, appended to `out`:
- * objects are walked key by key, anything else (a list, a value, a section present on one side
- * only) is one leaf.
- */
-function changedPaths(a: unknown, b: unknown, path: string, out: string[]): void {
-  if (isDeepStrictEqual(a, b)) return;
-  const record = (v: unknown): v is Record<string, unknown> =>
-    typeof v === 'object' && v !== null && !Array.isArray(v);
-  if (!record(a) || !record(b)) {
-    out.push(path);
-    return;
-  }
-  for (const key of new Set([...Object.keys(a), ...Object.keys(b)]))
-    changedPaths(a[key], b[key], path === '' ? key : `${path}.${key}`, out);
+  return changedPaths(restartOnly(prev), restartOnly(next)).map(renderPath);
 }
 
 /** After the grace period, time for the last answers (e.g. 503s just written) to leave. */

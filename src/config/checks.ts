@@ -48,9 +48,10 @@ function misordered(
   written: (path: Path) => boolean,
 ): void {
   const named = (side: { path: Path; value: number }) => namedKey(side.path, side.value, written);
-  const [first, other] = at === 'low' ? [low, high] : [high, low];
-  const atLow = written(first.path) || !written(other.path) ? first === low : other === low;
-  if (atLow) add(low.path, `must be <= ${named(high)} (got ${low.value})`);
+  const preferred = at === 'low' ? low : high;
+  const other = preferred === low ? high : low;
+  const side = !written(preferred.path) && written(other.path) ? other : preferred;
+  if (side === low) add(low.path, `must be <= ${named(high)} (got ${low.value})`);
   else add(high.path, `must be >= ${named(low)} (got ${high.value})`);
 }
 

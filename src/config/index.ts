@@ -9,6 +9,7 @@ export {
   isConfigError,
 } from './errors.ts';
 export { loadConfigFile, parseConfig, readConfigText } from './load.ts';
+export { changedPaths, renderPath } from './path.ts';
 export {
   type BackendSpec,
   type BreakerConfig,

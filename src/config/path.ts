@@ -1,5 +1,6 @@
 // Paths into the configuration, as segments (numbers index arrays, strings name keys) and in the
 // readable form every issue uses: `sla.classes.interactive.ttft_p99_ms`, `backends[1].url`.
+import { isDeepStrictEqual } from 'node:util';
 
 export type Segment = string | number;
 export type Path = readonly Segment[];
@@ -31,6 +32,18 @@ export function pointerToPath(pointer: string, root: unknown): Segment[] {
     node = isRecord(node) || Array.isArray(node) ? (node as Record<string, unknown>)[key] : undefined;
   }
   return path;
+}
+
+/**
+ * The paths at which `a` and `b` differ: mappings are walked key by key, anything else (a list, a
+ * value, a section on one side only) is one leaf.
+ */
+export function changedPaths(a: unknown, b: unknown, at: Path = []): Segment[][] {
+  if (isDeepStrictEqual(a, b)) return [];
+  if (!isRecord(a) || !isRecord(b)) return [[...at]];
+  return [...new Set([...Object.keys(a), ...Object.keys(b)])].flatMap((key) =>
+    changedPaths(a[key], b[key], [...at, key]),
+  );
 }
 
 export function isRecord(value: unknown): value is Record<string, unknown> {

@@ -324,11 +324,8 @@ class CanonicalText {
    */
   piece(kind: string, s: string): void {
     this.opaque(`\u0000${kind}\u0000`);
-    if (s.indexOf('\u0000') < 0) this.text(s);
-    else {
-      this.blocks.add(s.replaceAll('\u0000', '\u0000\u0000'));
-      this.textChars += s.length;
-    }
+    this.blocks.add(s.indexOf('\u0000') < 0 ? s : s.replaceAll('\u0000', '\u0000\u0000'));
+    this.textChars += s.length;
     this.opaque(`\u0000${s.length}\u0000`);
   }
 }

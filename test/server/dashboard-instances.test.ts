@@ -2,6 +2,7 @@ import type { BrowserContext } from 'playwright-core';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { post, scripted, startTestGateway, type TestGateway } from '../gateway/harness.ts';
 import { launchChromium } from '../helpers/chromium.ts';
+import { chartNow } from '../helpers/dashboard.ts';
 import { forwardingProxy } from '../helpers/http.ts';
 
 const cleanups: (() => Promise<unknown> | unknown)[] = [];
@@ -102,18 +103,7 @@ it("turns two polls' counts into a rate over the gateway's time between them, no
   );
   sending = false;
   await load;
-  const chart = await page.evaluate(() => {
-    const d = (
-      globalThis as unknown as {
-        slagateDashboard: {
-          polls: number;
-          charts: Record<string, { plot: { data: (number | null)[][] }; names: string[] }>;
-        };
-      }
-    ).slagateDashboard;
-    const c = d.charts.decisions!;
-    return { polls: d.polls, names: c.names, data: c.plot.data.slice(1) };
-  });
+  const chart = await chartNow(page, 'decisions');
   const states = (await Promise.all(bodies)).slice(0, chart.polls);
   // The load's refusals: one reason, whichever intake names for a body with no messages.
   const reasons = Object.keys(states.at(-1)!.admission.requests.refused);

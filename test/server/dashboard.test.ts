@@ -17,6 +17,7 @@ import {
   waitFor,
 } from '../gateway/harness.ts';
 import { launchChromium } from '../helpers/chromium.ts';
+import { chartNow } from '../helpers/dashboard.ts';
 import { listenLoopback } from '../helpers/http.ts';
 
 const ARTIFACTS = join(import.meta.dirname, '..', '..', 'test-results');
@@ -298,20 +299,11 @@ it("shows an ejected backend's time left, and how many times it was ejected once
 it('draws the available backends’ limit at 0 when none is available, not as a gap', async () => {
   const g = await startTestGateway({ replicas: 2, timeScale: 0.2 });
   /** The last value of the in-flight chart's limit series, and the page's poll count. */
-  const limitNow = (page: Page) =>
-    page.evaluate(() => {
-      const d = (
-        globalThis as unknown as {
-          slagateDashboard: {
-            polls: number;
-            charts: Record<string, { plot: { data: (number | null)[][] }; names: string[] }>;
-          };
-        }
-      ).slagateDashboard;
-      const c = d.charts.inflight;
-      const i = c?.names.indexOf('limit (available backends)') ?? -1;
-      return { polls: d.polls, limit: i < 0 ? undefined : c!.plot.data[i + 1]!.at(-1) };
-    });
+  const limitNow = async (page: Page) => {
+    const c = await chartNow(page, 'inflight');
+    const i = c.names.indexOf('limit (available backends)');
+    return { polls: c.polls, limit: i < 0 ? undefined : c.data[i]!.at(-1) };
+  };
   const page = await browser.newPage();
   try {
     await page.goto(`${g.url}/dashboard`);
