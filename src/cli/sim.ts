@@ -111,7 +111,12 @@ export async function simCommand(argv: string[]): Promise<number> {
   if (fleet.adminUrl !== undefined) process.stdout.write(`admin: ${fleet.adminUrl}\n`);
   if (process.connected)
     process.send?.({ type: 'ready', urls: fleet.urls, adminUrl: fleet.adminUrl ?? null });
+  // Invariant: the process runs until it is told to stop (a signal, or its parent gone), whatever
+  // its replicas do: a crash or refuse fault closes a replica's port, and with every port closed
+  // nothing else would keep it alive through the fault's duration_ms.
+  const running = setInterval(() => {}, 1 << 30);
   await done;
+  clearInterval(running);
   if (process.connected) process.disconnect();
   await fleet.close();
   return 0;

@@ -11,6 +11,7 @@
 // group, which starts the gateway's drain, does not cut the streams that drain is waiting for; it
 // ends when the parent closes the channel (close()) or dies.
 import { type ChildProcess, spawn } from 'node:child_process';
+import type { Socket } from 'node:net';
 import { fileURLToPath } from 'node:url';
 
 const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
@@ -97,9 +98,11 @@ export async function startFleetProcess(opts: FleetProcessOptions): Promise<Flee
       resolve(m);
     });
   });
-  // The child must not keep the gateway's process alive on its own, nor the other way round.
+  // The child must not keep the gateway's process alive on its own, nor the other way round:
+  // neither the process, its channel nor the pipe its stderr comes through.
   child.unref();
   (child.channel as { unref?: () => void } | undefined)?.unref?.();
+  (child.stderr as Socket | null)?.unref();
   let closing = false;
   child.once('exit', (code, signal) => {
     if (!closing) opts.onUnexpectedExit?.(code, signal, stderr.trim());

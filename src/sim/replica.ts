@@ -13,6 +13,9 @@ import { ReplicaMetrics } from './metrics.ts';
 import { handleRequest, type ReplicaContext } from './server.ts';
 import { generatedToken } from './textgen.ts';
 
+/** How often a replica whose fault ended tries its port again while it cannot listen. */
+const RELISTEN_MS = 1000;
+
 export interface SimReplicaOptions {
   profile: GpuProfile;
   /** Wall ms per simulated ms (0.1 = ten times faster than the GPU would be). */
@@ -64,7 +67,28 @@ export class SimReplica implements ReplicaContext {
       observer: this.metrics,
       tokenId: (seed, index) => generatedToken(seed, index),
     });
-    this.faults = new FaultState(() => void this.applyFault({ mode: 'reset' }));
+    this.faults = new FaultState(() => this.expire());
+  }
+
+  /**
+   * A fault's time is up: back to normal, listening again. A port taken meanwhile (an ephemeral
+   * port, drawn again by an outgoing connection) is tried again each second for as long as no other
+   * fault or reset came: one replica that cannot listen is a replica down, never a rejection that
+   * ends the whole fleet's process.
+   */
+  private expire(again = false): void {
+    this.applyFault({ mode: 'reset' }).catch((err: unknown) => {
+      if (!again) {
+        const code = (err as { code?: unknown } | null)?.code ?? String(err);
+        process.stderr.write(
+          `simulated replica ${this.url}: cannot listen again after its fault (${String(code)}); trying again each second\n`,
+        );
+      }
+      const retry = setTimeout(() => {
+        if (!this.closed && this.server === null && this.faults.active === null) this.expire(true);
+      }, RELISTEN_MS);
+      retry.unref();
+    });
   }
 
   static async start(opts: SimReplicaOptions): Promise<SimReplica> {

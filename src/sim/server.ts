@@ -209,8 +209,10 @@ function generate(ctx: ReplicaContext, req: Req, res: ServerResponse, kind: Kind
     let fault: RequestFault | null = ctx.requestFault();
     let slowFactor = 1;
     if (headerFault !== null) {
-      if (headerFault.mode === 'slow') slowFactor = headerFault.factor ?? 1;
-      else if (
+      if (headerFault.mode === 'slow') {
+        slowFactor = headerFault.factor ?? 1;
+        fault = null;
+      } else if (
         headerFault.mode === 'crash' ||
         headerFault.mode === 'refuse' ||
         headerFault.mode === 'reset'
@@ -289,15 +291,18 @@ class Generation {
   private onClose(): void {
     if (this.delay !== null) clearTimeout(this.delay);
     // The client went away (or the socket was destroyed) before the response ended.
-    if (!this.done && this.added) this.abortEngine();
+    if (!this.done && this.added) this.abortEngine(true);
     this.done = true;
   }
 
-  /** Aborts every choice the engine still holds. */
-  private abortEngine(): void {
+  /**
+   * Aborts every choice the engine still holds; `byClient` when the client went away, the one
+   * cause /sim/stats counts (an injected fault's abort is the simulator's own doing).
+   */
+  private abortEngine(byClient = false): void {
     for (const c of this.choices) {
       // A request a crash dropped is not an abort of the process that comes back.
-      if (this.ctx.engine.abort(c.engineId)) this.ctx.metrics.onClientAbort();
+      if (this.ctx.engine.abort(c.engineId) && byClient) this.ctx.metrics.onClientAbort();
     }
   }
 

@@ -1,5 +1,6 @@
 // `simulate:` runs the simulated fleet in a child process, off the gateway's event loop: the
 // gateway serves through it, and it never outlives the gateway (closed, or killed).
+import { spawn } from 'node:child_process';
 import { afterEach, describe, expect, it } from 'vitest';
 import { startGateway } from '../../src/gateway.ts';
 import { startFleetProcess } from '../../src/sim/fleet-process.ts';
@@ -91,6 +92,30 @@ describe('the simulated fleet of simulate:', () => {
     process.kill(fleet.pid, 'SIGKILL');
     await toldOnce;
     expect(exits).toEqual(['SIGKILL']);
+  });
+
+  it('keeps no process alive that reaches its end without closing it, and then ends itself', async () => {
+    // A parent that never calls close() (a failed shutdown step): neither holds the other up.
+    const script = [
+      `import { startFleetProcess } from ${JSON.stringify(new URL('../../src/sim/fleet-process.ts', import.meta.url).pathname)};`,
+      `const fleet = await startFleetProcess({ replicas: 1, profile: 'llama3-8b-h100', timeScale: 0.1 });`,
+      "process.stdout.write(String(fleet.pid) + '\\n');",
+    ].join('\n');
+    const parent = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    cleanups.push(async () => {
+      if (parent.exitCode === null) parent.kill('SIGKILL');
+    });
+    let out = '';
+    parent.stdout.on('data', (c: Buffer) => {
+      out += c.toString();
+    });
+    const code = await new Promise<number | null>((resolve) => parent.once('exit', (c) => resolve(c)));
+    expect(code).toBe(0);
+    const fleetPid = Number(out.trim());
+    expect(fleetPid).toBeGreaterThan(0);
+    await waitFor(() => !alive(fleetPid), 5000, 'the fleet ends with its parent');
   });
 
   it('exits when the gateway process is killed without a chance to stop it', async () => {

@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { runSlagate } from '../helpers/cli.ts';
-import { post, send } from './http-helpers.ts';
+import { connectResult, post, send } from './http-helpers.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
 
@@ -29,6 +29,43 @@ describe('slagate sim', () => {
       for (const url of urls) expect((await send(url, 'GET', '/health')).status).toBe(200);
       const r = await post(urls[1] as string, '/v1/completions', { prompt: 'Hi', max_tokens: 3 });
       expect(JSON.parse(r.text).usage.completion_tokens).toBe(3);
+      child.kill('SIGTERM');
+      expect(await exited).toBe(0);
+    } finally {
+      if (child.exitCode === null) child.kill('SIGKILL');
+    }
+  });
+
+  it('runs on through a crash of its only replica, which is back after duration_ms', async () => {
+    // No admin server: the replica's port is the process's only one.
+    const child = spawn(
+      process.execPath,
+      [BIN, 'sim', '--replicas', '1', '--port', '0', '--time-scale', '0.05'],
+      {
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
+    try {
+      let out = '';
+      child.stdout.on('data', (c: Buffer) => {
+        out += c.toString();
+      });
+      const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+      const listed = /^ {2}(http:\/\/127\.0\.0\.1:\d+)\n/m;
+      const deadline = Date.now() + 20_000;
+      while (!listed.test(out)) {
+        if (Date.now() > deadline || child.exitCode !== null) throw new Error(`no URL printed: ${out}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      const url = listed.exec(out)![1]!;
+      expect((await post(url, '/sim/fault', { mode: 'crash', duration_ms: 300 })).status).toBe(200);
+      // Every port of the process closed: it runs on until the replica is back, and serves.
+      while ((await connectResult(url)) !== 'ok') {
+        if (child.exitCode !== null) throw new Error(`exited with ${child.exitCode} during the crash`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      expect((await send(url, 'GET', '/health')).status).toBe(200);
+      expect(child.exitCode).toBeNull();
       child.kill('SIGTERM');
       expect(await exited).toBe(0);
     } finally {

@@ -213,6 +213,28 @@ describe('engine timing', () => {
     expect(slowed / base).toBeCloseTo(2, 5);
     expect(slowReq / base).toBeCloseTo(3, 5);
   });
+
+  it('a change of speed re-times the step under way: its work not yet done runs at the new pace', () => {
+    const h = new Harness();
+    const base = h.ttftAlone(spec('a', prompt(500), 1));
+    // Slowed 1000 times, then back to normal a quarter of a normal step in: the step has done a
+    // 4,000th of its work, and the rest takes a normal step's time, not 1000 times it.
+    h.engine.setSlowdown(1000);
+    const start = h.clock.now();
+    const t = h.add(spec('b', prompt(500), 1));
+    h.clock.run(start + base / 4);
+    expect(t.times).toEqual([]);
+    h.engine.setSlowdown(1);
+    h.clock.run();
+    expect(t.times[0]! - start).toBeCloseTo(base / 4 + base * (1 - 1 / 4000), 5);
+    // And slowed in the middle of a step: its second half takes twice as long.
+    const s2 = h.clock.now();
+    const u = h.add(spec('c', prompt(500), 1));
+    h.clock.run(s2 + base / 2);
+    h.engine.setSlowdown(2);
+    h.clock.run();
+    expect(u.times[0]! - s2).toBeCloseTo(base / 2 + base, 5);
+  });
 });
 
 describe('engine scheduling', () => {

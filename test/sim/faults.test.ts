@@ -1,5 +1,6 @@
+import { createServer as createNetServer } from 'node:net';
 import { Pool } from 'undici';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { parseFaultHeader, parseFaultJson } from '../../src/sim/faults.ts';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
 import { getProfile } from '../../src/sim/profiles.ts';
@@ -82,6 +83,36 @@ describe('crash', () => {
       await new Promise((r) => setTimeout(r, 20));
     }
     expect(Date.now() - t0).toBeGreaterThanOrEqual(150);
+  });
+
+  it('tries its port again each second when it is taken as the fault ends, and the process goes on', async () => {
+    const own = await SimReplica.start({ profile: PROFILE, timeScale: 0.05 });
+    const port = Number(new URL(own.url).port);
+    const told = new Promise<string>((resolve) => {
+      const write = process.stderr.write.bind(process.stderr) as (chunk: string | Uint8Array) => boolean;
+      const spy = vi.spyOn(process.stderr, 'write').mockImplementation((chunk: string | Uint8Array) => {
+        const text = String(chunk);
+        if (!text.includes('cannot listen again')) return write(chunk);
+        spy.mockRestore();
+        resolve(text);
+        return true;
+      });
+    });
+    const blocker = createNetServer();
+    try {
+      await own.fault({ mode: 'crash', durationMs: 500 });
+      await new Promise<void>((resolve) => blocker.listen(port, '127.0.0.1', resolve));
+      expect(await told).toContain('EADDRINUSE');
+      expect(own.stats().listening).toBe(false);
+      await new Promise<void>((resolve) => blocker.close(() => resolve()));
+      await waitFor(() => own.stats().listening, 5000, 'listening again');
+      expect((await post(own.url, CHAT, { model: MODEL, messages: MESSAGES, max_tokens: 2 })).status).toBe(
+        200,
+      );
+    } finally {
+      if (blocker.listening) blocker.close();
+      await own.close();
+    }
   });
 
   it('crashes from a request header, killing that request too', async () => {
@@ -185,6 +216,37 @@ describe('error', () => {
     // Listening again once its 50 ms are over.
     while ((await connectResult(base)) !== 'ok') await new Promise((r) => setTimeout(r, 10));
     expect((await post(base, CHAT, req)).status).toBe(200);
+  });
+
+  it('is overridden by a slow header for the request that carries it, as by the other header modes', async () => {
+    await post(base, '/sim/fault', { mode: 'error', status: 503 });
+    const req = { model: MODEL, messages: MESSAGES, max_tokens: 2 };
+    try {
+      expect((await post(base, CHAT, req, { 'x-sim-fault': 'slow;factor=2' })).status).toBe(200);
+      // The replica's own fault stands for the requests that carry none.
+      expect((await post(base, CHAT, req)).status).toBe(503);
+    } finally {
+      await send(base, 'DELETE', '/sim/fault');
+    }
+  });
+});
+
+describe('/sim/stats', () => {
+  it("counts as client aborts only the requests whose client left, not an injected fault's", async () => {
+    const stats = async () =>
+      JSON.parse((await send(base, 'GET', '/sim/stats')).text) as { client_aborts: number };
+    const before = (await stats()).client_aborts;
+    const dropped = await openStream(base, CHAT, LONG, { 'x-sim-fault': 'drop;after_tokens=3' });
+    await dropped.ended;
+    expect((await post(base, CHAT, LONG, { 'x-sim-fault': 'inband_error;after_tokens=2' })).status).toBe(200);
+    await waitFor(() => replica.engine.stats().running === 0, 2000, 'engine idle');
+    expect((await stats()).client_aborts).toBe(before);
+    // A client that leaves mid-stream is counted.
+    const left = await openStream(base, CHAT, LONG);
+    await left.until((text) => events(text).length >= 3);
+    left.close();
+    await waitFor(() => replica.engine.stats().running === 0, 2000, 'engine idle');
+    expect((await stats()).client_aborts).toBe(before + 1);
   });
 });
 

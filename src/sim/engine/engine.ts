@@ -86,6 +86,8 @@ class SimEngine implements Engine {
   private slowdown = 1;
   private phase: 'idle' | 'waking' | 'stepping' = 'idle';
   private cancelTimer: (() => void) | null = null;
+  /** When the step under way ends (while `phase` is 'stepping'). */
+  private stepEndMs = 0;
   /** Bumped by reset/close so a step that is being finished stops touching dropped state. */
   private epoch = 0;
   private closed = false;
@@ -185,7 +187,15 @@ class SimEngine implements Engine {
 
   setSlowdown(factor: number): void {
     if (!(factor > 0)) throw new RangeError('slowdown factor must be > 0');
+    const was = this.slowdown;
     this.slowdown = factor;
+    // Invariant: the speed changes at once, for the step under way too: its work not yet done is
+    // timed anew at the new factor. (Timed once at its start, a step a slow fault stretched
+    // ran on at that pace after the fault was reset, for up to the factor times a step.)
+    if (this.phase === 'stepping' && this.cancelTimer !== null && factor !== was) {
+      const now = this.clock.now();
+      this.armStepEnd(now + (Math.max(0, this.stepEndMs - now) * factor) / was);
+    }
   }
 
   reset(opts?: { restart?: boolean }): void {
@@ -234,7 +244,13 @@ class SimEngine implements Engine {
     this.counters.steps++;
     let slow = 1;
     for (const r of this.scheduled) if (r.slow > slow) slow = r.slow;
-    const endMs = startMs + stepTimeMs(this.p, shape) * this.slowdown * slow * this.timeScale;
+    this.armStepEnd(startMs + stepTimeMs(this.p, shape) * this.slowdown * slow * this.timeScale);
+  }
+
+  /** Ends the step under way at `endMs` (in place of the end it had). */
+  private armStepEnd(endMs: number): void {
+    this.cancelTimer?.();
+    this.stepEndMs = endMs;
     this.cancelTimer = this.clock.setTimer(() => {
       this.cancelTimer = null;
       this.endStep(endMs);
