@@ -1170,6 +1170,37 @@ describe('refusals while waiting', () => {
     }
   });
 
+  it('takes a fit without a prefill rate (prompts all of one size) as the prefill its intercept holds', async () => {
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    try {
+      const s = settings({ concurrency: { ...settings().concurrency, initial: 64, intervalMs: 100 } });
+      const f = setup(['a'], s, undefined, { sharedClock: true });
+      // One request stays running; 12 prompts of 2,000 tokens each have their first token in the
+      // 220 ms their prefill takes: the fit's slope is 0, its intercept 220 ms, and nothing waited.
+      await f.scheduler.ticket(req()).acquire(first());
+      const serve = async (ms: number) => {
+        for (let i = 0; i < 12; i++) {
+          const at = { arrivedAt: f.now(), deadlineAt: f.now() + 60_000, ttftTargetMs: 500 };
+          const slot = await f.scheduler
+            .ticket(req({ ...at, promptTokens: 2000, uncachedTokens: 2000 }))
+            .acquire(first());
+          f.tick(ms);
+          slot!.prefillDone();
+          slot!.release();
+        }
+        vi.advanceTimersByTime(100);
+      };
+      await serve(220);
+      expect(f.live.prefillMs('a', 1)).toBe(0);
+      expect(f.scheduler.view().backends[0]!.limit).toBe(64);
+      // Each waiting 200 ms past it, 0.4 of the target over its 0.25 share: the limit comes down.
+      await serve(420);
+      expect(f.scheduler.view().backends[0]!.limit).toBeLessThan(64);
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+
   it('a request large for its class may wait until its budget, not its class target', async () => {
     const { scheduler } = setup(['a'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }));
     await scheduler.ticket(req()).acquire(first());
@@ -2087,11 +2118,17 @@ describe('routing at grant time: the prefix index and the slagate cost', () => {
 
     it('a cold prefill is not a wait the limit could take away', async () => {
       const f = withTimers();
+      // One request stays running: the loop judges a backend only with something in flight.
+      const held = await f.scheduler
+        .ticket(ask('held', { arrivedAt: f.now(), deadlineAt: f.now() + 60_000 }))
+        .acquire(first());
       // Every request finds its prefix gone: 190 ms is 180 past its own predicted prefill, 0.45 of
       // a 400 ms target, past the controller's TTFT setpoint (0.25 of it) if it counted as a wait.
       await serve(f, () => 190, 20, 400);
       expect(f.scheduler.planning().prefixGone).toBe(20);
+      expect(f.scheduler.view().backends[0]!.error).toBeLessThan(1);
       expect(f.scheduler.limit('a')).toBe(64);
+      held!.release();
     });
   });
 });
