@@ -142,7 +142,7 @@ export class AdmissionController {
         new GatewayError(
           'sla_unattainable',
           `Predicted time to first token ${Math.round(bound)} ms (at its P99) exceeds ${budgetWords(scheduled)} on every backend.`,
-          { retryAfterS: this.#retryAfterS(prediction.waitMs, bound, budget) },
+          { retryAfterS: this.#retryAfterS(untilOnTimeMs(prediction, scheduler, spentMs, budget)) },
         ),
         prediction,
       );
@@ -280,17 +280,34 @@ export class AdmissionController {
     return new Refusal(err, prediction);
   }
 
-  /**
-   * Seconds until a refused request could be served: `waitMs` (what would leave before it, at its
-   * place in the queue's order, or the whole queue's drain for one shed for the protected
-   * classes), or by as much as its prediction overshot, whichever is longer. Its place, not the
-   * whole queue: an interactive request refused beside a backlog of batch work it would pass was
-   * told to wait out that backlog's drain (tens of seconds, which the OpenAI clients honour).
-   */
-  #retryAfterS(waitMs: number | null, predictedMs?: number, targetMs?: number): number {
-    const over = predictedMs !== undefined && targetMs !== undefined ? predictedMs - targetMs : 0;
-    return clampS(Math.ceil(Math.max(waitMs ?? 0, over) / 1000));
+  /** `ms` (untilOnTimeMs, or the queue's drain for a request shed) as a Retry-After, in seconds. */
+  #retryAfterS(ms: number | null): number {
+    return clampS(Math.ceil((ms ?? 0) / 1000));
   }
+}
+
+/**
+ * How long until a request refused as late everywhere could be on time: on each backend the longer
+ * of its own queue wait there (what would leave before it, at its place in the queue's order: a
+ * less urgent backlog it would pass is none of it) and its prediction's overshoot of the budget;
+ * the least of those over the backends. Per backend, not the fleet's wait with the least overshoot:
+ * a request 20 ms over its budget on a backend with nothing queued for it was told to wait out a
+ * backlog kept for another backend (tens of seconds, which the OpenAI clients honour).
+ */
+function untilOnTimeMs(
+  p: Prediction,
+  scheduler: Scheduler,
+  spentMs: number,
+  budgetMs: number,
+): number | null {
+  let min: number | null = null;
+  for (const b of p.byBackend.values()) {
+    if (b.backendMs === null || b.waitMs === null) continue;
+    const overMs = spentMs + b.waitMs + scheduler.upperBackendMs(b.backend, b.backendMs) - budgetMs;
+    const ms = Math.max(b.waitMs, overMs);
+    if (min === null || ms < min) min = ms;
+  }
+  return min;
 }
 
 /** The least predicted first token over the backends, each taken at the P99 of how predictions turn out. */

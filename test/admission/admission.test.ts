@@ -681,6 +681,35 @@ describe('predicted TTFT', () => {
       next!.release();
     });
 
+    it("a Retry-After is the soonest any backend could take the request on time, not the fleet's wait", async () => {
+      const { f, admission, at } = await measured(['a', 'b'], { limit: 2 });
+      const onlyA = () => ({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+      const held = [
+        await f.scheduler.ticket(admission.admit(at()).scheduled).acquire(onlyA()),
+        await f.scheduler.ticket(admission.admit(at()).scheduled).acquire(onlyA()),
+      ];
+      // 100 retries wait for a alone (served before any fresh request): seconds of queue there,
+      // none for b.
+      const ahead = Array.from({ length: 100 }, (_, i) =>
+        f.scheduler
+          .ticket(admission.admit(at({ reqId: `w${i}` })).scheduled)
+          .acquire({ ...onlyA(), attempt: 1 })
+          .catch(() => null),
+      );
+      const rate = f.scheduler.view().releasesPerS!;
+      expect(100 / rate).toBeGreaterThan(3);
+      // b has a slot free, and 4,000 tokens of prefill just sent there: 20 + 0.1 × 5,000 ms
+      // against 500, late by tens of milliseconds; on a, seconds of queue first.
+      const release = pendingPrefill(f.live, ['b'], 4000);
+      const caught = thrownBy(() => admission.admit(at({ promptTokens: 1000 })));
+      expect(caught).toMatchObject({ code: 'sla_unattainable', retryAfterS: 1 });
+      // Once b's prefill is done, the same request is admitted.
+      release();
+      expect(codeOf(() => admission.admit(at({ promptTokens: 1000 })))).toBe('admitted');
+      for (const h of held) h!.release();
+      await Promise.race(ahead);
+    });
+
     it('a request the pump finds late on the one backend with room is told the wait of the entries ahead of it, those the pump passed included', async () => {
       const { f, admission, at } = await measured(['a', 'b'], { limit: 2 });
       const onlyA = { attempt: 0, excluded: new Set(['b']), signal: new Cancel() };
