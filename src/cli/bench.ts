@@ -118,6 +118,11 @@ export function parseBenchArgs(argv: string[]): BenchArgs | null {
   }
   if (values.help) return null;
   if (values.target === undefined) throw new UsageError('--target URL is required');
+  // An empty name is a slip (an unset variable, `--model=`): every request would ask for model "",
+  // and the JSON would carry a label that says nothing.
+  for (const flag of ['model', 'label'] as const) {
+    if (values[flag]?.trim() === '') throw new UsageError(`--${flag} must not be empty`);
+  }
   let target: URL;
   try {
     target = new URL(values.target);

@@ -32,8 +32,9 @@ export async function checkConfigCommand(
     io.stdout.write(USAGE);
     return 0;
   }
-  // `--config FILE` (or `--config=FILE`), read as serve reads it, names the same file.
-  let file: string | undefined;
+  // `--config FILE` (or `--config=FILE`), read as serve reads it, names the same file. A usage
+  // error says what was wrong before the usage: `--confg x.yaml` is not a missing FILE.
+  let file: string;
   try {
     const { values, positionals } = parseArgs({
       args: argv,
@@ -42,12 +43,10 @@ export async function checkConfigCommand(
     });
     const named = values.config === undefined ? [] : [values.config];
     const files = [...named, ...positionals];
-    file = files.length === 1 ? files[0] : undefined;
-  } catch {
-    file = undefined;
-  }
-  if (file === undefined) {
-    io.stderr.write(USAGE);
+    if (files.length !== 1) throw new Error(`give one FILE (got ${files.length})`);
+    file = files[0]!;
+  } catch (err) {
+    io.stderr.write(`slagate check-config: ${(err as Error).message}\n\n${USAGE}`);
     return 2;
   }
 

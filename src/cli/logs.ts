@@ -249,7 +249,11 @@ export function recordFilter(
     // A date must be written as one: Date.parse reads a bare number as a year (`--since 45`, a unit
     // forgotten, would be 2045 and keep nothing, silently).
     if (age !== null) from = now - Number(age[1]) * AGE_MS[age[2]!]!;
-    else from = ISO_DATE.test(opts.since) ? Date.parse(asUtc(opts.since)) : Number.NaN;
+    else {
+      const impossible = impossibleDate(opts.since);
+      if (impossible !== null) throw new Error(`--since ${opts.since}: no such ${impossible}`);
+      from = ISO_DATE.test(opts.since) ? Date.parse(asUtc(opts.since)) : Number.NaN;
+    }
     if (Number.isNaN(from)) throw new Error(`--since ${opts.since}: not an ISO time or an age like 15m`);
   }
   const { class: cls, tenant } = opts;
@@ -258,6 +262,26 @@ export function recordFilter(
     // A record without a class is what the summary lists under `none` (a reserved class name).
     (cls === undefined || (r.class ?? 'none') === cls) &&
     (tenant === undefined || r.tenant === tenant);
+}
+
+/** The date and time of day as written: year, month, day, then hours, minutes, seconds if given. */
+const ISO_FIELDS = /^(\d{4})-(\d{2})-(\d{2})(?:[Tt ](\d{2}):(\d{2})(?::(\d{2}))?)?/;
+
+/**
+ * 'date' or 'time of day' when the text names one that does not exist, else null. Date.parse rolls
+ * an impossible day over (2026-02-30 is March 2) and reads 24:00 as the next day's midnight: a
+ * typo would filter from a time nobody meant, silently. Checked on the text, before any zone.
+ */
+function impossibleDate(text: string): 'date' | 'time of day' | null {
+  const m = ISO_FIELDS.exec(text);
+  if (m === null) return null;
+  const [year, month, day] = [Number(m[1]), Number(m[2]), Number(m[3])];
+  const leap = year % 4 === 0 && (year % 100 !== 0 || year % 400 === 0);
+  const days = [31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31][month - 1];
+  if (days === undefined || day < 1 || day > days) return 'date';
+  if (m[4] === undefined) return null;
+  const [hours, minutes, seconds] = [Number(m[4]), Number(m[5]), Number(m[6] ?? 0)];
+  return hours > 23 || minutes > 59 || seconds > 59 ? 'time of day' : null;
 }
 
 /**

@@ -31,7 +31,11 @@ const COMMANDS: Record<string, { summary: string; load: () => Promise<Command> }
 function usage(): string {
   const lines = ['usage: slagate <command> [options]', '', 'commands:'];
   for (const [name, c] of Object.entries(COMMANDS)) lines.push(`  ${name.padEnd(14)}${c.summary}`);
-  lines.push('', "slagate --version prints the version; slagate COMMAND --help, a command's options.");
+  lines.push(
+    '',
+    'slagate --version prints the version;',
+    "slagate COMMAND --help (or slagate help COMMAND), a command's options.",
+  );
   return lines.join('\n');
 }
 
@@ -46,6 +50,8 @@ async function version(): Promise<string> {
 
 async function main(argv: string[]): Promise<number> {
   const [name, ...rest] = argv;
+  // `slagate help COMMAND [SUB]` is `slagate COMMAND [SUB] --help`: the command's own usage.
+  if (name === 'help' && rest[0] !== undefined) return main([...rest, '--help']);
   if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
     process.stdout.write(`${usage()}\n`);
     return name === undefined ? 1 : 0;

@@ -45,6 +45,15 @@ export async function simCommand(argv: string[]): Promise<number> {
     process.stdout.write(`${USAGE}\n`);
     return 0;
   }
+  // An empty value is a slip (an unset variable, `--port=`), never a choice: Number('') is 0, an
+  // ephemeral port or seed 0, and an empty --model would be served under no name. (--host has its
+  // own check below, which says why.)
+  for (const [key, value] of Object.entries(values)) {
+    if (key !== 'host' && typeof value === 'string' && value.trim() === '') {
+      process.stderr.write(`slagate sim: --${key} must not be empty\n`);
+      return 2;
+    }
+  }
   const num = (key: string, fallback: number, ok: (n: number) => boolean): number => {
     const raw = values[key];
     if (raw === undefined) return fallback;

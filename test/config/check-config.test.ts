@@ -146,6 +146,6 @@ describe('slagate check-config', () => {
     expect((await run([])).code).toBe(2);
     const extra = await run(['a.yaml', 'b.yaml']);
     expect(extra.code).toBe(2);
-    expect(extra.stderr).toMatch(/^usage:/);
+    expect(extra.stderr).toMatch(/^slagate check-config: give one FILE \(got 2\)\n\nusage:/);
   });
 });

@@ -6,6 +6,27 @@ import { connectResult, post, send } from './http-helpers.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/slagate.js', import.meta.url));
 
+/**
+ * `slagate sim ARGS` expected to refuse its options: its exit code and output. A fleet that starts
+ * instead is stopped as soon as it says so, which fails the test (exit 0) rather than hanging it.
+ */
+function runRefused(args: string[]): Promise<{ code: number | null; out: string; err: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [BIN, 'sim', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (c: Buffer) => {
+      out += c.toString();
+      if (out.includes('simulated vLLM fleet')) child.kill('SIGTERM');
+    });
+    child.stderr.on('data', (c: Buffer) => {
+      err += c.toString();
+    });
+    child.once('error', reject);
+    child.once('close', (code) => resolve({ code, out, err }));
+  });
+}
+
 describe('slagate sim', () => {
   it('prints the replica URLs, serves until SIGTERM and exits cleanly', async () => {
     const child = spawn(
@@ -95,5 +116,22 @@ describe('slagate sim', () => {
     const past = await runSlagate(['sim', '--port', '65535', '--replicas', '2']);
     expect(past.code).toBe(2);
     expect(past.err).toContain('--port 65535 with --replicas 2 runs past port 65535');
+  });
+
+  it('refuses an empty value of any option with one line naming it, exit 2: `--port=` is not port 0', async () => {
+    const flags = ['port', 'seed', 'admin-port', 'model', 'profile', 'replicas', 'time-scale', 'host'];
+    const cases = [...flags.map((flag) => [flag, ''] as const), ['model', '  '] as const];
+    // Each after a valid --port 0 (the last value wins): one that started would take no fixed port.
+    const results = await Promise.all(
+      cases.map(([flag, value]) => runRefused(['--replicas', '1', '--port', '0', `--${flag}=${value}`])),
+    );
+    results.forEach((r, i) => {
+      const [flag, value] = cases[i]!;
+      const what = `--${flag}=${JSON.stringify(value)}`;
+      expect(r.code, what).toBe(2);
+      expect(r.out, what).toBe('');
+      expect(r.err.trimEnd().split('\n'), what).toHaveLength(1);
+      expect(r.err, what).toMatch(new RegExp(`^slagate sim: --${flag} must not be empty`));
+    });
   });
 });
