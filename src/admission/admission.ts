@@ -292,7 +292,10 @@ export class AdmissionController {
  * less urgent backlog it would pass is none of it) and its prediction's overshoot of the budget;
  * the least of those over the backends. Per backend, not the fleet's wait with the least overshoot:
  * a request 20 ms over its budget on a backend with nothing queued for it was told to wait out a
- * backlog kept for another backend (tens of seconds, which the OpenAI clients honour).
+ * backlog kept for another backend (tens of seconds, which the OpenAI clients honour). Only over
+ * the backends where waiting can make it on time: one late with nothing else on it (a slower GPU)
+ * stays late, and counted, it told the client to come back every second for as long as the others'
+ * queues took. When none is such, the fleet's wait or the least overshoot, the longer.
  */
 function untilOnTimeMs(
   p: Prediction,
@@ -301,13 +304,17 @@ function untilOnTimeMs(
   budgetMs: number,
 ): number | null {
   let min: number | null = null;
+  let leastOverMs: number | null = null;
   for (const b of p.byBackend.values()) {
     if (b.backendMs === null || b.waitMs === null) continue;
     const overMs = spentMs + b.waitMs + scheduler.upperBackendMs(b.backend, b.backendMs) - budgetMs;
+    if (leastOverMs === null || overMs < leastOverMs) leastOverMs = overMs;
+    if (b.unloadedMs === null || spentMs + scheduler.upperBackendMs(b.backend, b.unloadedMs) > budgetMs)
+      continue;
     const ms = Math.max(b.waitMs, overMs);
     if (min === null || ms < min) min = ms;
   }
-  return min;
+  return min ?? (leastOverMs === null ? null : Math.max(p.waitMs ?? 0, leastOverMs));
 }
 
 /** The least predicted first token over the backends, each taken at the P99 of how predictions turn out. */

@@ -86,6 +86,7 @@ export function predict(
   spentMs = 0,
 ): { prediction: Prediction; scheduled: ScheduledRequest } {
   const backendMs = new Map<string, number | null>();
+  const aloneMs = new Map<string, number | null>();
   // Backends that would start the request the moment it is queued: no queue wait there.
   const startsNow = new Set<string>();
   let bestBackendMs: number | null = null;
@@ -101,6 +102,7 @@ export function predict(
     if (!b.available || !b.serves(req.model)) continue;
     const own = cachedOn(req.route, b.name, match).uncached;
     const alone = live.unloadedTtftMs(b.name, own);
+    aloneMs.set(b.name, alone);
     if (alone !== null) {
       if (unloadedMs === null || alone < unloadedMs) unloadedMs = alone;
       const upper = scheduler.upperBackendMs(b.name, alone);
@@ -176,6 +178,7 @@ export function predict(
       backendMs: ms,
       waitMs: wait,
       totalMs: ms === null || wait === null ? null : spentMs + wait + ms,
+      unloadedMs: aloneMs.get(name) ?? null,
     };
     byBackend.set(name, p);
     if (p.totalMs === null) complete = false;

@@ -1243,16 +1243,12 @@ export class Scheduler {
     const goneMs = gonePrefillMs(predicted, backendTtft, msPerToken * grant.cachedTokens, floorMs);
     if (goneMs !== null) this.#prefixJudged++;
     if (goneMs) this.#prefixGone++;
-    // A fit whose prefill slope is 0 (its prompts, and the prefill ahead of them, never differed
-    // in size: a templated workload at a load where prefills do not overlap) cannot tell a prompt's
-    // prefill from the backend's fixed time, and holds it all in its intercept: there the whole
-    // unloaded prediction is the request's own. (Slope × tokens, 0, took every first token whole
-    // as waiting and cut the limit to its minimum while nothing waited.)
-    const ownMs =
-      perToken === 0
-        ? (live.unloadedTtftMs(slot.backend.name, grant.uncachedTokens) ?? 0)
-        : msPerToken * grant.uncachedTokens;
-    const prefilledMs = ownMs + (goneMs ?? 0);
+    // A fit whose prompts (with the prefill ahead of them) were all of about one size, a templated
+    // workload at a load where prefills do not overlap, holds their prefill in its intercept, not
+    // its rate: ownPrefillMs counts that part of the intercept as the request's own. (The rate ×
+    // tokens alone, next to 0, took every first token whole as waiting and cut the limit to its
+    // minimum while nothing waited.)
+    const prefilledMs = (live.ownPrefillMs(slot.backend.name, grant.uncachedTokens) ?? 0) + (goneMs ?? 0);
     if (predicted !== null) {
       const learnt = goneMs ? Math.max(predicted, floorMs) + goneMs : predicted;
       this.#ring.push(learnt, backendTtft, now);

@@ -14,6 +14,8 @@ export interface BackendPrediction {
   readonly waitMs: number | null;
   /** Arrival to first token: waitMs + backendMs; null when either is unknown. */
   readonly totalMs: number | null;
+  /** Dispatch to first token on this backend with nothing else on it, ms; null without a fit. */
+  readonly unloadedMs: number | null;
 }
 
 export interface ScheduledRequest {

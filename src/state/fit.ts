@@ -15,6 +15,11 @@ export interface FitCoefficients {
   intercept: number;
   /** One per feature, ≥ 0; 0 when the feature did not vary or its slope came out negative. */
   slopes: number[];
+  /**
+   * One per feature: its samples' standard deviation over their mean (0 when it did not vary). A
+   * slope is told apart from the intercept only as far as its feature varied.
+   */
+  spreads: number[];
   /** Sum of the samples' decayed weights (1 per sample when new), a prior's pseudo-samples included. */
   weight: number;
   /** Samples ever added. */
@@ -184,7 +189,8 @@ export class FitStats {
     }
     let intercept = my;
     for (let j = 0; j < k; j++) intercept -= (slopes[j] as number) * (mx[j] as number);
-    return { intercept, slopes, weight: w, samples: this.samples };
+    const spreads = mx.map((m, j) => (m > 0 && cov(j, j) > 0 ? Math.sqrt(cov(j, j)) / m : 0));
+    return { intercept, slopes, spreads, weight: w, samples: this.samples };
   }
 }
 

@@ -9,6 +9,7 @@ import { Cancel } from '../../src/upstream/cancel.ts';
 import type { Slot } from '../../src/upstream/slot.ts';
 import { rankingFirst, route } from '../router/fixtures.ts';
 import { schedulerFixture, schedulerSettings } from '../scheduler/fixtures.ts';
+import { latencySample, observe } from '../state/fixtures/sample.ts';
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
@@ -597,6 +598,7 @@ describe('predicted TTFT', () => {
       names: string[],
       over: Partial<SchedulerSettings> & { limit: number; prefillTokens?: number },
       router?: RoutingPolicy,
+      teach: (f: ReturnType<typeof schedulerFixture>) => void = (f) => f.teach(),
     ) {
       vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
       cleanups.push(() => vi.useRealTimers());
@@ -616,7 +618,7 @@ describe('predicted TTFT', () => {
         }),
         router,
       );
-      f.teach();
+      teach(f);
       const at = (o: Partial<AdmissionRequest> = {}) =>
         req({ arrivedAt: f.now(), deadlineAt: f.now() + 60_000, ...o });
       // Ten on each backend, so that each has a rate of its own.
@@ -706,6 +708,43 @@ describe('predicted TTFT', () => {
       // Once b's prefill is done, the same request is admitted.
       release();
       expect(codeOf(() => admission.admit(at({ promptTokens: 1000 })))).toBe('admitted');
+      for (const h of held) h!.release();
+      await Promise.race(ahead);
+    });
+
+    it('…over the backends where waiting can make it on time: not one late with nothing else on it', async () => {
+      const { f, admission, at } = await measured(['a', 'b'], { limit: 2 }, undefined, (f) => f.teach(['a']));
+      // b is 600 ms slower than a at any size (an older GPU): 720 ms for 1,000 tokens, alone.
+      for (let i = 0; i < 20; i++) {
+        f.tick(10);
+        const tokens = 100 + 200 * (i % 5);
+        observe(
+          f.live,
+          latencySample({
+            backend: 'b',
+            uncachedPromptTokens: tokens,
+            queueMs: 0,
+            ttftMs: 620 + 0.1 * tokens,
+          }),
+        );
+      }
+      const onlyA = () => ({ attempt: 0, excluded: new Set(['b']), signal: new Cancel() });
+      const held = [
+        await f.scheduler.ticket(admission.admit(at({ promptTokens: 100 })).scheduled).acquire(onlyA()),
+        await f.scheduler.ticket(admission.admit(at({ promptTokens: 100 })).scheduled).acquire(onlyA()),
+      ];
+      const ahead = Array.from({ length: 100 }, (_, i) =>
+        f.scheduler
+          .ticket(admission.admit(at({ reqId: `w${i}`, promptTokens: 100, ttftTargetMs: 60_000 })).scheduled)
+          .acquire({ ...onlyA(), attempt: 1 })
+          .catch(() => null),
+      );
+      const drainS = 100 / f.scheduler.view().releasesPerS!;
+      expect(drainS).toBeGreaterThan(3);
+      // b has room and is late by 220 ms for good; a is on time once its queue has gone.
+      const caught = thrownBy(() => admission.admit(at({ promptTokens: 1000 })));
+      expect(caught).toMatchObject({ code: 'sla_unattainable' });
+      expect((caught as { retryAfterS: number }).retryAfterS).toBeGreaterThanOrEqual(Math.floor(drainS));
       for (const h of held) h!.release();
       await Promise.race(ahead);
     });

@@ -1170,7 +1170,7 @@ describe('refusals while waiting', () => {
     }
   });
 
-  it('takes a fit without a prefill rate (prompts all of one size) as the prefill its intercept holds', async () => {
+  it("takes the prefill a fit of prompts all of one size holds in its intercept as the requests' own", async () => {
     vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
     try {
       const s = settings({ concurrency: { ...settings().concurrency, initial: 64, intervalMs: 100 } });
@@ -1178,11 +1178,11 @@ describe('refusals while waiting', () => {
       // One request stays running; 12 prompts of 2,000 tokens each have their first token in the
       // 220 ms their prefill takes: the fit's slope is 0, its intercept 220 ms, and nothing waited.
       await f.scheduler.ticket(req()).acquire(first());
-      const serve = async (ms: number) => {
-        for (let i = 0; i < 12; i++) {
+      const serve = async (ms: number, n = 12, tokens = 2000) => {
+        for (let i = 0; i < n; i++) {
           const at = { arrivedAt: f.now(), deadlineAt: f.now() + 60_000, ttftTargetMs: 500 };
           const slot = await f.scheduler
-            .ticket(req({ ...at, promptTokens: 2000, uncachedTokens: 2000 }))
+            .ticket(req({ ...at, promptTokens: tokens, uncachedTokens: tokens }))
             .acquire(first());
           f.tick(ms);
           slot!.prefillDone();
@@ -1192,6 +1192,13 @@ describe('refusals while waiting', () => {
       };
       await serve(220);
       expect(f.live.prefillMs('a', 1)).toBe(0);
+      expect(f.scheduler.view().backends[0]!.limit).toBe(64);
+      // One prompt 5% longer, 1 ms slower: the fit has a rate now, next to nothing, and its
+      // intercept still holds the prefill. Nothing waited: the limit holds.
+      await serve(221, 1, 2100);
+      await serve(220, 11);
+      expect(f.live.prefillMs('a', 1)).toBeGreaterThan(0);
+      expect(f.live.prefillMs('a', 2000)).toBeLessThan(20);
       expect(f.scheduler.view().backends[0]!.limit).toBe(64);
       // Each waiting 200 ms past it, 0.4 of the target over its 0.25 share: the limit comes down.
       await serve(420);
