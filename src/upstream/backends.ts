@@ -162,13 +162,16 @@ export class BackendSet {
   }
 
   /**
-   * Another backend in service serves each model `b` lists. With its list unknown it is taken to
-   * serve every model: then another backend in service whose list is unknown too, or, for each model
-   * any other backend lists, one in service that serves it (at least one in service in all).
+   * Another backend serving, in service with its breaker not open, serves each model `b` lists.
+   * With its list unknown it is taken to serve every model: then another serving backend whose list
+   * is unknown too, or, for each model any other backend lists, one serving that serves it (at
+   * least one serving in all). An open breaker counts as not serving here, though it half-opens on
+   * its own: counted, a backend was ejected beside the one other whose breaker was open (or that
+   * breaker opened beside it), and the model had no backend at all until the breaker's reset.
    */
   #othersServe(b: Backend): boolean {
     const others: Backend[] = [];
-    for (const o of this.#backends.values()) if (o !== b && o.inService) others.push(o);
+    for (const o of this.#backends.values()) if (o !== b && o.inService && !o.breaker.opened) others.push(o);
     if (others.length === 0) return false;
     const served = (model: string) => others.some((o) => o.mayServe(model));
     if (b.models !== null) {
@@ -265,7 +268,11 @@ export class BackendSet {
     // Invariant: a breaker's events reach the listeners (the scheduler pumps on them) after the
     // backend's own state has followed: registered before it, a close was told while the half-open
     // trial was still held, and that pump found the recovered backend unavailable.
-    breaker.on('open', () => this.#emit({ type: 'breaker_open', backend: name }));
+    breaker.on('open', () => {
+      this.#emit({ type: 'breaker_open', backend: name });
+      // It may have been the last backend serving a model whose other backends are ejected.
+      this.#rescue();
+    });
     breaker.on('halfOpen', () => this.#emit({ type: 'breaker_half_open', backend: name }));
     breaker.on('close', () => this.#emit({ type: 'breaker_close', backend: name }));
     probe?.start();

@@ -2,6 +2,7 @@
 // configuration reads (`removed` with why: reload), apart from the gateway starting and stopping.
 import { expect, it } from 'vitest';
 import { type BackendEvent, BackendSet } from '../../src/upstream/backends.ts';
+import { AttemptFailure } from '../../src/upstream/failure.ts';
 import { DEFAULT_BACKEND_SET_OPTIONS } from '../../src/upstream/options.ts';
 
 it('tells each backend added, removed and drained with why: at start, at a reload, at shutdown', async () => {
@@ -41,4 +42,46 @@ it('tells each backend added, removed and drained with why: at start, at a reloa
     'drained a shutdown',
     'drained c shutdown',
   ]);
+});
+
+it('leaves a model a backend to serve when an ejection meets an open breaker, in either order', async () => {
+  const events: BackendEvent[] = [];
+  const make = () =>
+    new BackendSet(
+      {
+        ...DEFAULT_BACKEND_SET_OPTIONS,
+        health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 0 },
+        outlier: { ...DEFAULT_BACKEND_SET_OPTIONS.outlier, consecutiveFailures: 5, maxEjectionPercent: 50 },
+        onEvent: (e) => events.push(e),
+      },
+      [
+        { name: 'a', url: 'http://127.0.0.1:9' },
+        { name: 'b', url: 'http://127.0.0.1:10' },
+      ],
+    );
+  const fail = () => new AttemptFailure('upstream_status', 'upstream status 500', { status: 500 });
+  // b's breaker is open (its own failures), then a fails five times in a row: a stays, the one
+  // backend left to serve, failing some requests rather than none served.
+  const first = make();
+  first.get('b')!.breaker.open();
+  for (let i = 0; i < 5; i++) first.get('a')!.blame(fail());
+  expect(first.get('a')!.state).toBe('healthy');
+  expect(first.available().map((b) => b.name)).toEqual(['a']);
+  await first.close();
+  // a ejected first (b serving then), then b's breaker opens: a's ejection ends at once, told.
+  events.length = 0;
+  const second = make();
+  for (let i = 0; i < 5; i++) second.get('a')!.blame(fail());
+  expect(second.get('a')!.state).toBe('ejected');
+  second.get('b')!.breaker.open();
+  expect(second.get('a')!.state).toBe('healthy');
+  expect(second.available().map((b) => b.name)).toEqual(['a']);
+  expect(
+    events.filter((e) => e.type === 'ejected' || e.type === 'unejected' || e.type === 'breaker_open'),
+  ).toEqual([
+    { type: 'ejected', backend: 'a', durationMs: DEFAULT_BACKEND_SET_OPTIONS.outlier.baseEjectionMs },
+    { type: 'breaker_open', backend: 'b' },
+    { type: 'unejected', backend: 'a' },
+  ]);
+  await second.close();
 });
