@@ -308,10 +308,11 @@ async function attemptLoop(
       startedAt: req.startedAt,
       firstTokenMs: Math.min(firstTokenMs, remaining),
       // Cut by the deadline (not the backend's fault) only when earlier attempts or the wait took a
-      // real share of the budget. A first attempt given most of its own budget that sees no first
-      // token is the backend's fault, whatever the deadline: a body passed through has the whole
-      // cap as its budget and so does the deadline, and it was never blamed.
-      cutByDeadline: remaining < firstTokenMs && (s.log.length > 0 || remaining < firstTokenMs / 2),
+      // real share of the budget: over half of it. An attempt given most of its own budget that
+      // sees no first token is the backend's fault, whatever the deadline: a body passed through
+      // has the whole cap as its budget and so does the deadline, and a retry after a quick failure
+      // (any retry, once) that hung there was never blamed.
+      cutByDeadline: remaining < firstTokenMs / 2,
       idleTimeoutMs: cfg.idleTimeoutMs,
       clientStallTimeoutMs: cfg.clientStallTimeoutMs,
       maxEventBytes: cfg.maxEventBytes,

@@ -279,6 +279,31 @@ describe('shapes the assembler does not cover pass through', () => {
     }
   });
 
+  it('a retry that sees nothing within passthrough_timeout_ms is counted against its backend, as a first attempt is', async () => {
+    // Whichever backend is tried first fails at once; the retry hangs on the other.
+    let hits = 0;
+    const script: Script = (_req, res) => {
+      if (++hits === 1) res.writeHead(500, { 'content-type': 'application/json' }).end('{}');
+    };
+    const [b0, b1] = [await scripted(script), await scripted(script)];
+    t = await startTestGateway({
+      backends: [
+        { name: 'b0', url: b0.url },
+        { name: 'b1', url: b1.url },
+      ],
+      config: { upstream: { passthrough_timeout_ms: 400 } },
+    });
+    try {
+      const res = await post(t.url, CHAT, chat({ echo: true }), { 'x-request-id': 'hung-retry' });
+      expect(res.status).toBe(504);
+      const rec = await t.recordOf('hung-retry');
+      expect(rec.failed_attempts.map((f) => f.reason)).toEqual(['upstream_status', 'first_token_timeout']);
+    } finally {
+      await b0.close();
+      await b1.close();
+    }
+  });
+
   it('its generation may outlast first_token_timeout_ms: upstream.passthrough_timeout_ms is its budget', async () => {
     const b = await scripted(async (_req, res) => {
       await new Promise((r) => setTimeout(r, 700));
