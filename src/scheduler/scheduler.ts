@@ -1243,20 +1243,21 @@ export class Scheduler {
     const goneMs = gonePrefillMs(predicted, backendTtft, msPerToken * grant.cachedTokens, floorMs);
     if (goneMs !== null) this.#prefixJudged++;
     if (goneMs) this.#prefixGone++;
-    // A fit whose prompts (with the prefill ahead of them) were all of about one size, a templated
-    // workload at a load where prefills do not overlap, holds their prefill in its intercept, not
-    // its rate: ownPrefillMs counts that part of the intercept as the request's own. (The rate ×
-    // tokens alone, next to 0, took every first token whole as waiting and cut the limit to its
-    // minimum while nothing waited.)
-    const prefilledMs = (live.ownPrefillMs(slot.backend.name, grant.uncachedTokens) ?? 0) + (goneMs ?? 0);
+    const prefilledMs = msPerToken * grant.uncachedTokens + (goneMs ?? 0);
     if (predicted !== null) {
       const learnt = goneMs ? Math.max(predicted, floorMs) + goneMs : predicted;
       this.#ring.push(learnt, backendTtft, now);
       slot.control.ring.push(learnt, backendTtft, now);
     }
-    // Without a prefill fit (a backend's first few first tokens) the wait cannot be told from the
-    // prefill: taken whole as waiting, a cold first request cut every new backend's limit at once.
-    const current = perToken === null ? undefined : slot.control.firstTokens.at(-1);
+    // Without a prefill fit (a backend's first few first tokens), or with one whose prompts were
+    // all of about one size (a templated workload at a load where prefills do not overlap: the
+    // fit holds their prefill in its intercept, its rate next to 0), the wait cannot be told from
+    // the prefill: taken whole as waiting, a cold first request cut every new backend's limit at
+    // once, and templated prompts cut it to its minimum while nothing waited.
+    const current =
+      perToken === null || !live.prefillRateTold(slot.backend.name)
+        ? undefined
+        : slot.control.firstTokens.at(-1);
     if (current !== undefined && current.length < SAMPLE_CAP) {
       current.push({ waitMs: backendTtft - prefilledMs, targetMs: req.ttftTargetMs });
     }

@@ -203,14 +203,12 @@ export interface LiveState {
   /** The prefill-work part alone (ms per prefill token × tokens); null without a fit. */
   prefillMs(backend: string, tokens: number): number | null;
   /**
-   * What of a first token of `tokens` uncached tokens on `backend` is the request's own prefill,
-   * not waiting (the concurrency loop's TTFT signal): the fit's rate × tokens, and as much of its
-   * intercept as its prompts' sizes (with the prefill ahead of them) varied less than
-   * IDENTIFIED_SPREAD. A fit whose prompts were all of one size cannot tell the rate from the
-   * intercept, which then holds their prefill (its rate 0, or whatever noise made of it). Null
-   * without a fit.
+   * The TTFT fit of `backend` tells its prefill rate apart from its intercept: its prompts' sizes
+   * (with the prefill ahead of them) spread at least MIN_PREFILL_SPREAD of their mean. Prompts all
+   * of about one size, nothing prefilling ahead of them, leave the rate 0 (or what noise makes of
+   * it) and their prefill in the intercept. False without a fit.
    */
-  ownPrefillMs(backend: string, tokens: number): number | null;
+  prefillRateTold(backend: string): boolean;
   /**
    * This instance's concurrency limit for `backend`, told to the peers with its in-flight counts;
    * null tells none.
@@ -305,11 +303,11 @@ const SAMPLE_BOUND = 2;
 /** Least time between two solves of one backend's fits (see #fits). */
 const REFIT_MS = 20;
 /**
- * The spread of a TTFT fit's prompt sizes (standard deviation over mean) from which its rate is
- * taken as told apart from its intercept (ownPrefillMs). Chat prompts spread about 1; a benchmark's
- * prompts of one length ± 10% about 0.06.
+ * The least spread of a TTFT fit's prompt sizes (standard deviation over mean) at which its rate is
+ * taken as told apart from its intercept (prefillRateTold). Chat prompts spread about 1; prompts of
+ * one length ± 10% about 0.06; one length with a rare other, under 0.02.
  */
-const IDENTIFIED_SPREAD = 0.25;
+const MIN_PREFILL_SPREAD = 0.04;
 /**
  * How many samples the fleet's spread counts for in a new backend's fits (see #fleetPool). A
  * backend's own first samples cannot tell its prefill rate apart (a handful of prompts of about one
@@ -656,15 +654,11 @@ class LiveStateImpl implements LiveState {
     return fit === null ? null : (fit.slopes[0] as number) * nonNegative(tokens);
   }
 
-  ownPrefillMs(backend: string, tokens: number): number | null {
+  prefillRateTold(backend: string): boolean {
     const be = this.#backends.get(backend)?.state;
-    if (be === undefined) return null;
+    if (be === undefined) return false;
     const fit = this.#fits(backend, be).ttft;
-    if (fit === null) return null;
-    // Continuous in the spread and in the slope: a slope that flips between 0 and noise moves the
-    // intercept by as much the other way.
-    const unidentified = 1 - Math.min(1, (fit.spreads[0] as number) / IDENTIFIED_SPREAD);
-    return (fit.slopes[0] as number) * nonNegative(tokens) + unidentified * Math.max(0, fit.intercept);
+    return fit !== null && (fit.spreads[0] as number) >= MIN_PREFILL_SPREAD;
   }
 
   tenantLease(tenant: string, tokens: number): TenantLease {

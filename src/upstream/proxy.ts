@@ -309,10 +309,13 @@ async function attemptLoop(
       firstTokenMs: Math.min(firstTokenMs, remaining),
       // Cut by the deadline (not the backend's fault) only when earlier attempts or the wait took a
       // real share of the budget: over half of it. An attempt given most of its own budget that
-      // sees no first token is the backend's fault, whatever the deadline: a body passed through
-      // has the whole cap as its budget and so does the deadline, and a retry after a quick failure
-      // (any retry, once) that hung there was never blamed.
-      cutByDeadline: remaining < firstTokenMs / 2,
+      // sees no first token is the backend's fault, whatever the deadline (a streamed retry after a
+      // quick failure that hung there was never blamed). Except a body passed through: its timer
+      // runs to the end of the whole generation, which a retry may need more of than is left
+      // however little the first attempt took, so any cut of a retry is the deadline's.
+      cutByDeadline:
+        remaining < firstTokenMs / 2 ||
+        (req.mode === 'passthrough' && s.log.length > 0 && remaining < firstTokenMs),
       idleTimeoutMs: cfg.idleTimeoutMs,
       clientStallTimeoutMs: cfg.clientStallTimeoutMs,
       maxEventBytes: cfg.maxEventBytes,

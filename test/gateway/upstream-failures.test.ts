@@ -218,7 +218,8 @@ describe('before the commit point (items 3, 6, 15)', () => {
       expect(res.status).toBe(504);
       expect(took).toBeGreaterThanOrEqual(290);
       expect(took).toBeLessThan(1_000);
-      // The one attempt ran out with the deadline: not the backend's fault, and no time for another.
+      // The one attempt ran out with the deadline, its whole budget given to it: counted against its
+      // backend, and no time left for another.
       expect(await t.recordOf('deadline')).toMatchObject({
         outcome: 'timeout',
         reason: 'first_token_timeout',

@@ -1170,39 +1170,55 @@ describe('refusals while waiting', () => {
     }
   });
 
-  it("takes the prefill a fit of prompts all of one size holds in its intercept as the requests' own", async () => {
+  it('learns no first token as waiting while its fit cannot tell the prefill rate: prompts all of about one size', async () => {
     vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
     try {
       const s = settings({ concurrency: { ...settings().concurrency, initial: 64, intervalMs: 100 } });
       const f = setup(['a'], s, undefined, { sharedClock: true });
       // One request stays running; 12 prompts of 2,000 tokens each have their first token in the
-      // 220 ms their prefill takes: the fit's slope is 0, its intercept 220 ms, and nothing waited.
+      // 220 ms their prefill takes: the fit's rate is 0, its intercept 220 ms, and nothing waited.
       await f.scheduler.ticket(req()).acquire(first());
-      const serve = async (ms: number, n = 12, tokens = 2000) => {
+      const serve = async (ms: (tokens: number) => number, n: number, tokens: (i: number) => number) => {
         for (let i = 0; i < n; i++) {
           const at = { arrivedAt: f.now(), deadlineAt: f.now() + 60_000, ttftTargetMs: 500 };
+          const t = tokens(i);
           const slot = await f.scheduler
-            .ticket(req({ ...at, promptTokens: tokens, uncachedTokens: tokens }))
+            .ticket(req({ ...at, promptTokens: t, uncachedTokens: t }))
             .acquire(first());
-          f.tick(ms);
+          f.tick(ms(t));
           slot!.prefillDone();
           slot!.release();
         }
         vi.advanceTimersByTime(100);
       };
-      await serve(220);
+      const limit = () => f.scheduler.view().backends[0]!.limit;
+      await serve(
+        () => 220,
+        12,
+        () => 2000,
+      );
       expect(f.live.prefillMs('a', 1)).toBe(0);
-      expect(f.scheduler.view().backends[0]!.limit).toBe(64);
+      expect(f.live.prefillRateTold('a')).toBe(false);
+      expect(limit()).toBe(64);
       // One prompt 5% longer, 1 ms slower: the fit has a rate now, next to nothing, and its
       // intercept still holds the prefill. Nothing waited: the limit holds.
-      await serve(221, 1, 2100);
-      await serve(220, 11);
+      await serve(
+        (t) => (t === 2100 ? 221 : 220),
+        12,
+        (i) => (i === 0 ? 2100 : 2000),
+      );
       expect(f.live.prefillMs('a', 1)).toBeGreaterThan(0);
-      expect(f.live.prefillMs('a', 2000)).toBeLessThan(20);
-      expect(f.scheduler.view().backends[0]!.limit).toBe(64);
-      // Each waiting 200 ms past it, 0.4 of the target over its 0.25 share: the limit comes down.
-      await serve(420);
-      expect(f.scheduler.view().backends[0]!.limit).toBeLessThan(64);
+      expect(f.live.prefillRateTold('a')).toBe(false);
+      expect(limit()).toBe(64);
+      // Prompts of 1,000 to 3,000 tokens, each waiting 200 ms past its prefill (0.4 of the target,
+      // over its 0.25 share): the rate is told, and the limit comes down.
+      await serve(
+        (t) => 0.1 * t + 200,
+        24,
+        (i) => 1000 + 500 * (i % 5),
+      );
+      expect(f.live.prefillRateTold('a')).toBe(true);
+      expect(limit()).toBeLessThan(64);
     } finally {
       vi.useRealTimers();
     }
