@@ -16,7 +16,9 @@
 // The second is the waiting inside the backend that a lower limit could take away: every first
 // token waits for the decode step under way and then for its own step, and a long prompt is slow
 // because it is long; what is left is queueing inside vLLM (KV cache full, too many sequences,
-// prefill budget spent on others). e = max(tpot, ttft),
+// prefill budget spent on others). A first token is left out of it while the backend's TTFT fit
+// cannot tell its prefill rate (no fit yet, or prompts all of about one size: src/scheduler/README.md).
+// e = max(tpot, ttft),
 // B = the requests the backend runs now (every gateway instance), and S = the batch the signals
 // were measured on (the requests it ran over their periods, weighted by the gaps each measured):
 //   e > 1, B > 0            → limit = min(limit, max(B, S) ÷ min(e, 2))  (decrease)

@@ -15,11 +15,6 @@ export interface FitCoefficients {
   intercept: number;
   /** One per feature, ≥ 0; 0 when the feature did not vary or its slope came out negative. */
   slopes: number[];
-  /**
-   * One per feature: its samples' standard deviation over their mean (0 when it did not vary). A
-   * slope is told apart from the intercept only as far as its feature varied.
-   */
-  spreads: number[];
   /** Sum of the samples' decayed weights (1 per sample when new), a prior's pseudo-samples included. */
   weight: number;
   /** Samples ever added. */
@@ -47,6 +42,21 @@ export class FitStats {
     if (!(w > 1e-9)) return null;
     const k = this.k;
     return (this.v[1 + k + (k * (k + 1)) / 2] as number) / w;
+  }
+
+  /**
+   * Feature `j`'s weighted standard deviation over its weighted mean (0 when it did not vary, or
+   * without weight): how far a slope on it can be told apart from the intercept.
+   */
+  spread(j: number): number {
+    const w = this.v[0] as number;
+    if (!(w > 1e-9)) return 0;
+    const k = this.k;
+    const m = (this.v[1 + j] as number) / w;
+    // Σx² of feature j: its diagonal entry in the packed upper triangle of Σxxᵀ.
+    const sxx = this.v[1 + k + j * k - (j * (j - 1)) / 2] as number;
+    const variance = sxx / w - m * m;
+    return m > 0 && variance > 0 ? Math.sqrt(variance) / m : 0;
   }
 
   /** Samples ever added (not decayed): a fit needs a few before it means anything, however old. */
@@ -189,8 +199,7 @@ export class FitStats {
     }
     let intercept = my;
     for (let j = 0; j < k; j++) intercept -= (slopes[j] as number) * (mx[j] as number);
-    const spreads = mx.map((m, j) => (m > 0 && cov(j, j) > 0 ? Math.sqrt(cov(j, j)) / m : 0));
-    return { intercept, slopes, spreads, weight: w, samples: this.samples };
+    return { intercept, slopes, weight: w, samples: this.samples };
   }
 }
 

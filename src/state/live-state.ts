@@ -289,6 +289,8 @@ export interface LiveState {
 interface FitCache {
   ttft: FitCoefficients | null;
   tpot: FitCoefficients | null;
+  /** The spread of the TTFT fit's prompt sizes in the backend's own samples (the prior's left out). */
+  ttftPrefillSpread: number;
   ttftError: FitError;
   tpotError: FitError;
 }
@@ -657,8 +659,8 @@ class LiveStateImpl implements LiveState {
   prefillRateTold(backend: string): boolean {
     const be = this.#backends.get(backend)?.state;
     if (be === undefined) return false;
-    const fit = this.#fits(backend, be).ttft;
-    return fit !== null && (fit.spreads[0] as number) >= MIN_PREFILL_SPREAD;
+    const fits = this.#fits(backend, be);
+    return fits.ttft !== null && fits.ttftPrefillSpread >= MIN_PREFILL_SPREAD;
   }
 
   tenantLease(tenant: string, tokens: number): TenantLease {
@@ -1106,11 +1108,15 @@ class LiveStateImpl implements LiveState {
       if (same || (now >= cached.at && now - cached.at < REFIT_MS)) return cached.value;
     }
     const { ttft, tpot } = this.#combined(name, be, now);
+    // Measured before the prior is added: the fleet's spread, lent to a backend that has too few
+    // samples of its own, says nothing of whether this backend's prompts vary.
+    const ttftPrefillSpread = ttft.spread(0);
     ttft.addPrior(pool.ttft, priorWeight(ttft));
     tpot.addPrior(pool.tpot, priorWeight(tpot));
     const value: FitCache = {
       ttft: ttft.solve(this.#minSamples),
       tpot: tpot.solve(this.#minSamples),
+      ttftPrefillSpread,
       ttftError: errorOf(ttft),
       tpotError: errorOf(tpot),
     };

@@ -99,6 +99,31 @@ describe('LiveState with the memory store', () => {
     expect(s.tenantUsage('a').tokens).toBe(15);
   });
 
+  it("tells a backend's prefill rate only from its own prompts' spread, not the spread the fleet's prior lends it", () => {
+    const s = make();
+    const rand = rng(11);
+    // gpu-1 serves chat prompts of every size; gpu-0 one template of 2,000 tokens, alone each time.
+    for (let i = 0; i < 300; i++) {
+      clock += 50;
+      const uncached = 200 + Math.floor(rand() * 3800);
+      observe(s, sample({ backend: 'gpu-1', ttftMs: 50 + 0.1 * uncached, uncachedPromptTokens: uncached }));
+    }
+    for (let i = 0; i < 40; i++) {
+      clock += 50;
+      observe(s, sample({ backend: 'gpu-0', ttftMs: 250, uncachedPromptTokens: 2000 }));
+      // From its third sample on, its own prompts say nothing of its rate.
+      if (i >= 2) expect(s.prefillRateTold('gpu-0')).toBe(false);
+    }
+    expect(s.prefillRateTold('gpu-1')).toBe(true);
+    // gpu-0's prompts come to vary by a tenth: told.
+    for (let i = 0; i < 40; i++) {
+      clock += 50;
+      const uncached = 1800 + 100 * (i % 5);
+      observe(s, sample({ backend: 'gpu-0', ttftMs: 50 + 0.1 * uncached, uncachedPromptTokens: uncached }));
+    }
+    expect(s.prefillRateTold('gpu-0')).toBe(true);
+  });
+
   it('an idle backend keeps its rates: after an hour, or a night, one new sample does not define its fit alone', () => {
     const s = make();
     const rand = rng(7);
