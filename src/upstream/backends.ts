@@ -162,16 +162,18 @@ export class BackendSet {
   }
 
   /**
-   * Another backend serving, in service with its breaker not open, serves each model `b` lists.
+   * Another backend serving, in service with its breaker closed, serves each model `b` lists.
    * With its list unknown it is taken to serve every model: then another serving backend whose list
    * is unknown too, or, for each model any other backend lists, one serving that serves it (at
-   * least one serving in all). An open breaker counts as not serving here, though it half-opens on
-   * its own: counted, a backend was ejected beside the one other whose breaker was open (or that
-   * breaker opened beside it), and the model had no backend at all until the breaker's reset.
+   * least one serving in all). A breaker open or half-open (one trial at a time) counts as not
+   * serving here: counted, a backend was ejected beside the one other whose breaker was open (or
+   * that breaker opened beside it), and the model had no backend at all until the breaker's reset;
+   * half-open counted, it was ejected again at each of the other's trials and rescued when the
+   * trial failed.
    */
   #othersServe(b: Backend): boolean {
     const others: Backend[] = [];
-    for (const o of this.#backends.values()) if (o !== b && o.inService && !o.breaker.opened) others.push(o);
+    for (const o of this.#backends.values()) if (o !== b && o.inService && o.breaker.closed) others.push(o);
     if (others.length === 0) return false;
     const served = (model: string) => others.some((o) => o.mayServe(model));
     if (b.models !== null) {

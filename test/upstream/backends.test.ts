@@ -46,11 +46,12 @@ it('tells each backend added, removed and drained with why: at start, at a reloa
 
 it('leaves a model a backend to serve when an ejection meets an open breaker, in either order', async () => {
   const events: BackendEvent[] = [];
-  const make = () =>
+  const make = (resetTimeoutMs = DEFAULT_BACKEND_SET_OPTIONS.breaker.resetTimeoutMs) =>
     new BackendSet(
       {
         ...DEFAULT_BACKEND_SET_OPTIONS,
         health: { ...DEFAULT_BACKEND_SET_OPTIONS.health, intervalMs: 0 },
+        breaker: { ...DEFAULT_BACKEND_SET_OPTIONS.breaker, resetTimeoutMs },
         outlier: { ...DEFAULT_BACKEND_SET_OPTIONS.outlier, consecutiveFailures: 5, maxEjectionPercent: 50 },
         onEvent: (e) => events.push(e),
       },
@@ -84,4 +85,12 @@ it('leaves a model a backend to serve when an ejection meets an open breaker, in
     { type: 'unejected', backend: 'a' },
   ]);
   await second.close();
+  // b's breaker half-open (one trial at a time) is not b serving either: a is not ejected.
+  const third = make(5);
+  const halfOpen = new Promise<void>((resolve) => third.get('b')!.breaker.once('halfOpen', () => resolve()));
+  third.get('b')!.breaker.open();
+  await halfOpen;
+  for (let i = 0; i < 5; i++) third.get('a')!.blame(fail());
+  expect(third.get('a')!.state).toBe('healthy');
+  await third.close();
 });
