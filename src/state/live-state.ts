@@ -203,10 +203,11 @@ export interface LiveState {
   /** The prefill-work part alone (ms per prefill token × tokens); null without a fit. */
   prefillMs(backend: string, tokens: number): number | null;
   /**
-   * The TTFT fit of `backend` tells its prefill rate apart from its intercept: its prompts' sizes
-   * (with the prefill ahead of them) spread at least MIN_PREFILL_SPREAD of their mean. Prompts all
-   * of about one size, nothing prefilling ahead of them, leave the rate 0 (or what noise makes of
-   * it) and their prefill in the intercept. False without a fit.
+   * The TTFT fit of `backend` tells its own prefill rate apart from its intercept: its own prompts'
+   * sizes (with the prefill ahead of them; this instance's and the peers' samples, not the fleet's
+   * prior) spread at least MIN_PREFILL_SPREAD of their mean. Prompts all of about one size,
+   * nothing prefilling ahead of them, say nothing of the rate: the fit has the fleet's, or 0 (or
+   * what noise makes of it) with their prefill in the intercept. False without a fit.
    */
   prefillRateTold(backend: string): boolean;
   /**

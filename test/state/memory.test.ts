@@ -115,7 +115,7 @@ describe('LiveState with the memory store', () => {
       if (i >= 2) expect(s.prefillRateTold('gpu-0')).toBe(false);
     }
     expect(s.prefillRateTold('gpu-1')).toBe(true);
-    // gpu-0's prompts come to vary by a tenth: told.
+    // gpu-0's prompts come to spread by 5% of their size (1,800 to 2,200 tokens): told.
     for (let i = 0; i < 40; i++) {
       clock += 50;
       const uncached = 1800 + 100 * (i % 5);
