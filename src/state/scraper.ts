@@ -77,6 +77,8 @@ interface TargetState {
   scrapedMono: number | null;
   lastError: string | null;
   consecutiveFailures: number;
+  /** The process start time of the last page that had one, whether its gauges were there or not. */
+  startS: number | null;
   timer: NodeJS.Timeout | null;
   inflight: { abort: AbortController; done: Promise<void> } | null;
   removed: boolean;
@@ -125,6 +127,7 @@ export class TelemetryScraper {
         scrapedMono: null,
         lastError: null,
         consecutiveFailures: 0,
+        startS: null,
         timer: null,
         inflight: null,
         removed: false,
@@ -211,15 +214,19 @@ export class TelemetryScraper {
         chunks.push(chunk as Buffer);
       }
       const metrics = parseVllmMetrics(Buffer.concat(chunks).toString('utf8'));
-      if (metrics.running === null && metrics.waiting === null) {
-        throw new Error('/metrics has no vllm:num_requests_running or vllm:num_requests_waiting');
-      }
       if (t.removed) return;
-      // A new process: what the old one counted says nothing about the new one's hit rate.
-      const restart = restarted(t.metrics, metrics);
-      if (restart)
-        this.#onRestart?.(t.name, { before: t.metrics?.processStartS ?? null, after: metrics.processStartS });
-      if (metrics.processStartS !== null) this.#onStart?.(t.name, metrics.processStartS);
+      // A new process: what the old one counted says nothing about the new one's hit rate. Seen by
+      // its start time on any page that has one, the scheduler's gauges there or not: a server run
+      // with --disable-log-stats exports no vllm:* series, and its restarts still end what the
+      // index held of the dead process.
+      const gauges = metrics.running !== null || metrics.waiting !== null;
+      const restart = restarted(t.startS, gauges ? t.metrics : null, metrics);
+      if (restart) this.#onRestart?.(t.name, { before: t.startS, after: metrics.processStartS });
+      if (metrics.processStartS !== null) {
+        t.startS = metrics.processStartS;
+        this.#onStart?.(t.name, metrics.processStartS);
+      }
+      if (!gauges) throw new Error('/metrics has no vllm:num_requests_running or vllm:num_requests_waiting');
       t.prefixHitRate = restart ? hitRate(null, metrics, null) : hitRate(t.metrics, metrics, t.prefixHitRate);
       t.metrics = metrics;
       t.scrapedAt = this.#now();
@@ -246,19 +253,24 @@ function metricsUrl(base: string): string {
  * prometheus_client reports it (read once from /proc); an exporter whose value drifts upward would
  * read as restarting.
  */
-function restarted(prev: VllmMetrics | null, cur: VllmMetrics): boolean {
+/** A later start time than the last seen (`startS`), or prefix counters below the last good page's. */
+function restarted(startS: number | null, prev: VllmMetrics | null, cur: VllmMetrics): boolean {
+  const later = startS !== null && cur.processStartS !== null && cur.processStartS > startS;
+  if (later) return true;
   if (prev === null) return false;
   const fell = (a: number | null, b: number | null) => a !== null && b !== null && b < a;
-  const later =
-    prev.processStartS !== null && cur.processStartS !== null && cur.processStartS > prev.processStartS;
-  return later || fell(prev.prefixQueries, cur.prefixQueries) || fell(prev.prefixHits, cur.prefixHits);
+  return fell(prev.prefixQueries, cur.prefixQueries) || fell(prev.prefixHits, cur.prefixHits);
 }
 
 /** Hit rate over the last interval that saw lookups; else the previous one; else since start. */
 function hitRate(prev: VllmMetrics | null, cur: VllmMetrics, prevRate: number | null): number | null {
   const q = cur.prefixQueries;
   const h = cur.prefixHits;
-  if (q === null || h === null) return cur.prefixHitRateGauge;
+  // vLLM v0's gauge reads -1 where prefix caching is off: not a rate, and not measured.
+  if (q === null || h === null) {
+    const g = cur.prefixHitRateGauge;
+    return g !== null && g >= 0 && g <= 1 ? g : null;
+  }
   const pq = prev?.prefixQueries;
   const ph = prev?.prefixHits;
   // A counter that went down means the engine restarted: the old values say nothing any more.

@@ -74,7 +74,10 @@ export function parseVllmMetrics(text: string): VllmMetrics {
       const bs = Number(sample.labels.block_size);
       const nb = Number(sample.labels.num_gpu_blocks);
       if (Number.isFinite(bs) && bs > 0 && blockSize === null) blockSize = bs;
-      if (Number.isFinite(nb) && nb > 0) numGpuBlocks = (numGpuBlocks ?? 0) + nb;
+      // Not summed over engines: with data parallelism vLLM's front end adds every engine's blocks
+      // into the one cache config it then writes once per engine, so each series holds the
+      // server's total already.
+      if (Number.isFinite(nb) && nb > 0) numGpuBlocks = Math.max(numGpuBlocks ?? 0, nb);
       continue;
     }
     if (!Number.isFinite(sample.value)) continue;

@@ -300,6 +300,50 @@ describe('vLLM telemetry scraper', () => {
     expect(state.prefixMatch('x', blocks)).toBe(0);
   });
 
+  it('sees a restart by its start time on a page without the scheduler gauges (a server run with --disable-log-stats)', async () => {
+    let start = 1_700_000_000.25;
+    let served = 0;
+    const srv = await metricsServer(() => {
+      served++;
+      return `# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds ${start}\n`;
+    });
+    cleanups.push(() => closeServer(srv.server));
+    const restarts: string[] = [];
+    const state = createLiveState(
+      { store: 'memory' },
+      {
+        backends: [{ name: 'x', url: srv.url }],
+        scrape: { intervalMs: 20 },
+        onBackendRestart: (n) => restarts.push(n),
+      },
+    );
+    cleanups.push(() => state.close());
+    await until(() => served >= 2, 2_000, 'two scrapes');
+    const blocks = [31, 32, 33];
+    state.prefixInsert('x', blocks);
+    expect(restarts).toEqual([]);
+    // No telemetry (each scrape fails for want of the gauges), but the start time moves: a restart.
+    start += 40;
+    const after = served;
+    await until(() => served >= after + 2, 2_000, 'x after its restart');
+    expect(restarts).toEqual(['x']);
+    expect(state.prefixMatch('x', blocks)).toBe(0);
+  });
+
+  it("reads vLLM v0's hit-rate gauge at -1 (prefix caching off) as no rate, not a rate of -1", async () => {
+    const srv = await metricsServer(
+      () => 'vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:gpu_prefix_cache_hit_rate -1.0\n',
+    );
+    cleanups.push(() => closeServer(srv.server));
+    const state = createLiveState(
+      { store: 'memory' },
+      { backends: [{ name: 'x', url: srv.url }], scrape: { intervalMs: 20 } },
+    );
+    cleanups.push(() => state.close());
+    await until(() => state.telemetry('x')?.waiting === 0, 2_000, 'first scrape');
+    expect(state.telemetry('x')?.prefixHitRate).toBeNull();
+  });
+
   it("takes a new process's prefix hit rate afresh, not across the restart", async () => {
     // The old process: 900 hits in 1,000 queried tokens. The new one has already counted past it
     // (3,000 and 1,000) when the first scrape after the restart sees it: nothing fell, the start

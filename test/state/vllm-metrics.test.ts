@@ -23,8 +23,8 @@ vllm:gpu_prefix_cache_queries_total{engine="1",model_name="m"} 500000.0
 vllm:gpu_prefix_cache_queries_created{engine="0",model_name="m"} 1.7e+09
 vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 600000.0
 vllm:gpu_prefix_cache_hits_total{engine="1",model_name="m"} 400000.0
-vllm:cache_config_info{num_gpu_blocks="9000",block_size="32",cache_dtype="auto",engine="0"} 1.0
-vllm:cache_config_info{num_gpu_blocks="9000",block_size="32",cache_dtype="auto",engine="1"} 1.0
+vllm:cache_config_info{num_gpu_blocks="18000",block_size="32",cache_dtype="auto",engine="0"} 1.0
+vllm:cache_config_info{num_gpu_blocks="18000",block_size="32",cache_dtype="auto",engine="1"} 1.0
 vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 3.0
 # HELP process_start_time_seconds Start time of the process since unix epoch in seconds.
 # TYPE process_start_time_seconds gauge
@@ -32,6 +32,8 @@ process_start_time_seconds 1.71234e+09
 `;
 
 describe('vLLM /metrics parsing', () => {
+  // Two data-parallel engines of 9,000 blocks each: the front end writes the server's total (it
+  // sums the engines into its one cache config) on each engine's cache_config_info series.
   it('reads older vLLM names, sums engines, averages KV usage, ignores NaN and other series', () => {
     expect(parseVllmMetrics(OLD_VLLM)).toEqual({
       running: 12,
