@@ -62,7 +62,10 @@ export interface ScraperOptions {
    * down, between two scrapes): a new process holds nothing of what the old one had cached.
    */
   onRestart?: (backend: string, startS: { before: number | null; after: number | null }) => void;
-  /** Called at every good scrape that reports the process start time (after onRestart, if both). */
+  /**
+   * Called at every scrape whose page reports the process start time, its gauges there or not
+   * (after onRestart, if both).
+   */
   onStart?: (backend: string, startS: number) => void;
 }
 
@@ -226,7 +229,14 @@ export class TelemetryScraper {
         t.startS = metrics.processStartS;
         this.#onStart?.(t.name, metrics.processStartS);
       }
-      if (!gauges) throw new Error('/metrics has no vllm:num_requests_running or vllm:num_requests_waiting');
+      if (!gauges) {
+        // What the dead process counted is no baseline for the new one's next page.
+        if (restart) {
+          t.metrics = null;
+          t.prefixHitRate = null;
+        }
+        throw new Error('/metrics has no vllm:num_requests_running or vllm:num_requests_waiting');
+      }
       t.prefixHitRate = restart ? hitRate(null, metrics, null) : hitRate(t.metrics, metrics, t.prefixHitRate);
       t.metrics = metrics;
       t.scrapedAt = this.#now();
@@ -246,14 +256,13 @@ function metricsUrl(base: string): string {
 }
 
 /**
- * A new server process since the last good scrape: it started later (process_start_time_seconds,
- * when exported), or a prefix-cache counter went down (it counts from 0 again). The start time
- * also sees a process that died before it counted anything, whose successor's counters have
- * nothing to fall from. It takes the start time for one constant per process, as vLLM's
- * prometheus_client reports it (read once from /proc); an exporter whose value drifts upward would
- * read as restarting.
+ * A new server process: it started later than the last start time seen on any page (`startS`;
+ * process_start_time_seconds, when exported), or a prefix-cache counter went down from the last
+ * good page's (`prev`: it counts from 0 again). The start time also sees a process that died
+ * before it counted anything, whose successor's counters have nothing to fall from. It takes the
+ * start time for one constant per process, as vLLM's prometheus_client reports it (read once from
+ * /proc); an exporter whose value drifts upward would read as restarting.
  */
-/** A later start time than the last seen (`startS`), or prefix counters below the last good page's. */
 function restarted(startS: number | null, prev: VllmMetrics | null, cur: VllmMetrics): boolean {
   const later = startS !== null && cur.processStartS !== null && cur.processStartS > startS;
   if (later) return true;

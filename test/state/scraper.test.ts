@@ -330,6 +330,33 @@ describe('vLLM telemetry scraper', () => {
     expect(state.prefixMatch('x', blocks)).toBe(0);
   });
 
+  it('a restart seen on a page without the gauges leaves no baseline of the dead process for the next page', async () => {
+    // The old process: 1,000 queried tokens, 900 hits, started at 100. Then a page with its
+    // successor's start time alone; then that successor's page with its own counters.
+    const pages = [
+      'vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:prefix_cache_queries_total 1000\nvllm:prefix_cache_hits_total 900\nprocess_start_time_seconds 100\n',
+      'process_start_time_seconds 200\n',
+      'vllm:num_requests_running 0\nvllm:num_requests_waiting 1\nvllm:prefix_cache_queries_total 3000\nvllm:prefix_cache_hits_total 1000\nprocess_start_time_seconds 200\n',
+    ];
+    let served = 0;
+    const srv = await metricsServer(() => pages[Math.min(served++, pages.length - 1)]!);
+    cleanups.push(() => closeServer(srv.server));
+    const restarts: string[] = [];
+    const state = createLiveState(
+      { store: 'memory' },
+      {
+        backends: [{ name: 'x', url: srv.url }],
+        scrape: { intervalMs: 20 },
+        onBackendRestart: (n) => restarts.push(n),
+      },
+    );
+    cleanups.push(() => state.close());
+    await until(() => state.telemetry('x')?.waiting === 1, 2_000, 'the new process scraped');
+    // One restart, and the new process's own hit rate (1,000 of 3,000), not one across the two.
+    expect(restarts).toEqual(['x']);
+    expect(state.telemetry('x')?.prefixHitRate).toBeCloseTo(1 / 3, 6);
+  });
+
   it("reads vLLM v0's hit-rate gauge at -1 (prefix caching off) as no rate, not a rate of -1", async () => {
     const srv = await metricsServer(
       () => 'vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:gpu_prefix_cache_hit_rate -1.0\n',
