@@ -230,10 +230,15 @@ export class TelemetryScraper {
         this.#onStart?.(t.name, metrics.processStartS);
       }
       if (!gauges) {
-        // What the dead process counted is no baseline for the new one's next page.
+        // The dead process's figures go, and with them its counters as the baseline of the new
+        // one's next page; its cache config stays (a restarted server almost always has the same,
+        // and the prefix index is sized on it) until the new process's page gives its own. Never
+        // scraped, the new process reads as saturated, as any backend not scraped yet does.
         if (restart) {
-          t.metrics = null;
+          t.metrics = t.metrics === null ? null : cacheConfigOf(t.metrics, metrics.processStartS);
           t.prefixHitRate = null;
+          t.scrapedAt = null;
+          t.scrapedMono = null;
         }
         throw new Error('/metrics has no vllm:num_requests_running or vllm:num_requests_waiting');
       }
@@ -255,10 +260,26 @@ function metricsUrl(base: string): string {
   return `${base.replace(/\/+$/, '')}/metrics`;
 }
 
+/** `m`'s cache config alone, every gauge and counter unknown. */
+function cacheConfigOf(m: VllmMetrics, processStartS: number | null): VllmMetrics {
+  return {
+    running: null,
+    waiting: null,
+    kvCacheUsage: null,
+    prefixQueries: null,
+    prefixHits: null,
+    prefixHitRateGauge: null,
+    blockSize: m.blockSize,
+    numGpuBlocks: m.numGpuBlocks,
+    processStartS,
+  };
+}
+
 /**
  * A new server process: it started later than the last start time seen on any page (`startS`;
  * process_start_time_seconds, when exported), or a prefix-cache counter went down from the last
- * good page's (`prev`: it counts from 0 again). The start time also sees a process that died
+ * good page's of the current process (`prev`: it counts from 0 again; none on a page without the
+ * gauges). The start time also sees a process that died
  * before it counted anything, whose successor's counters have nothing to fall from. It takes the
  * start time for one constant per process, as vLLM's prometheus_client reports it (read once from
  * /proc); an exporter whose value drifts upward would read as restarting.

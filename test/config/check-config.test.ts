@@ -148,4 +148,23 @@ describe('slagate check-config', () => {
     expect(extra.code).toBe(2);
     expect(extra.stderr).toMatch(/^slagate check-config: give one FILE \(got 2\)\n\nusage:/);
   });
+
+  it('says what is wrong with its arguments before the usage, exit 2', async () => {
+    const cases = [
+      [['--confg', 'x.yaml'], "Unknown option '--confg'"],
+      [['--bogus'], "Unknown option '--bogus'"],
+      [['a.yaml', 'b.yaml'], 'give one FILE (got 2)'],
+      [[], 'give one FILE (got 0)'],
+    ] as const;
+    for (const [args, reason] of cases) {
+      const r = await run([...args]);
+      expect(r.code, args.join(' ')).toBe(2);
+      expect(r.stdout).toBe('');
+      const [first, blank, usage] = r.stderr.split('\n');
+      expect(first).toMatch(/^slagate check-config: /);
+      expect(first).toContain(reason);
+      expect(blank).toBe('');
+      expect(usage).toMatch(/^usage: slagate check-config FILE/);
+    }
+  });
 });

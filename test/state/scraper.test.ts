@@ -357,6 +357,35 @@ describe('vLLM telemetry scraper', () => {
     expect(state.telemetry('x')?.prefixHitRate).toBeCloseTo(1 / 3, 6);
   });
 
+  it("keeps a backend's KV size through a restart seen on a page without the gauges, and shows none of the dead process's figures", async () => {
+    const pages = [
+      'vllm:num_requests_running 2\nvllm:num_requests_waiting 0\nvllm:cache_config_info{num_gpu_blocks="50000",block_size="16"} 1\nprocess_start_time_seconds 100\n',
+      'process_start_time_seconds 200\n',
+    ];
+    let served = 0;
+    const srv = await metricsServer(() => pages[Math.min(served++, pages.length - 1)]!);
+    cleanups.push(() => closeServer(srv.server));
+    const restarts: string[] = [];
+    const state = createLiveState(
+      { store: 'memory' },
+      {
+        backends: [{ name: 'x', url: srv.url }],
+        scrape: { intervalMs: 20 },
+        onBackendRestart: (n) => restarts.push(n),
+      },
+    );
+    cleanups.push(() => state.close());
+    await until(() => restarts.length === 1, 2_000, 'the restart');
+    const t = state.telemetry('x')!;
+    expect(t).toMatchObject({
+      running: null,
+      numGpuBlocks: 50_000,
+      blockSize: 16,
+      scrapedAt: null,
+      saturated: true,
+    });
+  });
+
   it("reads vLLM v0's hit-rate gauge at -1 (prefix caching off) as no rate, not a rate of -1", async () => {
     const srv = await metricsServer(
       () => 'vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:gpu_prefix_cache_hit_rate -1.0\n',

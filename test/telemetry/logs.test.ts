@@ -372,6 +372,41 @@ describe('slagate logs', () => {
     }
   });
 
+  it('--since refuses a date or time of day that does not exist, and takes every real one, in each format', async () => {
+    const path = join(dir, 'admission.log');
+    await appendFile(path, '');
+    const impossible = [
+      ['2026-02-30', 'date'],
+      ['2026-02-29', 'date'],
+      ['1900-02-29', 'date'],
+      ['2026-04-31', 'date'],
+      ['2026-12-01T24:00:00Z', 'time of day'],
+      ['2026-12-01 23:59:60', 'time of day'],
+      ['2026-12-01t10:60z', 'time of day'],
+    ] as const;
+    for (const [since, what] of impossible) {
+      const t = io();
+      expect(await logsCommand([path, '--since', since], t.io), since).toBe(2);
+      expect(t.err(), since).toBe(`slagate logs: --since ${since}: no such ${what}\n`);
+    }
+    const real = [
+      '2028-02-29',
+      '2000-02-29',
+      '2026-12-31T23:59:59.999Z',
+      '2026-12-01 00:00',
+      '2026-12-01t10:00:00z',
+      '2026-12-01T10:00:00+0100',
+      '2026-12-01T10:00:00+01',
+      '2026-12-01T10:00:00-05:00',
+      '15m',
+    ];
+    for (const since of real) {
+      const t = io();
+      expect(await logsCommand([path, '--since', since], t.io), since).toBe(0);
+      expect(t.err(), since).toBe('');
+    }
+  });
+
   it("skips a line shaped like a record whose fields are not a record's, and reports the rest", async () => {
     const path = join(dir, 'admission.log');
     const good = {
