@@ -122,16 +122,14 @@ describe('slagate sim', () => {
     const flags = ['port', 'seed', 'admin-port', 'model', 'profile', 'replicas', 'time-scale', 'host'];
     const cases = [...flags.map((flag) => [flag, ''] as const), ['model', '  '] as const];
     // Each after a valid --port 0 (the last value wins): one that started would take no fixed port.
-    const results = await Promise.all(
-      cases.map(([flag, value]) => runRefused(['--replicas', '1', '--port', '0', `--${flag}=${value}`])),
-    );
-    results.forEach((r, i) => {
-      const [flag, value] = cases[i]!;
+    // One after the other: a burst of CLI processes on two cores starves the other test files.
+    for (const [flag, value] of cases) {
+      const r = await runRefused(['--replicas', '1', '--port', '0', `--${flag}=${value}`]);
       const what = `--${flag}=${JSON.stringify(value)}`;
       expect(r.code, what).toBe(2);
       expect(r.out, what).toBe('');
       expect(r.err.trimEnd().split('\n'), what).toHaveLength(1);
       expect(r.err, what).toMatch(new RegExp(`^slagate sim: --${flag} must not be empty`));
-    });
+    }
   });
 });
