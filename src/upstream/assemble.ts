@@ -10,8 +10,8 @@
 // Several choices (n > 1, several completion prompts) are folded by their index into the body's
 // choices, in index order. A choice's tool calls are folded by their own index (the first delta
 // that names a call carries its id, type and function name; its arguments come in pieces), and a
-// completion's logprobs are the chunks' four parallel lists joined (vLLM streams the text offsets
-// from the start of the output, and every token's logprobs). Shapes it does not cover are sent
+// completion's logprobs are the chunks' four parallel lists joined, but for the text offsets, which
+// the body chains from each token's own length, as vLLM's non-streamed body does (logprobsOf). Shapes it does not cover are sent
 // upstream non-streamed and relayed as they come (`assemblable` says which): a chat's logprobs
 // (vLLM's chat stream drops the chunks its tool and reasoning parsers hold back, logprobs and all:
 // `<tool_call>`, a call's name, `<think>`; its non-streamed body lists every token), tools with
@@ -189,7 +189,9 @@ export class Assembler {
       else this.#usage = chunk.usage;
     }
     if (!hasChoices) return;
-    for (const c of chunk.choices as Choice[]) {
+    for (const c of chunk.choices as (Choice | null)[]) {
+      // As the relay does for a stream: a choice that is no object carries nothing to fold.
+      if (c === null || typeof c !== 'object') continue;
       const index = typeof c.index === 'number' ? c.index : 0;
       let st = this.#choices.get(index);
       if (st === undefined) {
@@ -382,10 +384,26 @@ function foldLogprobs(st: ChoiceState, logprobs: Record<string, unknown>): numbe
   return chars;
 }
 
-/** A completion choice's logprobs as vLLM's non-streamed body writes them; null when no chunk carried any. */
+/**
+ * A completion choice's logprobs as vLLM's non-streamed body writes them; null when no chunk
+ * carried any. Its text offsets are not the streamed ones: the body chains each token's own length
+ * (in code points, as Python counts) from 0, where a stream gives the length of the text it had
+ * sent; the two differ wherever a token's text alone is not what it added to the output (a byte
+ * token of a character split in two reads "�" alone and adds nothing until the second).
+ */
 function logprobsOf(st: ChoiceState): Record<string, unknown> | null {
   if (st.logprobs === null) return null;
   const out: Record<string, unknown> = {};
   for (const name of COMPLETION_LOGPROB_LISTS) out[name] = st.logprobs.get(name) ?? [];
+  const tokens = st.logprobs.get('tokens');
+  if (tokens?.every((t) => typeof t === 'string')) {
+    const offsets: number[] = [];
+    let at = 0;
+    for (const t of tokens as string[]) {
+      offsets.push(at);
+      for (const _ of t) at++;
+    }
+    out.text_offset = offsets;
+  }
   return out;
 }

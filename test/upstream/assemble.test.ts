@@ -282,7 +282,7 @@ describe('tool calls and logprobs, folded from their deltas', () => {
     expect(assemblable('chat', { model: 'm', messages: [], n: 3 })).toBe(true);
   });
 
-  it("completions: the four lists of each chunk joined, in vLLM's order, the text offsets as streamed", () => {
+  it("completions: the four lists of each chunk joined, in vLLM's order", () => {
     const cmpl = (
       text: string,
       offset: number,
@@ -325,5 +325,47 @@ describe('tool calls and logprobs, folded from their deltas', () => {
       top_logprobs: [{ ' once': -1 }, { ' upon': -2 }],
     });
     expect(Object.keys(choice.logprobs)).toEqual(['text_offset', 'token_logprobs', 'tokens', 'top_logprobs']);
+  });
+
+  it("completions: the text offsets chain each token's own length, as vLLM's body does, not the streamed text's", () => {
+    // "🙂!" as three byte-level tokens: the emoji's two halves each read "�" alone, and the first
+    // adds no text to the stream. Streamed offsets 0, 0, 2 (the stream's text so far: "", "🙂"
+    // is two UTF-16 units but one code point to Python); the body's 0, 1, 2.
+    const a = new Assembler('completion');
+    const chunk = (
+      text: string,
+      token: string,
+      offset: number,
+      finish: string | null = null,
+    ): StreamChunk => ({
+      ...head,
+      object: 'text_completion',
+      choices: [
+        {
+          index: 0,
+          text,
+          logprobs: { text_offset: [offset], token_logprobs: [-1], tokens: [token], top_logprobs: [null] },
+          finish_reason: finish,
+          stop_reason: null,
+        },
+      ],
+    });
+    a.add(chunk('', '\ufffd', 0));
+    a.add(chunk('🙂', '\ufffd', 0));
+    a.add(chunk('!', '!', 1, 'length'));
+    const choice = JSON.parse(a.body().toString()).choices[0];
+    expect(choice.text).toBe('🙂!');
+    expect(choice.logprobs.text_offset).toEqual([0, 1, 2]);
+  });
+
+  it('skips a choice that is no object, as the relay does for a stream', () => {
+    const a = new Assembler('completion');
+    a.add({ ...head, object: 'text_completion', choices: [null] } as unknown as StreamChunk);
+    a.add({
+      ...head,
+      object: 'text_completion',
+      choices: [{ index: 0, text: 'ok', logprobs: null, finish_reason: 'stop', stop_reason: null }],
+    });
+    expect(JSON.parse(a.body().toString()).choices[0].text).toBe('ok');
   });
 });
