@@ -1,7 +1,10 @@
 // GET /v1/models and the context limit, built from the configured served names and what the
 // backends report. The configured names are the allowlist: a model a backend serves but the
 // config does not name is not offered, and a configured model is offered even before any
-// backend has answered (vLLM fields then fall back to safe values).
+// backend has answered (vLLM fields then fall back to safe values: `root` the name itself,
+// `parent` null). A card's `root` (the model's path, which `vllm bench serve` loads its tokenizer
+// from when it is given no model) and `parent` (a LoRA adapter's base) are a backend's; its
+// `owned_by` is the gateway's, which serves the list itself.
 
 import { request } from 'undici';
 
@@ -32,11 +35,19 @@ export interface CatalogTarget {
   learned?(models: ReadonlySet<string>): void;
 }
 
+/** Where a served model comes from, as vLLM's card says: its path, and a LoRA adapter's base. */
+interface Lineage {
+  root: string;
+  parent: string | null;
+}
+
 export class ModelCatalog {
   readonly #served: readonly string[];
   readonly #created = Math.floor(Date.now() / 1000);
   /** model id → the smallest max_model_len any backend reported for it. */
   readonly #maxLen = new Map<string, number>();
+  /** model id → the root and parent a backend's card gave it (the first answer of a refresh). */
+  readonly #lineage = new Map<string, Lineage>();
 
   constructor(served: readonly string[]) {
     this.#served = served;
@@ -66,7 +77,11 @@ export class ModelCatalog {
    * catalog's) and returns the ids it lists (vLLM's: its served names and its LoRA adapters); null
    * for a body of another shape, which is ignored (not read as "serves nothing").
    */
-  learn(body: unknown, lens: Map<string, number> = this.#maxLen): Set<string> | null {
+  learn(
+    body: unknown,
+    lens: Map<string, number> = this.#maxLen,
+    lineage: Map<string, Lineage> = this.#lineage,
+  ): Set<string> | null {
     const data = (body as { data?: unknown } | null)?.data;
     if (!Array.isArray(data)) return null;
     const ids = new Set<string>();
@@ -77,6 +92,9 @@ export class ModelCatalog {
       // Lengths of the names it serves only: a backend's other names (adapters loaded at run
       // time, one per job) would otherwise be kept for good, never looked up.
       if (!this.has(id)) continue;
+      const { root, parent } = card as { root?: unknown; parent?: unknown };
+      if (typeof root === 'string' && root !== '' && !lineage.has(id))
+        lineage.set(id, { root, parent: typeof parent === 'string' ? parent : null });
       const len = (card as { max_model_len?: unknown }).max_model_len;
       if (typeof len !== 'number' || !(len > 0)) continue;
       const prev = lens.get(id);
@@ -137,13 +155,14 @@ export class ModelCatalog {
   async #refresh(backends: readonly CatalogTarget[], timeoutMs: number): Promise<void> {
     const seq = ++this.#started;
     const fresh = new Map<string, number>();
+    const lineage = new Map<string, Lineage>();
     const listed = new Map<CatalogTarget, Set<string>>();
     // Not AbortSignal.timeout: its timer would outlive the refresh (and a closed gateway).
     const deadline = new AbortController();
     const timer = setTimeout(() => deadline.abort(), timeoutMs);
     const signal = deadline.signal;
     try {
-      await this.#ask(backends, signal, fresh, listed);
+      await this.#ask(backends, signal, fresh, lineage, listed);
     } finally {
       clearTimeout(timer);
     }
@@ -152,6 +171,7 @@ export class ModelCatalog {
     if (seq < this.#applied) return;
     this.#applied = seq;
     for (const [id, len] of fresh) this.#maxLen.set(id, len);
+    for (const [id, from] of lineage) this.#lineage.set(id, from);
     // A backend that did not answer keeps the names it last listed: down now, it serves them
     // again when it comes back, most likely.
     for (const [target, models] of listed) target.learned?.(models);
@@ -161,6 +181,7 @@ export class ModelCatalog {
     backends: readonly CatalogTarget[],
     signal: AbortSignal,
     fresh: Map<string, number>,
+    lineage: Map<string, Lineage>,
     listed: Map<CatalogTarget, Set<string>>,
   ): Promise<void> {
     await Promise.all(
@@ -185,7 +206,7 @@ export class ModelCatalog {
             }
             chunks.push(chunk as Buffer);
           }
-          const models = this.learn(JSON.parse(Buffer.concat(chunks).toString('utf8')), fresh);
+          const models = this.learn(JSON.parse(Buffer.concat(chunks).toString('utf8')), fresh, lineage);
           if (models !== null) listed.set(target, models);
         } catch {
           // A backend that cannot answer now is retried at the next refresh.
@@ -202,8 +223,8 @@ export class ModelCatalog {
         object: 'model',
         created: this.#created,
         owned_by: 'slagate',
-        root: id,
-        parent: null,
+        root: this.#lineage.get(id)?.root ?? id,
+        parent: this.#lineage.get(id)?.parent ?? null,
         max_model_len: this.#maxLen.get(id) ?? null,
         permission: [],
       })),
