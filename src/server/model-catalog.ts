@@ -46,7 +46,10 @@ export class ModelCatalog {
   readonly #created = Math.floor(Date.now() / 1000);
   /** model id → the smallest max_model_len any backend reported for it. */
   readonly #maxLen = new Map<string, number>();
-  /** model id → the root and parent a backend's card gave it (the first answer of a refresh). */
+  /**
+   * model id → the root and parent a backend's card gave it: of a refresh, the first backend in the
+   * configured order that listed it; a model no backend listed keeps what it had.
+   */
   readonly #lineage = new Map<string, Lineage>();
 
   constructor(served: readonly string[]) {
@@ -184,8 +187,9 @@ export class ModelCatalog {
     lineage: Map<string, Lineage>,
     listed: Map<CatalogTarget, Set<string>>,
   ): Promise<void> {
+    const lineages: (Map<string, Lineage> | undefined)[] = [];
     await Promise.all(
-      backends.map(async (target) => {
+      backends.map(async (target, i) => {
         const { url, authorization } = target;
         try {
           const res = await request(new URL('/v1/models', url), {
@@ -206,13 +210,21 @@ export class ModelCatalog {
             }
             chunks.push(chunk as Buffer);
           }
-          const models = this.learn(JSON.parse(Buffer.concat(chunks).toString('utf8')), fresh, lineage);
+          // Each backend's lineage apart, taken in the configured order below: the first to answer
+          // would make a card's root change from one refresh to the next where backends differ.
+          const own = new Map<string, Lineage>();
+          lineages[i] = own;
+          const models = this.learn(JSON.parse(Buffer.concat(chunks).toString('utf8')), fresh, own);
           if (models !== null) listed.set(target, models);
         } catch {
           // A backend that cannot answer now is retried at the next refresh.
         }
       }),
     );
+    for (const own of lineages) {
+      if (own === undefined) continue;
+      for (const [id, from] of own) if (!lineage.has(id)) lineage.set(id, from);
+    }
   }
 
   list(): { object: 'list'; data: ModelCard[] } {

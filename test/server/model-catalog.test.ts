@@ -43,3 +43,42 @@ describe('the model catalog', () => {
     expect(card('not-yet')).toMatchObject({ root: 'not-yet', parent: null, max_model_len: null });
   });
 });
+
+describe('the model catalog, refreshed from backends that differ', () => {
+  it("takes a card's root from the first backend in the configured order that lists it, whichever answers first", async () => {
+    const { createServer } = await import('node:http');
+    let bAnswered: () => void = () => {};
+    const answeredB = new Promise<void>((resolve) => {
+      bAnswered = resolve;
+    });
+    const cards = (root: string) =>
+      JSON.stringify({
+        object: 'list',
+        data: [{ id: 'm', object: 'model', root, parent: null, max_model_len: 4096 }],
+      });
+    // a is configured first but answers only once b has.
+    const a = createServer((_req, res) => {
+      void answeredB.then(() =>
+        res.writeHead(200, { 'content-type': 'application/json' }).end(cards('/models/m-awq')),
+      );
+    });
+    const b = createServer((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' }).end(cards('acme/m'), () => bAnswered());
+    });
+    const listen = (s: typeof a) =>
+      new Promise<string>((resolve) =>
+        s.listen(0, '127.0.0.1', () => resolve(`http://127.0.0.1:${(s.address() as { port: number }).port}`)),
+      );
+    const [urlA, urlB] = [await listen(a), await listen(b)];
+    try {
+      const catalog = new ModelCatalog(['m']);
+      await catalog.refresh([{ url: urlA }, { url: urlB }]);
+      expect(catalog.list().data[0]).toMatchObject({ id: 'm', root: '/models/m-awq' });
+    } finally {
+      a.closeAllConnections();
+      b.closeAllConnections();
+      a.close();
+      b.close();
+    }
+  });
+});

@@ -329,7 +329,7 @@ describe('tool calls and logprobs, folded from their deltas', () => {
 
   it("completions: the text offsets chain each token's own length, as vLLM's body does, not the streamed text's", () => {
     // "🙂!" as three byte-level tokens: the emoji's two halves each read "�" alone, and the first
-    // adds no text to the stream. Streamed offsets 0, 0, 2 (the stream's text so far: "", "🙂"
+    // adds no text to the stream. Streamed offsets 0, 0, 1 (the stream's text so far: "", "🙂"
     // is two UTF-16 units but one code point to Python); the body's 0, 1, 2.
     const a = new Assembler('completion');
     const chunk = (
