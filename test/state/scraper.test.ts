@@ -1,3 +1,4 @@
+import type { Server } from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
 import { type Fleet, startFleet } from '../../src/sim/fleet.ts';
 import { createLiveState } from '../../src/state/index.ts';
@@ -23,6 +24,28 @@ describe('vLLM telemetry scraper', () => {
     await fleet?.close();
     fleet = undefined;
   });
+
+  /** A backend whose /metrics answers `pages` in turn (the last one again and again). */
+  async function pagesServer(pages: string[]): Promise<{ url: string; server: Server }> {
+    let served = 0;
+    return metricsServer(() => pages[Math.min(served++, pages.length - 1)]!);
+  }
+
+  /** A live state scraping `srv` as backend x every 20 ms, with the restarts it tells; both closed after the test. */
+  function scraped(srv: { url: string; server: Server }) {
+    cleanups.push(() => closeServer(srv.server));
+    const restarts: string[] = [];
+    const state = createLiveState(
+      { store: 'memory' },
+      {
+        backends: [{ name: 'x', url: srv.url }],
+        scrape: { intervalMs: 20 },
+        onBackendRestart: (n) => restarts.push(n),
+      },
+    );
+    cleanups.push(() => state.close());
+    return { state, restarts };
+  }
 
   it('scrapes the simulator’s /metrics and follows its engine', async () => {
     fleet = await startFleet({ replicas: 1, profile: 'llama3-8b-h100', timeScale: 0.01 });
@@ -273,17 +296,7 @@ describe('vLLM telemetry scraper', () => {
     let start = 1_700_000_000.25;
     let waiting = 0;
     const srv = await metricsServer(() => vllmPage({ waiting, startS: start, prefix: [0, 0] }));
-    cleanups.push(() => closeServer(srv.server));
-    const restarts: string[] = [];
-    const state = createLiveState(
-      { store: 'memory' },
-      {
-        backends: [{ name: 'x', url: srv.url }],
-        scrape: { intervalMs: 20 },
-        onBackendRestart: (n) => restarts.push(n),
-      },
-    );
-    cleanups.push(() => state.close());
+    const { state, restarts } = scraped(srv);
     await until(() => state.telemetry('x')?.waiting === 0, 2_000, 'first scrape');
     const blocks = [21, 22, 23];
     state.prefixInsert('x', blocks);
@@ -307,17 +320,7 @@ describe('vLLM telemetry scraper', () => {
       served++;
       return `# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds ${start}\n`;
     });
-    cleanups.push(() => closeServer(srv.server));
-    const restarts: string[] = [];
-    const state = createLiveState(
-      { store: 'memory' },
-      {
-        backends: [{ name: 'x', url: srv.url }],
-        scrape: { intervalMs: 20 },
-        onBackendRestart: (n) => restarts.push(n),
-      },
-    );
-    cleanups.push(() => state.close());
+    const { state, restarts } = scraped(srv);
     await until(() => served >= 2, 2_000, 'two scrapes');
     const blocks = [31, 32, 33];
     state.prefixInsert('x', blocks);
@@ -338,19 +341,7 @@ describe('vLLM telemetry scraper', () => {
       'process_start_time_seconds 200\n',
       'vllm:num_requests_running 0\nvllm:num_requests_waiting 1\nvllm:prefix_cache_queries_total 3000\nvllm:prefix_cache_hits_total 1000\nprocess_start_time_seconds 200\n',
     ];
-    let served = 0;
-    const srv = await metricsServer(() => pages[Math.min(served++, pages.length - 1)]!);
-    cleanups.push(() => closeServer(srv.server));
-    const restarts: string[] = [];
-    const state = createLiveState(
-      { store: 'memory' },
-      {
-        backends: [{ name: 'x', url: srv.url }],
-        scrape: { intervalMs: 20 },
-        onBackendRestart: (n) => restarts.push(n),
-      },
-    );
-    cleanups.push(() => state.close());
+    const { state, restarts } = scraped(await pagesServer(pages));
     await until(() => state.telemetry('x')?.waiting === 1, 2_000, 'the new process scraped');
     // One restart, and the new process's own hit rate (1,000 of 3,000), not one across the two.
     expect(restarts).toEqual(['x']);
@@ -362,19 +353,7 @@ describe('vLLM telemetry scraper', () => {
       'vllm:num_requests_running 2\nvllm:num_requests_waiting 0\nvllm:cache_config_info{num_gpu_blocks="50000",block_size="16"} 1\nprocess_start_time_seconds 100\n',
       'process_start_time_seconds 200\n',
     ];
-    let served = 0;
-    const srv = await metricsServer(() => pages[Math.min(served++, pages.length - 1)]!);
-    cleanups.push(() => closeServer(srv.server));
-    const restarts: string[] = [];
-    const state = createLiveState(
-      { store: 'memory' },
-      {
-        backends: [{ name: 'x', url: srv.url }],
-        scrape: { intervalMs: 20 },
-        onBackendRestart: (n) => restarts.push(n),
-      },
-    );
-    cleanups.push(() => state.close());
+    const { state, restarts } = scraped(await pagesServer(pages));
     await until(() => restarts.length === 1, 2_000, 'the restart');
     const t = state.telemetry('x')!;
     expect(t).toMatchObject({

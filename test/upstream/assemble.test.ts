@@ -21,6 +21,33 @@ function message(chunks: StreamChunk[]): Record<string, unknown> {
   return body.choices[0]!.message;
 }
 
+/** A completion chunk of one token: `text`, its stream offset and its logprob. */
+function completionChunk(
+  text: string,
+  offset: number,
+  logprob: number,
+  finish: string | null = null,
+): StreamChunk {
+  return {
+    ...head,
+    object: 'text_completion',
+    choices: [
+      {
+        index: 0,
+        text,
+        logprobs: {
+          text_offset: [offset],
+          token_logprobs: [logprob],
+          tokens: [text],
+          top_logprobs: [{ [text]: logprob }],
+        },
+        finish_reason: finish,
+        stop_reason: null,
+      },
+    ],
+  };
+}
+
 describe('a reasoning model answered non-streamed', () => {
   it('keeps the reasoning under the name the backend streamed it with (`reasoning`)', () => {
     const m = message([
@@ -283,29 +310,7 @@ describe('tool calls and logprobs, folded from their deltas', () => {
   });
 
   it("completions: the four lists of each chunk joined, in vLLM's order", () => {
-    const cmpl = (
-      text: string,
-      offset: number,
-      logprob: number,
-      finish: string | null = null,
-    ): StreamChunk => ({
-      ...head,
-      object: 'text_completion',
-      choices: [
-        {
-          index: 0,
-          text,
-          logprobs: {
-            text_offset: [offset],
-            token_logprobs: [logprob],
-            tokens: [text],
-            top_logprobs: [{ [text]: logprob }],
-          },
-          finish_reason: finish,
-          stop_reason: null,
-        },
-      ],
-    });
+    const cmpl = completionChunk;
     const a = new Assembler('completion');
     a.add(cmpl(' once', 0, -1));
     a.add(cmpl(' upon', 5, -2, 'length'));
@@ -332,24 +337,19 @@ describe('tool calls and logprobs, folded from their deltas', () => {
     // adds no text to the stream. Streamed offsets 0, 0, 1 (the stream's text so far: "", "🙂"
     // is two UTF-16 units but one code point to Python); the body's 0, 1, 2.
     const a = new Assembler('completion');
+    // One token a chunk, its logprob -1, the token's text not always the chunk's.
     const chunk = (
       text: string,
       token: string,
       offset: number,
       finish: string | null = null,
-    ): StreamChunk => ({
-      ...head,
-      object: 'text_completion',
-      choices: [
-        {
-          index: 0,
-          text,
-          logprobs: { text_offset: [offset], token_logprobs: [-1], tokens: [token], top_logprobs: [null] },
-          finish_reason: finish,
-          stop_reason: null,
-        },
-      ],
-    });
+    ): StreamChunk => {
+      const c = completionChunk(text, offset, -1, finish);
+      const choice = (c.choices as { logprobs: { tokens: string[]; top_logprobs: unknown[] } }[])[0]!;
+      choice.logprobs.tokens = [token];
+      choice.logprobs.top_logprobs = [null];
+      return c;
+    };
     a.add(chunk('', '\ufffd', 0));
     a.add(chunk('🙂', '\ufffd', 0));
     a.add(chunk('!', '!', 1, 'length'));
