@@ -307,7 +307,7 @@ function untilOnTimeMs(
   let leastOverMs: number | null = null;
   for (const b of p.byBackend.values()) {
     if (b.backendMs === null || b.waitMs === null) continue;
-    const overMs = spentMs + b.waitMs + scheduler.upperBackendMs(b.backend, b.backendMs) - budgetMs;
+    const overMs = spentMs + upperTotalMs(b.backend, b.backendMs, b.waitMs, scheduler) - budgetMs;
     if (leastOverMs === null || overMs < leastOverMs) leastOverMs = overMs;
     if (b.unloadedMs === null || spentMs + scheduler.upperBackendMs(b.backend, b.unloadedMs) > budgetMs)
       continue;
@@ -322,10 +322,15 @@ function soonest(p: Prediction, scheduler: Scheduler): number | null {
   let min: number | null = null;
   for (const b of p.byBackend.values()) {
     if (b.backendMs === null || b.waitMs === null) continue;
-    const ms = b.waitMs + scheduler.upperBackendMs(b.backend, b.backendMs);
+    const ms = upperTotalMs(b.backend, b.backendMs, b.waitMs, scheduler);
     if (min === null || ms < min) min = ms;
   }
   return min;
+}
+
+/** Queue wait and first token on `backend`, the first token taken at the P99 of how predictions turn out. */
+function upperTotalMs(backend: string, backendMs: number, waitMs: number, scheduler: Scheduler): number {
+  return waitMs + scheduler.upperBackendMs(backend, backendMs);
 }
 
 function clampS(s: number): number {

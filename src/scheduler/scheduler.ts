@@ -1252,8 +1252,8 @@ export class Scheduler {
     // Without a prefill fit (a backend's first few first tokens), or with one whose own prompts
     // were all of about one size (a templated workload at a load where prefills do not overlap:
     // its rate is the fleet's, or next to 0 with its prefill in the intercept), the wait cannot be
-    // told from the prefill: taken whole as waiting, a cold first request cut every new backend's limit at
-    // once, and templated prompts cut it to its minimum while nothing waited.
+    // told from the prefill: taken whole as waiting, a cold first request cut every new backend's
+    // limit at once, and templated prompts cut it to its minimum while nothing waited.
     const current =
       perToken === null || !live.prefillRateTold(slot.backend.name)
         ? undefined

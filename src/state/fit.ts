@@ -21,6 +21,11 @@ export interface FitCoefficients {
   samples: number;
 }
 
+/** Where Σx_i·x_j (i ≤ j) sits in FitStats.v: the packed upper triangle of Σxxᵀ, after w and Σx. */
+function sxxOffset(k: number, i: number, j: number): number {
+  return 1 + k + i * k - (i * (i - 1)) / 2 + (j - i);
+}
+
 /** Raw decayed sums over samples (x, y), the prediction-error sums and a plain sample count. */
 export class FitStats {
   readonly k: number;
@@ -53,8 +58,7 @@ export class FitStats {
     if (!(w > 1e-9)) return 0;
     const k = this.k;
     const m = (this.v[1 + j] as number) / w;
-    // Σx² of feature j: its diagonal entry in the packed upper triangle of Σxxᵀ.
-    const sxx = this.v[1 + k + j * k - (j * (j - 1)) / 2] as number;
+    const sxx = this.v[sxxOffset(k, j, j)] as number;
     const variance = sxx / w - m * m;
     return m > 0 && variance > 0 ? Math.sqrt(variance) / m : 0;
   }
@@ -163,11 +167,7 @@ export class FitStats {
     const w = v[0] as number;
     if (this.samples < minSamples || !(w > 0)) return null;
     const mx = Array.from({ length: k }, (_, j) => (v[1 + j] as number) / w);
-    const sxxAt = (a: number, b: number) => {
-      const [i, j] = a <= b ? [a, b] : [b, a];
-      // Offset of (i, j) in the packed upper triangle.
-      return v[1 + k + i * k - (i * (i - 1)) / 2 + (j - i)] as number;
-    };
+    const sxxAt = (a: number, b: number) => v[a <= b ? sxxOffset(k, a, b) : sxxOffset(k, b, a)] as number;
     const syOff = 1 + k + (k * (k + 1)) / 2;
     const my = (v[syOff] as number) / w;
     const cov = (a: number, b: number) => sxxAt(a, b) / w - (mx[a] as number) * (mx[b] as number);
