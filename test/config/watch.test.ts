@@ -172,16 +172,37 @@ describe('watchConfig on file changes', () => {
   });
 
   it('a change of layout only (same effective configuration) is not a change', async () => {
-    const recorder = new Recorder();
-    const w = start(recorder);
-    writeFileSync(file, `# reformatted\nserver:\n  port: 8080\nsimulate: { replicas: 2 }\nmodels:\n  - m\n`);
-    await delay(400);
-    writeFileSync(file, valid(9005));
-    const e = await recorder.next();
-    // The first callback is the real change: the reformatting produced none.
-    expect(recorder.events).toHaveLength(1);
-    expect(e.kind === 'change' && e.previous.server.port).toBe(8080);
-    expect(w.current().server.port).toBe(9005);
+    // Fake timers: each write's debounced reload is run at will, so the reformat's reload is known
+    // to have run (and found nothing) before the real change is written.
+    vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
+    try {
+      const recorder = new Recorder();
+      const w = start(recorder);
+      /** Runs the reload the file event scheduled, once the watch has seen the write. */
+      const reloadNow = async () => {
+        const deadline = Date.now() + WAIT_MS;
+        while (vi.getTimerCount() < 1) {
+          if (Date.now() > deadline) throw new Error('no reload was scheduled');
+          await new Promise((r) => setImmediate(r));
+        }
+        vi.runOnlyPendingTimers();
+      };
+      writeFileSync(
+        file,
+        `# reformatted\nserver:\n  port: 8080\nsimulate: { replicas: 2 }\nmodels:\n  - m\n`,
+      );
+      await reloadNow();
+      expect(recorder.events).toEqual([]);
+      writeFileSync(file, valid(9005));
+      await reloadNow();
+      // The one callback is the real change: the reformatting produced none.
+      expect(recorder.events).toHaveLength(1);
+      const e = recorder.events[0]!;
+      expect(e.kind === 'change' && e.previous.server.port).toBe(8080);
+      expect(w.current().server.port).toBe(9005);
+    } finally {
+      vi.useRealTimers();
+    }
   });
 });
 

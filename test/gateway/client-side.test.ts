@@ -153,7 +153,11 @@ it('a client that leaves once its TTFT target has passed is judged a miss; one t
     config: {
       sla: {
         default_class: 'fast',
-        classes: { fast: { ttft_p99_ms: TARGET, tpot_p99_ms: 50, priority: 0 } },
+        // `patient`: the early leaver's, whose target no slow machine reaches before it leaves.
+        classes: {
+          fast: { ttft_p99_ms: TARGET, tpot_p99_ms: 50, priority: 0 },
+          patient: { ttft_p99_ms: 60_000, tpot_p99_ms: 50, priority: 0 },
+        },
       },
     },
   });
@@ -164,7 +168,7 @@ it('a client that leaves once its TTFT target has passed is judged a miss; one t
     waitFor(() => performance.now() - sentAt > TARGET + 50, 2000, 'the TTFT target passed');
 
   // Left early, before any token: told nothing of what the fleet would have done.
-  const early = openStream(t.url, CHAT, body, { 'x-request-id': 'early' });
+  const early = openStream(t.url, CHAT, body, { 'x-request-id': 'early', 'x-slagate-class': 'patient' });
   await waitFor(() => held.has('early'), 2000, 'early dispatched');
   early.abort();
   await waitFor(async () => (await t!.records()).length === 1, 2000, 'its record');
@@ -208,8 +212,14 @@ it('a client that leaves once its TTFT target has passed is judged a miss; one t
 
   const cancelled = { outcome: 'client_cancelled', class: 'fast', ttft_target_ms: TARGET };
   const rEarly = await t.recordOf('early');
-  expect(rEarly).toMatchObject({ ...cancelled, ttft_ms: null, sla_met: null });
-  expect(rEarly.e2e_ms!).toBeLessThan(TARGET);
+  expect(rEarly).toMatchObject({
+    ...cancelled,
+    class: 'patient',
+    ttft_target_ms: 60_000,
+    ttft_ms: null,
+    sla_met: null,
+  });
+  expect(rEarly.e2e_ms!).toBeLessThan(60_000);
   const rGaveUp = await t.recordOf('gave-up');
   expect(rGaveUp).toMatchObject({ ...cancelled, ttft_ms: null, sla_met: false });
   expect(rGaveUp.e2e_ms!).toBeGreaterThan(TARGET);

@@ -50,6 +50,16 @@ async function until(cond: () => boolean, what: string): Promise<void> {
   }
 }
 
+/** Resolves after the next `n` completed exchanges of `s` with Redis. */
+function exchanges(s: LiveState, n: number): Promise<void> {
+  return new Promise((resolve) => {
+    let left = n;
+    s.onPeersChanged(() => {
+      if (--left === 0) resolve();
+    });
+  });
+}
+
 function instance(prefix: string, id: string): LiveState {
   const live = createLiveState(store(prefix), { instanceId: id, backends: BACKENDS, scrape: false });
   cleanups.push(() => live.close());
@@ -83,8 +93,11 @@ it('an instance with no evidence of its own takes the limit a peer set on eviden
   await until(() => live.load('a') === 12, "the peer's requests counted");
   await until(() => scheduler.limit('a') === 40, "the peer's limit taken");
   expect(scheduler.startsNow('a', 0)).toBe(true);
-  // Followed, not measured: it tells the peer no limit of its own.
-  await new Promise((r) => setTimeout(r, 200));
+  // Followed, not measured: it tells the peer no limit of its own. Four of its exchanges (a tick
+  // every 50 ms) span control periods (every 50 ms) in which a limit of its own would have been
+  // set and sent; the peer's next two read whatever was sent.
+  await exchanges(live, 4);
+  await exchanges(peer, 2);
   expect(peer.peersLimit('a')).toBeNull();
   // A peer's limit below the load there (set for a tighter target, say) is followed with one slot
   // over the load: a follower locked out would never learn a limit of its own.
