@@ -138,8 +138,6 @@ export interface ChildGateway {
 }
 
 export interface ChildGatewayOptions {
-  /** Default 30 s. */
-  startTimeoutMs?: number;
   /** Node options before the script (e.g. --cpu-prof). */
   nodeArgs?: readonly string[];
 }
@@ -171,7 +169,7 @@ export async function startChildGateway(
       child.stderr!,
       'slagate serve',
       (out) => /serving on (http:\/\/[\d.]+:\d+)/.exec(out)?.[1] ?? null,
-      opts.startTimeoutMs ?? START_TIMEOUT_MS,
+      START_TIMEOUT_MS,
     );
   } catch (err) {
     await stopChild(child);

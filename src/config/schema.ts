@@ -274,21 +274,12 @@ export type DeepReadonly<T> = T extends (infer U)[]
     : T;
 
 export type Config = DeepReadonly<Static<typeof ConfigSchema>>;
-export type ServerConfig = Config['server'];
 export type BackendSpec = DeepReadonly<Static<typeof BackendSchema>>;
-export type SimulateSpec = DeepReadonly<Static<typeof SimulateSchema>>;
 export type StateConfig = Config['state'];
-export type MemoryStateConfig = DeepReadonly<Static<typeof MemoryStateSchema>>;
 export type RedisStateConfig = DeepReadonly<Static<typeof RedisStateSchema>>;
-export type SlaConfig = Config['sla'];
 export type SlaClass = DeepReadonly<Static<typeof SlaClassSchema>>;
-export type Tenant = DeepReadonly<Static<typeof TenantSchema>>;
 export type SchedulerConfig = Config['scheduler'];
-export type SchedulerPolicy = SchedulerConfig['policy'];
 export type RouterConfig = Config['router'];
 export type RouterPolicy = RouterConfig['policy'];
 export type UpstreamConfig = Config['upstream'];
-export type OutlierConfig = UpstreamConfig['outlier'];
-export type BreakerConfig = UpstreamConfig['breaker'];
 export type LoggingConfig = Config['logging'];
-export type LogLevel = LoggingConfig['level'];

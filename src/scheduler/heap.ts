@@ -8,14 +8,9 @@ export class Heap<T> {
   readonly #alive: (item: T) => boolean;
 
   /** `before(a, b)`: a comes out first. */
-  constructor(before: (a: T, b: T) => boolean, alive: (item: T) => boolean = () => true) {
+  constructor(before: (a: T, b: T) => boolean, alive: (item: T) => boolean) {
     this.#before = before;
     this.#alive = alive;
-  }
-
-  /** Items held, dead ones included until they surface. */
-  get length(): number {
-    return this.#items.length;
   }
 
   push(item: T): void {

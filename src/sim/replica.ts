@@ -25,7 +25,6 @@ export interface SimReplicaOptions {
   host?: string;
   /** 0 = an ephemeral port, kept for the replica's life. */
   port?: number;
-  tokenizer?: Tokenizer;
 }
 
 export interface ReplicaStats {
@@ -56,7 +55,7 @@ export class SimReplica implements ReplicaContext {
     this.fleetSeed = opts.seed ?? 0;
     this.host = opts.host ?? '127.0.0.1';
     this.port = opts.port ?? 0;
-    this.tokenizer = opts.tokenizer ?? sharedTokenizer;
+    this.tokenizer = sharedTokenizer;
     // Engine times are wall times, so the front-end delay is counted in wall seconds too.
     this.metrics = new ReplicaMetrics({
       model: this.profile.model,

@@ -144,11 +144,11 @@ export class FitStats {
     return Array.from(this.v, (x) => Number(x.toPrecision(12)));
   }
 
-  /** Adds encoded sums decayed by `factor`; malformed input is ignored (returns false). */
-  addEncoded(enc: unknown, factor = 1): boolean {
+  /** Adds encoded sums; malformed input is ignored (returns false). */
+  addEncoded(enc: unknown): boolean {
     if (!Array.isArray(enc) || enc.length !== this.v.length) return false;
     if (!enc.every((x) => typeof x === 'number' && Number.isFinite(x))) return false;
-    this.#addArray(enc as number[], factor);
+    this.#addArray(enc as number[], 1);
     return true;
   }
 

@@ -46,13 +46,13 @@ export class Histogram {
     }
   }
 
-  addHistogram(other: Histogram, sign = 1): void {
+  addHistogram(other: Histogram): void {
     for (let i = 0; i < BIN_COUNT; i++) {
       const c = other.bins[i] as number;
-      if (c !== 0) this.bins[i] = (this.bins[i] as number) + sign * c;
+      if (c !== 0) this.bins[i] = (this.bins[i] as number) + c;
     }
-    this.count += sign * other.count;
-    this.sum += sign * other.sum;
+    this.count += other.count;
+    this.sum += other.sum;
     if (this.count <= 0) {
       this.count = 0;
       this.sum = 0;

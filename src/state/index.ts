@@ -17,7 +17,6 @@ export { createLiveState } from './live-state.ts';
 export type { StateLogger, StoreStatus } from './redis-sync.ts';
 export { livenessTtlMs } from './redis-sync.ts';
 export type { BackendTelemetry, ScraperOptions, ScrapeTarget } from './scraper.ts';
-export { currentTelemetry, TelemetryScraper } from './scraper.ts';
+export { currentTelemetry } from './scraper.ts';
 export type { TenantLease, TenantUsage } from './tenants.ts';
 export type { VllmMetrics } from './vllm-metrics.ts';
-export { parseVllmMetrics } from './vllm-metrics.ts';

@@ -43,15 +43,11 @@ export interface LiveStateOptions {
   instanceId?: string;
   backends: readonly ScrapeTarget[];
   /** Scrape each backend's /metrics (upstream.metrics_scrape_interval_ms); false = no telemetry. */
-  scrape: false | { intervalMs: number; staleAfterMs?: number; timeoutMs?: number };
+  scrape: false | { intervalMs: number; timeoutMs?: number };
   /** A backend's engine restarted (a later process start time, or a counter that fell): told after the index forgot it. */
   onBackendRestart?: (backend: string) => void;
   /** Sliding-window shape; default 60 buckets of 1 s. */
   window?: { bucketMs: number; buckets: number };
-  /** Half-life of the rate fits' sample weights; default 60 s. */
-  fitHalfLifeMs?: number;
-  /** Samples a fit needs before it predicts; default 3. */
-  minFitSamples?: number;
   logger?: StateLogger;
   /** Clock in ms for windows, fits and ages; default Date.now. */
   now?: () => number;
@@ -297,6 +293,10 @@ interface FitCache {
 }
 
 const MIN_RELATIVE_ERROR_BASE_MS = 1;
+/** Half-life of the rate fits' sample weights. */
+const FIT_HALF_LIFE_MS = 60_000;
+/** Samples a fit needs before it predicts. */
+const MIN_FIT_SAMPLES = 3;
 /**
  * The most one sample may teach a fit, as a multiple of what the fit predicted for it (or of the
  * fit's mean, when that is more): see #learn. A backend that turned this much slower for good is
@@ -351,8 +351,6 @@ class LiveStateImpl implements LiveState {
    */
   readonly #steady: () => number;
   readonly #shape: { bucketMs: number; buckets: number };
-  readonly #halfLifeMs: number;
-  readonly #minSamples: number;
   /** startS: the latest engine start known for it (#sameEngine); null until one is. */
   /** `server`: urlKey(url), what a log part names the server by (encodePrefixLog). */
   readonly #backends = new Map<
@@ -413,8 +411,6 @@ class LiveStateImpl implements LiveState {
     this.#now = opts.now ?? Date.now;
     this.#steady = opts.now ?? (() => performance.now());
     this.#shape = opts.window ?? { bucketMs: 1_000, buckets: 60 };
-    this.#halfLifeMs = opts.fitHalfLifeMs ?? 60_000;
-    this.#minSamples = opts.minFitSamples ?? 3;
     for (const b of opts.backends) this.#add(b);
     this.#scraper =
       opts.scrape === false
@@ -916,7 +912,7 @@ class LiveStateImpl implements LiveState {
     const adopt = d !== undefined && d.url === b.url;
     const carried = adopt ? d.inflight : newInflight(this.#steady, () => this.#drainMsPerToken(b.name));
     this.#backends.set(b.name, {
-      state: new BackendState(b.name, this.#shape, this.#halfLifeMs, carried),
+      state: new BackendState(b.name, this.#shape, FIT_HALF_LIFE_MS, carried),
       url: b.url,
       server: urlKey(b.url),
       startS: null,
@@ -1115,8 +1111,8 @@ class LiveStateImpl implements LiveState {
     ttft.addPrior(pool.ttft, priorWeight(ttft));
     tpot.addPrior(pool.tpot, priorWeight(tpot));
     const value: FitCache = {
-      ttft: ttft.solve(this.#minSamples),
-      tpot: tpot.solve(this.#minSamples),
+      ttft: ttft.solve(MIN_FIT_SAMPLES),
+      tpot: tpot.solve(MIN_FIT_SAMPLES),
       ttftPrefillSpread,
       ttftError: errorOf(ttft),
       tpotError: errorOf(tpot),

@@ -48,14 +48,15 @@ export function currentTelemetry(t: BackendTelemetry | null | undefined): Backen
   return t === null || t === undefined || t.saturated ? null : t;
 }
 
+/** A larger /metrics body is refused: 8 MiB (vLLM's is tens of KiB). */
+const MAX_BODY_BYTES = 8 * 1024 * 1024;
+
 export interface ScraperOptions {
   intervalMs: number;
   /** Data older than this marks the backend saturated. Default 3 × intervalMs. */
   staleAfterMs?: number;
   /** Bound on one scrape (connect to last byte). Default max(100 ms, 2 × intervalMs). */
   timeoutMs?: number;
-  /** A larger /metrics body is refused. Default 8 MiB (vLLM's is tens of KiB). */
-  maxBodyBytes?: number;
   now?: () => number;
   /**
    * Called when a backend's engine restarted (a later process start time, or a counter of its went
@@ -91,7 +92,6 @@ export class TelemetryScraper {
   readonly staleAfterMs: number;
   readonly #intervalMs: number;
   readonly #timeoutMs: number;
-  readonly #maxBodyBytes: number;
   readonly #now: () => number;
   readonly #onRestart:
     | ((backend: string, startS: { before: number | null; after: number | null }) => void)
@@ -105,7 +105,6 @@ export class TelemetryScraper {
     this.#intervalMs = opts.intervalMs;
     this.staleAfterMs = opts.staleAfterMs ?? 3 * opts.intervalMs;
     this.#timeoutMs = opts.timeoutMs ?? Math.max(100, 2 * opts.intervalMs);
-    this.#maxBodyBytes = opts.maxBodyBytes ?? 8 * 1024 * 1024;
     this.#now = opts.now ?? Date.now;
     this.#onRestart = opts.onRestart ?? null;
     this.#onStart = opts.onStart ?? null;
@@ -210,9 +209,9 @@ export class TelemetryScraper {
       let size = 0;
       for await (const chunk of res.body) {
         size += (chunk as Buffer).length;
-        if (size > this.#maxBodyBytes) {
+        if (size > MAX_BODY_BYTES) {
           res.body.destroy();
-          throw new Error(`/metrics body over ${this.#maxBodyBytes} bytes`);
+          throw new Error(`/metrics body over ${MAX_BODY_BYTES} bytes`);
         }
         chunks.push(chunk as Buffer);
       }

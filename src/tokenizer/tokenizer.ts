@@ -92,8 +92,8 @@ export class Tokenizer {
   }
 
   /** A completion prompt as vLLM tokenizes it with add_special_tokens: BOS + text. */
-  encodePrompt(prompt: string, addSpecialTokens = true): number[] {
-    const out: number[] = addSpecialTokens ? [BEGIN_OF_TEXT] : [];
+  encodePrompt(prompt: string): number[] {
+    const out: number[] = [BEGIN_OF_TEXT];
     pushAll(out, this.encode(prompt));
     return out;
   }

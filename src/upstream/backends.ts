@@ -86,11 +86,6 @@ export class BackendSet {
     return [...this.#retiring.keys()];
   }
 
-  /** Backends that may take a new request now. */
-  available(): Backend[] {
-    return this.list().filter((b) => b.available);
-  }
-
   /**
    * `name`'s engine restarted (the live state saw a new process): told as an event, and a
    * new process, which a first ejection's failures say nothing about, ends it (outlier.ts). A no-op

@@ -1,23 +1,13 @@
-// Defaults for building the upstream layer without a gateway config: the upstream tests and
-// scripts. The gateway never uses them for values the YAML sets (src/gateway.ts passes the YAML's,
+// Defaults for the backend set (DEFAULT_BACKEND_SET_OPTIONS) and the retry budget
+// (DEFAULT_RETRY_BUDGET) when they are built without a gateway config: the upstream and scheduler
+// tests. The gateway never uses them for values the YAML sets (src/gateway.ts passes the YAML's,
 // whose defaults and reasons are in docs/configuration.md); it takes from here only what the YAML
 // does not expose (keep-alive, breaker buckets, probe thresholds, the minimum retry budget). The
 // values follow Envoy (5 consecutive failures, 30 s × n ejections capped at 300 s, 10% ejected with
 // at least one host, a retry budget of 20% of active requests with at least 3), opossum advice
 // (volumeThreshold ≥ 10) and undici's keep-alive.
 import type { BackendSetOptions } from './backends.ts';
-import type { ProxyConfig } from './proxy.ts';
 import type { RetryBudgetOptions } from './retry-budget.ts';
-
-export const DEFAULT_PROXY_CONFIG: Readonly<ProxyConfig> = Object.freeze({
-  firstTokenTimeoutMs: 30_000,
-  passthroughTimeoutMs: 600_000,
-  idleTimeoutMs: 30_000,
-  clientStallTimeoutMs: 30_000,
-  retries: 2,
-  maxEventBytes: 1024 * 1024,
-  maxBodyBytes: 16 * 1024 * 1024,
-});
 
 export const DEFAULT_BACKEND_SET_OPTIONS: Readonly<Omit<BackendSetOptions, 'onEvent' | 'now'>> =
   Object.freeze({

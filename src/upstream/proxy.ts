@@ -107,7 +107,6 @@ export interface ProxyConfig {
 export interface AttemptRecord {
   backend: string;
   kind: AttemptEnd['kind'];
-  committed: boolean;
   reason: FailureReason | null;
   /** The upstream HTTP status, when its head came. */
   status: number | null;
@@ -156,8 +155,6 @@ export interface ProxyResult {
   upstreamMessage: string | null;
   /** Time spent waiting for slots, every attempt together. */
   queueMs: number;
-  /** The serving (last) slot's predicted TTFT. */
-  predictedTtftMs: number | null;
   ttftMs: number | null;
   tpotMs: number | null;
   itlMs: number[];
@@ -196,7 +193,6 @@ interface LoopState {
   log: AttemptRecord[];
   last: AttemptEnd | null;
   lastBackend: Backend | null;
-  lastSlot: Slot | null;
   stop: ResultReason | null;
   refusal: GatewayError | null;
   /** The last attempt that rejected the request (a relayed 4xx or an in-band rejection). */
@@ -220,7 +216,6 @@ async function attemptLoop(
     log: [],
     last: null,
     lastBackend: null,
-    lastSlot: null,
     stop: null,
     refusal: null,
     rejection: null,
@@ -294,7 +289,6 @@ async function attemptLoop(
       'x-slagate-queue-ms': ms(s.queueMs),
     });
     const attempt = new Attempt({
-      backendName: backend.name,
       authorization: backend.authorization,
       path: req.path,
       payload,
@@ -351,11 +345,9 @@ async function attemptLoop(
     if (freeReset) resetRetried = true;
     s.last = end;
     s.lastBackend = backend;
-    s.lastSlot = slot;
     s.log.push({
       backend: backend.name,
       kind: end.kind,
-      committed: end.committed,
       reason: end.failure?.reason ?? null,
       status: end.status,
       detail: end.failure?.message ?? null,
@@ -498,7 +490,6 @@ function result(s: LoopState, e: Ending, lat: Latencies | null, e2eMs: number): 
     refusal: e.refusal,
     upstreamMessage: e.upstreamMessage ?? null,
     queueMs: s.queueMs,
-    predictedTtftMs: s.lastSlot?.predictedTtftMs ?? null,
     ttftMs: lat?.ttftMs ?? null,
     tpotMs: lat?.tpotMs ?? null,
     itlMs: lat?.itlMs ?? [],

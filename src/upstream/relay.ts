@@ -66,7 +66,6 @@ const MAX_UNSTREAMED_BODY = 64 * 1024;
 export type ClientMode = 'stream' | 'assemble' | 'passthrough';
 
 export interface AttemptSpec {
-  backendName: string;
   /** The backend's Authorization header value (its API key), or null. */
   authorization: string | null;
   path: string;

@@ -50,7 +50,6 @@ class Event implements SseEvent {
 
 /** An event (or one line) grew past the configured maximum before it ended. */
 export class SseEventTooLargeError extends Error {
-  readonly code = 'SSE_EVENT_TOO_LARGE';
   constructor(limit: number) {
     super(`SSE event exceeds ${limit} bytes`);
     this.name = 'SseEventTooLargeError';

@@ -14,10 +14,9 @@ export interface SlagateOptions {
    */
   tolerance: () => number | null;
   random?: Random;
-  /** Sessions remembered for affinity (least recently routed forgotten first). */
-  sessions?: number;
 }
 
+/** Sessions remembered for affinity (least recently routed forgotten first). */
 const SESSIONS = 65_536;
 
 /**
@@ -54,7 +53,6 @@ const SESSIONS = 65_536;
 export function slagate(opts: SlagateOptions, name = 'slagate'): RoutingPolicy {
   const random = opts.random ?? Math.random;
   const sessions = new Map<string, string>();
-  const cap = opts.sessions ?? SESSIONS;
   // Invariant: whether a request explores is drawn once per request, not once per ranking. A
   // request that waits for a busy backend is ranked again at every pump (hundreds a second under
   // load); a draw per ranking explored about half of those that waited 300 ms, each sent to a
@@ -86,7 +84,7 @@ export function slagate(opts: SlagateOptions, name = 'slagate'): RoutingPolicy {
       return promote(ranked, chosen);
     },
     sent(req: RouteRequest, backend: string): void {
-      if (req.sessionId !== undefined) remember(sessions, cap, req.sessionId, backend);
+      if (req.sessionId !== undefined) remember(sessions, req.sessionId, backend);
     },
   };
 }
@@ -206,10 +204,10 @@ function sessionOf(req: RouteRequest, sessions: Map<string, string>): string | u
   return req.sessionId === undefined ? undefined : sessions.get(req.sessionId);
 }
 
-function remember(sessions: Map<string, string>, cap: number, id: string, backend: string): void {
+function remember(sessions: Map<string, string>, id: string, backend: string): void {
   sessions.delete(id);
   sessions.set(id, backend);
-  if (sessions.size > cap) sessions.delete(sessions.keys().next().value as string);
+  if (sessions.size > SESSIONS) sessions.delete(sessions.keys().next().value as string);
 }
 
 const round = (x: number): number => Math.round(x * 1e4) / 1e4;

@@ -7,9 +7,9 @@ export interface EngineClock {
   setTimer(fn: () => void, delayMs: number): () => void;
 }
 
-export function realClock(now: () => number = () => performance.now()): EngineClock {
+export function realClock(): EngineClock {
   return {
-    now,
+    now: () => performance.now(),
     setTimer(fn, delayMs) {
       if (delayMs <= 0) {
         const h = setImmediate(fn);

@@ -6,10 +6,6 @@ export class Deque<T> {
   private head = 0;
   private size = 0;
 
-  get length(): number {
-    return this.size;
-  }
-
   peekFront(): T | undefined {
     return this.size === 0 ? undefined : this.buf[this.head];
   }

@@ -22,8 +22,6 @@ export interface EngineOptions {
   /** Wall milliseconds per simulated millisecond (0.1 runs ten times faster). */
   timeScale: number;
   observer?: EngineObserver;
-  /** Wall clock for the real timers (default performance.now). Ignored when `clock` is set. */
-  now?: () => number;
   /** Time source and timers together, e.g. a VirtualClock for tests and sweeps. */
   clock?: EngineClock;
   /** Output token id at position `index` for `seed` (default pickTokenId: cl100k common words). */
@@ -105,7 +103,7 @@ class SimEngine implements Engine {
     this.p = profile;
     this.B = profile.blockSize;
     this.pool = new BlockPool(profile.numGpuBlocks, profile.blockSize);
-    this.clock = opts.clock ?? realClock(opts.now);
+    this.clock = opts.clock ?? realClock();
     this.timeScale = opts.timeScale;
     this.observer = opts.observer;
     this.tokenId = opts.tokenId ?? pickTokenId;
