@@ -71,7 +71,7 @@ export interface Gateway {
    * logs (logsFlushed: false when a reader stopped taking them).
    */
   close(): Promise<{ cut: number; logsFlushed: boolean }>;
-  /** After a close whose logs were not all taken, for a process about to exit: see Logger.abandon. */
+  /** After a close whose logs were not all written, for a process about to exit: see Logger.abandon. */
   abandonLogs(): void;
   /**
    * The admission log's file opened again at its path (after a rotation renamed it): resolves with
@@ -276,7 +276,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     if (fleet !== null) undo.push(() => fleet.close());
 
     const metrics = createMetrics(config.sla.classes);
-    metrics.countLogDrops(() => log.dropped() + (admissionLogger === log ? 0 : admissionLogger.dropped()));
+    const both = (count: (l: Logger) => number) => () =>
+      count(log) + (admissionLogger === log ? 0 : count(admissionLogger));
+    metrics.countLogs({ dropped: both((l) => l.dropped()), writeErrors: both((l) => l.writeErrors()) });
     // Set once the scheduler exists: a backend coming back may let queued requests go.
     let onAvailabilityChange = (): void => {};
     const onBackendEvent = (e: BackendEvent): void => {

@@ -140,7 +140,9 @@ async function serveUntilStopped(
           // A log reader that stopped reading holds writes in flight, which would keep the process
           // alive for as long as it does: exit now, as a bounded wait for them has passed.
           if (!logsFlushed) {
-            process.stderr.write('slagate: the logs were not all taken by their reader; exiting\n');
+            process.stderr.write(
+              'slagate: the logs were not all written (their reader fell behind, or writes failed); exiting\n',
+            );
             gateway.abandonLogs();
             process.exit(0);
           }

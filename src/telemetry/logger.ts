@@ -68,6 +68,11 @@ export interface Logger {
   /** Lines dropped because the destination's buffer was full (its reader fell behind). */
   dropped(): number;
   /**
+   * Writes to the destination that failed (a full disk, a pipe whose reader closed it). Their lines
+   * stay buffered and are tried again with the next write, until the buffer's bound drops them.
+   */
+  writeErrors(): number;
+  /**
    * A file destination opens its path again (created when it is gone) and writes there from now on,
    * lines still buffered included: a log rotated by renaming it (logrotate's default `create`) is
    * taken up in a new file, not written on to the renamed or deleted one. Resolves with the path
@@ -136,6 +141,7 @@ export function createLogger(opts: LoggerOptions): Logger {
       flush: async () => {},
       close: async () => true,
       dropped: () => 0,
+      writeErrors: () => 0,
       abandon: () => {},
       reopen: async () => null,
     };
@@ -161,15 +167,30 @@ export function createLogger(opts: LoggerOptions): Logger {
   dest.on('drop', () => {
     dropped++;
   });
-  // Invariant: the destination always has an 'error' listener. A write that fails (a full disk)
-  // drops the log's lines from then on, and the gateway goes on serving; without the listener it
-  // would be an uncaught error.
+  // Invariant: the destination always has an 'error' listener, and the operator hears of a log that
+  // cannot be written. A write that fails (a full disk, a pipe whose reader is gone) leaves its
+  // lines buffered, sonic-boom tries them again with the next write, and the gateway goes on
+  // serving; without the listener it would be an uncaught error. Each failure is counted
+  // (slagate_log_write_errors_total), and stderr says when writing stops and when it resumes.
   let failed = false;
+  let writeErrors = 0;
+  const where = path ?? 'stdout';
   // A reopen's open that fails is not a write that failed: sonic-boom keeps the descriptor it had,
   // and the lines go on there (reopen rejects; a later SIGHUP may reopen).
   let reopening = false;
-  dest.on('error', () => {
-    if (!reopening) failed = true;
+  dest.on('error', (err: NodeJS.ErrnoException) => {
+    if (reopening) return;
+    writeErrors++;
+    if (failed) return;
+    failed = true;
+    process.stderr.write(
+      `slagate: the log (${where}) cannot be written (${err.code ?? err.message}): its lines are held and tried again, and dropped past the buffer's bound\n`,
+    );
+  });
+  dest.on('write', () => {
+    if (!failed || closed) return;
+    failed = false;
+    process.stderr.write(`slagate: the log (${where}) is written again\n`);
   });
   // With a file descriptor the destination is ready on the next tick; a flush issued before then
   // could wait for a drain that never comes.
@@ -247,7 +268,7 @@ export function createLogger(opts: LoggerOptions): Logger {
     }
     return path;
   };
-  return { logger, flush, close, dropped: () => dropped, abandon, reopen };
+  return { logger, flush, close, dropped: () => dropped, writeErrors: () => writeErrors, abandon, reopen };
 }
 
 /**

@@ -99,6 +99,12 @@ interface SeriesBundle {
   requests: Map<Outcome, CounterChild>;
 }
 
+/** The loggers' counts the log metrics read. */
+export interface LogCounts {
+  dropped(): number;
+  writeErrors(): number;
+}
+
 export class GatewayMetrics {
   readonly registry = new Registry();
   private readonly ttft: BatchHistogram<'class' | 'backend'>;
@@ -257,7 +263,7 @@ export class GatewayMetrics {
       help: '1 while the shared state store is unreachable and the gateway runs on local state.',
       registers: [reg],
     });
-    const logDrops = () => this.#logDrops();
+    const logDrops = () => this.#logs.dropped();
     new Counter({
       name: `${PREFIX}log_lines_dropped_total`,
       help: 'Log lines (admission records included) dropped because their reader fell 64 MiB behind.',
@@ -267,6 +273,16 @@ export class GatewayMetrics {
         this.inc(logDrops());
       },
     });
+    const logWriteErrors = () => this.#logs.writeErrors();
+    new Counter({
+      name: `${PREFIX}log_write_errors_total`,
+      help: 'Writes of the logs that failed (a full disk, a closed pipe); their lines are held and tried again.',
+      registers: [reg],
+      collect() {
+        this.reset();
+        this.inc(logWriteErrors());
+      },
+    });
     // Absent until a request carries an estimate (prom-client starts an unlabelled gauge at 0).
     this.prefixHitRatio.remove();
     this.setClasses(classes);
@@ -274,11 +290,11 @@ export class GatewayMetrics {
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: reg });
   }
 
-  #logDrops: () => number = () => 0;
+  #logs: LogCounts = { dropped: () => 0, writeErrors: () => 0 };
 
-  /** Where slagate_log_lines_dropped_total is read from: the loggers' own counts. */
-  countLogDrops(read: () => number): void {
-    this.#logDrops = read;
+  /** Where slagate_log_lines_dropped_total and slagate_log_write_errors_total are read from: the loggers' own counts. */
+  countLogs(counts: LogCounts): void {
+    this.#logs = counts;
   }
 
   get contentType(): string {

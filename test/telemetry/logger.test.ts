@@ -1,9 +1,9 @@
 import { execFile, spawn } from 'node:child_process';
-import { mkdtemp, readFile, rm, stat } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, stat, symlink } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { createLogger, REDACTED, requestLogger } from '../../src/telemetry/logger.ts';
 
 const run = promisify(execFile);
@@ -95,6 +95,52 @@ describe('createLogger', () => {
       expect(() => logger.info('late')).not.toThrow();
     } finally {
       reader.kill('SIGKILL');
+    }
+  });
+
+  it('a log that cannot be written says so once, counts its failed writes, holds its lines, and says when it is written again', async () => {
+    // The path leads to /dev/full, where every write fails with ENOSPC (a full disk); the link is
+    // then replaced by a file, and a reopen (SIGHUP's) takes the log there.
+    const path = join(dir, 'full.log');
+    await symlink('/dev/full', path);
+    const said: string[] = [];
+    const spy = vi.spyOn(process.stderr, 'write').mockImplementation((chunk) => {
+      said.push(String(chunk));
+      return true;
+    });
+    const until = async (cond: () => boolean, what: string) => {
+      const deadline = performance.now() + 5_000;
+      while (!cond()) {
+        if (performance.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+        await new Promise((r) => setTimeout(r, 5));
+      }
+    };
+    const cannot = () => said.filter((s) => s.includes('cannot be written (ENOSPC)'));
+    try {
+      const { logger, writeErrors, dropped, reopen, close } = createLogger({
+        level: 'info',
+        destination: path,
+        flushIntervalMs: 10,
+      });
+      const pad = 'x'.repeat(200);
+      // Past the 4 KiB a write waits for.
+      for (let i = 0; i < 30; i++) logger.info({ i, pad }, 'line');
+      await until(() => writeErrors() >= 1, 'a failed write');
+      for (let i = 30; i < 60; i++) logger.info({ i, pad }, 'line');
+      await until(() => writeErrors() >= 2, 'another failed write');
+      // Said once, however many writes fail; nothing dropped: the lines are held.
+      expect(cannot()).toHaveLength(1);
+      expect(cannot()[0]).toContain(path);
+      expect(dropped()).toBe(0);
+      expect(said.some((s) => s.includes('written again'))).toBe(false);
+      await rm(path);
+      await reopen();
+      logger.info({ i: 60 }, 'after');
+      await until(() => said.some((s) => s.includes('is written again')), 'the log written again');
+      expect(await close()).toBe(true);
+      expect((await lines(path)).map((r) => r.i)).toEqual(Array.from({ length: 61 }, (_, i) => i));
+    } finally {
+      spy.mockRestore();
     }
   });
 

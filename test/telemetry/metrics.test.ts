@@ -591,16 +591,24 @@ describe('GatewayMetrics', () => {
     expect(await ratio()).toBeLessThan(0.001);
   });
 
-  it('exports the log lines the loggers dropped', async () => {
+  it('exports the log lines the loggers dropped and their writes that failed', async () => {
     const m = createMetrics(CLASSES, { processMetrics: false });
-    const dropped = async () => value(parseSamples(await m.render()), 'slagate_log_lines_dropped_total', {});
+    const read = async (name: string) => value(parseSamples(await m.render()), name, {});
+    const dropped = () => read('slagate_log_lines_dropped_total');
+    const errors = () => read('slagate_log_write_errors_total');
     expect(await dropped()).toBe(0);
+    expect(await errors()).toBe(0);
     let n = 0;
-    m.countLogDrops(() => n);
+    let e = 0;
+    m.countLogs({ dropped: () => n, writeErrors: () => e });
     n = 7;
+    e = 2;
     expect(await dropped()).toBe(7);
+    expect(await errors()).toBe(2);
     n = 9;
+    e = 5;
     expect(await dropped()).toBe(9);
+    expect(await errors()).toBe(5);
   });
 
   it('keeps separate registries per instance and can add process metrics', async () => {
