@@ -68,6 +68,13 @@ async function main(argv: string[]): Promise<number> {
   return (await command.load())(rest);
 }
 
+// Invariant: a reader that stops reading (`| head -1`, `| grep -q valid`) ends the output, not the
+// command: the exit code stays the command's own (check-config's 0 for a valid file, which a
+// pipeline under pipefail reads), with no EPIPE trace. Any other error of stdout is thrown as before.
+process.stdout.on('error', (err: NodeJS.ErrnoException) => {
+  if (err.code !== 'EPIPE') throw err;
+});
+
 main(process.argv.slice(2)).then(
   (code) => {
     process.exitCode = code;

@@ -93,8 +93,20 @@ type SonicBoom = ReturnType<typeof pino.destination>;
 
 /** The file's descriptor, opened for appending; its directory is created first. Throws when it cannot be. */
 function openForAppend(path: string): number {
-  mkdirSync(dirname(path), { recursive: true });
+  makeDirectories(dirname(path));
   return openSync(path, 'a');
+}
+
+/**
+ * `dir` and the ancestors it lacks, made one at a time from the nearest that exists. Not
+ * mkdirSync's `recursive`: under a file system that refuses new entries with ENOENT (procfs: an
+ * admission log under /proc/), Node 20's recursive mkdir tries again for good, and serve hung at its
+ * start, deaf to SIGTERM. Here the first refusal is thrown.
+ */
+function makeDirectories(dir: string): void {
+  const missing: string[] = [];
+  for (let d = dir; statOrNull(d) === null && dirname(d) !== d; d = dirname(d)) missing.push(d);
+  for (const d of missing.reverse()) mkdirSync(d);
 }
 
 /**

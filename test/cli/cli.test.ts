@@ -1,9 +1,14 @@
 // The command line as a new user meets it: the real bin/slagate.js in a child process, its exact
 // stdout, stderr and exit code.
+import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { type AddressInfo, createServer } from 'node:net';
+import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { runSlagate } from '../helpers/cli.ts';
+import { BIN, runSlagate } from '../helpers/cli.ts';
+
+/** The example configuration the README starts the gateway with. */
+const CONFIG = fileURLToPath(new URL('../../config/gateway.yaml', import.meta.url));
 
 const PKG = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as {
   version: string;
@@ -106,6 +111,21 @@ describe('slagate command line', () => {
     } finally {
       server.close();
     }
+  });
+
+  it('a reader that closes the output early ends the output, not the command: check-config still exits 0, with no trace', async () => {
+    const child = spawn(process.execPath, [BIN, 'check-config', CONFIG], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    // Gone before the first byte is written, as `| head -0` or a `grep -q` that matched is.
+    child.stdout.destroy();
+    let err = '';
+    child.stderr.on('data', (c: Buffer) => {
+      err += c.toString();
+    });
+    const code = await new Promise<number | null>((resolve) => child.once('close', resolve));
+    expect(err).toBe('');
+    expect(code).toBe(0);
   });
 
   it('an unknown command names itself and exits 2', async () => {

@@ -144,6 +144,20 @@ describe('createLogger', () => {
     }
   });
 
+  it('a log path whose directory cannot be made fails at once, however the file system refuses it', () => {
+    // procfs answers every new entry with ENOENT; Node's recursive mkdir retried that for good.
+    expect(() =>
+      createLogger({ level: 'info', destination: '/proc/slagate-nope/deeper/admission.log' }),
+    ).toThrow(/ENOENT|EACCES|EPERM/);
+    // An ordinary missing directory is still made, ancestors included.
+    const path = join(dir, 'a', 'b', 'admission.log');
+    const { close } = createLogger({ level: 'info', destination: path });
+    return close().then(async (ok) => {
+      expect(ok).toBe(true);
+      expect((await stat(join(dir, 'a', 'b'))).isDirectory()).toBe(true);
+    });
+  });
+
   it('close() says when every line was written, and a line logged after it is dropped', async () => {
     const path = join(dir, 'closed.log');
     const { logger, close } = createLogger({ level: 'info', destination: path });
