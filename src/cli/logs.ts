@@ -54,6 +54,11 @@ export async function logsCommand(argv: string[], io: LogsIo = process): Promise
     io.stderr.write(USAGE);
     return 2;
   }
+  // Waiting on a terminal for a log typed in is rarely what was meant: said, and then waited for.
+  if (files.includes('-') && (io.stdin as { isTTY?: boolean }).isTTY === true)
+    io.stderr.write(
+      'slagate logs: reading an admission log from stdin, a terminal (Ctrl-D ends it); give the log FILE, or pipe the log in: slagate serve | slagate logs --pretty\n',
+    );
   let keep: (r: LogRecord) => boolean;
   try {
     keep = recordFilter(args.values, Date.now());

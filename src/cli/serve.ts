@@ -97,7 +97,7 @@ async function serveUntilStopped(
     `slagate: serving on ${gateway.url} (OpenAI base URL ${gateway.url}/v1)\n` +
       `  backends: ${backends.join(', ')}${gateway.fleet ? ' (simulated, in a child process)' : ''}\n` +
       `  models: ${gateway.runtime.config.models.join(', ')}\n` +
-      `  ops: ${gateway.url}/metrics ${gateway.url}/admin/state ${gateway.url}/readyz\n`,
+      `  ops: ${gateway.url}/dashboard ${gateway.url}/metrics ${gateway.url}/admin/state ${gateway.url}/readyz\n`,
   );
   return new Promise<number>((resolve) => {
     let draining = false;

@@ -25,6 +25,7 @@ import Fastify, {
   LogController,
 } from 'fastify';
 import { GatewayError, INTERNAL_MESSAGE, isGatewayError } from '../errors/index.ts';
+import { bodyTooLarge } from './body.ts';
 import {
   awaitContinue,
   frontDoor,
@@ -41,10 +42,10 @@ import { endRefused } from './record.ts';
 import type { Runtime } from './runtime.ts';
 
 /** Maps what fastify itself throws (parsing, limits) onto the gateway's stable codes. */
-function toGatewayError(err: FastifyError | Error): GatewayError {
+function toGatewayError(err: FastifyError | Error, bodyLimit: number): GatewayError {
   if (isGatewayError(err)) return err;
   const status = (err as FastifyError).statusCode;
-  if (status === 413) return new GatewayError('body_too_large', 'Request body is too large.');
+  if (status === 413) return bodyTooLarge(bodyLimit);
   if (status === 415) {
     return new GatewayError('invalid_request', "Content-Type must be 'application/json'.", {
       param: 'content-type',
@@ -196,7 +197,7 @@ export function buildApp(rt: Runtime): FastifyInstance {
   });
 
   app.setErrorHandler((err: FastifyError | Error, request, reply) => {
-    const gErr = toGatewayError(err);
+    const gErr = toGatewayError(err, rt.config.server.body_limit_bytes);
     noteRefusal(rt, request.id, frontFacts(request.raw)?.record ?? null, gErr, err);
     return sendError(reply, gErr);
   });

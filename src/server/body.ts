@@ -38,7 +38,9 @@ export type BodyDone = (
   unread?: boolean,
 ) => void;
 
-const tooLarge = (): GatewayError => new GatewayError('body_too_large', 'Request body is too large.');
+/** The 413's message names the limit, so that the client knows how far over it was (`server.body_limit_bytes`). */
+export const bodyTooLarge = (limit: number): GatewayError =>
+  new GatewayError('body_too_large', `Request body is over the gateway's limit of ${limit} bytes.`);
 
 /** True when `header` names application/json (any case, parameters allowed). */
 export function isJsonMediaType(header: string): boolean {
@@ -99,7 +101,7 @@ export function readJsonBody(
     return;
   }
   if (length !== undefined && Number(length) > limit) {
-    done(tooLarge(), undefined, null, true);
+    done(bodyTooLarge(limit), undefined, null, true);
     return;
   }
   beforeRead?.();
@@ -127,7 +129,7 @@ export function readJsonBody(
     if (received > limit) {
       off();
       // Node discards the rest of the body once the response has ended.
-      done(tooLarge(), undefined, null);
+      done(bodyTooLarge(limit), undefined, null);
       return;
     }
     chunks.push(chunk);

@@ -97,7 +97,11 @@ describe('26: body limits and prototype poisoning', () => {
       'x-request-id': 'big-1',
     });
     expect(res.status).toBe(413);
-    expect(errorOf(res.text).code).toBe('body_too_large');
+    // The message names the limit: the client learns how far to cut.
+    expect(errorOf(res.text)).toMatchObject({
+      code: 'body_too_large',
+      message: expect.stringContaining('4096 bytes'),
+    });
     expect(await t.recordOf('big-1')).toMatchObject({ outcome: 'refused', reason: 'body_too_large' });
     expect(await replicaRequests(t.fleet!.urls[0]!)).toBe(0);
   });
@@ -213,7 +217,10 @@ describe('26: the front door reads the body as fastify did', () => {
       req.write('x'.repeat(8192));
     });
     expect(big.status).toBe(413);
-    expect(errorOf(big.text).code).toBe('body_too_large');
+    expect(errorOf(big.text)).toMatchObject({
+      code: 'body_too_large',
+      message: expect.stringContaining('4096 bytes'),
+    });
     expect(await t.recordOf('big-chunked')).toMatchObject({ outcome: 'refused', reason: 'body_too_large' });
     expect(await replicaRequests(t.fleet!.urls[0]!)).toBe(0);
   });

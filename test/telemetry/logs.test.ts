@@ -23,6 +23,18 @@ afterEach(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
+describe('stdin', () => {
+  it('a terminal as stdin is said to be read from, then read; a pipe is read without a word', async () => {
+    const tty = Object.assign(Readable.from([]), { isTTY: true });
+    const atTerminal = io(tty);
+    expect(await logsCommand([], atTerminal.io)).toBe(0);
+    expect(atTerminal.err()).toMatch(/^slagate logs: reading an admission log from stdin, a terminal/);
+    const piped = io(Readable.from([]));
+    expect(await logsCommand([], piped.io)).toBe(0);
+    expect(piped.err()).toBe('');
+  });
+});
+
 function io(stdin: NodeJS.ReadableStream = Readable.from([])) {
   let out = '';
   let err = '';
