@@ -155,12 +155,12 @@ export class AdmissionController {
    * A request of `req`'s class was refused somewhere (e.g. the scheduler's queue): a protected
    * class refused for capacity opens the shedding window. Not a request that asked not to wait
    * (x-slagate-no-queue), whether it found no room at once (queue_full) or only backends with room
-   * where it would be late (queue_timeout: a busy backend it may not wait for could have been on
-   * time): with the limits binding, as they do under any load, that is its own choice, and one such
-   * client would keep every sheddable class out.
+   * where it would be late (queue_timeout, or sla_unattainable from admission: a busy backend it may
+   * not wait for could have been on time): with the limits binding, as they do under any load, that
+   * is its own choice, and one such client would keep every sheddable class out.
    */
   noteRefused(req: { sheddable: boolean; model: string; noQueue?: boolean }, code: string): void {
-    if (req.noQueue === true && (code === 'queue_full' || code === 'queue_timeout')) return;
+    if (req.noQueue === true) return;
     if (
       !req.sheddable &&
       (code === 'sla_unattainable' || code === 'queue_full' || code === 'queue_timeout')

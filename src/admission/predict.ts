@@ -172,7 +172,13 @@ export function predict(
   const waitMs = scheduler.estimateWaitMs(scheduled);
   let best: BackendPrediction | null = null;
   for (const [name, ms] of backendMs) {
-    const wait = startsNow.has(name) ? 0 : waitMs;
+    // A request that may not wait (x-slagate-no-queue) waits for no backend: one that cannot start
+    // it now has no wait of it, and the scheduler refuses it (queue_full) when none can. It is judged
+    // on the backends that can start it now, and let through to that refusal when there are none.
+    // (Given the fleet's wait, it was refused sla_unattainable for a queue it would never join, and
+    // that refusal of a protected class shed the sheddable ones.)
+    const cannotWait = req.noQueue && !startsNow.has(name);
+    const wait = startsNow.has(name) ? 0 : cannotWait ? null : waitMs;
     const p: BackendPrediction = {
       backend: name,
       backendMs: ms,
@@ -181,8 +187,9 @@ export function predict(
       unloadedMs: aloneMs.get(name) ?? null,
     };
     byBackend.set(name, p);
-    if (p.totalMs === null) complete = false;
-    else if (best === null || p.totalMs < (best.totalMs as number)) best = p;
+    if (p.totalMs === null) {
+      if (ms === null || !cannotWait) complete = false;
+    } else if (best === null || p.totalMs < (best.totalMs as number)) best = p;
   }
   return {
     prediction: { byBackend, waitMs, best, complete, unloadedMs, largeForClass },

@@ -1089,6 +1089,74 @@ describe('predicted TTFT', () => {
     expect(slot?.backend.name).toBe('b');
   });
 
+  it('a request that may not wait is judged on the backends that can start it now: none here, so it is let through to the queue_full it is owed, and sheds nothing', async () => {
+    // The control loop's timer by hand: its period measures the rate slots free at.
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    cleanups.push(() => vi.useRealTimers());
+    const f = schedulerFixture(
+      ['a', 'b'],
+      schedulerSettings({
+        concurrency: { ...schedulerSettings().concurrency, initial: 1, max: 1, intervalMs: 100 },
+      }),
+      undefined,
+      { sharedClock: true },
+    );
+    cleanups.push(() => f.close());
+    const admission = new AdmissionController({
+      backends: () => f.backends.list(),
+      live: f.live,
+      scheduler: f.scheduler,
+      now: () => f.now(),
+    });
+    f.teach();
+    const at = (over: Partial<AdmissionRequest> = {}) =>
+      req({ arrivedAt: f.now(), deadlineAt: f.now() + 60_000, ...over });
+    const slow = { ttftTargetMs: 60_000 };
+    // Ten slots freed in a second: the rate the queue's wait is predicted at.
+    for (let i = 0; i < 10; i++) {
+      const s = await f.scheduler
+        .ticket(admission.admit(at({ reqId: `w${i}`, ...slow })).scheduled)
+        .acquire(firstAttempt());
+      f.tick(100);
+      s!.release();
+    }
+    vi.advanceTimersByTime(100);
+    expect(f.scheduler.view().releasesPerS).not.toBeNull();
+    // Both backends busy, ten requests queued behind them.
+    const held: (Slot | null)[] = [];
+    for (const id of ['h1', 'h2'])
+      held.push(
+        await f.scheduler
+          .ticket(admission.admit(at({ reqId: id, ...slow })).scheduled)
+          .acquire(firstAttempt()),
+      );
+    for (let i = 0; i < 10; i++)
+      void f.scheduler
+        .ticket(admission.admit(at({ reqId: `q${i}`, ...slow })).scheduled)
+        .acquire(firstAttempt())
+        .catch(() => {});
+    expect(f.scheduler.view().queued).toBe(10);
+    f.tick(1);
+    // One that may wait is predicted the queue's wait.
+    expect(
+      admission.admit(at({ reqId: 'patient', ...slow })).prediction.byBackend.get('a')?.waitMs,
+    ).toBeGreaterThan(0);
+    // One that may not, with the class's own target: no wait anywhere, so not judged late on one
+    // (sla_unattainable); admitted, and refused by the scheduler as it is owed.
+    const hurry = admission.admit(at({ reqId: 'hurry', noQueue: true }));
+    for (const b of ['a', 'b']) expect(hurry.prediction.byBackend.get(b)?.waitMs).toBeNull();
+    await expect(f.scheduler.ticket(hurry.scheduled).acquire(firstAttempt())).rejects.toMatchObject({
+      code: 'queue_full',
+    });
+    // Its refusal, of whatever kind, opens no shedding window: a sheddable request is still let in.
+    admission.noteRefused({ sheddable: false, model: 'm', noQueue: true }, 'queue_full');
+    admission.noteRefused({ sheddable: false, model: 'm', noQueue: true }, 'sla_unattainable');
+    expect(
+      codeOf(() => admission.admit(at({ reqId: 'batch', className: 'batch', sheddable: true, ...slow }))),
+    ).toBe('admitted');
+    for (const h of held) h?.release();
+  });
+
   it("keeps the predictor's error: median and P90 of |predicted − actual| / actual, and the bias", () => {
     const { admission } = setup();
     expect(admission.predictionError()).toEqual({ samples: 0, median: null, p90: null, bias: null });
