@@ -121,6 +121,8 @@ interface Round {
   readonly room: Map<string, number>;
   /** Entries of this round that wait for each backend (they ranked it first and it had no room for them). */
   readonly ahead: Map<string, number>;
+  /** Those entries' uncached prompt tokens, by backend: the prefill they will add there. */
+  readonly aheadTokens: Map<string, number>;
   /** Backends an earlier entry of this round waits for: no later entry may take them now. */
   readonly closed: Set<string>;
   /** Prefill tokens that may wait on a backend (slagate's `prefill_tokens`; 0: no cap). */
@@ -879,6 +881,7 @@ export class Scheduler {
     const round: Round = {
       room: new Map(),
       ahead: new Map(),
+      aheadTokens: new Map(),
       closed: new Set(),
       prefillCap: this.#prefillCap(),
       queues: settings.maxQueue > 0,
@@ -981,6 +984,7 @@ export class Scheduler {
     if (choice === null || choice.view.hasRoom) return choice;
     const backend = choice.backend.name;
     round.ahead.set(backend, (round.ahead.get(backend) ?? 0) + 1);
+    round.aheadTokens.set(backend, (round.aheadTokens.get(backend) ?? 0) + choice.view.uncachedTokens);
     round.closed.add(backend);
     // Blocked by its limit, which the control loop may raise; not by prefill room or by an entry
     // ahead, which a higher limit would not cure (counted as binding, they wound the limit up to
@@ -1095,7 +1099,8 @@ export class Scheduler {
    * Can `b` start this request now: a slot under its limit, no earlier entry of this round
    * waiting for it, and (slagate) prefill room. If not, the predicted wait for a slot there: the
    * entries of this round waiting for it, plus this one, less the slots free, over the rate the
-   * backend frees slots (its prefill already waiting there is in predictedTtftMs, not here). A
+   * backend frees slots; with slots for all of them, the prefill they add there (#prefillWaitMs;
+   * the prefill already waiting on the backend is in predictedTtftMs, not here). A
    * backend running over its limit (the controller cut it below the batch) counts as having no
    * slot free, not minus its excess: the limit moves back up as the batch recovers, faster than
    * its releases pay the excess off, and counting it cost 7% of the goodput at twice the fleet's
@@ -1105,9 +1110,24 @@ export class Scheduler {
     if (this.#opens(b.name, round, uncached)) return { open: true, waitMs: 0 };
     const free = round.room.get(b.name) ?? 0;
     const needed = (round.ahead.get(b.name) ?? 0) + 1 - Math.max(0, free);
-    if (needed <= 0) return { open: false, waitMs: 0 };
+    if (needed <= 0) return { open: false, waitMs: this.#prefillWaitMs(b.name, round) };
     const rate = this.#controlOf(b.name).releaseRate;
     return { open: false, waitMs: rate === null || rate <= 0 ? null : (needed / rate) * 1000 };
+  }
+
+  /**
+   * The wait for prefill room on `name`, which has slots for every entry of this round waiting
+   * there and one more: the prefill of those entries, at the TTFT fit's rate. Each goes as the
+   * prefill ahead of it drains under the cap, so a request behind them starts once theirs has
+   * drained as far as the backlog there now, which its prediction counts already (predictedTtftMs:
+   * it would wait behind that backlog inside the engine). 0 without a fit (as every wait was before
+   * one). Invariant: a backend held closed by a cold prompt over the cap is not shown as free of
+   * wait: at 0, a request that ranked the holder of its prefix first waited there "on time" behind
+   * the cold prompt, was late once it left, and was refused or seeded elsewhere, where it would
+   * have been on time at its arrival.
+   */
+  #prefillWaitMs(name: string, round: Round): number {
+    return (round.aheadTokens.get(name) ?? 0) * (this.#deps.live.prefillMs(name, 1) ?? 0);
   }
 
   /** `name` has a slot free in this round, no earlier entry of it waiting there, and prefill room. */

@@ -452,6 +452,62 @@ describe('late dispatch', () => {
     expect((await huge)!.backend.name).toBe('a');
   });
 
+  it("with a prefill cap, a backend held closed by a prompt waiting there for prefill room shows that prompt's prefill as the wait, and a request on time elsewhere goes there", async () => {
+    // x holds the prefix; y holds none of it. The router ranks by the slagate cost (no exploration).
+    const cost = slagate({ exploreRatio: 0, tolerance: () => null });
+    const views = new Map<string, BackendView[]>();
+    const router: RoutingPolicy = {
+      name: 'recording',
+      rank: (r, v) => {
+        views.set(r.reqId, v);
+        // The cold prompt waits on x whatever its cost (as it would when ranked there).
+        if (r.reqId === 'cold') return ['x', 'y'].map((backend) => ({ backend, cost: 0 }));
+        return cost.rank(r, v);
+      },
+      sent: cost.sent,
+    };
+    const s = settings({
+      seeds: false,
+      concurrency: { ...settings().concurrency, initial: 8, prefillTokens: 1000 },
+    });
+    const f = setup(['x', 'y'], s, router, { sharedClock: true });
+    f.teach(); // 20 ms + 0.1 ms per prefill token, on both
+    const chain = (from: number, k: number) => Array.from({ length: k }, (_, i) => from + i);
+    const prefix = chain(1, 100); // 1,600 tokens in blocks of 16
+    f.live.prefixInsert('x', prefix);
+    const on = (id: string, tokens: number, budget: number, tail: number) =>
+      req({
+        reqId: id,
+        arrivedAt: f.now(),
+        deadlineAt: f.now() + 60_000,
+        ttftTargetMs: budget,
+        promptTokens: tokens,
+        uncachedTokens: tokens - 1600,
+        route: route({
+          reqId: id,
+          promptTokens: tokens,
+          blocks: [...prefix, ...chain(tail, Math.ceil((tokens - 1600) / 16))],
+        }),
+      });
+    // 900 tokens of prefill under way on x.
+    const running = await f.scheduler.ticket(on('running', 2500, 5000, 10_000)).acquire(first());
+    expect(running!.backend.name).toBe('x');
+    // 3,000 uncached tokens, over the cap: waits on x until nothing is ahead there (x has slots).
+    const cold = f.scheduler.ticket(on('cold', 4600, 60_000, 20_000)).acquire(first());
+    expect(await state(cold)).toBe('waiting');
+    // 100 uncached on x and a 280 ms budget; y would start it now, cold, in 190 ms.
+    const warm = f.scheduler.ticket(on('warm', 1700, 280, 30_000)).acquire(first());
+    const seen = views.get('warm')!;
+    const x = seen.find((v) => v.name === 'x')!;
+    expect(x.hasRoom).toBe(false);
+    // The cold prompt's 3,000 tokens at 0.1 ms each: x is 300 ms away, not 0.
+    expect(x.slotWaitMs).toBeCloseTo(300, 3);
+    // So it goes to y now, on time, rather than wait for x and be late once the cold one leaves.
+    expect(((await state(warm)) as Slot).backend.name).toBe('y');
+    running!.release();
+    await cold.then((c) => c?.release());
+  });
+
   it('with a prefill cap, a backend most of the way through a prompt larger than the cap has room for the next before its first token', async () => {
     const s = settings({ concurrency: { ...settings().concurrency, initial: 8, prefillTokens: 1000 } });
     const f = setup(['a'], s);
