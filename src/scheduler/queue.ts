@@ -37,7 +37,7 @@ import type { ScheduledRequest } from './types.ts';
 export type EntryState = 'queued' | 'granted' | 'removed';
 
 /** What a scan does with the entry it is shown: it leaves now, it stays in its place, or the scan ends. */
-export type Verdict = 'take' | 'pass' | 'stop';
+export type Verdict = 'take' | 'pass' | 'skip' | 'stop';
 
 export interface QueueEntry {
   readonly req: ScheduledRequest;
@@ -75,7 +75,9 @@ export interface QueueDiscipline {
   /**
    * Shows the entries in the order they would leave, one at a time. 'take' takes the entry out
    * (marked granted; the next one shown is the one that would leave next after it); 'pass' leaves
-   * it queued with its key and place, and shows the one after it; 'stop' ends the scan. The
+   * it queued with its key and place, and shows the one after it; 'skip' passes it and, under
+   * slagate, every later entry of its tenant in its class for the rest of the scan (under fcfs,
+   * which has no tenants, it is 'pass'); 'stop' ends the scan. The
    * callback may settle the entry it is shown (and mark it 'removed' before taking it: it leaves
    * unserved, and its tenant is charged nothing), but must not push or remove entries.
    */
@@ -251,8 +253,10 @@ export class SlagateQueue implements QueueDiscipline {
   // same key when the scan ends, whatever way it ends.
   scan(visit: (e: QueueEntry) => Verdict): void {
     const lifted: { e: QueueEntry; t: TenantQueue }[] = [];
+    // Tenants a 'skip' set aside: their entries are not shown again in this scan, and stay queued.
+    let skipped: Set<TenantQueue> | null = null;
     try {
-      for (let next = this.#select(); next !== null; next = this.#select()) {
+      for (let next = this.#select(skipped); next !== null; next = this.#select(skipped)) {
         // Out of its heap while it is visited, whatever the visit does to its state.
         next.t.heap.pop();
         const verdict = visit(next.e);
@@ -265,6 +269,7 @@ export class SlagateQueue implements QueueDiscipline {
         } else {
           next.t.lifted++;
           lifted.push(next);
+          if (verdict === 'skip') (skipped ??= new Set()).add(next.t);
         }
       }
     } finally {
@@ -289,13 +294,17 @@ export class SlagateQueue implements QueueDiscipline {
     emptied(best.c);
   }
 
-  /** The next entry: per class the least-served tenant's smallest key, then the smallest across classes. */
-  #select(): { e: QueueEntry; t: TenantQueue; c: ClassQueue } | null {
+  /**
+   * The next entry: per class the least-served tenant's smallest key, then the smallest across
+   * classes; none of the tenants in `skipped`.
+   */
+  #select(skipped: ReadonlySet<TenantQueue> | null): { e: QueueEntry; t: TenantQueue; c: ClassQueue } | null {
     let best: { e: QueueEntry; t: TenantQueue; c: ClassQueue } | null = null;
     for (const c of this.#classes.values()) {
       if (c.size === 0) continue;
       let chosen: TenantQueue | null = null;
       for (const t of c.tenants.values()) {
+        if (skipped?.has(t)) continue;
         if (t.size - t.lifted > 0 && (chosen === null || t.counter < chosen.counter)) chosen = t;
       }
       const head = chosen?.heap.peek();

@@ -97,6 +97,40 @@ describe('SlagateQueue', () => {
     expect(drain(q)).toEqual(['a0', 'b0', 'a1', 'b1', 'a2', 'a3', 'a4', 'a5']);
   });
 
+  it("'skip' sets the rest of a tenant's entries in its class aside for the scan; they stay queued, in order", () => {
+    const q = new SlagateQueue({ agingMs: AGING });
+    for (let i = 0; i < 4; i++)
+      entry(q, i, { reqId: `a${i}`, tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
+    entry(q, 10, { reqId: 'b0', tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0 });
+    // Another class's entries of tenant a are not set aside with them.
+    entry(q, 11, {
+      reqId: 'a-batch',
+      tenant: 'a',
+      className: 'batch',
+      priority: 1,
+      uncachedTokens: 100,
+      expectedOutputTokens: 0,
+    });
+    const seen: string[] = [];
+    q.scan((e) => {
+      seen.push(e.req.reqId);
+      return e.req.reqId === 'a0' ? 'skip' : 'pass';
+    });
+    expect(seen).toEqual(['a0', 'b0', 'a-batch']);
+    expect(q.size).toBe(6);
+    expect(drain(q)).toEqual(['a0', 'b0', 'a1', 'a2', 'a3', 'a-batch']);
+    // Without tenants, fcfs takes it for a pass.
+    const f = new FifoQueue();
+    for (let i = 0; i < 3; i++) entry(f, i, { reqId: `f${i}` });
+    const fifo: string[] = [];
+    f.scan((e) => {
+      fifo.push(e.req.reqId);
+      return 'skip';
+    });
+    expect(fifo).toEqual(['f0', 'f1', 'f2']);
+    expect(drain(f)).toEqual(['f0', 'f1', 'f2']);
+  });
+
   it('a request granted a second time (its first backend refused it unstarted) is not charged again', () => {
     const q = new SlagateQueue({ agingMs: AGING });
     const again = req({ reqId: 'a0', tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });

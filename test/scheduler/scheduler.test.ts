@@ -459,7 +459,7 @@ describe('late dispatch', () => {
     const router: RoutingPolicy = {
       name: 'recording',
       rank: (r, v) => {
-        views.set(r.reqId, v);
+        views.set(r.reqId, [...v]);
         // The cold prompt waits on x whatever its cost (as it would when ranked there).
         if (r.reqId === 'cold') return ['x', 'y'].map((backend) => ({ backend, cost: 0 }));
         return cost.rank(r, v);
@@ -541,6 +541,90 @@ describe('late dispatch', () => {
     expect(((await huge2) as Slot).backend.name).toBe('a');
     expect(f.live.inflight('a').pendingPrefillTokens).toBe(10_300);
     for (const s of [huge!, sent, (await huge2)!]) s.release();
+  });
+});
+
+describe("one tenant's run of entries for a busy backend", () => {
+  it("does not use up the round's bound: an older entry of a tenant served more goes to the backend it wants, which stood idle", async () => {
+    // Tenant b's requests (ids starting with b) want x (busy, one slot); everyone else's want y.
+    const byTenant: RoutingPolicy = {
+      name: 'by-tenant',
+      rank: (r, views) => {
+        const want = r.reqId.startsWith('b') ? 'x' : 'y';
+        return [...views]
+          .sort((p, q) => (p.name === want ? 0 : 1) - (q.name === want ? 0 : 1))
+          .map((v) => ({ backend: v.name, cost: 0 }));
+      },
+    };
+    const f = setup(
+      ['x', 'y'],
+      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
+      byTenant,
+    );
+    const hx = (await f.scheduler.ticket(req({ reqId: 'bx', tenant: 'b' })).acquire(first()))!;
+    let hy = (await f.scheduler.ticket(req({ reqId: 'hy', tenant: 'a' })).acquire(first()))!;
+    expect([hx.backend.name, hy.backend.name]).toEqual(['x', 'y']);
+    // b's first waits for x; meanwhile a is served five more on y: a's counter runs ahead of b's.
+    const b0 = f.scheduler.ticket(req({ reqId: 'b0', tenant: 'b' })).acquire(first());
+    for (let i = 0; i < 5; i++) {
+      const a = f.scheduler.ticket(req({ reqId: `a${i}`, tenant: 'a' })).acquire(first());
+      hy.release();
+      hy = (await state(a)) as Slot;
+      expect(hy.backend.name).toBe('y');
+    }
+    // a's older entry, then a run of 40 of b's for x: b, served less, comes first in the order.
+    const aOld = f.scheduler.ticket(req({ reqId: 'aOld', tenant: 'a' })).acquire(first());
+    const bs = Array.from({ length: 40 }, (_, i) =>
+      f.scheduler.ticket(req({ reqId: `b${i + 1}`, tenant: 'b' })).acquire(first()),
+    );
+    expect(await state(aOld)).toBe('waiting');
+    // y frees its slot: the pump passes b's run over (x is busy) and reaches a's entry, which goes.
+    hy.release();
+    const got = await state(aOld);
+    expect(got).not.toBe('waiting');
+    expect((got as Slot).backend.name).toBe('y');
+    expect(await state(b0)).toBe('waiting');
+    (got as Slot).release();
+    hx.release();
+    for (const p of [b0, ...bs])
+      void p.then(
+        (s) => s?.release(),
+        () => {},
+      );
+  });
+});
+
+describe("one tenant's run of entries set aside", () => {
+  it('never hides the entry a pump must reach: a request of that tenant that may not wait is still judged, and starts where there is room', async () => {
+    // Ids starting with b want x (busy); the others want y (free).
+    const router: RoutingPolicy = {
+      name: 'by-id',
+      rank: (r, views) => {
+        const want = r.reqId.startsWith('b') ? 'x' : 'y';
+        return [...views]
+          .sort((p, q) => (p.name === want ? 0 : 1) - (q.name === want ? 0 : 1))
+          .map((v) => ({ backend: v.name, cost: 0 }));
+      },
+    };
+    const f = setup(['x', 'y'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }), router);
+    const hx = (await f.scheduler.ticket(req({ reqId: 'bx', tenant: 'b' })).acquire(first()))!;
+    expect(hx.backend.name).toBe('x');
+    const run = Array.from({ length: 40 }, (_, i) =>
+      f.scheduler.ticket(req({ reqId: `b${i}`, tenant: 'b' })).acquire(first()),
+    );
+    // Of the same tenant and class, behind the run, and y idle: its pump goes past the run to it.
+    const hurry = await state(
+      f.scheduler.ticket(req({ reqId: 'nq', tenant: 'b', noQueue: true })).acquire(first()),
+    );
+    expect(hurry).not.toBe('waiting');
+    expect((hurry as Slot).backend.name).toBe('y');
+    (hurry as Slot).release();
+    hx.release();
+    for (const p of run)
+      void p.then(
+        (s) => s?.release(),
+        () => {},
+      );
   });
 });
 
