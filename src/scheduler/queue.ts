@@ -76,8 +76,8 @@ export interface QueueDiscipline {
    * Shows the entries in the order they would leave, one at a time. 'take' takes the entry out
    * (marked granted; the next one shown is the one that would leave next after it); 'pass' leaves
    * it queued with its key and place, and shows the one after it; 'skip' passes it and, under
-   * slagate, every later entry of its tenant in its class for the rest of the scan (under fcfs,
-   * which has no tenants, it is 'pass'); 'stop' ends the scan. The
+   * slagate, shows the rest of its tenant's entries in its class only once no other tenant has an
+   * entry left to show (under fcfs, which has no tenants, it is 'pass'); 'stop' ends the scan. The
    * callback may settle the entry it is shown (and mark it 'removed' before taking it: it leaves
    * unserved, and its tenant is charged nothing), but must not push or remove entries.
    */
@@ -253,10 +253,16 @@ export class SlagateQueue implements QueueDiscipline {
   // same key when the scan ends, whatever way it ends.
   scan(visit: (e: QueueEntry) => Verdict): void {
     const lifted: { e: QueueEntry; t: TenantQueue }[] = [];
-    // Tenants a 'skip' set aside: their entries are not shown again in this scan, and stay queued.
-    let skipped: Set<TenantQueue> | null = null;
+    // Tenants a 'skip' put off: their entries are shown once no other tenant's are left to show.
+    let deferred: Set<TenantQueue> | null = null;
+    const following = () => {
+      const next = this.#select(deferred);
+      if (next !== null || deferred === null) return next;
+      deferred = null;
+      return this.#select(null);
+    };
     try {
-      for (let next = this.#select(skipped); next !== null; next = this.#select(skipped)) {
+      for (let next = following(); next !== null; next = following()) {
         // Out of its heap while it is visited, whatever the visit does to its state.
         next.t.heap.pop();
         const verdict = visit(next.e);
@@ -269,7 +275,7 @@ export class SlagateQueue implements QueueDiscipline {
         } else {
           next.t.lifted++;
           lifted.push(next);
-          if (verdict === 'skip') (skipped ??= new Set()).add(next.t);
+          if (verdict === 'skip') (deferred ??= new Set()).add(next.t);
         }
       }
     } finally {

@@ -148,7 +148,7 @@ interface WaitTerms {
  * before it stops: bounds a pump's work when the head of a long queue waits for busy backends.
  */
 const PASSES_PER_BACKEND = 16;
-/** Entries of one tenant in one class a round passes over before the rest of them sit it out (#pumpOnce). */
+/** Entries of one tenant in one class a round passes over before the other tenants' come first (#pumpOnce). */
 const PASSES_PER_TENANT = 16;
 
 export interface BackendSchedule {
@@ -914,8 +914,6 @@ export class Scheduler {
     const maxPasses = PASSES_PER_BACKEND * available.length;
     // Entries of each tenant (in its class) passed over in this round.
     const tenantPasses = new Map<string, number>();
-    // Some entries sat the round out unseen: like the bound, the round did not reach them.
-    let skippedSome = false;
     this.#waitedFor = round.closed;
     let reach = this.#mustReach;
     // Refused in the scan, told after it: a refusal's Retry-After counts the entries waiting ahead
@@ -949,21 +947,18 @@ export class Scheduler {
       if (choice === null) {
         passes++;
         // Invariant: one tenant's run of entries waiting for busy backends does not use up the
-        // round's bound. Under slagate the tenant served least comes first, and its entries come
-        // one after another; without this, a light tenant's burst for one busy backend was passed
-        // over until the bound, the older entry of a tenant served more behind it was never looked
-        // at, and the backend it wanted stood idle (the burst's own backend freed slots one at a
-        // time, so the idling lasted until the counters evened out or the older entry timed out).
-        // After PASSES_PER_TENANT of its entries, the rest of that tenant's in the class sit out
-        // the round; not while the entry this pump must reach is among them.
+        // round's bound before the other tenants' entries are looked at. Under slagate the tenant
+        // served least comes first, and its entries come one after another; without this, a light
+        // tenant's burst for one busy backend was passed over until the bound, the older entry of
+        // a tenant served more behind it was never looked at, and the backend it wanted stood idle
+        // (the burst's own backend freed slots one at a time, so the idling lasted until the
+        // counters evened out or the older entry timed out). After PASSES_PER_TENANT of its
+        // entries, the rest of that tenant's in the class come after the other tenants' (the
+        // queue's 'skip'), still under the bound; with one tenant nothing changes.
         const who = `${w.req.className}\u0000${w.req.tenant}`;
         const k = (tenantPasses.get(who) ?? 0) + 1;
         tenantPasses.set(who, k);
-        const mustGoOn =
-          reach !== null && reach.req.tenant === w.req.tenant && reach.req.className === w.req.className;
-        if (k < PASSES_PER_TENANT || mustGoOn) return 'pass';
-        skippedSome = true;
-        return 'skip';
+        return k < PASSES_PER_TENANT ? 'pass' : 'skip';
       }
       // Sent now and late there: every backend the router ranked is late (#choose looks past them).
       // It seeds the backend admission pinned it to (late there by design), or one #seedOf finds,
@@ -986,7 +981,7 @@ export class Scheduler {
     for (const w of late) w.settle(null, this.#refusal(w.req, 'queue_timeout'));
     // At the bound, a request queued now would be beyond it: not reached by this pump whatever
     // it waits for (whether more entries were left or not).
-    this.#passedBound = passes >= maxPasses || skippedSome;
+    this.#passedBound = passes >= maxPasses;
   }
 
   /**
