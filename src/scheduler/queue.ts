@@ -275,7 +275,10 @@ export class SlagateQueue implements QueueDiscipline {
         } else {
           next.t.lifted++;
           lifted.push(next);
-          if (verdict === 'skip') (deferred ??= new Set()).add(next.t);
+          if (verdict === 'skip') {
+            deferred ??= new Set();
+            deferred.add(next.t);
+          }
         }
       }
     } finally {
