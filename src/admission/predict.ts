@@ -6,7 +6,9 @@
 //             + wait in the gateway queue: none when that backend would start the request at once
 //               (Scheduler.startsNow: a slot and prefill room free, no entry waiting for it, and
 //               the last pump did not stop at its bound, so whatever is queued waits for other
-//               backends), else the fleet's (scheduler: entries ahead ÷ the rate slots free up)
+//               backends), else the fleet's (scheduler: entries ahead ÷ the rate slots free up);
+//               for a request that may not wait (x-slagate-no-queue) none there at all (null: it
+//               is judged on the backends that would start it now)
 //             + dispatch-to-first-token on that backend (live state's fit at the prefill still
 //               ahead there and its load: base + a·(own uncached + ahead) + b·in-flight, where
 //               ahead is what the backend has left of the prefill sent to it, drained at 1 ÷ a

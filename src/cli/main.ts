@@ -70,10 +70,13 @@ async function main(argv: string[]): Promise<number> {
 
 // Invariant: a reader that stops reading (`| head -1`, `| grep -q valid`) ends the output, not the
 // command: the exit code stays the command's own (check-config's 0 for a valid file, which a
-// pipeline under pipefail reads), with no EPIPE trace. Any other error of stdout is thrown as before.
-process.stdout.on('error', (err: NodeJS.ErrnoException) => {
-  if (err.code !== 'EPIPE') throw err;
-});
+// pipeline under pipefail reads), with no EPIPE trace. So for stderr: a gateway whose stdout and
+// stderr are one pipe (`serve 2>&1 | tee`, a journal stream) says on stderr that its log cannot be
+// written when that pipe's reader is gone, and must go on serving. Any other error is thrown as before.
+for (const out of [process.stdout, process.stderr])
+  out.on('error', (err: NodeJS.ErrnoException) => {
+    if (err.code !== 'EPIPE') throw err;
+  });
 
 main(process.argv.slice(2)).then(
   (code) => {

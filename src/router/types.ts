@@ -18,9 +18,11 @@ export interface BackendView {
    */
   readonly hasRoom: boolean;
   /**
-   * Predicted wait for a slot there, ms: 0 with room (or with only its prefill waiting, which
-   * predictedTtftMs counts); else the requests waiting for it, this one included, over the rate it
-   * frees slots. Null when that rate is not measured yet.
+   * Predicted wait for a slot there, ms: 0 with room; else the requests of this pump waiting for
+   * it, this one included, less its free slots, over the rate it frees slots, and at least the
+   * prefill those requests will add there at its prefill rate (with slots for all of them, that
+   * prefill alone: prefill room holds them; the backlog already on the backend is in
+   * predictedTtftMs). Null when the rate it frees slots is needed and not measured yet.
    */
   readonly slotWaitMs: number | null;
   /** Requests the backend runs now, every gateway instance. */

@@ -253,16 +253,11 @@ export class SlagateQueue implements QueueDiscipline {
   // same key when the scan ends, whatever way it ends.
   scan(visit: (e: QueueEntry) => Verdict): void {
     const lifted: { e: QueueEntry; t: TenantQueue }[] = [];
-    // Tenants a 'skip' put off: their entries are shown once no other tenant's are left to show.
+    // Tenants a 'skip' put off: in its class, their entries are shown once no other tenant's are
+    // left to show (or every other tenant's is put off too).
     let deferred: Set<TenantQueue> | null = null;
-    const following = () => {
-      const next = this.#select(deferred);
-      if (next !== null || deferred === null) return next;
-      deferred = null;
-      return this.#select(null);
-    };
     try {
-      for (let next = following(); next !== null; next = following()) {
+      for (let next = this.#select(deferred); next !== null; next = this.#select(deferred)) {
         // Out of its heap while it is visited, whatever the visit does to its state.
         next.t.heap.pop();
         const verdict = visit(next.e);
@@ -305,17 +300,26 @@ export class SlagateQueue implements QueueDiscipline {
 
   /**
    * The next entry: per class the least-served tenant's smallest key, then the smallest across
-   * classes; none of the tenants in `skipped`.
+   * classes. A tenant in `deferred` is chosen in its class only when every tenant there with
+   * entries left to show is deferred too. Invariant: deferring never changes which class goes next
+   * (classes compete by their heads' keys whatever their tenants' turns), so with one tenant the
+   * order is exactly the keys'.
    */
-  #select(skipped: ReadonlySet<TenantQueue> | null): { e: QueueEntry; t: TenantQueue; c: ClassQueue } | null {
+  #select(
+    deferred: ReadonlySet<TenantQueue> | null,
+  ): { e: QueueEntry; t: TenantQueue; c: ClassQueue } | null {
     let best: { e: QueueEntry; t: TenantQueue; c: ClassQueue } | null = null;
     for (const c of this.#classes.values()) {
       if (c.size === 0) continue;
       let chosen: TenantQueue | null = null;
+      let putOff: TenantQueue | null = null;
       for (const t of c.tenants.values()) {
-        if (skipped?.has(t)) continue;
-        if (t.size - t.lifted > 0 && (chosen === null || t.counter < chosen.counter)) chosen = t;
+        if (t.size - t.lifted <= 0) continue;
+        if (deferred?.has(t)) {
+          if (putOff === null || t.counter < putOff.counter) putOff = t;
+        } else if (chosen === null || t.counter < chosen.counter) chosen = t;
       }
+      chosen ??= putOff;
       const head = chosen?.heap.peek();
       if (chosen === null || head === undefined) continue;
       if (best === null || byKey(head, best.e)) best = { e: head, t: chosen, c };

@@ -1126,9 +1126,14 @@ export class Scheduler {
     if (this.#opens(b.name, round, uncached)) return { open: true, waitMs: 0 };
     const free = round.room.get(b.name) ?? 0;
     const needed = (round.ahead.get(b.name) ?? 0) + 1 - Math.max(0, free);
-    if (needed <= 0) return { open: false, waitMs: this.#prefillWaitMs(b.name, round) };
+    const prefillWaitMs = this.#prefillWaitMs(b.name, round);
+    if (needed <= 0) return { open: false, waitMs: prefillWaitMs };
+    // Short of slots too: it waits for the later of a slot and the prefill queued ahead of it.
     const rate = this.#controlOf(b.name).releaseRate;
-    return { open: false, waitMs: rate === null || rate <= 0 ? null : (needed / rate) * 1000 };
+    return {
+      open: false,
+      waitMs: rate === null || rate <= 0 ? null : Math.max((needed / rate) * 1000, prefillWaitMs),
+    };
   }
 
   /**

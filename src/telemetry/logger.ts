@@ -106,7 +106,15 @@ function openForAppend(path: string): number {
 function makeDirectories(dir: string): void {
   const missing: string[] = [];
   for (let d = dir; statOrNull(d) === null && dirname(d) !== d; d = dirname(d)) missing.push(d);
-  for (const d of missing.reverse()) mkdirSync(d);
+  for (const d of missing.reverse()) {
+    try {
+      mkdirSync(d);
+    } catch (err) {
+      // Made meanwhile by another process (two instances starting at once): as good as ours.
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST' || statOrNull(d)?.isDirectory() !== true)
+        throw err;
+    }
+  }
 }
 
 /**
@@ -199,8 +207,10 @@ export function createLogger(opts: LoggerOptions): Logger {
       `slagate: the log (${where}) cannot be written (${err.code ?? err.message}): its lines are held and tried again, and dropped past the buffer's bound\n`,
     );
   });
-  dest.on('write', () => {
-    if (!failed || closed) return;
+  // Bytes written, not a write of none (a periodic flush with nothing to write succeeds even on a
+  // full disk): only they show the destination takes lines again.
+  dest.on('write', (n: number) => {
+    if (n <= 0 || !failed || closed) return;
     failed = false;
     process.stderr.write(`slagate: the log (${where}) is written again\n`);
   });

@@ -263,26 +263,27 @@ export class GatewayMetrics {
       help: '1 while the shared state store is unreachable and the gateway runs on local state.',
       registers: [reg],
     });
-    const logDrops = () => this.#logs.dropped();
-    new Counter({
-      name: `${PREFIX}log_lines_dropped_total`,
-      help: 'Log lines (admission records included) dropped because their reader fell 64 MiB behind.',
-      registers: [reg],
-      collect() {
-        this.reset();
-        this.inc(logDrops());
-      },
-    });
-    const logWriteErrors = () => this.#logs.writeErrors();
-    new Counter({
-      name: `${PREFIX}log_write_errors_total`,
-      help: 'Writes of the logs that failed (a full disk, a closed pipe); their lines are held and tried again.',
-      registers: [reg],
-      collect() {
-        this.reset();
-        this.inc(logWriteErrors());
-      },
-    });
+    // The loggers keep these counts themselves; each scrape reads them.
+    const logCounter = (name: string, help: string, read: () => number) =>
+      new Counter({
+        name: `${PREFIX}${name}`,
+        help,
+        registers: [reg],
+        collect() {
+          this.reset();
+          this.inc(read());
+        },
+      });
+    logCounter(
+      'log_lines_dropped_total',
+      'Log lines (admission records included) dropped because their reader fell 64 MiB behind.',
+      () => this.#logs.dropped(),
+    );
+    logCounter(
+      'log_write_errors_total',
+      'Writes of the logs that failed (a full disk, a closed pipe); their lines are held and tried again.',
+      () => this.#logs.writeErrors(),
+    );
     // Absent until a request carries an estimate (prom-client starts an unlabelled gauge at 0).
     this.prefixHitRatio.remove();
     this.setClasses(classes);

@@ -97,12 +97,12 @@ describe('SlagateQueue', () => {
     expect(drain(q)).toEqual(['a0', 'b0', 'a1', 'b1', 'a2', 'a3', 'a4', 'a5']);
   });
 
-  it("'skip' shows the rest of a tenant's entries in its class after every other tenant's; they stay queued, in order", () => {
+  it("'skip' shows the rest of a tenant's entries in its class after the other tenants' there; classes keep their order; all stay queued", () => {
     const q = new SlagateQueue({ agingMs: AGING });
     for (let i = 0; i < 4; i++)
       entry(q, i, { reqId: `a${i}`, tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
     entry(q, 10, { reqId: 'b0', tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0 });
-    // Another class's entries of tenant a are not set aside with them.
+    // Another class's entries of tenant a are not put off with them, nor brought ahead by it.
     entry(q, 11, {
       reqId: 'a-batch',
       tenant: 'a',
@@ -116,7 +116,7 @@ describe('SlagateQueue', () => {
       seen.push(e.req.reqId);
       return e.req.reqId === 'a0' ? 'skip' : 'pass';
     });
-    expect(seen).toEqual(['a0', 'b0', 'a-batch', 'a1', 'a2', 'a3']);
+    expect(seen).toEqual(['a0', 'b0', 'a1', 'a2', 'a3', 'a-batch']);
     expect(q.size).toBe(6);
     expect(drain(q)).toEqual(['a0', 'b0', 'a1', 'a2', 'a3', 'a-batch']);
     // Without tenants, fcfs takes it for a pass.

@@ -544,23 +544,21 @@ describe('late dispatch', () => {
   });
 });
 
+/** Ranks x first for requests whose id starts with b, y first for the others. */
+const bToX: RoutingPolicy = {
+  name: 'b-to-x',
+  rank: (r, views) => {
+    const want = r.reqId.startsWith('b') ? 'x' : 'y';
+    return [...views]
+      .sort((p, q) => (p.name === want ? 0 : 1) - (q.name === want ? 0 : 1))
+      .map((v) => ({ backend: v.name, cost: 0 }));
+  },
+};
+
 describe("one tenant's run of entries for a busy backend", () => {
   it("does not use up the round's bound: an older entry of a tenant served more goes to the backend it wants, which stood idle", async () => {
     // Tenant b's requests (ids starting with b) want x (busy, one slot); everyone else's want y.
-    const byTenant: RoutingPolicy = {
-      name: 'by-tenant',
-      rank: (r, views) => {
-        const want = r.reqId.startsWith('b') ? 'x' : 'y';
-        return [...views]
-          .sort((p, q) => (p.name === want ? 0 : 1) - (q.name === want ? 0 : 1))
-          .map((v) => ({ backend: v.name, cost: 0 }));
-      },
-    };
-    const f = setup(
-      ['x', 'y'],
-      settings({ concurrency: { ...settings().concurrency, initial: 1 } }),
-      byTenant,
-    );
+    const f = setup(['x', 'y'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }), bToX);
     const hx = (await f.scheduler.ticket(req({ reqId: 'bx', tenant: 'b' })).acquire(first()))!;
     let hy = (await f.scheduler.ticket(req({ reqId: 'hy', tenant: 'a' })).acquire(first()))!;
     expect([hx.backend.name, hy.backend.name]).toEqual(['x', 'y']);
@@ -594,19 +592,38 @@ describe("one tenant's run of entries for a busy backend", () => {
   });
 });
 
-describe("one tenant's run of entries set aside", () => {
+describe("one tenant's run of entries put off", () => {
+  it('never lets a less urgent class ahead: with one tenant, the 21st interactive entry takes the backend that frees, not a batch entry behind it', async () => {
+    const s = settings({ concurrency: { ...settings().concurrency, initial: 1 } });
+    const f = setup(['x', 'y'], s, bToX);
+    const hx = (await f.scheduler.ticket(req({ reqId: 'bx' })).acquire(first()))!;
+    const hy = (await f.scheduler.ticket(req({ reqId: 'hy' })).acquire(first()))!;
+    expect([hx.backend.name, hy.backend.name]).toEqual(['x', 'y']);
+    const forX = Array.from({ length: 20 }, (_, i) =>
+      f.scheduler.ticket(req({ reqId: `b${i}` })).acquire(first()),
+    );
+    const mine = f.scheduler.ticket(req({ reqId: 'i21' })).acquire(first());
+    const batch = Array.from({ length: 3 }, (_, i) =>
+      f.scheduler.ticket(req({ reqId: `low${i}`, className: 'batch', priority: 1 })).acquire(first()),
+    );
+    expect(await state(mine)).toBe('waiting');
+    hy.release();
+    const got = await state(mine);
+    expect(got).not.toBe('waiting');
+    expect((got as Slot).backend.name).toBe('y');
+    for (const p of batch) expect(await state(p)).toBe('waiting');
+    (got as Slot).release();
+    hx.release();
+    for (const p of [...forX, ...batch])
+      void p.then(
+        (x) => x?.release(),
+        () => {},
+      );
+  });
+
   it('never hides the entry a pump must reach: a request of that tenant that may not wait is still judged, and starts where there is room', async () => {
     // Ids starting with b want x (busy); the others want y (free).
-    const router: RoutingPolicy = {
-      name: 'by-id',
-      rank: (r, views) => {
-        const want = r.reqId.startsWith('b') ? 'x' : 'y';
-        return [...views]
-          .sort((p, q) => (p.name === want ? 0 : 1) - (q.name === want ? 0 : 1))
-          .map((v) => ({ backend: v.name, cost: 0 }));
-      },
-    };
-    const f = setup(['x', 'y'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }), router);
+    const f = setup(['x', 'y'], settings({ concurrency: { ...settings().concurrency, initial: 1 } }), bToX);
     const hx = (await f.scheduler.ticket(req({ reqId: 'bx', tenant: 'b' })).acquire(first()))!;
     expect(hx.backend.name).toBe('x');
     const run = Array.from({ length: 40 }, (_, i) =>
