@@ -128,6 +128,13 @@ describe('slagate command line', () => {
     expect(code).toBe(0);
   });
 
+  it('a stderr whose reader is gone ends that output, not the command: an unknown command still exits 2, not 1 for a crash', async () => {
+    const child = spawn(process.execPath, [BIN, 'frobnicate'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    child.stderr.destroy();
+    const code = await new Promise<number | null>((resolve) => child.once('close', resolve));
+    expect(code).toBe(2);
+  });
+
   it('an unknown command names itself and exits 2', async () => {
     const r = await run(['frobnicate']);
     expect(r.code).toBe(2);

@@ -508,6 +508,51 @@ describe('late dispatch', () => {
     await cold.then((c) => c?.release());
   });
 
+  it('with a prefill cap, a backend short of slots too shows the later of a slot and the prefill queued ahead', async () => {
+    // The control loop's timer by hand: its period measures the rate slots free at.
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    cleanups.push(() => vi.useRealTimers());
+    const views = new Map<string, BackendView[]>();
+    const inner = leastLoaded(() => 0.5);
+    const router: RoutingPolicy = {
+      name: 'recording',
+      rank: (r, v) => {
+        views.set(r.reqId, [...v]);
+        return inner.rank(r, v);
+      },
+    };
+    const s = settings({
+      seeds: false,
+      concurrency: { ...settings().concurrency, initial: 1, max: 1, intervalMs: 100, prefillTokens: 1000 },
+    });
+    // y is there to keep the pump going past the entry waiting for x (it may not use y).
+    const f = setup(['x', 'y'], s, router, { sharedClock: true });
+    f.teach(); // 20 ms + 0.1 ms per prefill token
+    const onX = () => firstExcluding('y');
+    // Ten slots freed on x in a second: two more take a few hundred ms at that rate.
+    for (let i = 0; i < 10; i++) {
+      const slot = await f.scheduler.ticket(req({ arrivedAt: f.now() })).acquire(onX());
+      f.tick(100);
+      slot!.release();
+    }
+    vi.advanceTimersByTime(100);
+    const running = await f.scheduler.ticket(req({ reqId: 'running', arrivedAt: f.now() })).acquire(onX());
+    expect(running!.backend.name).toBe('x');
+    // 6,000 uncached tokens wait for x's one slot; then a request that may use either is ranked.
+    const cold = f.scheduler
+      .ticket(req({ reqId: 'cold', arrivedAt: f.now(), uncachedTokens: 6000, promptTokens: 6000 }))
+      .acquire(onX());
+    expect(await state(cold)).toBe('waiting');
+    const warm = await f.scheduler.ticket(req({ reqId: 'warm', arrivedAt: f.now() })).acquire(first());
+    const x = views.get('warm')!.find((v) => v.name === 'x')!;
+    expect(x.hasRoom).toBe(false);
+    // The cold one's prefill, 600 ms, is later than the two slots (280 ms at the rate measured here).
+    expect(x.slotWaitMs).toBeCloseTo(600, 3);
+    running!.release();
+    (await cold)!.release();
+    warm!.release();
+  });
+
   it('with a prefill cap, a backend most of the way through a prompt larger than the cap has room for the next before its first token', async () => {
     const s = settings({ concurrency: { ...settings().concurrency, initial: 8, prefillTokens: 1000 } });
     const f = setup(['a'], s);
