@@ -300,29 +300,34 @@ export class SlagateQueue implements QueueDiscipline {
 
   /**
    * The next entry: per class the least-served tenant's smallest key, then the smallest across
-   * classes. A tenant in `deferred` is chosen in its class only when every tenant there with
-   * entries left to show is deferred too. Invariant: deferring never changes which class goes next
-   * (classes compete by their heads' keys whatever their tenants' turns), so with one tenant the
-   * order is exactly the keys'.
+   * classes. A tenant in `deferred` gives its turn in its class to the least-served tenant there
+   * that is not (to the least-served deferred one when all are). Invariant: deferring never
+   * changes which class goes next: a class competes by the key of the entry its turn belongs to
+   * (the least-served tenant's head, deferred or not), whoever takes the turn, so a less urgent
+   * class never comes before the turns of a more urgent one, and with no deferral (or one tenant)
+   * the order is exactly the one without it.
    */
   #select(
     deferred: ReadonlySet<TenantQueue> | null,
   ): { e: QueueEntry; t: TenantQueue; c: ClassQueue } | null {
-    let best: { e: QueueEntry; t: TenantQueue; c: ClassQueue } | null = null;
+    let best: { e: QueueEntry; t: TenantQueue; c: ClassQueue; place: QueueEntry } | null = null;
     for (const c of this.#classes.values()) {
       if (c.size === 0) continue;
+      let turn: TenantQueue | null = null;
       let chosen: TenantQueue | null = null;
       let putOff: TenantQueue | null = null;
       for (const t of c.tenants.values()) {
         if (t.size - t.lifted <= 0) continue;
+        if (turn === null || t.counter < turn.counter) turn = t;
         if (deferred?.has(t)) {
           if (putOff === null || t.counter < putOff.counter) putOff = t;
         } else if (chosen === null || t.counter < chosen.counter) chosen = t;
       }
       chosen ??= putOff;
+      const place = turn?.heap.peek();
       const head = chosen?.heap.peek();
-      if (chosen === null || head === undefined) continue;
-      if (best === null || byKey(head, best.e)) best = { e: head, t: chosen, c };
+      if (chosen === null || head === undefined || place === undefined) continue;
+      if (best === null || byKey(place, best.place)) best = { e: head, t: chosen, c, place };
     }
     return best;
   }

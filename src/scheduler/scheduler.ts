@@ -1115,8 +1115,9 @@ export class Scheduler {
    * Can `b` start this request now: a slot under its limit, no earlier entry of this round
    * waiting for it, and (slagate) prefill room. If not, the predicted wait for a slot there: the
    * entries of this round waiting for it, plus this one, less the slots free, over the rate the
-   * backend frees slots; with slots for all of them, the prefill they add there (#prefillWaitMs;
-   * the prefill already waiting on the backend is in predictedTtftMs, not here). A
+   * backend frees slots, and at least the prefill those entries add there (#prefillWaitMs); with
+   * slots for all of them, that prefill alone (the prefill already waiting on the backend is in
+   * predictedTtftMs, not here). A
    * backend running over its limit (the controller cut it below the batch) counts as having no
    * slot free, not minus its excess: the limit moves back up as the batch recovers, faster than
    * its releases pay the excess off, and counting it cost 7% of the goodput at twice the fleet's
@@ -1137,8 +1138,9 @@ export class Scheduler {
   }
 
   /**
-   * The wait for prefill room on `name`, which has slots for every entry of this round waiting
-   * there and one more: the prefill of those entries, at the TTFT fit's rate. Each goes as the
+   * The wait for prefill room on `name` behind the entries of this round waiting there: the
+   * prefill of those entries, at the TTFT fit's rate (all of the wait when `name` has slots for
+   * them and one more; with slots short too, the least of it). Each goes as the
    * prefill ahead of it drains under the cap, so a request behind them starts once theirs has
    * drained as far as the backlog there now, which its prediction counts already (predictedTtftMs:
    * it would wait behind that backlog inside the engine). 0 without a fit (as every wait was before

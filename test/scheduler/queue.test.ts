@@ -131,6 +131,28 @@ describe('SlagateQueue', () => {
     expect(drain(f)).toEqual(['f0', 'f1', 'f2']);
   });
 
+  it('a tenant put off gives its turn to another tenant of its class, and the class keeps its place before a less urgent one', () => {
+    const q = new SlagateQueue({ agingMs: AGING });
+    for (let i = 0; i < 4; i++)
+      entry(q, i, { reqId: `a${i}`, tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
+    entry(q, 900, { reqId: 'b-late', tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0 });
+    // A batch entry whose key (its arrival plus one aging step) falls between a's and b's.
+    entry(q, 500 - AGING, {
+      reqId: 'batch',
+      className: 'batch',
+      priority: 1,
+      uncachedTokens: 100,
+      expectedOutputTokens: 0,
+    });
+    const seen: string[] = [];
+    q.scan((e) => {
+      seen.push(e.req.reqId);
+      return e.req.reqId === 'a0' ? 'skip' : 'pass';
+    });
+    // b takes a's turn (at a's place in the order, before the batch entry); a's rest follow.
+    expect(seen).toEqual(['a0', 'b-late', 'a1', 'a2', 'a3', 'batch']);
+  });
+
   it('a request granted a second time (its first backend refused it unstarted) is not charged again', () => {
     const q = new SlagateQueue({ agingMs: AGING });
     const again = req({ reqId: 'a0', tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
