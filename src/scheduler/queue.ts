@@ -36,7 +36,10 @@ import type { ScheduledRequest } from './types.ts';
 
 export type EntryState = 'queued' | 'granted' | 'removed';
 
-/** What a scan does with the entry it is shown: it leaves now, it stays in its place, or the scan ends. */
+/**
+ * What a scan does with the entry it is shown: it leaves now, it stays in its place, it stays and
+ * its tenant's next ones in its class give their turns to the other tenants there, or the scan ends.
+ */
 export type Verdict = 'take' | 'pass' | 'skip' | 'stop';
 
 export interface QueueEntry {
@@ -76,8 +79,9 @@ export interface QueueDiscipline {
    * Shows the entries in the order they would leave, one at a time. 'take' takes the entry out
    * (marked granted; the next one shown is the one that would leave next after it); 'pass' leaves
    * it queued with its key and place, and shows the one after it; 'skip' passes it and, under
-   * slagate, shows the rest of its tenant's entries in its class only once no other tenant has an
-   * entry left to show (under fcfs, which has no tenants, it is 'pass'); 'stop' ends the scan. The
+   * slagate, gives its tenant's turns in its class, for the rest of the scan, to the class's other
+   * tenants while they have entries left to show (the class keeps its place among the classes;
+   * under fcfs, which has no tenants, it is 'pass'); 'stop' ends the scan. The
    * callback may settle the entry it is shown (and mark it 'removed' before taking it: it leaves
    * unserved, and its tenant is charged nothing), but must not push or remove entries.
    */

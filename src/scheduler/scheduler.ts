@@ -1117,8 +1117,7 @@ export class Scheduler {
    * entries of this round waiting for it, plus this one, less the slots free, over the rate the
    * backend frees slots, and at least the prefill those entries add there (#prefillWaitMs); with
    * slots for all of them, that prefill alone (the prefill already waiting on the backend is in
-   * predictedTtftMs, not here). A
-   * backend running over its limit (the controller cut it below the batch) counts as having no
+   * predictedTtftMs, not here). A backend running over its limit (the controller cut it below the batch) counts as having no
    * slot free, not minus its excess: the limit moves back up as the batch recovers, faster than
    * its releases pay the excess off, and counting it cost 7% of the goodput at twice the fleet's
    * capacity (docs/benchmarks.md, "Counting a backend's excess over its limit as entries ahead").
@@ -1140,8 +1139,8 @@ export class Scheduler {
   /**
    * The wait for prefill room on `name` behind the entries of this round waiting there: the
    * prefill of those entries, at the TTFT fit's rate (all of the wait when `name` has slots for
-   * them and one more; with slots short too, the least of it). Each goes as the
-   * prefill ahead of it drains under the cap, so a request behind them starts once theirs has
+   * them and one more; with slots short too, the least of it). Each goes as the prefill ahead of
+   * it drains under the cap, so a request behind them starts once theirs has
    * drained as far as the backlog there now, which its prediction counts already (predictedTtftMs:
    * it would wait behind that backlog inside the engine). 0 without a fit (as every wait was before
    * one). Invariant: a backend held closed by a cold prompt over the cap is not shown as free of
