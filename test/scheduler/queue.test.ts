@@ -39,6 +39,16 @@ function entry(q: SlagateQueue | FifoQueue, at: number, over: Partial<ScheduledR
   return e;
 }
 
+/** The ids a scan shows when it answers 'skip' to `skipped` and 'pass' to every other entry. */
+function scanSkipping(q: SlagateQueue | FifoQueue, skipped: string): string[] {
+  const seen: string[] = [];
+  q.scan((e) => {
+    seen.push(e.req.reqId);
+    return e.req.reqId === skipped ? 'skip' : 'pass';
+  });
+  return seen;
+}
+
 function drain(q: SlagateQueue | FifoQueue): string[] {
   const out: string[] = [];
   q.scan((e) => {
@@ -111,11 +121,7 @@ describe('SlagateQueue', () => {
       uncachedTokens: 100,
       expectedOutputTokens: 0,
     });
-    const seen: string[] = [];
-    q.scan((e) => {
-      seen.push(e.req.reqId);
-      return e.req.reqId === 'a0' ? 'skip' : 'pass';
-    });
+    const seen = scanSkipping(q, 'a0');
     expect(seen).toEqual(['a0', 'b0', 'a1', 'a2', 'a3', 'a-batch']);
     expect(q.size).toBe(6);
     expect(drain(q)).toEqual(['a0', 'b0', 'a1', 'a2', 'a3', 'a-batch']);
@@ -144,11 +150,7 @@ describe('SlagateQueue', () => {
       uncachedTokens: 100,
       expectedOutputTokens: 0,
     });
-    const seen: string[] = [];
-    q.scan((e) => {
-      seen.push(e.req.reqId);
-      return e.req.reqId === 'a0' ? 'skip' : 'pass';
-    });
+    const seen = scanSkipping(q, 'a0');
     // b takes a's turn (at a's place in the order, before the batch entry); a's rest follow.
     expect(seen).toEqual(['a0', 'b-late', 'a1', 'a2', 'a3', 'batch']);
   });
