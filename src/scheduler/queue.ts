@@ -80,8 +80,8 @@ export interface QueueDiscipline {
    * (marked granted; the next one shown is the one that would leave next after it); 'pass' leaves
    * it queued with its key and place, and shows the one after it; 'skip' passes it and, under
    * slagate, gives its tenant's turns in its class, for the rest of the scan, to the class's other
-   * tenants while they have entries left to show (the class keeps its place among the classes;
-   * under fcfs, which has no tenants, it is 'pass'); 'stop' ends the scan. The
+   * tenants while they have entries left to show (each shown no earlier among the classes than its
+   * own key; under fcfs, which has no tenants, it is 'pass'); 'stop' ends the scan. The
    * callback may settle the entry it is shown (and mark it 'removed' before taking it: it leaves
    * unserved, and its tenant is charged nothing), but must not push or remove entries.
    */
@@ -305,16 +305,19 @@ export class SlagateQueue implements QueueDiscipline {
   /**
    * The next entry: per class the least-served tenant's smallest key, then the smallest across
    * classes. A tenant in `deferred` gives its turn in its class to the least-served tenant there
-   * that is not (to the least-served deferred one when all are). Invariant: deferring never
-   * changes which class goes next: a class competes by the key of the entry its turn belongs to
-   * (the least-served tenant's head, deferred or not), whoever takes the turn, so a less urgent
-   * class never comes before the turns of a more urgent one, and with no deferral (or one tenant)
-   * the order is exactly the one without it.
+   * that is not (to the least-served deferred one when all are). Invariant: no entry is shown
+   * before an entry of another class with a smaller key (the aging bound). A class competes by the
+   * later of the key its turn belongs to (the least-served tenant's head, deferred or not) and the
+   * key of the entry that takes the turn: at its turn's key alone, a tenant served more took a
+   * busy backend under the put-off tenant's old key, ahead of an older entry of a less urgent
+   * class. The put-off tenant's own entries may then follow such an entry: put off, they gave up
+   * their place for the pump. With no deferral (or one tenant) the order is exactly the one
+   * without it.
    */
   #select(
     deferred: ReadonlySet<TenantQueue> | null,
   ): { e: QueueEntry; t: TenantQueue; c: ClassQueue } | null {
-    let best: { e: QueueEntry; t: TenantQueue; c: ClassQueue; place: QueueEntry } | null = null;
+    let best: { e: QueueEntry; t: TenantQueue; c: ClassQueue; rank: QueueEntry } | null = null;
     for (const c of this.#classes.values()) {
       if (c.size === 0) continue;
       let turn: TenantQueue | null = null;
@@ -331,7 +334,8 @@ export class SlagateQueue implements QueueDiscipline {
       const place = turn?.heap.peek();
       const head = chosen?.heap.peek();
       if (chosen === null || head === undefined || place === undefined) continue;
-      if (best === null || byKey(place, best.place)) best = { e: head, t: chosen, c, place };
+      const rank = byKey(place, head) ? head : place;
+      if (best === null || byKey(rank, best.rank)) best = { e: head, t: chosen, c, rank };
     }
     return best;
   }

@@ -137,7 +137,7 @@ describe('SlagateQueue', () => {
     expect(drain(f)).toEqual(['f0', 'f1', 'f2']);
   });
 
-  it('a tenant put off gives its turn to another tenant of its class, and the class keeps its place before a less urgent one', () => {
+  it('a tenant put off gives its turn to another tenant of its class, whose entry is shown no earlier among the classes than its own key', () => {
     const q = new SlagateQueue({ agingMs: AGING });
     for (let i = 0; i < 4; i++)
       entry(q, i, { reqId: `a${i}`, tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
@@ -151,8 +151,9 @@ describe('SlagateQueue', () => {
       expectedOutputTokens: 0,
     });
     const seen = scanSkipping(q, 'a0');
-    // b takes a's turn (at a's place in the order, before the batch entry); a's rest follow.
-    expect(seen).toEqual(['a0', 'b-late', 'a1', 'a2', 'a3', 'batch']);
+    // b takes a's turn, but not ahead of the older batch entry (the aging bound); a's rest, put
+    // off for the scan, follow b's.
+    expect(seen).toEqual(['a0', 'batch', 'b-late', 'a1', 'a2', 'a3']);
   });
 
   it('a request granted a second time (its first backend refused it unstarted) is not charged again', () => {
