@@ -306,7 +306,9 @@ export class SlagateQueue implements QueueDiscipline {
    * The next entry: per class the least-served tenant's smallest key, then the smallest across
    * classes. A tenant in `deferred` gives its turn in its class to the least-served tenant there
    * that is not (to the least-served deferred one when all are). Invariant: no entry is shown
-   * before an entry of another class with a smaller key (the aging bound). A class competes by the
+   * before the entry another class would show next in the tenants' order (its least-served
+   * tenant's head, unless that tenant is put off) when that entry's key is smaller (the aging
+   * bound, as far as fairness between tenants leaves it). A class competes by the
    * later of the key its turn belongs to (the least-served tenant's head, deferred or not) and the
    * key of the entry that takes the turn: at its turn's key alone, a tenant served more took a
    * busy backend under the put-off tenant's old key, ahead of an older entry of a less urgent
