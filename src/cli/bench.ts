@@ -28,6 +28,7 @@ import {
 import { WORKLOAD_NAMES, type WorkloadName } from '../bench/workloads.ts';
 import { getProfile } from '../sim/profiles.ts';
 import { appendProblem } from '../telemetry/logger.ts';
+import { emptyOption } from './options.ts';
 
 export const BENCH_USAGE = `Usage: slagate bench --target URL [options]
        slagate bench compare --policies LIST [options]   (see slagate bench compare --help)
@@ -118,11 +119,9 @@ export function parseBenchArgs(argv: string[]): BenchArgs | null {
   }
   if (values.help) return null;
   if (values.target === undefined) throw new UsageError('--target URL is required');
-  // An empty name is a slip (an unset variable, `--model=`): every request would ask for model "",
-  // and the JSON would carry a label that says nothing.
-  for (const flag of ['model', 'label'] as const) {
-    if (values[flag]?.trim() === '') throw new UsageError(`--${flag} must not be empty`);
-  }
+  // Every request would ask for model "", and the JSON would carry a label that says nothing.
+  const empty = emptyOption(values, ['model', 'label']);
+  if (empty !== undefined) throw new UsageError(`--${empty} must not be empty`);
   let target: URL;
   try {
     target = new URL(values.target);

@@ -7,6 +7,7 @@ import { hostProblem } from '../config/index.ts';
 import { startFleet } from '../sim/fleet.ts';
 import { FLEET_CHILD_ENV } from '../sim/fleet-process.ts';
 import { PROFILES } from '../sim/profiles.ts';
+import { emptyOption } from './options.ts';
 
 const USAGE = `usage: slagate sim [--replicas N] [--port P] [--host H] [--profile NAME] [--model NAME]
                   [--time-scale X] [--seed S] [--admin-port A]
@@ -45,14 +46,15 @@ export async function simCommand(argv: string[]): Promise<number> {
     process.stdout.write(`${USAGE}\n`);
     return 0;
   }
-  // An empty value is a slip (an unset variable, `--port=`), never a choice: Number('') is 0, an
-  // ephemeral port or seed 0, and an empty --model would be served under no name. (--host has its
-  // own check below, which says why.)
-  for (const [key, value] of Object.entries(values)) {
-    if (key !== 'host' && typeof value === 'string' && value.trim() === '') {
-      process.stderr.write(`slagate sim: --${key} must not be empty\n`);
-      return 2;
-    }
+  // An empty port or seed would be 0 (an ephemeral port, seed 0), an empty --model served under no
+  // name. (--host has its own check below, which says why.)
+  const empty = emptyOption(
+    values,
+    Object.keys(values).filter((key) => key !== 'host'),
+  );
+  if (empty !== undefined) {
+    process.stderr.write(`slagate sim: --${empty} must not be empty\n`);
+    return 2;
   }
   const num = (key: string, fallback: number, ok: (n: number) => boolean): number => {
     const raw = values[key];

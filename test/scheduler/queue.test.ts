@@ -39,6 +39,12 @@ function entry(q: SlagateQueue | FifoQueue, at: number, over: Partial<ScheduledR
   return e;
 }
 
+/** `n` entries of `tenant`, ids `${tenant}0`…, queued at 0, 1, …, all of one size. */
+function burst(q: SlagateQueue, tenant: string, n: number): void {
+  for (let i = 0; i < n; i++)
+    entry(q, i, { reqId: `${tenant}${i}`, tenant, uncachedTokens: 100, expectedOutputTokens: 0 });
+}
+
 /** The ids a scan shows when it answers 'skip' to `skipped` and 'pass' to every other entry. */
 function scanSkipping(q: SlagateQueue | FifoQueue, skipped: string): string[] {
   const seen: string[] = [];
@@ -109,8 +115,7 @@ describe('SlagateQueue', () => {
 
   it("'skip' shows the rest of a tenant's entries in its class after the other tenants' there; classes keep their order; all stay queued", () => {
     const q = new SlagateQueue({ agingMs: AGING });
-    for (let i = 0; i < 4; i++)
-      entry(q, i, { reqId: `a${i}`, tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
+    burst(q, 'a', 4);
     entry(q, 10, { reqId: 'b0', tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0 });
     // Another class's entries of tenant a are not put off with them, nor brought ahead by it.
     entry(q, 11, {
@@ -128,19 +133,13 @@ describe('SlagateQueue', () => {
     // Without tenants, fcfs takes it for a pass.
     const f = new FifoQueue();
     for (let i = 0; i < 3; i++) entry(f, i, { reqId: `f${i}` });
-    const fifo: string[] = [];
-    f.scan((e) => {
-      fifo.push(e.req.reqId);
-      return 'skip';
-    });
-    expect(fifo).toEqual(['f0', 'f1', 'f2']);
+    expect(scanSkipping(f, 'f0')).toEqual(['f0', 'f1', 'f2']);
     expect(drain(f)).toEqual(['f0', 'f1', 'f2']);
   });
 
   it('a tenant put off gives its turn to another tenant of its class, whose entry is shown no earlier among the classes than its own key', () => {
     const q = new SlagateQueue({ agingMs: AGING });
-    for (let i = 0; i < 4; i++)
-      entry(q, i, { reqId: `a${i}`, tenant: 'a', uncachedTokens: 100, expectedOutputTokens: 0 });
+    burst(q, 'a', 4);
     entry(q, 900, { reqId: 'b-late', tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0 });
     // A batch entry whose key (its arrival plus one aging step) falls between a's and b's.
     entry(q, 500 - AGING, {
