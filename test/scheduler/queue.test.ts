@@ -39,10 +39,14 @@ function entry(q: SlagateQueue | FifoQueue, at: number, over: Partial<ScheduledR
   return e;
 }
 
+/** An entry of one size (100 prefill tokens, no output) queued at `at`. */
+function unit(q: SlagateQueue, at: number, over: Partial<ScheduledRequest>): QueueEntry {
+  return entry(q, at, { uncachedTokens: 100, expectedOutputTokens: 0, ...over });
+}
+
 /** `n` entries of `tenant`, ids `${tenant}0`…, queued at 0, 1, …, all of one size. */
 function burst(q: SlagateQueue, tenant: string, n: number): void {
-  for (let i = 0; i < n; i++)
-    entry(q, i, { reqId: `${tenant}${i}`, tenant, uncachedTokens: 100, expectedOutputTokens: 0 });
+  for (let i = 0; i < n; i++) unit(q, i, { reqId: `${tenant}${i}`, tenant });
 }
 
 /** The ids a scan shows when it answers 'skip' to `skipped` and 'pass' to every other entry. */
@@ -116,16 +120,9 @@ describe('SlagateQueue', () => {
   it("'skip' shows the rest of a tenant's entries in its class after the other tenants' there; classes keep their order; all stay queued", () => {
     const q = new SlagateQueue({ agingMs: AGING });
     burst(q, 'a', 4);
-    entry(q, 10, { reqId: 'b0', tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0 });
+    unit(q, 10, { reqId: 'b0', tenant: 'b' });
     // Another class's entries of tenant a are not put off with them, nor brought ahead by it.
-    entry(q, 11, {
-      reqId: 'a-batch',
-      tenant: 'a',
-      className: 'batch',
-      priority: 1,
-      uncachedTokens: 100,
-      expectedOutputTokens: 0,
-    });
+    unit(q, 11, { reqId: 'a-batch', tenant: 'a', className: 'batch', priority: 1 });
     const seen = scanSkipping(q, 'a0');
     expect(seen).toEqual(['a0', 'b0', 'a1', 'a2', 'a3', 'a-batch']);
     expect(q.size).toBe(6);
@@ -140,15 +137,9 @@ describe('SlagateQueue', () => {
   it('a tenant put off gives its turn to another tenant of its class, whose entry is shown no earlier among the classes than its own key', () => {
     const q = new SlagateQueue({ agingMs: AGING });
     burst(q, 'a', 4);
-    entry(q, 900, { reqId: 'b-late', tenant: 'b', uncachedTokens: 100, expectedOutputTokens: 0 });
+    unit(q, 900, { reqId: 'b-late', tenant: 'b' });
     // A batch entry whose key (its arrival plus one aging step) falls between a's and b's.
-    entry(q, 500 - AGING, {
-      reqId: 'batch',
-      className: 'batch',
-      priority: 1,
-      uncachedTokens: 100,
-      expectedOutputTokens: 0,
-    });
+    unit(q, 500 - AGING, { reqId: 'batch', className: 'batch', priority: 1 });
     const seen = scanSkipping(q, 'a0');
     // b takes a's turn, but not ahead of the older batch entry (the aging bound); a's rest, put
     // off for the scan, follow b's.
