@@ -726,76 +726,86 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     expect(a.tenantShare()).toBe(1);
 
     await redis.kill9();
-    const killedAt = performance.now();
-    // Request-path calls while Redis is gone: 5000 requests' worth of leases and records, each
-    // answered at once from the local state (none waits for Redis).
-    expect(requestPathCalls(a, 5_000)).toEqual([]);
-    await expectLocalPrediction(a);
-    await until(() => a.status().degraded && b.status().degraded, 3_000, 'degraded');
-    expect(performance.now() - killedAt).toBeLessThan(COMMAND_TIMEOUT_MS + REFRESH_MS + 1_000);
-    expect(a.status().lastError).not.toBeNull();
-    // The tick never blocks: a failed exchange takes no longer than the command timeout.
-    expect(a.status().lastSyncDurationMs!).toBeLessThan(COMMAND_TIMEOUT_MS + 100);
-    // Local state keeps serving: a's own lease and records are there.
-    expect(a.backendView('gpu-1')?.latency.ttft.count).toBe(5_000);
-    expect(a.backendView('gpu-0')?.localInflight.requests).toBe(1);
-    // The status counts the peers whose data the view still holds: b's, until the liveness TTL.
-    expect(a.status().peers).toBe(a.load('gpu-0') - 1);
-    // The peer's part lasts at most the liveness TTL, then only local data counts...
-    await until(() => a.status().peers === 0, livenessTtlMs(cfg) + 1_000, 'peer data to expire');
-    // ...and b, which a's last exchange counted, is taken to run what a runs on each backend: the
-    // two, each counting alone, fill one concurrency limit together, not one each.
-    expect(a.backendView('gpu-0')?.localInflight.requests).toBe(1);
-    expect(a.load('gpu-0')).toBe(2);
-    const more = a.lease('gpu-0', { promptTokens: 100, expectedOutputTokens: 10 });
-    expect(a.load('gpu-0')).toBe(4);
-    expect(a.inflight('gpu-0').promptTokens).toBe(400);
-    // Counting alone now, each of the two takes half of every tenant limit.
-    expect(a.tenantShare()).toBe(0.5);
-    // And the fits learn nothing: a first token's load now counts a's requests alone, against
-    // samples that ran beside b's.
-    const samplesOf = () => a.backendView('gpu-1')?.rates.ttft?.samples ?? 0;
-    const teach = (n: number) => {
-      for (let i = 0; i < n; i++) {
-        a.recordFirstToken({
-          backend: 'gpu-1',
-          backendTtftMs: ttftOf(500, 1),
-          uncachedPromptTokens: 500,
-          prefillAheadTokens: 0,
-          loadAtDispatch: 1,
-        });
-      }
-    };
-    const taughtBefore = samplesOf();
-    teach(10);
-    await sleep(50); // past the fit's re-solve interval (20 ms)
-    expect(samplesOf()).toBe(taughtBefore);
+    // Brought back however the test ends: the tests after it need a Redis.
+    let up = false;
+    try {
+      const killedAt = performance.now();
+      // Request-path calls while Redis is gone: 5000 requests' worth of leases and records, each
+      // answered at once from the local state (none waits for Redis).
+      expect(requestPathCalls(a, 5_000)).toEqual([]);
+      // Soon counts from the end of those calls: they hold the event loop, so no tick runs until
+      // they end (on a busy machine they took most of the allowance).
+      const calledAt = performance.now();
+      await expectLocalPrediction(a);
+      await until(() => a.status().degraded && b.status().degraded, 3_000, 'degraded');
+      expect(performance.now() - calledAt).toBeLessThan(COMMAND_TIMEOUT_MS + REFRESH_MS + 1_000);
+      expect(a.status().lastError).not.toBeNull();
+      // The tick never blocks: a failed exchange takes no longer than the command timeout.
+      expect(a.status().lastSyncDurationMs!).toBeLessThan(COMMAND_TIMEOUT_MS + 100);
+      // Local state keeps serving: a's own lease and records are there.
+      expect(a.backendView('gpu-1')?.latency.ttft.count).toBe(5_000);
+      expect(a.backendView('gpu-0')?.localInflight.requests).toBe(1);
+      // The status counts the peers whose data the view still holds: b's, until the liveness TTL.
+      expect(a.status().peers).toBe(a.load('gpu-0') - 1);
+      // The peer's part lasts at most the liveness TTL, then only local data counts...
+      await until(() => a.status().peers === 0, livenessTtlMs(cfg) + 1_000, 'peer data to expire');
+      // ...and b, which a's last exchange counted, is taken to run what a runs on each backend: the
+      // two, each counting alone, fill one concurrency limit together, not one each.
+      expect(a.backendView('gpu-0')?.localInflight.requests).toBe(1);
+      expect(a.load('gpu-0')).toBe(2);
+      const more = a.lease('gpu-0', { promptTokens: 100, expectedOutputTokens: 10 });
+      expect(a.load('gpu-0')).toBe(4);
+      expect(a.inflight('gpu-0').promptTokens).toBe(400);
+      // Counting alone now, each of the two takes half of every tenant limit.
+      expect(a.tenantShare()).toBe(0.5);
+      // And the fits learn nothing: a first token's load now counts a's requests alone, against
+      // samples that ran beside b's.
+      const samplesOf = () => a.backendView('gpu-1')?.rates.ttft?.samples ?? 0;
+      const teach = (n: number) => {
+        for (let i = 0; i < n; i++) {
+          a.recordFirstToken({
+            backend: 'gpu-1',
+            backendTtftMs: ttftOf(500, 1),
+            uncachedPromptTokens: 500,
+            prefillAheadTokens: 0,
+            loadAtDispatch: 1,
+          });
+        }
+      };
+      const taughtBefore = samplesOf();
+      teach(10);
+      await sleep(50); // past the fit's re-solve interval (20 ms)
+      expect(samplesOf()).toBe(taughtBefore);
 
-    await redis.restart();
-    const recovered = await until(() => !a.status().degraded && !b.status().degraded, 5_000, 'recovery');
-    expect(recovered).toBeLessThan(3_000);
-    await until(() => b.load('gpu-0') === 3, 2_000, 'shared counts again');
-    expect(b.tenantShare()).toBe(1);
-    // b's one lease, not a's own counted twice.
-    await until(() => a.load('gpu-0') === 3, 2_000, "a counting b's lease again");
-    // With the peers counted again, first tokens teach again.
-    teach(10);
-    await until(() => samplesOf() === taughtBefore + 10, 1_000, 'the fit to learn again');
-    more.end();
-    held.end();
-    await until(() => b.load('gpu-0') === 1, 2_000, 'b to see the end of a’s leases');
-    // Let a few more ticks run, then count what Redis has executed since it came back.
-    await sleep(5 * REFRESH_MS);
-    const calls = await commandCalls(redis);
-    const scripts = (calls.evalsha ?? 0) + (calls.eval ?? 0);
-    const elapsedTicks = (performance.now() - killedAt) / REFRESH_MS;
-    // One script per instance per tick since the restart, nothing per request made while down.
-    expect(scripts).toBeGreaterThan(0);
-    expect(scripts).toBeLessThanOrEqual(2 * (elapsedTicks + 2));
-    // Each script writes the in-flight part, and on its ticks the full snapshot: nothing else.
-    expect(calls.hset ?? 0).toBeLessThanOrEqual(2 * scripts);
-    const total = Object.values(calls).reduce((x, y) => x + y, 0);
-    expect(total).toBeLessThan(5_000 / 5);
+      await redis.restart();
+      up = true;
+      const recovered = await until(() => !a.status().degraded && !b.status().degraded, 5_000, 'recovery');
+      expect(recovered).toBeLessThan(3_000);
+      await until(() => b.load('gpu-0') === 3, 2_000, 'shared counts again');
+      expect(b.tenantShare()).toBe(1);
+      // b's one lease, not a's own counted twice.
+      await until(() => a.load('gpu-0') === 3, 2_000, "a counting b's lease again");
+      // With the peers counted again, first tokens teach again.
+      teach(10);
+      await until(() => samplesOf() === taughtBefore + 10, 1_000, 'the fit to learn again');
+      more.end();
+      held.end();
+      await until(() => b.load('gpu-0') === 1, 2_000, 'b to see the end of a’s leases');
+      // Let a few more ticks run, then count what Redis has executed since it came back.
+      await sleep(5 * REFRESH_MS);
+      const calls = await commandCalls(redis);
+      const scripts = (calls.evalsha ?? 0) + (calls.eval ?? 0);
+      const elapsedTicks = (performance.now() - killedAt) / REFRESH_MS;
+      // One script per instance per tick since the restart, nothing per request made while down.
+      expect(scripts).toBeGreaterThan(0);
+      expect(scripts).toBeLessThanOrEqual(2 * (elapsedTicks + 2));
+      // Each script writes the in-flight part, and on its ticks the full snapshot: nothing else.
+      expect(calls.hset ?? 0).toBeLessThanOrEqual(2 * scripts);
+      const total = Object.values(calls).reduce((x, y) => x + y, 0);
+      expect(total).toBeLessThan(5_000 / 5);
+    } finally {
+      if (!up) await redis.restart();
+    }
   });
 
   it('Redis that stops answering (SIGSTOP): the command timeout bounds every tick', async () => {
@@ -804,8 +814,9 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     expect(a.status().degraded).toBe(false);
     redis.pause();
     try {
-      const stalledAt = performance.now();
       expect(requestPathCalls(a, 2_000)).toEqual([]);
+      // Counted from the end of the calls, which hold the event loop (as above).
+      const stalledAt = performance.now();
       await expectLocalPrediction(a);
       await until(() => a.status().degraded, 3_000, 'degraded on timeout');
       expect(performance.now() - stalledAt).toBeLessThan(COMMAND_TIMEOUT_MS + REFRESH_MS + 1_000);
