@@ -10,6 +10,19 @@
 // a third of the requests instead of a sixth).
 import { quantile } from './controller.ts';
 
+/**
+ * Recent actual ÷ predicted dispatch-to-first-token times kept (the fleet's, and each backend's),
+ * and the fewest that give a P99. Of those, the planning P99 reads the ones of the last
+ * RATIO_WINDOW_MS, or the last MIN_RATIO_SAMPLES when fewer came in it (PlanRing). A backend plans
+ * on its own P99 while MIN_BACKEND_RATIO_SAMPLES of its own came in that window, and on the
+ * fleet's otherwise: a P99 of 50 is about the largest of them, and on a fleet of eight a backend
+ * takes eight times as long as the fleet to gather its own.
+ */
+export const RATIO_SAMPLES = 1024;
+export const MIN_RATIO_SAMPLES = 50;
+export const MIN_BACKEND_RATIO_SAMPLES = 100;
+export const RATIO_WINDOW_MS = 300_000;
+
 /** What a ring says, read at one time. */
 export interface Plan {
   /** The 5th percentile of the actual times: no prediction counts as less (Scheduler.upperBackendMs). */

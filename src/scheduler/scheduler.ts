@@ -25,7 +25,7 @@
 //              is, to the router's first, refused at once if that has room (a busy one it waits
 //              for, until the guard's timer); a retry still queued at the request's deadline gets
 //              no slot (the loop then gives up)
-//     control ─▶ every interval: each backend's limit from its measured pace (controller.ts)
+//     control ─▶ every interval: each backend's limit from its measured pace (backend-control.ts)
 //
 // Invariants:
 // - in-flight work per backend is counted once, by the live state's leases (all instances); a slot
@@ -37,10 +37,11 @@ import { GatewayError } from '../errors/index.ts';
 import { cachedOn, type PrefixMatch } from '../router/cached.ts';
 import type { BackendView, Candidate, RoutingPolicy } from '../router/index.ts';
 import type { Lease, LiveState } from '../state/index.ts';
-import { type Backend, DecodeMeter, gapStats, type Slot, type SlotRequest } from '../upstream/index.ts';
-import { type LimitBounds, nextLimit, nextTpotShare, quantile, type Setpoints } from './controller.ts';
+import type { Backend, DecodeMeter, Slot, SlotRequest } from '../upstream/index.ts';
+import { BackendControl, RATE_ALPHA } from './backend-control.ts';
+import type { LimitBounds } from './controller.ts';
 import { Heap } from './heap.ts';
-import { atPlan, type Plan, PlanRing } from './plan.ts';
+import { atPlan, MIN_RATIO_SAMPLES, type Plan, PlanRing, RATIO_SAMPLES, RATIO_WINDOW_MS } from './plan.ts';
 import { gonePrefillMs } from './prefix-gone.ts';
 import { FifoQueue, type QueueDiscipline, type QueueEntry, type QueueOrder, SlagateQueue } from './queue.ts';
 import { budgetWords, type ScheduledRequest } from './types.ts';
@@ -177,114 +178,6 @@ export interface SchedulerView {
   backends: BackendSchedule[];
 }
 
-/** Fewest gaps, and first tokens, over the recent periods (SIGNAL_PERIODS) for the controller to act. */
-const MIN_GAPS = 16;
-const MIN_FIRST_TOKENS = 8;
-
-/** First tokens of one target for a P90 of its own: 20, so that its P90 is not its maximum. */
-const MIN_TARGET_FIRST_TOKENS = 20;
-
-/**
- * The TTFT signal: the P90, over recent first tokens, of the waiting beyond `steps` as a share of
- * each one's class target; null with fewer than MIN_FIRST_TOKENS. Invariant: a target of few first
- * tokens among many of a laxer one is not lost in the pool: the signal is the largest of the pool's
- * P90 and each target's own P90 (a target with MIN_TARGET_FIRST_TOKENS first tokens). Pooled alone,
- * a backend serving 95% batch (30 s) and 5% interactive (500 ms) first tokens took its P90 from the
- * batch ones, and a second of waiting inside the backend, eight times what the interactive class may
- * wait there, read as a thirtieth of the share.
- */
-function waitingShare(
-  firstTokens: readonly { waitMs: number; targetMs: number }[],
-  steps: number,
-): number | null {
-  if (firstTokens.length < MIN_FIRST_TOKENS) return null;
-  const byTarget = new Map<number, number[]>();
-  for (const f of firstTokens) {
-    const share = Math.max(0, f.waitMs - steps) / f.targetMs;
-    const list = byTarget.get(f.targetMs);
-    if (list === undefined) byTarget.set(f.targetMs, [share]);
-    else list.push(share);
-  }
-  const pooled: number[] = [];
-  let worst = 0;
-  for (const shares of byTarget.values()) {
-    for (const x of shares) pooled.push(x);
-    if (shares.length >= MIN_TARGET_FIRST_TOKENS) worst = Math.max(worst, quantile(shares, 0.9));
-  }
-  return Math.max(worst, quantile(pooled, 0.9));
-}
-/**
- * Periods both signals are taken over: a few decode steps and first tokens per period are too
- * few for a steady median or a p90. Decreases step from the running batch, so this lag does not
- * make them compound.
- */
-const SIGNAL_PERIODS = 4;
-/** Completed requests the outer loop needs in its window before it moves tpot_share. */
-const MIN_OUTER_SAMPLES = 50;
-/** Outer periods the TPOT window spans at least: a P99 of one period's completions is too noisy. */
-const OUTER_WINDOW = 4;
-/** Outer periods the TPOT window may reach back to gather MIN_OUTER_SAMPLES (2 minutes at the defaults). */
-const OUTER_WINDOW_MAX = 24;
-/**
- * A period counts as TPOT-bound when the backend was at its limit with an error of at least this:
- * only then does the measured TPOT say anything about what a higher share would cost.
- */
-const TPOT_BOUND_ERROR = 0.8;
-const SAMPLE_CAP = 4096;
-/** Smoothing of the release rate, per control period. */
-const RATE_ALPHA = 0.3;
-/**
- * Recent actual ÷ predicted dispatch-to-first-token times kept (the fleet's, and each backend's),
- * and the fewest that give a P99. Of those, the planning P99 reads the ones of the last
- * RATIO_WINDOW_MS, or the last MIN_RATIO_SAMPLES when fewer came in it (PlanRing). A backend plans
- * on its own P99 while MIN_BACKEND_RATIO_SAMPLES of its own came in that window, and on the
- * fleet's otherwise: a P99 of 50 is about the largest of them, and on a fleet of eight a backend
- * takes eight times as long as the fleet to gather its own.
- */
-const RATIO_SAMPLES = 1024;
-const MIN_RATIO_SAMPLES = 50;
-const MIN_BACKEND_RATIO_SAMPLES = 100;
-const RATIO_WINDOW_MS = 300_000;
-
-interface Control {
-  /** The server it was learnt on (null until a grant or a control step saw it). */
-  server: Backend | null;
-  limit: number;
-  /** This instance's own evidence set `limit` (not `initial`, not a reload's clamp, not a peer's limit it followed). */
-  limitOwn: boolean;
-  /** Control periods in a row without a signal. */
-  lapsed: number;
-  tpotShare: number;
-  readonly meter: DecodeMeter;
-  /** Token gaps of the last SIGNAL_PERIODS periods, a ring: `gapsAt` is the oldest. */
-  readonly gaps: DecodeMeter[];
-  /** The requests the backend ran in each of those periods (the mean of its two ends), the same ring. */
-  readonly batches: number[];
-  gapsAt: number;
-  /** The requests the backend ran at the end of the last period (null before the first). */
-  lastInflight: number | null;
-  /**
-   * First tokens of the last few periods (the newest last): the wait from dispatch to first token
-   * minus the request's own predicted prefill, and the request's TTFT target.
-   */
-  firstTokens: { waitMs: number; targetMs: number }[][];
-  /** TPOT ÷ target of completed requests, one array per outer period (the newest last; see trimOuterWindow). */
-  tpotRatios: number[][];
-  /** Inner periods of the current outer period in which the backend was bound by its limit near the setpoint. */
-  boundPeriods: number;
-  /** TPOT targets of the slots held on the backend now, with their counts (the tightest is controlled). */
-  readonly targets: Map<number, number>;
-  blocked: boolean;
-  error: number | null;
-  periods: number;
-  /** Slots this instance freed on the backend since the last period, and their rate (smoothed, per second). */
-  releases: number;
-  releaseRate: number | null;
-  /** How its own predictions of dispatch to first token turned out, and the plan read from them. */
-  readonly ring: PlanRing;
-  plan: Plan | null;
-}
-
 interface Waiting extends QueueEntry {
   /** Fresh entries: arrival + TTFT target − predicted time to first token; retries: the deadline. */
   readonly expiresAt: number;
@@ -305,7 +198,7 @@ export class Scheduler {
   );
   #expiryTimer: NodeJS.Timeout | null = null;
   #expiryAt = Number.POSITIVE_INFINITY;
-  readonly #controls = new Map<string, Control>();
+  readonly #controls = new Map<string, BackendControl>();
   readonly #controlTimer: NodeJS.Timeout;
   #releases = 0;
   #releaseRate: number | null = null;
@@ -376,8 +269,7 @@ export class Scheduler {
    * settings give now; the loop's own value, which moves in fractions.
    */
   limit(backend: string): number {
-    const cc = this.#deps.settings().concurrency;
-    return Math.min(cc.max, Math.max(cc.min, this.#controlOf(backend).limit));
+    return this.#controlOf(backend).limit(this.#deps.settings().concurrency);
   }
 
   /**
@@ -891,8 +783,7 @@ export class Scheduler {
     for (const b of available) round.room.set(b.name, this.#room(b.name));
     const waiting = this.#queue.size + this.#retries.length > 0;
     if (waiting)
-      for (const b of available)
-        if ((round.room.get(b.name) ?? 0) <= 0) this.#controlOf(b.name).blocked = true;
+      for (const b of available) if ((round.room.get(b.name) ?? 0) <= 0) this.#controlOf(b.name).block();
     // Retries first: they have waited once already.
     for (let i = 0; i < this.#retries.length; ) {
       const w = this.#retries[i] as Waiting;
@@ -1005,7 +896,7 @@ export class Scheduler {
     // Blocked by its limit, which the control loop may raise; not by prefill room or by an entry
     // ahead, which a higher limit would not cure (counted as binding, they wound the limit up to
     // max with one request in flight).
-    if (this.#deps.live.load(backend) >= this.#limitOf(backend)) this.#controlOf(backend).blocked = true;
+    if (this.#deps.live.load(backend) >= this.#limitOf(backend)) this.#controlOf(backend).block();
     return null;
   }
 
@@ -1226,7 +1117,7 @@ export class Scheduler {
     // A half-open backend's one trial is taken: no other entry of this round goes there.
     round.room.set(b.name, b.available ? this.#room(b.name) : 0);
     const control = this.#controlFor(b);
-    control.targets.set(req.tpotTargetMs, (control.targets.get(req.tpotTargetMs) ?? 0) + 1);
+    control.granted(req.tpotTargetMs);
     const grant: Grant = {
       backend: b.name,
       server: b,
@@ -1296,12 +1187,8 @@ export class Scheduler {
     // its rate is the fleet's, or next to 0 with its prefill in the intercept), the wait cannot be
     // told from the prefill: taken whole as waiting, a cold first request cut every new backend's
     // limit at once, and templated prompts cut it to its minimum while nothing waited.
-    const current =
-      perToken === null || !live.prefillRateTold(slot.backend.name)
-        ? undefined
-        : slot.control.firstTokens.at(-1);
-    if (current !== undefined && current.length < SAMPLE_CAP) {
-      current.push({ waitMs: backendTtft - prefilledMs, targetMs: req.ttftTargetMs });
+    if (perToken !== null && live.prefillRateTold(slot.backend.name)) {
+      slot.control.firstToken(backendTtft - prefilledMs, req.ttftTargetMs);
     }
     // The TTFT fit learns it now, not when the request ends a generation later; not of a server
     // a reload took away (the name may hold another server now).
@@ -1319,20 +1206,14 @@ export class Scheduler {
 
   /** Called by a slot when its attempt ended. */
   released(slot: GrantedSlot): void {
-    const t = slot.waiting.req.tpotTargetMs;
-    const n = (slot.control.targets.get(t) ?? 1) - 1;
-    if (n > 0) slot.control.targets.set(t, n);
-    else slot.control.targets.delete(t);
+    slot.control.released(slot.waiting.req.tpotTargetMs);
     this.#releases++;
-    slot.control.releases++;
     this.pump();
   }
 
   /** A finished request's TPOT, for the outer loop of the backend that served it. */
   observeTpot(backend: string, tpotMs: number, targetMs: number): void {
-    const c = this.#controls.get(backend);
-    const period = c?.tpotRatios.at(-1);
-    if (period !== undefined && period.length < SAMPLE_CAP && targetMs > 0) period.push(tpotMs / targetMs);
+    if (targetMs > 0) this.#controls.get(backend)?.completed(tpotMs / targetMs);
   }
 
   /**
@@ -1433,170 +1314,23 @@ export class Scheduler {
     }
     this.#plan = this.#ring.read(now);
     const settings = this.#deps.settings();
-    const cc = settings.concurrency;
     const names = new Set<string>();
+    const period = { now, elapsedS, looping: settings.policy !== 'fcfs', settings: settings.concurrency };
     for (const b of this.#deps.backends()) {
       names.add(b.name);
-      const c = this.#controlFor(b);
-      // Its own only from enough of its own in the window: a backend whose traffic fell off would
-      // otherwise plan, long after, on the last 100 it had, a burst of late ones included (a
-      // restart at the same URL keeps its control), where the fleet's window holds fresh ones.
-      const own = c.ring.read(now);
-      c.plan = own !== null && own.inWindow >= MIN_BACKEND_RATIO_SAMPLES ? own : null;
-      const inflight = this.#deps.live.load(b.name);
-      const freed = c.releases / elapsedS;
-      if (c.releases > 0 || c.blocked) {
-        c.releaseRate = c.releaseRate === null ? freed : c.releaseRate + RATE_ALPHA * (freed - c.releaseRate);
-      }
-      c.releases = 0;
-      // This period's gaps, and the batch they were measured on, replace the oldest period's.
-      c.meter.drainInto(c.gaps[c.gapsAt] as DecodeMeter);
-      c.batches[c.gapsAt] = ((c.lastInflight ?? inflight) + inflight) / 2;
-      c.lastInflight = inflight;
-      c.gapsAt = (c.gapsAt + 1) % SIGNAL_PERIODS;
-      if (settings.policy === 'fcfs') {
-        c.limit = cc.initial;
-        c.limitOwn = false;
-        // Nothing measured it: not a limit for the peers to follow.
-        this.#deps.live.shareLimit(b.name, null);
-        // No outer loop runs: completions from a fixed limit must not wait in its window for a
-        // reload to slagate, to be judged then as if they came from its loop.
-        c.tpotRatios = [[]];
-        c.periods = 0;
-        c.boundPeriods = 0;
-        // Nothing measures an error against a setpoint here: the last loop's would read as current.
-        c.error = null;
-      } else {
-        // The median gap over the last few periods (controller.ts says why it leads, and why the
-        // mean still bounds it): one period holds only a few decode steps.
-        const stats = gapStats(c.gaps);
-        const pace = stats !== null && stats.count >= MIN_GAPS ? stats : null;
-        const itlMs = pace?.medianMs ?? null;
-        const meanItlMs = pace?.meanMs ?? null;
-        // Every first token waits for the decode step under way and then its own: the waiting
-        // beyond those two steps is what a lower limit can take away. The steps are the window's
-        // own, however few its gaps (a few are still this batch's steps), and none without a gap
-        // (nothing decoding, no step to wait for). Invariant: no gap from a batch that has left
-        // is taken off today's waits (a gap kept from a large batch's chat, once its traffic
-        // turned to one-token answers, hid 90 ms of every first token's wait from the loop).
-        const steps = 2 * (stats?.medianMs ?? 0);
-        const ttftQueueShare = waitingShare(c.firstTokens.flat(), steps);
-        const setpoints: Setpoints = { tpotShare: c.tpotShare, ttftShare: cc.ttftShare };
-        const binding = c.blocked || inflight >= this.#limitOf(b.name);
-        const step = nextLimit(
-          c.limit,
-          inflight,
-          {
-            itlMs,
-            meanItlMs,
-            tpotTargetMs: tightest(c.targets),
-            ttftQueueShare,
-            binding,
-            batch: signalBatch(c),
-          },
-          setpoints,
-          cc,
-        );
-        // A limit a reload's bounds clamp is not moved by evidence.
-        const held = Math.min(cc.max, Math.max(cc.min, c.limit));
-        if (step.error !== null && step.limit !== held) c.limitOwn = true;
-        c.lapsed = step.error === null ? c.lapsed + 1 : 0;
-        c.limit = step.limit;
-        c.error = step.error;
-        // Invariant: an instance without evidence of its own follows the instances with it. Every
-        // instance's room on a backend is its own limit less the load of all of them, and its loop
-        // learns only from what it sent there: one whose limit is below the load the others keep
-        // there (it started, or restarted in a rolling deploy, at `initial`) was granted nothing,
-        // so it measured nothing, and its limit never moved; its requests waited and were refused
-        // while the backend ran at the others' limit. So a period with no signal, in an instance
-        // whose own evidence set nothing (or set it more than the signal's window ago), takes the
-        // lowest limit a peer's current evidence set; while it has nothing of its own running there,
-        // with room for one more request than the backend runs, so that it has a slot to learn from
-        // (following a lower limit set for a tighter target would otherwise lock it out the same
-        // way), and only that one (followers each adding one a period would push the load up
-        // together). A limit is told to the peers only while this instance's own evidence sets it,
-        // this period: a follower telling what it followed, a limit held on a signal that moved
-        // nothing, or one an idle instance set long ago, would hold the others to it; and an instance
-        // whose own evidence set its limit holds it through a short lapse of its signal.
-        if (step.error === null && (!c.limitOwn || c.lapsed >= SIGNAL_PERIODS)) {
-          const peers = this.#deps.live.peersLimit(b.name);
-          if (peers !== null) {
-            let own = 0;
-            for (const n of c.targets.values()) own += n;
-            const followed = own > 0 ? peers : Math.max(peers, inflight + 1);
-            c.limit = Math.min(cc.max, Math.max(cc.min, followed));
-            c.limitOwn = false;
-          }
-        }
-        this.#deps.live.shareLimit(b.name, c.limitOwn && step.error !== null ? c.limit : null);
-        if (binding && step.error !== null && step.error >= TPOT_BOUND_ERROR) c.boundPeriods++;
-        if (++c.periods >= cc.outerPeriods) this.#outerStep(c);
-      }
-      // A new period's first tokens; the oldest period leaves the p90 window.
-      c.firstTokens.push([]);
-      if (c.firstTokens.length > SIGNAL_PERIODS) c.firstTokens.shift();
-      c.blocked = false;
+      this.#controlFor(b).period({ ...period, inflight: this.#deps.live.load(b.name) }, this.#deps.live);
     }
     for (const name of this.#controls.keys()) if (!names.has(name)) this.#controls.delete(name);
     // A limit may have grown, and queued entries may be waiting for exactly that.
     this.pump();
   }
 
-  /**
-   * The outer loop: tpot_share moves toward the share at which the P99 TPOT of the requests the
-   * backend completed sits at the outer target. Invariant: the share rises only when the backend
-   * spent most of the outer period bound by its limit near the setpoint. Completions lag their
-   * decode by a whole output, so while load ramps up they report the lighter batches before it;
-   * a share raised on that evidence would let the batch grow past its TPOT target.
-   */
-  #outerStep(c: Control): void {
-    const period = this.#deps.settings().concurrency.outerPeriods;
-    const ratios = c.tpotRatios.flat();
-    if (ratios.length >= MIN_OUTER_SAMPLES) {
-      // Invariant: a completion moves the share about as much whatever the window's length. The
-      // window holds each outer period for OUTER_WINDOW steps when completions are plentiful, and
-      // for as many as c.tpotRatios.length when it reaches back: a slow request on a backend that
-      // completes few (its P99 is then the window's maximum) would otherwise pull the share down
-      // at every one of up to 24 steps, where a busy backend's would count in four.
-      const weight = Math.min(1, OUTER_WINDOW / c.tpotRatios.length);
-      const next = nextTpotShare(c.tpotShare, quantile(ratios, 0.99), weight);
-      if (next < c.tpotShare || 2 * c.boundPeriods >= period) c.tpotShare = next;
-    }
-    c.periods = 0;
-    c.boundPeriods = 0;
-    c.tpotRatios.push([]);
-    trimOuterWindow(c.tpotRatios);
-  }
-
   // ---- helpers ----
 
-  #controlOf(name: string): Control {
+  #controlOf(name: string): BackendControl {
     let c = this.#controls.get(name);
     if (c === undefined) {
-      const cc = this.#deps.settings().concurrency;
-      c = {
-        server: null,
-        limit: cc.initial,
-        limitOwn: false,
-        lapsed: 0,
-        tpotShare: cc.tpotShare,
-        meter: new DecodeMeter(),
-        gaps: Array.from({ length: SIGNAL_PERIODS }, () => new DecodeMeter()),
-        batches: new Array<number>(SIGNAL_PERIODS).fill(0),
-        gapsAt: 0,
-        lastInflight: null,
-        firstTokens: [[]],
-        tpotRatios: [[]],
-        boundPeriods: 0,
-        targets: new Map(),
-        blocked: false,
-        error: null,
-        periods: 0,
-        releases: 0,
-        releaseRate: null,
-        ring: new PlanRing(RATIO_SAMPLES, MIN_BACKEND_RATIO_SAMPLES, RATIO_WINDOW_MS),
-        plan: null,
-      };
+      c = new BackendControl(name, this.#deps.settings().concurrency);
       this.#controls.set(name, c);
     }
     return c;
@@ -1608,7 +1342,7 @@ export class Scheduler {
    * (as the live state starts its fits afresh); the old server's requests, still draining, keep the
    * control they were granted under.
    */
-  #controlFor(b: Backend): Control {
+  #controlFor(b: Backend): BackendControl {
     let c = this.#controlOf(b.name);
     if (c.server !== null && c.server !== b) {
       this.#controls.delete(b.name);
@@ -1678,23 +1412,6 @@ export class Scheduler {
   }
 }
 
-/**
- * Keeps the outer loop's window (one array of TPOT ratios per outer period, the newest last): the
- * newest OUTER_WINDOW periods, and older ones only while the newer ones hold fewer than
- * MIN_OUTER_SAMPLES completions, up to OUTER_WINDOW_MAX. Invariant: a backend that completes few
- * requests (long outputs, or many backends sharing a modest load: at 2.5 a second, four periods
- * of 5 s held 50 completions only now and then) still gathers the samples its P99 needs, from as
- * little of the past as gives them; one that completes many is judged on the last four periods.
- */
-function trimOuterWindow(periods: number[][]): void {
-  let newer = 0;
-  for (let i = 1; i < periods.length; i++) newer += (periods[i] as number[]).length;
-  while (periods.length > OUTER_WINDOW && (periods.length > OUTER_WINDOW_MAX || newer >= MIN_OUTER_SAMPLES)) {
-    periods.shift();
-    newer -= (periods[0] as number[]).length;
-  }
-}
-
 /** A request may wait in the queue: it did not ask not to (x-slagate-no-queue), and the gateway queues (max_queue > 0). */
 function mayWait(noQueue: boolean, settings: SchedulerSettings): boolean {
   return !noQueue && settings.maxQueue > 0;
@@ -1712,29 +1429,6 @@ function someServeOthers(backends: readonly Backend[], model: string): boolean {
 function anyUsable(backends: readonly Backend[], excluded: ReadonlySet<string>, model: string): boolean {
   for (const b of backends) if (b.available && !excluded.has(b.name) && b.mayServe(model)) return true;
   return false;
-}
-
-/**
- * The batch the window's token gaps were measured on: each period's requests weighted by the gaps
- * it measured (a gap is one sequence's, so a period of a large batch speaks for more of them);
- * null when the window holds no gap.
- */
-function signalBatch(c: Control): number | null {
-  let gaps = 0;
-  let weighted = 0;
-  for (let k = 0; k < SIGNAL_PERIODS; k++) {
-    const n = (c.gaps[k] as DecodeMeter).gaps;
-    gaps += n;
-    weighted += n * (c.batches[k] as number);
-  }
-  return gaps === 0 ? null : weighted / gaps;
-}
-
-/** The tightest of the targets held (Infinity when none: no TPOT signal is judged then). */
-function tightest(targets: ReadonlyMap<number, number>): number {
-  let min = Number.POSITIVE_INFINITY;
-  for (const t of targets.keys()) if (t < min) min = t;
-  return min;
 }
 
 /** A reload took the grant's server away: what its request shows is not about the server under the name now. */
@@ -1785,7 +1479,7 @@ class GrantedSlot implements Slot {
   readonly meter: DecodeMeter;
   readonly grant: Grant;
   readonly waiting: Waiting;
-  readonly control: Control;
+  readonly control: BackendControl;
   /** The live state's prediction of dispatch to first token at grant time; null without a fit. */
   readonly predictedBackendMs: number | null;
   readonly #scheduler: Scheduler;
@@ -1803,7 +1497,7 @@ class GrantedSlot implements Slot {
     lease: Lease,
     grant: Grant,
     waiting: Waiting,
-    control: Control,
+    control: BackendControl,
     firstTokenTimeoutMs: number,
     predictedBackendMs: number | null,
     trial: object | null,
