@@ -746,10 +746,12 @@ export class Scheduler {
     }
     const backends = this.#deps.backends();
     const available = backends.filter((b) => b.available);
+    // What entries may wait for: the available and those whose breaker's trial is out (Backend.usable).
+    const usable = available.length === backends.length ? available : backends.filter((b) => b.usable);
     // Entries that can no longer be placed anywhere get null now (the loop decides what follows).
     if (this.#retries.length > 0) {
       for (const w of [...this.#retries]) {
-        if (!anyUsable(available, w.excluded, w.req.model)) {
+        if (!anyUsable(usable, w.excluded, w.req.model)) {
           this.#dropRetry(w);
           w.settle(null);
         }
@@ -757,13 +759,18 @@ export class Scheduler {
     }
     for (const w of this.#reasked) {
       if (w.state !== 'queued') this.#reasked.delete(w);
-      else if (!anyUsable(available, w.excluded, w.req.model)) {
+      else if (!anyUsable(usable, w.excluded, w.req.model)) {
         this.#reasked.delete(w);
         this.#queue.remove(w);
         w.settle(null);
       }
     }
     if (available.length === 0) {
+      // Nothing to grant now; the entries a backend will take once its trial ends wait for it.
+      if (usable.length > 0) {
+        this.#settleOrphans(usable);
+        return;
+      }
       this.#queue.scan((e) => {
         e.state = 'removed';
         (e as Waiting).settle(null);
@@ -796,7 +803,7 @@ export class Scheduler {
       w.state = 'granted';
       this.#grant(w, choice, round);
     }
-    this.#settleOrphans(available);
+    this.#settleOrphans(usable);
     let passes = 0;
     // Models no backend open in this round serves: backends only close as a round goes on, so
     // such a model stays so until the round ends. Made when the first is found (a fleet of one
@@ -822,7 +829,7 @@ export class Scheduler {
       // null now, as every entry does when no backend at all is available.
       const model = w.req.model;
       if (shut?.has(model) || !this.#anyOpen(available, round, model)) {
-        if (!anyUsable(available, w.excluded, model)) {
+        if (!anyUsable(usable, w.excluded, model)) {
           w.state = 'removed';
           w.settle(null);
           return 'take';
@@ -901,7 +908,7 @@ export class Scheduler {
   }
 
   /**
-   * Invariant: an entry of a model no available backend serves any more (its last one removed,
+   * Invariant: an entry of a model no usable backend serves any more (its last one removed,
    * down, or no longer listing it) gets null at the pump that finds it so, as a new request for it
    * gets 503 at once, whatever room the other models' backends have. The scan of a round stops at
    * the first entry when every backend is full, so it alone left such an entry to its guard (a 429
@@ -909,17 +916,17 @@ export class Scheduler {
    * still may serve its models: their entries wait for it. Costs one look per queued model when
    * there is none.
    */
-  #settleOrphans(available: readonly Backend[]): void {
+  #settleOrphans(usable: readonly Backend[]): void {
     let gone: Set<string> | null = null;
     for (const model of this.#queue.byModel().keys()) {
-      if (available.some((b) => b.mayServe(model))) continue;
+      if (usable.some((b) => b.mayServe(model))) continue;
       gone ??= new Set();
       gone.add(model);
     }
     if (gone === null) return;
     this.#queue.scan((e) => {
       const w = e as Waiting;
-      if (!gone.has(w.req.model) || anyUsable(available, w.excluded, w.req.model)) return 'pass';
+      if (!gone.has(w.req.model) || anyUsable(usable, w.excluded, w.req.model)) return 'pass';
       w.state = 'removed';
       w.settle(null);
       return 'take';
@@ -1423,11 +1430,12 @@ function someServeOthers(backends: readonly Backend[], model: string): boolean {
 }
 
 /**
- * Some backend of `backends` is available, is not one the request was given already, and serves
- * `model` or will once its models are known (mayServe).
+ * Some backend of `backends` is usable (available, or will be once its breaker's trial ends), is
+ * not one the request was given already, and serves `model` or will once its models are known
+ * (mayServe).
  */
 function anyUsable(backends: readonly Backend[], excluded: ReadonlySet<string>, model: string): boolean {
-  for (const b of backends) if (b.available && !excluded.has(b.name) && b.mayServe(model)) return true;
+  for (const b of backends) if (b.usable && !excluded.has(b.name) && b.mayServe(model)) return true;
   return false;
 }
 

@@ -172,6 +172,18 @@ export class Backend {
   }
 
   /**
+   * Available, or will be without another recovery: in service with its breaker closed or
+   * half-open (whose trial, once out, ends by closing it or opening it again). A request may wait
+   * for such a backend; only with none is there nowhere to send it. Invariant: a fleet coming back
+   * from an outage (every breaker half-open, each trial out) queues what arrives meanwhile instead
+   * of answering it 503: the trials close the breakers tens of milliseconds later, and each change
+   * of the breaker pumps the queue.
+   */
+  get usable(): boolean {
+    return this.inService && !this.breaker.opened;
+  }
+
+  /**
    * A slot on this backend was granted: while its breaker is half-open that is the one trial, and
    * the backend is not available to another until the token is returned or the breaker moves on.
    * Returns the token, or null when the breaker is not half-open.

@@ -762,6 +762,35 @@ describe('a backend whose breaker is half-open', () => {
     expect((await Promise.all(waiting.map((w) => state(w)))).filter((x) => x === 'waiting')).toHaveLength(1);
     for (const h of held) h!.release();
   });
+
+  it('with every breaker half-open and each trial out, a request waits for the trials instead of finding no backend', async () => {
+    const f = setup(['a', 'b'], settings(), undefined, { breakerResetMs: 50 });
+    const breakers = ['a', 'b'].map((n) => f.backends.get(n)!.breaker);
+    for (const b of breakers) b.open();
+    // Every breaker open: nowhere to go, at once.
+    expect(await state(f.scheduler.ticket(req({ reqId: 'while-open' })).acquire(first()))).toBeNull();
+    await Promise.all(breakers.map((b) => new Promise((r) => b.once('halfOpen', r))));
+    const trials = await Promise.all(
+      ['t1', 't2'].map((id) => f.scheduler.ticket(req({ reqId: id })).acquire(first())),
+    );
+    expect(trials.map((t) => t!.backend.name).sort()).toEqual(['a', 'b']);
+    // Both trials out: the next request waits for them, not null (503 no_healthy_backend).
+    const next = f.scheduler.ticket(req({ reqId: 'next' })).acquire(first());
+    expect(await state(next)).toBe('waiting');
+    f.scheduler.pump();
+    expect(await state(next)).toBe('waiting');
+    // A trial that succeeds closes its breaker, and the change pumps the queue: the next is granted there.
+    breakers[0]!.close();
+    f.scheduler.pump();
+    const granted = (await state(next)) as Slot;
+    expect(granted.backend.name).toBe('a');
+    // A trial that fails opens its breaker again: with every breaker open, a request finds nowhere.
+    breakers[0]!.open();
+    breakers[1]!.open();
+    expect(await state(f.scheduler.ticket(req({ reqId: 'after' })).acquire(first()))).toBeNull();
+    for (const t of trials) t!.release();
+    granted.release();
+  });
 });
 
 describe('refusals while waiting', () => {
