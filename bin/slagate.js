@@ -4,4 +4,8 @@
 // `npm ci && npx slagate ...` works as is.
 import './register.js';
 
+// Before the command's modules load (seconds on a busy machine): a stop asked for meanwhile is
+// held for the command, not lost (src/cli/stop-signals.ts).
+const { holdStopSignals } = await import('../src/cli/stop-signals.ts');
+holdStopSignals();
 await import('../src/cli/main.ts');

@@ -2,20 +2,29 @@
 // function that takes its own argv and returns the process exit code. Commands are imported
 // lazily so `slagate logs` does not pay for loading fastify or the simulator.
 
+import { constants } from 'node:os';
+import { takeStopSignal } from './stop-signals.ts';
+
 type Command = (argv: string[]) => Promise<number>;
 
-const COMMANDS: Record<string, { summary: string; load: () => Promise<Command> }> = {
+/**
+ * `takesStop`: the command takes the stop signals held since the process began over itself
+ * (takeStopSignal, once its own handlers are on); for any other, main takes them before it runs.
+ */
+const COMMANDS: Record<string, { summary: string; load: () => Promise<Command>; takesStop?: true }> = {
   serve: {
-    summary: 'run the gateway (--config FILE --host H --port N)',
+    summary: 'run the gateway (--config FILE, default config/gateway.yaml; --host H --port N)',
     load: async () => (await import('./serve.ts')).serveCommand,
+    takesStop: true,
   },
   sim: {
     summary:
-      'run a simulated vLLM fleet (--replicas N --port P --host H --profile NAME --model NAME --time-scale X)',
+      'run a simulated vLLM fleet (--replicas N --port P --host H --profile NAME --model NAME --time-scale X --seed S --admin-port A)',
     load: async () => (await import('./sim.ts')).simCommand,
   },
   bench: {
-    summary: 'load a target and report vLLM-style figures (--target URL --workload NAME --rate R)',
+    summary:
+      'load a target and report vLLM-style figures (--target URL --workload NAME --rate R); bench compare: policies side by side on a simulated fleet',
     load: async () => (await import('./bench.ts')).benchCommand,
   },
   logs: {
@@ -65,7 +74,13 @@ async function main(argv: string[]): Promise<number> {
     process.stderr.write(`slagate: unknown command '${name}'\n\n${usage()}\n`);
     return 2;
   }
-  return (await command.load())(rest);
+  const run = await command.load();
+  if (command.takesStop === undefined) {
+    // A stop asked for while the command loaded ends it before it starts, as the signal would have.
+    const held = takeStopSignal();
+    if (held !== null) return 128 + constants.signals[held];
+  }
+  return run(rest);
 }
 
 // Invariant: a reader that stops reading (`| head -1`, `| grep -q valid`) ends the output, not the

@@ -4,8 +4,10 @@
 import { parseArgs } from 'node:util';
 import { hostProblem, isConfigError } from '../config/index.ts';
 import { startGateway } from '../gateway.ts';
+import { takeStopSignal } from './stop-signals.ts';
 
-const USAGE = 'usage: slagate serve [--config FILE] [--host H] [--port N]';
+const USAGE =
+  'usage: slagate serve [--config FILE] [--host H] [--port N]\n  --config defaults to config/gateway.yaml, relative to the working directory';
 
 export async function serveCommand(argv: string[]): Promise<number> {
   let values: { config?: string; host?: string; port?: string; help?: boolean };
@@ -75,6 +77,10 @@ async function serveUntilStopped(
   const onParentGone = () => onStop('parent gone');
   process.on('SIGTERM', onTerm);
   process.on('SIGINT', onInt);
+  // A stop asked for before these handlers were on, while the modules loaded, is kept the same
+  // way (a SIGHUP then asked for a reload of a configuration not yet read: nothing to do).
+  const held = takeStopSignal();
+  if (held === 'SIGTERM' || held === 'SIGINT') onStop(held);
   // Started over IPC by a parent (a benchmark, a test) that is gone: nobody will stop us otherwise.
   if (process.send !== undefined) {
     process.channel?.unref();

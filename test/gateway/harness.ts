@@ -363,6 +363,8 @@ export async function serveChild(
     spawned?: (child: ChildProcess) => void;
     /** Spawned with an IPC channel, as the benchmark spawns it. */
     ipc?: boolean;
+    /** Node's own options, before the entry. */
+    nodeArgs?: string[];
   } = {},
 ): Promise<ServedGateway> {
   const { spawn } = await import('node:child_process');
@@ -378,9 +380,13 @@ export async function serveChild(
       ),
     ),
   );
-  const child = spawn(process.execPath, [BIN, 'serve', '--config', path, ...(opts.args ?? [])], {
-    stdio: opts.ipc === true ? ['ignore', 'pipe', 'pipe', 'ipc'] : ['ignore', 'pipe', 'pipe'],
-  });
+  const child = spawn(
+    process.execPath,
+    [...(opts.nodeArgs ?? []), BIN, 'serve', '--config', path, ...(opts.args ?? [])],
+    {
+      stdio: opts.ipc === true ? ['ignore', 'pipe', 'pipe', 'ipc'] : ['ignore', 'pipe', 'pipe'],
+    },
+  );
   const exited = once(child, 'exit').then(([code]) => code as number | null);
   opts.spawned?.(child);
   let stderr = '';
@@ -406,7 +412,7 @@ export async function serveChild(
   };
   try {
     await waitFor(
-      () => /serving on (http:\/\/\S+)/.test(stderr) || child.exitCode !== null,
+      () => /serving on (http:\/\/\S+)/.test(stderr) || child.exitCode !== null || child.signalCode !== null,
       15_000,
       'serving',
     );

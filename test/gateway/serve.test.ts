@@ -1,8 +1,10 @@
 // `slagate serve` as a real child process and SIGTERM: new requests are refused with 503 at once,
 // an in-flight stream drains to completion (or is cut after a short grace period), the process
 // exits 0, and the admission log file holds every record. Checklist item 34.
+import { once } from 'node:events';
 import { renameSync } from 'node:fs';
 import { type AddressInfo, createServer, type Socket } from 'node:net';
+import { join } from 'node:path';
 import { afterEach, expect, it } from 'vitest';
 import {
   chat,
@@ -17,6 +19,9 @@ import {
 } from './harness.ts';
 
 const CHAT = '/v1/chat/completions';
+const BIN_PATH = join(import.meta.dirname, '../../bin/slagate.js');
+/** `node --import` this: the process sends itself SIGTERM while the command's modules load. */
+const SIGTERM_AT_MAIN = join(import.meta.dirname, '../fixtures/signals/sigterm-at-main.mjs');
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
@@ -74,6 +79,15 @@ it('SIGTERM: refuse new requests, drain the in-flight stream (a SIGHUP or a seco
   });
 });
 
+/** A URL of 127.0.0.1 where nothing listens: a backend whose model-list call fails at once. */
+async function closedPort(): Promise<string> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  await new Promise((resolve) => server.close(resolve));
+  return `http://127.0.0.1:${port}`;
+}
+
 /** A backend that takes connections and answers nothing: a gateway's start waits for its model list. */
 async function silentBackend(): Promise<{ url: string; server: ReturnType<typeof createServer> }> {
   const held: Socket[] = [];
@@ -99,6 +113,32 @@ it('SIGTERM while the gateway starts (its backend holds the model-list call): th
   expect(await s.exited).toBe(0);
   expect(s.stderr()).toContain('SIGTERM while starting; stopping once started');
   expect(s.stderr()).toContain('SIGTERM, draining');
+});
+
+it('SIGTERM while the modules load, before serve runs: the stop is held, the gateway drains once up and exits 0', async () => {
+  const s = await serveChild(
+    { models: [MODEL], backends: [{ name: 'r0', url: await closedPort() }] },
+    { nodeArgs: ['--import', SIGTERM_AT_MAIN] },
+  );
+  cleanups.push(s.dispose);
+  expect(await s.exited).toBe(0);
+  expect(s.stderr()).toContain('SIGTERM while starting; stopping once started');
+  expect(s.stderr()).toContain('SIGTERM, draining');
+});
+
+it('SIGTERM while the modules load, for a command that is not serve: it ends before it runs, as the signal would', async () => {
+  const { spawn } = await import('node:child_process');
+  const child = spawn(process.execPath, ['--import', SIGTERM_AT_MAIN, BIN_PATH, 'check-config', '--help'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let stdout = '';
+  child.stdout.setEncoding('utf8').on('data', (c: string) => {
+    stdout += c;
+  });
+  const [code, signal] = await once(child, 'exit');
+  expect({ code, signal }).toEqual({ code: 143, signal: null });
+  // It did not run: no usage printed.
+  expect(stdout).toBe('');
 });
 
 it('a parent (over IPC) gone while the gateway starts: the gateway drains once up and exits 0, not left running', async () => {
