@@ -34,7 +34,14 @@ import {
 import { DEFAULT_KV_TOKENS, PrefixIndex, VLLM_BLOCK_TOKENS } from './prefix-index.ts';
 import { RedisSync, type StateLogger, type StoreStatus } from './redis-sync.ts';
 import { type BackendTelemetry, type ScrapeTarget, TelemetryScraper } from './scraper.ts';
-import { encodeDeparted, encodeInflight, encodeSnapshot, mergeInflight, mergeSnapshots } from './snapshot.ts';
+import {
+  encodeDeparted,
+  encodeInflight,
+  encodeSnapshot,
+  type InflightPart,
+  mergeInflight,
+  mergeSnapshots,
+} from './snapshot.ts';
 import { type RemoteTenant, type TenantLease, type TenantUsage, TenantUsageTable } from './tenants.ts';
 import type { WindowTotals } from './window.ts';
 
@@ -454,7 +461,7 @@ class LiveStateImpl implements LiveState {
             host: {
               snapshot: (now) => encodeSnapshot(this.#states(), this.#tenants.entries(now), now),
               departing: (now) => encodeDeparted(this.#tenants.entries(now)),
-              inflight: () => encodeInflight(this.#states(), (name) => this.#drainMsPerToken(name)),
+              inflight: () => encodeInflight(this.#inflightParts(), (name) => this.#drainMsPerToken(name)),
               applyPeers: (snaps, inflight, now) => this.#applyPeers(snaps, inflight, now),
               logEntry: () => {
                 const tag = this.#blockTag();
@@ -941,6 +948,20 @@ class LiveStateImpl implements LiveState {
 
   *#states(): Iterable<BackendState> {
     for (const { state } of this.#backends.values()) yield state;
+  }
+
+  /**
+   * What the in-flight part tells the peers this instance runs. Invariant: requests still running
+   * on a backend a reload removed are told until they end, under its name: a peer that has not
+   * reloaded yet (a rolling ConfigMap update takes up to a minute) still lists it, and took it for
+   * idle, sending it a whole concurrency limit on top of the draining work.
+   */
+  *#inflightParts(): Iterable<InflightPart> {
+    yield* this.#states();
+    for (const [name, d] of this.#draining) {
+      if (d.inflight.counts.requests <= 0 || this.#backends.has(name)) continue;
+      yield { name, inflight: d.inflight.counts, prefillAhead: (ms) => d.inflight.ahead(ms), limit: null };
+    }
   }
 
   /**

@@ -30,15 +30,24 @@
 //   (prefill-backlog.ts): what a request sent now waits for; at most pendingPrefill.
 
 import { type BackendState, RemoteBackend } from './backend-state.ts';
+import type { InflightCounts } from './leases.ts';
 import { MAX_REMOTE_TENANTS, type RemoteTenant, type TenantUsage } from './tenants.ts';
 import type { LatencyMetric } from './window.ts';
 
 const VERSION = 3;
 const WIRE: Record<LatencyMetric, 't' | 'o' | 'q'> = { ttft: 't', tpot: 'o', queue: 'q' };
 
+/** What the in-flight part tells of one backend: a BackendState, or a removed backend's draining leases. */
+export interface InflightPart {
+  readonly name: string;
+  readonly inflight: InflightCounts;
+  prefillAhead(msPerToken: number | null): number;
+  readonly limit: number | null;
+}
+
 /** The in-flight part: each backend's counts, and the prefill still ahead there. */
 export function encodeInflight(
-  backends: Iterable<BackendState>,
+  backends: Iterable<InflightPart>,
   /** The rate each backend's backlog drains at, ms per token (null: none, e.g. while a peer has prefill ahead there). */
   msPerPrefillToken: (backend: string) => number | null = () => null,
 ): string {

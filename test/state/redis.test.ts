@@ -480,6 +480,24 @@ describe('LiveState with the Redis store (real redis-server)', () => {
     expect(a.prefixMatch('gpu-0', chain(400, 3))).toBe(3);
   });
 
+  it('requests still running on a backend a reload removed are told to the peers that still list it, until they end', async () => {
+    const a = make('a');
+    const b = make('b');
+    await Promise.all([a.ready(), b.ready()]);
+    const leases = [1, 2, 3].map(() => a.lease('gpu-1', { promptTokens: 100, expectedOutputTokens: 10 }));
+    await until(() => b.load('gpu-1') === 3, 2_000, "b to see a's requests");
+    // a's configuration no longer lists gpu-1; b's has not been reloaded yet.
+    a.setBackends([BACKENDS[0]!]);
+    await exchanges(a, 2);
+    await exchanges(b, 2);
+    expect(b.load('gpu-1')).toBe(3);
+    expect(b.inflight('gpu-1').promptTokens).toBe(300);
+    leases[0]!.end();
+    await until(() => b.load('gpu-1') === 2, 2_000, 'b to see one end');
+    for (const l of leases) l.end();
+    await until(() => b.load('gpu-1') === 0, 2_000, 'b to see the rest end');
+  });
+
   it('blocks hashed before a reload that changes the block size are not told to peers at the new size', async () => {
     let size = 16;
     const a = createLiveState(cfg, {
