@@ -78,8 +78,9 @@ for (const sweep of SWEEPS) {
         progress: false,
       });
       const m = r.metrics;
-      const ttft = m.ttft.median;
-      const tpot = m.tpot.median;
+      // NaN (printed as such) when nothing was measured.
+      const ttft = m.ttft.median ?? Number.NaN;
+      const tpot = m.tpot.median ?? Number.NaN;
       const tput = m.outputThroughput;
       console.error(
         `  c=${point.concurrency}: ttft p50 ${ttft.toFixed(1)} ms, tpot p50 ${tpot.toFixed(2)} ms, ${tput.toFixed(0)} tok/s, failed ${m.failed}`,

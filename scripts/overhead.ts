@@ -68,12 +68,9 @@ async function bench(
   });
 }
 
-const p = (r: BenchResult, name: 'ttft' | 'tpot', q: number) =>
-  name === 'ttft' && q === 50
-    ? r.metrics.ttft.median
-    : name === 'tpot' && q === 50
-      ? r.metrics.tpot.median
-      : (r.metrics[name].percentiles.find(([k]) => k === q)?.[1] ?? Number.NaN);
+/** NaN when nothing was measured (printed as such). */
+const p = (r: BenchResult, name: 'ttft' | 'tpot', q: number): number =>
+  (q === 50 ? r.metrics[name].median : r.metrics[name].percentiles.find(([k]) => k === q)?.[1]) ?? Number.NaN;
 
 // Part 1: fixed backend.
 const fixedRows = [

@@ -20,12 +20,13 @@ export interface Slo {
   e2el?: number;
 }
 
+/** Each figure is null when nothing was measured (no successful request, or none with a gap). */
 export interface Distribution {
-  mean: number;
-  median: number;
-  std: number;
+  mean: number | null;
+  median: number | null;
+  std: number | null;
   /** [percentile, value] in the order asked for. */
-  percentiles: [number, number][];
+  percentiles: [number, number | null][];
 }
 
 export interface BenchMetrics {
@@ -67,8 +68,10 @@ export function distribution(
 ): Distribution {
   const xs = values.map((v) => v * scale).sort((a, b) => a - b);
   const n = xs.length;
-  const mean = n === 0 ? 0 : xs.reduce((s, x) => s + x, 0) / n;
-  const variance = n === 0 ? 0 : xs.reduce((s, x) => s + (x - mean) ** 2, 0) / n;
+  // Nothing measured is no figure, not a 0 that reads as a perfect latency (vLLM writes 0 here).
+  if (n === 0) return { mean: null, median: null, std: null, percentiles: percentiles.map((p) => [p, null]) };
+  const mean = xs.reduce((s, x) => s + x, 0) / n;
+  const variance = xs.reduce((s, x) => s + (x - mean) ** 2, 0) / n;
   return {
     mean,
     median: percentile(xs, 50),

@@ -48,8 +48,9 @@ function row(label: string, value: string | number): string {
   return `${label.padEnd(40)} ${String(value).padEnd(10)}`;
 }
 
-function rowF(label: string, value: number): string {
-  return row(label, value.toFixed(2));
+/** A figure to two decimals; `n/a` for one not measured. */
+function rowF(label: string, value: number | null): string {
+  return row(label, value === null ? 'n/a' : value.toFixed(2));
 }
 
 /** vLLM's spelling of a percentile in labels and keys (99 → "99", 99.9 → "99.9"): JS's own. */

@@ -144,11 +144,12 @@ describe('computeMetrics on a recorded log', () => {
 });
 
 describe('degenerate logs', () => {
-  it('all failed: zeros everywhere, as numpy gives on [] or 0', () => {
+  it('all failed: counts of 0, and no latency figure at all (null, where vLLM writes 0)', () => {
     const m = computeMetrics([rec(0, 0, 0, [], 0, 10, 0, false)], 1, { percentiles: [99] });
     expect(m.completed).toBe(0);
     expect(m.failed).toBe(1);
-    expect(m.ttft).toEqual({ mean: 0, median: 0, std: 0, percentiles: [[99, 0]] });
+    for (const d of [m.ttft, m.tpot, m.itl, m.e2el])
+      expect(d).toEqual({ mean: null, median: null, std: null, percentiles: [[99, null]] });
     expect(m.maxOutputTokensPerS).toBe(0);
     expect(m.maxConcurrentRequests).toBe(0);
   });

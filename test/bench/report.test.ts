@@ -166,6 +166,20 @@ describe('resultJson', () => {
     expect(json.slo_attainment).toBeNull();
   });
 
+  it('a statistic of nothing measured is n/a in the table and null in the JSON, not 0', () => {
+    const none: Distribution = { mean: null, median: null, std: null, percentiles: [[99, null]] };
+    const allFailed = { ...METRICS, completed: 0, ttft: none, tpot: none, itl: none };
+    const info = INFO;
+    const table = formatTable(allFailed, info);
+    expect(table).toMatch(/Mean TTFT \(ms\):\s+n\/a\s*\n/);
+    expect(table).toMatch(/P99 TTFT \(ms\):\s+n\/a\s*\n/);
+    expect(table).not.toMatch(/TTFT \(ms\):\s+0\.00/);
+    const json = resultJson(allFailed, info, [], false);
+    expect(json.mean_ttft_ms).toBeNull();
+    expect(json.p99_ttft_ms).toBeNull();
+    expect(json.std_tpot_ms).toBeNull();
+  });
+
   it('adds the per-request arrays when detailed', () => {
     const record = {
       index: 0,
