@@ -396,6 +396,14 @@ export function parseCompareArgs(argv: string[]): CompareArgs | null {
   for (const [k, v] of Object.entries(optional)) {
     if (v !== undefined) (opts as unknown as Record<string, unknown>)[k] = v;
   }
+  // Each run of a comparison is open-loop at a rate (no --concurrency here): a duration bounds
+  // the sending only at a finite one, which the bench's own message would not say in compare's terms.
+  if (
+    opts.durationS !== undefined &&
+    (opts.rates ?? [Number.POSITIVE_INFINITY]).some((r) => r === Number.POSITIVE_INFINITY)
+  ) {
+    throw new UsageError('--duration needs a finite --rate or --rates');
+  }
   // The bench options every run will use, checked once per rate before anything starts.
   try {
     for (const rate of opts.rates ?? [Number.POSITIVE_INFINITY]) {

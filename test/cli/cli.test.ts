@@ -72,6 +72,12 @@ describe('slagate command line', () => {
     }
   });
 
+  it('bench compare with a duration and no finite rate says what it needs in its own flags, exit 2', async () => {
+    const r = await run(['bench', 'compare', '--policies', 'slagate', '--duration', '5']);
+    expect(r.code).toBe(2);
+    expect(r.err.split('\n')[0]).toBe('slagate bench compare: --duration needs a finite --rate or --rates');
+  });
+
   it("help COMMAND prints the command's own usage, as COMMAND --help does; help of an unknown command is an error", async () => {
     // One after the other: a burst of CLI processes on two cores starves the other test files.
     for (const cmd of [['sim'], ['bench', 'compare']]) {
