@@ -58,9 +58,17 @@ async function version(): Promise<string> {
 }
 
 async function main(argv: string[]): Promise<number> {
+  const code = await dispatch(argv);
+  // A stop held and never taken (help, a usage error, a command that ended before it took it)
+  // ends the process as the signal would have, whatever the command returned.
+  const held = takeStopSignal();
+  return held === null ? code : 128 + constants.signals[held];
+}
+
+async function dispatch(argv: string[]): Promise<number> {
   const [name, ...rest] = argv;
   // `slagate help COMMAND [SUB]` is `slagate COMMAND [SUB] --help`: the command's own usage.
-  if (name === 'help' && rest[0] !== undefined) return main([...rest, '--help']);
+  if (name === 'help' && rest[0] !== undefined) return dispatch([...rest, '--help']);
   if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
     process.stdout.write(`${usage()}\n`);
     return name === undefined ? 1 : 0;

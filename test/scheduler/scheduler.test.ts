@@ -779,14 +779,20 @@ describe('a backend whose breaker is half-open', () => {
     expect(await state(next)).toBe('waiting');
     f.scheduler.pump();
     expect(await state(next)).toBe('waiting');
-    // A trial that succeeds closes its breaker, and the change pumps the queue: the next is granted there.
+    // A trial that succeeds closes its breaker; at the pump that follows (the gateway pumps at every
+    // change of a breaker: src/gateway.ts) the next is granted there.
     breakers[0]!.close();
     f.scheduler.pump();
     const granted = (await state(next)) as Slot;
     expect(granted.backend.name).toBe('a');
-    // A trial that fails opens its breaker again: with every breaker open, a request finds nowhere.
-    breakers[0]!.open();
+    // Another waits for b's trial, which fails and opens b's breaker again, as a's does: with every
+    // breaker open, the one waiting gets null at that pump, and a new request at once.
+    const waiting = f.scheduler.ticket(req({ reqId: 'waiting' })).acquire(firstExcluding('a'));
+    expect(await state(waiting)).toBe('waiting');
     breakers[1]!.open();
+    f.scheduler.pump();
+    expect(await state(waiting)).toBeNull();
+    breakers[0]!.open();
     expect(await state(f.scheduler.ticket(req({ reqId: 'after' })).acquire(first()))).toBeNull();
     for (const t of trials) t!.release();
     granted.release();
