@@ -36,6 +36,10 @@ function setup(
 let n = 0;
 function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
   const id = over.reqId ?? `r${n++}`;
+  // The deadline on the arrival's clock: a test on the fixture's shared clock (far ahead of the
+  // process's) gave an arrival of its own and kept a deadline long past on that clock, refused
+  // at the guard's first timer, on a busy machine before the test looked.
+  const arrivedAt = over.arrivedAt ?? performance.now();
   return {
     reqId: id,
     className: 'interactive',
@@ -43,10 +47,10 @@ function req(over: Partial<ScheduledRequest> = {}): ScheduledRequest {
     sheddable: false,
     tenant: 'anonymous',
     model: 'm',
-    arrivedAt: performance.now(),
+    arrivedAt,
     ttftTargetMs: 60_000,
     tpotTargetMs: 50,
-    deadlineAt: performance.now() + 60_000,
+    deadlineAt: arrivedAt + 60_000,
     uncachedTokens: 100,
     promptTokens: 100,
     expectedOutputTokens: 10,
